@@ -1,0 +1,92 @@
+"""Domain errors of the node, each with a stable ``code``.
+
+Services and the engine raise these; only the app factory (``node.app``) maps
+them to HTTP responses of the form ``{"error": code, "detail": message}``, and
+the SDK maps each ``code`` back to a typed exception.
+
+    DPNodeError
+    ├── InvalidRequestError      invalid_request      malformed or inconsistent input
+    │   ├── UploadRejectedError  upload_rejected      data breaks the declared contract
+    │   └── GraphError           invalid_graph        a graph the engine refuses
+    │       └── UnsupportedDTypeError  unsupported_dtype
+    ├── EvaluationError          evaluation_error     a valid graph failed on its values
+    ├── QuotaExceededError       quota_exceeded       graph/compute/memory over a quota
+    ├── PayloadTooLargeError     payload_too_large    a request body over its limit
+    ├── AuthenticationError      unauthenticated      missing, bad or expired credentials
+    ├── PermissionDeniedError    forbidden            authenticated but not allowed
+    ├── NotFoundError            not_found
+    └── ConflictError            conflict             e.g. a name already taken
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "AuthenticationError",
+    "ConflictError",
+    "DPNodeError",
+    "EvaluationError",
+    "GraphError",
+    "InvalidRequestError",
+    "NotFoundError",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "QuotaExceededError",
+    "UnsupportedDTypeError",
+    "UploadRejectedError",
+]
+
+
+class DPNodeError(Exception):
+    """Base of every error the node reports to a client."""
+
+    code: ClassVar[str] = "internal_error"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class InvalidRequestError(DPNodeError):
+    code = "invalid_request"
+
+
+class UploadRejectedError(InvalidRequestError):
+    code = "upload_rejected"
+
+
+class GraphError(InvalidRequestError):
+    code = "invalid_graph"
+
+
+class UnsupportedDTypeError(GraphError):
+    code = "unsupported_dtype"
+
+
+class EvaluationError(DPNodeError):
+    code = "evaluation_error"
+
+
+class QuotaExceededError(DPNodeError):
+    code = "quota_exceeded"
+
+
+class PayloadTooLargeError(DPNodeError):
+    code = "payload_too_large"
+
+
+class AuthenticationError(DPNodeError):
+    code = "unauthenticated"
+
+
+class PermissionDeniedError(DPNodeError):
+    code = "forbidden"
+
+
+class NotFoundError(DPNodeError):
+    code = "not_found"
+
+
+class ConflictError(DPNodeError):
+    code = "conflict"
