@@ -1,0 +1,97 @@
+"""Request dependencies: the session, the current user, the body under its size limit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from argon2 import PasswordHasher
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from node.context import NodeContext
+from node.db.models import Role, User
+from node.errors import AuthenticationError, PayloadTooLargeError, PermissionDeniedError
+from node.services.security import read_token
+from node.settings import Settings
+from node.storage import BlobStore
+
+
+def get_context(request: Request) -> NodeContext:
+    context: NodeContext = request.app.state.context
+    return context
+
+
+ContextDep = Annotated[NodeContext, Depends(get_context)]
+
+
+def get_session(context: ContextDep) -> Iterator[Session]:
+    with context.sessions() as session:
+        yield session
+
+
+def get_settings(context: ContextDep) -> Settings:
+    return context.settings
+
+
+def get_store(context: ContextDep) -> BlobStore:
+    return context.store
+
+
+def get_hasher(context: ContextDep) -> PasswordHasher:
+    return context.hasher
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+StoreDep = Annotated[BlobStore, Depends(get_store)]
+HasherDep = Annotated[PasswordHasher, Depends(get_hasher)]
+
+_bearer = HTTPBearer(auto_error=False, description="the access token from /api/v1/auth/login")
+
+
+def get_current_user(
+    session: SessionDep,
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> User:
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise AuthenticationError("not logged in: send 'Authorization: Bearer <token>'")
+    user = session.get(User, read_token(settings, credentials.credentials))
+    if user is None or not user.is_active:
+        raise AuthenticationError("this account no longer exists or is deactivated")
+    return user
+
+
+CurrentUser = Annotated[User, Depends(get_current_user)]
+
+
+def get_admin(user: CurrentUser) -> User:
+    if user.role is not Role.ADMIN:
+        raise PermissionDeniedError("only admins may do this")
+    return user
+
+
+AdminUser = Annotated[User, Depends(get_admin)]
+
+
+async def read_limited_body(request: Request, settings: SettingsDep) -> bytes:
+    """The request body, refused as soon as it grows past ``max_upload_bytes``."""
+    limit = settings.max_upload_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLargeError(
+            f"request body of {declared} bytes is over the {limit}-byte limit"
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLargeError(f"request body is over the {limit}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+LimitedBody = Annotated[bytes, Depends(read_limited_body)]

@@ -1,0 +1,170 @@
+"""API schemas (version 1). Table models live apart, in ``node.db.models``."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from node.db.models import Role
+
+
+class Schema(BaseModel):
+    model_config = ConfigDict(extra="forbid", from_attributes=True)
+
+
+class ErrorBody(Schema):
+    error: str = Field(description="stable error code, e.g. 'forbidden'")
+    detail: str = Field(description="what was wrong, for a person")
+
+
+class LoginRequest(Schema):
+    email: str = Field(max_length=320)
+    password: str = Field(max_length=1024)
+
+
+class Token(Schema):
+    access_token: str
+    token_type: str = "bearer"
+    expires_at: datetime
+
+
+class UserCreate(Schema):
+    email: str = Field(max_length=320)
+    password: str = Field(max_length=1024)
+    role: str = Field(description="admin, data_owner or data_scientist")
+
+
+class UserUpdate(Schema):
+    role: str | None = None
+    is_active: bool | None = None
+    password: str | None = Field(default=None, max_length=1024)
+
+
+class UserPublic(Schema):
+    id: int
+    email: str
+    role: Role
+    is_active: bool
+    created_at: datetime
+
+
+class ColumnPublic(Schema):
+    name: str
+    dtype: str
+    shape: list[int] = Field(description="shape of one row's value; [] for scalars")
+    bounds: tuple[float, float]
+    categories: list[str] | None = None
+
+
+class DatasetPublic(Schema):
+    id: int
+    name: str
+    description: str
+    tags: list[str]
+    owner: str
+    row_count: int
+    columns: list[ColumnPublic]
+    subject_id: str | None
+    subject_count: int
+    max_rows_per_subject: int
+    has_mock: bool
+    mock_row_count: int | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class TableManifest(Schema):
+    """How the columns of an upload are declared (travels inside the upload frame)."""
+
+    columns: list[str] = Field(description="column order")
+    bounds: dict[str, tuple[float, float]] = Field(default_factory=dict)
+    categories: dict[str, list[str]] = Field(default_factory=dict)
+    clamp: bool | list[str] = False
+    fill: dict[str, float] = Field(default_factory=dict)
+    subject_id: str | None = None
+    #: String-valued columns, which raw tensors cannot carry.
+    strings: dict[str, list[str | None]] = Field(default_factory=dict)
+    mock_columns: list[str] | None = None
+    mock_strings: dict[str, list[str | None]] = Field(default_factory=dict)
+
+    @field_validator("fill")
+    @classmethod
+    def _finite_fill(cls, fill: dict[str, float]) -> dict[str, float]:
+        for column, value in fill.items():
+            if not math.isfinite(value):
+                raise ValueError(f"fill value for column {column!r} must be finite")
+        return fill
+
+    @field_validator("categories")
+    @classmethod
+    def _categories(cls, categories: dict[str, list[str]]) -> dict[str, list[str]]:
+        for column, values in categories.items():
+            if not values or len(set(values)) != len(values):
+                raise ValueError(
+                    f"categories of {column!r} must be a non-empty list of distinct values"
+                )
+        return categories
+
+
+class DatasetManifest(TableManifest):
+    name: str = Field(min_length=1, max_length=200)
+    description: str = Field(default="", max_length=10_000)
+    tags: list[str] = Field(default_factory=list)
+
+
+class TensorPublic(Schema):
+    name: str
+    dtype: str
+    shape: list[int]
+
+
+class ModelManifest(Schema):
+    name: str = Field(min_length=1, max_length=200)
+    description: str = Field(default="", max_length=10_000)
+    tags: list[str] = Field(default_factory=list)
+    public: bool = False
+    architecture_filename: str | None = Field(default=None, max_length=200)
+    tensors: list[str] = Field(description="weight names, in order")
+
+
+class ModelPublic(Schema):
+    id: int
+    name: str
+    description: str
+    tags: list[str]
+    owner: str
+    public: bool
+    tensors: list[TensorPublic]
+    architecture_filename: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class SearchResults(Schema):
+    datasets: list[DatasetPublic]
+    models: list[ModelPublic]
+
+
+class AuditEventPublic(Schema):
+    id: int
+    at: datetime
+    actor_id: int | None
+    actor_email: str | None
+    action: str
+    target_type: str | None
+    target_id: int | None
+    detail: dict[str, Any]
+
+
+class Health(Schema):
+    status: str
+    database: str
+
+
+class Version(Schema):
+    dpnode: str
+    api: str
+    prims: str | None = Field(description="version of the prim vocabulary graphs must carry")

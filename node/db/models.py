@@ -1,0 +1,152 @@
+"""Table models. API schemas live apart, in ``node.api.schemas``."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Enum,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from node.db.base import Base, Timestamped, UTCDateTime, utcnow
+
+
+class Role(enum.StrEnum):
+    ADMIN = "admin"
+    DATA_OWNER = "data_owner"
+    DATA_SCIENTIST = "data_scientist"
+
+
+class User(Timestamped, Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    email: Mapped[str] = mapped_column(String(320), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(256))
+    role: Mapped[Role] = mapped_column(
+        Enum(Role, native_enum=False, length=32, values_callable=lambda e: [m.value for m in e])
+    )
+    is_active: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+class Dataset(Timestamped, Base):
+    __tablename__ = "datasets"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    row_count: Mapped[int] = mapped_column(BigInteger)
+    mock_row_count: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    #: Name of the column that grouped rows into subjects (the column itself is not kept).
+    subject_column: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    #: Blob of int64 subject indices, one per row, when rows are grouped by subject.
+    subjects_blob: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    subject_count: Mapped[int] = mapped_column(BigInteger)
+    max_rows_per_subject: Mapped[int] = mapped_column(Integer, default=1)
+
+    owner: Mapped[User] = relationship()
+    columns: Mapped[list[DatasetColumn]] = relationship(
+        order_by="DatasetColumn.position", cascade="all, delete-orphan", passive_deletes=True
+    )
+    tags: Mapped[list[DatasetTag]] = relationship(
+        order_by="DatasetTag.tag", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class DatasetColumn(Base):
+    __tablename__ = "dataset_columns"
+    __table_args__ = (UniqueConstraint("dataset_id", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
+    position: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(200))
+    dtype: Mapped[str] = mapped_column(String(16))
+    #: Shape of one row's value ([] for a scalar column, [8, 8] for an 8x8 image).
+    row_shape: Mapped[list[int]] = mapped_column(JSON, default=list)
+    lower: Mapped[float] = mapped_column(Float)
+    upper: Mapped[float] = mapped_column(Float)
+    #: Public category list of an encoded categorical column (values are indices into it).
+    categories: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    blob: Mapped[str] = mapped_column(String(64))
+    mock_blob: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class DatasetTag(Base):
+    __tablename__ = "dataset_tags"
+
+    dataset_id: Mapped[int] = mapped_column(
+        ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True
+    )
+    tag: Mapped[str] = mapped_column(String(64), primary_key=True, index=True)
+
+
+class Model(Timestamped, Base):
+    __tablename__ = "models"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    is_public: Mapped[bool] = mapped_column(Boolean, default=False)
+    architecture_filename: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    architecture_blob: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+    owner: Mapped[User] = relationship()
+    tensors: Mapped[list[ModelTensor]] = relationship(
+        order_by="ModelTensor.position", cascade="all, delete-orphan", passive_deletes=True
+    )
+    tags: Mapped[list[ModelTag]] = relationship(
+        order_by="ModelTag.tag", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class ModelTensor(Base):
+    __tablename__ = "model_tensors"
+    __table_args__ = (UniqueConstraint("model_id", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    position: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(300))
+    dtype: Mapped[str] = mapped_column(String(16))
+    shape: Mapped[list[int]] = mapped_column(JSON, default=list)
+    blob: Mapped[str] = mapped_column(String(64))
+
+
+class ModelTag(Base):
+    __tablename__ = "model_tags"
+
+    model_id: Mapped[int] = mapped_column(
+        ForeignKey("models.id", ondelete="CASCADE"), primary_key=True
+    )
+    tag: Mapped[str] = mapped_column(String(64), primary_key=True, index=True)
+
+
+class AuditEvent(Base):
+    """One line of the append-only audit log (database triggers refuse UPDATE and DELETE)."""
+
+    __tablename__ = "audit_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
+    actor_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), nullable=True, index=True)
+    #: The actor's email at the time, so the line reads on its own.
+    actor_email: Mapped[str | None] = mapped_column(String(320), nullable=True)
+    action: Mapped[str] = mapped_column(String(64), index=True)
+    target_type: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    target_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

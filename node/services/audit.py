@@ -1,0 +1,51 @@
+"""The append-only audit log: who did what, when. Written in the caller's transaction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from node.db.models import AuditEvent, User
+
+
+def record(
+    session: Session,
+    actor: User | None,
+    action: str,
+    *,
+    target_type: str | None = None,
+    target_id: int | None = None,
+    **detail: Any,
+) -> AuditEvent:
+    """Add one audit line; it commits with the change it describes."""
+    event = AuditEvent(
+        actor_id=actor.id if actor is not None else None,
+        actor_email=actor.email if actor is not None else None,
+        action=action,
+        target_type=target_type,
+        target_id=target_id,
+        detail=detail,
+    )
+    session.add(event)
+    return event
+
+
+def list_events(
+    session: Session,
+    *,
+    action: str | None = None,
+    actor_id: int | None = None,
+    limit: int = 100,
+    before_id: int | None = None,
+) -> list[AuditEvent]:
+    """Newest first, optionally filtered; ``before_id`` pages backwards."""
+    query = select(AuditEvent).order_by(AuditEvent.id.desc()).limit(limit)
+    if action is not None:
+        query = query.where(AuditEvent.action == action)
+    if actor_id is not None:
+        query = query.where(AuditEvent.actor_id == actor_id)
+    if before_id is not None:
+        query = query.where(AuditEvent.id < before_id)
+    return list(session.scalars(query))

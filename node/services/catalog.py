@@ -1,0 +1,102 @@
+"""What datasets and models share: tags, ownership checks and blob bookkeeping."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import ColumnElement, Select, func, select, union_all
+from sqlalchemy.orm import Session
+
+from node.db.models import Dataset, DatasetColumn, Model, ModelTensor, Role, User
+from node.errors import InvalidRequestError, PermissionDeniedError
+from node.storage import BlobStore
+
+_TAG = re.compile(r"^[a-z0-9][a-z0-9_.:+-]{0,63}$")
+MAX_TAGS = 50
+
+
+def normalise_tags(tags: Iterable[str]) -> list[str]:
+    """Lower-cased, de-duplicated, sorted tags; refused when malformed.
+
+    >>> normalise_tags(["Health", "tabular", "health"])
+    ['health', 'tabular']
+    """
+    out = sorted({t.strip().lower() for t in tags})
+    for tag in out:
+        if not _TAG.match(tag):
+            raise InvalidRequestError(
+                f"tag {tag!r} is not allowed: use 1-64 letters, digits or _ . : + - "
+                "(starting with a letter or digit)"
+            )
+    if len(out) > MAX_TAGS:
+        raise InvalidRequestError(f"at most {MAX_TAGS} tags, got {len(out)}")
+    return out
+
+
+_T = TypeVar("_T")
+
+
+def filter_catalog(
+    query: Select[tuple[_T]],
+    entity: Any,
+    tag_owner: ColumnElement[int],
+    tag: ColumnElement[str],
+    tags: Sequence[str],
+    text: str | None,
+) -> Select[tuple[_T]]:
+    """Keep items carrying *all* of ``tags`` whose name or description contains ``text``."""
+    wanted = normalise_tags(tags)
+    if wanted:
+        having_all = (
+            select(tag_owner)
+            .where(tag.in_(wanted))
+            .group_by(tag_owner)
+            .having(func.count() == len(wanted))
+        )
+        query = query.where(entity.id.in_(having_all))
+    if text and text.strip():
+        needle = text.strip().lower()
+        query = query.where(
+            func.lower(entity.name).contains(needle, autoescape=True)
+            | func.lower(entity.description).contains(needle, autoescape=True)
+        )
+    return query
+
+
+def require_uploader(actor: User, kind: str) -> None:
+    """Only data owners and admins upload."""
+    if actor.role is Role.DATA_SCIENTIST:
+        raise PermissionDeniedError(
+            f"data scientists cannot upload {kind}s; ask a data owner or an admin"
+        )
+
+
+def require_owner(actor: User, owner_id: int, what: str) -> None:
+    """The owner of an item, or an admin."""
+    if actor.role is not Role.ADMIN and actor.id != owner_id:
+        raise PermissionDeniedError(f"only the owner of {what} or an admin may do this")
+
+
+def _referenced(session: Session, digests: Sequence[str]) -> set[str]:
+    columns = (
+        select(DatasetColumn.blob.label("d")),
+        select(DatasetColumn.mock_blob.label("d")),
+        select(Dataset.subjects_blob.label("d")),
+        select(ModelTensor.blob.label("d")),
+        select(Model.architecture_blob.label("d")),
+    )
+    refs = union_all(*columns).subquery()
+    return set(session.scalars(select(refs.c.d).where(refs.c.d.in_(list(digests)))))
+
+
+def release_blobs(session: Session, store: BlobStore, digests: Iterable[str | None]) -> None:
+    """Delete the blobs no row refers to any more (call after the deleting commit)."""
+    candidates = sorted({d for d in digests if d})
+    if not candidates:
+        return
+    still_used = _referenced(session, candidates)
+    for digest in candidates:
+        if digest not in still_used:
+            store.delete(digest)

@@ -1,0 +1,225 @@
+"""Datasets: upload under the contract, listing, search, deletion and mock download."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from node.db.models import Dataset, DatasetColumn, DatasetTag, Role, User
+from node.errors import ConflictError, NotFoundError, PermissionDeniedError, UploadRejectedError
+from node.services import audit
+from node.services.catalog import (
+    filter_catalog,
+    normalise_tags,
+    release_blobs,
+    require_owner,
+    require_uploader,
+)
+from node.services.tabular import ColumnSpec, PreparedTable, check_name, prepare_table
+from node.storage import BlobStore, array_from_bytes, array_to_bytes
+
+
+@dataclass(frozen=True)
+class DatasetUpload:
+    """One upload, decoded: declarations plus real (and optionally mock) columns."""
+
+    name: str
+    description: str
+    tags: Sequence[str]
+    spec: ColumnSpec
+    order: Sequence[str]
+    columns: Mapping[str, npt.NDArray[Any]]
+    mock_order: Sequence[str] | None = None
+    mock: Mapping[str, npt.NDArray[Any]] | None = None
+
+
+def _load_options() -> Any:
+    return [
+        selectinload(Dataset.columns),
+        selectinload(Dataset.tags),
+        selectinload(Dataset.owner),
+    ]
+
+
+def _prepare_mock(upload: DatasetUpload, real: PreparedTable, max_elements: int) -> PreparedTable:
+    assert upload.mock is not None
+    spec = upload.spec
+    if spec.subject_id is not None and spec.subject_id not in upload.mock:
+        spec = ColumnSpec(spec.bounds, spec.categories, spec.clamp, spec.fill, None)
+    mock = prepare_table(
+        upload.mock, spec, order=upload.mock_order, max_elements=max_elements, what="mock "
+    )
+    real_names = [c.name for c in real.columns]
+    if [c.name for c in mock.columns] != real_names:
+        raise UploadRejectedError(
+            f"mock data must have the same columns as the data, in order: {real_names[:10]}"
+        )
+    columns = []
+    for r, m in zip(real.columns, mock.columns, strict=True):
+        if r.row_shape != m.row_shape:
+            raise UploadRejectedError(
+                f"mock column {r.name!r} has row shape {m.row_shape}, the data {r.row_shape}"
+            )
+        if m.values.dtype != r.values.dtype:
+            cast = m.values.astype(r.values.dtype)
+            if not np.array_equal(cast, m.values):
+                raise UploadRejectedError(
+                    f"mock column {r.name!r} ({m.values.dtype}) cannot be stored as the data's "
+                    f"dtype {r.values.dtype} without changing its values"
+                )
+            m = replace(m, values=cast)
+        columns.append(m)
+    return replace(mock, columns=columns)
+
+
+def create_dataset(
+    session: Session,
+    store: BlobStore,
+    actor: User,
+    upload: DatasetUpload,
+    *,
+    max_elements: int,
+) -> Dataset:
+    """Validate an upload against its declared contract and store it.
+
+    Raises:
+        PermissionDeniedError: ``actor`` is a data scientist.
+        ConflictError: a dataset with this name exists.
+        UploadRejectedError: the data breaks its declarations (the message says where).
+    """
+    require_uploader(actor, "dataset")
+    name = check_name("dataset", upload.name)
+    tags = normalise_tags(upload.tags)
+    if session.scalar(select(Dataset.id).where(Dataset.name == name)) is not None:
+        raise ConflictError(f"a dataset named {name!r} already exists")
+    table = prepare_table(
+        upload.columns, upload.spec, order=upload.order, max_elements=max_elements
+    )
+    mock = _prepare_mock(upload, table, max_elements) if upload.mock is not None else None
+    dataset = Dataset(
+        name=name,
+        description=upload.description,
+        owner_id=actor.id,
+        row_count=table.row_count,
+        mock_row_count=mock.row_count if mock else None,
+        subject_column=upload.spec.subject_id,
+        subjects_blob=store.put(array_to_bytes(table.subjects))
+        if table.subjects is not None
+        else None,
+        subject_count=table.subject_count,
+        max_rows_per_subject=table.max_rows_per_subject,
+        tags=[DatasetTag(tag=t) for t in tags],
+    )
+    for position, column in enumerate(table.columns):
+        dataset.columns.append(
+            DatasetColumn(
+                position=position,
+                name=column.name,
+                dtype=column.values.dtype.name,
+                row_shape=column.row_shape,
+                lower=column.lower,
+                upper=column.upper,
+                categories=column.categories,
+                blob=store.put(array_to_bytes(column.values)),
+                mock_blob=store.put(array_to_bytes(mock.columns[position].values))
+                if mock
+                else None,
+            )
+        )
+    session.add(dataset)
+    session.flush()
+    audit.record(
+        session,
+        actor,
+        "dataset.upload",
+        target_type="dataset",
+        target_id=dataset.id,
+        name=name,
+        rows=table.row_count,
+        columns=len(table.columns),
+        tags=tags,
+        clamp=sorted(upload.spec.clamp)
+        if isinstance(upload.spec.clamp, frozenset)
+        else upload.spec.clamp,
+    )
+    session.commit()
+    return get_dataset(session, dataset.id)
+
+
+def get_dataset(session: Session, ref: int | str) -> Dataset:
+    """A dataset by id or by name."""
+    query = select(Dataset).options(*_load_options())
+    query = (
+        query.where(Dataset.id == ref) if isinstance(ref, int) else query.where(Dataset.name == ref)
+    )
+    dataset = session.scalar(query)
+    if dataset is None:
+        raise NotFoundError(f"no dataset {ref!r}")
+    return dataset
+
+
+def search_datasets(
+    session: Session, *, tags: Sequence[str] = (), text: str | None = None, limit: int = 100
+) -> list[Dataset]:
+    """Datasets carrying all of ``tags`` whose name or description contains ``text``."""
+    query = filter_catalog(
+        select(Dataset), Dataset, DatasetTag.dataset_id, DatasetTag.tag, tags, text
+    )
+    query = query.options(*_load_options()).order_by(Dataset.name).limit(limit)
+    return list(session.scalars(query))
+
+
+def delete_dataset(session: Session, store: BlobStore, actor: User, ref: int | str) -> None:
+    """Delete a dataset and the array bytes nothing else uses (owner or admin)."""
+    dataset = get_dataset(session, ref)
+    require_owner(actor, dataset.owner_id, f"dataset {dataset.name!r}")
+    digests = [dataset.subjects_blob]
+    for column in dataset.columns:
+        digests += [column.blob, column.mock_blob]
+    audit.record(
+        session,
+        actor,
+        "dataset.delete",
+        target_type="dataset",
+        target_id=dataset.id,
+        name=dataset.name,
+    )
+    session.delete(dataset)
+    session.commit()
+    release_blobs(session, store, digests)
+
+
+def read_columns(store: BlobStore, dataset: Dataset, *, mock: bool) -> dict[str, npt.NDArray[Any]]:
+    """The stored (encoded) columns of a dataset, real or mock, verified by hash."""
+    rows = dataset.mock_row_count if mock else dataset.row_count
+    if rows is None:
+        raise NotFoundError(f"dataset {dataset.name!r} has no mock data")
+    out: dict[str, npt.NDArray[Any]] = {}
+    for column in dataset.columns:
+        digest = column.mock_blob if mock else column.blob
+        assert digest is not None
+        out[column.name] = array_from_bytes(
+            store.get(digest), column.dtype, (rows, *column.row_shape)
+        )
+    return out
+
+
+def download_real(
+    session: Session, store: BlobStore, actor: User, dataset: Dataset
+) -> dict[str, npt.NDArray[Any]]:
+    """Real values, for the dataset's owner and admins only; data scientists never get them."""
+    if actor.role is Role.DATA_SCIENTIST:
+        raise PermissionDeniedError(
+            "data scientists never receive real values: compute on remote tensors and "
+            "call .publish(epsilon=...) for a noised result, or download the mock data"
+        )
+    require_owner(actor, dataset.owner_id, f"dataset {dataset.name!r}")
+    audit.record(session, actor, "dataset.download", target_type="dataset", target_id=dataset.id)
+    session.commit()
+    return read_columns(store, dataset, mock=False)

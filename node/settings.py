@@ -1,0 +1,67 @@
+"""The node's configuration: one settings object, read from ``DPNODE_*`` variables."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: The secret a development node starts with; refused in production.
+PLACEHOLDER_SECRET = "change-me"
+
+
+class Settings(BaseSettings):
+    """Every knob of a node. Environment variables use the ``DPNODE_`` prefix."""
+
+    model_config = SettingsConfigDict(env_prefix="DPNODE_", extra="ignore")
+
+    environment: Literal["development", "production"] = "development"
+    data_dir: Path = Path("dpnode-data")
+    #: SQLAlchemy URL; empty means a SQLite file ``dpnode.sqlite3`` in ``data_dir``.
+    database_url: str = ""
+
+    token_secret: SecretStr = SecretStr(PLACEHOLDER_SECRET)
+    token_lifetime_seconds: int = Field(default=8 * 3600, gt=0)
+
+    #: Largest request body the node reads (dataset and model uploads).
+    max_upload_bytes: int = Field(default=512 * 1024 * 1024, gt=0)
+    #: Largest number of elements in one uploaded column or weight tensor.
+    max_upload_elements: int = Field(default=100_000_000, gt=0)
+    #: Largest number of columns in one dataset.
+    max_columns: int = Field(default=10_000, gt=0)
+
+    #: Argon2id cost: memory in KiB and passes (RFC 9106's low-memory profile by default).
+    argon2_memory_kib: int = Field(default=64 * 1024, ge=8 * 1024)
+    argon2_time_cost: int = Field(default=3, ge=1)
+
+    @model_validator(mode="after")
+    def _refuse_placeholder_secrets(self) -> Settings:
+        secret = self.token_secret.get_secret_value()
+        if self.environment != "development" and (secret == PLACEHOLDER_SECRET or len(secret) < 32):
+            raise ValueError(
+                "DPNODE_TOKEN_SECRET must be set to a random string of at least 32 characters "
+                "outside development (for example: python -c 'import secrets; "
+                "print(secrets.token_urlsafe(48))')"
+            )
+        return self
+
+    @property
+    def resolved_database_url(self) -> str:
+        """The database URL, defaulting to a SQLite file inside ``data_dir``."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'dpnode.sqlite3').resolve()}"
+
+    @property
+    def blob_dir(self) -> Path:
+        """Where content-addressed array bytes are kept."""
+        return self.data_dir / "blobs"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()
