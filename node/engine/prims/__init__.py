@@ -1,0 +1,9 @@
+"""The prim vocabulary: importing this package registers every prim."""
+
+from node.engine.prims import elementwise, linalg, misc, reductions, shape  # noqa: F401
+from node.engine.prims.registry import REGISTRY, AttrSpec, Call, PrimDef, Scalar, TensorMeta
+
+#: Version of the prim vocabulary; every graph carries it and a mismatch is refused.
+PRIM_VERSION = "1"
+
+__all__ = ["PRIM_VERSION", "REGISTRY", "AttrSpec", "Call", "PrimDef", "Scalar", "TensorMeta"]

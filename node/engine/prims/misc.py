@@ -1,0 +1,160 @@
+"""Sorting (argsort, topk), constants (full, arange) and the node-side random prim.
+
+Sorting returns indices; the sorted values are ``gather(x, dim, indices)``,
+which keeps every prim single-output. Sorts are always stable, and NaN sorts
+as the largest value, as in torch. ``rand`` draws from the generator the
+evaluator is given (the node's own), never from anything the client sends.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from node.engine.dtypes import INT64, dtype
+from node.engine.prims.registry import Array, AttrSpec, Call, TensorMeta, prim
+
+
+def _sort_flops(c: Call) -> int:
+    x = c.tensor(0)
+    return x.numel * max(int(math.log2(max(x.numel, 2))), 1) + 1
+
+
+def _argsort_along(x: Array, axis: int, descending: bool) -> Array:
+    if x.dtype.kind == "V":  # bfloat16: float32 holds it exactly
+        x = x.astype(np.float32)
+    if not descending:
+        return np.argsort(x, axis=axis, kind="stable")
+    # descending and stable, NaN first: sort the reversed array ascending and map back
+    n = x.shape[axis]
+    rev = np.argsort(np.flip(x, axis=axis), axis=axis, kind="stable")
+    return np.flip(n - 1 - rev, axis=axis)
+
+
+def _argsort_infer(c: Call) -> TensorMeta:
+    x = c.tensor(0)
+    c.dim(c.attr("dim"), x.ndim)
+    return TensorMeta(x.shape, INT64)
+
+
+@prim(
+    "argsort",
+    args=1,
+    attrs={"dim": AttrSpec("int"), "descending": AttrSpec("bool", optional=True, default=False)},
+    infer=_argsort_infer,
+    flops=_sort_flops,
+)
+def _argsort(c: Call, args: list[Any], out: Array | None) -> Array:
+    """Stable sort indices along ``dim`` (values: gather with them)."""
+    (x,) = args
+    if x.ndim == 0:
+        return np.zeros((), dtype=np.int64)
+    return _argsort_along(x, c.attr("dim") % x.ndim, bool(c.attrs.get("descending"))).astype(np.int64)
+
+
+def _topk_infer(c: Call) -> TensorMeta:
+    x = c.tensor(0)
+    if x.dtype.is_bool:
+        raise c.fail("topk does not support bool (torch refuses it too)", 0)
+    d = c.dim(c.attr("dim"), x.ndim)
+    k = c.attr("k")
+    n = x.shape[d] if x.ndim else 1
+    if not 0 <= k <= n:
+        raise c.fail(f"k={k} is out of range for a dimension of size {n}", "k")
+    shape = x.shape[:d] + (k,) + x.shape[d + 1 :] if x.ndim else ()
+    return TensorMeta(shape, INT64)
+
+
+@prim(
+    "topk",
+    args=1,
+    attrs={
+        "k": AttrSpec("int"),
+        "dim": AttrSpec("int", optional=True, default=-1),
+        "largest": AttrSpec("bool", optional=True, default=True),
+    },
+    infer=_topk_infer,
+    flops=_sort_flops,
+)
+def _topk(c: Call, args: list[Any], out: Array | None) -> Array:
+    """Indices of the k largest (or smallest) along ``dim``, sorted; values via gather."""
+    (x,) = args
+    if x.ndim == 0:
+        return np.zeros((), dtype=np.int64)
+    d = c.attr("dim") % x.ndim
+    largest = c.attrs.get("largest")
+    idx = _argsort_along(x, d, bool(True if largest is None else largest))
+    return np.ascontiguousarray(np.take(idx, np.arange(c.attr("k")), axis=d)).astype(np.int64)
+
+
+def _full_infer(c: Call) -> TensorMeta:
+    d = dtype(c.attr("dtype"))
+    v = c.attr("value")
+    if not d.is_float and isinstance(v, float) and not (math.isfinite(v) and v.is_integer()):
+        raise c.fail(f"value {v} does not fit dtype {d.name}", "value")
+    return TensorMeta(tuple(c.attr("shape")), d)
+
+
+@prim(
+    "full",
+    args=0,
+    attrs={"shape": AttrSpec("shape"), "value": AttrSpec("float", nonfinite=True), "dtype": AttrSpec("dtype")},
+    infer=_full_infer,
+)
+def _full(c: Call, args: list[Any], out: Array | None) -> Array:
+    """A tensor of ``shape`` filled with ``value``."""
+    m = c.out()
+    return np.full(m.shape, m.dtype.np.type(c.attr("value")) if m.dtype.kind != "V" else c.attr("value"), dtype=m.dtype.np)  # type: ignore[attr-defined]
+
+
+def _arange_count(c: Call) -> int:
+    start, end, step = (c.attr(k) for k in ("start", "end", "step"))
+    if step == 0:
+        raise c.fail("step must be nonzero", "step")
+    n = math.ceil((end - start) / step)
+    if n < 0:
+        raise c.fail(f"upper bound {end} and step {step} are inconsistent with start {start}", "end")
+    return int(n)
+
+
+def _arange_infer(c: Call) -> TensorMeta:
+    return TensorMeta((_arange_count(c),), dtype(c.attr("dtype")))
+
+
+@prim(
+    "arange",
+    args=0,
+    attrs={"start": AttrSpec("float"), "end": AttrSpec("float"), "step": AttrSpec("float"), "dtype": AttrSpec("dtype")},
+    infer=_arange_infer,
+)
+def _arange(c: Call, args: list[Any], out: Array | None) -> Array:
+    """start + i * step for i < ceil((end - start) / step), like torch.arange."""
+    m = c.out()
+    start, step = c.attr("start"), c.attr("step")
+    r = start + np.arange(m.shape[0], dtype=np.float64) * step
+    if not m.dtype.is_float:
+        r = np.floor(r) if all(float(v).is_integer() for v in (start, step)) else r
+    return r.astype(m.dtype.np)
+
+
+def _rand_infer(c: Call) -> TensorMeta:
+    d = dtype(c.attr("dtype"))
+    if not d.is_float:
+        raise c.fail(f"rand needs a floating dtype, got {d.name}", "dtype")
+    return TensorMeta(tuple(c.attr("shape")), d)
+
+
+@prim("rand", args=0, attrs={"shape": AttrSpec("shape"), "dtype": AttrSpec("dtype")}, infer=_rand_infer)
+def _rand(c: Call, args: list[Any], out: Array | None) -> Array:
+    """Uniform [0, 1) from the node's generator (dropout: lt(rand, 1 - p))."""
+    if c.rng is None:
+        raise c.eval_error("no random generator was given to the evaluator")
+    m = c.out()
+    if m.dtype.name in ("float32", "float64"):
+        return c.rng.random(m.shape, dtype=m.dtype.np.type)  # type: ignore[call-overload,no-any-return]
+    r = c.rng.random(m.shape, dtype=np.float32).astype(m.dtype.np)
+    # rounding to a low precision can reach 1.0; keep the half-open interval
+    r[r >= 1] = 0
+    return r

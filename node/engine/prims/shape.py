@@ -1,0 +1,457 @@
+"""Shape and indexing prims.
+
+reshape/expand/permute/squeeze/unsqueeze/slice/flip return NumPy views where
+NumPy can (they are marked ``view=True`` so the evaluator never writes into
+them in place). Indexing prims check index ranges themselves: NumPy would
+silently wrap negative indices where torch raises.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from node.engine.prims.elementwise import as_np
+from node.engine.prims.registry import Array, AttrSpec, Call, Scalar, TensorMeta, prim
+from node.engine.promotion import Kind, Operand, result_type
+
+
+def _shape_attr(c: Call, name: str = "shape") -> tuple[int, ...]:
+    s = tuple(c.attr(name))
+    return s
+
+
+# -- views -------------------------------------------------------------------
+
+
+def _reshape_infer(c: Call) -> TensorMeta:
+    x = c.tensor(0)
+    shape = list(_shape_attr(c))
+    if shape.count(-1) > 1:
+        raise c.fail("only one dimension can be -1", "shape")
+    if any(s < -1 for s in shape):
+        raise c.fail(f"invalid shape {shape}", "shape")
+    known = math.prod(s for s in shape if s != -1)
+    if -1 in shape:
+        if known == 0 or x.numel % known:
+            raise c.fail(f"shape {shape} is invalid for input of size {x.numel}", "shape")
+        shape[shape.index(-1)] = x.numel // known
+    elif known != x.numel:
+        raise c.fail(f"shape {shape} is invalid for input of size {x.numel}", "shape")
+    return TensorMeta(tuple(shape), x.dtype)
+
+
+@prim(
+    "reshape",
+    args=1,
+    attrs={"shape": AttrSpec("shape")},
+    infer=_reshape_infer,
+    view=True,
+    flops=lambda c: 1,
+)
+def _reshape(c: Call, args: list[Any], out: Array | None) -> Array:
+    """Reshape (a view when the layout allows, else a copy)."""
+    return np.reshape(args[0], c.out().shape)
+
+
+def _expand_infer(c: Call) -> TensorMeta:
+    x = c.tensor(0)
+    shape = _shape_attr(c)
+    if len(shape) < x.ndim:
+        raise c.fail(f"cannot expand a {x.ndim}-d tensor to {len(shape)} dims", "shape")
+    lead = len(shape) - x.ndim
+    out: list[int] = []
+    for i, s in enumerate(shape):
+        if i < lead:
+            if s < 0:
+                raise c.fail(f"-1 is not allowed in a new leading dim ({list(shape)})", "shape")
+            out.append(s)
+            continue
+        have = x.shape[i - lead]
+        if s == -1:
+            out.append(have)
+        elif have == s or have == 1:
+            out.append(s)
+        else:
+            raise c.fail(f"cannot expand size {have} to {s} at dim {i}", "shape")
+    return TensorMeta(tuple(out), x.dtype)
+
+
+@prim(
+    "expand",
+    args=1,
+    attrs={"shape": AttrSpec("shape")},
+    infer=_expand_infer,
+    view=True,
+    flops=lambda c: 1,
+)
+def _expand(c: Call, args: list[Any], out: Array | None) -> Array:
+    """Broadcast to ``shape`` (torch.expand; -1 keeps a dim); a read-only view."""
+    return np.broadcast_to(args[0], c.out().shape)
+
+
+def _permute_infer(c: Call) -> TensorMeta:
+    x = c.tensor(0)
+    dims = [c.dim(d, x.ndim, "dims") for d in c.attr("dims")]
+    if sorted(dims) != list(range(x.ndim)):
+        raise c.fail(f"{list(c.attr('dims'))} is not a permutation of {x.ndim} dims", "dims")
+    return TensorMeta(tuple(x.shape[d] for d in dims), x.dtype)
+
+
+@prim(
+    "permute",
+    args=1,
+    attrs={"dims": AttrSpec("ints")},
+    infer=_permute_infer,
+    view=True,
+    flops=lambda c: 1,
+)
+def _permute(c: Call, args: list[Any], out: Array | None) -> Array:
+    """Permute dims (a view)."""
+    x = args[0]
+    return np.transpose(x, [d % max(x.ndim, 1) for d in c.attr("dims")]) if x.ndim else x
+
+
+def _squeeze_infer(c: Call) -> TensorMeta:
+    x = c.tensor(0)
+    dims = c.attrs.get("dims")
+    if dims is None:
+        keep = [s for s in x.shape if s != 1]
+    else:
+        ds = {c.dim(d, x.ndim, "dims") for d in dims}
+        # torch: squeezing a dim whose size is not 1 is a no-op
+        keep = [s for i, s in enumerate(x.shape) if not (i in ds and s == 1)]
+    return TensorMeta(tuple(keep), x.dtype)
+
+
+@prim(
+    "squeeze",
+    args=1,
+    attrs={"dims": AttrSpec("ints", optional=True)},
+    infer=_squeeze_infer,
+    view=True,
+    flops=lambda c: 1,
+)
+def _squeeze(c: Call, args: list[Any], out: Array | None) -> Array:
+    """Drop size-1 dims (all, or those listed)."""
+    return np.reshape(args[0], c.out().shape)
+
+
+def _unsqueeze_infer(c: Call) -> TensorMeta:
+    x = c.tensor(0)
+    d = c.attr("dim")
+    if not -x.ndim - 1 <= d <= x.ndim:
+        raise c.fail(f"dim {d} out of range for unsqueeze of a {x.ndim}-d tensor", "dim")
+    d %= x.ndim + 1
+    return TensorMeta(x.shape[:d] + (1,) + x.shape[d:], x.dtype)
+
+
+@prim(
+    "unsqueeze",
+    args=1,
+    attrs={"dim": AttrSpec("int")},
+    infer=_unsqueeze_infer,
+    view=True,
+    flops=lambda c: 1,
+)
+def _unsqueeze(c: Call, args: list[Any], out: Array | None) -> Array:
+    """Insert a size-1 dim."""
+    return np.reshape(args[0], c.out().shape)
+
+
+_SLICE = {
+    "dim": AttrSpec("int"),
+    "start": AttrSpec("int", optional=True),
+    "end": AttrSpec("int", optional=True),
+    "step": AttrSpec("int", optional=True, default=1),
+}
+
+
+def _slice_of(c: Call, x: TensorMeta) -> tuple[int, slice]:
+    if x.ndim == 0:
+        raise c.fail("cannot slice a 0-dim tensor", 0)
+    d = c.dim(c.attr("dim"), x.ndim)
+    step = c.attrs.get("step") or 1
+    if step <= 0:
+        raise c.fail(f"slice step must be positive, got {step}", "step")
+    return d, slice(c.attrs.get("start"), c.attrs.get("end"), step)
+
+
+def _slice_infer(c: Call) -> TensorMeta:
+    x = c.tensor(0)
+    d, sl = _slice_of(c, x)
+    n = len(range(*sl.indices(x.shape[d])))
+    return TensorMeta(x.shape[:d] + (n,) + x.shape[d + 1 :], x.dtype)
+
+
+@prim("slice", args=1, attrs=_SLICE, infer=_slice_infer, view=True, flops=lambda c: 1)
+def _slice(c: Call, args: list[Any], out: Array | None) -> Array:
+    """x[..., start:end:step, ...] along ``dim`` (step > 0, like torch)."""
+    x = args[0]
+    meta = c.args[0]
+    assert isinstance(meta, TensorMeta)
+    d, sl = _slice_of(c, meta)
+    return x[(slice(None),) * d + (sl,)]
+
+
+def _flip_infer(c: Call) -> TensorMeta:
+    x = c.tensor(0)
+    dims = [c.dim(d, x.ndim, "dims") for d in c.attr("dims")]
+    if len(set(dims)) != len(dims):
+        raise c.fail("dims repeat", "dims")
+    return x
+
+
+@prim(
+    "flip",
+    args=1,
+    attrs={"dims": AttrSpec("ints")},
+    infer=_flip_infer,
+    view=True,
+    flops=lambda c: 1,
+)
+def _flip(c: Call, args: list[Any], out: Array | None) -> Array:
+    """Reverse the order along ``dims`` (a view)."""
+    x = args[0]
+    if x.ndim == 0:
+        return x
+    return np.flip(x, axis=tuple(d % x.ndim for d in c.attr("dims")))
+
+
+# -- copies ------------------------------------------------------------------
+
+
+def _cat_infer(c: Call) -> TensorMeta:
+    ts = [c.tensor(i) for i in range(len(c.args))]
+    for i, t in enumerate(ts):
+        if t.ndim == 0:
+            raise c.fail("zero-dimensional tensors cannot be concatenated", i)
+    d = c.dim(c.attr("dim"), ts[0].ndim)
+    first = ts[0]
+    for i, t in enumerate(ts[1:], 1):
+        if t.ndim != first.ndim or any(
+            a != b for j, (a, b) in enumerate(zip(t.shape, first.shape, strict=True)) if j != d
+        ):
+            raise c.fail(
+                f"shape {list(t.shape)} does not match {list(first.shape)} except in dim {d}", i
+            )
+    dt = result_type(Operand(t.dtype, Kind.TENSOR) for t in ts)
+    n = sum(t.shape[d] for t in ts)
+    return TensorMeta(first.shape[:d] + (n,) + first.shape[d + 1 :], dt)
+
+
+@prim("cat", args=(1, None), attrs={"dim": AttrSpec("int")}, infer=_cat_infer)
+def _cat(c: Call, args: list[Any], out: Array | None) -> Array:
+    """Concatenate along ``dim``, promoting dtypes like torch.cat."""
+    d = c.out().dtype
+    return np.concatenate([as_np(a, d) for a in args], axis=c.attr("dim"))
+
+
+def _pad_infer(c: Call) -> TensorMeta:
+    x = c.tensor(0)
+    pad = list(c.attr("pad"))
+    if len(pad) % 2 or len(pad) // 2 > x.ndim:
+        raise c.fail(f"padding of length {len(pad)} does not fit a {x.ndim}-d tensor", "pad")
+    shape = list(x.shape)
+    for k in range(len(pad) // 2):
+        d = x.ndim - 1 - k
+        shape[d] += pad[2 * k] + pad[2 * k + 1]
+        if shape[d] < 0:
+            raise c.fail(f"padding {pad} makes dim {d} negative", "pad")
+    v = c.attrs.get("value")
+    if isinstance(v, float) and not x.dtype.is_float and not float(v).is_integer():
+        raise c.fail(f"a non-integer pad value for a {x.dtype.name} tensor", "value")
+    return TensorMeta(tuple(shape), x.dtype)
+
+
+@prim(
+    "pad",
+    args=1,
+    attrs={
+        "pad": AttrSpec("ints"),
+        "value": AttrSpec("float", optional=True, default=0.0, nonfinite=True),
+    },
+    infer=_pad_infer,
+)
+def _pad(c: Call, args: list[Any], out: Array | None) -> Array:
+    """Constant padding, torch order (last dim first); negative pads crop."""
+    x = args[0]
+    pad = list(c.attr("pad"))
+    widths = [(0, 0)] * x.ndim
+    index: list[slice] = [slice(None)] * x.ndim
+    for k in range(len(pad) // 2):
+        d = x.ndim - 1 - k
+        lo, hi = pad[2 * k], pad[2 * k + 1]
+        widths[d] = (max(lo, 0), max(hi, 0))
+        index[d] = slice(-min(lo, 0), x.shape[d] + min(hi, 0))
+    x = x[tuple(index)]
+    value = c.attrs.get("value") or 0.0
+    r = np.full(c.out().shape, as_np(value, c.out().dtype), dtype=x.dtype)
+    r[tuple(slice(lo, lo + s) for (lo, _), s in zip(widths, x.shape, strict=True))] = x
+    return r
+
+
+def _check_index_dtype(c: Call, i: int, allow_bool: bool = False) -> TensorMeta:
+    t = c.tensor(i)
+    if not (t.dtype.name in ("int64", "int32") or (allow_bool and t.dtype.is_bool)):
+        raise c.fail(f"index must be int64 (or int32), got {t.dtype.name}", i)
+    return t
+
+
+def _range_check(c: Call, idx: Array, n: int, arg: int) -> None:
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        raise c.eval_error(f"index out of range for a dimension of size {n}", arg)
+
+
+def _gather_infer(c: Call) -> TensorMeta:
+    x = c.tensor(0)
+    idx = _check_index_dtype(c, 1)
+    d = c.dim(c.attr("dim"), x.ndim)
+    if max(idx.ndim, 1) != max(x.ndim, 1):
+        raise c.fail("index must have as many dims as the input", 1)
+    for j, (a, b) in enumerate(zip(idx.shape, x.shape, strict=False)):
+        if j != d and a > b:
+            raise c.fail(f"index size {a} exceeds input size {b} at dim {j}", 1)
+    return TensorMeta(idx.shape, x.dtype)
+
+
+def _grid(shape: tuple[int, ...], dim: int, idx: Array) -> tuple[Array, ...]:
+    g = list(np.ogrid[tuple(slice(0, s) for s in shape)])
+    g[dim] = idx
+    return tuple(g)
+
+
+@prim("gather", args=2, attrs={"dim": AttrSpec("int")}, infer=_gather_infer)
+def _gather(c: Call, args: list[Any], out: Array | None) -> Array:
+    """out[i][j] = x[index[i][j]][j] (for dim 0)."""
+    x, idx = args
+    if x.ndim == 0:
+        _range_check(c, idx, 1, 1)
+        return np.broadcast_to(x, idx.shape).copy()
+    d = c.attr("dim") % x.ndim
+    _range_check(c, idx, x.shape[d], 1)
+    return np.asarray(x[_grid(idx.shape, d, idx)])
+
+
+def _index_select_infer(c: Call) -> TensorMeta:
+    x = c.tensor(0)
+    idx = _check_index_dtype(c, 1)
+    if idx.ndim > 1:
+        raise c.fail("index must be 0-d or 1-d", 1)
+    d = c.dim(c.attr("dim"), x.ndim)
+    if x.ndim == 0:
+        return TensorMeta((), x.dtype)
+    return TensorMeta(x.shape[:d] + (idx.numel,) + x.shape[d + 1 :], x.dtype)
+
+
+@prim("index_select", args=2, attrs={"dim": AttrSpec("int")}, infer=_index_select_infer)
+def _index_select(c: Call, args: list[Any], out: Array | None) -> Array:
+    """Select entries of ``index`` along ``dim``."""
+    x, idx = args
+    if x.ndim == 0:
+        _range_check(c, idx, 1, 1)
+        return x.copy()
+    d = c.attr("dim") % x.ndim
+    _range_check(c, idx, x.shape[d], 1)
+    return np.take(x, idx.reshape(-1), axis=d)
+
+
+def _scatter_infer(c: Call) -> TensorMeta:
+    x = c.tensor(0)
+    idx = _check_index_dtype(c, 1)
+    d = c.dim(c.attr("dim"), x.ndim)
+    src = c.args[2]
+    if isinstance(src, TensorMeta):
+        if src.dtype != x.dtype:
+            raise c.fail(f"src dtype {src.dtype.name} must match self dtype {x.dtype.name}", 2)
+        if any(a > b for a, b in zip(idx.shape, src.shape, strict=False)):
+            raise c.fail("index is larger than src", 1)
+    elif c.op == "scatter_add":
+        raise c.fail("scatter_add needs a tensor src", 2)
+    if max(idx.ndim, 1) != max(x.ndim, 1):
+        raise c.fail("index must have as many dims as the input", 1)
+    for j, (a, b) in enumerate(zip(idx.shape, x.shape, strict=False)):
+        if j != d and a > b:
+            raise c.fail(f"index size {a} exceeds input size {b} at dim {j}", 1)
+    return x
+
+
+def _scatter_kernel(c: Call, args: list[Any], out: Array | None) -> Array:
+    x, idx, src = args
+    r = np.array(x, copy=True)
+    if idx.size == 0:
+        return r
+    shape = idx.shape
+    if r.ndim == 0:
+        _range_check(c, idx, 1, 1)
+        r2 = r.reshape(1)
+        sv = as_np(src, c.out().dtype).reshape(-1)[: idx.size]
+        if c.op == "scatter_add":
+            np.add.at(r2, idx.reshape(-1), sv)
+        else:
+            r2[idx.reshape(-1)] = sv
+        return r
+    d = c.attr("dim") % r.ndim
+    _range_check(c, idx, r.shape[d], 1)
+    if isinstance(src, np.ndarray):
+        sv = src[tuple(slice(0, s) for s in shape)] if src.ndim else src
+    else:
+        sv = as_np(src, c.out().dtype)
+    where = _grid(shape, d, idx)
+    if c.op == "scatter_add":
+        np.add.at(r, where, sv)
+    else:
+        r[where] = sv
+    return r
+
+
+prim(
+    "scatter",
+    args=3,
+    attrs={"dim": AttrSpec("int")},
+    infer=_scatter_infer,
+    scalar_args=frozenset({2}),
+)(_scatter_kernel)
+prim("scatter_add", args=3, attrs={"dim": AttrSpec("int")}, infer=_scatter_infer)(_scatter_kernel)
+
+
+def _index_put_infer(c: Call) -> TensorMeta:
+    x = c.tensor(0)
+    v = c.args[1]
+    if isinstance(v, TensorMeta) and v.dtype != x.dtype:
+        raise c.fail(f"values dtype {v.dtype.name} must match self dtype {x.dtype.name}", 1)
+    if isinstance(v, Scalar):
+        raise c.fail("values must be a tensor", 1)
+    idx = c.args[2:]
+    if len(idx) > x.ndim:
+        raise c.fail(f"too many indices ({len(idx)}) for a {x.ndim}-d tensor")
+    if all(i is None for i in idx):
+        raise c.fail("at least one index must be a tensor")
+    for i, a in enumerate(idx, 2):
+        if a is not None:
+            _check_index_dtype(c, i, allow_bool=True)
+    return x
+
+
+@prim(
+    "index_put",
+    args=(3, None),
+    attrs={"accumulate": AttrSpec("bool", optional=True, default=False)},
+    infer=_index_put_infer,
+    optional_args=frozenset(range(2, 64)),
+)
+def _index_put(c: Call, args: list[Any], out: Array | None) -> Array:
+    """x[indices] = values (or += with accumulate); null indices stand for ':'."""
+    x, values, *idx = args
+    key = tuple(slice(None) if i is None else i for i in idx)
+    r = np.array(x, copy=True)
+    try:
+        if c.attrs.get("accumulate"):
+            np.add.at(r, key, values)
+        else:
+            r[key] = values
+    except (IndexError, ValueError) as e:
+        raise c.eval_error(f"index_put failed: {e}") from None
+    return r
