@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 from dataclasses import dataclass
+from pathlib import Path
 
 from argon2 import PasswordHasher
+from pydantic import SecretStr
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from node.db.session import make_engine, make_sessionmaker
 from node.services.security import password_hasher
-from node.settings import Settings
+from node.settings import PLACEHOLDER_SECRET, Settings
 from node.storage import BlobStore, FileBlobStore
 
 
@@ -25,6 +29,10 @@ class NodeContext:
     @classmethod
     def from_settings(cls, settings: Settings) -> NodeContext:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
+        if settings.token_secret.get_secret_value() == PLACEHOLDER_SECRET:
+            # Development without a configured secret: never sign with a well-known string.
+            secret = SecretStr(_local_secret(settings.data_dir / "token-secret"))
+            settings = settings.model_copy(update={"token_secret": secret})
         engine = make_engine(settings.resolved_database_url)
         return cls(
             settings=settings,
@@ -36,3 +44,19 @@ class NodeContext:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _local_secret(path: Path) -> str:
+    """A random secret kept (owner-readable only) in the data directory across restarts."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    secret = secrets.token_urlsafe(48)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process of this node made it first
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as f:
+        f.write(secret)
+    return secret

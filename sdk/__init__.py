@@ -1,0 +1,92 @@
+"""dpnode's Python SDK: find datasets on a node, compute on them, publish noised results.
+
+>>> import sdk
+>>> client = sdk.login("http://127.0.0.1:8000", email="ds@example.org", password="...")  # doctest: +SKIP
+>>> ds = sdk.search(tags=["health"])[0]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+import httpx
+
+from sdk._client import Client
+from sdk._exceptions import (
+    AuthenticationError,
+    ConflictError,
+    DPNodeError,
+    EvaluationError,
+    GraphError,
+    InvalidRequestError,
+    NodeUnreachableError,
+    NotFoundError,
+    PayloadTooLargeError,
+    PermissionDeniedError,
+    QuotaExceededError,
+    ServerError,
+    UnsupportedDTypeError,
+    UploadRejectedError,
+)
+from sdk._handles import AuditEvent, ColumnInfo, DatasetHandle, ModelHandle, TensorInfo, User
+
+__all__ = [
+    "AuditEvent",
+    "AuthenticationError",
+    "Client",
+    "ColumnInfo",
+    "ConflictError",
+    "DPNodeError",
+    "DatasetHandle",
+    "EvaluationError",
+    "GraphError",
+    "InvalidRequestError",
+    "ModelHandle",
+    "NodeUnreachableError",
+    "NotFoundError",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "QuotaExceededError",
+    "ServerError",
+    "TensorInfo",
+    "UnsupportedDTypeError",
+    "UploadRejectedError",
+    "User",
+    "current_client",
+    "login",
+    "search",
+]
+
+_last_client: Client | None = None
+
+
+def login(
+    url: str, *, email: str, password: str, transport: httpx.BaseTransport | None = None
+) -> Client:
+    """Log in to a node and return a client; module-level helpers use the last one.
+
+    Raises:
+        AuthenticationError: wrong email or password, or a deactivated account.
+        NodeUnreachableError: nothing answers at ``url``.
+    """
+    global _last_client
+    client = Client(url, transport=transport).login(email, password)
+    _last_client = client
+    return client
+
+
+def current_client() -> Client:
+    """The client of the last ``sdk.login``."""
+    if _last_client is None:
+        raise DPNodeError("not logged in: call sdk.login(url, email=..., password=...) first")
+    return _last_client
+
+
+def search(
+    tags: Iterable[str] = (),
+    text: str | None = None,
+    kind: Literal["any", "dataset", "model"] = "any",
+) -> list[DatasetHandle | ModelHandle]:
+    """``Client.search`` on the last login."""
+    return current_client().search(tags=tags, text=text, kind=kind)

@@ -1,0 +1,328 @@
+"""The node client: login, search, uploads and administration over HTTP."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import numpy as np
+import numpy.typing as npt
+from safetensors.numpy import load, save
+
+from sdk._exceptions import DPNodeError, NodeUnreachableError, error_for
+from sdk._handles import AuditEvent, DatasetHandle, ModelHandle, User
+from sdk._tables import columns_of, to_numpy
+
+API_PREFIX = "/api/v1"
+FRAME_TYPE = "application/vnd.dpnode.tensors"
+_MANIFEST_KEY = "dpnode"
+
+
+def _frame(arrays: Mapping[str, npt.NDArray[Any]], manifest: Mapping[str, Any]) -> bytes:
+    contiguous = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    return save(contiguous, metadata={_MANIFEST_KEY: json.dumps(manifest)})
+
+
+def _split(columns: Mapping[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    arrays = {f"{prefix}/{k}": v for k, v in columns.items() if not isinstance(v, list)}
+    strings = {k: v for k, v in columns.items() if isinstance(v, list)}
+    return arrays, strings
+
+
+class Client:
+    """A session with one node.
+
+    Args:
+        url: the node's base URL, e.g. ``"http://127.0.0.1:8000"``.
+        token: an access token (``login`` fetches one).
+        transport: an httpx transport, e.g. to talk to an in-process app in tests.
+        timeout: seconds to wait for the node.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+        timeout: float = 120.0,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.expires_at: datetime | None = None
+        self._http = httpx.Client(
+            base_url=self.url + API_PREFIX, transport=transport, timeout=timeout
+        )
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        headers = dict(kwargs.pop("headers", {}))
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        try:
+            response = self._http.request(method, path, headers=headers, **kwargs)
+        except httpx.TransportError as exc:
+            raise NodeUnreachableError(f"cannot reach the node at {self.url}: {exc}") from exc
+        if response.is_error:
+            try:
+                body = response.json()
+                code, detail = body.get("error"), str(body.get("detail", response.text))
+            except (ValueError, AttributeError):
+                code, detail = None, response.text or response.reason_phrase
+            raise error_for(response.status_code, code, detail)
+        return response
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._request(method, path, **kwargs).json()
+
+    def _download_frame(self, path: str) -> dict[str, npt.NDArray[Any]]:
+        return dict(load(self._request("GET", path).content))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<dpnode Client {self.url}>"
+
+    # -- session ----------------------------------------------------------------------------
+
+    def login(self, email: str, password: str) -> Client:
+        """Fetch an access token; raises ``AuthenticationError`` on bad credentials."""
+        body = self._json("POST", "/auth/login", json={"email": email, "password": password})
+        self.token = body["access_token"]
+        self.expires_at = datetime.fromisoformat(body["expires_at"])
+        return self
+
+    def me(self) -> User:
+        return _user(self._json("GET", "/users/me"))
+
+    def version(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", "/version")
+        return result
+
+    # -- discovery --------------------------------------------------------------------------
+
+    def search(
+        self,
+        tags: Iterable[str] = (),
+        text: str | None = None,
+        kind: Literal["any", "dataset", "model"] = "any",
+    ) -> list[DatasetHandle | ModelHandle]:
+        """Datasets (first) and models carrying all of ``tags`` and matching ``text``."""
+        params: dict[str, Any] = {"tags": list(_tags(tags)), "kind": kind}
+        if text:
+            params["text"] = text
+        body = self._json("GET", "/search", params=params)
+        found: list[DatasetHandle | ModelHandle] = [
+            DatasetHandle.from_json(self, d) for d in body["datasets"]
+        ]
+        found += [ModelHandle.from_json(self, m) for m in body["models"]]
+        return found
+
+    def datasets(self, tags: Iterable[str] = (), text: str | None = None) -> list[DatasetHandle]:
+        params: dict[str, Any] = {"tags": list(_tags(tags))}
+        if text:
+            params["text"] = text
+        return [
+            DatasetHandle.from_json(self, d) for d in self._json("GET", "/datasets", params=params)
+        ]
+
+    def dataset(self, ref: int | str) -> DatasetHandle:
+        """A dataset by id or name."""
+        return DatasetHandle.from_json(self, self._json("GET", f"/datasets/{ref}"))
+
+    def models(self, tags: Iterable[str] = (), text: str | None = None) -> list[ModelHandle]:
+        params: dict[str, Any] = {"tags": list(_tags(tags))}
+        if text:
+            params["text"] = text
+        return [ModelHandle.from_json(self, m) for m in self._json("GET", "/models", params=params)]
+
+    def model(self, ref: int | str) -> ModelHandle:
+        """A model by id or name."""
+        return ModelHandle.from_json(self, self._json("GET", f"/models/{ref}"))
+
+    # -- uploads (data owners) --------------------------------------------------------------
+
+    def upload_dataset(
+        self,
+        name: str,
+        data: Any,
+        *,
+        bounds: Mapping[str, tuple[float, float]] | None = None,
+        tags: Iterable[str] = (),
+        description: str = "",
+        categories: Mapping[str, Sequence[str]] | None = None,
+        subject_id: str | None = None,
+        mock: Any = None,
+        clamp: bool | Sequence[str] = False,
+        fill: Mapping[str, float] | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> DatasetHandle:
+        """Upload a dataset; the node checks it against what you declare here.
+
+        Args:
+            name: unique dataset name.
+            data: a pandas DataFrame, a dict of columns (1-D, or N-D with rows first),
+                a structured array, or a 2-D array (name its columns with ``columns=``).
+            bounds: public (low, high) for every numeric column: the privacy contract.
+            tags: for search.
+            categories: the public category list of each string column.
+            subject_id: a column whose equal values mark rows of one person.
+            mock: fake data with the same columns, for dry runs (downloadable by anyone).
+            clamp: clip out-of-bounds values (True, or a list of columns) instead of refusing.
+            fill: replacement for NaN/inf per column instead of refusing.
+            columns: names for the columns of a plain 2-D array.
+
+        Raises:
+            UploadRejectedError: the data breaks the declarations; the message says where.
+            PermissionDeniedError: data scientists cannot upload.
+        """
+        real = columns_of(data, columns)
+        arrays, strings = _split(real, "data")
+        manifest: dict[str, Any] = {
+            "name": name,
+            "description": description,
+            "tags": list(_tags(tags)),
+            "columns": list(real),
+            "bounds": {k: list(v) for k, v in (bounds or {}).items()},
+            "categories": {k: list(v) for k, v in (categories or {}).items()},
+            "clamp": clamp if isinstance(clamp, bool) else list(clamp),
+            "fill": dict(fill or {}),
+            "subject_id": subject_id,
+            "strings": strings,
+        }
+        if mock is not None:
+            fake = columns_of(mock, columns)
+            mock_arrays, mock_strings = _split(fake, "mock")
+            arrays |= mock_arrays
+            manifest |= {"mock_columns": list(fake), "mock_strings": mock_strings}
+        body = _frame(arrays, manifest)
+        created = self._json(
+            "POST", "/datasets", content=body, headers={"Content-Type": FRAME_TYPE}
+        )
+        return DatasetHandle.from_json(self, created)
+
+    def upload_model(
+        self,
+        name: str,
+        weights: Any,
+        *,
+        tags: Iterable[str] = (),
+        description: str = "",
+        public: bool = False,
+        architecture: str | bytes | Path | None = None,
+    ) -> ModelHandle:
+        """Upload a model's weights (a ``state_dict``, a module, or a dict of arrays).
+
+        Args:
+            architecture: an optional file describing the model (a path, or its text/bytes);
+                the node stores it and never runs it.
+            public: whether anyone may download the weights; private weights are usable
+                only as remote tensors.
+        """
+        if hasattr(weights, "state_dict"):
+            weights = weights.state_dict()
+        arrays = {f"weight/{k}": to_numpy(v, f"weight {k!r}") for k, v in dict(weights).items()}
+        manifest: dict[str, Any] = {
+            "name": name,
+            "description": description,
+            "tags": list(_tags(tags)),
+            "public": public,
+            "tensors": [k.split("/", 1)[1] for k in arrays],
+        }
+        if architecture is not None:
+            filename, raw = _architecture(architecture)
+            arrays["architecture"] = np.frombuffer(raw, dtype=np.uint8)
+            manifest["architecture_filename"] = filename
+        body = _frame(arrays, manifest)
+        created = self._json("POST", "/models", content=body, headers={"Content-Type": FRAME_TYPE})
+        return ModelHandle.from_json(self, created)
+
+    def delete_dataset(self, ref: int | str) -> None:
+        self._request("DELETE", f"/datasets/{ref}")
+
+    def delete_model(self, ref: int | str) -> None:
+        self._request("DELETE", f"/models/{ref}")
+
+    # -- administration ---------------------------------------------------------------------
+
+    def create_user(self, email: str, password: str, role: str = "data_scientist") -> User:
+        """Create an account (admins: any role; data owners: data scientists)."""
+        body = {"email": email, "password": password, "role": role}
+        return _user(self._json("POST", "/users", json=body))
+
+    def users(self) -> list[User]:
+        return [_user(u) for u in self._json("GET", "/users")]
+
+    def update_user(
+        self,
+        user: int | str,
+        *,
+        role: str | None = None,
+        active: bool | None = None,
+        password: str | None = None,
+    ) -> User:
+        """Change a user's role, active flag or password (admins). ``user``: id or email."""
+        user_id = user if isinstance(user, int) else self._user_id(user)
+        changes = {"role": role, "is_active": active, "password": password}
+        body = {k: v for k, v in changes.items() if v is not None}
+        return _user(self._json("PATCH", f"/users/{user_id}", json=body))
+
+    def _user_id(self, email: str) -> int:
+        wanted = email.strip().lower()
+        for u in self.users():
+            if u.email == wanted:
+                return u.id
+        raise DPNodeError(f"no user with email {email}")
+
+    def audit(self, *, action: str | None = None, limit: int = 100) -> list[AuditEvent]:
+        """The audit log, newest first (admins)."""
+        params: dict[str, Any] = {"limit": limit}
+        if action:
+            params["action"] = action
+        return [
+            AuditEvent(
+                id=e["id"],
+                at=datetime.fromisoformat(e["at"]),
+                actor_email=e["actor_email"],
+                action=e["action"],
+                target_type=e["target_type"],
+                target_id=e["target_id"],
+                detail=e["detail"],
+            )
+            for e in self._json("GET", "/audit", params=params)
+        ]
+
+
+def _tags(tags: Iterable[str]) -> Iterable[str]:
+    return [tags] if isinstance(tags, str) else tags
+
+
+def _user(body: dict[str, Any]) -> User:
+    return User(
+        id=body["id"],
+        email=body["email"],
+        role=body["role"],
+        is_active=body["is_active"],
+        created_at=datetime.fromisoformat(body["created_at"]),
+    )
+
+
+def _architecture(source: str | bytes | Path) -> tuple[str, bytes]:
+    if isinstance(source, bytes):
+        return "architecture", source
+    path = Path(source)
+    if isinstance(source, Path) or (len(source) < 4096 and "\n" not in source and path.is_file()):
+        return path.name, path.read_bytes()
+    return "architecture.py", source.encode()

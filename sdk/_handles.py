@@ -1,0 +1,187 @@
+"""What a search returns: handles on datasets and models, with their public metadata."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from sdk._client import Client
+
+
+@dataclass(frozen=True)
+class ColumnInfo:
+    """Public facts about one column: dtype, per-row shape, declared bounds, categories."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    bounds: tuple[float, float]
+    categories: tuple[str, ...] | None = None
+
+    def describe(self) -> str:
+        shape = f" {self.shape}" if self.shape else ""
+        if self.categories is not None:
+            shown = ", ".join(self.categories[:6]) + (", ..." if len(self.categories) > 6 else "")
+            return f"{self.dtype}{shape} categories [{shown}]"
+        low, high = self.bounds
+        return f"{self.dtype}{shape} in [{low:g}, {high:g}]"
+
+
+@dataclass(frozen=True)
+class User:
+    id: int
+    email: str
+    role: str
+    is_active: bool
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    id: int
+    at: datetime
+    actor_email: str | None
+    action: str
+    target_type: str | None
+    target_id: int | None
+    detail: dict[str, Any]
+
+
+@dataclass(eq=False)
+class DatasetHandle:
+    """A dataset on the node. Its values never come here; its metadata is public."""
+
+    id: int
+    name: str
+    description: str
+    tags: list[str]
+    owner: str
+    row_count: int
+    columns: dict[str, ColumnInfo]
+    subject_id: str | None
+    subject_count: int
+    has_mock: bool
+    _client: Client = field(repr=False)
+
+    @classmethod
+    def from_json(cls, client: Client, body: dict[str, Any]) -> DatasetHandle:
+        return cls(
+            id=body["id"],
+            name=body["name"],
+            description=body["description"],
+            tags=list(body["tags"]),
+            owner=body["owner"],
+            row_count=body["row_count"],
+            columns={
+                c["name"]: ColumnInfo(
+                    name=c["name"],
+                    dtype=c["dtype"],
+                    shape=tuple(c["shape"]),
+                    bounds=(c["bounds"][0], c["bounds"][1]),
+                    categories=tuple(c["categories"]) if c["categories"] is not None else None,
+                )
+                for c in body["columns"]
+            },
+            subject_id=body["subject_id"],
+            subject_count=body["subject_count"],
+            has_mock=body["has_mock"],
+            _client=client,
+        )
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(rows, columns)."""
+        return (self.row_count, len(self.columns))
+
+    @property
+    def bounds(self) -> dict[str, tuple[float, float]]:
+        return {name: c.bounds for name, c in self.columns.items()}
+
+    def mock(self) -> dict[str, npt.NDArray[Any]]:
+        """The dataset's mock (fake) data, to dry-run code before spending budget."""
+        return self._client._download_frame(f"/datasets/{self.id}/mock")
+
+    def download(self) -> dict[str, npt.NDArray[Any]]:
+        """Real values — only for the dataset's owner and admins.
+
+        Raises:
+            PermissionDeniedError: for data scientists, always.
+        """
+        return self._client._download_frame(f"/datasets/{self.id}/data")
+
+    def delete(self) -> None:
+        self._client.delete_dataset(self.id)
+
+    def __repr__(self) -> str:
+        subjects = (
+            f", {self.subject_count} subjects by {self.subject_id!r}" if self.subject_id else ""
+        )
+        lines = [
+            f"<Dataset {self.name!r} tags={self.tags} shape={self.shape}{subjects}"
+            + (", mock available" if self.has_mock else "")
+        ]
+        width = max((len(n) for n in self.columns), default=0)
+        lines += [f"  {n:<{width}}  {c.describe()}" for n, c in self.columns.items()]
+        return "\n".join(lines) + ">"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(eq=False)
+class ModelHandle:
+    """A model on the node: named weight tensors, public or private."""
+
+    id: int
+    name: str
+    description: str
+    tags: list[str]
+    owner: str
+    public: bool
+    tensors: dict[str, TensorInfo]
+    architecture_filename: str | None
+    _client: Client = field(repr=False)
+
+    @classmethod
+    def from_json(cls, client: Client, body: dict[str, Any]) -> ModelHandle:
+        return cls(
+            id=body["id"],
+            name=body["name"],
+            description=body["description"],
+            tags=list(body["tags"]),
+            owner=body["owner"],
+            public=body["public"],
+            tensors={
+                t["name"]: TensorInfo(t["name"], t["dtype"], tuple(t["shape"]))
+                for t in body["tensors"]
+            },
+            architecture_filename=body["architecture_filename"],
+            _client=client,
+        )
+
+    def weights(self) -> dict[str, npt.NDArray[Any]]:
+        """The weights of a public model (or of your own)."""
+        return self._client._download_frame(f"/models/{self.id}/weights")
+
+    def architecture(self) -> bytes:
+        """The architecture file as uploaded; dpnode never runs it, and neither should you
+        unless you trust its owner."""
+        return self._client._request("GET", f"/models/{self.id}/architecture").content
+
+    def delete(self) -> None:
+        self._client.delete_model(self.id)
+
+    def __repr__(self) -> str:
+        visibility = "public" if self.public else "private"
+        lines = [f"<Model {self.name!r} tags={self.tags} {visibility}, {len(self.tensors)} tensors"]
+        width = max((len(n) for n in self.tensors), default=0)
+        lines += [f"  {n:<{width}}  {t.dtype} {t.shape}" for n, t in self.tensors.items()]
+        return "\n".join(lines) + ">"

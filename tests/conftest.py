@@ -1,0 +1,123 @@
+"""Fixtures shared by the whole suite: real databases (SQLite and PostgreSQL), the real app."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from starlette.testclient import TestClient
+
+from node.app import create_app
+from node.context import NodeContext
+from node.db.migrate import upgrade
+from node.db.models import User
+from node.services import users
+from node.settings import Settings
+from tests.postgres import find_bin_dir, postgres_server
+
+BACKENDS = ["sqlite", "postgresql"]
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL server for this session, with a migrated template database."""
+    if find_bin_dir() is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL is required in CI but its binaries were not found")
+        pytest.skip("PostgreSQL binaries not found (apt-get install postgresql)")
+    with postgres_server() as url:
+        engine = create_engine(url, isolation_level="AUTOCOMMIT")
+        with engine.connect() as conn:
+            conn.execute(text("CREATE DATABASE dpnode_template"))
+        engine.dispose()
+        upgrade(url.rsplit("/", 1)[0] + "/dpnode_template")
+        yield url
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("template") / "dpnode.sqlite3"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture(params=BACKENDS)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, migrated database for one test, on each backend."""
+    if request.param == "sqlite":
+        template: Path = request.getfixturevalue("sqlite_template")
+        path = tmp_path / "dpnode.sqlite3"
+        shutil.copy(template, path)
+        return f"sqlite:///{path}"
+    server: str = request.getfixturevalue("postgres_url")
+    name = f"dpnode_test_{os.getpid()}_{next(_names)}"
+    engine = create_engine(server, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {name} TEMPLATE dpnode_template"))
+    engine.dispose()
+    return server.rsplit("/", 1)[0] + "/" + name
+
+
+@pytest.fixture
+def settings(tmp_path: Path, database_url: str) -> Settings:
+    # Argon2's memory cost is lowered to keep the suite fast; tests/node/test_security.py
+    # checks the production default separately.
+    return Settings(
+        data_dir=tmp_path / "data",
+        database_url=database_url,
+        argon2_memory_kib=8 * 1024,
+        argon2_time_cost=1,
+        max_upload_bytes=8 * 1024 * 1024,
+        max_upload_elements=500_000,
+    )
+
+
+@pytest.fixture
+def context(settings: Settings) -> Iterator[NodeContext]:
+    ctx = NodeContext.from_settings(settings)
+    yield ctx
+    ctx.close()
+
+
+@pytest.fixture
+def http(context: NodeContext) -> Iterator[TestClient]:
+    """The real app, in process."""
+    with TestClient(create_app(context=context), raise_server_exceptions=False) as client:
+        yield client
+
+
+PASSWORD = "correct horse battery"
+
+
+def make_user(context: NodeContext, email: str, role: str) -> User:
+    with context.sessions() as session:
+        return users.create_user(
+            session, context.hasher, None, email=email, password=PASSWORD, role=role
+        )
+
+
+@pytest.fixture
+def admin(context: NodeContext) -> User:
+    return make_user(context, "admin@example.org", "admin")
+
+
+@pytest.fixture
+def owner(context: NodeContext) -> User:
+    return make_user(context, "owner@example.org", "data_owner")
+
+
+@pytest.fixture
+def scientist(context: NodeContext) -> User:
+    return make_user(context, "ds@example.org", "data_scientist")
+
+
+def login(http: TestClient, email: str, password: str = PASSWORD) -> dict[str, str]:
+    response = http.post("/api/v1/auth/login", json={"email": email, "password": password})
+    assert response.status_code == 200, response.text
+    return {"Authorization": f"Bearer {response.json()['access_token']}"}
