@@ -1,0 +1,93 @@
+"""Fixtures for the node's HTTP tests: logged-in clients of each role, upload helpers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from httpx import Response
+from starlette.testclient import TestClient
+
+from node.context import NodeContext
+from node.db.models import User
+from tests.conftest import login
+from tests.node.frames import dataset_frame, model_frame
+
+FRAME = {"Content-Type": "application/vnd.dpnode.tensors"}
+
+
+@pytest.fixture
+def admin_h(http: TestClient, admin: User) -> dict[str, str]:
+    """Authorization headers of a logged-in admin."""
+    return login(http, admin.email)
+
+
+@pytest.fixture
+def owner_h(http: TestClient, owner: User) -> dict[str, str]:
+    """Authorization headers of a logged-in data owner."""
+    return login(http, owner.email)
+
+
+@pytest.fixture
+def ds_h(http: TestClient, scientist: User) -> dict[str, str]:
+    """Authorization headers of a logged-in data scientist."""
+    return login(http, scientist.email)
+
+
+def post_frame(http: TestClient, path: str, headers: dict[str, str], frame: bytes) -> Response:
+    return http.post(path, content=frame, headers=headers | FRAME)
+
+
+def upload(
+    http: TestClient, headers: dict[str, str], name: str, data: dict[str, Any], **manifest: Any
+) -> Response:
+    """POST a dataset frame built from ``data`` and manifest keywords."""
+    return post_frame(http, "/api/v1/datasets", headers, dataset_frame(name, data, **manifest))
+
+
+def upload_ok(
+    http: TestClient, headers: dict[str, str], name: str, data: dict[str, Any], **manifest: Any
+) -> dict[str, Any]:
+    response = upload(http, headers, name, data, **manifest)
+    assert response.status_code == 201, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def upload_model(
+    http: TestClient, headers: dict[str, str], name: str, weights: dict[str, Any], **manifest: Any
+) -> Response:
+    return post_frame(http, "/api/v1/models", headers, model_frame(name, weights, **manifest))
+
+
+def refused(response: Response, status: int, code: str) -> str:
+    """Assert the error shape and return the message."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error", "detail"}, body
+    assert body["error"] == code, body
+    assert isinstance(body["detail"], str) and body["detail"]
+    detail: str = body["detail"]
+    return detail
+
+
+def blob_files(context: NodeContext) -> set[Path]:
+    """Every blob file on disk (temporary files excluded)."""
+    root = context.settings.blob_dir
+    if not root.exists():
+        return set()
+    return {p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".tmp-")}
+
+
+@pytest.fixture
+def small_dataset() -> dict[str, Any]:
+    """A small mixed table and its declarations, reusable across tests."""
+    return {
+        "data": {
+            "age": np.array([23, 45, 67, 31], dtype=np.int64),
+            "bmi": np.array([21.5, 30.25, 27.0, 19.75]),
+        },
+        "bounds": {"age": (0, 120), "bmi": (10, 70)},
+    }
