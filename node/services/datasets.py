@@ -15,13 +15,14 @@ from node.db.models import Dataset, DatasetColumn, DatasetTag, Role, User
 from node.errors import ConflictError, NotFoundError, PermissionDeniedError, UploadRejectedError
 from node.services import audit
 from node.services.catalog import (
+    check_item_name,
     filter_catalog,
     normalise_tags,
     release_blobs,
     require_owner,
     require_uploader,
 )
-from node.services.tabular import ColumnSpec, PreparedTable, check_name, prepare_table
+from node.services.tabular import ColumnSpec, PreparedTable, prepare_table
 from node.storage import BlobStore, array_from_bytes, array_to_bytes
 
 
@@ -52,9 +53,13 @@ def _prepare_mock(upload: DatasetUpload, real: PreparedTable, max_elements: int)
     spec = upload.spec
     if spec.subject_id is not None and spec.subject_id not in upload.mock:
         spec = ColumnSpec(spec.bounds, spec.categories, spec.clamp, spec.fill, None)
-    mock = prepare_table(
-        upload.mock, spec, order=upload.mock_order, max_elements=max_elements, what="mock "
-    )
+    order = upload.mock_order
+    if order is None:
+        # Frames list tensors by name, not as sent: without a declared mock order, the mock
+        # follows the data's column order (extra mock columns last, refused below).
+        order = [c for c in upload.order if c in upload.mock]
+        order += [c for c in upload.mock if c not in order]
+    mock = prepare_table(upload.mock, spec, order=order, max_elements=max_elements, what="mock ")
     real_names = [c.name for c in real.columns]
     if [c.name for c in mock.columns] != real_names:
         raise UploadRejectedError(
@@ -94,7 +99,7 @@ def create_dataset(
         UploadRejectedError: the data breaks its declarations (the message says where).
     """
     require_uploader(actor, "dataset")
-    name = check_name("dataset", upload.name)
+    name = check_item_name("dataset", upload.name)
     tags = normalise_tags(upload.tags)
     if session.scalar(select(Dataset.id).where(Dataset.name == name)) is not None:
         raise ConflictError(f"a dataset named {name!r} already exists")
