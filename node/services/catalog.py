@@ -10,7 +10,8 @@ from sqlalchemy import ColumnElement, Select, func, select, union_all
 from sqlalchemy.orm import Session
 
 from node.db.models import Dataset, DatasetColumn, Model, ModelTensor, Role, User
-from node.errors import InvalidRequestError, PermissionDeniedError
+from node.errors import InvalidRequestError, PermissionDeniedError, UploadRejectedError
+from node.services.tabular import check_name
 from node.storage import BlobStore
 
 _TAG = re.compile(r"^[a-z0-9][a-z0-9_.:+-]{0,63}$")
@@ -33,6 +34,21 @@ def normalise_tags(tags: Iterable[str]) -> list[str]:
     if len(out) > MAX_TAGS:
         raise InvalidRequestError(f"at most {MAX_TAGS} tags, got {len(out)}")
     return out
+
+
+def check_item_name(kind: str, name: str) -> str:
+    """A dataset or model name that ``/{kind}s/{name}`` can reach: no ``/``, not all digits.
+
+    >>> check_item_name("dataset", "diabetes-2024")
+    'diabetes-2024'
+    """
+    check_name(kind, name)
+    if "/" in name or name.isdigit():
+        raise UploadRejectedError(
+            f"{kind} name {name!r} cannot be used in URLs: it must not contain '/' nor be all "
+            "digits (those are read as ids)"
+        )
+    return name
 
 
 _T = TypeVar("_T")

@@ -15,6 +15,7 @@ from node.db.models import Model, ModelTag, ModelTensor, Role, User
 from node.errors import ConflictError, NotFoundError, PermissionDeniedError, UploadRejectedError
 from node.services import audit
 from node.services.catalog import (
+    check_item_name,
     filter_catalog,
     normalise_tags,
     release_blobs,
@@ -55,7 +56,7 @@ def create_model(
         UploadRejectedError: bad names, dtypes, sizes or non-finite weights.
     """
     require_uploader(actor, "model")
-    name = check_name("model", upload.name)
+    name = check_item_name("model", upload.name)
     tags = normalise_tags(upload.tags)
     if session.scalar(select(Model.id).where(Model.name == name)) is not None:
         raise ConflictError(f"a model named {name!r} already exists")
