@@ -107,6 +107,27 @@ def _check_bounds(column: str, bounds: Any) -> tuple[float, float]:
     return lower, upper
 
 
+def _within_dtype(
+    column: str, dtype: np.dtype[Any], lower: float, upper: float
+) -> tuple[float, float]:
+    """Tighten bounds to the finite values ``dtype`` can hold; refuse bounds it cannot meet.
+
+    Stored values can never leave their dtype's range, so this keeps the bounds sound, and
+    it keeps them finite (``float16`` cannot hold 1e6) and castable when clamping.
+
+    >>> _within_dtype("x", np.dtype("int8"), -1000.0, 50.0)
+    (-128.0, 50.0)
+    """
+    info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
+    low, high = float(info.min), float(info.max)
+    if lower > high or upper < low:
+        raise UploadRejectedError(
+            f"bounds [{lower:g}, {upper:g}] of column {column!r} hold no value its dtype "
+            f"{dtype.name} can store"
+        )
+    return max(lower, low), min(upper, high)
+
+
 def _representable(dtype: np.dtype[Any], lower: float, upper: float) -> tuple[float, float]:
     """Widen bounds to the nearest values ``dtype`` can hold, so stored values respect them.
 
@@ -166,6 +187,8 @@ def _numeric(
         lower, upper = 0.0, 1.0
     elif column in spec.bounds:
         lower, upper = _check_bounds(column, spec.bounds[column])
+        if values.dtype.kind in "iuf":
+            lower, upper = _within_dtype(column, values.dtype, lower, upper)
     else:
         raise UploadRejectedError(
             f"column {column!r} has no declared bounds; pass bounds={{{column!r}: (low, high)}}: "
@@ -202,9 +225,13 @@ def _numeric(
                 f"{what}column {column!r} has {n_out} values outside its declared bounds "
                 f"[{lower:g}, {upper:g}]; fix the bounds, or pass clamp=True to clip them"
             )
-        values = np.clip(
-            values, np.asarray(lower).astype(values.dtype), np.asarray(upper).astype(values.dtype)
-        )
+        low: float | int = lower
+        high: float | int = upper
+        if values.dtype.kind in "iu":
+            # float(int64 max) is 2**63, one past what int64 holds: clip with exact integers.
+            info = np.iinfo(values.dtype)
+            low, high = max(int(lower), int(info.min)), min(int(upper), int(info.max))
+        values = np.clip(values, values.dtype.type(low), values.dtype.type(high))
     return values, lower, upper, (list(categories) if categories is not None else None)
 
 
@@ -245,9 +272,13 @@ def prepare_table(
         raise UploadRejectedError(
             f"column order {names[:10]} does not match the columns sent {list(columns)[:10]}"
         )
-    for declared in (*spec.bounds, *spec.categories, *(spec.fill or {})):
-        if declared not in columns:
-            raise UploadRejectedError(f"{what}data has no column {declared!r} (declared for it)")
+    declarations = {"bounds": spec.bounds, "categories": spec.categories, "fill": spec.fill or {}}
+    for kind, declared in declarations.items():
+        for column in declared:
+            if column not in columns:
+                raise UploadRejectedError(
+                    f"{kind} declared for column {column!r}, but the {what}data has no such column"
+                )
     if spec.subject_id is not None and spec.subject_id not in columns:
         raise UploadRejectedError(f"{what}data has no subject id column {spec.subject_id!r}")
     row_counts = {name: (columns[name].shape[0] if columns[name].ndim else 0) for name in names}

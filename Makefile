@@ -1,0 +1,35 @@
+# Two commands for a fresh clone: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: demo test check bench install clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+## Start a node on 127.0.0.1:8000 with demo accounts and datasets.
+demo: install
+	$(VENV)/bin/dpnode serve --demo --host $(HOST) --port $(PORT)
+
+## Install, then run the whole suite (SQLite and a real PostgreSQL the tests start).
+test: install
+	scripts/ensure-postgres
+	$(PY) -m pytest
+
+## Lint, format check, types and migration drift (what reviewers expect before a merge).
+check: install
+	scripts/check
+
+bench: install
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
