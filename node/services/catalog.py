@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
-from sqlalchemy import ColumnElement, Select, func, select, union_all
+from sqlalchemy import Select, func, select, union_all
+from sqlalchemy.orm import QueryableAttribute
 from sqlalchemy.orm import Session
 
 from node.db.models import Dataset, DatasetColumn, Model, ModelTensor, Role, User
@@ -51,17 +52,14 @@ def check_item_name(kind: str, name: str) -> str:
     return name
 
 
-_T = TypeVar("_T")
-
-
 def filter_catalog(
-    query: Select[tuple[_T]],
-    entity: Any,
-    tag_owner: ColumnElement[int],
-    tag: ColumnElement[str],
+    query: Select[Any],
+    entity: type[Dataset] | type[Model],
+    tag_owner: QueryableAttribute[int],
+    tag: QueryableAttribute[str],
     tags: Sequence[str],
     text: str | None,
-) -> Select[tuple[_T]]:
+) -> Select[Any]:
     """Keep items carrying *all* of ``tags`` whose name or description contains ``text``."""
     wanted = normalise_tags(tags)
     if wanted:

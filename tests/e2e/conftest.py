@@ -36,7 +36,10 @@ class Server:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "node", "serve", "--port", str(self.port), *self.args],
-                env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.log.parent,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.log.parent,
             )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -30,7 +30,10 @@ def test_demo_node_walkthrough_survives_a_restart(demo_server: Server) -> None:
     assert isinstance(clinic, sdk.DatasetHandle)
     assert clinic.shape == (500, 2) and clinic.bounds == {"age": (0, 120), "bmi": (10, 70)}
     assert {d.name for d in scientist.search(tags=["health"])} == {
-        "breast_cancer", "clinic", "diabetes"}
+        "breast_cancer",
+        "clinic",
+        "diabetes",
+    }
     with pytest.raises(sdk.PermissionDeniedError, match="cannot upload"):
         scientist.upload_dataset("x", {"a": [1.0]}, bounds={"a": (0, 1)})
     with pytest.raises(sdk.PermissionDeniedError, match="cannot list users"):
@@ -52,13 +55,15 @@ def test_bad_input_gets_clear_errors_and_the_node_keeps_serving(server: Server) 
     import httpx
 
     api = server.url + "/api/v1"
-    bad_json = httpx.post(api + "/auth/login", content=b"{", headers={
-        "Content-Type": "application/json"})
+    bad_json = httpx.post(
+        api + "/auth/login", content=b"{", headers={"Content-Type": "application/json"}
+    )
     assert bad_json.status_code == 422 and bad_json.json()["error"] == "invalid_request"
     wrong = httpx.post(api + "/auth/login", json={"email": "no@one.org", "password": "x"})
     assert wrong.status_code == 401
-    garbage = httpx.post(api + "/datasets", content=b"\x00" * 64,
-                         headers={"Authorization": "Bearer not-a-token"})
+    garbage = httpx.post(
+        api + "/datasets", content=b"\x00" * 64, headers={"Authorization": "Bearer not-a-token"}
+    )
     assert garbage.status_code == 401 and "invalid session token" in garbage.json()["detail"]
     health = httpx.get(api + "/health").json()
     assert health["status"] == "ok" and health["database"] in {"sqlite", "postgresql"}

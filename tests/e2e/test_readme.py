@@ -29,7 +29,7 @@ def test_readme_walkthrough_runs(demo_server: Server, tmp_path: Path) -> None:
     for block in walkthrough_blocks():
         code = block.replace("http://127.0.0.1:8000", demo_server.url)
         with contextlib.redirect_stdout(out):
-            exec(compile(code, "README.md", "exec"), {"__name__": "readme"})  # noqa: S102
+            exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
     printed = out.getvalue()
     assert "(442, 11) (0.0, 120.0)" in printed
     assert printed.count("refused:") == 2

@@ -1,0 +1,1 @@
+"""Budget policies: definitions and their evaluation (pure functions, no I/O)."""
