@@ -167,4 +167,4 @@ class Health(Schema):
 class Version(Schema):
     dpnode: str
     api: str
-    prims: str | None = Field(description="version of the prim vocabulary graphs must carry")
+    prims: str = Field(description="version of the prim vocabulary graphs must carry")

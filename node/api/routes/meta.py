@@ -6,16 +6,9 @@ from sqlalchemy import text
 from node import API_VERSION, __version__
 from node.api.deps import SessionDep
 from node.api.schemas import Health, Version
+from node.engine import PRIM_VERSION
 
 router = APIRouter(tags=["meta"])
-
-
-def prim_version() -> str | None:
-    try:
-        from node.engine import PRIM_VERSION
-    except ImportError:  # the engine is not part of this build yet
-        return None
-    return str(PRIM_VERSION)
 
 
 @router.get("/health")
@@ -27,4 +20,4 @@ def health(session: SessionDep) -> Health:
 
 @router.get("/version")
 def version() -> Version:
-    return Version(dpnode=__version__, api=API_VERSION, prims=prim_version())
+    return Version(dpnode=__version__, api=API_VERSION, prims=PRIM_VERSION)
