@@ -21,6 +21,10 @@ from node.errors import InvalidRequestError, UploadRejectedError
 
 MEDIA_TYPE = "application/vnd.dpnode.tensors"
 MANIFEST_KEY = "dpnode"
+#: safetensors dtypes NumPy can load (BF16 and the F8 types have no NumPy dtype).
+READABLE_DTYPES = frozenset(
+    {"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64", "F16", "F32", "F64", "C64"}
+)
 
 
 def _header(data: bytes) -> dict[str, Any]:
@@ -59,6 +63,12 @@ def decode(data: bytes, *, max_elements: int) -> tuple[dict[str, Any], dict[str,
         shape = info.get("shape") if isinstance(info, dict) else None
         if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
             raise InvalidRequestError(f"tensor {name!r} has a malformed shape in the frame")
+        dtype = info.get("dtype")
+        if dtype not in READABLE_DTYPES:
+            raise InvalidRequestError(
+                f"tensor {name!r} has dtype {dtype!r}, which the node cannot read; send one of: "
+                + ", ".join(sorted(READABLE_DTYPES))
+            )
         if int(np.prod(shape, dtype=np.float64)) > max_elements:
             raise UploadRejectedError(
                 f"tensor {name!r} of shape {shape} is over the limit of {max_elements} elements"

@@ -1,0 +1,285 @@
+"""Bad requests get a 4xx with a message, the error body has one shape, the node keeps serving."""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from sqlalchemy import text
+from starlette.testclient import TestClient
+
+from node.context import NodeContext
+from tests.node.conftest import FRAME, post_frame, refused, upload_ok
+from tests.node.frames import dataset_frame, model_frame, raw_frame
+
+DATASETS = "/api/v1/datasets"
+MODELS = "/api/v1/models"
+
+
+def _tensor(dtype: str, shape: list[Any], size: int) -> dict[str, Any]:
+    return {"dtype": dtype, "shape": shape, "data_offsets": [0, size]}
+
+
+GOOD = dataset_frame("good", {"x": np.array([1.0, 2.0])}, bounds={"x": (0, 5)})
+HEADER_LENGTH = struct.unpack("<Q", GOOD[:8])[0]
+
+#: (body, expected status, code, expected message or its start)
+MALFORMED: list[tuple[bytes, int, str, str]] = [
+    (b"", 422, "invalid_request", "the body is not a tensor frame: it is shorter than 8 bytes"),
+    (b"\x01\x02", 422, "invalid_request", "the body is not a tensor frame: it is shorter"),
+    (
+        struct.pack("<Q", 10**12) + b"{}",
+        422,
+        "invalid_request",
+        "the tensor frame's header runs past the end of the body",
+    ),
+    (
+        GOOD[: 8 + HEADER_LENGTH // 2],
+        422,
+        "invalid_request",
+        "the tensor frame's header runs past the end of the body",
+    ),
+    (
+        GOOD[:-3],
+        422,
+        "invalid_request",
+        "malformed tensor frame: Error while deserializing",
+    ),
+    (
+        struct.pack("<Q", 5) + b"nope!",
+        422,
+        "invalid_request",
+        "the tensor frame's header is not valid JSON: Expecting value",
+    ),
+    (
+        struct.pack("<Q", 2) + b"\xff\xfe",
+        422,
+        "invalid_request",
+        "the tensor frame's header is not valid JSON",
+    ),
+    (raw_frame([1, 2]), 422, "invalid_request", "the tensor frame's header must be a JSON object"),
+    (
+        raw_frame({"__metadata__": {"dpnode": "{not json"}}),
+        422,
+        "invalid_request",
+        "the frame's manifest is not valid JSON: Expecting property name",
+    ),
+    (
+        raw_frame({"__metadata__": {"dpnode": "[1]"}}),
+        422,
+        "invalid_request",
+        "the frame's manifest must be a JSON object",
+    ),
+    (
+        raw_frame({"__metadata__": {"dpnode": json.dumps({"name": "x", "columns": "x"})}}),
+        422,
+        "invalid_request",
+        "invalid dataset manifest: 1 validation error",
+    ),
+    (
+        raw_frame(
+            {
+                "__metadata__": {
+                    "dpnode": json.dumps({"name": "x", "columns": ["x"], "bounds": {"x": [1]}})
+                }
+            }
+        ),
+        422,
+        "invalid_request",
+        "invalid dataset manifest: 1 validation error",
+    ),
+    (
+        raw_frame(
+            {
+                "__metadata__": {
+                    "dpnode": json.dumps({"name": "x", "columns": ["x"], "clamp": {"x": 1}})
+                }
+            }
+        ),
+        422,
+        "invalid_request",
+        "invalid dataset manifest: 2 validation errors",
+    ),
+    (
+        raw_frame(
+            {
+                "__metadata__": {
+                    "dpnode": json.dumps({"name": "x", "columns": ["x"], "fill": {"x": "NaN"}})
+                }
+            }
+        ),
+        422,
+        "invalid_request",
+        "invalid dataset manifest: 1 validation error",
+    ),
+    (
+        raw_frame(
+            {"__metadata__": {"dpnode": json.dumps({"name": "x", "columns": ["x"], "surprise": 1})}}
+        ),
+        422,
+        "invalid_request",
+        "invalid dataset manifest: 1 validation error",
+    ),
+    (
+        raw_frame({"data/x": _tensor("F64", [-1], 0)}),
+        422,
+        "invalid_request",
+        "tensor 'data/x' has a malformed shape in the frame",
+    ),
+    (
+        raw_frame({"data/x": [1]}),
+        422,
+        "invalid_request",
+        "tensor 'data/x' has a malformed shape in the frame",
+    ),
+    (
+        raw_frame({"data/x": _tensor("F64", [2], 8)}, b"\0" * 8),
+        422,
+        "invalid_request",
+        "malformed tensor frame: Error while deserializing: invalid shape, data type, or offset",
+    ),
+    (
+        raw_frame({"data/x": _tensor("BF16", [2], 4)}, b"\0" * 4),
+        422,
+        "invalid_request",
+        "tensor 'data/x' has dtype 'BF16', which the node cannot read; send one of: BOOL, C64, "
+        "F16, F32, F64, I16, I32, I64, I8, U16, U32, U64, U8",
+    ),
+    (
+        raw_frame({"data/x": _tensor("F8_E4M3", [1], 1)}, b"\0"),
+        422,
+        "invalid_request",
+        "tensor 'data/x' has dtype 'F8_E4M3', which the node cannot read",
+    ),
+    (
+        raw_frame({"data/x": _tensor("F64", [10**30], 16)}, b"\0" * 16),
+        422,
+        "upload_rejected",
+        "tensor 'data/x' of shape [1000000000000000000000000000000] is over the limit of "
+        "500000 elements",
+    ),
+    (
+        dataset_frame("x", {"x": np.zeros(500_001, dtype=np.bool_)}),
+        422,
+        "upload_rejected",
+        "tensor 'data/x' of shape [500001] is over the limit of 500000 elements",
+    ),
+    (
+        dataset_frame("x", {"x": np.zeros(2, dtype=np.complex64)}, bounds={"x": (0, 1)}),
+        422,
+        "upload_rejected",
+        "column 'x' has dtype complex64, which dpnode does not store",
+    ),
+]
+
+
+def test_malformed_dataset_frames_are_refused_and_the_node_keeps_serving(
+    http: TestClient, owner_h: dict[str, str]
+) -> None:
+    for body, status, code, message in MALFORMED:
+        response = post_frame(http, DATASETS, owner_h, body)
+        detail = refused(response, status, code)
+        assert detail.startswith(message), (body[:80], detail)
+        # The next good request works.
+        assert http.get("/api/v1/users/me", headers=owner_h).status_code == 200
+    assert http.get(DATASETS, headers=owner_h).json() == []
+    assert post_frame(http, DATASETS, owner_h, GOOD).status_code == 201
+
+
+def test_malformed_model_frames_are_refused(http: TestClient, owner_h: dict[str, str]) -> None:
+    weights = {"w": np.ones(2, dtype=np.float32)}
+    cases = [
+        (
+            raw_frame({"__metadata__": {"dpnode": "{}"}}),
+            "invalid model manifest: 2 validation errors",
+        ),
+        (
+            model_frame("m", weights, tensors="w"),
+            "invalid model manifest: 1 validation error",
+        ),
+        (
+            model_frame("m", weights, tensors=["w", "v"]),
+            "the weight names declared do not match the tensors sent",
+        ),
+        (model_frame("m", {}, tensors=[]), "a model needs at least one weight tensor"),
+        (
+            model_frame("m", {"w": np.ones(2, dtype=np.uint32)}),
+            "weight 'w' has dtype uint32, which dpnode does not store",
+        ),
+    ]
+    for body, message in cases:
+        detail = refused(post_frame(http, MODELS, owner_h, body), 422, refused_code(message))
+        assert detail.startswith(message), detail
+    assert http.get(MODELS, headers=owner_h).json() == []
+    assert post_frame(http, MODELS, owner_h, model_frame("m", weights)).status_code == 201
+
+
+def refused_code(message: str) -> str:
+    return "invalid_request" if message.startswith("invalid") else "upload_rejected"
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read(
+    http: TestClient, context: NodeContext, owner_h: dict[str, str]
+) -> None:
+    limit = context.settings.max_upload_bytes
+    big = b"\0" * (limit + 1)
+    detail = refused(post_frame(http, DATASETS, owner_h, big), 413, "payload_too_large")
+    assert detail == f"request body of {limit + 1} bytes is over the {limit}-byte limit"
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit holds while streaming
+        for _ in range(limit // 65536 + 2):
+            yield b"\0" * 65536
+
+    response = http.post(DATASETS, content=chunks(), headers=owner_h | FRAME)
+    assert refused(response, 413, "payload_too_large") == (
+        f"request body is over the {limit}-byte limit"
+    )
+    response = http.post(MODELS, content=big, headers=owner_h | FRAME)
+    refused(response, 413, "payload_too_large")
+    assert post_frame(http, DATASETS, owner_h, GOOD).status_code == 201
+
+
+def test_http_level_errors_have_the_same_shape(http: TestClient, owner_h: dict[str, str]) -> None:
+    assert refused(http.get("/api/v1/nothing-here"), 404, "not_found") == "Not Found"
+    assert refused(http.put(DATASETS, headers=owner_h), 405, "method_not_allowed") == (
+        "Method Not Allowed"
+    )
+    detail = refused(
+        http.get(DATASETS, params={"limit": 0}, headers=owner_h), 422, "invalid_request"
+    )
+    assert detail.startswith(
+        "invalid request: query.limit: Input should be greater than or equal to 1"
+    )
+    detail = refused(
+        http.get("/api/v1/search", params={"kind": "user"}, headers=owner_h), 422, "invalid_request"
+    )
+    assert "query.kind" in detail
+    detail = refused(
+        http.post("/api/v1/users", json={"email": "a@b.org"}, headers=owner_h),
+        422,
+        "invalid_request",
+    )
+    assert detail == "invalid request: password: Field required; role: Field required"
+    bad_tag = http.get(DATASETS, params={"tags": "no spaces"}, headers=owner_h)
+    assert refused(bad_tag, 422, "invalid_request").startswith("tag 'no spaces' is not allowed")
+    response = http.get("/api/v1/users/me", headers={"Authorization": "Basic dTpw"})
+    refused(response, 401, "unauthenticated")
+    assert response.headers["www-authenticate"] == "Bearer"
+
+
+def test_an_unexpected_failure_is_a_500_with_the_same_shape(
+    http: TestClient, context: NodeContext, owner_h: dict[str, str]
+) -> None:
+    upload_ok(http, owner_h, "d", {"x": np.array([1.0])}, bounds={"x": (0, 5)}, tags=["t"])
+    # An operator drops a table under the running node: the search that needs it fails
+    # unexpectedly; the client gets the standard body and the rest of the node still works.
+    with context.engine.begin() as conn:
+        conn.execute(text("DROP TABLE dataset_tags"))
+    response = http.get(DATASETS, params={"tags": "t"}, headers=owner_h)
+    detail = refused(response, 500, "internal_error")
+    assert detail.startswith("the node failed unexpectedly (")
+    assert http.get("/api/v1/users/me", headers=owner_h).status_code == 200
+    assert http.get("/api/v1/health").json()["status"] == "ok"
