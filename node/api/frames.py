@@ -82,7 +82,8 @@ def decode(data: bytes, *, max_elements: int) -> tuple[dict[str, Any], dict[str,
 
 def encode(arrays: Mapping[str, npt.NDArray[Any]], manifest: Mapping[str, Any]) -> bytes:
     """Pack arrays and a manifest into one frame."""
-    contiguous = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    # np.ascontiguousarray makes 0-d arrays 1-d; reshape keeps scalar weights scalar.
+    contiguous = {k: np.ascontiguousarray(v).reshape(np.shape(v)) for k, v in arrays.items()}
     return save(contiguous, metadata={MANIFEST_KEY: json.dumps(manifest)})
 
 

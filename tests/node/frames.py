@@ -18,12 +18,17 @@ from safetensors.numpy import load, save
 Column = npt.NDArray[Any] | Sequence[str | None]
 
 
+def contiguous(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """C-ordered, keeping 0-d arrays 0-d (``np.ascontiguousarray`` makes them 1-d)."""
+    return np.ascontiguousarray(array).reshape(array.shape)
+
+
 def _split(columns: Mapping[str, Column], prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Arrays under ``prefix/<name>``; lists (string columns) go to the manifest instead."""
     arrays, strings = {}, {}
     for name, values in columns.items():
         if isinstance(values, np.ndarray):
-            arrays[f"{prefix}/{name}"] = np.ascontiguousarray(values)
+            arrays[f"{prefix}/{name}"] = contiguous(values)
         else:
             strings[name] = list(values)
     return arrays, strings
@@ -64,7 +69,7 @@ def model_frame(
     **manifest: Any,
 ) -> bytes:
     """An upload frame for ``POST /api/v1/models``."""
-    arrays = {f"weight/{k}": np.ascontiguousarray(v) for k, v in weights.items()}
+    arrays = {f"weight/{k}": contiguous(v) for k, v in weights.items()}
     if architecture is not None:
         arrays["architecture"] = np.frombuffer(architecture, dtype=np.uint8)
     body: dict[str, Any] = {"name": name, "tensors": list(weights)} | manifest
