@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from typing import Annotated
+from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Response, status
 from pydantic import ValidationError
@@ -30,6 +31,24 @@ def model_public(model: Model) -> ModelPublic:
         created_at=model.created_at,
         updated_at=model.updated_at,
     )
+
+
+def content_disposition(filename: str) -> str:
+    """An attachment header for any filename (RFC 6266): headers carry only latin-1, so a
+    name outside printable ASCII gets a sanitised fallback plus the exact UTF-8 name.
+
+    >>> content_disposition('net.py')
+    'attachment; filename="net.py"'
+    >>> print(content_disposition('é.py'))
+    attachment; filename="_.py"; filename*=UTF-8''%C3%A9.py
+    """
+    fallback = "".join(
+        c if c.isascii() and c.isprintable() and c not in '"\\' else "_" for c in filename
+    )
+    header = f'attachment; filename="{fallback}"'
+    if fallback != filename:
+        header += f"; filename*=UTF-8''{quote(filename, safe='')}"
+    return header
 
 
 def _ref(model_ref: str) -> int | str:
@@ -114,5 +133,5 @@ def download_architecture(
     return Response(
         data,
         media_type="application/octet-stream",
-        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+        headers={"Content-Disposition": content_disposition(filename)},
     )
