@@ -64,13 +64,16 @@ def create_model(
         raise UploadRejectedError("the weight names declared do not match the tensors sent")
     if not upload.weights:
         raise UploadRejectedError("a model needs at least one weight tensor")
-    architecture_blob = None
-    if upload.architecture is not None:
-        if len(upload.architecture) > MAX_ARCHITECTURE_BYTES:
-            raise UploadRejectedError(
-                f"the architecture file is over {MAX_ARCHITECTURE_BYTES} bytes"
-            )
-        architecture_blob = store.put(upload.architecture)
+    if upload.architecture is not None and len(upload.architecture) > MAX_ARCHITECTURE_BYTES:
+        raise UploadRejectedError(f"the architecture file is over {MAX_ARCHITECTURE_BYTES} bytes")
+    # Check every tensor before writing any bytes, so a refused upload leaves no blobs behind.
+    for tensor_name in upload.order:
+        check_name("weight", tensor_name)
+        array = upload.weights[tensor_name]
+        check_array("weight", tensor_name, array, max_elements)
+        if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+            raise UploadRejectedError(f"weight {tensor_name!r} has NaN or infinite values")
+    architecture_blob = store.put(upload.architecture) if upload.architecture is not None else None
     model = Model(
         name=name,
         description=upload.description,
@@ -81,11 +84,7 @@ def create_model(
         tags=[ModelTag(tag=t) for t in tags],
     )
     for position, tensor_name in enumerate(upload.order):
-        check_name("weight", tensor_name)
         array = upload.weights[tensor_name]
-        check_array("weight", tensor_name, array, max_elements)
-        if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
-            raise UploadRejectedError(f"weight {tensor_name!r} has NaN or infinite values")
         model.tensors.append(
             ModelTensor(
                 position=position,
