@@ -8,6 +8,10 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 
+def _lower(value: Any) -> Any:
+    return value.lower() if isinstance(value, str) else value
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """Create an engine for ``url``; for SQLite, enable foreign keys, WAL and a busy timeout."""
     if url.startswith("sqlite"):
@@ -23,6 +27,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA busy_timeout=30000")
             cursor.close()
+            # SQLite's own lower() folds ASCII only; catalog search must match 'Ärzte' to
+            # 'ärzte' as PostgreSQL does, so lower() is Python's, Unicode-aware.
+            dbapi_connection.create_function("lower", 1, _lower, deterministic=True)
 
         return engine
     return create_engine(url, pool_pre_ping=True, **kwargs)
