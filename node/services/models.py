@@ -164,3 +164,25 @@ def read_architecture(store: BlobStore, actor: User, model: Model) -> bytes:
     if model.architecture_blob is None:
         raise NotFoundError(f"model {model.name!r} has no architecture file")
     return store.get(model.architecture_blob)
+
+
+def download_weights(
+    session: Session, store: BlobStore, actor: User, model: Model
+) -> dict[str, npt.NDArray[Any]]:
+    """``read_weights`` for a client, recorded in the audit log."""
+    _may_read(actor, model)
+    audit.record(session, actor, "model.download", target_type="model", target_id=model.id)
+    session.commit()
+    return read_weights(store, actor, model)
+
+
+def download_architecture(session: Session, store: BlobStore, actor: User, model: Model) -> bytes:
+    """``read_architecture`` for a client, recorded in the audit log."""
+    _may_read(actor, model)
+    if model.architecture_blob is None:
+        raise NotFoundError(f"model {model.name!r} has no architecture file")
+    audit.record(
+        session, actor, "model.architecture_download", target_type="model", target_id=model.id
+    )
+    session.commit()
+    return read_architecture(store, actor, model)

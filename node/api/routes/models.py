@@ -117,7 +117,7 @@ def download_weights(
 ) -> Response:
     """Weights of a public model (private ones: the owner and admins only)."""
     model = models.get_model(session, _ref(model_ref))
-    weights = models.read_weights(store, actor, model)
+    weights = models.download_weights(session, store, actor, model)
     body = frames.encode(weights, {"model": model.name, "tensors": list(weights)})
     return Response(body, media_type=frames.MEDIA_TYPE)
 
@@ -128,7 +128,7 @@ def download_architecture(
 ) -> Response:
     """The architecture file as uploaded (public models, or the owner and admins)."""
     model = models.get_model(session, _ref(model_ref))
-    data = models.read_architecture(store, actor, model)
+    data = models.download_architecture(session, store, actor, model)
     filename = model.architecture_filename or "architecture"
     return Response(
         data,
