@@ -102,7 +102,7 @@ def _unary(
     def kernel(c: Call, args: list[Any], out: Array | None) -> Array:
         (x,) = args
         res = c.out().dtype
-        if identity and not x.dtype.kind == "f" and res.np == x.dtype:
+        if identity and not res.is_float:
             return np.array(x, copy=True) if out is None else _copy_into(out, x)
         if family == "bool":
             # ml_dtypes' bfloat16 lacks some predicates; float32 holds it exactly
@@ -131,7 +131,7 @@ def _copy_into(out: Array, x: Array) -> Array:
 
 
 def _rsqrt(x: Array, out: Array | None = None) -> Array:
-    r = np.sqrt(x, out=out)
+    r = np.asarray(np.sqrt(x, out=out))
     return np.reciprocal(r, out=r)
 
 
@@ -211,9 +211,9 @@ def _int_zero_check(c: Call, b: Any, cd: DType) -> None:
 
 def _trunc_div(a: Array, b: Array, out: Array | None = None) -> Array:
     if a.dtype.kind == "f":
-        r = np.divide(a, b, out=out)
+        r = np.asarray(np.divide(a, b, out=out))
         return np.trunc(r, out=r)
-    q = np.floor_divide(a, b, out=out)
+    q = np.asarray(np.floor_divide(a, b, out=out))
     # floor and trunc differ where the division is inexact and signs differ
     fix = (np.remainder(a, b) != 0) & ((a < 0) != (b < 0))
     np.add(q, fix.astype(q.dtype), out=q)
@@ -294,7 +294,11 @@ def _binary(
         if zero_check:
             _int_zero_check(c, b, cd)
         if name == "pow" and cd.is_int:
-            return _pow_int(c, a, b).astype(res.np, copy=False)
+            return np.asarray(_pow_int(c, a, b)).astype(res.np, copy=False)
+        if name == "trunc_divide" and res.is_low_precision:
+            # torch rounds the quotient to the low precision before truncating
+            q = np.asarray(np.divide(a, b)).astype(res.np)
+            return np.trunc(q.astype(np.float32)).astype(res.np)
         if out is not None and cd == res:
             fn(a, b, out=out)
             return out

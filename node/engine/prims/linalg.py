@@ -90,8 +90,8 @@ def _conv_geometry(c: Call) -> dict[str, Any]:
     batched = x.ndim == w.ndim
     if not batched and x.ndim != w.ndim - 1:
         raise c.fail(f"input of {x.ndim} dims does not match a weight of {w.ndim} dims", 0)
-    if not x.dtype.is_float or w.dtype != x.dtype:
-        raise c.fail(f"input and weight must share a floating dtype, got {x.dtype.name} and {w.dtype.name}")
+    if x.dtype.is_bool or w.dtype != x.dtype:
+        raise c.fail(f"input and weight must share a numeric dtype, got {x.dtype.name} and {w.dtype.name}")
     g = c.attrs.get("groups") or 1
     stride = _spatial_attr(c, "stride", nsp, 1)
     padding = _spatial_attr(c, "padding", nsp, 0)

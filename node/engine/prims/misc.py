@@ -106,7 +106,12 @@ def _full_infer(c: Call) -> TensorMeta:
 def _full(c: Call, args: list[Any], out: Array | None) -> Array:
     """A tensor of ``shape`` filled with ``value``."""
     m = c.out()
-    return np.full(m.shape, m.dtype.np.type(c.attr("value")) if m.dtype.kind != "V" else c.attr("value"), dtype=m.dtype.np)  # type: ignore[attr-defined]
+    v = c.attr("value")
+    if m.dtype.is_float:
+        fill = np.asarray(v, dtype=m.dtype.np)
+    else:  # integers wrap into narrow dtypes, as torch's fill does (uint8: -9 -> 247)
+        fill = np.asarray(int(v), dtype=np.int64).astype(m.dtype.np)
+    return np.full(m.shape, fill, dtype=m.dtype.np)
 
 
 def _arange_count(c: Call) -> int:

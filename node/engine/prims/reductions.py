@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from node.engine.dtypes import BOOL, DTYPES, INT64, DType, opmath
+from node.engine.dtypes import BOOL, DTYPES, INT64, DType, dtype, opmath
 from node.engine.prims.registry import Array, AttrSpec, Call, TensorMeta, prim
 
 _DIMS = {
@@ -54,7 +54,8 @@ def _reduction(name: str, rule: str) -> None:
         dims = _dims(c, x)
         d = x.dtype
         if rule == "accumulate":
-            d = INT64 if not d.is_float else d
+            forced = c.attrs.get("dtype")
+            d = dtype(forced) if forced is not None else (INT64 if not d.is_float else d)
         elif rule == "mean":
             if not d.is_float:
                 raise c.fail(
@@ -62,7 +63,7 @@ def _reduction(name: str, rule: str) -> None:
                     0,
                 )
         elif rule == "extreme":
-            if any(x.shape[i] == 0 for i in dims) or (x.ndim and x.numel == 0 and not dims):
+            if x.ndim and any(x.shape[i] == 0 for i in dims):
                 raise c.fail(f"{name} over an empty dimension has no identity", 0)
         elif rule == "logical":
             d = DTYPES["uint8"] if d.name == "uint8" else BOOL
@@ -87,7 +88,7 @@ def _reduction(name: str, rule: str) -> None:
             r = (np.any if name == "any" else np.all)(x, axis=ax, keepdims=keep)
         return np.asarray(r).astype(res.np, copy=False)
 
-    attrs = _DIMS
+    attrs = {**_DIMS, "dtype": AttrSpec("dtype", optional=True)} if rule == "accumulate" else _DIMS
     prim(name, args=1, attrs=attrs, infer=infer, flops=_flops_in, doc=f"{name} over dims ({rule})")(
         kernel
     )
@@ -141,10 +142,18 @@ prim("argmin", args=1, attrs=_DIM, infer=_arg_infer, flops=_flops_in)(_arg_kerne
 def _cumsum_infer(c: Call) -> TensorMeta:
     x = c.tensor(0)
     c.dim(c.attr("dim"), x.ndim)
+    forced = c.attrs.get("dtype")
+    if forced is not None:
+        return TensorMeta(x.shape, dtype(forced))
     return TensorMeta(x.shape, x.dtype if x.dtype.is_float else INT64)
 
 
-@prim("cumsum", args=1, attrs={"dim": AttrSpec("int")}, infer=_cumsum_infer)
+@prim(
+    "cumsum",
+    args=1,
+    attrs={"dim": AttrSpec("int"), "dtype": AttrSpec("dtype", optional=True)},
+    infer=_cumsum_infer,
+)
 def _cumsum(c: Call, args: list[Any], out: Array | None) -> Array:
     """Inclusive cumulative sum along ``dim``; bool/int accumulate in int64."""
     (x,) = args

@@ -223,11 +223,20 @@ def _flip(c: Call, args: list[Any], out: Array | None) -> Array:
 # -- copies ------------------------------------------------------------------
 
 
+def _legacy_empty(t: TensorMeta) -> bool:
+    # torch.cat skips 1-d empty tensors whatever the other shapes (legacy behaviour)
+    return t.shape == (0,)
+
+
 def _cat_infer(c: Call) -> TensorMeta:
-    ts = [c.tensor(i) for i in range(len(c.args))]
-    for i, t in enumerate(ts):
+    all_ts = [c.tensor(i) for i in range(len(c.args))]
+    for i, t in enumerate(all_ts):
         if t.ndim == 0:
             raise c.fail("zero-dimensional tensors cannot be concatenated", i)
+    dt = result_type(Operand(t.dtype, Kind.TENSOR) for t in all_ts)
+    ts = [t for t in all_ts if not _legacy_empty(t)]
+    if not ts:
+        return TensorMeta((0,), dt)
     d = c.dim(c.attr("dim"), ts[0].ndim)
     first = ts[0]
     for i, t in enumerate(ts[1:], 1):
@@ -237,7 +246,6 @@ def _cat_infer(c: Call) -> TensorMeta:
             raise c.fail(
                 f"shape {list(t.shape)} does not match {list(first.shape)} except in dim {d}", i
             )
-    dt = result_type(Operand(t.dtype, Kind.TENSOR) for t in ts)
     n = sum(t.shape[d] for t in ts)
     return TensorMeta(first.shape[:d] + (n,) + first.shape[d + 1 :], dt)
 
@@ -246,7 +254,10 @@ def _cat_infer(c: Call) -> TensorMeta:
 def _cat(c: Call, args: list[Any], out: Array | None) -> Array:
     """Concatenate along ``dim``, promoting dtypes like torch.cat."""
     d = c.out().dtype
-    return np.concatenate([as_np(a, d) for a in args], axis=c.attr("dim"))
+    keep = [a for a in args if a.shape != (0,)]
+    if not keep:
+        return np.zeros((0,), dtype=d.np)
+    return np.concatenate([as_np(a, d) for a in keep], axis=c.attr("dim"))
 
 
 def _pad_infer(c: Call) -> TensorMeta:
