@@ -1,0 +1,119 @@
+"""The blob store: content addressing, verification on every read, and what the API makes of it."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from starlette.testclient import TestClient
+
+from node.context import NodeContext
+from node.storage import CorruptBlobError, FileBlobStore, array_from_bytes, array_to_bytes
+from tests.node.conftest import blob_files, refused, upload_model, upload_ok
+
+STORAGE_ERROR = "stored data failed its integrity check; tell the node's operator"
+
+
+def test_put_get_and_content_addressing(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path / "blobs")
+    digest = store.put(b"hello")
+    assert digest == hashlib.sha256(b"hello").hexdigest()
+    assert (tmp_path / "blobs" / digest[:2] / digest).read_bytes() == b"hello"
+    assert store.put(b"hello") == digest
+    assert store.get(digest) == b"hello"
+    assert [p.name for p in (tmp_path / "blobs").rglob("*") if p.is_file()] == [digest]
+    store.delete(digest)
+    store.delete(digest)  # deleting twice is harmless
+    with pytest.raises(CorruptBlobError, match=f"blob {digest} is missing"):
+        store.get(digest)
+
+
+def test_altered_bytes_are_detected(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path)
+    digest = store.put(b"\x00" * 64)
+    (tmp_path / digest[:2] / digest).write_bytes(b"\x00" * 63 + b"\x01")
+    with pytest.raises(CorruptBlobError, match="does not match its hash: the file was altered"):
+        store.get(digest)
+
+
+@pytest.mark.parametrize("digest", ["../../etc/passwd", "A" * 64, "ab" * 31, "g" * 64])
+def test_only_sha256_digests_name_files(tmp_path: Path, digest: str) -> None:
+    store = FileBlobStore(tmp_path)
+    with pytest.raises(ValueError, match="not a SHA-256 digest"):
+        store.get(digest)
+    with pytest.raises(ValueError, match="not a SHA-256 digest"):
+        store.delete(digest)
+
+
+def test_arrays_travel_as_raw_bytes_with_dtype_and_shape() -> None:
+    array = np.arange(12, dtype=np.int16).reshape(3, 4)[:, ::2]  # not contiguous
+    data = array_to_bytes(array)
+    assert data == np.ascontiguousarray(array).tobytes()
+    back = array_from_bytes(data, "int16", (3, 2))
+    np.testing.assert_array_equal(back, array)
+    assert not back.flags.writeable
+
+
+def _only_blob(context: NodeContext) -> Path:
+    (path,) = blob_files(context)
+    return path
+
+
+def test_a_dataset_blob_altered_on_disk_is_a_storage_error_not_wrong_data(
+    http: TestClient, context: NodeContext, owner_h: dict[str, str]
+) -> None:
+    upload_ok(http, owner_h, "d", {"x": np.array([1.0, 2.0])}, bounds={"x": (0, 5)})
+    path = _only_blob(context)
+    path.write_bytes(np.array([1.0, 3.0]).tobytes())  # same size, different values
+    detail = refused(http.get("/api/v1/datasets/d/data", headers=owner_h), 500, "storage_error")
+    assert detail == STORAGE_ERROR
+    path.unlink()
+    detail = refused(http.get("/api/v1/datasets/d/data", headers=owner_h), 500, "storage_error")
+    assert detail == STORAGE_ERROR
+    # The metadata is still served, and so are other requests.
+    assert http.get("/api/v1/datasets/d", headers=owner_h).status_code == 200
+
+
+def test_altered_mock_and_weights_are_detected_too(
+    http: TestClient, context: NodeContext, owner_h: dict[str, str], ds_h: dict[str, str]
+) -> None:
+    upload_ok(
+        http,
+        owner_h,
+        "d",
+        {"x": np.array([1.0, 2.0])},
+        bounds={"x": (0, 5)},
+        mock={"x": np.array([4.0])},
+    )
+    mock_path = next(p for p in blob_files(context) if p.stat().st_size == 8)
+    mock_path.write_bytes(np.array([5.0]).tobytes())
+    response = http.get("/api/v1/datasets/d/mock", headers=ds_h)
+    assert refused(response, 500, "storage_error") == STORAGE_ERROR
+
+    before = blob_files(context)
+    response = upload_model(http, owner_h, "m", {"w": np.ones(3, dtype=np.float32)}, public=True)
+    assert response.status_code == 201, response.text
+    (weights_path,) = blob_files(context) - before
+    weights_path.write_bytes(np.zeros(3, dtype=np.float32).tobytes())
+    response = http.get("/api/v1/models/m/weights", headers=ds_h)
+    assert refused(response, 500, "storage_error") == STORAGE_ERROR
+
+
+def test_identical_arrays_are_stored_once(
+    http: TestClient, context: NodeContext, owner_h: dict[str, str]
+) -> None:
+    column = np.linspace(0, 1, 50)
+    upload_ok(
+        http,
+        owner_h,
+        "a",
+        {"x": column, "y": column.copy()},
+        bounds={"x": (0, 1), "y": (0, 1)},
+        mock={"x": column, "y": column},
+    )
+    upload_ok(http, owner_h, "b", {"z": column}, bounds={"z": (0, 1)})
+    response = upload_model(http, owner_h, "m", {"w": column})
+    assert response.status_code == 201, response.text
+    assert len(blob_files(context)) == 1
