@@ -60,10 +60,14 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if args.demo:
         demo.seed(context)
         print(demo.banner(url), flush=True)
-    print(f"dpnode {__version__} serving on {url} (database: "
-          f"{_safe_url(settings.resolved_database_url)})", flush=True)
-    uvicorn.run(create_app(context=context), host=args.host, port=args.port,
-                log_level=args.log_level)
+    print(
+        f"dpnode {__version__} serving on {url} (database: "
+        f"{_safe_url(settings.resolved_database_url)})",
+        flush=True,
+    )
+    uvicorn.run(
+        create_app(context=context), host=args.host, port=args.port, log_level=args.log_level
+    )
 
 
 def _password(args: argparse.Namespace) -> str:
@@ -82,8 +86,14 @@ def _password(args: argparse.Namespace) -> str:
 def cmd_user_add(args: argparse.Namespace) -> None:
     context = _migrated_context(get_settings())
     with context.sessions() as session:
-        user = users.create_user(session, context.hasher, None, email=args.email,
-                                 password=_password(args), role=args.role)
+        user = users.create_user(
+            session,
+            context.hasher,
+            None,
+            email=args.email,
+            password=_password(args),
+            role=args.role,
+        )
         print(f"created {user.role.value} {user.email} (id {user.id})")
 
 
@@ -136,8 +146,10 @@ def _bounds_file(path: Path) -> dict[str, Any]:
         raise CLIError(f"cannot read bounds file {path}: {exc}") from None
     unknown = set(spec) - {"bounds", "categories", "fill", "clamp", "subject_id"}
     if unknown:
-        raise CLIError(f"{path}: unknown keys {sorted(unknown)} (expected bounds, categories, "
-                       "fill, clamp, subject_id)")
+        raise CLIError(
+            f"{path}: unknown keys {sorted(unknown)} (expected bounds, categories, "
+            "fill, clamp, subject_id)"
+        )
     return spec
 
 
@@ -171,8 +183,10 @@ def cmd_dataset_add(args: argparse.Namespace) -> None:
         dataset = datasets.create_dataset(
             session, context.store, owner, upload, max_elements=context.settings.max_upload_elements
         )
-        print(f"added dataset {dataset.name!r} (id {dataset.id}): {dataset.row_count} rows, "
-              f"{len(dataset.columns)} columns, owner {owner.email}")
+        print(
+            f"added dataset {dataset.name!r} (id {dataset.id}): {dataset.row_count} rows, "
+            f"{len(dataset.columns)} columns, owner {owner.email}"
+        )
 
 
 def _owner(session: Any, email: str | None) -> User:
@@ -194,7 +208,9 @@ def cmd_dataset_list(_: argparse.Namespace) -> None:
     with context.sessions() as session:
         for d in datasets.search_datasets(session, limit=1000):
             tags = ",".join(t.tag for t in d.tags)
-            print(f"{d.id:>5}  {d.name:<24} {d.row_count:>9} rows  {len(d.columns):>4} cols  {tags}")
+            print(
+                f"{d.id:>5}  {d.name:<24} {d.row_count:>9} rows  {len(d.columns):>4} cols  {tags}"
+            )
 
 
 def _safe_url(url: str) -> str:
@@ -216,18 +232,23 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="migrate the database, then serve the API")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--demo", action="store_true",
-                       help="seed demo accounts and datasets (development only)")
-    serve.add_argument("--log-level", default="info",
-                       choices=["critical", "error", "warning", "info", "debug"])
+    serve.add_argument(
+        "--demo", action="store_true", help="seed demo accounts and datasets (development only)"
+    )
+    serve.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
     serve.set_defaults(func=cmd_serve)
 
     mig = sub.add_parser("migrate", help="upgrade the database to the latest schema")
-    mig.add_argument("--check", action="store_true", help="also fail if models and migrations drift")
+    mig.add_argument(
+        "--check", action="store_true", help="also fail if models and migrations drift"
+    )
     mig.set_defaults(func=cmd_migrate)
 
     user = sub.add_parser("user", help="manage accounts").add_subparsers(
-        dest="user_command", required=True, metavar="ACTION")
+        dest="user_command", required=True, metavar="ACTION"
+    )
     add = user.add_parser("add", help="create an account")
     add.add_argument("--email", required=True)
     add.add_argument("--role", required=True, choices=[r.value for r in Role])
@@ -238,12 +259,18 @@ def build_parser() -> argparse.ArgumentParser:
     user.add_parser("list", help="list accounts").set_defaults(func=cmd_user_list)
 
     dataset = sub.add_parser("dataset", help="manage datasets").add_subparsers(
-        dest="dataset_command", required=True, metavar="ACTION")
+        dest="dataset_command", required=True, metavar="ACTION"
+    )
     dadd = dataset.add_parser("add", help="add a dataset from a CSV file")
     dadd.add_argument("file", type=Path, metavar="FILE.csv")
     dadd.add_argument("--name", required=True)
-    dadd.add_argument("--bounds", required=True, type=Path, metavar="FILE.toml",
-                      help="declared bounds, categories, fill values and subject id")
+    dadd.add_argument(
+        "--bounds",
+        required=True,
+        type=Path,
+        metavar="FILE.toml",
+        help="declared bounds, categories, fill values and subject id",
+    )
     dadd.add_argument("--tags", default="", help="comma-separated tags")
     dadd.add_argument("--description", default="")
     dadd.add_argument("--owner", help="owner's email (default: the first admin)")

@@ -38,23 +38,51 @@ ACCOUNTS = (
 )
 
 _DIABETES_BOUNDS = {
-    "age": (0, 120), "sex": (1, 2), "bmi": (10, 70), "bp": (40, 200), "s1": (50, 400),
-    "s2": (0, 300), "s3": (0, 150), "s4": (0, 15), "s5": (2, 8), "s6": (40, 200),
+    "age": (0, 120),
+    "sex": (1, 2),
+    "bmi": (10, 70),
+    "bp": (40, 200),
+    "s1": (50, 400),
+    "s2": (0, 300),
+    "s3": (0, 150),
+    "s4": (0, 15),
+    "s5": (2, 8),
+    "s6": (40, 200),
     "target": (0, 400),
 }
 
 #: Published maxima of the Wisconsin breast cancer features (UCI documentation).
 _CANCER_MAXIMA = {
-    "mean radius": 28.11, "mean texture": 39.28, "mean perimeter": 188.5, "mean area": 2501.0,
-    "mean smoothness": 0.1634, "mean compactness": 0.3454, "mean concavity": 0.4268,
-    "mean concave points": 0.2012, "mean symmetry": 0.304, "mean fractal dimension": 0.09744,
-    "radius error": 2.873, "texture error": 4.885, "perimeter error": 21.98,
-    "area error": 542.2, "smoothness error": 0.03113, "compactness error": 0.1354,
-    "concavity error": 0.396, "concave points error": 0.05279, "symmetry error": 0.07895,
-    "fractal dimension error": 0.02984, "worst radius": 36.04, "worst texture": 49.54,
-    "worst perimeter": 251.2, "worst area": 4254.0, "worst smoothness": 0.2226,
-    "worst compactness": 1.058, "worst concavity": 1.252, "worst concave points": 0.291,
-    "worst symmetry": 0.6638, "worst fractal dimension": 0.2075,
+    "mean radius": 28.11,
+    "mean texture": 39.28,
+    "mean perimeter": 188.5,
+    "mean area": 2501.0,
+    "mean smoothness": 0.1634,
+    "mean compactness": 0.3454,
+    "mean concavity": 0.4268,
+    "mean concave points": 0.2012,
+    "mean symmetry": 0.304,
+    "mean fractal dimension": 0.09744,
+    "radius error": 2.873,
+    "texture error": 4.885,
+    "perimeter error": 21.98,
+    "area error": 542.2,
+    "smoothness error": 0.03113,
+    "compactness error": 0.1354,
+    "concavity error": 0.396,
+    "concave points error": 0.05279,
+    "symmetry error": 0.07895,
+    "fractal dimension error": 0.02984,
+    "worst radius": 36.04,
+    "worst texture": 49.54,
+    "worst perimeter": 251.2,
+    "worst area": 4254.0,
+    "worst smoothness": 0.2226,
+    "worst compactness": 1.058,
+    "worst concavity": 1.252,
+    "worst concave points": 0.291,
+    "worst symmetry": 0.6638,
+    "worst fractal dimension": 0.2075,
 }
 
 
@@ -90,11 +118,18 @@ def _mock(
     return out
 
 
-def _upload(name: str, description: str, tags: list[str], columns: dict[str, Any],
-            spec: ColumnSpec) -> DatasetUpload:
+def _upload(
+    name: str, description: str, tags: list[str], columns: dict[str, Any], spec: ColumnSpec
+) -> DatasetUpload:
     return DatasetUpload(
-        name=name, description=description, tags=tags, spec=spec, order=list(columns),
-        columns=columns, mock_order=list(columns), mock=_mock(columns, spec, 200, seed=len(name)),
+        name=name,
+        description=description,
+        tags=tags,
+        spec=spec,
+        order=list(columns),
+        columns=columns,
+        mock_order=list(columns),
+        mock=_mock(columns, spec, 200, seed=len(name)),
     )
 
 
@@ -137,7 +172,9 @@ def demo_datasets() -> list[DatasetUpload]:
             "8x8 images of handwritten digits (1797), grey levels 0-16, with their labels.",
             ["images", "classification"],
             {"image": digits.images.astype(np.float32), "label": digits.target.astype(np.int64)},
-            ColumnSpec(bounds={"image": (0, 16)}, categories={"label": [str(d) for d in range(10)]}),
+            ColumnSpec(
+                bounds={"image": (0, 16)}, categories={"label": [str(d) for d in range(10)]}
+            ),
         )
     )
     return out
@@ -148,14 +185,23 @@ def seed(context: NodeContext) -> list[DemoAccount]:
     with context.sessions() as session:
         for account in ACCOUNTS:
             if session.scalar(select(User.id).where(User.email == account.email)) is None:
-                users.create_user(session, context.hasher, None, email=account.email,
-                                  password=account.password, role=account.role)
+                users.create_user(
+                    session,
+                    context.hasher,
+                    None,
+                    email=account.email,
+                    password=account.password,
+                    role=account.role,
+                )
         owner = session.scalar(select(User).where(User.email == ACCOUNTS[1].email))
         assert owner is not None
         for upload in demo_datasets():
             if session.scalar(select(Dataset.id).where(Dataset.name == upload.name)) is None:
                 datasets.create_dataset(
-                    session, context.store, owner, upload,
+                    session,
+                    context.store,
+                    owner,
+                    upload,
                     max_elements=context.settings.max_upload_elements,
                 )
     return list(ACCOUNTS)
