@@ -1,0 +1,208 @@
+"""The dpnode command line, run in process against a real database on each backend."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from node.cli import main
+from node.context import NodeContext
+from node.services import datasets
+from node.settings import Settings, get_settings
+
+
+@pytest.fixture
+def cli_env(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, database_url: str
+) -> Iterator[Settings]:
+    monkeypatch.setenv("DPNODE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("DPNODE_DATABASE_URL", database_url)
+    monkeypatch.setenv("DPNODE_ARGON2_MEMORY_KIB", "8192")
+    monkeypatch.setenv("DPNODE_ARGON2_TIME_COST", "1")
+    get_settings.cache_clear()
+    yield get_settings()
+    get_settings.cache_clear()
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_migrate_and_users(cli_env: Settings, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "migrate", "--check")
+    assert code == 0 and "database is up to date" in out
+    code, out, _ = run(
+        capsys,
+        "user",
+        "add",
+        "--email",
+        "Root@Example.org",
+        "--role",
+        "admin",
+        "--password",
+        "a long password",
+    )
+    assert code == 0 and out.startswith("created admin root@example.org")
+    code, _, err = run(
+        capsys,
+        "user",
+        "add",
+        "--email",
+        "root@example.org",
+        "--role",
+        "admin",
+        "--password",
+        "a long password",
+    )
+    assert code == 2 and "already exists" in err
+    code, _, err = run(
+        capsys, "user", "add", "--email", "x@example.org", "--role", "admin", "--password", "short"
+    )
+    assert code == 2 and "password too short" in err
+    code, out, _ = run(capsys, "user", "list")
+    assert "root@example.org" in out and "admin" in out
+
+
+def test_unknown_role_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["user", "add", "--email", "a@b.org", "--role", "wizard", "--password", "x" * 10])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'wizard'" in capsys.readouterr().err
+
+
+def test_dataset_add_from_csv(
+    cli_env: Settings, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    run(
+        capsys,
+        "user",
+        "add",
+        "--email",
+        "owner@example.org",
+        "--role",
+        "data_owner",
+        "--password",
+        "a long password",
+    )
+    csv_file = tmp_path / "visits.csv"
+    csv_file.write_text("patient_id,age,bmi,smoker\np1,34,22.5,no\np2,51,,yes\np1,35,131,no\n")
+    bounds = tmp_path / "visits.toml"
+    bounds.write_text(
+        'subject_id = "patient_id"\nclamp = ["bmi"]\n[bounds]\nage = [0, 120]\nbmi = [10, 70]\n'
+        '[categories]\nsmoker = ["no", "yes"]\n'
+    )
+    code, _, err = run(
+        capsys,
+        "dataset",
+        "add",
+        str(csv_file),
+        "--name",
+        "visits",
+        "--bounds",
+        str(bounds),
+        "--owner",
+        "owner@example.org",
+    )
+    assert code == 2
+    assert "column 'bmi' has 1 NaN or infinite values" in err
+    bounds.write_text(bounds.read_text() + "[fill]\nbmi = 25.0\n")
+    code, out, err = run(
+        capsys,
+        "dataset",
+        "add",
+        str(csv_file),
+        "--name",
+        "visits",
+        "--bounds",
+        str(bounds),
+        "--owner",
+        "owner@example.org",
+        "--tags",
+        "health,Visits",
+    )
+    assert code == 0, err
+    assert "added dataset 'visits' (id 1): 3 rows, 3 columns, owner owner@example.org" in out
+    context = NodeContext.from_settings(cli_env)
+    try:
+        with context.sessions() as session:
+            stored = datasets.get_dataset(session, "visits")
+            assert [t.tag for t in stored.tags] == ["health", "visits"]
+            assert (stored.subject_count, stored.max_rows_per_subject) == (2, 2)
+            columns = datasets.read_columns(context.store, stored, mock=False)
+    finally:
+        context.close()
+    np.testing.assert_array_equal(columns["age"], [34, 51, 35])
+    np.testing.assert_array_equal(columns["bmi"], [22.5, 25.0, 70.0])  # filled, then clamped
+    np.testing.assert_array_equal(columns["smoker"], [0, 1, 0])
+    code, out, _ = run(capsys, "dataset", "list")
+    assert "visits" in out and "3 rows" in out
+
+
+def test_dataset_add_reports_bad_files(
+    cli_env: Settings, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bounds = tmp_path / "b.toml"
+    bounds.write_text("[bounds]\nage = [0, 120]\n[oops]\n")
+    csv_file = tmp_path / "d.csv"
+    csv_file.write_text("age\n1\n")
+    code, _, err = run(
+        capsys, "dataset", "add", str(csv_file), "--name", "d", "--bounds", str(bounds)
+    )
+    assert code == 2 and "unknown keys ['oops']" in err
+    bounds.write_text("[bounds]\nage = [0, 120]\n")
+    code, _, err = run(
+        capsys,
+        "dataset",
+        "add",
+        str(tmp_path / "missing.csv"),
+        "--name",
+        "d",
+        "--bounds",
+        str(bounds),
+    )
+    assert code == 2 and "cannot read" in err
+    csv_file.write_text("age,bmi\n1\n")
+    code, _, err = run(
+        capsys, "dataset", "add", str(csv_file), "--name", "d", "--bounds", str(bounds)
+    )
+    assert code == 2 and "1 fields, the header has 2" in err
+    csv_file.write_text("age\n1\n")
+    code, _, err = run(
+        capsys, "dataset", "add", str(csv_file), "--name", "d", "--bounds", str(bounds)
+    )
+    assert code == 2 and "no admin exists" in err
+
+
+def test_production_refuses_placeholder_secret_and_demo(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setenv("DPNODE_ENVIRONMENT", "production")
+    monkeypatch.setenv("DPNODE_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("DPNODE_TOKEN_SECRET", raising=False)
+    get_settings.cache_clear()
+    try:
+        code, _, err = run(capsys, "migrate")
+        assert code == 2 and "DPNODE_TOKEN_SECRET must be set" in err
+        monkeypatch.setenv("DPNODE_TOKEN_SECRET", "s" * 40)
+        get_settings.cache_clear()
+        code, _, err = run(capsys, "serve", "--demo")
+        assert code == 2 and "refused outside development" in err
+    finally:
+        get_settings.cache_clear()
+
+
+def test_development_secret_is_random_and_kept(tmp_path: Path) -> None:
+    first = NodeContext.from_settings(Settings(data_dir=tmp_path))
+    second = NodeContext.from_settings(Settings(data_dir=tmp_path))
+    other = NodeContext.from_settings(Settings(data_dir=tmp_path / "other"))
+    secrets = [c.settings.token_secret.get_secret_value() for c in (first, second, other)]
+    for c in (first, second, other):
+        c.close()
+    assert secrets[0] == secrets[1] != secrets[2]
+    assert len(secrets[0]) >= 32 and secrets[0] != "change-me"
+    assert (tmp_path / "token-secret").stat().st_mode & 0o077 == 0
