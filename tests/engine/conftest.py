@@ -17,6 +17,10 @@ def rng() -> np.random.Generator:
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     mods = __import__("sys").modules
     mod = mods.get("tests.engine.test_conformance") or mods.get("test_conformance")
+    pm = mods.get("tests.engine.test_promotion_matrix") or mods.get("test_promotion_matrix")
+    if pm is not None and pm.RESULTS:
+        terminalreporter.write_sep("-", "type-promotion matrix vs torch (cells per binary prim)")
+        terminalreporter.write_line(pm.matrix_summary())
     if mod is None or not mod.COUNTS:
         return
     table = mod.summary_table()

@@ -261,8 +261,11 @@ def _binary(
                 raise c.fail("missing argument", i)
         ops = operands_of(c)
         d = result_type(ops)
-        for i, o in enumerate(ops):
-            _refuse(c, o.dtype, refused, f"{name} with a {o.kind.value} argument")
+        # torch picks the kernel by the promoted dtype, so refusals follow it
+        if not (name == "pow" and isinstance(c.args[1], Scalar)):
+            _refuse(c, d, refused, name)
+        if name == "hypot" and not d.is_float:
+            raise c.fail(f"hypot is not implemented for {d.name} (torch refuses it too)")
         if name == "sub" and any(o.dtype.is_bool for o in ops):
             raise c.fail("subtraction with a bool tensor is not supported (torch refuses it)")
         if family == "bitwise" and d.is_float:
@@ -326,7 +329,7 @@ _binary("pow", np.power, "same", refused=_F)
 _binary("maximum", np.maximum, "same")
 _binary("minimum", np.minimum, "same")
 _binary("atan2", np.arctan2, "float")
-_binary("hypot", np.hypot, "float")
+_binary("hypot", np.hypot, "same")
 _binary("copysign", np.copysign, "float")
 for _name, _fn in {
     "eq": np.equal,
@@ -347,10 +350,10 @@ for _name, _fn in {
     "bitwise_and": np.bitwise_and,
     "bitwise_or": np.bitwise_or,
     "bitwise_xor": np.bitwise_xor,
-    "bitwise_left_shift": np.left_shift,
-    "bitwise_right_shift": np.right_shift,
 }.items():
     _binary(_name, _fn, "bitwise")
+_binary("bitwise_left_shift", np.left_shift, "bitwise", refused=_F)
+_binary("bitwise_right_shift", np.right_shift, "bitwise", refused=_F)
 
 
 # -- where, clamp, convert ---------------------------------------------------

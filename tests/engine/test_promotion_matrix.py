@@ -1,0 +1,159 @@
+"""The type-promotion matrix: every binary prim x dtype pair x operand kinds, against torch.
+
+Operand kinds are a tensor with one dimension ("T"), a 0-dim tensor ("Z") and
+a Python scalar ("S": True, 3 or 1.5). For each cell the engine's inferred
+dtype must equal torch's result dtype, and when torch refuses the cell the
+engine must refuse it too. Cells torch cannot express (a Python scalar as the
+first argument of a function without a reflected operator) are not counted.
+A summary of the counts is asserted and printed.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from node.engine import GraphBuilder, evaluate, infer
+from node.engine.prims.elementwise import BINARY_PRIMS
+from node.errors import DPNodeError
+from tests.engine.decomp import NAME_TO_TORCH, TORCH_TO_NAME, to_numpy
+
+DTYPE_NAMES = list(NAME_TO_TORCH)
+SCALARS: dict[str, bool | int | float] = {"bool": True, "int": 3, "float": 1.5}
+
+#: prim -> (torch function, reflected operator for a scalar first argument or None)
+TORCH_FN: dict[str, tuple[Callable[..., Any], Callable[..., Any] | None]] = {
+    "add": (torch.add, operator.add),
+    "sub": (torch.sub, operator.sub),
+    "mul": (torch.mul, operator.mul),
+    "div": (torch.true_divide, operator.truediv),
+    "floor_divide": (torch.floor_divide, operator.floordiv),
+    "trunc_divide": (lambda a, b: torch.div(a, b, rounding_mode="trunc"), None),
+    "remainder": (torch.remainder, operator.mod),
+    "fmod": (torch.fmod, None),
+    "pow": (torch.pow, operator.pow),
+    "maximum": (torch.maximum, None),
+    "minimum": (torch.minimum, None),
+    "atan2": (torch.atan2, None),
+    "hypot": (torch.hypot, None),
+    "copysign": (torch.copysign, None),
+    "eq": (torch.eq, operator.eq),
+    "ne": (torch.ne, operator.ne),
+    "lt": (torch.lt, operator.lt),
+    "le": (torch.le, operator.le),
+    "gt": (torch.gt, operator.gt),
+    "ge": (torch.ge, operator.ge),
+    "logical_and": (torch.logical_and, None),
+    "logical_or": (torch.logical_or, None),
+    "logical_xor": (torch.logical_xor, None),
+    "bitwise_and": (torch.bitwise_and, operator.and_),
+    "bitwise_or": (torch.bitwise_or, operator.or_),
+    "bitwise_xor": (torch.bitwise_xor, operator.xor),
+    "bitwise_left_shift": (torch.bitwise_left_shift, operator.lshift),
+    "bitwise_right_shift": (torch.bitwise_right_shift, operator.rshift),
+}
+
+RESULTS: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+
+
+def _operand(kind: str, d: str) -> Any:
+    if kind == "S":
+        return SCALARS[d]
+    shape = (2,) if kind == "T" else ()
+    return torch.ones(shape, dtype=NAME_TO_TORCH[d])
+
+
+def _cells() -> list[tuple[str, str, str, str]]:
+    """(kind_a+kind_b, dtype_a, dtype_b) combinations; scalar 'dtypes' are bool/int/float."""
+    out = []
+    for ka, kb in itertools.product("TZS", repeat=2):
+        if ka == kb == "S":
+            continue
+        da = list(SCALARS) if ka == "S" else DTYPE_NAMES
+        db = list(SCALARS) if kb == "S" else DTYPE_NAMES
+        for a, b in itertools.product(da, db):
+            out.append((ka, kb, a, b))
+    return out
+
+
+CELLS = _cells()
+
+
+def _engine(prim: str, ka: str, kb: str, a: Any, b: Any) -> tuple[str, np.ndarray[Any, Any]]:
+    g = GraphBuilder()
+    feed: dict[str, np.ndarray[Any, Any]] = {}
+    args: list[Any] = []
+    for name, kind, v in (("a", ka, a), ("b", kb, b)):
+        if kind == "S":
+            args.append(v)
+        else:
+            args.append(g.input(name, TORCH_TO_NAME[v.dtype], tuple(v.shape)))
+            feed[name] = to_numpy(v)
+    graph = g.build([g.op(prim, *args)])
+    meta = infer(graph)[0]
+    value = evaluate(graph, feed)[0]
+    return meta.dtype.name, value
+
+
+@pytest.mark.parametrize("prim", sorted(BINARY_PRIMS))
+def test_promotion_matrix(prim: str) -> None:
+    fn, reflected = TORCH_FN[prim]
+    counts = RESULTS[prim]
+    bad: list[str] = []
+    for ka, kb, da, db in CELLS:
+        a, b = _operand(ka, da), _operand(kb, db)
+        cell = f"{prim}({ka}:{da}, {kb}:{db})"
+        if ka == "S":
+            if reflected is None:
+                continue  # torch has no call form for it
+            call: Callable[[], Any] = lambda: reflected(a, b)  # noqa: E731
+        else:
+            call = lambda: fn(a, b)  # noqa: E731
+        try:
+            expected = call()
+            want: str | None = TORCH_TO_NAME[expected.dtype]
+        except TypeError:
+            counts["not expressible"] += 1
+            continue  # torch's signature takes no scalar there (e.g. atan2(t, 1.5))
+        except (RuntimeError, NotImplementedError):
+            want = None
+        try:
+            got: str | None
+            got, value = _engine(prim, ka, kb, a, b)
+        except DPNodeError:
+            got = None
+        if got == want and want is not None and not np.allclose(
+            value.astype(np.float64), to_numpy(expected).astype(np.float64), rtol=1e-2, equal_nan=True
+        ):
+            counts["mismatch"] += 1
+            bad.append(f"{cell}: value {value} != torch {expected}")
+        elif got == want:
+            counts["match" if want else "both refuse"] += 1
+        else:
+            counts["mismatch"] += 1
+            bad.append(f"{cell}: torch {want or 'refuses'}, engine {got or 'refuses'}")
+    assert not bad, f"{len(bad)} cells differ:\n" + "\n".join(bad[:40])
+
+
+def test_cell_count() -> None:
+    # 8 operand-kind pairs: 4 tensor/0-dim pairs of 10x10 dtypes, 4 with a scalar of 10x3
+    assert len(CELLS) == 4 * 100 + 4 * 30
+
+
+def matrix_summary() -> str:
+    """One line per prim: matching cells, cells both refuse, cells torch cannot express."""
+    lines = []
+    for prim in sorted(RESULTS):
+        c = RESULTS[prim]
+        lines.append(
+            f"{prim}: {c['match']} match, {c['both refuse']} both refuse, "
+            f"{c['mismatch']} mismatch, {c['not expressible']} not expressible in torch"
+        )
+    return "\n".join(lines)
