@@ -24,12 +24,15 @@ from sdk._exceptions import (
     NotFoundError,
     PayloadTooLargeError,
     PermissionDeniedError,
+    PrivateValueError,
     QuotaExceededError,
     ServerError,
     UnsupportedDTypeError,
+    UnsupportedOperationError,
     UploadRejectedError,
 )
 from sdk._handles import AuditEvent, ColumnInfo, DatasetHandle, ModelHandle, TensorInfo, User
+from sdk._remote import MockSession, RemoteTensor, mock
 
 __all__ = [
     "AuditEvent",
@@ -42,19 +45,24 @@ __all__ = [
     "EvaluationError",
     "GraphError",
     "InvalidRequestError",
+    "MockSession",
     "ModelHandle",
     "NodeUnreachableError",
     "NotFoundError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
+    "PrivateValueError",
     "QuotaExceededError",
+    "RemoteTensor",
     "ServerError",
     "TensorInfo",
     "UnsupportedDTypeError",
+    "UnsupportedOperationError",
     "UploadRejectedError",
     "User",
     "current_client",
     "login",
+    "mock",
     "search",
 ]
 

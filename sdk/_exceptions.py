@@ -13,7 +13,9 @@ DPNodeError                      any error reported by (or about) the node
 ├── NotFoundError                not_found
 ├── ConflictError                conflict: e.g. a name already taken
 ├── ServerError                  the node failed (5xx); tell its operator
-└── NodeUnreachableError         no answer from the node (network, wrong URL)
+├── NodeUnreachableError         no answer from the node (network, wrong URL)
+├── PrivateValueError            raised locally: code asked for a remote tensor's values
+└── UnsupportedOperationError    raised locally: an op outside the prim vocabulary
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ __all__ = [
     "NotFoundError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
+    "PrivateValueError",
     "QuotaExceededError",
     "ServerError",
     "UnsupportedDTypeError",
+    "UnsupportedOperationError",
     "UploadRejectedError",
 ]
 
@@ -101,6 +105,22 @@ class ServerError(DPNodeError):
 
 class NodeUnreachableError(DPNodeError):
     code = "unreachable"
+
+
+class PrivateValueError(DPNodeError):
+    """A remote tensor's values were needed locally (``item``, ``bool``, a boolean mask...).
+
+    Values stay on the node; publish a result with ``tensor.publish(epsilon=...)``, or keep the
+    computation remote (``torch.where(cond, a, b)`` instead of ``if cond:``).
+    """
+
+    code = "private_value"
+
+
+class UnsupportedOperationError(DPNodeError, NotImplementedError):
+    """An operation on remote tensors that the prim vocabulary cannot express (see docs/prims.md)."""
+
+    code = "unsupported_operation"
 
 
 BY_CODE: dict[str, type[DPNodeError]] = {

@@ -10,6 +10,7 @@ import numpy.typing as npt
 
 if TYPE_CHECKING:
     from sdk._client import Client
+    from sdk._remote import RemoteTensor
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,36 @@ class DatasetHandle:
         """The dataset's mock (fake) data, to dry-run code before spending budget."""
         return self._client._download_frame(f"/datasets/{self.id}/mock")
 
+    def __getitem__(self, column: str) -> RemoteTensor:
+        """One column as a remote tensor of shape ``(rows, *per-row shape)``; no values travel.
+
+        Inside ``sdk.mock(ds)`` the tensor is shaped like the mock data instead.
+        Categorical columns are int64 category indices, boolean columns bool.
+
+        Raises:
+            KeyError: no such column (the message lists the columns).
+        """
+        from sdk._remote.handles import column_tensor
+
+        return column_tensor(self, column)
+
+    def tensors(self, *columns: str | list[str], stack: bool | None = None) -> Any:
+        """Several columns at once, as remote tensors.
+
+        - A list of column names gives one float feature matrix ``(rows, k)``: the
+          columns promoted together (ints and bools to float32) and concatenated,
+          a column with a per-row shape contributing its flattened width.
+        - ``stack=True`` treats all ``columns`` as one such list; ``stack=False``
+          returns one tensor per argument. The default stacks when every column is
+          a per-row scalar (``ds.tensors("age", "bmi")`` is ``(rows, 2)``) and
+          otherwise returns a tuple (``X, y = ds.tensors("features", "label")``).
+
+        >>> X, y = ds.tensors(["age", "bmi"], "diabetic")  # doctest: +SKIP
+        """
+        from sdk._remote.handles import dataset_tensors
+
+        return dataset_tensors(self, columns, stack)
+
     def download(self) -> dict[str, npt.NDArray[Any]]:
         """Real values — only for the dataset's owner and admins.
 
@@ -166,6 +197,17 @@ class ModelHandle:
             architecture_filename=body["architecture_filename"],
             _client=client,
         )
+
+    def state_dict(self) -> dict[str, RemoteTensor]:
+        """Every weight as a remote tensor (``model:<id>/<name>`` inputs), for ``load_state_dict``.
+
+        The values stay on the node even for a public model: computations that mix
+        them with datasets are recorded into one graph. Inside ``sdk.mock(model)``
+        (public or your own models) they evaluate on the downloaded weights.
+        """
+        from sdk._remote.handles import model_state
+
+        return model_state(self)
 
     def weights(self) -> dict[str, npt.NDArray[Any]]:
         """The weights of a public model (or of your own)."""

@@ -1,0 +1,43 @@
+"""Remote tensors: ordinary PyTorch code recorded into prim graphs for the node.
+
+- ``tensor.py``: :class:`RemoteTensor`, the meta-device wrapper subclass, and aliasing.
+- ``dispatch.py``: ATen op -> private / view / in-place / rule / decomposition.
+- ``views.py``, ``rules.py``, ``rules_nn.py``, ``indexing.py``: the ATen -> prim tables.
+- ``graph.py``: recorded nodes, engine graphs, wire encoding and the structure cache.
+- ``mock.py``: mock mode, evaluated locally by the node's own engine.
+"""
+
+from sdk._remote import indexing, rules, rules_nn  # noqa: F401  (register the rules)
+from sdk._remote.graph import Encoded, WireCache, build, encode_graph, input_node
+from sdk._remote.mock import MockSession, active_session, evaluate, mock
+from sdk._remote.tensor import RemoteTensor, Storage
+
+__all__ = [
+    "Encoded",
+    "MockSession",
+    "RemoteTensor",
+    "Storage",
+    "WireCache",
+    "active_session",
+    "build",
+    "encode_graph",
+    "evaluate",
+    "graph_for",
+    "input_node",
+    "mock",
+    "remote_input",
+]
+
+
+def graph_for(tensors: "list[RemoteTensor]") -> "object":
+    """The engine graph computing ``tensors`` (outputs in order)."""
+    return build([t.node for t in tensors])
+
+
+def remote_input(name: str, shape: "tuple[int, ...]", dtype: "object", source: str = "") -> RemoteTensor:
+    """A remote tensor standing for the named graph input (a dataset column, a model weight)."""
+    import torch
+
+    assert isinstance(dtype, torch.dtype)
+    meta = torch.empty(shape, dtype=dtype, device="meta")
+    return RemoteTensor(meta, Storage(input_node(name, shape, dtype)), source=source)

@@ -1,0 +1,226 @@
+"""The lazy graph behind remote tensors: nodes recorded client-side, built into engine graphs.
+
+Recording must be cheap (it runs once per ATen op), so a recorded node is a
+small slotted object pointing at its arguments; nothing is validated or
+numbered until a graph is *built* for some outputs. Building walks the nodes
+reachable from the outputs once, in post order, and feeds the engine's own
+:class:`~node.engine.GraphBuilder`, so that the client and the node agree on the
+graph by construction. Encoding uses the engine's wire format; the structure
+hash (the header without constant values) lets a training loop recognise that
+this step's graph has the same structure as the last one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from node.engine import Graph, GraphBuilder, Ref, encode
+from node.engine import wire as _wire
+
+__all__ = [
+    "NP_OF",
+    "TORCH_NAMES",
+    "Encoded",
+    "Node",
+    "WireCache",
+    "build",
+    "constant",
+    "encode_graph",
+    "input_node",
+    "prim",
+]
+
+#: torch dtype -> the engine's dtype name (the vocabulary's dtype table)
+TORCH_NAMES: dict[torch.dtype, str] = {
+    torch.bool: "bool",
+    torch.uint8: "uint8",
+    torch.int8: "int8",
+    torch.int16: "int16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+}
+#: engine dtype name -> torch dtype
+TORCH_OF: dict[str, torch.dtype] = {v: k for k, v in TORCH_NAMES.items()}
+NP_OF: dict[torch.dtype, Any] = {
+    torch.bool: np.bool_,
+    torch.uint8: np.uint8,
+    torch.int8: np.int8,
+    torch.int16: np.int16,
+    torch.int32: np.int32,
+    torch.int64: np.int64,
+    torch.float16: np.float16,
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+}
+
+Arg = Any  # Node | bool | int | float | None
+
+
+class Node:
+    """One recorded value: a prim applied to arguments, an input, or a constant.
+
+    ``shape`` and ``dtype`` are set when the value is known to the client (every
+    tensor a user holds, and the arguments a rule sees); intermediates made
+    inside a rule may leave them unset.
+    """
+
+    __slots__ = ("args", "attrs", "dtype", "op", "shape", "value")
+
+    def __init__(
+        self,
+        op: str,
+        args: tuple[Arg, ...] = (),
+        attrs: dict[str, Any] | None = None,
+        value: npt.NDArray[Any] | None = None,
+        shape: tuple[int, ...] | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        self.op = op
+        self.args = args
+        self.attrs = attrs if attrs is not None else {}
+        self.value = value
+        self.shape = shape
+        self.dtype = dtype
+
+    def __repr__(self) -> str:
+        return f"<Node {self.op} {self.shape} {self.dtype}>"
+
+
+def prim(op: str, *args: Arg, **attrs: Any) -> Node:
+    """Record prim ``op`` on ``args`` (nodes, Python scalars or None)."""
+    return Node(op, args, attrs)
+
+
+def input_node(name: str, shape: Sequence[int], dtype: torch.dtype) -> Node:
+    """A named placeholder (e.g. ``"dataset:3/age"``) bound to values where the graph runs."""
+    shape = tuple(shape)
+    return Node("input", (), {"name": name, "dtype": TORCH_NAMES[dtype], "shape": shape}, None, shape, dtype)
+
+
+def constant(t: torch.Tensor) -> Node:
+    """A public constant: a copy of a local tensor's values, travelling with the graph."""
+    t = t.detach()
+    if t.dtype not in NP_OF:
+        raise TypeError(f"local tensors of dtype {t.dtype} cannot be sent to the node")
+    arr = t.cpu().contiguous().numpy().copy()
+    arr.flags.writeable = False
+    return Node("constant", (), {}, arr, tuple(t.shape), t.dtype)
+
+
+def count_ops(outputs: Iterable[Node]) -> int:
+    """Number of prim nodes reachable from ``outputs`` (inputs and constants excluded)."""
+    seen: set[int] = set()
+    stack = list(outputs)
+    n = 0
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.op not in ("input", "constant"):
+            n += 1
+        stack.extend(a for a in node.args if type(a) is Node)
+    return n
+
+
+def build(outputs: Sequence[Node]) -> Graph:
+    """The engine graph computing ``outputs`` (each node once, inputs deduplicated by name)."""
+    b = GraphBuilder()
+    refs: dict[int, Ref] = {}
+    inputs: dict[str, Ref] = {}
+    # iterative post-order: graphs of a long training loop are deep
+    stack: list[tuple[Node, bool]] = [(o, False) for o in reversed(outputs)]
+    while stack:
+        node, ready = stack.pop()
+        key = id(node)
+        if key in refs:
+            continue
+        if not ready:
+            stack.append((node, True))
+            stack.extend((a, False) for a in reversed(node.args) if type(a) is Node and id(a) not in refs)
+            continue
+        if node.op == "input":
+            name = node.attrs["name"]
+            ref = inputs.get(name)
+            if ref is None:
+                ref = inputs[name] = b.input(name, node.attrs["dtype"], node.attrs["shape"])
+        elif node.op == "constant":
+            assert node.value is not None
+            ref = b._add(_const(node.value))
+        else:
+            args = [refs[id(a)] if type(a) is Node else a for a in node.args]
+            ref = b.op(node.op, *args, **node.attrs)
+        refs[key] = ref
+    return b.build([refs[id(o)] for o in outputs])
+
+
+def _const(value: npt.NDArray[Any]) -> Any:
+    # the value is already a private read-only copy: skip GraphBuilder.constant's second copy
+    from node.engine import Node as EngineNode
+
+    return EngineNode("constant", (), {}, value)
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One graph in the wire format, with the hash of its structure (constants excluded)."""
+
+    frame: bytes
+    structure_hash: str
+    constant_bytes: int
+
+
+def encode_graph(graph: Graph) -> Encoded:
+    """Encode ``graph`` once, computing its structure hash from the same header."""
+    header, buf = _wire._header_and_buffer(graph)
+    canon = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    digest = hashlib.sha256(canon.encode()).hexdigest()
+    h = canon.encode()
+    h += b" " * ((-(len(h) + len(_wire.MAGIC) + 8)) % 16)
+    frame = _wire.MAGIC + len(h).to_bytes(8, "little") + h + buf
+    return Encoded(frame, digest, len(buf))
+
+
+class WireCache:
+    """Remembers the graph structures already sent, so a loop resends only constants.
+
+    ``encode`` returns the full frame the first time a structure is seen and
+    ``None`` for the header afterwards: a caller (``publish``) then sends the
+    structure hash and the constant buffer only.
+
+    >>> from node.engine import GraphBuilder
+    >>> b = GraphBuilder(); x = b.input("x", "float32", (2,))
+    >>> cache = WireCache()
+    >>> first = cache.encode(b.build([b.op("mul", x, 2.0)]))
+    >>> again = cache.encode(b.build([b.op("mul", x, 2.0)]))
+    >>> first[1] is not None, again[1] is None, first[0] == again[0]
+    (True, True, True)
+    """
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+
+    def encode(self, graph: Graph) -> tuple[str, bytes | None, bytes]:
+        """(structure hash, full frame or None when already sent, constants buffer)."""
+        enc = encode_graph(graph)
+        buf = enc.frame[len(enc.frame) - enc.constant_bytes :] if enc.constant_bytes else b""
+        if enc.structure_hash in self._seen:
+            return enc.structure_hash, None, buf
+        self._seen.add(enc.structure_hash)
+        return enc.structure_hash, enc.frame, buf
+
+
+def _check_roundtrip(graph: Graph) -> bytes:  # pragma: no cover - debugging aid
+    return encode(graph)

@@ -1,0 +1,146 @@
+"""Rules for the ops of neural networks: matrix products, convolution, pooling.
+
+Most of ``torch.nn.functional`` (softmax, losses, layer norm, dropout, the
+activation backward ops) reaches the prims through torch's decomposition
+table; what is here either has a prim of its own (``matmul``,
+``convolution``, ``convolution_weight_grad``) or is cheaper as one
+(average pooling is a grouped convolution with a constant kernel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from sdk._exceptions import UnsupportedOperationError
+from sdk._remote.graph import Node, prim
+from sdk._remote.rules import dtype_name, implements
+
+__all__: list[str] = []
+
+aten = torch.ops.aten
+
+for _op in (aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.default, aten.matmul.default):
+    implements(_op)(lambda out, a, b: prim("matmul", a, b))
+
+
+def _scaled(x: Any, s: Any) -> Any:
+    return x if s == 1 else prim("mul", x, s)
+
+
+@implements(aten.addmm.default)
+def _addmm(out: torch.Tensor, bias: Node, a: Node, b: Node, beta: Any = 1, alpha: Any = 1) -> Node:
+    prod = _scaled(prim("matmul", a, b), alpha)
+    if beta == 0:
+        return prod
+    return prim("add", _scaled(bias, beta), prod)
+
+
+def _tup(v: Any, n: int) -> tuple[int, ...]:
+    t = tuple(v) if isinstance(v, (list, tuple)) else (v,)
+    return t * n if len(t) == 1 else t
+
+
+@implements(aten.convolution.default)
+def _convolution(
+    out: torch.Tensor, x: Node, w: Node, bias: Node | None, stride: Sequence[int], padding: Sequence[int],
+    dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int,
+) -> Node:
+    nsp = len(w.shape or ()) - 2
+    return prim(
+        "convolution", x, w, bias, stride=_tup(stride, nsp), padding=_tup(padding, nsp),
+        dilation=_tup(dilation, nsp), groups=groups, transposed=bool(transposed),
+        output_padding=_tup(output_padding, nsp) if transposed else None,
+    )
+
+
+@implements(aten.convolution_backward.default)
+def _convolution_backward(
+    out: Any, grad: Node, x: Node, w: Node, bias_sizes: Any, stride: Sequence[int], padding: Sequence[int],
+    dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int,
+    output_mask: Sequence[bool],
+) -> tuple[Node | None, Node | None, Node | None]:
+    if transposed:
+        raise UnsupportedOperationError(
+            "the gradient of a transposed convolution is not yet decomposed into prims (see docs/remote-tensors.md)"
+        )
+    assert x.shape is not None and w.shape is not None and grad.shape is not None
+    nsp = len(w.shape) - 2
+    st, pd, dl = _tup(stride, nsp), _tup(padding, nsp), _tup(dilation, nsp)
+    gx = gw = gb = None
+    if output_mask[0]:
+        # the input gradient is the transposed convolution of the output gradient
+        insp = x.shape[-nsp:]
+        outsp = grad.shape[-nsp:]
+        op = tuple(
+            i - ((o - 1) * s - 2 * p + d * (k - 1) + 1)
+            for i, o, s, p, d, k in zip(insp, outsp, st, pd, dl, w.shape[2:], strict=True)
+        )
+        gx = prim(
+            "convolution", grad, w, None, stride=st, padding=pd, dilation=dl, groups=groups,
+            transposed=True, output_padding=op,
+        )
+    if output_mask[1]:
+        gw = prim(
+            "convolution_weight_grad", x, grad, kernel_size=tuple(w.shape[2:]), stride=st, padding=pd,
+            dilation=dl, groups=groups,
+        )
+    if output_mask[2]:
+        dims = (0, *range(2, 2 + nsp)) if len(grad.shape) == nsp + 2 else tuple(range(1, 1 + nsp))
+        gb = prim("sum", grad, dims=dims, keepdim=False, dtype=dtype_name(out[2].dtype))
+    return gx, gw, gb
+
+
+def _pool_weight(channels: int, k: tuple[int, ...], dtype: torch.dtype) -> Node:
+    shape = (channels, 1, *k)
+    n = 1
+    for e in k:
+        n *= e
+    return prim("full", shape=shape, value=1.0 / n, dtype=dtype_name(dtype))
+
+
+def _avg_args(
+    kernel: Any, stride: Any, padding: Any, ceil_mode: bool, count_include_pad: bool, divisor: Any,
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    k = _tup(kernel, 2)
+    s = _tup(stride, 2) if stride else k
+    p = _tup(padding, 2)
+    if ceil_mode or divisor is not None or (any(p) and not count_include_pad):
+        raise UnsupportedOperationError(
+            "avg_pool2d with ceil_mode, divisor_override or count_include_pad=False is not in the "
+            "prim vocabulary (see docs/remote-tensors.md)"
+        )
+    return k, s, p
+
+
+@implements(aten.avg_pool2d.default)
+def _avg_pool2d(
+    out: torch.Tensor, x: Node, kernel: Any, stride: Any = (), padding: Any = 0, ceil_mode: bool = False,
+    count_include_pad: bool = True, divisor_override: Any = None,
+) -> Node:
+    k, s, p = _avg_args(kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    assert x.shape is not None
+    c = x.shape[-3]
+    w = _pool_weight(c, k, out.dtype)
+    return prim("convolution", x, w, None, stride=s, padding=p, dilation=(1, 1), groups=c)
+
+
+@implements(aten.avg_pool2d_backward.default)
+def _avg_pool2d_backward(
+    out: torch.Tensor, grad: Node, x: Node, kernel: Any, stride: Any, padding: Any, ceil_mode: bool,
+    count_include_pad: bool, divisor_override: Any,
+) -> Node:
+    k, s, p = _avg_args(kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    assert x.shape is not None and grad.shape is not None
+    c = x.shape[-3]
+    w = _pool_weight(c, k, out.dtype)
+    op = tuple(
+        i - ((o - 1) * st - 2 * pp + (kk - 1) + 1)
+        for i, o, st, pp, kk in zip(x.shape[-2:], grad.shape[-2:], s, p, k, strict=True)
+    )
+    return prim(
+        "convolution", grad, w, None, stride=s, padding=p, dilation=(1, 1), groups=c, transposed=True,
+        output_padding=op,
+    )

@@ -1,0 +1,190 @@
+"""RemoteTensor: a torch.Tensor whose values live on the node.
+
+A wrapper subclass on the ``meta`` device: it has a shape, dtype and strides,
+no storage, and takes part in autograd like any tensor (autograd runs above
+Python dispatch, so ``backward`` just calls more ATen ops on it). Every ATen op
+that reaches :meth:`RemoteTensor.__torch_dispatch__` is handed to
+:func:`sdk._remote.dispatch.dispatch`, which records prims.
+
+Aliasing is kept for real rather than functionalized away: tensors that share
+memory in torch share a :class:`Storage` here, whose ``node`` is the current
+value of the base. A view remembers the chain of view ops from its base, and
+its value is re-derived whenever the base has been written since. Writing into
+a view scatters the new value back into the base through the inverse of each
+view op. So ``x[0].mul_(2)`` changes ``x`` exactly as in torch, and the node
+only ever sees functional prims.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from sdk._remote.graph import Node, count_ops
+from sdk._remote.views import forward, inverse
+
+__all__ = ["RemoteTensor", "Storage", "ViewStep"]
+
+
+class Storage:
+    """The shared memory of a family of aliasing remote tensors: the base's current value."""
+
+    __slots__ = ("node", "version")
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.version = 0
+
+
+#: one elementary view step, e.g. ("slice", dim, start, end, step); see views.py
+ViewStep = tuple[Any, ...]
+
+
+class RemoteTensor(torch.Tensor):
+    """A tensor whose values stay on the node: shape and dtype here, values never.
+
+    Obtain one from a dataset (``ds["age"]``, ``ds.tensors(...)``) or a model
+    (``model.state_dict()``), then use ordinary PyTorch: every op is recorded
+    as prims into a lazy graph. Data-dependent operations (``item``, ``bool``,
+    ``tolist``, boolean masks...) raise :class:`sdk.PrivateValueError`, except
+    inside :func:`sdk.mock`, where they run on mock data.
+    """
+
+    _storage: Storage
+    _steps: tuple[ViewStep, ...]
+    _seen_version: int
+    _cached: Node
+    _source: str
+    _meta: torch.Tensor
+    __torch_function__: ClassVar[Any] = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(
+        cls,
+        meta: torch.Tensor,
+        storage: Storage,
+        steps: tuple[ViewStep, ...] = (),
+        source: str = "",
+        requires_grad: bool = False,
+    ) -> RemoteTensor:
+        r: RemoteTensor = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+            cls,
+            meta.shape,
+            strides=meta.stride(),
+            storage_offset=meta.storage_offset(),
+            dtype=meta.dtype,
+            device="meta",
+            requires_grad=requires_grad,
+        )
+        r._meta = meta
+        r._storage = storage
+        r._steps = steps
+        r._seen_version = storage.version
+        r._cached = storage.node
+        r._source = source
+        if not steps:
+            node = storage.node
+            if node.shape is None:
+                node.shape, node.dtype = tuple(meta.shape), meta.dtype
+        return r
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+
+    @property
+    def node(self) -> Node:
+        """The recorded node holding this tensor's current value."""
+        st = self._storage
+        if self._seen_version == st.version:
+            return self._cached
+        node = st.node
+        for step in self._steps:
+            node = forward(step, node)
+        node.shape, node.dtype = tuple(self.shape), self.dtype
+        self._cached = node
+        self._seen_version = st.version
+        return node
+
+    def _write(self, value: Node) -> None:
+        """Replace this tensor's value (same shape and dtype) and update every alias."""
+        st = self._storage
+        old = st.node
+        if self._steps:
+            bases = [old]
+            for step in self._steps[:-1]:
+                bases.append(forward(step, bases[-1]))
+            for step, base in zip(reversed(self._steps), reversed(bases), strict=True):
+                value = inverse(step, base, value)
+        value.shape, value.dtype = old.shape, old.dtype
+        st.node = value
+        st.version += 1
+
+    @classmethod
+    def __torch_dispatch__(
+        cls,
+        func: torch._ops.OpOverload,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        from sdk._remote.dispatch import dispatch
+
+        return dispatch(func, args, kwargs or {})
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+        shape = "(" + ", ".join(str(s) for s in self.shape) + ")"
+        src = f", source={self._source}" if self._source else ""
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return (
+            f"RemoteTensor(shape={shape}, dtype={self.dtype}{src}, "
+            f"ops={count_ops([self.node])}{grad})"
+        )
+
+    __str__ = __repr__  # type: ignore[assignment]
+
+    def graph(self) -> Any:
+        """The engine graph computing this tensor (output 0), with its inputs and constants."""
+        from sdk._remote.graph import build
+
+        return build([self.node])
+
+    # data-dependent Python protocols go through the same private-value policy
+    def __bool__(self) -> bool:
+        from sdk._remote.values import materialize_scalar
+
+        return bool(materialize_scalar(self, "bool(tensor)"))
+
+    def __int__(self) -> int:
+        from sdk._remote.values import materialize_scalar
+
+        return int(materialize_scalar(self, "int(tensor)"))
+
+    def __float__(self) -> float:
+        from sdk._remote.values import materialize_scalar
+
+        return float(materialize_scalar(self, "float(tensor)"))
+
+    def __index__(self) -> int:
+        from sdk._remote.values import materialize_scalar
+
+        return int(materialize_scalar(self, "using a tensor as an index"))
+
+    def tolist(self) -> Any:  # type: ignore[override]
+        from sdk._remote.values import materialize
+
+        return materialize(self, "tensor.tolist()").tolist()
+
+    def numpy(self, *, force: bool = False) -> Any:  # type: ignore[override]
+        from sdk._remote.values import materialize
+
+        return materialize(self, "tensor.numpy()").numpy()
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        from sdk._remote.values import materialize
+
+        arr = materialize(self, "np.asarray(tensor)").numpy()
+        return arr if dtype is None else arr.astype(dtype)
+
+    def __reduce_ex__(self, proto: Any) -> Any:
+        raise TypeError("a RemoteTensor cannot be pickled: its values live on the node")
