@@ -1,0 +1,249 @@
+"""Hostile graphs and frames are refused before any allocation, with a reason."""
+
+from __future__ import annotations
+
+import json
+import struct
+import tracemalloc
+from typing import Any
+
+import numpy as np
+import pytest
+
+from node.engine import GraphBuilder, Quotas, WireLimits, decode, encode, evaluate, infer, plan
+from node.engine.graph import Graph, Node, Ref
+from node.engine.prims.registry import Scalar
+from node.engine.wire import MAGIC
+from node.errors import GraphError, PayloadTooLargeError, QuotaExceededError, UnsupportedDTypeError
+
+
+def _small() -> Graph:
+    b = GraphBuilder()
+    x = b.input("x", "float32", (3,))
+    return b.build([b.op("exp", x)])
+
+
+def test_unknown_prim_is_named() -> None:
+    b = GraphBuilder()
+    x = b.input("x", "float32", (3,))
+    g = b.build([b.op("system", x)])
+    with pytest.raises(GraphError, match=r"node 1 \('system'\): unknown prim"):
+        infer(g)
+
+
+def test_cycle_and_forward_reference_refused() -> None:
+    g = Graph((Node("input", (), {"name": "x", "dtype": "float32", "shape": (2,)}), Node("neg", (Ref(1),))), (1,))
+    with pytest.raises(GraphError, match="cycle or forward reference"):
+        infer(g)
+    g2 = Graph(
+        (
+            Node("input", (), {"name": "x", "dtype": "float32", "shape": (2,)}),
+            Node("add", (Ref(0), Ref(2))),
+            Node("neg", (Ref(1),)),
+        ),
+        (2,),
+    )
+    with pytest.raises(GraphError, match=r"node 1 \('add'\), argument 1: refers to node 2"):
+        infer(g2)
+
+
+def test_dangling_reference_and_output() -> None:
+    g = Graph((Node("input", (), {"name": "x", "dtype": "float32", "shape": (2,)}), Node("neg", (Ref(-1),))), (1,))
+    with pytest.raises(GraphError, match="dangling reference"):
+        infer(g)
+    with pytest.raises(GraphError, match="output refers to node 7"):
+        infer(Graph(_small().nodes, (7,)))
+
+
+def test_huge_shape_refused_before_allocation() -> None:
+    b = GraphBuilder()
+    x = b.input("x", "float32", (3,))
+    big = b.op("expand", b.op("reshape", x, shape=[3, 1]), shape=[3, 10**12])
+    g = b.build([b.op("exp", big)])
+    tracemalloc.start()
+    try:
+        with pytest.raises(QuotaExceededError, match=r"node 2 \(expand\).*3,000,000,000,000 elements"):
+            evaluate(g, {"x": np.ones(3, np.float32)})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20  # nothing near the tensor's size was allocated
+
+
+def test_huge_full_and_input_refused() -> None:
+    b = GraphBuilder()
+    g = b.build([b.op("full", shape=[10**6, 10**6], value=0.0, dtype="float32")])
+    with pytest.raises(QuotaExceededError, match="elements"):
+        infer(g)
+    b = GraphBuilder()
+    g = b.build([b.input("x", "float64", (10**12,))])
+    with pytest.raises(QuotaExceededError):
+        infer(g)
+
+
+def test_peak_memory_quota_counts_live_intermediates() -> None:
+    b = GraphBuilder()
+    x = b.input("x", "float32", (1000, 1000))
+    y = b.op("exp", x)
+    z = b.op("add", y, 1.0)
+    g = b.build([b.op("mul", z, y)])
+    p = plan(g)
+    assert p.peak_bytes == 3 * 4_000_000  # y and z live, plus the output
+    with pytest.raises(QuotaExceededError, match="bytes of intermediates"):
+        plan(g, Quotas(max_total_bytes=10_000_000))
+
+
+def test_flops_quota() -> None:
+    b = GraphBuilder()
+    a = b.input("a", "float32", (2000, 2000))
+    g = b.build([b.op("matmul", a, a)])
+    with pytest.raises(QuotaExceededError, match="estimated compute"):
+        plan(g, Quotas(max_flops=10**9))
+
+
+def test_deep_chain_refused_by_node_quota_without_recursion() -> None:
+    n = 10**6
+    x = Node("input", (), {"name": "x", "dtype": "float32", "shape": (1,)})
+    nodes = (x,) + (Node("neg", (Ref(0),)),) * n
+    with pytest.raises(QuotaExceededError, match="1000001 nodes"):
+        infer(Graph(nodes, (n,)))
+    # the same chain on the wire is refused by the frame's limits before parsing nodes
+    body = b'{"nodes":[' + b",".join([b'{"op":"neg","args":[0]}'] * n) + b'],"outputs":[1],"version":"1"}'
+    with pytest.raises(PayloadTooLargeError, match="header"):
+        decode(MAGIC + struct.pack("<Q", len(body)) + body)
+
+
+def test_deep_chain_within_quota_evaluates_iteratively() -> None:
+    n = 5_000  # deeper than Python's recursion limit
+    x = Node("input", (), {"name": "x", "dtype": "int64", "shape": (2,)})
+    nodes = (x,) + tuple(Node("add", (Ref(i), Scalar(1))) for i in range(n))
+    out = evaluate(Graph(nodes, (n,)), {"x": np.zeros(2, np.int64)})[0]
+    assert out.tolist() == [n, n]
+
+
+def test_wrong_dtypes_refused() -> None:
+    b = GraphBuilder()
+    x = b.input("x", "float32", (3,))
+    with pytest.raises(GraphError, match=r"node 1 \(bitwise_and\).*float32"):
+        infer(b.build([b.op("bitwise_and", x, x)]))
+    b = GraphBuilder()
+    x = b.input("x", "complex64", (3,))
+    with pytest.raises(UnsupportedDTypeError, match="complex"):
+        infer(b.build([x]))
+    b = GraphBuilder()
+    x = b.input("x", "int64", (3,))
+    with pytest.raises(GraphError, match="mean could not infer output dtype"):
+        infer(b.build([b.op("mean", x)]))
+    b = GraphBuilder()
+    x = b.input("x", "float32", (3,))
+    c = b.input("c", "int64", (3,))
+    with pytest.raises(GraphError, match="condition must be bool"):
+        infer(b.build([b.op("where", c, x, x)]))
+
+
+def test_nan_constants_and_attributes_refused() -> None:
+    b = GraphBuilder()
+    c = b.constant(np.array([1.0, np.nan], np.float32))
+    with pytest.raises(GraphError, match="constant contains NaN"):
+        infer(b.build([c]))
+    b = GraphBuilder()
+    x = b.input("x", "float32", (3,))
+    with pytest.raises(GraphError, match="NaN"):
+        infer(b.build([b.op("add", x, float("nan"))]))
+    b = GraphBuilder()
+    x = b.input("x", "float32", (3,))
+    with pytest.raises(GraphError, match="attribute 'start' must be finite"):
+        infer(b.build([b.op("arange", start=float("inf"), end=1.0, step=1.0, dtype="float32")]))
+    b = GraphBuilder()
+    x = b.input("x", "float32", (3,))
+    with pytest.raises(GraphError, match="NaN scalar refused"):
+        infer(b.build([b.op("clamp", x, float("nan"), None)]))
+
+
+def test_wrong_arity_attrs_and_scalar_positions() -> None:
+    cases = [
+        (("add",), {}, "takes 2 arguments, got 1"),
+        (("exp",), {"bogus": 1}, "unknown attributes"),
+        (("sum",), {"dims": "0"}, "attribute 'dims' must be ints"),
+    ]
+    for (op,), attrs, msg in cases:
+        b = GraphBuilder()
+        x = b.input("x", "float32", (3,))
+        with pytest.raises(GraphError, match=msg):
+            infer(b.build([b.op(op, x, **attrs)]))
+    b = GraphBuilder()
+    with pytest.raises(GraphError, match="argument 0: must be a tensor"):
+        infer(b.build([b.op("exp", 2.0)]))
+
+
+def test_input_mismatch_is_an_evaluation_error() -> None:
+    from node.errors import EvaluationError
+
+    with pytest.raises(EvaluationError, match="declared float32\\[3\\], got float64\\[3\\]"):
+        evaluate(_small(), {"x": np.ones(3)})
+    with pytest.raises(EvaluationError, match="no value given for input 'x'"):
+        evaluate(_small(), {})
+    with pytest.raises(EvaluationError, match="not declared"):
+        evaluate(_small(), {"x": np.ones(3, np.float32), "y": np.ones(1)})
+
+
+# -- malformed frames ----------------------------------------------------------
+
+
+def _frame(header: Any, buf: bytes = b"") -> bytes:
+    h = json.dumps(header).encode()
+    return MAGIC + struct.pack("<Q", len(h)) + h + buf
+
+
+def test_truncated_and_garbage_frames() -> None:
+    f = encode(_small())
+    for cut in (0, 3, 11, len(f) - 5):
+        with pytest.raises(GraphError, match="malformed graph frame"):
+            decode(f[:cut])
+    with pytest.raises(GraphError, match="magic"):
+        decode(b"PK\x03\x04" + f[4:])
+    with pytest.raises(GraphError, match="not valid JSON"):
+        decode(MAGIC + struct.pack("<Q", 4) + b"{{{{")
+
+
+def test_huge_header_length_refused() -> None:
+    f = MAGIC + struct.pack("<Q", 2**63) + b"{}"
+    with pytest.raises(PayloadTooLargeError, match="header"):
+        decode(f)
+    with pytest.raises(PayloadTooLargeError, match="frame"):
+        decode(b"x" * 100, WireLimits(max_frame_bytes=10))
+
+
+def test_constant_offsets_outside_buffer_refused() -> None:
+    node = {"op": "constant", "constant": {"dtype": "float32", "shape": [4], "offset": 8, "nbytes": 16}}
+    hdr = {"version": "1", "nodes": [node], "outputs": [0]}
+    with pytest.raises(GraphError, match="outside the 16-byte buffer"):
+        decode(_frame(hdr, b"\0" * 16))
+    node["constant"] = {"dtype": "float32", "shape": [10**12], "offset": 0, "nbytes": 16}
+    with pytest.raises(GraphError, match="do not hold"):
+        decode(_frame(hdr, b"\0" * 16))
+
+
+def test_version_mismatch_and_unknown_fields() -> None:
+    with pytest.raises(GraphError, match="version '2'"):
+        decode(_frame({"version": "2", "nodes": [], "outputs": []}))
+    with pytest.raises(GraphError, match="exactly version, nodes and outputs"):
+        decode(_frame({"version": "1", "nodes": [], "outputs": [], "pickle": "x"}))
+    hdr = {"version": "1", "nodes": [{"op": "input", "attrs": {"name": "x", "dtype": "float32", "shape": [2]}}, {"op": "neg", "args": ["0"]}], "outputs": [1]}
+    with pytest.raises(GraphError, match="argument"):
+        decode(_frame(hdr))
+
+
+def test_json_nan_and_deep_nesting_refused() -> None:
+    raw = b'{"version": "1", "nodes": [], "outputs": [NaN]}'
+    with pytest.raises(GraphError, match="NaN"):
+        decode(MAGIC + struct.pack("<Q", len(raw)) + raw)
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with pytest.raises(GraphError):
+        decode(MAGIC + struct.pack("<Q", len(deep)) + deep)
+
+
+def test_bad_bool_constant_bytes() -> None:
+    node = {"op": "constant", "constant": {"dtype": "bool", "shape": [2], "offset": 0, "nbytes": 2}}
+    with pytest.raises(GraphError, match="bool constant"):
+        decode(_frame({"version": "1", "nodes": [node], "outputs": [0]}, b"\x01\x07"))
