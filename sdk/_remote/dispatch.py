@@ -39,8 +39,8 @@ OpOverload = torch._ops.OpOverload
 
 #: aten overload -> rule(out_meta, *args, **kwargs) -> Node | sequence of Nodes
 RULES: dict[Any, Callable[..., Any]] = {}
-#: aten overload -> advice for the PrivateValueError
-PRIVATE: dict[Any, str] = {}
+#: aten overload -> (what it is, advice) for the PrivateValueError
+PRIVATE: dict[Any, tuple[str, str]] = {}
 #: factories that a decomposition may call with no tensor argument
 FACTORIES: set[Any] = set()
 #: aten overload -> handler(args, kwargs) for ops that need more than a rule
@@ -229,7 +229,7 @@ def dispatch(func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     if how == "multiview":
         return _multiview(func, args, kwargs)
     if how == "private":
-        raise private_error(f"{func}", what)
+        raise private_error(*what)
     raise UnsupportedOperationError(
         f"{func} has no decomposition into dpnode's prims, so it cannot run on remote tensors; "
         f"the supported vocabulary is in {DOCS}"

@@ -374,21 +374,21 @@ FACTORIES.update(
 # -- data-dependent ops ----------------------------------------------------------------------
 
 _WHERE = "Use torch.where(condition, a, b) to choose values remotely."
-for _op, _advice in (
-    (aten._local_scalar_dense.default, "Python control flow on a remote value is not possible. " + _WHERE),
-    (aten.nonzero.default, "The positions of nonzero values depend on the data. " + _WHERE),
-    (aten.nonzero_static.default, _WHERE),
-    (aten.masked_select.default, "Boolean masking has a data-dependent shape. " + _WHERE
-     + " Or multiply by the mask and sum."),
-    (aten._unique2.default, "The distinct values are the data itself; count categories with "
-     "(x == k).sum() for each public category instead."),
-    (aten.unique_dim.default, "The distinct values are the data itself."),
-    (aten.unique_consecutive.default, "The distinct values are the data itself."),
-    (aten.equal.default, "Compare remotely: (a == b).all()."),
-    (aten.is_nonzero.default, _WHERE),
-    (aten.repeat_interleave.Tensor, "Repeat counts taken from a remote tensor make the shape private."),
-    (aten.bincount.default, "Count with one-hot sums over public categories instead."),
-    (aten._assert_async.default, "Assertions on private values are not possible."),
-    (aten._assert_async.msg, "Assertions on private values are not possible."),
+_UNIQUE = "The distinct values are the data itself; count public categories with (x == k).sum()."
+for _op, _what, _advice in (
+    (aten._local_scalar_dense.default, "tensor.item()", _WHERE),
+    (aten.nonzero.default, "torch.nonzero (positions of nonzero values)", _WHERE),
+    (aten.nonzero_static.default, "torch.nonzero_static", _WHERE),
+    (aten.masked_select.default, "boolean masking (a data-dependent shape)",
+     _WHERE + " Or multiply by the mask and sum."),
+    (aten._unique2.default, "torch.unique", _UNIQUE),
+    (aten.unique_dim.default, "torch.unique", _UNIQUE),
+    (aten.unique_consecutive.default, "torch.unique_consecutive", _UNIQUE),
+    (aten.equal.default, "torch.equal (a Python bool)", "Compare remotely: (a == b).all()."),
+    (aten.is_nonzero.default, "bool(tensor)", _WHERE),
+    (aten.repeat_interleave.Tensor, "repeat_interleave with remote counts", "The result shape would be private."),
+    (aten.bincount.default, "torch.bincount", "Sum one-hot columns over public categories instead."),
+    (aten._assert_async.default, "an assertion on a remote value", ""),
+    (aten._assert_async.msg, "an assertion on a remote value", ""),
 ):
-    PRIVATE[_op] = _advice
+    PRIVATE[_op] = (_what, _advice)

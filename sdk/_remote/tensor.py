@@ -41,6 +41,23 @@ class Storage:
 ViewStep = tuple[Any, ...]
 
 
+_WHERE = "Choose between values remotely with torch.where(condition, a, b)."
+
+
+def _private(what: str, advice: str = "") -> Exception:
+    from sdk._remote.dispatch import private_error
+
+    return private_error(what, advice)
+
+
+def _local_index(index: Any) -> Any:
+    if isinstance(index, tuple):
+        return tuple(_local_index(i) for i in index)
+    if isinstance(index, list) or type(index).__module__ == "numpy":
+        return torch.as_tensor(index)
+    return index
+
+
 class RemoteTensor(torch.Tensor):
     """A tensor whose values stay on the node: shape and dtype here, values never.
 
@@ -149,42 +166,43 @@ class RemoteTensor(torch.Tensor):
 
         return build([self.node])
 
-    # data-dependent Python protocols go through the same private-value policy
-    def __bool__(self) -> bool:
-        from sdk._remote.values import materialize_scalar
+    # torch turns Python scalars and lists used in indexing into tensors on self's device, meta,
+    # which has no values to record; local (CPU) tensors carry them as public constants instead
+    def __getitem__(self, index: Any) -> Any:
+        return super().__getitem__(_local_index(index))
 
-        return bool(materialize_scalar(self, "bool(tensor)"))
+    def __setitem__(self, index: Any, value: Any) -> None:
+        if isinstance(value, (bool, int, float)):
+            value = torch.tensor(value, dtype=self.dtype)
+        elif isinstance(value, (list, tuple)):
+            value = torch.tensor(value, dtype=self.dtype)
+        super().__setitem__(_local_index(index), value)
+
+    def new_tensor(self, data: Any, dtype: torch.dtype | None = None, **kwargs: Any) -> torch.Tensor:  # type: ignore[override]
+        """A *local* tensor from Python data (public: it travels as a constant if used)."""
+        return torch.tensor(data, dtype=dtype or self.dtype)
+
+    # data-dependent Python protocols: the values are on the node
+    def __bool__(self) -> bool:
+        raise _private("bool(tensor) (an `if` or `while` on a remote value)", _WHERE)
 
     def __int__(self) -> int:
-        from sdk._remote.values import materialize_scalar
-
-        return int(materialize_scalar(self, "int(tensor)"))
+        raise _private("int(tensor)")
 
     def __float__(self) -> float:
-        from sdk._remote.values import materialize_scalar
-
-        return float(materialize_scalar(self, "float(tensor)"))
+        raise _private("float(tensor)")
 
     def __index__(self) -> int:
-        from sdk._remote.values import materialize_scalar
-
-        return int(materialize_scalar(self, "using a tensor as an index"))
+        raise _private("using a remote tensor as a Python index")
 
     def tolist(self) -> Any:  # type: ignore[override]
-        from sdk._remote.values import materialize
-
-        return materialize(self, "tensor.tolist()").tolist()
+        raise _private("tensor.tolist()")
 
     def numpy(self, *, force: bool = False) -> Any:  # type: ignore[override]
-        from sdk._remote.values import materialize
-
-        return materialize(self, "tensor.numpy()").numpy()
+        raise _private("tensor.numpy()")
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
-        from sdk._remote.values import materialize
-
-        arr = materialize(self, "np.asarray(tensor)").numpy()
-        return arr if dtype is None else arr.astype(dtype)
+        raise _private("converting a remote tensor to a NumPy array")
 
     def __reduce_ex__(self, proto: Any) -> Any:
         raise TypeError("a RemoteTensor cannot be pickled: its values live on the node")
