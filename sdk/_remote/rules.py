@@ -392,3 +392,23 @@ for _op, _what, _advice in (
     (aten._assert_async.msg, "an assertion on a remote value", ""),
 ):
     PRIVATE[_op] = (_what, _advice)
+
+
+@implements(aten.var.correction, aten.var.dim, aten.var.default)
+def _var(out: torch.Tensor, x: Node, dim: Any = None, *args: Any, **kw: Any) -> Node:
+    correction = kw.get("correction")
+    unbiased = kw.get("unbiased", args[0] if args and isinstance(args[0], bool) else True)
+    keepdim = kw.get("keepdim", args[1] if len(args) > 1 else False)
+    if isinstance(dim, bool):  # var.default(x, unbiased)
+        unbiased, dim = dim, None
+    if correction is None:
+        correction = 1 if unbiased else 0
+    shape = x.shape or ()
+    dims = dims_of(dim, len(shape))
+    reduced = range(len(shape)) if dims is None else dims
+    n = 1
+    for d in reduced:
+        n *= shape[d]
+    centred = prim("sub", x, prim("mean", x, dims=dims, keepdim=True))
+    total = prim("sum", prim("mul", centred, centred), dims=dims, keepdim=bool(keepdim), dtype=dtype_name(out.dtype))
+    return prim("div", total, float(max(n - correction, 0)))

@@ -17,7 +17,7 @@ only ever sees functional prims.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
@@ -40,6 +40,13 @@ class Storage:
 #: one elementary view step, e.g. ("slice", dim, start, end, step); see views.py
 ViewStep = tuple[Any, ...]
 
+
+def _scalar_as_local(a: Any) -> Any:
+    # a 0-dim tensor of the default dtype promotes exactly like the Python scalar
+    return torch.tensor(a) if isinstance(a, (bool, int, float)) else a
+
+
+_SCALAR_WRAPPING: set[Any] = {torch.where, torch.Tensor.where}
 
 _WHERE = "Choose between values remotely with torch.where(condition, a, b)."
 
@@ -74,7 +81,18 @@ class RemoteTensor(torch.Tensor):
     _cached: Node
     _source: str
     _meta: torch.Tensor
-    __torch_function__: ClassVar[Any] = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_function__(
+        cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        # Below autograd everything goes through __torch_dispatch__; this hook only fixes the
+        # few composite ops that would turn a Python scalar into a value-less meta tensor.
+        kwargs = kwargs or {}
+        if func in _SCALAR_WRAPPING:
+            args = tuple(_scalar_as_local(a) for a in args)
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
 
     @staticmethod
     def __new__(
