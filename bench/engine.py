@@ -26,12 +26,14 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from node.engine import Graph, GraphBuilder, Ref, evaluate  # noqa: E402
+from node.engine import Graph, GraphBuilder, Ref, evaluate
 
 Array = np.ndarray[Any, Any]
 
 
-def standardise(n: int, k: int) -> tuple[Graph, dict[str, Array], Callable[[dict[str, Array]], Any]]:
+def standardise(
+    n: int, k: int
+) -> tuple[Graph, dict[str, Array], Callable[[dict[str, Array]], Any]]:
     b = GraphBuilder()
     x = b.input("x", "float32", (n, k))
 
@@ -67,7 +69,9 @@ def covariance(n: int, k: int) -> tuple[Graph, dict[str, Array], Callable[[dict[
     return g, {"x": np.random.default_rng(1).standard_normal((n, k), dtype=np.float32)}, ref
 
 
-def logistic_grad(n: int, k: int) -> tuple[Graph, dict[str, Array], Callable[[dict[str, Array]], Any]]:
+def logistic_grad(
+    n: int, k: int
+) -> tuple[Graph, dict[str, Array], Callable[[dict[str, Array]], Any]]:
     b = GraphBuilder()
     x = b.input("x", "float32", (n, k))
     y = b.input("y", "float32", (n,))
@@ -113,7 +117,9 @@ def conv_net(batch: int) -> tuple[Graph, dict[str, Array], Callable[[dict[str, A
     }
     b = GraphBuilder()
     r = {k: b.input(k, "float32", v.shape) for k, v in inputs.items()}
-    h = b.op("convolution", r["x"], r["w1"], r["b1"], stride=[1, 1], padding=[1, 1], dilation=[1, 1])
+    h = b.op(
+        "convolution", r["x"], r["w1"], r["b1"], stride=[1, 1], padding=[1, 1], dilation=[1, 1]
+    )
     h = b.op("maximum", h, 0.0)
     h = b.op("convolution", h, r["w2"], r["b2"], stride=[2, 2], padding=[1, 1], dilation=[1, 1])
     h = b.op("maximum", h, 0.0)
@@ -158,9 +164,14 @@ def main() -> None:
         f"standardise {n:,} x 20 float32": standardise(n, 20),
         f"covariance {n:,} x 20 float32": covariance(n, 20),
         f"logistic-regression gradient {n:,} x 20": logistic_grad(n, 20),
-        f"conv net forward, batch {16 if args.quick else 64} x 3 x 32 x 32": conv_net(16 if args.quick else 64),
+        f"conv net forward, batch {16 if args.quick else 64} x 3 x 32 x 32": conv_net(
+            16 if args.quick else 64
+        ),
     }
-    print(f"| case | engine ms | numpy ms | time ratio | engine peak MB | numpy peak MB | memory ratio |")
+    print(
+        "| case | engine ms | numpy ms | time ratio "
+        "| engine peak MB | numpy peak MB | memory ratio |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name, (graph, inputs, ref) in cases.items():
         got = evaluate(graph, inputs)[0]

@@ -45,7 +45,9 @@ class Tracker(Protocol):
 
     name: str
 
-    def visit(self, index: int, node: Node, call: Call | None, meta: TensorMeta, arg_states: list[Any]) -> Any: ...
+    def visit(
+        self, index: int, node: Node, call: Call | None, meta: TensorMeta, arg_states: list[Any]
+    ) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -97,9 +99,7 @@ def plan(graph: Graph, quotas: Quotas | None = None) -> Plan:
             assert node.value is not None
             meta = TensorMeta(tuple(int(s) for s in node.value.shape), from_numpy(node.value.dtype))
         else:
-            args: list[ArgMeta] = [
-                metas[a.index] if isinstance(a, Ref) else a for a in node.args
-            ]
+            args: list[ArgMeta] = [metas[a.index] if isinstance(a, Ref) else a for a in node.args]
             call = Call(i, node.op, args, node.attrs)
             p = REGISTRY[node.op]
             try:
@@ -114,7 +114,8 @@ def plan(graph: Graph, quotas: Quotas | None = None) -> Plan:
             flops += REGISTRY[node.op].flops(call)
             if flops > q.max_flops:
                 raise QuotaExceededError(
-                    f"node {i} ({node.op}): estimated compute reaches {flops:.3g} operations; the quota is {q.max_flops:.3g}"
+                    f"node {i} ({node.op}): estimated compute reaches {flops:.3g} "
+                    f"operations; the quota is {q.max_flops:.3g}"
                 )
         metas.append(meta)
         calls.append(call)
@@ -136,7 +137,8 @@ def plan(graph: Graph, quotas: Quotas | None = None) -> Plan:
     peak = _peak_bytes(g, metas, live, last_use)
     if peak > q.max_total_bytes:
         raise QuotaExceededError(
-            f"graph needs about {peak:,} bytes of intermediates at its peak; the quota is {q.max_total_bytes:,}"
+            f"graph needs about {peak:,} bytes of intermediates at its peak; "
+            f"the quota is {q.max_total_bytes:,}"
         )
     return Plan(g, tuple(metas), tuple(calls), tuple(last_use), tuple(live), peak, flops)
 
@@ -151,7 +153,9 @@ def _check_tensor(i: int, op: str, meta: TensorMeta, q: Quotas) -> None:
         )
 
 
-def _peak_bytes(g: Graph, metas: Sequence[TensorMeta], live: Sequence[bool], last_use: Sequence[int]) -> int:
+def _peak_bytes(
+    g: Graph, metas: Sequence[TensorMeta], live: Sequence[bool], last_use: Sequence[int]
+) -> int:
     """Peak bytes alive under the run loop's schedule (views counted as copies: an upper bound)."""
     alive = peak = 0
     dying: dict[int, list[int]] = {}
@@ -184,7 +188,9 @@ def _bind(i: int, node: Node, meta: TensorMeta, inputs: Mapping[str, Any]) -> Ar
         raise EvaluationError(f"node {i} (input): no value given for input {name!r}")
     v = inputs[name]
     if not isinstance(v, np.ndarray):
-        raise EvaluationError(f"node {i} (input {name!r}): expected a NumPy array, got {type(v).__name__}")
+        raise EvaluationError(
+            f"node {i} (input {name!r}): expected a NumPy array, got {type(v).__name__}"
+        )
     if v.dtype != meta.dtype.np or v.shape != meta.shape:
         raise EvaluationError(
             f"node {i} (input {name!r}): declared {meta.dtype.name}{list(meta.shape)}, "
@@ -223,7 +229,9 @@ def run(
     gen = rng if rng is not None else np.random.default_rng()
     n = len(g.nodes)
     values: list[Any] = [None] * n
-    owner = [-1] * n  # node whose fresh buffer holds the value; -1: caller's or constant, never written
+    owner = [
+        -1
+    ] * n  # node whose fresh buffer holds the value; -1: caller's or constant, never written
     sharers: dict[int, int] = {}
     states: list[list[Any]] = [[None] * n for _ in trackers]
     with np.errstate(all="ignore"):
@@ -240,7 +248,12 @@ def run(
                 assert call is not None
                 call.rng = gen
                 prim = REGISTRY[node.op]
-                args = [values[a.index] if isinstance(a, Ref) else (a.value if isinstance(a, Scalar) else None) for a in node.args]
+                args = [
+                    values[a.index]
+                    if isinstance(a, Ref)
+                    else (a.value if isinstance(a, Scalar) else None)
+                    for a in node.args
+                ]
                 out = _donor(i, node, meta, values, owner, sharers, p) if prim.inplace else None
                 try:
                     r = prim.kernel(call, args, out)
@@ -275,7 +288,9 @@ def run(
     return Evaluation(outputs, tracked)
 
 
-def _free(j: int, values: list[Any], owner: list[int], sharers: dict[int, int], states: list[list[Any]]) -> None:
+def _free(
+    j: int, values: list[Any], owner: list[int], sharers: dict[int, int], states: list[list[Any]]
+) -> None:
     values[j] = None
     for s in states:
         s[j] = None
@@ -284,9 +299,18 @@ def _free(j: int, values: list[Any], owner: list[int], sharers: dict[int, int], 
 
 
 def _donor(
-    i: int, node: Node, meta: TensorMeta, values: list[Any], owner: list[int], sharers: dict[int, int], p: Plan
+    i: int,
+    node: Node,
+    meta: TensorMeta,
+    values: list[Any],
+    owner: list[int],
+    sharers: dict[int, int],
+    p: Plan,
 ) -> Array | None:
-    """An argument buffer the prim may overwrite: dying, sole holder of its buffer, right shape/dtype."""
+    """An argument buffer the prim may overwrite.
+
+    It must die here, be the only live value on its buffer, and have the output's shape and dtype.
+    """
     for a in node.args:
         if not isinstance(a, Ref) or p.last_use[a.index] != i:
             continue

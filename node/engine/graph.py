@@ -126,7 +126,8 @@ def validate_structure(graph: Graph) -> Graph:
     """
     if graph.version != PRIM_VERSION:
         raise GraphError(
-            f"graph uses prim vocabulary version {graph.version!r}; this node speaks {PRIM_VERSION!r}"
+            f"graph uses prim vocabulary version {graph.version!r}; "
+            f"this node speaks {PRIM_VERSION!r}"
         )
     nodes: list[Node] = []
     names: set[str] = set()
@@ -151,24 +152,42 @@ def validate_structure(graph: Graph) -> Graph:
                 raise GraphError(f"{where}: a constant needs a value and no arguments")
             from_numpy(n.value.dtype)
             if n.value.dtype.kind == "f" and np.isnan(n.value).any():
-                raise GraphError(f"{where}: constant contains NaN, which dpnode refuses in public constants")
+                raise GraphError(
+                    f"{where}: constant contains NaN, which dpnode refuses in public constants"
+                )
             nodes.append(n)
             continue
         p = REGISTRY.get(n.op)
         if p is None:
-            raise GraphError(f"{where}: unknown prim; the vocabulary (version {PRIM_VERSION}) is in docs/prims.md")
+            raise GraphError(
+                f"{where}: unknown prim; the vocabulary (version {PRIM_VERSION}) "
+                "is in docs/prims.md"
+            )
         nargs = len(n.args)
         if nargs < p.min_args or (p.max_args is not None and nargs > p.max_args):
-            want = f"{p.min_args}" if p.min_args == p.max_args else f"{p.min_args}..{p.max_args or 'n'}"
+            want = (
+                f"{p.min_args}"
+                if p.min_args == p.max_args
+                else f"{p.min_args}..{p.max_args or 'n'}"
+            )
             raise GraphError(f"{where}: takes {want} arguments, got {nargs}")
         for j, arg in enumerate(n.args):
             if isinstance(arg, Ref):
                 if not isinstance(arg.index, int) or not 0 <= arg.index < i:
-                    kind = "a cycle or forward reference" if isinstance(arg.index, int) and arg.index >= i else "a dangling reference"
-                    raise GraphError(f"{where}, argument {j}: refers to node {arg.index!r}: {kind}; arguments must refer to earlier nodes")
+                    kind = (
+                        "a cycle or forward reference"
+                        if isinstance(arg.index, int) and arg.index >= i
+                        else "a dangling reference"
+                    )
+                    raise GraphError(
+                        f"{where}, argument {j}: refers to node {arg.index!r}: {kind}; "
+                        "arguments must refer to earlier nodes"
+                    )
             elif isinstance(arg, Scalar):
                 if p.scalar_args != "all" and j not in p.scalar_args:
-                    raise GraphError(f"{where}, argument {j}: must be a tensor, got a Python scalar")
+                    raise GraphError(
+                        f"{where}, argument {j}: must be a tensor, got a Python scalar"
+                    )
                 _check_scalar(f"{where}, argument {j}", arg.value)
             elif arg is None:
                 if j not in p.optional_args:
@@ -222,7 +241,9 @@ class GraphBuilder:
 
     def input(self, name: str, dtype_name: str, shape: Sequence[int]) -> Ref:
         """A named placeholder of declared dtype and shape."""
-        return self._add(Node("input", (), {"name": name, "dtype": dtype_name, "shape": tuple(shape)}))
+        return self._add(
+            Node("input", (), {"name": name, "dtype": dtype_name, "shape": tuple(shape)})
+        )
 
     def constant(self, value: npt.ArrayLike, dtype_name: str | None = None) -> Ref:
         """A public constant tensor (copied, made read-only)."""

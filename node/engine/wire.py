@@ -47,7 +47,9 @@ if sys.byteorder != "little":  # pragma: no cover - every platform we ship on
 
 
 def _canon(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    ).encode()
 
 
 def _enc_float(v: float) -> float | str:
@@ -179,15 +181,13 @@ def _dec_attrs(op: str, raw: Any, where: str) -> dict[str, AttrValue]:
     out: dict[str, AttrValue] = {}
     for k, v in raw.items():
         kind = specs[k].kind if k in specs else None
-        if op == "input" and k == "shape" or kind in ("ints", "shape"):
+        if (op == "input" and k == "shape") or kind in ("ints", "shape"):
             if not isinstance(v, list):
                 raise _fail(f"{where}: attribute {k!r} must be a list of integers")
             out[k] = tuple(_int(e, f"{where} attribute {k!r}") for e in v)
         elif kind == "float":
             out[k] = _dec_float(v, f"{where} attribute {k!r}")
-        elif isinstance(v, (bool, int, str)) or v is None:
-            out[k] = v
-        elif isinstance(v, float):
+        elif isinstance(v, (bool, int, str)) or v is None or isinstance(v, float):
             out[k] = v
         else:
             raise _fail(f"{where}: attribute {k!r} has an unsupported value {v!r:.40}")
@@ -205,7 +205,10 @@ def _dec_constant(raw: Any, buf: memoryview, where: str, budget: list[int]) -> n
     offset = _int(raw["offset"], f"{where} offset", 0, len(buf))
     nbytes = _int(raw["nbytes"], f"{where} nbytes", 0, len(buf))
     if offset + nbytes > len(buf):
-        raise _fail(f"{where}: constant bytes [{offset}, {offset + nbytes}) lie outside the {len(buf)}-byte buffer")
+        raise _fail(
+            f"{where}: constant bytes [{offset}, {offset + nbytes}) lie outside "
+            f"the {len(buf)}-byte buffer"
+        )
     if math.prod(shape) * d.itemsize != nbytes:
         raise _fail(f"{where}: {nbytes} bytes do not hold a {d.name} tensor of shape {list(shape)}")
     budget[0] -= nbytes
@@ -228,12 +231,18 @@ def decode(frame: bytes, limits: WireLimits | None = None) -> Graph:
     if not isinstance(frame, (bytes, bytearray, memoryview)):
         raise _fail("expected bytes")
     if len(frame) > lim.max_frame_bytes:
-        raise PayloadTooLargeError(f"graph frame of {len(frame):,} bytes exceeds {lim.max_frame_bytes:,}")
+        raise PayloadTooLargeError(
+            f"graph frame of {len(frame):,} bytes exceeds {lim.max_frame_bytes:,}"
+        )
     if len(frame) < _PREFIX or bytes(frame[:4]) != MAGIC:
-        raise _fail("missing the DPG\\x01 magic; not a dpnode graph frame (or another format version)")
+        raise _fail(
+            "missing the DPG\\x01 magic; not a dpnode graph frame (or another format version)"
+        )
     (hlen,) = struct.unpack("<Q", bytes(frame[4:_PREFIX]))
     if hlen > lim.max_header_bytes:
-        raise PayloadTooLargeError(f"graph header of {hlen:,} bytes exceeds {lim.max_header_bytes:,}")
+        raise PayloadTooLargeError(
+            f"graph header of {hlen:,} bytes exceeds {lim.max_header_bytes:,}"
+        )
     if _PREFIX + hlen > len(frame):
         raise _fail(f"header length {hlen} runs past the end of the {len(frame)}-byte frame")
     try:
@@ -256,7 +265,9 @@ def decode(frame: bytes, limits: WireLimits | None = None) -> Graph:
     if not isinstance(raw_nodes, list) or not isinstance(raw_outputs, list):
         raise _fail("nodes and outputs must be lists")
     if len(raw_nodes) > lim.max_nodes:
-        raise PayloadTooLargeError(f"graph has {len(raw_nodes):,} nodes; the limit is {lim.max_nodes:,}")
+        raise PayloadTooLargeError(
+            f"graph has {len(raw_nodes):,} nodes; the limit is {lim.max_nodes:,}"
+        )
     budget = [lim.max_constant_bytes]
     nodes: list[Node] = []
     for i, rn in enumerate(raw_nodes):

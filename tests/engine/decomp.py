@@ -106,25 +106,82 @@ def binary(prim_name: str) -> Recipe:
     return r
 
 
-for _n in (
-    "exp log log1p expm1 sqrt rsqrt sin cos tan asin acos atan sinh cosh tanh asinh acosh atanh erf erfc "
-    "erfinv exp2 log2 log10 reciprocal neg abs sign floor ceil trunc bitwise_not isnan isinf isfinite "
-    "signbit logical_not"
-).split():
+for _n in [
+    "exp",
+    "log",
+    "log1p",
+    "expm1",
+    "sqrt",
+    "rsqrt",
+    "sin",
+    "cos",
+    "tan",
+    "asin",
+    "acos",
+    "atan",
+    "sinh",
+    "cosh",
+    "tanh",
+    "asinh",
+    "acosh",
+    "atanh",
+    "erf",
+    "erfc",
+    "erfinv",
+    "exp2",
+    "log2",
+    "log10",
+    "reciprocal",
+    "neg",
+    "abs",
+    "sign",
+    "floor",
+    "ceil",
+    "trunc",
+    "bitwise_not",
+    "isnan",
+    "isinf",
+    "isfinite",
+    "signbit",
+    "logical_not",
+]:
     RECIPES[_n] = unary(_n)
 RECIPES["round"] = unary("round")
-for _n in (
-    "mul floor_divide pow remainder fmod maximum minimum atan2 hypot copysign eq ne lt le gt ge "
-    "logical_and logical_or logical_xor bitwise_and bitwise_or bitwise_xor bitwise_left_shift "
-    "bitwise_right_shift"
-).split():
+for _n in [
+    "mul",
+    "floor_divide",
+    "pow",
+    "remainder",
+    "fmod",
+    "maximum",
+    "minimum",
+    "atan2",
+    "hypot",
+    "copysign",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "bitwise_and",
+    "bitwise_or",
+    "bitwise_xor",
+    "bitwise_left_shift",
+    "bitwise_right_shift",
+]:
     RECIPES[_n] = binary(_n)
 RECIPES["true_divide"] = binary("div")
 RECIPES["div.no_rounding_mode"] = binary("div")
 
 
 def _div_mode(b: Recorder, x: Any, y: Any, rounding_mode: str | None = None) -> Ref:
-    return b.op({None: "div", "floor": "floor_divide", "trunc": "trunc_divide"}[rounding_mode], x, y)
+    return b.op(
+        {None: "div", "floor": "floor_divide", "trunc": "trunc_divide"}[rounding_mode], x, y
+    )
 
 
 RECIPES["div.floor_rounding"] = _div_mode
@@ -166,7 +223,7 @@ RECIPES["sigmoid"] = _sigmoid
 RECIPES["where"] = lambda b, x, cond, other: b.op("where", cond, x, other)
 
 
-def _clamp(b: Recorder, x: Ref, min: Any = None, max: Any = None) -> Ref:  # noqa: A002
+def _clamp(b: Recorder, x: Ref, min: Any = None, max: Any = None) -> Ref:
     return b.op("clamp", x, min, max)
 
 
@@ -287,16 +344,28 @@ def _tup(v: Any, n: int) -> list[int]:
 
 def _conv(nsp: int) -> Recipe:
     def r(
-        b: Recorder, x: Ref, w: Ref, bias: Any = None, stride: Any = 1, padding: Any = 0,
-        dilation: Any = 1, groups: int = 1,
+        b: Recorder,
+        x: Ref,
+        w: Ref,
+        bias: Any = None,
+        stride: Any = 1,
+        padding: Any = 0,
+        dilation: Any = 1,
+        groups: int = 1,
     ) -> Ref:
         if isinstance(padding, str):
             if padding != "valid":
                 raise Unsupported(f"padding={padding!r}")
             padding = 0
         return b.op(
-            "convolution", x, w, bias, stride=_tup(stride, nsp), padding=_tup(padding, nsp),
-            dilation=_tup(dilation, nsp), groups=groups,
+            "convolution",
+            x,
+            w,
+            bias,
+            stride=_tup(stride, nsp),
+            padding=_tup(padding, nsp),
+            dilation=_tup(dilation, nsp),
+            groups=groups,
         )
 
     return r
@@ -304,12 +373,26 @@ def _conv(nsp: int) -> Recipe:
 
 def _conv_t(nsp: int) -> Recipe:
     def r(
-        b: Recorder, x: Ref, w: Ref, bias: Any = None, stride: Any = 1, padding: Any = 0,
-        output_padding: Any = 0, groups: int = 1, dilation: Any = 1,
+        b: Recorder,
+        x: Ref,
+        w: Ref,
+        bias: Any = None,
+        stride: Any = 1,
+        padding: Any = 0,
+        output_padding: Any = 0,
+        groups: int = 1,
+        dilation: Any = 1,
     ) -> Ref:
         return b.op(
-            "convolution", x, w, bias, stride=_tup(stride, nsp), padding=_tup(padding, nsp),
-            dilation=_tup(dilation, nsp), groups=groups, transposed=True,
+            "convolution",
+            x,
+            w,
+            bias,
+            stride=_tup(stride, nsp),
+            padding=_tup(padding, nsp),
+            dilation=_tup(dilation, nsp),
+            groups=groups,
+            transposed=True,
             output_padding=_tup(output_padding, nsp),
         )
 
@@ -322,7 +405,9 @@ RECIPES["nn.functional.conv_transpose1d"] = _conv_t(1)
 RECIPES["nn.functional.conv_transpose2d"] = _conv_t(2)
 
 
-def _sort(b: Recorder, x: Ref, dim: int = -1, descending: bool = False, stable: bool = False) -> tuple[Ref, Ref]:
+def _sort(
+    b: Recorder, x: Ref, dim: int = -1, descending: bool = False, stable: bool = False
+) -> tuple[Ref, Ref]:
     idx = b.op("argsort", x, dim=dim, descending=descending)
     return b.op("gather", x, idx, dim=dim), idx
 
@@ -333,7 +418,9 @@ RECIPES["argsort"] = lambda b, x, dim=-1, descending=False, stable=False: b.op(
 )
 
 
-def _topk(b: Recorder, x: Ref, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple[Ref, Ref]:  # noqa: A002
+def _topk(
+    b: Recorder, x: Ref, k: int, dim: int = -1, largest: bool = True, sorted: bool = True
+) -> tuple[Ref, Ref]:
     idx = b.op("topk", x, k=k, dim=dim, largest=largest)
     return b.op("gather", x, idx, dim=dim), idx
 

@@ -46,7 +46,8 @@ DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "uint8"
 KNOWN: dict[str, tuple[Callable[[Any, str], bool], str]] = {
     "nn.functional.conv_transpose2d": (
         lambda s, d: d in ("float16", "bfloat16"),
-        "torch's CPU float16/bfloat16 transposed convolution rounds partial sums to the low precision; the engine"
+        "torch's CPU float16/bfloat16 transposed convolution rounds partial sums to the "
+        "low precision; the engine"
         " accumulates in float32 and rounds once (test_conv_transpose_float16_accuracy)",
     ),
     "gather": (
@@ -56,7 +57,9 @@ KNOWN: dict[str, tuple[Callable[[Any, str], bool], str]] = {
 }
 
 #: counts[(op, dtype)][outcome]; outcome in pass / fail / skip / known
-COUNTS: dict[tuple[str, str], collections.Counter[str]] = collections.defaultdict(collections.Counter)
+COUNTS: dict[tuple[str, str], collections.Counter[str]] = collections.defaultdict(
+    collections.Counter
+)
 FAILURES: list[str] = []
 
 OPS = {(o.name + ("." + o.variant_test_name if o.variant_test_name else "")): o for o in op_db}
@@ -85,7 +88,7 @@ def _tolerance(op: str, dtype_name: str) -> tuple[float, float] | None:
 
 
 def _fast_close(g: np.ndarray[Any, Any], e: torch.Tensor, op: str) -> bool:
-    """assert_close's test with default (or BLAS_LIKE) tolerances, in NumPy (the sweep's hot path)."""
+    """assert_close's test with default (or BLAS_LIKE) tolerances, in NumPy (the hot path)."""
     name = TORCH_TO_NAME[e.dtype]
     ev = to_numpy(e)
     tol = _tolerance(op, name)
@@ -124,13 +127,17 @@ def _check_one(name: str, op: Any, s: Any) -> str:
             return "pass"
         raise AssertionError(f"engine refused what torch computes: {e}") from None
     if torch_error is not None:
-        raise AssertionError(f"torch raised {type(torch_error).__name__}: {torch_error} but the engine computed")
+        raise AssertionError(
+            f"torch raised {type(torch_error).__name__}: {torch_error} but the engine computed"
+        )
     exp_t = expected if isinstance(expected, tuple) else (expected,)
-    if isinstance(expected, torch.return_types.sort) or isinstance(expected, torch.return_types.topk):
+    if isinstance(expected, (torch.return_types.sort, torch.return_types.topk)):
         exp_t = (expected.values, expected.indices)
     assert len(exp_t) == len(got)
     for k, (e, g) in enumerate(zip(exp_t, got, strict=True)):
-        assert tuple(g.shape) == tuple(e.shape), f"output {k}: shape {g.shape} != torch {tuple(e.shape)}"
+        assert tuple(g.shape) == tuple(e.shape), (
+            f"output {k}: shape {g.shape} != torch {tuple(e.shape)}"
+        )
         assert g.dtype.name == TORCH_TO_NAME[e.dtype] or (
             TORCH_TO_NAME[e.dtype] == "bfloat16" and g.dtype.name == "bfloat16"
         ), f"output {k}: dtype {g.dtype} != torch {e.dtype}"
@@ -142,8 +149,13 @@ def _check_one(name: str, op: Any, s: Any) -> str:
         if not _fast_close(g, e, name):
             tol = _tolerance(name, TORCH_TO_NAME[e.dtype]) or (0.0, 0.0)
             torch.testing.assert_close(
-                gt, e, rtol=tol[0], atol=tol[1], equal_nan=True, check_dtype=False,
-                msg=lambda m: f"output {k}: {m}",
+                gt,
+                e,
+                rtol=tol[0],
+                atol=tol[1],
+                equal_nan=True,
+                check_dtype=False,
+                msg=lambda m, k=k: f"output {k}: {m}",
             )
     return "pass"
 
@@ -162,7 +174,9 @@ def test_opinfo_conformance(name: str) -> None:
             # sample_inputs_func directly: OpInfo.sample_inputs walks inspect.stack()
             # on every call, which dominates the sweep under pytest
             torch.manual_seed(0)
-            samples = list(itertools.islice(op.sample_inputs_func(op, "cpu", tdt, False), MAX_SAMPLES))
+            samples = list(
+                itertools.islice(op.sample_inputs_func(op, "cpu", tdt, False), MAX_SAMPLES)
+            )
         for i, s in enumerate(samples):
             key = (name, dname)
             try:
@@ -172,7 +186,8 @@ def test_opinfo_conformance(name: str) -> None:
                     COUNTS[key]["known"] += 1
                     continue
                 COUNTS[key]["fail"] += 1
-                failures.append(f"{name} {dname} sample {i} ({s.summary() if hasattr(s, 'summary') else ''}): {str(e)[:300]}")
+                what = s.summary() if hasattr(s, "summary") else ""
+                failures.append(f"{name} {dname} sample {i} ({what}): {str(e)[:300]}")
                 continue
             COUNTS[key]["skip" if outcome.startswith("skip") else "pass"] += 1
     FAILURES.extend(failures)
@@ -194,7 +209,10 @@ def summary_table() -> str:
     tot: collections.Counter[str] = collections.Counter()
     for c in per_op.values():
         tot.update(c)
-    lines.append(f"| **total** ({len(per_op)} ops) | | {tot['pass']} | {tot['fail']} | {tot['known']} | {tot['skip']} |")
+    lines.append(
+        f"| **total** ({len(per_op)} ops) | | {tot['pass']} | {tot['fail']} "
+        f"| {tot['known']} | {tot['skip']} |"
+    )
     lines.append("")
     lines.append("| dtype | pass | fail | known | skip |")
     lines.append("|---|---|---|---|---|")
@@ -202,5 +220,3 @@ def summary_table() -> str:
         c = per_dtype.get(d, collections.Counter())
         lines.append(f"| {d} | {c['pass']} | {c['fail']} | {c['known']} | {c['skip']} |")
     return "\n".join(lines)
-
-

@@ -32,7 +32,13 @@ def test_unknown_prim_is_named() -> None:
 
 
 def test_cycle_and_forward_reference_refused() -> None:
-    g = Graph((Node("input", (), {"name": "x", "dtype": "float32", "shape": (2,)}), Node("neg", (Ref(1),))), (1,))
+    g = Graph(
+        (
+            Node("input", (), {"name": "x", "dtype": "float32", "shape": (2,)}),
+            Node("neg", (Ref(1),)),
+        ),
+        (1,),
+    )
     with pytest.raises(GraphError, match="cycle or forward reference"):
         infer(g)
     g2 = Graph(
@@ -48,7 +54,13 @@ def test_cycle_and_forward_reference_refused() -> None:
 
 
 def test_dangling_reference_and_output() -> None:
-    g = Graph((Node("input", (), {"name": "x", "dtype": "float32", "shape": (2,)}), Node("neg", (Ref(-1),))), (1,))
+    g = Graph(
+        (
+            Node("input", (), {"name": "x", "dtype": "float32", "shape": (2,)}),
+            Node("neg", (Ref(-1),)),
+        ),
+        (1,),
+    )
     with pytest.raises(GraphError, match="dangling reference"):
         infer(g)
     with pytest.raises(GraphError, match="output refers to node 7"):
@@ -62,7 +74,9 @@ def test_huge_shape_refused_before_allocation() -> None:
     g = b.build([b.op("exp", big)])
     tracemalloc.start()
     try:
-        with pytest.raises(QuotaExceededError, match=r"node 2 \(expand\).*3,000,000,000,000 elements"):
+        with pytest.raises(
+            QuotaExceededError, match=r"node 2 \(expand\).*3,000,000,000,000 elements"
+        ):
             evaluate(g, {"x": np.ones(3, np.float32)})
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -108,7 +122,11 @@ def test_deep_chain_refused_by_node_quota_without_recursion() -> None:
     with pytest.raises(QuotaExceededError, match="1000001 nodes"):
         infer(Graph(nodes, (n,)))
     # the same chain on the wire is refused by the frame's limits before parsing nodes
-    body = b'{"nodes":[' + b",".join([b'{"op":"neg","args":[0]}'] * n) + b'],"outputs":[1],"version":"1"}'
+    body = (
+        b'{"nodes":['
+        + b",".join([b'{"op":"neg","args":[0]}'] * n)
+        + b'],"outputs":[1],"version":"1"}'
+    )
     with pytest.raises(PayloadTooLargeError, match="header"):
         decode(MAGIC + struct.pack("<Q", len(body)) + body)
 
@@ -116,7 +134,7 @@ def test_deep_chain_refused_by_node_quota_without_recursion() -> None:
 def test_deep_chain_within_quota_evaluates_iteratively() -> None:
     n = 5_000  # deeper than Python's recursion limit
     x = Node("input", (), {"name": "x", "dtype": "int64", "shape": (2,)})
-    nodes = (x,) + tuple(Node("add", (Ref(i), Scalar(1))) for i in range(n))
+    nodes = (x, *tuple(Node("add", (Ref(i), Scalar(1))) for i in range(n)))
     out = evaluate(Graph(nodes, (n,)), {"x": np.zeros(2, np.int64)})[0]
     assert out.tolist() == [n, n]
 
@@ -215,7 +233,10 @@ def test_huge_header_length_refused() -> None:
 
 
 def test_constant_offsets_outside_buffer_refused() -> None:
-    node = {"op": "constant", "constant": {"dtype": "float32", "shape": [4], "offset": 8, "nbytes": 16}}
+    node = {
+        "op": "constant",
+        "constant": {"dtype": "float32", "shape": [4], "offset": 8, "nbytes": 16},
+    }
     hdr = {"version": "1", "nodes": [node], "outputs": [0]}
     with pytest.raises(GraphError, match="outside the 16-byte buffer"):
         decode(_frame(hdr, b"\0" * 16))
@@ -229,7 +250,14 @@ def test_version_mismatch_and_unknown_fields() -> None:
         decode(_frame({"version": "2", "nodes": [], "outputs": []}))
     with pytest.raises(GraphError, match="exactly version, nodes and outputs"):
         decode(_frame({"version": "1", "nodes": [], "outputs": [], "pickle": "x"}))
-    hdr = {"version": "1", "nodes": [{"op": "input", "attrs": {"name": "x", "dtype": "float32", "shape": [2]}}, {"op": "neg", "args": ["0"]}], "outputs": [1]}
+    hdr = {
+        "version": "1",
+        "nodes": [
+            {"op": "input", "attrs": {"name": "x", "dtype": "float32", "shape": [2]}},
+            {"op": "neg", "args": ["0"]},
+        ],
+        "outputs": [1],
+    }
     with pytest.raises(GraphError, match="argument"):
         decode(_frame(hdr))
 

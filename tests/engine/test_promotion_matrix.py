@@ -113,9 +113,9 @@ def test_promotion_matrix(prim: str) -> None:
         if ka == "S":
             if reflected is None:
                 continue  # torch has no call form for it
-            call: Callable[[], Any] = lambda: reflected(a, b)  # noqa: E731
+            call: Callable[[], Any] = lambda a=a, b=b: reflected(a, b)  # noqa: E731
         else:
-            call = lambda: fn(a, b)  # noqa: E731
+            call = lambda a=a, b=b: fn(a, b)  # noqa: E731
         try:
             expected = call()
             want: str | None = TORCH_TO_NAME[expected.dtype]
@@ -129,8 +129,15 @@ def test_promotion_matrix(prim: str) -> None:
             got, value = _engine(prim, ka, kb, a, b)
         except DPNodeError:
             got = None
-        if got == want and want is not None and not np.allclose(
-            value.astype(np.float64), to_numpy(expected).astype(np.float64), rtol=1e-2, equal_nan=True
+        if (
+            got == want
+            and want is not None
+            and not np.allclose(
+                value.astype(np.float64),
+                to_numpy(expected).astype(np.float64),
+                rtol=1e-2,
+                equal_nan=True,
+            )
         ):
             counts["mismatch"] += 1
             bad.append(f"{cell}: value {value} != torch {expected}")

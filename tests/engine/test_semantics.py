@@ -68,10 +68,14 @@ def test_integer_division_by_zero_names_the_node() -> None:
         x = g.input("x", "int64", (3,))
         y = g.input("y", "int64", (3,))
         graph = g.build([g.op(op, x, y)])
-        with pytest.raises(EvaluationError, match=rf"node 2 \({op}\), argument 1: integer division by zero"):
+        with pytest.raises(
+            EvaluationError, match=rf"node 2 \({op}\), argument 1: integer division by zero"
+        ):
             evaluate(graph, {"x": np.arange(3), "y": np.array([1, 0, 2])})
     # floats divide by zero to inf, like torch
-    out = evaluate(_unary_graph("floor_divide", "float32", (1,), 0.0), {"x": np.ones(1, np.float32)})[0]
+    out = evaluate(
+        _unary_graph("floor_divide", "float32", (1,), 0.0), {"x": np.ones(1, np.float32)}
+    )[0]
     assert np.isinf(out).all()
 
 
@@ -97,7 +101,9 @@ def test_nan_propagates_through_max_min_and_amax() -> None:
     x = np.array([1.0, np.nan, 3.0], np.float32)
     g = GraphBuilder()
     a = g.input("x", "float32", (3,))
-    graph = g.build([g.op("maximum", a, 2.0), g.op("amax", a), g.op("clamp", a, 0.0, 2.0), g.op("argmax", a)])
+    graph = g.build(
+        [g.op("maximum", a, 2.0), g.op("amax", a), g.op("clamp", a, 0.0, 2.0), g.op("argmax", a)]
+    )
     mx, am, cl, arg = evaluate(graph, {"x": x})
     t = torch.from_numpy(x)
     assert np.array_equal(mx, torch.maximum(t, torch.tensor(2.0)).numpy(), equal_nan=True)
@@ -128,7 +134,9 @@ def test_inplace_reuse_happens_for_dying_intermediates() -> None:
     class Ids:
         name = "ids"
 
-        def visit(self, index: int, node: Node, call: Call | None, meta: TensorMeta, arg_states: list[Any]) -> Any:
+        def visit(
+            self, index: int, node: Node, call: Call | None, meta: TensorMeta, arg_states: list[Any]
+        ) -> Any:
             return index
 
     b = GraphBuilder()
@@ -159,7 +167,9 @@ def test_tracker_sees_arguments_states() -> None:
     class Depth:
         name = "depth"
 
-        def visit(self, index: int, node: Node, call: Call | None, meta: TensorMeta, arg_states: list[Any]) -> Any:
+        def visit(
+            self, index: int, node: Node, call: Call | None, meta: TensorMeta, arg_states: list[Any]
+        ) -> Any:
             return 1 + max((s for s in arg_states if s is not None), default=0)
 
     b = GraphBuilder()
@@ -182,17 +192,27 @@ def test_rand_uses_the_nodes_generator() -> None:
 
 
 def test_arange_and_full_match_torch() -> None:
-    for start, end, step, dt in [(0, 10, 3, "int64"), (0.5, 2.0, 0.25, "float32"), (5, -1, -2, "int64")]:
+    for start, end, step, dt in [
+        (0, 10, 3, "int64"),
+        (0.5, 2.0, 0.25, "float32"),
+        (5, -1, -2, "int64"),
+    ]:
         b = GraphBuilder()
-        g = b.build([b.op("arange", start=float(start), end=float(end), step=float(step), dtype=dt)])
+        g = b.build(
+            [b.op("arange", start=float(start), end=float(end), step=float(step), dtype=dt)]
+        )
         got = evaluate(g, {})[0]
-        want = torch.arange(start, end, step, dtype={"int64": torch.int64, "float32": torch.float32}[dt])
+        want = torch.arange(
+            start, end, step, dtype={"int64": torch.int64, "float32": torch.float32}[dt]
+        )
         assert got.dtype.name == TORCH_TO_NAME[want.dtype] and np.array_equal(got, want.numpy())
 
 
 def test_slice_with_step_and_index_put_accumulate() -> None:
     x = np.arange(10, dtype=np.int64)
-    got = evaluate(_unary_graph("slice", "int64", (10,), dim=0, start=1, end=None, step=3), {"x": x})[0]
+    got = evaluate(
+        _unary_graph("slice", "int64", (10,), dim=0, start=1, end=None, step=3), {"x": x}
+    )[0]
     assert got.tolist() == torch.arange(10)[1::3].tolist()
     b = GraphBuilder()
     a = b.input("a", "float32", (5,))
@@ -218,7 +238,9 @@ def test_gather_out_of_range_is_an_evaluation_error() -> None:
     ("stride", "padding", "dilation", "groups"),
     [((1, 1), (0, 0), (1, 1), 1), ((2, 1), (1, 2), (1, 2), 2), ((3, 2), (2, 0), (2, 1), 1)],
 )
-def test_convolution_backward_matches_autograd(stride: Any, padding: Any, dilation: Any, groups: int) -> None:
+def test_convolution_backward_matches_autograd(
+    stride: Any, padding: Any, dilation: Any, groups: int
+) -> None:
     torch.manual_seed(0)
     x = torch.randn(2, 4, 9, 8, dtype=torch.float64, requires_grad=True)
     w = torch.randn(6, 4 // groups, 3, 2, dtype=torch.float64, requires_grad=True)
@@ -230,14 +252,22 @@ def test_convolution_backward_matches_autograd(stride: Any, padding: Any, dilati
     wi = b.input("w", "float64", tuple(w.shape))
     gi = b.input("gy", "float64", tuple(gy.shape))
     outpad = [
-        x.shape[2 + i] - ((y.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (w.shape[2 + i] - 1) + 1)
+        x.shape[2 + i]
+        - (
+            (y.shape[2 + i] - 1) * stride[i]
+            - 2 * padding[i]
+            + dilation[i] * (w.shape[2 + i] - 1)
+            + 1
+        )
         for i in range(2)
     ]
     conv = dict(stride=list(stride), padding=list(padding), dilation=list(dilation), groups=groups)
     grad_x = b.op("convolution", gi, wi, None, transposed=True, output_padding=outpad, **conv)
     grad_w = b.op("convolution_weight_grad", xi, gi, kernel_size=list(w.shape[2:]), **conv)
     fwd = b.op("convolution", xi, wi, None, **conv)
-    got = evaluate(b.build([fwd, grad_x, grad_w]), {"x": to_numpy(x), "w": to_numpy(w), "gy": to_numpy(gy)})
+    got = evaluate(
+        b.build([fwd, grad_x, grad_w]), {"x": to_numpy(x), "w": to_numpy(w), "gy": to_numpy(gy)}
+    )
     for g_, t_ in zip(got, (y, gx, gw), strict=True):
         torch.testing.assert_close(torch.from_numpy(g_), t_.detach())
 
@@ -252,8 +282,22 @@ def test_conv_transpose_float16_accuracy() -> None:
     th = torch.nn.functional.conv_transpose2d(x, w, **kw)  # type: ignore[arg-type]
     b = GraphBuilder()
     xi, wi = b.input("x", "float16", (2, 2, 4, 4)), b.input("w", "float16", (2, 2, 4, 5))
-    g = b.build([b.op("convolution", xi, wi, None, stride=[3, 2], padding=[1, 2], dilation=[4, 4], groups=2,
-                      transposed=True, output_padding=[2, 3])])
+    g = b.build(
+        [
+            b.op(
+                "convolution",
+                xi,
+                wi,
+                None,
+                stride=[3, 2],
+                padding=[1, 2],
+                dilation=[4, 4],
+                groups=2,
+                transposed=True,
+                output_padding=[2, 3],
+            )
+        ]
+    )
     got = torch.from_numpy(evaluate(g, {"x": to_numpy(x), "w": to_numpy(w)})[0]).double()
     assert (got - ref).abs().max() <= (th.double() - ref).abs().max()
 
@@ -272,14 +316,23 @@ def test_wire_roundtrip_is_canonical_and_structure_hash_ignores_values() -> None
     assert structure_hash(g1) == structure_hash(g2) == structure_hash(d1)
     assert encode(g1) != encode(g2)
     x = np.arange(15, dtype=np.float32).reshape(5, 3)
-    assert np.array_equal(evaluate(d1, {"dataset:3/age": x})[0], evaluate(g1, {"dataset:3/age": x})[0])
+    assert np.array_equal(
+        evaluate(d1, {"dataset:3/age": x})[0], evaluate(g1, {"dataset:3/age": x})[0]
+    )
     assert not d1.nodes[1].value.flags.writeable  # type: ignore[union-attr]
 
 
 def test_wire_scalars_keep_their_python_type_and_infinities() -> None:
     b = GraphBuilder()
     x = b.input("x", "int32", (2,))
-    g = b.build([b.op("add", x, 2), b.op("add", x, 2.0), b.op("maximum", x, float("-inf")), b.op("add", x, True)])
+    g = b.build(
+        [
+            b.op("add", x, 2),
+            b.op("add", x, 2.0),
+            b.op("maximum", x, float("-inf")),
+            b.op("add", x, True),
+        ]
+    )
     d = decode(encode(g))
     assert [m.dtype.name for m in infer(d)] == ["int32", "float32", "float32", "int32"]
 
@@ -294,7 +347,9 @@ def test_bfloat16_roundtrip_and_compute() -> None:
     g = decode(encode(b.build([b.op("mul", xi, c), b.op("exp", xi)])))
     m, e = evaluate(g, {"x": x})
     t = torch.tensor([1.5, -2.25, 3.0], dtype=torch.bfloat16)
-    assert m.dtype == ml_dtypes.bfloat16 and np.array_equal(m.astype(np.float32), (t * t).float().numpy())
+    assert m.dtype == ml_dtypes.bfloat16 and np.array_equal(
+        m.astype(np.float32), (t * t).float().numpy()
+    )
     assert np.allclose(e.astype(np.float32), t.exp().float().numpy(), rtol=1e-2)
 
 

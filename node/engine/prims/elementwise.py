@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import scipy.special
+import scipy.special  # type: ignore[import-untyped]
 
 from node.engine.dtypes import BOOL, DEFAULT_FLOAT, DType, dtype, opmath
 from node.engine.prims.registry import (
@@ -132,7 +132,7 @@ def _copy_into(out: Array, x: Array) -> Array:
 
 def _rsqrt(x: Array, out: Array | None = None) -> Array:
     r = np.asarray(np.sqrt(x, out=out))
-    return np.reciprocal(r, out=r)
+    return np.asarray(np.reciprocal(r, out=r))
 
 
 def _sign(x: Array, out: Array | None = None) -> Array:
@@ -212,7 +212,7 @@ def _int_zero_check(c: Call, b: Any, cd: DType) -> None:
 def _trunc_div(a: Array, b: Array, out: Array | None = None) -> Array:
     if a.dtype.kind == "f":
         r = np.asarray(np.divide(a, b, out=out))
-        return np.trunc(r, out=r)
+        return np.asarray(np.trunc(r, out=r))
     q = np.asarray(np.floor_divide(a, b, out=out))
     # floor and trunc differ where the division is inexact and signs differ
     fix = (np.remainder(a, b) != 0) & ((a < 0) != (b < 0))

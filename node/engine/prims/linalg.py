@@ -26,13 +26,17 @@ def _matmul_shapes(c: Call) -> tuple[tuple[int, ...], int, int, int]:
     if a.ndim == 0 or b.ndim == 0:
         raise c.fail("both arguments to matmul need at least 1 dimension")
     if a.dtype != b.dtype:
-        raise c.fail(f"expected both operands to have the same dtype, got {a.dtype.name} and {b.dtype.name}")
+        raise c.fail(
+            f"expected both operands to have the same dtype, got {a.dtype.name} and {b.dtype.name}"
+        )
     if a.dtype.is_bool:
         raise c.fail("matmul is not implemented for bool (torch refuses it too)")
     m, k = (1, a.shape[0]) if a.ndim == 1 else a.shape[-2:]
     k2, n = (b.shape[0], 1) if b.ndim == 1 else b.shape[-2:]
     if k != k2:
-        raise c.fail(f"shapes {list(a.shape)} and {list(b.shape)} cannot be multiplied ({k} != {k2})")
+        raise c.fail(
+            f"shapes {list(a.shape)} and {list(b.shape)} cannot be multiplied ({k} != {k2})"
+        )
     batch = broadcast(c, [a.shape[:-2], b.shape[:-2]])
     return batch, m, k, n
 
@@ -55,7 +59,9 @@ def _matmul(c: Call, args: list[Any], out: Array | None) -> Array:
     a, b = args
     res = c.out().dtype
     cd = opmath(res).np
-    return np.asarray(np.matmul(a.astype(cd, copy=False), b.astype(cd, copy=False))).astype(res.np, copy=False)
+    return np.asarray(np.matmul(a.astype(cd, copy=False), b.astype(cd, copy=False))).astype(
+        res.np, copy=False
+    )
 
 
 # -- convolution -------------------------------------------------------------
@@ -91,7 +97,9 @@ def _conv_geometry(c: Call) -> dict[str, Any]:
     if not batched and x.ndim != w.ndim - 1:
         raise c.fail(f"input of {x.ndim} dims does not match a weight of {w.ndim} dims", 0)
     if x.dtype.is_bool or w.dtype != x.dtype:
-        raise c.fail(f"input and weight must share a numeric dtype, got {x.dtype.name} and {w.dtype.name}")
+        raise c.fail(
+            f"input and weight must share a numeric dtype, got {x.dtype.name} and {w.dtype.name}"
+        )
     g = c.attrs.get("groups") or 1
     stride = _spatial_attr(c, "stride", nsp, 1)
     padding = _spatial_attr(c, "padding", nsp, 0)
@@ -113,7 +121,9 @@ def _conv_geometry(c: Call) -> dict[str, Any]:
         )
     else:
         if w.shape[1] * g != cin or w.shape[0] % g:
-            raise c.fail(f"weight {list(w.shape)} does not fit {cin} input channels with groups={g}", 1)
+            raise c.fail(
+                f"weight {list(w.shape)} does not fit {cin} input channels with groups={g}", 1
+            )
         cout = w.shape[0]
         out = tuple(
             (s + 2 * p - d * (kk - 1) - 1) // st + 1
@@ -122,8 +132,18 @@ def _conv_geometry(c: Call) -> dict[str, Any]:
     if any(o <= 0 for o in out):
         raise c.fail(f"output size {list(out)} is too small (input {list(sp)}, kernel {list(k)})")
     return dict(
-        nsp=nsp, batched=batched, n=n, cin=cin, cout=cout, out=out, k=k, g=g, stride=stride,
-        padding=padding, dilation=dilation, transposed=transposed,
+        nsp=nsp,
+        batched=batched,
+        n=n,
+        cin=cin,
+        cout=cout,
+        out=out,
+        k=k,
+        g=g,
+        stride=stride,
+        padding=padding,
+        dilation=dilation,
+        transposed=transposed,
     )
 
 
@@ -141,13 +161,18 @@ def _conv_flops(c: Call) -> int:
     return 2 * c.out().numel * math.prod(w.shape[1:]) + 1
 
 
-def _windows(xp: Array, k: tuple[int, ...], stride: tuple[int, ...], dil: tuple[int, ...],
-             out: tuple[int, ...]) -> Array:
+def _windows(
+    xp: Array,
+    k: tuple[int, ...],
+    stride: tuple[int, ...],
+    dil: tuple[int, ...],
+    out: tuple[int, ...],
+) -> Array:
     """(N, C, *out, *k) view of the padded input: the taps each output sees."""
     nsp = len(k)
     span = tuple(d * (kk - 1) + 1 for d, kk in zip(dil, k, strict=True))
     win = sliding_window_view(xp, span, axis=tuple(range(2, 2 + nsp)))
-    sel = (slice(None), slice(None))
+    sel: tuple[slice, ...] = (slice(None), slice(None))
     sel += tuple(slice(0, o * s, s) for o, s in zip(out, stride, strict=True))
     sel += tuple(slice(None, None, d) for d in dil)
     return win[sel]
@@ -161,7 +186,9 @@ def _pad_spatial(x: Array, padding: tuple[int, ...]) -> Array:
 
 def _conv_forward(x: Array, w: Array, geo: dict[str, Any]) -> Array:
     nsp, g = geo["nsp"], geo["g"]
-    win = _windows(_pad_spatial(x, geo["padding"]), geo["k"], geo["stride"], geo["dilation"], geo["out"])
+    win = _windows(
+        _pad_spatial(x, geo["padding"]), geo["k"], geo["stride"], geo["dilation"], geo["out"]
+    )
     kax = tuple(range(2 + nsp, 2 + 2 * nsp))
     if g == 1:
         r = np.tensordot(win, w, axes=((1, *kax), (1, *range(2, 2 + nsp))))  # (N, *out, Cout)
@@ -169,14 +196,17 @@ def _conv_forward(x: Array, w: Array, geo: dict[str, Any]) -> Array:
     cg, og = x.shape[1] // g, w.shape[0] // g
     res = np.empty((x.shape[0], w.shape[0], *geo["out"]), dtype=np.result_type(x, w))
     for i in range(g):
-        r = np.tensordot(win[:, i * cg : (i + 1) * cg], w[i * og : (i + 1) * og],
-                         axes=((1, *kax), (1, *range(2, 2 + nsp))))
+        r = np.tensordot(
+            win[:, i * cg : (i + 1) * cg],
+            w[i * og : (i + 1) * og],
+            axes=((1, *kax), (1, *range(2, 2 + nsp))),
+        )
         res[:, i * og : (i + 1) * og] = np.moveaxis(r, -1, 1)
     return res
 
 
 def _conv_transposed(x: Array, w: Array, geo: dict[str, Any]) -> Array:
-    nsp, g = geo["nsp"], geo["g"]
+    g = geo["g"]
     st, dil, pad, k = geo["stride"], geo["dilation"], geo["padding"], geo["k"]
     sp = x.shape[2:]
     full = tuple((s - 1) * t + d * (kk - 1) + 1 for s, t, d, kk in zip(sp, st, dil, k, strict=True))
@@ -185,10 +215,15 @@ def _conv_transposed(x: Array, w: Array, geo: dict[str, Any]) -> Array:
     cg, og = cin // g, cout // g
     acc = np.zeros((x.shape[0], cout, *ext), dtype=np.result_type(x, w))
     for tap in np.ndindex(*k):
-        dst = tuple(slice(t * d, t * d + (s - 1) * s_ + 1, s_) for t, d, s, s_ in zip(tap, dil, sp, st, strict=True))
+        dst = tuple(
+            slice(t * d, t * d + (s - 1) * s_ + 1, s_)
+            for t, d, s, s_ in zip(tap, dil, sp, st, strict=True)
+        )
         for i in range(g):
             wt = w[i * cg : (i + 1) * cg, :, *tap]  # (cg, og)
-            contrib = np.tensordot(x[:, i * cg : (i + 1) * cg], wt, axes=((1,), (0,)))  # (N, *sp, og)
+            contrib = np.tensordot(
+                x[:, i * cg : (i + 1) * cg], wt, axes=((1,), (0,))
+            )  # (N, *sp, og)
             acc[(slice(None), slice(i * og, (i + 1) * og), *dst)] += np.moveaxis(contrib, -1, 1)
     crop = tuple(slice(p, p + o) for p, o in zip(pad, geo["out"], strict=True))
     return acc[(slice(None), slice(None), *crop)]
@@ -238,7 +273,9 @@ def _wgrad_geometry(c: Call) -> dict[str, Any]:
         for s, st, p, d, kk in zip(x.shape[2:], stride, padding, dilation, k, strict=True)
     )
     if out != go.shape[2:] or go.shape[0] != x.shape[0]:
-        raise c.fail(f"grad_output {list(go.shape)} does not match the forward output size {list(out)}", 1)
+        raise c.fail(
+            f"grad_output {list(go.shape)} does not match the forward output size {list(out)}", 1
+        )
     if g < 1 or x.shape[1] % g or go.shape[1] % g:
         raise c.fail(f"channels not divisible by groups={g}", "groups")
     return dict(nsp=nsp, k=k, g=g, stride=stride, padding=padding, dilation=dilation, out=out)
@@ -275,11 +312,15 @@ def _conv_wgrad(c: Call, args: list[Any], out: Array | None) -> Array:
     cd = opmath(res).np
     x, go = x.astype(cd, copy=False), go.astype(cd, copy=False)
     nsp, g = geo["nsp"], geo["g"]
-    win = _windows(_pad_spatial(x, geo["padding"]), geo["k"], geo["stride"], geo["dilation"], geo["out"])
+    win = _windows(
+        _pad_spatial(x, geo["padding"]), geo["k"], geo["stride"], geo["dilation"], geo["out"]
+    )
     oax = tuple(range(2, 2 + nsp))
     cg, og = x.shape[1] // g, go.shape[1] // g
     parts = [
-        np.tensordot(go[:, i * og : (i + 1) * og], win[:, i * cg : (i + 1) * cg], axes=((0, *oax), (0, *oax)))
+        np.tensordot(
+            go[:, i * og : (i + 1) * og], win[:, i * cg : (i + 1) * cg], axes=((0, *oax), (0, *oax))
+        )
         for i in range(g)
     ]
     r = parts[0] if g == 1 else np.concatenate(parts, axis=0)

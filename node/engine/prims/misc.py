@@ -51,7 +51,9 @@ def _argsort(c: Call, args: list[Any], out: Array | None) -> Array:
     (x,) = args
     if x.ndim == 0:
         return np.zeros((), dtype=np.int64)
-    return _argsort_along(x, c.attr("dim") % x.ndim, bool(c.attrs.get("descending"))).astype(np.int64)
+    return _argsort_along(x, c.attr("dim") % x.ndim, bool(c.attrs.get("descending"))).astype(
+        np.int64
+    )
 
 
 def _topk_infer(c: Call) -> TensorMeta:
@@ -63,7 +65,7 @@ def _topk_infer(c: Call) -> TensorMeta:
     n = x.shape[d] if x.ndim else 1
     if not 0 <= k <= n:
         raise c.fail(f"k={k} is out of range for a dimension of size {n}", "k")
-    shape = x.shape[:d] + (k,) + x.shape[d + 1 :] if x.ndim else ()
+    shape = (*x.shape[:d], k, *x.shape[d + 1 :]) if x.ndim else ()
     return TensorMeta(shape, INT64)
 
 
@@ -100,7 +102,11 @@ def _full_infer(c: Call) -> TensorMeta:
 @prim(
     "full",
     args=0,
-    attrs={"shape": AttrSpec("shape"), "value": AttrSpec("float", nonfinite=True), "dtype": AttrSpec("dtype")},
+    attrs={
+        "shape": AttrSpec("shape"),
+        "value": AttrSpec("float", nonfinite=True),
+        "dtype": AttrSpec("dtype"),
+    },
     infer=_full_infer,
 )
 def _full(c: Call, args: list[Any], out: Array | None) -> Array:
@@ -120,7 +126,9 @@ def _arange_count(c: Call) -> int:
         raise c.fail("step must be nonzero", "step")
     n = math.ceil((end - start) / step)
     if n < 0:
-        raise c.fail(f"upper bound {end} and step {step} are inconsistent with start {start}", "end")
+        raise c.fail(
+            f"upper bound {end} and step {step} are inconsistent with start {start}", "end"
+        )
     return int(n)
 
 
@@ -131,7 +139,12 @@ def _arange_infer(c: Call) -> TensorMeta:
 @prim(
     "arange",
     args=0,
-    attrs={"start": AttrSpec("float"), "end": AttrSpec("float"), "step": AttrSpec("float"), "dtype": AttrSpec("dtype")},
+    attrs={
+        "start": AttrSpec("float"),
+        "end": AttrSpec("float"),
+        "step": AttrSpec("float"),
+        "dtype": AttrSpec("dtype"),
+    },
     infer=_arange_infer,
 )
 def _arange(c: Call, args: list[Any], out: Array | None) -> Array:
@@ -141,7 +154,7 @@ def _arange(c: Call, args: list[Any], out: Array | None) -> Array:
     r = start + np.arange(m.shape[0], dtype=np.float64) * step
     if not m.dtype.is_float:
         r = np.floor(r) if all(float(v).is_integer() for v in (start, step)) else r
-    return r.astype(m.dtype.np)
+    return np.asarray(r.astype(m.dtype.np))
 
 
 def _rand_infer(c: Call) -> TensorMeta:
@@ -151,14 +164,20 @@ def _rand_infer(c: Call) -> TensorMeta:
     return TensorMeta(tuple(c.attr("shape")), d)
 
 
-@prim("rand", args=0, attrs={"shape": AttrSpec("shape"), "dtype": AttrSpec("dtype")}, infer=_rand_infer)
+@prim(
+    "rand",
+    args=0,
+    attrs={"shape": AttrSpec("shape"), "dtype": AttrSpec("dtype")},
+    infer=_rand_infer,
+)
 def _rand(c: Call, args: list[Any], out: Array | None) -> Array:
     """Uniform [0, 1) from the node's generator (dropout: lt(rand, 1 - p))."""
     if c.rng is None:
         raise c.eval_error("no random generator was given to the evaluator")
     m = c.out()
     if m.dtype.name in ("float32", "float64"):
-        return c.rng.random(m.shape, dtype=m.dtype.np.type)  # type: ignore[call-overload,no-any-return]
+        gen: Any = c.rng
+        return np.asarray(gen.random(m.shape, dtype=m.dtype.np.type))
     r = c.rng.random(m.shape, dtype=np.float32).astype(m.dtype.np)
     # rounding to a low precision can reach 1.0; keep the half-open interval
     r[r >= 1] = 0

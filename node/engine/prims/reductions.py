@@ -59,7 +59,8 @@ def _reduction(name: str, rule: str) -> None:
         elif rule == "mean":
             if not d.is_float:
                 raise c.fail(
-                    f"mean could not infer output dtype: input dtype must be floating point, got {d.name}",
+                    "mean could not infer output dtype: input dtype must be floating "
+                    f"point, got {d.name}",
                     0,
                 )
         elif rule == "extreme":
@@ -79,7 +80,7 @@ def _reduction(name: str, rule: str) -> None:
         ax = dims if meta.ndim else None
         if rule in ("accumulate", "mean"):
             acc: DType = opmath(res)
-            fn = {"sum": np.sum, "prod": np.prod, "mean": np.mean}[name]
+            fn: Any = {"sum": np.sum, "prod": np.prod, "mean": np.mean}[name]
             r = fn(x, axis=ax, dtype=acc.np, keepdims=keep)
         elif rule == "extreme":
             src = x.astype(np.float32) if x.dtype.kind == "V" else x

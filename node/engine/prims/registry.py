@@ -98,7 +98,8 @@ class Call:
         self.index = index
         self.op = op
         self.args = tuple(args)
-        self.attrs = attrs
+        # validated against the prim's schema already, so rules may read them as Any
+        self.attrs: Mapping[str, Any] = attrs
         self.meta: TensorMeta | None = None  # set once the shape rule has run
         #: the node's generator, set by the evaluator for random prims
         self.rng: np.random.Generator | None = None

@@ -145,7 +145,7 @@ def _unsqueeze_infer(c: Call) -> TensorMeta:
     if not -x.ndim - 1 <= d <= x.ndim:
         raise c.fail(f"dim {d} out of range for unsqueeze of a {x.ndim}-d tensor", "dim")
     d %= x.ndim + 1
-    return TensorMeta(x.shape[:d] + (1,) + x.shape[d:], x.dtype)
+    return TensorMeta((*x.shape[:d], 1, *x.shape[d:]), x.dtype)
 
 
 @prim(
@@ -183,7 +183,7 @@ def _slice_infer(c: Call) -> TensorMeta:
     x = c.tensor(0)
     d, sl = _slice_of(c, x)
     n = len(range(*sl.indices(x.shape[d])))
-    return TensorMeta(x.shape[:d] + (n,) + x.shape[d + 1 :], x.dtype)
+    return TensorMeta((*x.shape[:d], n, *x.shape[d + 1 :]), x.dtype)
 
 
 @prim("slice", args=1, attrs=_SLICE, infer=_slice_infer, view=True, flops=lambda c: 1)
@@ -193,7 +193,7 @@ def _slice(c: Call, args: list[Any], out: Array | None) -> Array:
     meta = c.args[0]
     assert isinstance(meta, TensorMeta)
     d, sl = _slice_of(c, meta)
-    return x[(slice(None),) * d + (sl,)]
+    return np.asarray(x[(*((slice(None),) * d), sl)])
 
 
 def _flip_infer(c: Call) -> TensorMeta:
@@ -214,7 +214,7 @@ def _flip_infer(c: Call) -> TensorMeta:
 )
 def _flip(c: Call, args: list[Any], out: Array | None) -> Array:
     """Reverse the order along ``dims`` (a view)."""
-    x = args[0]
+    x: Array = args[0]
     if x.ndim == 0:
         return x
     return np.flip(x, axis=tuple(d % x.ndim for d in c.attr("dims")))
@@ -247,7 +247,7 @@ def _cat_infer(c: Call) -> TensorMeta:
                 f"shape {list(t.shape)} does not match {list(first.shape)} except in dim {d}", i
             )
     n = sum(t.shape[d] for t in ts)
-    return TensorMeta(first.shape[:d] + (n,) + first.shape[d + 1 :], dt)
+    return TensorMeta((*first.shape[:d], n, *first.shape[d + 1 :]), dt)
 
 
 @prim("cat", args=(1, None), attrs={"dim": AttrSpec("int")}, infer=_cat_infer)
@@ -354,7 +354,7 @@ def _index_select_infer(c: Call) -> TensorMeta:
     d = c.dim(c.attr("dim"), x.ndim)
     if x.ndim == 0:
         return TensorMeta((), x.dtype)
-    return TensorMeta(x.shape[:d] + (idx.numel,) + x.shape[d + 1 :], x.dtype)
+    return TensorMeta((*x.shape[:d], idx.numel, *x.shape[d + 1 :]), x.dtype)
 
 
 @prim("index_select", args=2, attrs={"dim": AttrSpec("int")}, infer=_index_select_infer)
@@ -363,10 +363,10 @@ def _index_select(c: Call, args: list[Any], out: Array | None) -> Array:
     x, idx = args
     if x.ndim == 0:
         _range_check(c, idx, 1, 1)
-        return x.copy()
+        return np.array(x, copy=True)
     d = c.attr("dim") % x.ndim
     _range_check(c, idx, x.shape[d], 1)
-    return np.take(x, idx.reshape(-1), axis=d)
+    return np.asarray(np.take(x, idx.reshape(-1), axis=d))
 
 
 def _scatter_infer(c: Call) -> TensorMeta:
@@ -456,7 +456,7 @@ def _index_put_infer(c: Call) -> TensorMeta:
 def _index_put(c: Call, args: list[Any], out: Array | None) -> Array:
     """x[indices] = values (or += with accumulate); null indices stand for ':'."""
     x, values, *idx = args
-    key = tuple(slice(None) if i is None else i for i in idx)
+    key: Any = tuple(slice(None) if i is None else i for i in idx)
     r = np.array(x, copy=True)
     try:
         if c.attrs.get("accumulate"):
