@@ -12,7 +12,7 @@ from pydantic import SecretStr
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from node.db.session import make_engine, make_sessionmaker
+from node.db.session import make_engine, make_sessionmaker, serial_engine
 from node.services.security import password_hasher
 from node.settings import PLACEHOLDER_SECRET, Settings
 from node.storage import BlobStore, FileBlobStore
@@ -23,6 +23,8 @@ class NodeContext:
     settings: Settings
     engine: Engine
     sessions: sessionmaker[Session]
+    #: Sessions whose transactions are serialised (budget checks and ledger rows).
+    serial_sessions: sessionmaker[Session]
     store: BlobStore
     hasher: PasswordHasher
 
@@ -38,6 +40,7 @@ class NodeContext:
             settings=settings,
             engine=engine,
             sessions=make_sessionmaker(engine),
+            serial_sessions=make_sessionmaker(serial_engine(engine)),
             store=FileBlobStore(settings.blob_dir),
             hasher=password_hasher(settings),
         )

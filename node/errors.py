@@ -14,6 +14,7 @@ the SDK maps each ``code`` back to a typed exception.
     ├── PayloadTooLargeError     payload_too_large    a request body over its limit
     ├── AuthenticationError      unauthenticated      missing, bad or expired credentials
     ├── PermissionDeniedError    forbidden            authenticated but not allowed
+    │   └── BudgetExceededError  budget_exceeded      the charge does not fit the budget
     ├── NotFoundError            not_found
     └── ConflictError            conflict             e.g. a name already taken
 """
@@ -24,6 +25,7 @@ from typing import ClassVar
 
 __all__ = [
     "AuthenticationError",
+    "BudgetExceededError",
     "ConflictError",
     "DPNodeError",
     "EvaluationError",
@@ -82,6 +84,10 @@ class AuthenticationError(DPNodeError):
 
 class PermissionDeniedError(DPNodeError):
     code = "forbidden"
+
+
+class BudgetExceededError(PermissionDeniedError):
+    code = "budget_exceeded"
 
 
 class NotFoundError(DPNodeError):

@@ -21,6 +21,7 @@ from node.settings import Settings
 from tests.postgres import find_bin_dir, postgres_server
 
 BACKENDS = ["sqlite", "postgresql"]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 _names = itertools.count()
 
 

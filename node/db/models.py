@@ -150,3 +150,24 @@ class AuditEvent(Base):
     target_type: Mapped[str | None] = mapped_column(String(32), nullable=True)
     target_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class LedgerEntry(Base):
+    """One privacy charge: append-only (database triggers refuse UPDATE and DELETE).
+
+    Amounts are whole numbers of small units (see ``node.services.budget``), so that
+    sums are exact: the budget check never depends on floating-point rounding.
+    """
+
+    __tablename__ = "ledger_entries"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    mechanism: Mapped[str] = mapped_column(String(32))
+    epsilon_units: Mapped[int] = mapped_column(BigInteger, default=0)
+    delta_units: Mapped[int] = mapped_column(BigInteger, default=0)
+    rho_units: Mapped[int] = mapped_column(BigInteger, default=0)
+    dataset_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
+    graph_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -1,4 +1,11 @@
-"""Engines and sessions. SQLite gets the pragmas that make it a dependable embedded database."""
+"""Engines and sessions. SQLite gets the pragmas that make it a dependable embedded database.
+
+Transactions that must be serialised (the budget check and its ledger row) use
+``serial_engine``: on SQLite their ``BEGIN IMMEDIATE`` takes the database's write
+lock up front, so two checks can never both read the old balance; on PostgreSQL
+the service takes a row lock (``SELECT ... FOR UPDATE``) instead. pysqlite's own
+implicit transactions are switched off so that SQLAlchemy emits every BEGIN.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,9 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
+
+
+SQLITE_BEGIN = "dpnode_sqlite_begin"
 
 
 def _lower(value: Any) -> Any:
@@ -30,6 +40,12 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             # SQLite's own lower() folds ASCII only; catalog search must match 'Ärzte' to
             # 'ärzte' as PostgreSQL does, so lower() is Python's, Unicode-aware.
             dbapi_connection.create_function("lower", 1, _lower, deterministic=True)
+            dbapi_connection.isolation_level = None  # SQLAlchemy emits BEGIN, not pysqlite
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn: Any) -> None:
+            mode = conn.get_execution_options().get(SQLITE_BEGIN, "DEFERRED")
+            conn.exec_driver_sql(f"BEGIN {mode}")
 
         return engine
     return create_engine(url, pool_pre_ping=True, **kwargs)
@@ -37,3 +53,10 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def serial_engine(engine: Engine) -> Engine:
+    """The same pool, with transactions that take SQLite's write lock when they begin."""
+    if engine.dialect.name == "sqlite":
+        return engine.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"})
+    return engine
