@@ -14,7 +14,6 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-
 SQLITE_BEGIN = "dpnode_sqlite_begin"
 
 
