@@ -1,0 +1,255 @@
+"""The Laplace and Gaussian mechanisms on the 2^k grid.
+
+``laplace`` is epsilon-DP (discrete Laplace, Canonne, Kamath & Steinke 2020, Proposition 1 /
+Ghosh, Roughgarden & Sundararajan 2009) and ``gaussian`` is rho-zCDP (discrete Gaussian, CKS
+2020, Theorem 14: independent N_Z(0, s²) per coordinate on an integer query of L2 sensitivity
+D gives D²/(2 s²)-zCDP), both for the grid-rounded query (:mod:`node.dp.grid`), up to the
+samplers' total-variation deviation, which the :class:`Release` reports for charging.
+
+The charge is what the caller asked for and never depends on the data: the noise scale is
+rounded *up* so that the mechanism meets it exactly (checked in rational arithmetic).
+
+A sensitivity of 0 means the values are the same on every neighbouring dataset, so they are
+public: they are returned unchanged (no grid is needed; ``grid_exponent`` is ``None``), and the
+charge is still the one asked for, so that the cost of a request never depends on anything but
+the request.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from node.dp import grid, samplers
+from node.dp.accounting import Charge, calibrate_rho
+from node.errors import InvalidRequestError
+
+__all__ = ["Release", "gaussian", "laplace"]
+
+
+@dataclass(frozen=True, eq=False)
+class Release:
+    """A noised result and what it cost.
+
+    Attributes:
+        values: the noised float64 values (same shape as the input), on the grid ``2^k``.
+        mechanism: ``"laplace"`` or ``"gaussian"``.
+        grid_exponent: ``k``, or ``None`` when no noise was needed (sensitivity 0 or no values).
+        scale: the noise scale in value units: Laplace ``b`` (pmf ∝ exp(-|z|/b) on the grid),
+            Gaussian ``sigma`` (pmf ∝ exp(-z²/(2 sigma²)) on the grid); 0 without noise.
+        sensitivity: the sensitivity of the grid-rounded query that the noise covers (L1 for
+            Laplace, L2 for Gaussian), in value units; at least the declared one.
+        epsilon: pure-DP epsilon charged (Laplace), else 0.
+        rho: zCDP rho charged (Gaussian), else 0.
+        sampler_tv: total-variation distance of the whole noise vector from the ideal one.
+    """
+
+    values: npt.NDArray[np.float64]
+    mechanism: Literal["laplace", "gaussian"]
+    grid_exponent: int | None
+    scale: float
+    sensitivity: float
+    epsilon: float
+    rho: float
+    sampler_tv: float
+
+    @property
+    def charge(self) -> Charge:
+        """The charge for the budget filter (:func:`node.dp.accounting.fits`)."""
+        return Charge(epsilon=self.epsilon, rho=self.rho, tv=self.sampler_tv)
+
+    @property
+    def delta_cost(self) -> float:
+        """Laplace alone: the release is (epsilon, delta_cost)-DP; delta_cost = (1+e^ε) tv."""
+        return (1.0 + math.exp(min(self.epsilon, 700.0))) * self.sampler_tv
+
+
+def _positive(name: str, value: float) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise InvalidRequestError(f"{name} must be a number, got {value!r}") from None
+    if not (math.isfinite(v) and v > 0):
+        raise InvalidRequestError(f"{name} must be finite and > 0, got {value!r}")
+    return v
+
+
+def _sensitivity(name: str, value: float) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise InvalidRequestError(f"{name} must be a number, got {value!r}") from None
+    if not (math.isfinite(v) and v >= 0):
+        raise InvalidRequestError(f"{name} must be finite and >= 0, got {value!r}")
+    return v
+
+
+def _as_values(values: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    try:
+        return np.array(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequestError(f"values must be numeric: {exc}") from None
+
+
+def _float_at_least(x: Fraction) -> float:
+    f = float(x)
+    return f if Fraction(f) >= x else math.nextafter(f, math.inf)
+
+
+def _sqrt_at_least(n: int) -> Fraction:
+    r = math.isqrt(n)
+    if r * r == n:
+        return Fraction(r)
+    f = math.sqrt(n)
+    while Fraction(f) ** 2 < n:
+        f = math.nextafter(f, math.inf)
+    return Fraction(f)
+
+
+def _noised(
+    values: npt.NDArray[np.float64],
+    k: int,
+    plan: samplers.LaplacePlan | samplers.GaussianPlan,
+    source: samplers.Source,
+) -> npt.NDArray[np.float64]:
+    if plan.max_abs >= 1 << 53:  # the planners keep scales far below this
+        raise AssertionError("noise would not be exact in float64")
+    indices = grid.round_to_grid(values.reshape(-1), k)
+    noise = samplers.sample(plan, indices.size, source=source)
+    # Exact integers in float64: the sum is the correctly rounded exact integer sum.
+    indices += noise.astype(np.float64)
+    return grid.to_values(indices, k).reshape(values.shape)
+
+
+def laplace(
+    values: npt.ArrayLike,
+    *,
+    sensitivity_l1: float,
+    epsilon: float,
+    source: samplers.Source = "pcg",
+) -> Release:
+    """Release ``values`` with discrete Laplace noise on a 2^k grid: epsilon-DP.
+
+    Args:
+        values: the exact result (any shape), converted to float64.
+        sensitivity_l1: L1 sensitivity of ``values`` over neighbouring datasets.
+        epsilon: privacy parameter, finite and > 0.
+        source: randomness source (see :func:`node.dp.samplers.word_source`).
+
+    Raises:
+        InvalidRequestError: on a bad epsilon or sensitivity, or non-numeric values.
+        EvaluationError: if a value is NaN, infinite, or too large for the grid.
+
+    >>> r = laplace([10.0, 20.0], sensitivity_l1=1.0, epsilon=1.0)
+    >>> r.grid_exponent, r.scale, r.epsilon
+    (-11, 1.0009765625, 1.0)
+    """
+    eps = _positive("epsilon", epsilon)
+    sens = _sensitivity("sensitivity_l1", sensitivity_l1)
+    x = _as_values(values)
+    n = x.size
+    if sens == 0 or n == 0:
+        grid.round_to_grid(x.reshape(-1), 0)  # refuse NaN/inf all the same
+        return Release(x, "laplace", None, 0.0, 0.0, eps, 0.0, 0.0)
+    k = grid.finest_exponent(sens, n, norm=1)
+    while True:
+        # L1 sensitivity of the rounded query, in grid units: floor(Δ/2^k) + n.
+        d_int = math.floor(Fraction(sens) / Fraction(2) ** k) + n
+        t = _float_at_least(Fraction(d_int) / Fraction(eps))
+        if t <= samplers.MAX_SCALE:
+            break
+        k += 1
+    plan = samplers.laplace_plan(t)
+    noised = _noised(x, k, plan, source)
+    return Release(
+        values=noised,
+        mechanism="laplace",
+        grid_exponent=k,
+        scale=math.ldexp(t, k),
+        sensitivity=math.ldexp(float(d_int), k),
+        epsilon=eps,
+        rho=0.0,
+        sampler_tv=n * plan.tv_bound,
+    )
+
+
+def gaussian(
+    values: npt.ArrayLike,
+    *,
+    sensitivity_l2: float,
+    rho: float | None = None,
+    epsilon: float | None = None,
+    delta: float | None = None,
+    source: samplers.Source = "pcg",
+) -> Release:
+    """Release ``values`` with discrete Gaussian noise on a 2^k grid: rho-zCDP.
+
+    Give either ``rho`` or both ``epsilon`` and ``delta``; the latter is calibrated to the
+    largest rho whose zCDP guarantee implies (epsilon, delta)-DP (CKS 2020, Corollary 13), and
+    the release charges that rho.
+
+    Args:
+        values: the exact result (any shape), converted to float64.
+        sensitivity_l2: L2 sensitivity of ``values`` over neighbouring datasets.
+        rho: zCDP parameter, finite and > 0.
+        epsilon: target epsilon, finite and > 0 (with ``delta``).
+        delta: target delta, in (0, 1) (with ``epsilon``).
+        source: randomness source (see :func:`node.dp.samplers.word_source`).
+
+    Raises:
+        InvalidRequestError: on bad or inconsistent privacy parameters or sensitivity.
+        EvaluationError: if a value is NaN, infinite, or too large for the grid.
+
+    >>> r = gaussian([1.0, 2.0, 3.0, 4.0], sensitivity_l2=2.0, rho=0.5)
+    >>> r.grid_exponent, r.rho, r.scale > 2.0
+    (-10, 0.5, True)
+    """
+    target = _gaussian_rho(rho, epsilon, delta)
+    sens = _sensitivity("sensitivity_l2", sensitivity_l2)
+    x = _as_values(values)
+    n = x.size
+    if sens == 0 or n == 0:
+        grid.round_to_grid(x.reshape(-1), 0)
+        return Release(x, "gaussian", None, 0.0, 0.0, 0.0, target, 0.0)
+    k = grid.finest_exponent(sens, n, norm=2)
+    two_rho = 2 * Fraction(target)
+    while True:
+        # L2 sensitivity of the rounded query, in grid units: at most Δ/2^k + sqrt(n).
+        d2 = _float_at_least(Fraction(sens) / Fraction(2) ** k + _sqrt_at_least(n))
+        s = math.nextafter(d2 / math.sqrt(2 * target), math.inf)
+        while Fraction(d2) ** 2 > two_rho * Fraction(s) ** 2:
+            s = math.nextafter(s, math.inf)
+        if s <= samplers.MAX_SCALE:
+            break
+        k += 1
+    plan = samplers.gaussian_plan(s)
+    noised = _noised(x, k, plan, source)
+    return Release(
+        values=noised,
+        mechanism="gaussian",
+        grid_exponent=k,
+        scale=math.ldexp(s, k),
+        sensitivity=math.ldexp(d2, k),
+        epsilon=0.0,
+        rho=target,
+        sampler_tv=n * plan.tv_bound,
+    )
+
+
+def _gaussian_rho(rho: float | None, epsilon: float | None, delta: float | None) -> float:
+    if rho is not None:
+        if epsilon is not None or delta is not None:
+            raise InvalidRequestError("give either rho or (epsilon, delta), not both")
+        return _positive("rho", rho)
+    if epsilon is None or delta is None:
+        raise InvalidRequestError("the Gaussian mechanism needs rho, or epsilon and delta")
+    eps = _positive("epsilon", epsilon)
+    d = _positive("delta", delta)
+    if d >= 1:
+        raise InvalidRequestError(f"delta must be < 1, got {delta!r}")
+    return calibrate_rho(eps, d)
