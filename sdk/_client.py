@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 from safetensors.numpy import load, save
 
+from sdk._budget import BudgetStatus, LedgerEntry
 from sdk._exceptions import DPNodeError, NodeUnreachableError, error_for
 from sdk._handles import AuditEvent, DatasetHandle, ModelHandle, User
 from sdk._tables import columns_of, to_numpy
@@ -254,6 +255,20 @@ class Client:
 
     def delete_model(self, ref: int | str) -> None:
         self._request("DELETE", f"/models/{ref}")
+
+    # -- privacy budget ---------------------------------------------------------------------
+
+    def budget(self, *, user_id: int | None = None) -> BudgetStatus:
+        """Your budget: total, spent and remaining (admins: anyone's, by ``user_id``)."""
+        params = {"user_id": user_id} if user_id is not None else {}
+        return BudgetStatus.from_json(self._json("GET", "/budget", params=params))
+
+    def ledger(self, *, user_id: int | None = None, limit: int = 100) -> list[LedgerEntry]:
+        """Your charges, newest first (admins: anyone's, by ``user_id``)."""
+        params: dict[str, Any] = {"limit": limit}
+        if user_id is not None:
+            params["user_id"] = user_id
+        return [LedgerEntry.from_json(e) for e in self._json("GET", "/ledger", params=params)]
 
     # -- administration ---------------------------------------------------------------------
 

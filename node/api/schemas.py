@@ -168,3 +168,28 @@ class Version(Schema):
     dpnode: str
     api: str
     prims: str = Field(description="version of the prim vocabulary graphs must carry")
+
+
+class BudgetPublic(Schema):
+    """A user's privacy budget: totals, spent and remaining."""
+
+    epsilon: float
+    delta: float
+    spent_epsilon: float
+    spent_delta: float
+    spent_rho: float
+    remaining_epsilon: float
+    remaining_delta: float
+
+
+class LedgerEntryPublic(Schema):
+    id: int
+    at: datetime
+    user_id: int
+    mechanism: str
+    epsilon: float
+    delta: float
+    rho: float
+    dataset_ids: list[int]
+    graph_hash: str | None
+    detail: dict[str, Any]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
@@ -34,13 +35,16 @@ DELTA_UNIT = Fraction(1, 10**18)
 
 
 def units_down(value: float, unit: Fraction, what: str) -> int:
-    """``value`` in whole units, rounded down (for amounts a person asks for).
+    """``value`` in whole units, rounded down (for amounts a person asks for or configures).
 
-    >>> units_down(0.1, EPSILON_UNIT, "epsilon")
-    100000000
+    A person's ``0.1`` means the decimal 0.1, so the shortest decimal that round-trips
+    the float is used; the mechanism is then calibrated to exactly the charged amount.
+
+    >>> units_down(0.1, EPSILON_UNIT, "epsilon"), units_down(1e-6, DELTA_UNIT, "delta")
+    (100000000, 1000000000000)
     """
     _check_amount(value, what)
-    return math.floor(Fraction(value) / unit)
+    return math.floor(Fraction(Decimal(repr(float(value)))) / unit)
 
 
 def units_up(value: float, unit: Fraction, what: str) -> int:

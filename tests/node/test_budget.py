@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 from fractions import Fraction
 
 import pytest
@@ -135,7 +136,8 @@ def test_invalid_epsilons_are_refused(bad: object) -> None:
 @given(st.floats(min_value=1e-9, max_value=1e6, allow_nan=False))
 def test_quantized_epsilon_never_exceeds_the_request(epsilon: float) -> None:
     q = quantize_epsilon(epsilon)
-    assert q <= Fraction(epsilon) and Fraction(epsilon) - q < EPSILON_UNIT
+    intended = Fraction(Decimal(repr(epsilon)))
+    assert q <= intended and intended - q < EPSILON_UNIT
 
 
 @hyp_settings(
