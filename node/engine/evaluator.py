@@ -16,6 +16,7 @@ one such tracker, with one rule per prim kept in ``PrimDef.rules``.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -246,8 +247,11 @@ def run(
             else:
                 call = p.calls[i]
                 assert call is not None
-                call.rng = gen
                 prim = REGISTRY[node.op]
+                if prim.random:
+                    # a private copy: a Plan may be shared by concurrent runs
+                    call = copy.copy(call)
+                    call.rng = gen
                 args = [
                     values[a.index]
                     if isinstance(a, Ref)
@@ -261,8 +265,6 @@ def run(
                     raise
                 except (ArithmeticError, ValueError, IndexError, TypeError, MemoryError) as e:
                     raise EvaluationError(f"{call.where()}: {type(e).__name__}: {e}") from None
-                finally:
-                    call.rng = None
                 r = np.asarray(r)
                 if r.dtype != meta.dtype.np or r.shape != meta.shape:
                     raise EvaluationError(

@@ -169,6 +169,7 @@ def _rand_infer(c: Call) -> TensorMeta:
     args=0,
     attrs={"shape": AttrSpec("shape"), "dtype": AttrSpec("dtype")},
     infer=_rand_infer,
+    random=True,
 )
 def _rand(c: Call, args: list[Any], out: Array | None) -> Array:
     """Uniform [0, 1) from the node's generator (dropout: lt(rand, 1 - p))."""

@@ -168,6 +168,8 @@ class PrimDef:
     inplace: bool = False
     #: output may be a view of argument 0 (reshape, permute, expand, slice...)
     view: bool = False
+    #: kernel draws from ``Call.rng`` (the evaluator hands it a private Call)
+    random: bool = False
     #: arguments that may be inline scalars (others must be tensor refs)
     scalar_args: frozenset[int] | Literal["all"] = frozenset()
     #: arguments that may be null (absent optional tensors)
@@ -191,6 +193,7 @@ def prim(
     view: bool = False,
     scalar_args: frozenset[int] | Literal["all"] = frozenset(),
     optional_args: frozenset[int] = frozenset(),
+    random: bool = False,
     doc: str = "",
 ) -> Callable[[Kernel], Kernel]:
     """Register the decorated function as the NumPy kernel of prim ``name``."""
@@ -211,6 +214,7 @@ def prim(
             view=view,
             scalar_args=scalar_args,
             optional_args=optional_args,
+            random=random,
             doc=doc or (kernel.__doc__ or "").strip(),
         )
         return kernel
