@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Select, func, select, union_all
-from sqlalchemy.orm import QueryableAttribute
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import QueryableAttribute, Session
+from sqlalchemy.orm.interfaces import LoaderOption
 
 from node.db.models import Dataset, DatasetColumn, Model, ModelTensor, Role, User
-from node.errors import InvalidRequestError, PermissionDeniedError, UploadRejectedError
+from node.errors import (
+    InvalidRequestError,
+    NotFoundError,
+    PermissionDeniedError,
+    UploadRejectedError,
+)
+from node.services import audit
 from node.services.tabular import check_name
 from node.storage import BlobStore
 
@@ -50,6 +56,38 @@ def check_item_name(kind: str, name: str) -> str:
             "digits (those are read as ids)"
         )
     return name
+
+
+Item = TypeVar("Item", Dataset, Model)
+
+
+def get_item(
+    session: Session, entity: type[Item], ref: int | str, options: Sequence[LoaderOption]
+) -> Item:
+    """A dataset or model by id (an int) or by name (a str)."""
+    column = entity.id if isinstance(ref, int) else entity.name
+    item = session.scalar(select(entity).options(*options).where(column == ref))
+    if item is None:
+        raise NotFoundError(f"no {entity.__tablename__[:-1]} {ref!r}")
+    return item
+
+
+def delete_item(
+    session: Session,
+    store: BlobStore,
+    actor: User,
+    item: Dataset | Model,
+    digests: Iterable[str | None],
+) -> None:
+    """Delete ``item`` (its owner or an admin), audit it, then free its unused blobs."""
+    kind = item.__tablename__[:-1]
+    require_owner(actor, item.owner_id, f"{kind} {item.name!r}")
+    audit.record(
+        session, actor, f"{kind}.delete", target_type=kind, target_id=item.id, name=item.name
+    )
+    session.delete(item)
+    session.commit()
+    release_blobs(session, store, digests)
 
 
 def filter_catalog(

@@ -10,15 +10,17 @@ import numpy as np
 import numpy.typing as npt
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm.interfaces import LoaderOption
 
 from node.db.models import Dataset, DatasetColumn, DatasetTag, Role, User
 from node.errors import ConflictError, NotFoundError, PermissionDeniedError, UploadRejectedError
 from node.services import audit
 from node.services.catalog import (
     check_item_name,
+    delete_item,
     filter_catalog,
+    get_item,
     normalise_tags,
-    release_blobs,
     require_owner,
     require_uploader,
 )
@@ -40,7 +42,7 @@ class DatasetUpload:
     mock: Mapping[str, npt.NDArray[Any]] | None = None
 
 
-def _load_options() -> Any:
+def _load_options() -> list[LoaderOption]:
     return [
         selectinload(Dataset.columns),
         selectinload(Dataset.tags),
@@ -159,14 +161,7 @@ def create_dataset(
 
 def get_dataset(session: Session, ref: int | str) -> Dataset:
     """A dataset by id or by name."""
-    query = select(Dataset).options(*_load_options())
-    query = (
-        query.where(Dataset.id == ref) if isinstance(ref, int) else query.where(Dataset.name == ref)
-    )
-    dataset = session.scalar(query)
-    if dataset is None:
-        raise NotFoundError(f"no dataset {ref!r}")
-    return dataset
+    return get_item(session, Dataset, ref, _load_options())
 
 
 def search_datasets(
@@ -183,21 +178,10 @@ def search_datasets(
 def delete_dataset(session: Session, store: BlobStore, actor: User, ref: int | str) -> None:
     """Delete a dataset and the array bytes nothing else uses (owner or admin)."""
     dataset = get_dataset(session, ref)
-    require_owner(actor, dataset.owner_id, f"dataset {dataset.name!r}")
     digests = [dataset.subjects_blob]
     for column in dataset.columns:
         digests += [column.blob, column.mock_blob]
-    audit.record(
-        session,
-        actor,
-        "dataset.delete",
-        target_type="dataset",
-        target_id=dataset.id,
-        name=dataset.name,
-    )
-    session.delete(dataset)
-    session.commit()
-    release_blobs(session, store, digests)
+    delete_item(session, store, actor, dataset, digests)
 
 
 def read_columns(store: BlobStore, dataset: Dataset, *, mock: bool) -> dict[str, npt.NDArray[Any]]:

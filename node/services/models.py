@@ -10,16 +10,17 @@ import numpy as np
 import numpy.typing as npt
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm.interfaces import LoaderOption
 
 from node.db.models import Model, ModelTag, ModelTensor, Role, User
 from node.errors import ConflictError, NotFoundError, PermissionDeniedError, UploadRejectedError
 from node.services import audit
 from node.services.catalog import (
     check_item_name,
+    delete_item,
     filter_catalog,
+    get_item,
     normalise_tags,
-    release_blobs,
-    require_owner,
     require_uploader,
 )
 from node.services.tabular import check_array, check_name
@@ -41,7 +42,7 @@ class ModelUpload:
     architecture_filename: str | None = None
 
 
-def _load_options() -> Any:
+def _load_options() -> list[LoaderOption]:
     return [selectinload(Model.tensors), selectinload(Model.tags), selectinload(Model.owner)]
 
 
@@ -113,12 +114,7 @@ def create_model(
 
 def get_model(session: Session, ref: int | str) -> Model:
     """A model by id or by name."""
-    query = select(Model).options(*_load_options())
-    query = query.where(Model.id == ref) if isinstance(ref, int) else query.where(Model.name == ref)
-    model = session.scalar(query)
-    if model is None:
-        raise NotFoundError(f"no model {ref!r}")
-    return model
+    return get_item(session, Model, ref, _load_options())
 
 
 def search_models(
@@ -131,15 +127,11 @@ def search_models(
 
 
 def delete_model(session: Session, store: BlobStore, actor: User, ref: int | str) -> None:
+    """Delete a model and the array bytes nothing else uses (owner or admin)."""
     model = get_model(session, ref)
-    require_owner(actor, model.owner_id, f"model {model.name!r}")
-    digests = [model.architecture_blob, *(t.blob for t in model.tensors)]
-    audit.record(
-        session, actor, "model.delete", target_type="model", target_id=model.id, name=model.name
+    delete_item(
+        session, store, actor, model, [model.architecture_blob, *(t.blob for t in model.tensors)]
     )
-    session.delete(model)
-    session.commit()
-    release_blobs(session, store, digests)
 
 
 def _may_read(actor: User, model: Model) -> None:
