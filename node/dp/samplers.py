@@ -61,6 +61,7 @@ __all__ = [
     "Source",
     "gaussian_plan",
     "laplace_plan",
+    "noise_from_words",
     "sample",
     "word_source",
 ]
@@ -316,13 +317,50 @@ def _gaussian_chunk(
         dest += _lookup(plan.low, words[1 + i], tie, s)
 
 
+def noise_from_words(
+    plan: LaplacePlan | GaussianPlan, words: npt.NDArray[np.uint64]
+) -> npt.NDArray[np.int64]:
+    """The noise integers that uniform words map to (the deterministic half of :func:`sample`).
+
+    Every column costs the same operations whatever its words: one lookup per table of the
+    plan, on all elements, in chunks of 2^14.
+
+    Args:
+        plan: from :func:`laplace_plan` or :func:`gaussian_plan`.
+        words: shape ``(len(plan.tables) + 1, count)``, uniform 64-bit words (the last row
+            breaks ties); overwritten.
+
+    Raises:
+        ValueError: if ``words`` has the wrong shape or dtype.
+    """
+    lookups = len(plan.tables)
+    if words.dtype != np.uint64 or words.ndim != 2 or words.shape[0] != lookups + 1:
+        raise ValueError(f"words must be uint64 of shape ({lookups + 1}, count)")
+    count = words.shape[1]
+    result = np.empty(count, dtype=np.int64)
+    scratch = _Scratch(min(_CHUNK, max(count, 1)))
+    for start in range(0, count, _CHUNK):
+        stop = min(start + _CHUNK, count)
+        _noise_chunk(plan, words[:, start:stop], scratch, result[start:stop])
+    return result
+
+
+def _noise_chunk(
+    plan: LaplacePlan | GaussianPlan,
+    words: npt.NDArray[np.uint64],
+    s: _Scratch,
+    dest: npt.NDArray[np.int64],
+) -> None:
+    if isinstance(plan, LaplacePlan):
+        _laplace_chunk(plan, words, s, dest)
+    else:
+        _gaussian_chunk(plan, words, s, dest)
+
+
 def sample(
     plan: LaplacePlan | GaussianPlan, count: int, *, source: Source = "pcg"
 ) -> npt.NDArray[np.int64]:
     """Draw ``count`` independent noise integers from ``plan`` with a freshly seeded stream.
-
-    Every sample costs the same operations: the lookups of the plan's tables, on all
-    elements, in chunks of 2^14.
 
     Args:
         plan: from :func:`laplace_plan` or :func:`gaussian_plan`.
@@ -339,12 +377,11 @@ def sample(
     if count < 0:
         raise ValueError("count must be >= 0")
     words_of = word_source(source)
-    lookups = len(plan.tables)
+    rows = len(plan.tables) + 1
     result = np.empty(count, dtype=np.int64)
     scratch = _Scratch(min(_CHUNK, max(count, 1)))
-    chunk_fn = _laplace_chunk if isinstance(plan, LaplacePlan) else _gaussian_chunk
     for start in range(0, count, _CHUNK):
         m = min(_CHUNK, count - start)
-        words = words_of((lookups + 1) * m).reshape(lookups + 1, m)
-        chunk_fn(plan, words, scratch, result[start : start + m])  # type: ignore[arg-type]
+        words = words_of(rows * m).reshape(rows, m)
+        _noise_chunk(plan, words, scratch, result[start : start + m])
     return result
