@@ -40,7 +40,7 @@ def gaussian_cdf(s: float) -> Cdf:
     from it by less than 10^-10 at these scales (Poisson summation: exp(-2π²s²) terms).
     """
     if s <= 5000:
-        half = int(math.ceil(15 * s)) + 2
+        half = math.ceil(15 * s) + 2
         support = np.arange(-half, half + 1, dtype=np.float64)
         pmf = np.exp(-(support**2) / (2 * s * s))
         cum = np.cumsum(pmf / pmf.sum())
