@@ -19,9 +19,11 @@ install: $(VENV)/.installed
 demo: install
 	$(VENV)/bin/dpnode serve --demo --host $(HOST) --port $(PORT)
 
-## Install, then run the whole suite (SQLite and a real PostgreSQL the tests start).
+## Install, then check lint, types and migrations, and run the whole suite
+## (SQLite, and a real PostgreSQL server that the tests start themselves).
 test: install
 	scripts/ensure-postgres
+	PY=$(PY) scripts/check
 	$(PY) -m pytest
 
 ## Lint, format check, types and migration drift (what reviewers expect before a merge).
