@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pytest
 from starlette.testclient import TestClient
 
 from node.context import NodeContext
 from tests.conftest import login, make_user
-from tests.node.conftest import blob_files, refused, upload, upload_ok
+from tests.node.conftest import blob_files, refused, upload, upload_model, upload_ok
 from tests.node.frames import read_frame
 
 DATASETS = "/api/v1/datasets"
@@ -188,44 +187,43 @@ def test_mock_with_strings_and_subject_ids(http: TestClient, owner_h: dict[str, 
     np.testing.assert_array_equal(arrays["cost"], [9.0])
 
 
-@pytest.mark.parametrize(
-    ("mock", "message"),
-    [
-        (
-            {"a": np.array([1], dtype=np.int64)},
-            "bounds declared for column 'b', but the mock data has no such column",
-        ),
-        (
-            {"b": np.array([1.0]), "a": np.array([1], dtype=np.int64), "c": np.array([True])},
-            "mock data must have the same columns as the data, in order: ['a', 'b']",
-        ),
-        (
-            {"a": np.array([[1.0, 2.0]]), "b": np.array([1.0])},
-            "mock column 'a' has row shape [2], the data []",
-        ),
-        (
-            {"a": np.array([1.5]), "b": np.array([1.0])},
-            "mock column 'a' (float64) cannot be stored as the data's dtype int64 without "
-            "changing its values",
-        ),
-        (
-            {"a": np.array([99], dtype=np.int64), "b": np.array([1.0])},
-            "mock column 'a' has 1 values outside its declared bounds [0, 10]; fix the bounds, "
-            "or pass clamp=True to clip them",
-        ),
-        (
-            {"a": np.array([1], dtype=np.int64), "b": np.array([np.nan])},
-            "mock column 'b' has 1 NaN or infinite values; pass fill={'b': value} to replace "
-            "them, or clean the data",
-        ),
-    ],
-)
-def test_mock_must_match_the_data(
-    http: TestClient, owner_h: dict[str, str], mock: dict[str, Any], message: str
-) -> None:
+#: (mock columns, why they are refused) against data a: int64 in [0, 10], b: float64 in [0, 10].
+BAD_MOCKS: list[tuple[dict[str, Any], str]] = [
+    (
+        {"a": np.array([1], dtype=np.int64)},
+        "bounds declared for column 'b', but the mock data has no such column",
+    ),
+    (
+        {"b": np.array([1.0]), "a": np.array([1], dtype=np.int64), "c": np.array([True])},
+        "mock data must have the same columns as the data, in order: ['a', 'b']",
+    ),
+    (
+        {"a": np.array([[1.0, 2.0]]), "b": np.array([1.0])},
+        "mock column 'a' has row shape [2], the data []",
+    ),
+    (
+        {"a": np.array([1.5]), "b": np.array([1.0])},
+        "mock column 'a' (float64) cannot be stored as the data's dtype int64 without "
+        "changing its values",
+    ),
+    (
+        {"a": np.array([99], dtype=np.int64), "b": np.array([1.0])},
+        "mock column 'a' has 1 values outside its declared bounds [0, 10]; fix the bounds, "
+        "or pass clamp=True to clip them",
+    ),
+    (
+        {"a": np.array([1], dtype=np.int64), "b": np.array([np.nan])},
+        "mock column 'b' has 1 NaN or infinite values; pass fill={'b': value} to replace "
+        "them, or clean the data",
+    ),
+]
+
+
+def test_mock_must_match_the_data(http: TestClient, owner_h: dict[str, str]) -> None:
     data = {"a": np.array([1, 2], dtype=np.int64), "b": np.array([1.0, 2.0])}
-    response = upload(http, owner_h, "d", data, mock=mock, bounds={"a": (0, 10), "b": (0, 10)})
-    assert refused(response, 422, "upload_rejected") == message
+    for mock, message in BAD_MOCKS:
+        response = upload(http, owner_h, "d", data, mock=mock, bounds={"a": (0, 10), "b": (0, 10)})
+        assert refused(response, 422, "upload_rejected") == message
     assert http.get(DATASETS, headers=owner_h).json() == []
 
 
@@ -339,15 +337,17 @@ def test_string_subject_ids(http: TestClient, owner_h: dict[str, str]) -> None:
     assert (body["subject_count"], body["max_rows_per_subject"]) == (3, 2)
 
 
-@pytest.mark.parametrize("name", ["2024", "a/b"])
 def test_names_a_url_cannot_reach_are_refused(
-    http: TestClient, owner_h: dict[str, str], small_dataset: dict[str, Any], name: str
+    http: TestClient, owner_h: dict[str, str], small_dataset: dict[str, Any]
 ) -> None:
     # "/datasets/2024" reads as an id and "/datasets/a/b" matches no route.
-    detail = refused(upload(http, owner_h, name, **small_dataset), 422, "upload_rejected")
-    assert detail == (
-        f"dataset name {name!r} cannot be used in URLs: it must not contain '/' nor be all "
-        "digits (those are read as ids)"
-    )
+    for name in ("2024", "a/b"):
+        detail = refused(upload(http, owner_h, name, **small_dataset), 422, "upload_rejected")
+        assert detail == (
+            f"dataset name {name!r} cannot be used in URLs: it must not contain '/' nor be all "
+            "digits (those are read as ids)"
+        )
+    detail = refused(upload_model(http, owner_h, "7", {"w": np.ones(1)}), 422, "upload_rejected")
+    assert detail.startswith("model name '7' cannot be used in URLs")
     upload_ok(http, owner_h, "2024-q1", **small_dataset)
     assert http.get(f"{DATASETS}/2024-q1", headers=owner_h).json()["name"] == "2024-q1"

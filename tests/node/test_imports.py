@@ -16,13 +16,11 @@ import sys
 from pathlib import Path
 from starlette.testclient import TestClient
 import node.app
-from node.db.migrate import upgrade
 from node.settings import Settings
 
 data = Path(sys.argv[1])
 data.mkdir(parents=True)
 settings = Settings(data_dir=data, argon2_memory_kib=8192, argon2_time_cost=1)
-upgrade(settings.resolved_database_url)
 with TestClient(node.app.create_app(settings)) as http:
     assert http.get("/api/v1/health").json()["status"] == "ok"
     assert http.get("/api/v1/version").status_code == 200

@@ -25,7 +25,7 @@ _names = itertools.count()
 
 #: Hypothesis runs many examples against one database (a fresh one per backend).
 PROPERTY = hsettings(
-    max_examples=25,
+    max_examples=20,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

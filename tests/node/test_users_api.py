@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from starlette.testclient import TestClient
 
 from node.db.models import User
@@ -20,20 +19,20 @@ def create(
     )
 
 
-@pytest.mark.parametrize("role", ["admin", "data_owner", "data_scientist"])
 def test_admin_creates_every_role_and_the_new_user_can_log_in(
-    http: TestClient, admin_h: dict[str, str], role: str
+    http: TestClient, admin_h: dict[str, str]
 ) -> None:
-    response = create(http, admin_h, f"  New.{role}@Example.org", role)
-    assert response.status_code == 201, response.text
-    body = response.json()
-    assert body["email"] == f"new.{role}@example.org"
-    assert body["role"] == role
-    assert body["is_active"] is True
-    assert "password" not in str(body) and "hash" not in str(body)
-    me = http.get(f"{USERS}/me", headers=login(http, f"new.{role}@example.org"))
-    assert me.json()["id"] == body["id"]
-    assert me.json()["role"] == role
+    for role in ("admin", "data_owner", "data_scientist"):
+        response = create(http, admin_h, f"  New.{role}@Example.org", role)
+        assert response.status_code == 201, response.text
+        body = response.json()
+        assert body["email"] == f"new.{role}@example.org"
+        assert body["role"] == role
+        assert body["is_active"] is True
+        assert "password" not in str(body) and "hash" not in str(body)
+        me = http.get(f"{USERS}/me", headers=login(http, f"new.{role}@example.org"))
+        assert me.json()["id"] == body["id"]
+        assert me.json()["role"] == role
 
 
 def test_data_owner_creates_data_scientists_only(http: TestClient, owner_h: dict[str, str]) -> None:
@@ -55,10 +54,16 @@ def test_unknown_role_is_refused_with_the_choices(
     assert detail == "unknown role 'superuser'; choose one of: admin, data_owner, data_scientist"
 
 
-@pytest.mark.parametrize("email", ["not-an-email", "a@b", "a b@example.org", "@example.org", ""])
-def test_bad_email_is_refused(http: TestClient, admin_h: dict[str, str], email: str) -> None:
-    detail = refused(create(http, admin_h, email, "data_scientist"), 422, "invalid_request")
-    assert detail == f"{email.strip().lower()!r} is not a valid email address"
+def test_bad_email_is_refused(http: TestClient, admin_h: dict[str, str]) -> None:
+    for email in [
+        "not-an-email",
+        "a@b",
+        "a b@example.org",
+        "@example.org",
+        "",
+    ]:
+        detail = refused(create(http, admin_h, email, "data_scientist"), 422, "invalid_request")
+        assert detail == f"{email.strip().lower()!r} is not a valid email address"
 
 
 def test_short_password_is_refused(http: TestClient, admin_h: dict[str, str]) -> None:
