@@ -164,3 +164,70 @@ def matrix_summary() -> str:
             f"{c['mismatch']} mismatch, {c['not expressible']} not expressible in torch"
         )
     return "\n".join(lines)
+
+
+def _engine_any(prim: str, operands: list[tuple[str, Any]]) -> str | None:
+    """Infer-and-run ``prim`` over (kind, value) operands; None when the engine refuses."""
+    g = GraphBuilder()
+    feed: dict[str, np.ndarray[Any, Any]] = {}
+    args: list[Any] = []
+    for i, (kind, v) in enumerate(operands):
+        if kind in ("S", "N"):
+            args.append(v)
+        else:
+            args.append(g.input(f"t{i}", TORCH_TO_NAME[v.dtype], tuple(v.shape)))
+            feed[f"t{i}"] = to_numpy(v)
+    graph = g.build([g.op(prim, *args)])
+    try:
+        name = infer(graph)[0].dtype.name
+        evaluate(graph, feed)
+    except DPNodeError:
+        return None
+    return name
+
+
+def _torch_any(call: Callable[[], Any]) -> str | None:
+    try:
+        return TORCH_TO_NAME[call().dtype]
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def test_where_promotion_matrix() -> None:
+    cond = torch.tensor([True, False])
+    bad = []
+    n = 0
+    for ka, kb in itertools.product("TZS", repeat=2):
+        da = list(SCALARS) if ka == "S" else DTYPE_NAMES
+        db = list(SCALARS) if kb == "S" else DTYPE_NAMES
+        for x, y in itertools.product(da, db):
+            a, b = _operand(ka, x), _operand(kb, y)
+            want = _torch_any(lambda a=a, b=b: torch.where(cond, a, b))
+            got = _engine_any("where", [("T", cond), (ka, a), (kb, b)])
+            n += 1
+            if got != want:
+                bad.append(f"where(T:bool, {ka}:{x}, {kb}:{y}): torch {want}, engine {got}")
+    RESULTS["where"]["match"] = n - len(bad)
+    assert not bad, "\n".join(bad[:40])
+
+
+def test_clamp_promotion_matrix() -> None:
+    bad = []
+    n = 0
+    for kx, kb in itertools.product("TZ", "TZS"):
+        bounds = list(SCALARS) if kb == "S" else DTYPE_NAMES
+        for dx, db in itertools.product(DTYPE_NAMES, bounds):
+            x, lo = _operand(kx, dx), _operand(kb, db)
+            for side in ("min", "max"):
+                if side == "min":
+                    want = _torch_any(lambda x=x, lo=lo: torch.clamp(x, min=lo))
+                    ops = [(kx, x), (kb, lo), ("N", None)]
+                else:
+                    want = _torch_any(lambda x=x, lo=lo: torch.clamp(x, max=lo))
+                    ops = [(kx, x), ("N", None), (kb, lo)]
+                got = _engine_any("clamp", ops)
+                n += 1
+                if got != want:
+                    bad.append(f"clamp({kx}:{dx}, {side}={kb}:{db}): torch {want}, engine {got}")
+    RESULTS["clamp"]["match"] = n - len(bad)
+    assert not bad, "\n".join(bad[:40])

@@ -387,6 +387,9 @@ def _clamp_infer(c: Call) -> TensorMeta:
         if isinstance(a, Scalar) and isinstance(a.value, float) and math.isnan(a.value):
             raise c.fail("a NaN bound makes every result NaN; refused", i)
     d = result_type(operands_of(c))
+    if d.is_bool and any(isinstance(a, Scalar) for a in c.args[1:]):
+        # torch's scalar-bound clamp kernel has no bool version (tensor bounds do)
+        raise c.fail("clamp with a scalar bound is not implemented for bool (torch refuses it)")
     return TensorMeta(_shape(c), d)
 
 
