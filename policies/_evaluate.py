@@ -1,0 +1,167 @@
+"""Deciding a publish, re-deciding it after an admin's answer, and reading a user's budget.
+
+These are the functions the node calls inside its publish transaction. They are pure: the
+same policy, user, request and ledger always give the same decision, so a decision can be
+replayed from the audit log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from policies._budget import Allocation, Spent, allocation_for
+from policies._conversion import RhoToEpsilon, filter_epsilon
+from policies._document import Policy
+from policies._periods import as_utc
+from policies._records import (
+    Allowance,
+    Approval,
+    Charge,
+    Decision,
+    Outcome,
+    PublishRequest,
+    Remaining,
+    User,
+)
+from policies._rules import RULES, Context
+
+__all__ = ["BudgetStatus", "budget_status", "decide", "decide_approved"]
+
+
+def _context(
+    policy: Policy,
+    user: User,
+    request: PublishRequest,
+    ledger: Iterable[Charge],
+    defaults: Allowance,
+    convert: RhoToEpsilon,
+    approval: Approval | None,
+) -> Context:
+    cost = request.charge(user.id)
+    return Context(
+        policy=policy,
+        user=user,
+        request=request,
+        charges=tuple(ledger),
+        defaults=defaults,
+        convert=convert,
+        approval=approval,
+        allocation=allocation_for(policy, user, defaults=defaults, at=request.at),
+        period=None if policy.renewal is None else policy.renewal.period(),
+        cost=Spent(cost.epsilon_units, cost.delta_units, cost.rho_units),
+    )
+
+
+def decide(
+    policy: Policy,
+    user: User,
+    request: PublishRequest,
+    ledger: Iterable[Charge],
+    *,
+    defaults: Allowance,
+    rho_to_epsilon: RhoToEpsilon = filter_epsilon,
+    approval: Approval | None = None,
+) -> Decision:
+    """Whether ``user`` may run ``request`` now, under ``policy``, given the ledger.
+
+    Args:
+        policy: the policy in force.
+        user: who publishes, with their budget grants.
+        request: what is asked; ``request.at`` is the decision time.
+        ledger: the charges already recorded. It must include at least every charge of this
+            user in the current period and in the rate-limit window, and every charge on each
+            dataset the request reads that has a cap (all users); more is harmless.
+        defaults: the node's default budget (``default_epsilon_budget``,
+            ``default_delta_budget``) for roles and users the policy does not set.
+        rho_to_epsilon: converts a zCDP total to epsilon (see :mod:`policies._conversion`).
+        approval: an admin's approval, when this publish waited for one; prefer
+            :func:`decide_approved`, which also refuses a denied request.
+
+    Returns:
+        The first objection of the rules in order (per-publish caps, rate limit, the user's
+        budget, dataset caps, approval), or ``allow`` with the ledger row to write.
+    """
+    ctx = _context(policy, user, request, ledger, defaults, rho_to_epsilon, approval)
+    for _family, check in RULES:
+        for verdict in check(ctx):
+            return Decision(
+                verdict.outcome,
+                verdict.rule,
+                verdict.reason,
+                None,
+                ctx.user_remaining(ctx.user_spent),
+            )
+    granted = request.charge(user.id)
+    label = f"policy {policy.name!r}" if policy.name else "the policy"
+    return Decision(
+        Outcome.ALLOW,
+        "allow",
+        f"within every rule of {label}",
+        granted,
+        ctx.user_remaining(ctx.user_spent + ctx.cost),
+    )
+
+
+def decide_approved(
+    policy: Policy,
+    user: User,
+    request: PublishRequest,
+    ledger: Iterable[Charge],
+    approval: Approval,
+    *,
+    defaults: Allowance,
+    rho_to_epsilon: RhoToEpsilon = filter_epsilon,
+) -> Decision:
+    """Re-decide a publish that waited, once an admin has answered.
+
+    A denial refuses it (rule ``"approval"``, with the admin's reason). An approval lifts only
+    the approval threshold: the request is decided again against the ledger as it stands at
+    ``request.at`` (the execution time), so every cap and budget still applies.
+    """
+    if not approval.approved:
+        why = f": {approval.reason}" if approval.reason else ""
+        ctx = _context(policy, user, request, ledger, defaults, rho_to_epsilon, None)
+        return Decision(
+            Outcome.REFUSE,
+            "approval",
+            f"an admin ({approval.by}) denied this publish{why}",
+            None,
+            ctx.user_remaining(ctx.user_spent),
+        )
+    return decide(
+        policy,
+        user,
+        request,
+        ledger,
+        defaults=defaults,
+        rho_to_epsilon=rho_to_epsilon,
+        approval=approval,
+    )
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    """A user's budget as a policy sees it at one instant (for ``client.budget()``)."""
+
+    allocation: Allocation
+    spent: Spent
+    remaining: Remaining
+    period_start: datetime | None
+
+
+def budget_status(
+    policy: Policy,
+    user: User,
+    ledger: Iterable[Charge],
+    *,
+    at: datetime,
+    defaults: Allowance,
+    rho_to_epsilon: RhoToEpsilon = filter_epsilon,
+) -> BudgetStatus:
+    """The user's allocation, what they spent in the current period and what remains."""
+    ctx = _context(policy, user, PublishRequest(as_utc(at)), ledger, defaults, rho_to_epsilon, None)
+    start = None if ctx.period is None else ctx.period.window(ctx.request.at)[0]
+    spent = ctx.user_spent
+    return BudgetStatus(ctx.allocation, spent, ctx.user_remaining(spent), start)

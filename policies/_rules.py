@@ -1,0 +1,221 @@
+"""The rules a publish must pass, as a registry evaluated in order.
+
+Each rule reads a :class:`Context` (the policy, the user, the request and the relevant ledger)
+and returns a :class:`Verdict` when it objects, ``None`` otherwise; the first objection decides.
+Refusing rules come before the approval rule, so a publish that could never run is refused at
+once instead of being queued for an admin, and an approved publish still passes every cap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from policies._budget import Allocation, Limit, Spent
+from policies._conversion import RhoToEpsilon
+from policies._document import Policy
+from policies._periods import Period, parse_period
+from policies._records import Allowance, Approval, Charge, Outcome, PublishRequest, Remaining, User
+from policies._units import delta_units, epsilon_units, format_delta, format_epsilon
+
+__all__ = ["RULES", "Context", "Verdict", "rule"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """An objection: what to do, the rule's dotted name and the reason."""
+
+    outcome: Outcome
+    rule: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything a rule may read; built once per decision by :func:`policies.decide`."""
+
+    policy: Policy
+    user: User
+    request: PublishRequest
+    charges: tuple[Charge, ...]
+    defaults: Allowance
+    convert: RhoToEpsilon
+    approval: Approval | None
+    allocation: Allocation
+    period: Period | None
+    cost: Spent
+
+    @property
+    def user_limit(self) -> Limit:
+        """The user's allocation as a limit."""
+        a = self.allocation
+        return Limit.for_policy(self.policy, a.epsilon_units, a.delta_units)
+
+    def in_window(self, period: Period | None, charge: Charge) -> bool:
+        """Whether ``charge`` counts in the request's window of ``period`` (always, if none)."""
+        return period is None or period.contains(self.request.at, charge.at)
+
+    @property
+    def user_spent(self) -> Spent:
+        """The user's charges in the current period."""
+        mine = (c for c in self.charges if c.user_id == self.user.id)
+        return Spent.of(c for c in mine if self.in_window(self.period, c))
+
+    def user_remaining(self, spent: Spent) -> Remaining:
+        """The user's remaining budget after ``spent``."""
+        epsilon, delta = self.user_limit.remaining(spent, self.convert)
+        renews = None if self.period is None else self.period.window(self.request.at)[1]
+        return Remaining(epsilon, delta, renews)
+
+
+Rule = Callable[[Context], Iterator[Verdict]]
+#: The rules, in the order they are checked.
+RULES: list[tuple[str, Rule]] = []
+
+
+def rule(family: str) -> Callable[[Rule], Rule]:
+    """Register a rule (a generator of objections) under a family name."""
+
+    def register(fn: Rule) -> Rule:
+        RULES.append((family, fn))
+        return fn
+
+    return register
+
+
+def describe_cost(cost: Spent) -> str:
+    """``"epsilon 0.5"``, ``"rho 0.01 (zCDP)"``, with any directly charged delta."""
+    parts = []
+    if cost.rho_units:
+        parts.append(f"rho {format_epsilon(cost.rho_units)} (zCDP)")
+    if cost.epsilon_units or not cost.rho_units:
+        parts.append(f"epsilon {format_epsilon(cost.epsilon_units)}")
+    if cost.delta_units:
+        parts.append(f"delta {format_delta(cost.delta_units)}")
+    return ", ".join(parts)
+
+
+@rule("publish")
+def _publish_caps(ctx: Context) -> Iterator[Verdict]:
+    caps, req = ctx.policy.publish, ctx.request
+    if caps.max_epsilon is not None and req.epsilon_units > epsilon_units(caps.max_epsilon):
+        yield Verdict(
+            Outcome.REFUSE,
+            "publish.max_epsilon",
+            f"this publish asks for epsilon {format_epsilon(req.epsilon_units)}; the policy "
+            f"allows at most {caps.max_epsilon:g} per publish",
+        )
+    if caps.max_delta is not None and req.delta_units > delta_units(caps.max_delta):
+        yield Verdict(
+            Outcome.REFUSE,
+            "publish.max_delta",
+            f"this publish asks for delta {format_delta(req.delta_units)}; the policy "
+            f"allows at most {caps.max_delta:g} per publish",
+        )
+
+
+@rule("rate_limit")
+def _rate_limit(ctx: Context) -> Iterator[Verdict]:
+    limit = ctx.policy.rate_limit
+    if limit is None:
+        return
+    window = parse_period(limit.window)
+    # Every charge later than at - window counts, even one dated after the request: then no
+    # window of this length can ever hold more than max_publishes, whatever the arrival order.
+    since = ctx.request.at - window
+    recent = sorted(c.at for c in ctx.charges if c.user_id == ctx.user.id and c.at > since)
+    if len(recent) < limit.max_publishes:
+        return
+    if limit.max_publishes == 0:
+        when = "publishing is disabled"
+    else:
+        free = recent[len(recent) - limit.max_publishes] + window
+        when = f"the next one is possible at {free.isoformat().replace('+00:00', 'Z')}"
+    yield Verdict(
+        Outcome.REFUSE,
+        "rate_limit.max_publishes",
+        f"rate limit: at most {limit.max_publishes} publishes per {limit.window}; you have made "
+        f"{len(recent)} in the last {limit.window}; {when}",
+    )
+
+
+@rule("budget")
+def _user_budget(ctx: Context) -> Iterator[Verdict]:
+    limit, after, a = ctx.user_limit, ctx.user_spent + ctx.cost, ctx.allocation
+    renewal = ctx.policy.renewal
+    scope = "in total" if renewal is None else f"per {renewal.every}"
+    granted = f" (including {len(a.grants)} granted)" if a.grants else ""
+    left = ctx.user_remaining(ctx.user_spent).describe()
+    if not limit.epsilon_fits(after, ctx.convert):
+        yield Verdict(
+            Outcome.REFUSE,
+            a.epsilon_rule,
+            f"this publish costs {describe_cost(ctx.cost)} and does not fit your epsilon budget "
+            f"of {format_epsilon(a.epsilon_units)} {scope}{granted}; {left}",
+        )
+    if not limit.delta_fits(after):
+        yield Verdict(
+            Outcome.REFUSE,
+            a.delta_rule,
+            f"this publish costs {describe_cost(ctx.cost)} and does not fit your delta budget "
+            f"of {format_delta(a.delta_units)} {scope}{granted}; {left}",
+        )
+
+
+@rule("datasets")
+def _dataset_caps(ctx: Context) -> Iterator[Verdict]:
+    for name, dataset_id in sorted(ctx.request.datasets.items()):
+        cap = ctx.policy.datasets.get(name)
+        if cap is None:
+            continue
+        epsilon = None if cap.max_epsilon is None else epsilon_units(cap.max_epsilon)
+        delta = None if cap.max_delta is None else delta_units(cap.max_delta)
+        implicit = ""
+        if delta is None and epsilon is not None:
+            # A cap on epsilon alone promises (max_epsilon, the node's default delta).
+            delta, implicit = ctx.defaults.delta_units, " (the node's default delta)"
+        limit = Limit.for_policy(ctx.policy, epsilon, delta)
+        period = None if cap.renewal is None else cap.renewal.period()
+        every = "" if cap.renewal is None else f" per {cap.renewal.every}"
+        touching = (c for c in ctx.charges if dataset_id in c.dataset_ids)
+        spent = Spent.of(c for c in touching if ctx.in_window(period, c))
+        after = spent + ctx.cost
+        left_eps, left_delta = limit.remaining(spent, ctx.convert)
+        scope = f"across all users{every}"
+        if not limit.epsilon_fits(after, ctx.convert):
+            yield Verdict(
+                Outcome.REFUSE,
+                f"datasets.{name}.max_epsilon",
+                f"dataset {name!r} is capped at epsilon {cap.max_epsilon:g} {scope}; "
+                f"{format_epsilon(left_eps)} is left and this publish costs "
+                f"{describe_cost(ctx.cost)}",
+            )
+        if not limit.delta_fits(after):
+            yield Verdict(
+                Outcome.REFUSE,
+                f"datasets.{name}.max_delta",
+                f"dataset {name!r} is capped at delta {format_delta(delta or 0)}{implicit} "
+                f"{scope}; {format_delta(left_delta)} is left and this publish costs "
+                f"{describe_cost(ctx.cost)}",
+            )
+
+
+@rule("approval")
+def _approval(ctx: Context) -> Iterator[Verdict]:
+    if ctx.approval is not None and ctx.approval.approved:
+        return
+    gate, req = ctx.policy.approval, ctx.request
+    if gate.epsilon_above is not None and req.epsilon_units > epsilon_units(gate.epsilon_above):
+        yield Verdict(
+            Outcome.NEEDS_APPROVAL,
+            "approval.epsilon_above",
+            f"publishes above epsilon {gate.epsilon_above:g} wait for an admin's approval; this "
+            f"one asks for {format_epsilon(req.epsilon_units)}",
+        )
+    if gate.delta_above is not None and req.delta_units > delta_units(gate.delta_above):
+        yield Verdict(
+            Outcome.NEEDS_APPROVAL,
+            "approval.delta_above",
+            f"publishes above delta {gate.delta_above:g} wait for an admin's approval; this "
+            f"one asks for {format_delta(req.delta_units)}",
+        )
