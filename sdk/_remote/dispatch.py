@@ -325,20 +325,16 @@ class FactoryCapture(TorchDispatchMode):
     """Active while a torch decomposition runs: meta-device factories become prims.
 
     Decompositions create helper tensors with ``torch.zeros(..., device=x.device)``
-    and the like; for a remote ``x`` that device is ``meta``, which has no
-    values. Such calls are recorded (``full``, ``arange``, ``rand``) instead;
-    anything else with remote arguments goes on to the subclass.
+    and the like. Recorded as prims (``full``, ``arange``, ``rand``) they cost a
+    few bytes of graph instead of a constant as large as the data; anything with
+    remote arguments goes on to the subclass.
     """
 
     def __torch_dispatch__(self, func: OpOverload, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if _has_remote(args) or _has_remote(kwargs.values()):
             return func(*args, **kwargs)
-        dev = kwargs.get("device")
-        on_meta = (dev is not None and torch.device(dev).type == "meta") or any(
-            isinstance(a, torch.Tensor) and a.device.type == "meta" for a in args
-        )
-        if on_meta and func in RULES:
+        if func in FACTORIES:
             out = func(*[_meta(a) for a in args], **_meta_kwargs(kwargs))
             return _wrap(out, RULES[func](out, *args, **kwargs), "")
         return func(*args, **kwargs)

@@ -196,7 +196,7 @@ def _where_scalar(out: torch.Tensor, mask: Node, value: Any, x: Node) -> Node:
 @implements(aten._to_copy.default)
 def _to_copy(out: torch.Tensor, x: Node, **kw: Any) -> Node:
     dev = kw.get("device")
-    if dev is not None and torch.device(dev).type != "meta":
+    if dev is not None and torch.device(dev).type not in ("cpu", "meta"):
         from sdk._remote.dispatch import private_error
 
         raise private_error(f"moving a remote tensor to {dev}", "")

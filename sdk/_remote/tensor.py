@@ -1,8 +1,11 @@
 """RemoteTensor: a torch.Tensor whose values live on the node.
 
-A wrapper subclass on the ``meta`` device: it has a shape, dtype and strides,
-no storage, and takes part in autograd like any tensor (autograd runs above
-Python dispatch, so ``backward`` just calls more ATen ops on it). Every ATen op
+A wrapper subclass (``_make_wrapper_subclass``) around a ``meta`` tensor: it
+has a shape, dtype and strides, no storage, and takes part in autograd like
+any tensor (autograd runs above Python dispatch, so ``backward`` just calls
+more ATen ops on it). Shapes, strides and dtypes are propagated by running
+each op on the meta tensors (``_meta``); the wrapper itself reports the
+``cpu`` device, see :data:`OUTER_DEVICE` for why. Every ATen op
 that reaches :meth:`RemoteTensor.__torch_dispatch__` is handed to
 :func:`sdk._remote.dispatch.dispatch`, which records prims.
 
@@ -27,6 +30,14 @@ from sdk._remote.views import forward, inverse
 __all__ = ["RemoteTensor", "Storage", "ViewStep"]
 
 
+#: The device remote tensors report. Their shapes and dtypes come from meta tensors (``_meta``),
+#: but the wrapper claims "cpu": the helper tensors that torch and its decompositions create
+#: "on the same device" (``torch.tensor(0, device=x.device)``, scalars wrapped by ``torch.where``,
+#: list indices) are then real local tensors whose public values travel as constants, instead
+#: of value-less meta tensors.
+OUTER_DEVICE = torch.device("cpu")
+
+
 class Storage:
     """The shared memory of a family of aliasing remote tensors: the base's current value."""
 
@@ -40,13 +51,6 @@ class Storage:
 #: one elementary view step, e.g. ("slice", dim, start, end, step); see views.py
 ViewStep = tuple[Any, ...]
 
-
-def _scalar_as_local(a: Any) -> Any:
-    # a 0-dim tensor of the default dtype promotes exactly like the Python scalar
-    return torch.tensor(a) if isinstance(a, (bool, int, float)) else a
-
-
-_SCALAR_WRAPPING: set[Any] = {torch.where, torch.Tensor.where}
 
 _WHERE = "Choose between values remotely with torch.where(condition, a, b)."
 
@@ -82,17 +86,7 @@ class RemoteTensor(torch.Tensor):
     _source: str
     _meta: torch.Tensor
 
-    @classmethod
-    def __torch_function__(
-        cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
-    ) -> Any:
-        # Below autograd everything goes through __torch_dispatch__; this hook only fixes the
-        # few composite ops that would turn a Python scalar into a value-less meta tensor.
-        kwargs = kwargs or {}
-        if func in _SCALAR_WRAPPING:
-            args = tuple(_scalar_as_local(a) for a in args)
-        with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **kwargs)
+    __torch_function__ = torch._C._disabled_torch_function_impl
 
     @staticmethod
     def __new__(
@@ -109,7 +103,7 @@ class RemoteTensor(torch.Tensor):
             strides=meta.stride(),
             storage_offset=meta.storage_offset(),
             dtype=meta.dtype,
-            device="meta",
+            device=OUTER_DEVICE,
             requires_grad=requires_grad,
         )
         r._meta = meta
