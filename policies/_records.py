@@ -158,18 +158,22 @@ class Outcome(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Remaining:
-    """What is left of a budget: epsilon (after converting rho), directly chargeable delta, and
-    when the period renews (``None``: never)."""
+    """What is left of a budget: epsilon (after converting the rho spent), the delta left for
+    direct charges, and when the period renews (``None``: never)."""
 
     epsilon_units: int
     delta_units: int
     renews_at: datetime | None = None
 
     def describe(self) -> str:
-        """``"remaining budget: epsilon 1.5, delta 1e-06"`` (and the renewal time, if any)."""
+        """``"remaining budget: epsilon 1.5, direct delta 1e-09"`` (and when it renews).
+
+        The delta is what is left for deltas charged directly: the part of the delta budget
+        reserved for converting zCDP charges is not spent by them, it is in the epsilon.
+        """
         text = (
             f"remaining budget: epsilon {format_epsilon(self.epsilon_units)}, "
-            f"delta {format_delta(self.delta_units)}"
+            f"direct delta {format_delta(self.delta_units)}"
         )
         if self.renews_at is not None:
             text += f" (renews at {self.renews_at.isoformat().replace('+00:00', 'Z')})"

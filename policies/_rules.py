@@ -146,6 +146,13 @@ def _user_budget(ctx: Context) -> Iterator[Verdict]:
     scope = "in total" if renewal is None else f"per {renewal.every}"
     granted = f" (including {len(a.grants)} granted)" if a.grants else ""
     left = ctx.user_remaining(ctx.user_spent).describe()
+    if limit.epsilon_used(after, ctx.convert) is None:
+        yield Verdict(
+            Outcome.REFUSE,
+            a.delta_rule,
+            f"this publish costs {describe_cost(ctx.cost)}, which needs a delta budget to "
+            f"convert to epsilon, and your delta budget is {format_delta(a.delta_units)}",
+        )
     if not limit.epsilon_fits(after, ctx.convert):
         yield Verdict(
             Outcome.REFUSE,
@@ -182,6 +189,12 @@ def _dataset_caps(ctx: Context) -> Iterator[Verdict]:
         after = spent + ctx.cost
         left_eps, left_delta = limit.remaining(spent, ctx.convert)
         scope = f"across all users{every}"
+        if limit.epsilon_used(after, ctx.convert) is None:
+            yield Verdict(
+                Outcome.REFUSE,
+                f"datasets.{name}.max_delta",
+                f"dataset {name!r} is capped at delta 0, so it admits no zCDP (Gaussian) release",
+            )
         if not limit.epsilon_fits(after, ctx.convert):
             yield Verdict(
                 Outcome.REFUSE,
