@@ -135,7 +135,8 @@ def plan(graph: Graph, quotas: Quotas | None = None) -> Plan:
                     last_use[a.index] = i
     for o in g.outputs:
         last_use[o] = n  # never freed
-    peak = _peak_bytes(g, metas, live, last_use)
+    work = [0 if c is None else REGISTRY[c.op].workspace(c) for c in calls]
+    peak = _peak_bytes(g, metas, live, last_use, work)
     if peak > q.max_total_bytes:
         raise QuotaExceededError(
             f"graph needs about {peak:,} bytes of intermediates at its peak; "
@@ -155,16 +156,21 @@ def _check_tensor(i: int, op: str, meta: TensorMeta, q: Quotas) -> None:
 
 
 def _peak_bytes(
-    g: Graph, metas: Sequence[TensorMeta], live: Sequence[bool], last_use: Sequence[int]
+    g: Graph,
+    metas: Sequence[TensorMeta],
+    live: Sequence[bool],
+    last_use: Sequence[int],
+    work: Sequence[int],
 ) -> int:
-    """Peak bytes alive under the run loop's schedule (views counted as copies: an upper bound)."""
+    """Peak bytes under the run loop's schedule: live values plus the running kernel's
+    temporaries (views counted as copies, so an upper bound)."""
     alive = peak = 0
     dying: dict[int, list[int]] = {}
     for i, m in enumerate(metas):
         if not live[i] or g.nodes[i].op == "input":
             continue
         alive += m.nbytes
-        peak = max(peak, alive)
+        peak = max(peak, alive + work[i])
         dying.setdefault(last_use[i], []).append(i)
         for j in dying.pop(i, ()):
             alive -= metas[j].nbytes

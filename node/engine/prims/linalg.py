@@ -156,6 +156,36 @@ def _conv_infer(c: Call) -> TensorMeta:
     return TensorMeta(shape, c.tensor(0).dtype)
 
 
+def _conv_workspace(c: Call) -> int:
+    """The padded input, the window matrix tensordot copies, float32 copies of low precision."""
+    x, w = c.tensor(0), c.tensor(1)
+    geo = _conv_geometry(c)
+    item = 4 if x.dtype.is_low_precision else x.dtype.itemsize
+    n, cin, k = geo["n"], geo["cin"], math.prod(geo["k"])
+    cast = (x.numel + w.numel + c.out().numel) * 4 if x.dtype.is_low_precision else 0
+    if geo["transposed"]:
+        sp = x.shape[-geo["nsp"] :]
+        ext = math.prod(
+            max((s - 1) * t + d * (kk - 1) + 1, o + p)
+            for s, t, d, kk, o, p in zip(
+                sp,
+                geo["stride"],
+                geo["dilation"],
+                geo["k"],
+                geo["out"],
+                geo["padding"],
+                strict=True,
+            )
+        )
+        return int(cast + item * (n * geo["cout"] * ext + 2 * n * math.prod(sp) * geo["cout"]))
+    padded = math.prod(
+        s + 2 * p for s, p in zip(x.shape[-geo["nsp"] :], geo["padding"], strict=True)
+    )
+    return int(
+        cast + item * (n * cin * padded + n * cin * math.prod(geo["out"]) * k + c.out().numel)
+    )
+
+
 def _conv_flops(c: Call) -> int:
     w = c.tensor(1)
     return 2 * c.out().numel * math.prod(w.shape[1:]) + 1
@@ -235,6 +265,7 @@ def _conv_transposed(x: Array, w: Array, geo: dict[str, Any]) -> Array:
     attrs=_CONV,
     infer=_conv_infer,
     flops=_conv_flops,
+    workspace=_conv_workspace,
     optional_args=frozenset({2}),
 )
 def _convolution(c: Call, args: list[Any], out: Array | None) -> Array:
@@ -287,6 +318,15 @@ def _wgrad_infer(c: Call) -> TensorMeta:
     return TensorMeta((go.shape[1], x.shape[1] // geo["g"], *geo["k"]), x.dtype)
 
 
+def _wgrad_workspace(c: Call) -> int:
+    x, go = c.tensor(0), c.tensor(1)
+    geo = _wgrad_geometry(c)
+    item = 4 if x.dtype.is_low_precision else x.dtype.itemsize
+    padded = math.prod(s + 2 * p for s, p in zip(x.shape[2:], geo["padding"], strict=True))
+    win = x.shape[0] * x.shape[1] * math.prod(geo["out"]) * math.prod(geo["k"])
+    return int(item * (x.shape[0] * x.shape[1] * padded + win + x.numel + go.numel))
+
+
 def _wgrad_flops(c: Call) -> int:
     return 2 * c.tensor(1).numel * c.out().numel // max(c.out().shape[0], 1) + 1
 
@@ -303,6 +343,7 @@ def _wgrad_flops(c: Call) -> int:
     },
     infer=_wgrad_infer,
     flops=_wgrad_flops,
+    workspace=_wgrad_workspace,
 )
 def _conv_wgrad(c: Call, args: list[Any], out: Array | None) -> Array:
     """Gradient of a (non-transposed) convolution with respect to its weight."""

@@ -22,6 +22,12 @@ def _sort_flops(c: Call) -> int:
     return x.numel * max(int(math.log2(max(x.numel, 2))), 1) + 1
 
 
+def _sort_workspace(c: Call) -> int:
+    # argsort's int64 indices, their flipped copy, and a float32 copy of bfloat16
+    x = c.tensor(0)
+    return 3 * 8 * x.numel
+
+
 def _argsort_along(x: Array, axis: int, descending: bool) -> Array:
     if x.dtype.kind == "V":  # bfloat16: float32 holds it exactly
         x = x.astype(np.float32)
@@ -45,6 +51,7 @@ def _argsort_infer(c: Call) -> TensorMeta:
     attrs={"dim": AttrSpec("int"), "descending": AttrSpec("bool", optional=True, default=False)},
     infer=_argsort_infer,
     flops=_sort_flops,
+    workspace=_sort_workspace,
 )
 def _argsort(c: Call, args: list[Any], out: Array | None) -> Array:
     """Stable sort indices along ``dim`` (values: gather with them)."""
@@ -79,6 +86,7 @@ def _topk_infer(c: Call) -> TensorMeta:
     },
     infer=_topk_infer,
     flops=_sort_flops,
+    workspace=_sort_workspace,
 )
 def _topk(c: Call, args: list[Any], out: Array | None) -> Array:
     """Indices of the k largest (or smallest) along ``dim``, sorted; values via gather."""

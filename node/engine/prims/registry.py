@@ -153,6 +153,17 @@ def _default_flops(c: Call) -> int:
     return max(c.out().numel, 1)
 
 
+def _default_workspace(c: Call) -> int:
+    """Temporaries a kernel allocates beyond its output.
+
+    By default only float16/bfloat16 cost extra: they are computed in float32 copies.
+    """
+    tensors = [a for a in c.args if isinstance(a, TensorMeta)]
+    if not any(t.dtype.is_low_precision for t in [*tensors, c.out()]):
+        return 0
+    return 4 * (sum(t.numel for t in tensors) + c.out().numel)
+
+
 @dataclass
 class PrimDef:
     """Everything the node knows about one prim."""
@@ -164,6 +175,8 @@ class PrimDef:
     infer: InferFn
     kernel: Kernel
     flops: FlopsFn = _default_flops
+    #: bytes of temporaries the kernel allocates beyond its output (counted in the peak)
+    workspace: FlopsFn = _default_workspace
     #: kernel honours ``out`` (elementwise ops); the evaluator offers a dying input
     inplace: bool = False
     #: output may be a view of argument 0 (reshape, permute, expand, slice...)
@@ -189,6 +202,7 @@ def prim(
     attrs: Mapping[str, AttrSpec] | None = None,
     infer: InferFn,
     flops: FlopsFn | None = None,
+    workspace: FlopsFn | None = None,
     inplace: bool = False,
     view: bool = False,
     scalar_args: frozenset[int] | Literal["all"] = frozenset(),
@@ -210,6 +224,7 @@ def prim(
             infer=infer,
             kernel=kernel,
             flops=flops or _default_flops,
+            workspace=workspace or _default_workspace,
             inplace=inplace,
             view=view,
             scalar_args=scalar_args,
