@@ -145,17 +145,17 @@ def zcdp_delta(rho: float, *, epsilon: float) -> float:
         raise ValueError("rho and epsilon must be >= 0")
     if rho == 0:
         return 0.0
-    # The exponent is convex in α; ternary search on log(α - 1).
-    lo, hi = math.log(1e-6), math.log(max(10.0, 4 * (epsilon + 1) / rho))
-    for _ in range(200):
-        a, b = lo + (hi - lo) / 3, hi - (hi - lo) / 3
-        if _cks_log_delta(rho, epsilon, 1 + math.exp(a)) < _cks_log_delta(
-            rho, epsilon, 1 + math.exp(b)
-        ):
-            hi = b
+    # The exponent is convex in α with derivative (2α - 1)ρ - ε + log(1 - 1/α), increasing
+    # from -inf at α = 1: bisect for its root on log(α - 1).
+    lo, hi = math.log(1e-9), math.log(2.0 + (epsilon + 1.0) / rho)
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        alpha = 1.0 + math.exp(mid)
+        if (2 * alpha - 1) * rho - epsilon + math.log1p(-1 / alpha) < 0:
+            lo = mid
         else:
-            lo = a
-    return min(1.0, math.exp(_cks_log_delta(rho, epsilon, 1 + math.exp((lo + hi) / 2))))
+            hi = mid
+    return min(1.0, math.exp(_cks_log_delta(rho, epsilon, 1.0 + math.exp(hi))))
 
 
 def zcdp_to_dp_cks(rho: float, *, delta: float) -> float:
@@ -173,7 +173,7 @@ def zcdp_to_dp_cks(rho: float, *, delta: float) -> float:
     if rho == 0:
         return 0.0
     lo, hi = 0.0, zcdp_to_dp(rho, delta=delta)
-    for _ in range(200):
+    for _ in range(100):
         mid = (lo + hi) / 2
         if zcdp_delta(rho, epsilon=mid) <= delta:
             hi = mid
@@ -199,7 +199,7 @@ def calibrate_rho(epsilon: float, delta: float) -> float:
         raise ValueError(f"epsilon must be finite and > 0, got {epsilon!r}")
     _check_delta(delta)
     lo, hi = 0.0, epsilon + 1.0  # zcdp_delta(eps + 1, eps) > delta for delta < 1
-    for _ in range(200):
+    for _ in range(100):
         mid = (lo + hi) / 2
         if zcdp_delta(mid, epsilon=epsilon) <= delta:
             lo = mid

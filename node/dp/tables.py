@@ -129,9 +129,12 @@ def build_alias_table(weights: list[int], *, offset: int, tv_bound: float) -> Al
 
 def _quantise(probs: list[Decimal]) -> tuple[list[int], float]:
     """Round probabilities (summing to one) to multiples of 2^-128 that sum to exactly one."""
-    scaled = [p * _ONE for p in probs]
+    with localcontext(_CONTEXT):
+        scaled = [p * _ONE for p in probs]
     floors = [int(s) for s in scaled]
     missing = _ONE - sum(floors)
+    if not 0 <= missing <= len(probs):  # the probabilities did not sum to one
+        raise AssertionError("probabilities to quantise must sum to one")
     # Largest remainder: give the missing units to the entries that lost the most.
     order = sorted(range(len(probs)), key=lambda i: scaled[i] - floors[i], reverse=True)
     for i in order[:missing]:

@@ -1,0 +1,165 @@
+"""Mechanisms: outputs on the grid, the noise law, the charge, and refusals."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from node.dp import Charge, gaussian, laplace
+from node.dp.accounting import calibrate_rho
+from node.dp.grid import FINENESS_BITS, on_grid, round_to_grid
+from node.dp.samplers import MAX_SCALE
+from node.errors import EvaluationError, InvalidRequestError
+from tests.dp.stats import (
+    ALPHA,
+    chi_square_pvalue,
+    gaussian_cdf,
+    gaussian_edges,
+    laplace_cdf,
+    laplace_edges,
+)
+
+values = st.lists(st.floats(-1e9, 1e9), min_size=1, max_size=50)
+
+
+@settings(max_examples=100, deadline=None)
+@given(values, st.floats(1e-6, 1e6), st.floats(1e-3, 10.0))
+def test_laplace_outputs_lie_on_the_grid(xs: list[float], sens: float, eps: float) -> None:
+    r = laplace(xs, sensitivity_l1=sens, epsilon=eps)
+    assert r.grid_exponent is not None and on_grid(r.values, r.grid_exponent)
+    assert r.values.shape == (len(xs),) and r.values.dtype == np.float64
+    # The noise covers the rounded query: scale * epsilon >= its sensitivity >= the declared one.
+    assert Fraction(r.scale) * Fraction(eps) >= Fraction(r.sensitivity) >= Fraction(sens)
+    assert r.sensitivity <= sens * (1 + 2.0**-FINENESS_BITS) * (1 + 1e-12)
+    assert r.charge == Charge(epsilon=eps, tv=r.sampler_tv)
+    assert 0 < r.sampler_tv < len(xs) * 2.0**-90
+
+
+@settings(max_examples=100, deadline=None)
+@given(values, st.floats(1e-6, 1e6), st.floats(1e-3, 10.0))
+def test_gaussian_outputs_lie_on_the_grid(xs: list[float], sens: float, rho: float) -> None:
+    r = gaussian(xs, sensitivity_l2=sens, rho=rho)
+    assert r.grid_exponent is not None and on_grid(r.values, r.grid_exponent)
+    # CKS Theorem 14: sensitivity² / (2 scale²) <= rho, for the rounded query's sensitivity.
+    assert Fraction(r.sensitivity) ** 2 <= 2 * Fraction(rho) * Fraction(r.scale) ** 2
+    assert r.sensitivity >= sens
+    assert r.charge == Charge(rho=rho, tv=r.sampler_tv)
+
+
+def test_shape_is_kept() -> None:
+    r = laplace(np.zeros((3, 4)), sensitivity_l1=1.0, epsilon=1.0)
+    assert r.values.shape == (3, 4)
+    r = gaussian(np.float64(2.0), sensitivity_l2=1.0, rho=1.0)
+    assert r.values.shape == ()
+
+
+def _noise_in_grid_units(r_values: np.ndarray, x: float, k: int) -> np.ndarray:
+    base = round_to_grid(np.array([x]), k)[0]
+    return (np.ldexp(r_values, -k) - base).astype(np.int64)
+
+
+def test_laplace_noise_law_end_to_end() -> None:
+    x, n = 123.456, 200_000
+    r = laplace(np.full(n, x), sensitivity_l1=2.0, epsilon=0.5)
+    assert r.grid_exponent is not None
+    z = _noise_in_grid_units(r.values, x, r.grid_exponent)
+    t = math.ldexp(r.scale, -r.grid_exponent)
+    assert chi_square_pvalue(z, laplace_cdf(t), laplace_edges(t, 200)) > ALPHA
+    assert chi_square_pvalue(z, laplace_cdf(t / 0.9), laplace_edges(t, 200)) < ALPHA
+
+
+def test_gaussian_noise_law_end_to_end() -> None:
+    x, n = -7.25, 200_000
+    r = gaussian(np.full(n, x), sensitivity_l2=1.0, epsilon=1.0, delta=1e-6)
+    assert r.grid_exponent is not None
+    z = _noise_in_grid_units(r.values, x, r.grid_exponent)
+    s = math.ldexp(r.scale, -r.grid_exponent)
+    assert chi_square_pvalue(z, gaussian_cdf(s), gaussian_edges(s, 200)) > ALPHA
+    assert r.rho == calibrate_rho(1.0, 1e-6)
+
+
+def test_noise_scale_matches_the_textbook_one() -> None:
+    # Laplace b = Δ/ε and Gaussian σ = Δ/sqrt(2ρ), up to the 2^-10 grid inflation.
+    r = laplace([0.0], sensitivity_l1=3.0, epsilon=0.25)
+    assert 12.0 <= r.scale <= 12.0 * (1 + 2.0**-FINENESS_BITS) * (1 + 1e-12)
+    g = gaussian([0.0] * 100, sensitivity_l2=3.0, rho=0.125)
+    assert 6.0 <= g.scale <= 6.0 * (1 + 2.0**-FINENESS_BITS) * (1 + 1e-12)
+
+
+def test_zero_sensitivity_releases_the_public_values() -> None:
+    r = laplace([1.5, 2.5], sensitivity_l1=0.0, epsilon=1.0)
+    assert r.values.tolist() == [1.5, 2.5] and r.grid_exponent is None and r.scale == 0
+    assert r.charge == Charge(epsilon=1.0)
+    g = gaussian([1.5], sensitivity_l2=0.0, rho=0.5)
+    assert g.values.tolist() == [1.5] and g.charge == Charge(rho=0.5)
+    with pytest.raises(EvaluationError):
+        laplace([np.nan], sensitivity_l1=0.0, epsilon=1.0)
+
+
+def test_empty_values() -> None:
+    assert laplace([], sensitivity_l1=1.0, epsilon=1.0).values.shape == (0,)
+
+
+def test_huge_dimension_or_tiny_epsilon_coarsens_the_grid_and_charges_it() -> None:
+    # Noise of 10^15 grid units would not fit the samplers: k is raised, inflation is charged.
+    r = laplace([5.0], sensitivity_l1=1.0, epsilon=1e-12)
+    assert r.grid_exponent is not None and r.grid_exponent > -FINENESS_BITS
+    assert math.ldexp(r.scale, -r.grid_exponent) <= MAX_SCALE
+    assert Fraction(r.scale) * Fraction(1e-12) >= Fraction(r.sensitivity) > 1.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"epsilon": 0.0}, "epsilon must be finite and > 0"),
+        ({"epsilon": -1.0}, "epsilon must be finite and > 0"),
+        ({"epsilon": math.nan}, "epsilon must be finite and > 0"),
+        ({"epsilon": math.inf}, "epsilon must be finite and > 0"),
+        ({"epsilon": "a lot"}, "epsilon must be a number"),
+        ({"epsilon": 1.0, "sensitivity_l1": -1.0}, "sensitivity_l1 must be finite and >= 0"),
+        ({"epsilon": 1.0, "sensitivity_l1": math.nan}, "sensitivity_l1 must be finite"),
+    ],
+)
+def test_laplace_refuses_bad_parameters(kwargs: dict[str, object], message: str) -> None:
+    args: dict[str, object] = {"sensitivity_l1": 1.0, **kwargs}
+    with pytest.raises(InvalidRequestError, match=message):
+        laplace([1.0], **args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "needs rho, or epsilon and delta"),
+        ({"epsilon": 1.0}, "needs rho, or epsilon and delta"),
+        ({"rho": 1.0, "epsilon": 1.0}, "either rho or"),
+        ({"rho": -1.0}, "rho must be finite and > 0"),
+        ({"epsilon": 1.0, "delta": 0.0}, "delta must be finite and > 0"),
+        ({"epsilon": 1.0, "delta": 1.0}, "delta must be < 1"),
+        ({"rho": 1.0, "sensitivity_l2": math.inf}, "sensitivity_l2 must be finite"),
+    ],
+)
+def test_gaussian_refuses_bad_parameters(kwargs: dict[str, object], message: str) -> None:
+    args: dict[str, object] = {"sensitivity_l2": 1.0, **kwargs}
+    with pytest.raises(InvalidRequestError, match=message):
+        gaussian([1.0], **args)  # type: ignore[arg-type]
+
+
+def test_refuses_nan_values_and_non_numbers() -> None:
+    with pytest.raises(EvaluationError, match="NaN"):
+        laplace([1.0, math.nan], sensitivity_l1=1.0, epsilon=1.0)
+    with pytest.raises(EvaluationError, match="NaN"):
+        gaussian([math.inf], sensitivity_l2=1.0, rho=1.0)
+    with pytest.raises(InvalidRequestError, match="numeric"):
+        laplace(["x"], sensitivity_l1=1.0, epsilon=1.0)
+
+
+def test_large_values_keep_their_magnitude() -> None:
+    # Values far above the noise are exact grid multiples; the release is still on the grid.
+    r = laplace([2.0**60, -(2.0**60)], sensitivity_l1=1.0, epsilon=1.0)
+    assert r.grid_exponent is not None and on_grid(r.values, r.grid_exponent)
+    assert np.all(np.abs(np.abs(r.values) - 2.0**60) < 2.0**10)
