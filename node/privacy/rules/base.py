@@ -1,0 +1,168 @@
+"""The rule registry and what every rule shares: the call context, combining and finishing.
+
+A rule maps the states of a prim's arguments to the state of its result. Rules are
+keyed by prim name; a prim with no rule makes the tracker refuse any graph that
+applies it to private data (safe by default).
+
+``combine`` is the one place where owners, ``L`` and ``G`` of several arguments meet:
+given, per argument, a factor ``k_i`` bounding how much the result moves per unit
+move of that argument (a Lipschitz constant over the argument's interval, or
+``inf`` for a discontinuity), the result moves by at most ``sum_i k_i * d_i``
+where ``d_i`` is the argument's own change for the subject being replaced.
+``finish`` caps every change at the result's interval width and makes bounds
+respect the dtype (integer wrap-around, float overflow to inf).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from node.engine.graph import Node
+from node.engine.prims.registry import Call, TensorMeta
+from node.privacy.state import (
+    MIXED,
+    PUBLIC,
+    Array,
+    PrivacyTrackingError,
+    State,
+    full,
+    mul0,
+)
+
+__all__ = ["RULES", "Ctx", "Rule", "combine", "finish", "rule"]
+
+
+@dataclass
+class Ctx:
+    """One prim application as a rule sees it."""
+
+    index: int
+    node: Node
+    call: Call
+    meta: TensorMeta
+    #: a state per argument (scalars become public 0-d states; absent args None)
+    args: list[State | None]
+    #: the raw argument as the kernel takes it: a Python scalar, or None for tensors
+    raw: list[Any]
+    #: node index of each reference argument (None for scalars and absent args)
+    refs: list[int | None]
+    nsub: int
+
+    def arg(self, i: int) -> State:
+        a = self.args[i] if i < len(self.args) else None
+        if a is None:
+            raise self.fail(f"argument {i} is required")
+        return a
+
+    def fail(self, msg: str) -> PrivacyTrackingError:
+        return PrivacyTrackingError(f"node {self.index} ({self.node.op}): {msg}")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.meta.shape
+
+
+Rule = Callable[[Ctx], State]
+RULES: dict[str, Rule] = {}
+
+
+def rule(*names: str) -> Callable[[Rule], Rule]:
+    """Register the decorated function as the privacy rule of the prims ``names``."""
+
+    def deco(fn: Rule) -> Rule:
+        for n in names:
+            if n in RULES:
+                raise AssertionError(f"privacy rule for {n!r} registered twice")
+            RULES[n] = fn
+        return fn
+
+    return deco
+
+
+def combine(
+    states: Sequence[State], ks: Sequence[Array | float], shape: tuple[int, ...]
+) -> tuple[Array, Array, Array]:
+    """Owner, ``L`` and ``G`` of a result that moves by at most ``sum_i k_i |d_i|``.
+
+    If every private argument has the same owner the result keeps it; otherwise it is
+    mixed and its bound is the worst subject's: ``sum_i k_i G_i`` plus the largest
+    ``sum_{i owned by s} k_i (L_i - G_i)``.
+    """
+    owners = [full(s.owner, shape) for s in states]
+    kL = [mul0(k, s.L) for s, k in zip(states, ks, strict=True)]
+    kG = [mul0(k, s.G) for s, k in zip(states, ks, strict=True)]
+    out = full(np.int64(PUBLIC), shape)
+    for o in owners:
+        out = np.where(out == PUBLIC, o, np.where((o == PUBLIC) | (o == out), out, MIXED))
+    base = np.zeros(shape)
+    for g in kG:
+        base = base + g
+    extra = np.zeros(shape)
+    for j, oj in enumerate(owners):
+        cand = np.zeros(shape)
+        for i, oi in enumerate(owners):
+            cand = cand + np.where((oi == oj) & (oj >= 0), kL[i] - kG[i], 0.0)
+        extra = np.maximum(extra, np.where(oj >= 0, cand, 0.0))
+    L = base + extra
+    G = np.where(out >= 0, base, L)
+    return out, L, G
+
+
+def _dtype_limits(meta: TensorMeta) -> tuple[float, float]:
+    d = meta.dtype
+    if d.is_bool:
+        return 0.0, 1.0
+    if d.is_int:
+        info = np.iinfo(d.np)
+        return float(info.min), float(info.max)
+    fin = np.finfo(np.float32 if d.np.kind == "V" else d.np)
+    return -float(fin.max), float(fin.max)
+
+
+def finish(
+    meta: TensorMeta,
+    lo: Array | float,
+    hi: Array | float,
+    owner: Array,
+    L: Array,
+    G: Array,
+    **extra: Any,
+) -> State:
+    """A result state: NaN bounds widened, dtype limits applied, changes capped at the width."""
+    shape = meta.shape
+    with np.errstate(all="ignore"):
+        lo = np.where(np.isnan(lo), -np.inf, np.asarray(lo, dtype=np.float64))
+        hi = np.where(np.isnan(hi), np.inf, np.asarray(hi, dtype=np.float64))
+        L = np.where(np.isnan(L), np.inf, np.asarray(L, dtype=np.float64))
+        G = np.where(np.isnan(G), np.inf, np.asarray(G, dtype=np.float64))
+        dmin, dmax = _dtype_limits(meta)
+        if meta.dtype.is_float:
+            # beyond the largest finite value the kernel overflows to inf
+            lo = np.where(lo < dmin, -np.inf, lo)
+            hi = np.where(hi > dmax, np.inf, hi)
+        else:
+            # an integer result outside the dtype may have wrapped: anything in range
+            wrap = (lo < dmin) | (hi > dmax)
+            lo = np.where(wrap, dmin, np.maximum(lo, dmin))
+            hi = np.where(wrap, dmax, np.minimum(hi, dmax))
+            L = np.where(wrap & (L > 0), np.inf, L)
+            G = np.where(wrap & (G > 0), np.inf, G)
+        width = np.asarray(hi - lo)
+        L = np.minimum(L, width)
+        G = np.minimum(G, width)
+    own = full(owner, shape)
+    pub = own == PUBLIC
+    L = np.where(pub, 0.0, L)
+    G = np.where(pub, 0.0, G)
+    mixed = own == MIXED
+    M = np.maximum(L, G)
+    L = np.where(mixed, M, L)
+    G = np.where(mixed, M, G)
+    return State(
+        shape, meta.dtype, full(lo, shape), full(hi, shape), own, full(L, shape),
+        full(G, shape), **extra,
+    )

@@ -1,0 +1,77 @@
+"""Rules of the random prim and of per-subject clipping (DP-SGD).
+
+``rand`` draws from the node's generator: its values do not depend on any subject,
+so it is public (``L = G = 0``) with bounds ``[0, 1]``, but its value is unknown to
+the tracker (it never re-draws).
+
+``clip_by_subject_norm`` is not in the engine's vocabulary yet; this is the rule it
+will get. Its contract (see docs/sensitivity.md):
+
+    clip_by_subject_norm(x: float[n, *f], groups: int64[n]; max_norm: float) -> float[*f]
+    = sum over distinct g in groups of clip(sum_{i: groups[i] = g} x[i])
+    where clip(v) = v * min(1, max_norm / ||v||_2)
+
+When subject ``s``'s rows fall into ``k_s`` groups, replacing ``s`` changes at most
+``k_s`` clipped vectors, each by at most ``2 * max_norm`` in L2: the output's L2
+sensitivity is ``2 * max_norm * max_s k_s``, which is ``2C`` when the groups are the
+subjects (or every subject has one row).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from node.privacy.arrays import varying_axes
+from node.privacy.rules.base import Ctx, finish, rule
+from node.privacy.state import MIXED, PUBLIC, State
+
+__all__ = ["clip_by_subject_norm", "rand"]
+
+
+@rule("rand")
+def rand(c: Ctx) -> State:
+    """Uniform [0, 1) noise from the node's generator: public, value unknown."""
+    z = np.zeros(c.shape)
+    return finish(c.meta, 0.0, 1.0, np.full(c.shape, PUBLIC, dtype=np.int64), z, z)
+
+
+@rule("clip_by_subject_norm")
+def clip_by_subject_norm(c: Ctx) -> State:
+    """Sum of per-group clipped row sums: each subject moves ``2C`` per group it touches."""
+    x, groups = c.arg(0), c.arg(1)
+    bound = float(c.call.attrs.get("max_norm", math.nan))
+    if not (math.isfinite(bound) and bound > 0):
+        raise c.fail(f"max_norm must be finite and positive, got {bound}")
+    if not x.shape:
+        raise c.fail("needs rows: x must have at least one dim")
+    if not (np.isfinite(x.lo).all() and np.isfinite(x.hi).all()):
+        raise c.fail("the rows to clip must have finite bounds")
+    if any(varying_axes(x.owner, x.shape)[1:]) or not np.all(x.G == 0):
+        raise c.fail("every row must depend on one subject only (its owner)")
+    rows = np.broadcast_to(x.owner, x.shape).reshape(x.shape[0], -1)[:, 0]
+    if (rows == MIXED).any():
+        raise c.fail("every row must depend on one subject only (its owner)")
+    nsub = max(c.nsub, 1)
+    priv = rows >= 0
+    if groups.is_public and groups.value is not None:
+        g = np.asarray(groups.value).reshape(-1)
+        pairs = np.unique(np.stack([rows[priv], g[priv]]), axis=1)
+        touched = np.bincount(pairs[0], minlength=nsub)[:nsub].astype(np.float64)
+        ngroups = len(np.unique(g))
+    elif groups.is_public:
+        touched = np.bincount(rows[priv], minlength=nsub)[:nsub].astype(np.float64)
+        ngroups = x.shape[0]
+    else:
+        raise c.fail("the grouping of rows must be public")
+    feat = math.prod(c.shape)
+    per = 2 * bound * float(touched.max(initial=0.0))
+    lo_rows = np.broadcast_to(x.lo, x.shape).reshape(x.shape[0], -1)
+    hi_rows = np.broadcast_to(x.hi, x.shape).reshape(x.shape[0], -1)
+    lo = np.maximum(np.minimum(lo_rows, 0).sum(axis=0), -ngroups * bound).reshape(c.shape)
+    hi = np.minimum(np.maximum(hi_rows, 0).sum(axis=0), ngroups * bound).reshape(c.shape)
+    owner = np.full(c.shape, MIXED, dtype=np.int64)
+    s = finish(c.meta, lo, hi, owner, np.full(c.shape, per), np.full(c.shape, per))
+    t2 = 2 * bound * touched
+    return s.with_(t1=t2 * math.sqrt(feat), t2=t2)

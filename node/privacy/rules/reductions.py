@@ -1,0 +1,219 @@
+"""Rules of the reductions: sum, mean, amax, amin, any, all, argmax, argmin.
+
+A sum over elements that share one owner keeps the owner and adds their ``L`` and
+``G``. Over several owners it is mixed, and moves by at most the worst subject's
+share: ``sum G`` plus ``max_s sum_{owner = s} (L - G)`` (a segment sum per output).
+Extremes are 1-Lipschitz in the largest element change; argmax/argmin jump by the
+index range whenever an element may move. Per-subject joint bounds pass through a
+sum unchanged in L1 and grow by ``sqrt(k)`` in L2, ``k`` being the most elements of
+one subject summed into one output (Cauchy-Schwarz).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from node.privacy.arrays import compact, varying_axes
+from node.privacy.rules.base import Ctx, finish, rule
+from node.privacy.state import MIXED, PUBLIC, Array, State, has_joint, joint
+from node.privacy.tables import Table
+
+__all__ = ["aggregate", "reduce_array"]
+
+_BIG = np.iinfo(np.int64).max
+
+
+def dims_of(c: Ctx, ndim: int) -> tuple[int, ...]:
+    """The reduced dims, normalised (none given: all)."""
+    dims = c.call.attrs.get("dims")
+    if not dims:
+        return tuple(range(ndim))
+    return tuple(sorted(d % ndim for d in dims))
+
+
+def reduce_array(
+    a: Array, shape: tuple[int, ...], dims: tuple[int, ...], fn: str = "sum"
+) -> Array:
+    """``fn`` ("sum", "max", "min") of ``a`` broadcast to ``shape`` over ``dims``, kept as 1s.
+
+    Works on the compact form: a sum over a broadcast axis is a product by its size.
+
+    >>> reduce_array(np.float64(2.0), (3, 4), (0,)).tolist()
+    [[6.0]]
+    """
+    comp = compact(a, shape)
+    if not dims:
+        return comp
+    if fn == "sum":
+        mult = math.prod(shape[d] for d in dims if comp.shape[d] == 1 and shape[d] != 1)
+        return np.asarray(comp.sum(axis=dims, keepdims=True) * mult)
+    f = np.max if fn == "max" else np.min
+    return np.asarray(f(comp, axis=dims, keepdims=True))
+
+
+def _to_rows(a: Array, shape: tuple[int, ...], dims: tuple[int, ...]) -> Array:
+    kept = [d for d in range(len(shape)) if d not in dims]
+    b = np.broadcast_to(a, shape).transpose(kept + list(dims))
+    r = math.prod(shape[d] for d in dims)
+    return b.reshape(-1, r)
+
+
+def _worst_subject(o: Array, d: Array, nsub: int) -> tuple[Array, Array]:
+    """Per output row: max over subjects of the summed ``d``, and per subject: most elements."""
+    rows, r = o.shape
+    extra = np.zeros(rows)
+    kmax = np.zeros(max(nsub, 1))
+    ov = o[0]
+    if rows == 1 or bool((o == ov).all()):
+        priv = ov >= 0
+        if priv.any():
+            perm = np.argsort(ov[priv], kind="stable")
+            keys = ov[priv][perm]
+            starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+            sums = np.add.reduceat(d[:, priv][:, perm], starts, axis=1)
+            extra = sums.max(axis=1)
+            counts = np.diff(np.r_[starts, keys.size])
+            kmax[keys[starts]] = counts
+        return extra, kmax
+    j = np.broadcast_to(np.arange(rows)[:, None], o.shape)
+    priv = o >= 0
+    keys = j[priv].astype(np.int64) * max(nsub, 1) + o[priv]
+    uniq, inv = np.unique(keys, return_inverse=True)
+    sums = np.bincount(inv, d[priv])
+    counts = np.bincount(inv)
+    np.maximum.at(extra, uniq // max(nsub, 1), sums)
+    np.maximum.at(kmax, uniq % max(nsub, 1), counts)
+    return extra, kmax
+
+
+def aggregate(
+    s: State, dims: tuple[int, ...], nsub: int, how: str = "sum"
+) -> tuple[Array, Array, Array, Array]:
+    """Owner, ``L``, ``G`` of each reduction output (dims kept as 1s), and per-subject ``k``.
+
+    ``how`` is "sum" (the changes add) or "max" (the output moves like its largest element).
+    """
+    shape = s.shape
+    r = math.prod(shape[d] for d in dims)
+    kfull = np.full(max(nsub, 1), float(r))
+    if not any(varying_axes(s.owner, shape)[d] for d in dims):
+        pick = tuple(slice(0, 1) if d in dims else slice(None) for d in range(len(shape)))
+        owner = np.broadcast_to(s.owner, shape)[pick]
+        return owner, reduce_array(s.L, shape, dims, how), reduce_array(s.G, shape, dims, how), kfull
+    o, L, G = (_to_rows(a, shape, dims) for a in (s.owner, s.L, s.G))
+    omin = np.where(o == PUBLIC, _BIG, o).min(axis=1)
+    omax = np.where(o == PUBLIC, -_BIG, o).max(axis=1)
+    single = (omin == omax) & (omin >= 0)
+    owner = np.where(omin == _BIG, PUBLIC, np.where(single, omin, MIXED))
+    if how == "sum":
+        sum_l, sum_g = L.sum(axis=1), G.sum(axis=1)
+        extra, kmax = _worst_subject(o, L - G, nsub)
+        mixed = sum_g + np.maximum(extra, 0.0)
+        if np.any(G > 0):
+            kmax = kfull
+        lo_l, lo_g = np.where(single, sum_l, mixed), np.where(single, sum_g, mixed)
+    else:
+        both = np.maximum(L, G).max(axis=1)
+        lo_l = np.where(single, L.max(axis=1), both)
+        lo_g = np.where(single, G.max(axis=1), both)
+        kmax = kfull
+    out = tuple(1 if d in dims else n for d, n in enumerate(shape))
+    return owner.reshape(out), lo_l.reshape(out), lo_g.reshape(out), kmax
+
+
+def _squeeze(a: Array, c: Ctx, dims: tuple[int, ...]) -> Array:
+    a = np.asarray(a)
+    if c.call.attrs.get("keepdim") or not dims or a.ndim == 0:
+        return a
+    return np.squeeze(a, axis=dims)
+
+
+def _sum_like(c: Ctx, scale: float) -> State:
+    x = c.arg(0)
+    dims = dims_of(c, len(x.shape)) if x.shape else ()
+    n = math.prod(x.shape[d] for d in dims)
+    owner, L, G, kmax = aggregate(x, dims, c.nsub)
+    lo, hi = reduce_array(x.lo, x.shape, dims), reduce_array(x.hi, x.shape, dims)
+    sq = [_squeeze(a, c, dims) for a in (lo * scale, hi * scale, owner, L * scale, G * scale)]
+    s = finish(c.meta, *sq)
+    if has_joint(x):
+        t1, t2 = joint(x, c.nsub)
+        s = s.with_(t1=t1 * scale, t2=np.minimum(t2 * np.sqrt(kmax), t1) * scale)
+    if x.table is not None and not any(varying_axes(x.table.root, x.shape)[d] for d in dims):
+        t = x.table
+        vals = reduce_array(t.vals, (*x.shape, t.size), dims) * scale
+        root = np.broadcast_to(t.root, x.shape)[
+            tuple(slice(0, 1) if d in dims else slice(None) for d in range(len(x.shape)))
+        ]
+        from node.privacy.rules.unary import tighten
+
+        vals = np.squeeze(vals, axis=dims) if not c.call.attrs.get("keepdim") else vals
+        s = tighten(s, Table(_squeeze(root, c, dims), vals.astype(c.meta.dtype.np)))
+    from node.privacy.rules.moments import moment_rule
+
+    return moment_rule(c, x, dims, n, scale, s)
+
+
+@rule("sum")
+def sum_(c: Ctx) -> State:
+    """Sum over dims."""
+    return _sum_like(c, 1.0)
+
+
+@rule("mean")
+def mean(c: Ctx) -> State:
+    """Mean over dims: the sum divided by the (public) count."""
+    x = c.arg(0)
+    dims = dims_of(c, len(x.shape)) if x.shape else ()
+    n = math.prod(x.shape[d] for d in dims)
+    return _sum_like(c, 1.0 / n if n else np.nan)
+
+
+def _extreme(c: Ctx, fn: str, bool_out: bool) -> State:
+    x = c.arg(0)
+    dims = dims_of(c, len(x.shape)) if x.shape else ()
+    owner, L, G, _ = aggregate(x, dims, c.nsub, "max")
+    if bool_out:
+        lo, hi = np.zeros(()), np.ones(())
+    else:
+        lo = reduce_array(x.lo, x.shape, dims, fn)
+        hi = reduce_array(x.hi, x.shape, dims, fn)
+    s = finish(c.meta, *(_squeeze(a, c, dims) for a in (lo, hi, owner, L, G)))
+    if has_joint(x):
+        t1, t2 = joint(x, c.nsub)
+        s = s.with_(t1=t1, t2=t2)
+    return s
+
+
+_EXTREMES: dict[str, Callable[[Ctx], State]] = {
+    "amax": lambda c: _extreme(c, "max", False),
+    "amin": lambda c: _extreme(c, "min", False),
+    "any": lambda c: _extreme(c, "max", True),
+    "all": lambda c: _extreme(c, "min", True),
+}
+
+
+@rule(*_EXTREMES)
+def extreme(c: Ctx) -> State:
+    """amax/amin/any/all: the output moves at most as much as the element that moves most."""
+    return _EXTREMES[c.node.op](c)
+
+
+@rule("argmax", "argmin")
+def argextreme(c: Ctx) -> State:
+    """An index: jumps anywhere in its range as soon as a compared element may move."""
+    x = c.arg(0)
+    dim = c.call.attrs.get("dim")
+    if dim is None or not x.shape:
+        dims = tuple(range(len(x.shape)))
+    else:
+        dims = (dim % len(x.shape),)
+    width = float(max(math.prod(x.shape[d] for d in dims) - 1, 0))
+    owner, L, G, _ = aggregate(x, dims, c.nsub)
+    L = np.where(L > 0, width, 0.0)
+    G = np.where(G > 0, width, 0.0)
+    z = np.zeros(np.shape(L))
+    return finish(c.meta, *(_squeeze(a, c, dims) for a in (z, z + width, owner, L, G)))

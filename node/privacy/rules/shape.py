@@ -1,0 +1,163 @@
+"""Rules of the shape and indexing prims: states move with the elements.
+
+A movement prim is applied, with the engine's own kernel, to ``arange(numel)``; the
+result says which input element each output element is, and every state array is
+gathered with it (arrays that are constant stay compact). An element copied ``c``
+times multiplies a joint L1 bound by ``c`` and an L2 bound by ``sqrt(c)``. Indexing
+prims need their indices to be public and known (a private index has no rule).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from node.engine.prims import REGISTRY
+from node.privacy.arrays import compact
+from node.privacy.rules.base import Ctx, rule
+from node.privacy.state import PUBLIC, Array, State, has_joint, joint
+from node.privacy.tables import Table
+
+__all__ = ["move"]
+
+
+def _gather(a: Array, shape: tuple[int, ...], idx: Array, trailing: tuple[int, ...] = ()) -> Array:
+    full_shape = (*shape, *trailing)
+    comp = compact(a, full_shape)
+    if all(n == 1 for n in comp.shape[: len(shape)]):
+        return comp.reshape((1,) * idx.ndim + comp.shape[len(shape) :])
+    flat = np.broadcast_to(a, full_shape).reshape(-1, *trailing)
+    return flat[idx.reshape(-1)].reshape(*idx.shape, *trailing)
+
+
+def move(c: Ctx, x: State, idx: Array, mult: float) -> State:
+    """The state of ``out.flat[i] = x.flat[idx.flat[i]]`` (each input used at most ``mult`` times)."""
+    shape = x.shape
+    table = None
+    if x.table is not None:
+        t = x.table
+        table = Table(_gather(t.root, shape, idx), _gather(t.vals, shape, idx, (t.size,)))
+    s = State(
+        c.shape,
+        c.meta.dtype,
+        *(np.broadcast_to(_gather(a, shape, idx), c.shape) for a in (x.lo, x.hi, x.owner)),
+        *(np.broadcast_to(_gather(a, shape, idx), c.shape) for a in (x.L, x.G)),
+        value=None if x.value is None else np.broadcast_to(_gather(x.value, shape, idx), c.shape),
+        table=table,
+    )
+    if has_joint(x):
+        t1, t2 = joint(x, c.nsub)
+        s = s.with_(t1=t1 * mult, t2=t2 * math.sqrt(mult))
+    return s
+
+
+def _source(x: State) -> Array:
+    return np.arange(math.prod(x.shape), dtype=np.int64).reshape(x.shape)
+
+
+@rule("reshape", "expand", "permute", "squeeze", "unsqueeze", "slice", "flip")
+def view(c: Ctx) -> State:
+    """View prims: a bijection, a selection, or (expand) uniform copies."""
+    x = c.arg(0)
+    idx = np.asarray(REGISTRY[c.node.op].kernel(c.call, [_source(x)], None))
+    n_in, n_out = math.prod(x.shape), math.prod(c.shape)
+    # reshape/permute/squeeze/unsqueeze/flip are bijections, slice a selection;
+    # expand copies every element the same number of times
+    mult = float(n_out // n_in) if c.node.op == "expand" and n_in and n_out else 1.0
+    return move(c, x, idx, mult)
+
+
+@rule("gather", "index_select")
+def index(c: Ctx) -> State:
+    """Indexing with public, known indices (a private index could point anywhere)."""
+    x, ix = c.arg(0), c.arg(1)
+    if not ix.is_public or ix.value is None:
+        raise c.fail("the index must be public and known (a private index has no privacy rule)")
+    idx = np.asarray(REGISTRY[c.node.op].kernel(c.call, [_source(x), ix.value], None))
+    counts = np.bincount(idx.reshape(-1), minlength=1)
+    return move(c, x, idx, float(counts.max()) if idx.size else 0.0)
+
+
+@rule("cat")
+def cat(c: Ctx) -> State:
+    """Concatenation: disjoint parts, so joint bounds add (L1) or add in squares (L2)."""
+    parts = [s for s in (c.arg(i) for i in range(len(c.args))) if s.shape != (0,)]
+    if not parts:
+        z = np.zeros(c.shape)
+        return State(c.shape, c.meta.dtype, z, z, np.full(c.shape, PUBLIC), z, z)
+    d = c.call.attrs["dim"] % len(c.shape)
+
+    def join(arrays: list[Array], trailing: tuple[int, ...] = ()) -> Array:
+        return np.concatenate(
+            [np.broadcast_to(a, (*p.shape, *trailing)) for a, p in zip(arrays, parts, strict=True)],
+            axis=d,
+        )
+
+    s = State(
+        c.shape,
+        c.meta.dtype,
+        join([p.lo for p in parts]),
+        join([p.hi for p in parts]),
+        join([p.owner for p in parts]),
+        join([p.L for p in parts]),
+        join([p.G for p in parts]),
+    )
+    tables = [p.table for p in parts]
+    if all(t is not None for t in tables):
+        ts = [t for t in tables if t is not None]
+        size = max(t.size for t in ts)
+        vals = [
+            np.concatenate([t.vals, np.repeat(t.vals[..., -1:], size - t.size, axis=-1)], -1)
+            .astype(c.meta.dtype.np)
+            for t in ts
+        ]
+        s = s.with_(table=Table(join([t.root for t in ts]), join(vals, (size,))))
+    if any(has_joint(p) for p in parts):
+        js = [joint(p, c.nsub) for p in parts]
+        s = s.with_(
+            t1=np.sum([j[0] for j in js], axis=0),
+            t2=np.sqrt(np.sum([j[1] ** 2 for j in js], axis=0)),
+        )
+    return s
+
+
+def _pad_map(c: Ctx, shape: tuple[int, ...]) -> Array:
+    """Index of the input element at each output position, -1 where padding is filled in."""
+    src = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
+    pad = list(c.call.attrs["pad"])
+    widths = [(0, 0)] * len(shape)
+    index: list[slice] = [slice(None)] * len(shape)
+    for k in range(len(pad) // 2):
+        dim = len(shape) - 1 - k
+        lo, hi = pad[2 * k], pad[2 * k + 1]
+        widths[dim] = (max(lo, 0), max(hi, 0))
+        index[dim] = slice(-min(lo, 0), shape[dim] + min(hi, 0))
+    return np.pad(src[tuple(index)], widths, constant_values=-1)
+
+
+@rule("pad")
+def pad(c: Ctx) -> State:
+    """Constant padding: the filled positions are public constants."""
+    x = c.arg(0)
+    idx = _pad_map(c, x.shape)
+    fill = float(c.call.attrs.get("value") or 0.0)
+    inside = idx >= 0
+    safe = np.where(inside, idx, 0)
+
+    def take(a: Array, filler: float) -> Array:
+        return np.where(inside, np.broadcast_to(a, x.shape).reshape(-1)[safe], filler)
+
+    s = State(
+        c.shape,
+        c.meta.dtype,
+        take(x.lo, fill),
+        take(x.hi, fill),
+        take(x.owner, PUBLIC).astype(np.int64),
+        take(x.L, 0.0),
+        take(x.G, 0.0),
+    )
+    if has_joint(x):
+        t1, t2 = joint(x, c.nsub)
+        s = s.with_(t1=t1, t2=t2)
+    return s

@@ -1,0 +1,105 @@
+"""Finite-domain function tables: joint bounds for one-hot codes and histograms.
+
+Per-element bounds cannot see that a one-hot row changes in at most two places: each
+of ``K`` indicators may flip, so they add up to ``K``. When an element is a function of
+one private scalar that takes few values (a small integer or bool), we tabulate that
+function on the whole domain, with the engine's own kernels. A *group* is every element
+that depends on the same root scalar; its joint change is then exactly
+``max over value pairs (p, q) of ||f(p) - f(q)||``, computed once per distinct table.
+
+Invariant (all elements of a state with a table): the element equals
+``vals[..., k]`` when its root scalar takes the ``k``-th value of the root's domain, the
+root's value always lies in that domain, the element's owner is the root's owner and
+its ``G`` is 0. Root ids are unique per (node, element), so two tables with equal
+roots index the same domain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from node.privacy.arrays import compact, varying_axes
+
+if TYPE_CHECKING:
+    from node.privacy.state import Array, State
+
+__all__ = ["MAX_DOMAIN", "Table", "make_root"]
+
+#: Largest root domain tabulated (values of a small integer or bool).
+MAX_DOMAIN = 256
+_ROOT_SHIFT = 40
+
+
+@dataclass(eq=False)
+class Table:
+    """Root ids (int64, broadcastable to the shape) and values (broadcastable to shape + (D,))."""
+
+    root: Array
+    vals: Array
+
+    @property
+    def size(self) -> int:
+        return int(self.vals.shape[-1])
+
+    def group_bounds(self, s: State, nsub: int) -> tuple[Array, Array, Array]:
+        """Elements covered, and per-subject joint L1 and squared-L2 bounds of their change.
+
+        Returns an all-False mask (no help) when roots and values vary along the same
+        axis, which the cheap slice computation does not handle.
+        """
+        shape = s.shape
+        nd = len(shape)
+        none = (np.zeros(int(np.prod(shape)), dtype=bool), np.zeros(nsub), np.zeros(nsub))
+        root_ax = varying_axes(self.root, shape)
+        vals_ax = varying_axes(self.vals, (*shape, self.size))[:nd]
+        if any(r and v for r, v in zip(root_ax, vals_ax, strict=True)):
+            return none
+        vb = np.broadcast_to(self.vals, (*shape, self.size))
+        block = vb[tuple(slice(None) if v else 0 for v in vals_ax)].reshape(-1, self.size)
+        block = block.astype(np.float64)
+        copies = int(np.prod([n for n, r, v in zip(shape, root_ax, vals_ax, strict=True)
+                              if not r and not v]))
+        best1 = best2 = 0.0
+        for p in range(self.size):
+            d = np.abs(block[:, p : p + 1] - block)
+            best1 = max(best1, float(d.sum(axis=0).max()))
+            best2 = max(best2, float(np.sqrt((d * d).sum(axis=0)).max()))
+        slice1, slice2 = copies * best1, np.sqrt(copies) * best2
+        pick = tuple(slice(None) if r else 0 for r in root_ax)
+        roots = np.broadcast_to(self.root, shape)[pick].reshape(-1)
+        owners = np.broadcast_to(s.owner, shape)[pick].reshape(-1)
+        if (owners < 0).any() or (roots < 0).any():
+            return none
+        uniq, first, counts = np.unique(roots, return_index=True, return_counts=True)
+        own = owners[first]
+        g1 = np.bincount(own, counts * slice1, minlength=nsub)[:nsub]
+        g2 = np.bincount(own, counts * slice2**2, minlength=nsub)[:nsub]
+        del uniq
+        return np.ones(int(np.prod(shape)), dtype=bool), g1, g2
+
+
+def make_root(s: State, index: int) -> Table | None:
+    """A table rooting every element of an integer/bool state at itself, if its domain is small.
+
+    Needs every element owned by one subject, with ``G == 0``.
+    """
+    if s.dtype.is_float or not s.shape or 0 in s.shape:
+        return None
+    if not (np.all(s.owner >= 0) and np.all(s.G == 0)):
+        return None
+    lo = np.ceil(compact(s.lo, s.shape))
+    hi = np.floor(compact(s.hi, s.shape))
+    lo, hi = np.broadcast_arrays(lo, hi)
+    if not (np.isfinite(lo).all() and np.isfinite(hi).all()) or (hi < lo).any():
+        return None
+    width = int((hi - lo).max()) + 1
+    if width > MAX_DOMAIN:
+        return None
+    dom = np.minimum(lo[..., None] + np.arange(width), hi[..., None])
+    vals = dom.astype(s.dtype.np)
+    n = int(np.prod(s.shape))
+    root = (np.int64(index) << _ROOT_SHIFT) + np.arange(n, dtype=np.int64).reshape(s.shape)
+    return Table(root, vals)

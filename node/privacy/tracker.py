@@ -1,0 +1,263 @@
+"""The privacy tracker: an engine :class:`~node.engine.Tracker` and the public entry points.
+
+:class:`PrivacyTracker` rides along :func:`node.engine.run` and gives every node a
+:class:`~node.privacy.state.State` from its arguments' states, the node's metadata and
+public constants only: it is never handed a private value, so what it reports (and
+the epsilon charged from it) cannot depend on the data. :func:`track` runs it without
+any data (a free sensitivity query); :func:`evaluate_tracked` runs it alongside the
+evaluation, in one pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from node.engine import REGISTRY, Graph, Quotas, plan, run
+from node.engine.dtypes import from_numpy
+from node.engine.graph import Node, Ref
+from node.engine.prims import Call, Scalar, TensorMeta
+from node.privacy.rules import RULES, Ctx
+from node.privacy.spec import InputSpec
+from node.privacy.state import (
+    PUBLIC,
+    Array,
+    PrivacyTrackingError,
+    State,
+    full,
+    joint,
+    public_state,
+)
+from node.privacy.tables import make_root
+
+__all__ = ["OutputSensitivity", "PrivacyReport", "PrivacyTracker", "evaluate_tracked", "track"]
+
+
+@dataclass(frozen=True)
+class OutputSensitivity:
+    """Sensitivity of one graph output under replace-one-subject.
+
+    ``l1``/``l2``: bounds on ``||f(D) - f(D')||`` over neighbouring datasets.
+    ``lower``/``upper``: bounds on every element's value (broadcast to ``shape``).
+    """
+
+    shape: tuple[int, ...]
+    l1: float
+    l2: float
+    lower: Array
+    upper: Array
+    per_subject_l1: Array
+    per_subject_l2: Array
+
+    @property
+    def magnitude(self) -> float:
+        """Largest absolute value any element can take (for rounding-error slack)."""
+        if not self.lower.size:
+            return 0.0
+        return float(max(np.abs(self.lower).max(), np.abs(self.upper).max()))
+
+
+@dataclass(frozen=True)
+class PrivacyReport:
+    """Per-output sensitivities, and the joint sensitivity of publishing them all."""
+
+    outputs: tuple[OutputSensitivity, ...]
+    subjects: int
+
+    @property
+    def l1(self) -> float:
+        """L1 sensitivity of all outputs released together (worst subject, summed)."""
+        return float(np.sum([o.per_subject_l1 for o in self.outputs], axis=0).max(initial=0.0))
+
+    @property
+    def l2(self) -> float:
+        """L2 sensitivity of all outputs released together."""
+        sq = np.sum([o.per_subject_l2**2 for o in self.outputs], axis=0)
+        return float(np.sqrt(sq.max(initial=0.0)))
+
+
+class PrivacyTracker:
+    """Per-node privacy states, from public metadata only (see the module docstring)."""
+
+    name = "privacy"
+
+    def __init__(self, specs: Mapping[str, InputSpec]) -> None:
+        self.specs = dict(specs)
+        self.nsub = 1
+
+    def prepare(self, graph: Graph) -> None:
+        """Count subjects over the graph's private inputs (before the first visit)."""
+        n = 0
+        for node in graph.nodes:
+            if node.op == "input":
+                spec = self._spec(str(node.attrs["name"]))
+                n = max(n, spec.subject_count(tuple(node.attrs["shape"])))  # type: ignore[arg-type]
+        self.nsub = max(n, 1)
+
+    def _spec(self, name: str) -> InputSpec:
+        spec = self.specs.get(name)
+        if spec is None:
+            raise PrivacyTrackingError(
+                f"input {name!r} has no privacy metadata; declare bounds or mark it public"
+            )
+        return spec
+
+    def visit(
+        self, index: int, node: Node, call: Call | None, meta: TensorMeta, arg_states: list[Any]
+    ) -> State:
+        """The state of node ``index`` (the engine's tracker protocol)."""
+        if node.op == "input":
+            s = self._spec(str(node.attrs["name"])).state(
+                str(node.attrs["name"]), meta.shape, meta.dtype
+            )
+            t = make_root(s, index) if not s.is_public else None
+            return s if t is None else s.with_(table=t)
+        if node.op == "constant":
+            assert node.value is not None
+            return public_state(node.value, meta.dtype)
+        assert call is not None
+        ctx = self._context(index, node, call, meta, arg_states)
+        present = [a for a in ctx.args if a is not None]
+        rule = RULES.get(node.op)
+        if all(a.is_public for a in present):
+            s = self._public(ctx)
+            if s is not None or rule is None:
+                return s if s is not None else _unknown_public(meta)
+        if rule is None:
+            raise PrivacyTrackingError(
+                f"node {index}: prim {node.op!r} has no privacy rule, so it cannot be "
+                "applied to private data; the graph is refused"
+            )
+        state = rule(ctx)
+        if state.shape != meta.shape:  # pragma: no cover - a rule bug, never silently
+            raise AssertionError(f"privacy rule of {node.op} gave shape {state.shape}")
+        return state
+
+    def _context(
+        self, index: int, node: Node, call: Call, meta: TensorMeta, arg_states: list[Any]
+    ) -> Ctx:
+        args: list[State | None] = []
+        raw: list[Any] = []
+        refs: list[int | None] = []
+        for a, st in zip(node.args, arg_states, strict=True):
+            if isinstance(a, Ref):
+                args.append(st)
+                raw.append(None)
+                refs.append(a.index)
+            elif isinstance(a, Scalar):
+                v = np.asarray(a.value)
+                args.append(public_state(v, from_numpy(v.dtype)))
+                raw.append(a.value)
+                refs.append(None)
+            else:
+                args.append(None)
+                raw.append(None)
+                refs.append(None)
+        return Ctx(index, node, call, meta, args, raw, refs, self.nsub)
+
+    def _public(self, c: Ctx) -> State | None:
+        """A prim on public arguments only: its value, when every argument's is known."""
+        vals: list[Any] = []
+        for st, r in zip(c.args, c.raw, strict=True):
+            if st is None:
+                vals.append(None)
+            elif r is not None:
+                vals.append(r)
+            elif st.value is not None:
+                vals.append(np.asarray(st.value))
+            else:
+                return None
+        try:
+            with np.errstate(all="ignore"):
+                v = np.asarray(REGISTRY[c.node.op].kernel(c.call, vals, None))
+        except Exception:  # random prims (no generator here) and the like: value unknown
+            return None
+        if v.shape != c.meta.shape or v.dtype != c.meta.dtype.np:
+            return None
+        return public_state(v, c.meta.dtype)
+
+    def report(self, states: list[State]) -> PrivacyReport:
+        """Sensitivities of the outputs whose states are ``states``."""
+        outs = []
+        for k, s in enumerate(states):
+            t1, t2 = joint(s, self.nsub)
+            lo, hi = full(s.lo, s.shape), full(s.hi, s.shape)
+            if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
+                raise PrivacyTrackingError(
+                    f"output {k}: its values are unbounded (an operation can overflow, divide "
+                    "by a range containing 0 or leave its domain), so no noise can cover it"
+                )
+            l1 = float(t1.max(initial=0.0))
+            l2 = float(t2.max(initial=0.0))
+            if not (np.isfinite(l1) and np.isfinite(l2)):
+                raise PrivacyTrackingError(f"output {k}: its sensitivity is unbounded")
+            outs.append(OutputSensitivity(s.shape, l1, l2, lo, hi, t1, t2))
+        return PrivacyReport(tuple(outs), self.nsub)
+
+
+def _unknown_public(meta: TensorMeta) -> State:
+    z = full(0.0, meta.shape)
+    return State(
+        meta.shape, meta.dtype, full(-np.inf, meta.shape), full(np.inf, meta.shape),
+        full(np.int64(PUBLIC), meta.shape), z, z,
+    )
+
+
+def _specs_with_values(
+    graph: Graph, specs: Mapping[str, InputSpec], inputs: Mapping[str, Array]
+) -> dict[str, InputSpec]:
+    out = dict(specs)
+    for name in graph.input_names():
+        spec = out.get(name)
+        if spec is not None and spec.is_public and spec.value is None and name in inputs:
+            out[name] = InputSpec.public(np.asarray(inputs[name]))
+    return out
+
+
+def track(
+    graph: Graph, input_specs: Mapping[str, InputSpec], quotas: Quotas | None = None
+) -> PrivacyReport:
+    """Sensitivity of every output of ``graph``, without any data.
+
+    Raises:
+        GraphError, QuotaExceededError: the graph itself is invalid or too big.
+        PrivacyTrackingError: a prim without a privacy rule touches private data, an
+            input lacks metadata, or an output's sensitivity is unbounded.
+    """
+    p = plan(graph, quotas)
+    tracker = PrivacyTracker(input_specs)
+    tracker.prepare(p.graph)
+    states: list[State | None] = [None] * len(p.graph.nodes)
+    for i, node in enumerate(p.graph.nodes):
+        if not p.live[i] and node.op != "input":
+            continue
+        args = [states[a.index] if isinstance(a, Ref) else None for a in node.args]
+        states[i] = tracker.visit(i, node, p.calls[i], p.metas[i], args)
+    outs = [states[o] for o in p.graph.outputs]
+    return tracker.report([s for s in outs if s is not None])
+
+
+def evaluate_tracked(
+    graph: Graph,
+    inputs: Mapping[str, Array],
+    input_specs: Mapping[str, InputSpec],
+    quotas: Quotas | None = None,
+    *,
+    rng: np.random.Generator | None = None,
+) -> tuple[list[Array], PrivacyReport]:
+    """Evaluate ``graph`` and track its sensitivity in the same pass.
+
+    Public inputs' values are handed to the tracker (they are public by declaration);
+    private ones never are.
+
+    Raises:
+        everything :func:`node.engine.run` and :func:`track` raise.
+    """
+    p = plan(graph, quotas)
+    tracker = PrivacyTracker(_specs_with_values(p.graph, input_specs, inputs))
+    tracker.prepare(p.graph)
+    ev = run(p, inputs, rng=rng, trackers=[tracker])
+    return ev.outputs, tracker.report(ev.tracked[tracker.name])
