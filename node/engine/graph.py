@@ -20,7 +20,7 @@ from typing import Any, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from node.engine.dtypes import DType, dtype, from_numpy
+from node.engine.dtypes import dtype, from_numpy
 from node.engine.prims import PRIM_VERSION, REGISTRY
 from node.engine.prims.registry import AttrSpec, AttrValue, Scalar
 from node.errors import GraphError
@@ -150,8 +150,9 @@ def validate_structure(graph: Graph) -> Graph:
         if n.op == "constant":
             if n.value is None or n.args:
                 raise GraphError(f"{where}: a constant needs a value and no arguments")
-            from_numpy(n.value.dtype)
-            if n.value.dtype.kind == "f" and np.isnan(n.value).any():
+            d = from_numpy(n.value.dtype)
+            # via float32: ml_dtypes' bfloat16 is not a NumPy float kind
+            if d.is_float and np.isnan(n.value.astype(np.float32, copy=False)).any():
                 raise GraphError(
                     f"{where}: constant contains NaN, which dpnode refuses in public constants"
                 )
@@ -262,8 +263,3 @@ class GraphBuilder:
     def build(self, outputs: Sequence[Ref]) -> Graph:
         """The graph with ``outputs`` (not yet validated: infer/evaluate do that)."""
         return Graph(tuple(self.nodes), tuple(o.index for o in outputs))
-
-
-def dtype_of(name: str) -> DType:
-    """Alias of :func:`node.engine.dtypes.dtype` for callers of this module."""
-    return dtype(name)

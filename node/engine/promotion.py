@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from node.engine.dtypes import BOOL, DEFAULT_FLOAT, DTYPES, INT64, Category, DType
+from node.engine.dtypes import BOOL, DEFAULT_FLOAT, DTYPES, INT64, DType
 
 __all__ = ["Kind", "Operand", "promote_types", "result_type", "scalar_dtype"]
 
@@ -125,8 +125,3 @@ def result_type(operands: Iterable[Operand]) -> DType:
     if out is None:
         raise ValueError("result_type needs at least one operand")
     return out
-
-
-def category(d: DType) -> Category:
-    """The promotion category of ``d``."""
-    return d.category

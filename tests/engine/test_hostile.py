@@ -160,10 +160,13 @@ def test_wrong_dtypes_refused() -> None:
 
 
 def test_nan_constants_and_attributes_refused() -> None:
-    b = GraphBuilder()
-    c = b.constant(np.array([1.0, np.nan], np.float32))
-    with pytest.raises(GraphError, match="constant contains NaN"):
-        infer(b.build([c]))
+    import ml_dtypes
+
+    for dt in (np.float32, np.float16, ml_dtypes.bfloat16):
+        b = GraphBuilder()
+        c = b.constant(np.array([1.0, np.nan], dt))
+        with pytest.raises(GraphError, match="constant contains NaN"):
+            infer(b.build([c]))
     b = GraphBuilder()
     x = b.input("x", "float32", (3,))
     with pytest.raises(GraphError, match="NaN"):

@@ -129,8 +129,6 @@ def test_inplace_reuse_never_clobbers_a_live_view() -> None:
 
 
 def test_inplace_reuse_happens_for_dying_intermediates() -> None:
-    seen: list[int] = []
-
     class Ids:
         name = "ids"
 
@@ -147,7 +145,6 @@ def test_inplace_reuse_happens_for_dying_intermediates() -> None:
     res = run(b.build([w]), {"x": np.zeros(1000, np.float32)}, trackers=[Ids()])
     assert res.tracked == {"ids": [3]}
     assert np.allclose(res.outputs[0], 3.0)
-    seen.append(1)
     assert plan(b.build([w])).peak_bytes == 2 * 4000  # the plan's bound: two live at once
     # the run does better: z and w are written into y's buffer, so one array is allocated
     import tracemalloc
