@@ -187,6 +187,8 @@ def _classify(func: OpOverload) -> tuple[str, Any]:
         return "rule", RULES[func]
     if func._schema.is_mutable:
         functional = _functional_of(func)
+        if functional is not None and (functional in views.VIEW_SPECS or functional is aten.as_strided.default):
+            return "inplace_view", functional
         if func is aten.copy_.default:
             return "copy", None
         if functional is not None:
@@ -225,7 +227,12 @@ def dispatch(func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
             return what(*args, **kwargs)
     if how == "composite":
         with FactoryCapture():
-            return func.decompose(*args, **kwargs)
+            r = func.decompose(*args, **kwargs)
+        if r is not NotImplemented:
+            return r
+        how = "unsupported"
+    if how == "inplace_view":
+        return _inplace_view(what, args, kwargs)
     if how == "multiview":
         return _multiview(func, args, kwargs)
     if how == "private":
@@ -277,6 +284,19 @@ def _inplace(func: OpOverload, functional: OpOverload, args: tuple[Any, ...], kw
     func(*[_meta(a) for a in args], **_meta_kwargs(kwargs))  # torch's own checks (casting, shapes)
     result = dispatch(functional, args, kwargs)
     _assign(self, result)
+    return self
+
+
+def _inplace_view(functional: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``squeeze_``, ``t_``, ``as_strided_``...: self becomes the view, in place."""
+    from torch.utils._mode_utils import no_dispatch
+
+    self = args[0]
+    view = dispatch(functional, args, kwargs)
+    with no_dispatch():  # change the wrapper's own sizes and strides; it has no data to touch
+        self.as_strided_(view.shape, view.stride(), view.storage_offset())
+    self._meta, self._steps = view._meta, view._steps
+    self._cached, self._seen_version = view._cached, view._seen_version
     return self
 
 

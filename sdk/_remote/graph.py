@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -100,7 +101,19 @@ class Node:
 
 def prim(op: str, *args: Arg, **attrs: Any) -> Node:
     """Record prim ``op`` on ``args`` (nodes, Python scalars or None)."""
+    for a in args:
+        if type(a) is float and a != a:
+            # the wire refuses NaN scalars; inf - inf is NaN, as a 0-dim float32 that
+            # promotes exactly like the Python float it stands for
+            args = tuple(nan_node() if type(b) is float and b != b else b for b in args)
+            break
     return Node(op, args, attrs)
+
+
+def nan_node(shape: tuple[int, ...] = (), dtype: str = "float32") -> Node:
+    """A NaN-filled value (NaN itself cannot travel as a scalar or a fill value)."""
+    inf = Node("full", (), {"shape": shape, "value": math.inf, "dtype": dtype})
+    return Node("sub", (inf, inf), {})
 
 
 def input_node(name: str, shape: Sequence[int], dtype: torch.dtype) -> Node:
@@ -114,6 +127,14 @@ def constant(t: torch.Tensor) -> Node:
     t = t.detach()
     if t.dtype not in NP_OF:
         raise TypeError(f"local tensors of dtype {t.dtype} cannot be sent to the node")
+    if t.dtype.is_floating_point and bool(t.isnan().any()):
+        # the wire refuses NaN in constants: send the NaN positions as a bool mask instead
+        name = TORCH_NAMES[t.dtype]
+        filled = constant(torch.nan_to_num(t, nan=0.0, posinf=math.inf, neginf=-math.inf))
+        nan = nan_node((), name)
+        node = Node("where", (constant(t.isnan()), nan, filled), {})
+        node.shape, node.dtype = tuple(t.shape), t.dtype
+        return node
     arr = t.cpu().contiguous().numpy().copy()
     arr.flags.writeable = False
     return Node("constant", (), {}, arr, tuple(t.shape), t.dtype)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from sdk._exceptions import UnsupportedOperationError
 from sdk._remote.dispatch import SPECIAL, node_of, private_error
 from sdk._remote.graph import Node, prim
 from sdk._remote.tensor import RemoteTensor
@@ -84,6 +85,25 @@ def index(x: Any, indices: Sequence[Any]) -> Any:
     return _wrap(out, result, getattr(x, "_source", ""))
 
 
+def _masked_put(out: torch.Tensor, x: Node, idx: list[Any], values: Node, accumulate: bool) -> Node:
+    """``x[mask] = v`` with a remote mask: exact as a where when ``v`` has one element."""
+    if len(idx) != 1 or (values.shape is not None and math.prod(values.shape) != 1):
+        raise private_error(
+            "x[mask] = values with a remote boolean mask and several values",
+            "Which value lands where depends on the data; use torch.where(mask, values, x).",
+        )
+    mask = idx[0]
+    assert mask.shape is not None and x.shape is not None
+    if mask.dtype != torch.bool:
+        mask = prim("convert_element_type", mask, dtype="bool")
+    mask_shape = tuple(mask.shape) + (1,) * (len(x.shape) - len(mask.shape))
+    if mask_shape != tuple(mask.shape):
+        mask = prim("reshape", mask, shape=mask_shape)
+    v = prim("reshape", values, shape=())
+    new = prim("add", x, v) if accumulate else v
+    return prim("where", mask, new, x)
+
+
 def expand_index_values(out: torch.Tensor, x: Node, indices: Sequence[Any], values: Node, accumulate: bool) -> Node:
     """``index_put`` with values cast to the input's dtype (the prim requires it)."""
     if isinstance(values, Node) and values.dtype is not None and values.dtype != out.dtype:
@@ -91,9 +111,11 @@ def expand_index_values(out: torch.Tensor, x: Node, indices: Sequence[Any], valu
 
         values = prim("convert_element_type", values, dtype=dtype_name(out.dtype))
     idx = [None if i is None else i for i in indices]
-    for i in idx:
-        if isinstance(i, Node) and i.dtype in (torch.bool, torch.uint8) and i.op != "constant":
-            raise private_error("index_put with a remote boolean mask", "Use torch.where(mask, values, x).")
+    remote_masks = [
+        k for k, i in enumerate(idx) if isinstance(i, Node) and i.dtype in (torch.bool, torch.uint8) and i.op != "constant"
+    ]
+    if remote_masks:
+        return _masked_put(out, x, idx, values, accumulate)
     conv = []
     for i in idx:
         if isinstance(i, Node) and i.op == "constant" and i.dtype in (torch.bool, torch.uint8):
@@ -106,3 +128,50 @@ def expand_index_values(out: torch.Tensor, x: Node, indices: Sequence[Any], valu
 
 
 SPECIAL[aten.index.Tensor] = lambda args, kwargs: index(*args, **kwargs)
+
+
+def as_strided(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``aten.as_strided``: a gather from the base's memory order at public positions.
+
+    The positions depend only on sizes, strides and offsets (all public), so
+    they travel as a constant index; the result is a view (writes scatter back).
+    """
+    from sdk._remote.dispatch import _meta
+    from sdk._remote.graph import constant
+
+    x, size, stride = args[0], tuple(args[1]), tuple(args[2])
+    offset = args[3] if len(args) > 3 else kwargs.get("storage_offset")
+    out = aten.as_strided.default(_meta(x), size, stride, offset)
+    if not isinstance(x, RemoteTensor):
+        return aten.as_strided.default(x, size, stride, offset)
+    base = x._storage.meta
+    if base is None:
+        raise UnsupportedOperationError("as_strided on a tensor whose memory layout is unknown")
+    order = sorted(range(base.dim()), key=lambda d: (-base.stride(d), d))
+    pshape = tuple(base.shape[d] for d in order)
+    dense = base.storage_offset() == 0 and [base.stride(d) for d in order] == list(
+        torch.empty(pshape, device="meta").stride()
+    )
+    if not dense:
+        raise UnsupportedOperationError(
+            "as_strided on a tensor that is not dense in memory; call .contiguous() first"
+        )
+    start = out.storage_offset()
+    pos = torch.full((), start, dtype=torch.int64)
+    for k, (n, st) in enumerate(zip(size, stride, strict=True)):
+        shape = [1] * len(size)
+        shape[k] = n
+        pos = pos + (torch.arange(n, dtype=torch.int64) * st).reshape(shape)
+    idx = constant(pos.expand(size).reshape(-1).contiguous())
+    step = ("strided", size, idx, tuple(order), pshape)
+    r = RemoteTensor(out, x._storage, (step,), x._source)
+    node = x._storage.node
+    from sdk._remote.views import forward
+
+    value = forward(step, node)
+    value.shape, value.dtype = size, out.dtype
+    r._cached, r._seen_version = value, x._storage.version
+    return r
+
+
+SPECIAL[aten.as_strided.default] = as_strided

@@ -328,6 +328,10 @@ def _topk(out: Any, x: Node, k: int, dim: int = -1, largest: bool = True, sorted
 def _full(out: torch.Tensor, value: Any) -> Node:
     if isinstance(value, Node):
         return prim("expand", _cast(value, out.dtype), shape=tuple(out.shape))
+    if isinstance(value, float) and value != value:
+        from sdk._remote.graph import nan_node
+
+        return nan_node(tuple(out.shape), dtype_name(out.dtype))
     return prim("full", shape=tuple(out.shape), value=float(value), dtype=dtype_name(out.dtype))
 
 
@@ -412,3 +416,76 @@ def _var(out: torch.Tensor, x: Node, dim: Any = None, *args: Any, **kw: Any) -> 
     centred = prim("sub", x, prim("mean", x, dims=dims, keepdim=True))
     total = prim("sum", prim("mul", centred, centred), dims=dims, keepdim=bool(keepdim), dtype=dtype_name(out.dtype))
     return prim("div", total, float(max(n - correction, 0)))
+
+
+# -- torch._prims ops that some decompositions emit directly -------------------------------
+
+prims = torch.ops.prims
+
+
+@implements(prims.var.default)
+def _prims_var(out: torch.Tensor, x: Node, dims: Any, correction: float = 1.0, *, output_dtype: Any = None) -> Node:
+    shape = x.shape or ()
+    d = dims_of(dims, len(shape))
+    n = 1
+    for k in range(len(shape)) if d is None else d:
+        n *= shape[k]
+    centred = prim("sub", x, prim("mean", x, dims=d, keepdim=True))
+    total = prim("sum", prim("mul", centred, centred), dims=d, keepdim=False, dtype=dtype_name(out.dtype))
+    return prim("div", total, float(max(n - correction, 0)))
+
+
+@implements(prims.prod.default)
+def _prims_prod(out: torch.Tensor, x: Node, dims: Any, *, output_dtype: Any = None) -> Node:
+    return prim("prod", x, dims=dims_of(dims, len(x.shape or ())), keepdim=False, dtype=dtype_name(out.dtype))
+
+
+def _fminmax(name: str) -> Rule:
+    # fmax/fmin ignore NaN: take the other operand where one is NaN
+    def rule(out: torch.Tensor, a: Any, b: Any) -> Node:
+        m = prim(name, a, b)
+        if not out.dtype.is_floating_point:
+            return m
+        return prim("where", prim("isnan", a), b, prim("where", prim("isnan", b), a, m))
+
+    return rule
+
+
+implements(prims.fmax.default, aten.fmax.default)(_fminmax("maximum"))
+implements(prims.fmin.default, aten.fmin.default)(_fminmax("minimum"))
+implements(prims.convert_element_type.default)(lambda out, x, dtype: _cast(x, out.dtype))
+PRIVATE[prims.item.default] = ("tensor.item()", _WHERE)
+
+
+@implements(prims.broadcast_in_dim.default)
+def _broadcast_in_dim(out: torch.Tensor, x: Node, shape: Sequence[int], broadcast_dims: Sequence[int]) -> Node:
+    src = list(x.shape or ())
+    kept = [src[broadcast_dims.index(d)] if d in broadcast_dims else 1 for d in range(len(shape))]
+    r = prim("reshape", x, shape=tuple(kept)) if tuple(kept) != tuple(src) else x
+    return prim("expand", r, shape=tuple(out.shape)) if tuple(kept) != tuple(out.shape) else r
+
+
+for _n in ("sum", "amax", "amin"):
+    implements(getattr(prims, _n).default)(
+        lambda out, x, dims, *, output_dtype=None, _n=_n: prim(
+            _n, x, dims=dims_of(dims, len(x.shape or ())), keepdim=False,
+            **({"dtype": dtype_name(out.dtype)} if _n == "sum" else {}),
+        )
+    )
+for _op in (prims.view_of.default, prims.collapse_view.default, prims.split_dim.default, prims.reshape.default,
+            prims.squeeze.default, prims.collapse.default):
+    implements(_op)(lambda out, x, *a, **k: prim("reshape", x, shape=tuple(out.shape)))
+implements(prims.where.default)(lambda out, c, a, b: prim("where", c, a, b))
+
+
+def _register_same_named_prims() -> None:
+    from node.engine import REGISTRY
+
+    for name in REGISTRY:
+        op = getattr(prims, name, None)
+        ov = getattr(op, "default", None) if op is not None else None
+        if ov is not None and ov not in RULES and name not in ("convert_element_type", "rand", "full"):
+            implements(ov)(lambda out, *a, _n=name: prim(_n, *a))
+
+
+_register_same_named_prims()

@@ -122,6 +122,8 @@ def _avg_pool2d(
 ) -> Node:
     k, s, p = _avg_args(kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
     assert x.shape is not None
+    if not out.dtype.is_floating_point:
+        raise UnsupportedOperationError("avg_pool2d of integers (torch rounds each window) is not in the prims")
     c = x.shape[-3]
     w = _pool_weight(c, k, out.dtype)
     return prim("convolution", x, w, None, stride=s, padding=p, dilation=(1, 1), groups=c)

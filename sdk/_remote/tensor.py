@@ -41,11 +41,13 @@ OUTER_DEVICE = torch.device("cpu")
 class Storage:
     """The shared memory of a family of aliasing remote tensors: the base's current value."""
 
-    __slots__ = ("node", "version")
+    __slots__ = ("meta", "node", "version")
 
     def __init__(self, node: Node) -> None:
         self.node = node
         self.version = 0
+        #: the base's meta tensor: its strides say how the values lie in memory (as_strided)
+        self.meta: torch.Tensor | None = None
 
 
 #: one elementary view step, e.g. ("slice", dim, start, end, step); see views.py
@@ -113,6 +115,7 @@ class RemoteTensor(torch.Tensor):
         r._cached = storage.node
         r._source = source
         if not steps:
+            storage.meta = meta
             node = storage.node
             if node.shape is None:
                 node.shape, node.dtype = tuple(meta.shape), meta.dtype

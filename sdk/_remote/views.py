@@ -49,7 +49,17 @@ def forward(step: Step, x: Node) -> Node:
         return prim("unsqueeze", x, dim=step[1])
     if kind == "expand":
         return prim("expand", x, shape=step[1])
+    if kind == "strided":
+        _, size, idx, perm, _pshape = step
+        return prim("reshape", prim("index_select", _storage_flat(x, perm), idx, dim=0), shape=size)
     raise AssertionError(kind)
+
+
+def _storage_flat(base: Node, perm: tuple[int, ...]) -> Node:
+    """The base's values in memory order (its dims permuted by decreasing stride), flattened."""
+    if perm != tuple(range(len(perm))):
+        base = prim("permute", base, dims=perm)
+    return prim("reshape", base, shape=(-1,))
 
 
 def _scatter_slice(base: Node, value: Node, dim: int, start: int, end: int, step: int) -> Node:
@@ -80,6 +90,13 @@ def inverse(step: Step, base: Node, value: Node) -> Node:
         return prim("reshape", value, shape=step[2])
     if kind == "unsqueeze":
         return prim("squeeze", value, dims=(step[1],))
+    if kind == "strided":
+        _, size, idx, perm, pshape = step
+        flat = prim("index_put", _storage_flat(base, perm), prim("reshape", value, shape=(-1,)), idx)
+        back = prim("reshape", flat, shape=pshape)
+        if perm != tuple(range(len(perm))):
+            back = prim("permute", back, dims=tuple(sorted(range(len(perm)), key=lambda i: perm[i])))
+        return back
     if kind == "expand":
         raise UnsupportedOperationError(
             "writing into an expanded tensor (several elements share one memory location); "
