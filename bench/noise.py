@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from node.dp import gaussian, laplace  # noqa: E402
+from node.dp import gaussian, laplace
 
 
 def best_seconds(fn: Callable[[], object], repeat: int) -> float:
