@@ -1,9 +1,18 @@
 """Engines and sessions. SQLite gets the pragmas that make it a dependable embedded database.
 
+On SQLite every transaction begins with ``BEGIN IMMEDIATE``, taking the database's
+write lock up front. A deferred transaction that reads and then writes (a login
+reads the user, then appends its audit line) cannot wait for the lock once another
+writer has committed since its read: SQLite fails it at once with "database is
+locked", so a burst of logins or uploads turned into 500s. Taking the lock first
+makes concurrent requests queue behind ``busy_timeout`` instead; the price is that
+SQLite runs one transaction at a time, so nothing slow (a computation) should run
+while a session holds a transaction open. PostgreSQL is unaffected.
+
 Transactions that must be serialised (the budget check and its ledger row) use
-``serial_engine``: on SQLite their ``BEGIN IMMEDIATE`` takes the database's write
-lock up front, so two checks can never both read the old balance; on PostgreSQL
-the service takes a row lock (``SELECT ... FOR UPDATE``) instead. pysqlite's own
+``serial_engine``: on SQLite their ``BEGIN IMMEDIATE`` takes the write lock up
+front, so two checks can never both read the old balance; on PostgreSQL the
+service takes a row lock (``SELECT ... FOR UPDATE``) instead. pysqlite's own
 implicit transactions are switched off so that SQLAlchemy emits every BEGIN.
 """
 
@@ -43,7 +52,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _sqlite_begin(conn: Any) -> None:
-            mode = conn.get_execution_options().get(SQLITE_BEGIN, "DEFERRED")
+            mode = conn.get_execution_options().get(SQLITE_BEGIN, "IMMEDIATE")
             conn.exec_driver_sql(f"BEGIN {mode}")
 
         return engine
