@@ -353,3 +353,41 @@ def test_bfloat16_roundtrip_and_compute() -> None:
 def test_engine_import_does_not_import_torch() -> None:
     code = "import sys, node.engine; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(
+    ("shape", "indices"),
+    [
+        ((5,), [[0, -1, 2]]),
+        ((4, 5), [None, [[0, 1], [4, 3]]]),
+        ((4, 5, 6), [[0, 3], None, [5, -6]]),  # separated: index dims go first
+        ((4, 5, 6), [None, [1, 2], [0, 5]]),  # adjacent: they stay in place
+        ((3, 4), [[[0], [2]], [1, 3]]),  # broadcast index shapes
+    ],
+)
+def test_index_matches_torch(shape: tuple[int, ...], indices: list[Any]) -> None:
+    x = torch.arange(int(np.prod(shape)), dtype=torch.float32).reshape(shape)
+    tidx = [None if i is None else torch.tensor(i) for i in indices]
+    want = x[tuple(slice(None) if i is None else i for i in tidx)]
+    b = GraphBuilder()
+    xi = b.input("x", "float32", shape)
+    feed = {"x": to_numpy(x)}
+    refs: list[Any] = []
+    for k, i in enumerate(tidx):
+        if i is None:
+            refs.append(None)
+        else:
+            refs.append(b.input(f"i{k}", "int64", tuple(i.shape)))
+            feed[f"i{k}"] = to_numpy(i)
+    g = b.build([b.op("index", xi, *refs)])
+    assert infer(g)[0].shape == tuple(want.shape)
+    assert np.array_equal(evaluate(g, feed)[0], want.numpy())
+
+
+def test_index_out_of_range() -> None:
+    b = GraphBuilder()
+    x = b.input("x", "float32", (3,))
+    i = b.input("i", "int64", (1,))
+    g = b.build([b.op("index", x, i)])
+    with pytest.raises(EvaluationError, match="index out of range"):
+        evaluate(g, {"x": np.zeros(3, np.float32), "i": np.array([3])})

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from node.engine.prims.elementwise import as_np
-from node.engine.prims.registry import Array, AttrSpec, Call, Scalar, TensorMeta, prim
+from node.engine.prims.registry import Array, AttrSpec, Call, Scalar, TensorMeta, broadcast, prim
 from node.engine.promotion import Kind, Operand, result_type
 
 
@@ -466,3 +466,40 @@ def _index_put(c: Call, args: list[Any], out: Array | None) -> Array:
     except (IndexError, ValueError) as e:
         raise c.eval_error(f"index_put failed: {e}") from None
     return r
+
+
+def _index_infer(c: Call) -> TensorMeta:
+    x = c.tensor(0)
+    idx = c.args[1:]
+    if len(idx) > x.ndim:
+        raise c.fail(f"too many indices ({len(idx)}) for a {x.ndim}-d tensor")
+    metas: list[tuple[int, TensorMeta]] = []
+    for i, a in enumerate(idx, 1):
+        if a is None:
+            continue
+        t = _check_index_dtype(c, i)
+        metas.append((i - 1, t))
+    if not metas:
+        raise c.fail("at least one index must be a tensor")
+    bshape = broadcast(c, [t.shape for _, t in metas])
+    dims = [d for d, _ in metas]
+    rest = [s for d, s in enumerate(x.shape) if d not in dims]
+    # NumPy's and torch's rule: indexed dims next to each other keep their place,
+    # otherwise the broadcast index dims go first
+    if dims == list(range(dims[0], dims[-1] + 1)):
+        before = [s for d, s in enumerate(x.shape) if d < dims[0]]
+        return TensorMeta((*before, *bshape, *rest[len(before) :]), x.dtype)
+    return TensorMeta((*bshape, *rest), x.dtype)
+
+
+@prim("index", args=(2, None), infer=_index_infer, optional_args=frozenset(range(1, 64)))
+def _index(c: Call, args: list[Any], out: Array | None) -> Array:
+    """x[idx1, idx2, ...] with integer index tensors (null stands for ':'), like aten.index."""
+    x, *idx = args
+    for d, i in enumerate(idx):
+        if i is not None:
+            n = x.shape[d]
+            if i.size and (i.min() < -n or i.max() >= n):
+                raise c.eval_error(f"index out of range for dim {d} of size {n}", d + 1)
+    key: Any = tuple(slice(None) if i is None else i for i in idx)
+    return np.asarray(x[key])
