@@ -39,6 +39,7 @@ __all__ = [
 #: Fixed-point precision of every table probability.
 PRECISION_BITS = 128
 _ONE = 1 << PRECISION_BITS
+_FINE = 1 << (PRECISION_BITS + 64)
 #: Support is truncated where the ideal tail mass is below 2^-TAIL_BITS.
 TAIL_BITS = 128
 _TAIL = Decimal(2) ** -TAIL_BITS
@@ -108,14 +109,12 @@ def build_alias_table(weights: list[int], *, offset: int, tv_bound: float) -> Al
         (small if mass[g] < capacity else large).append(g)
     if small:  # only possible through a bug: the sums are exact
         raise AssertionError("alias construction left an under-full bin")
-    th = np.empty(bins, dtype=np.uint64)
-    tl = np.empty(bins, dtype=np.uint64)
     mask = (1 << 64) - 1
     for b in range(bins):
-        t = threshold[b]
-        if t >= capacity:  # a full bin: both branches give the bin's own outcome
-            t, alias[b] = 0, b
-        th[b], tl[b] = t >> 64, t & mask
+        if threshold[b] >= capacity:  # a full bin: both branches give the bin's own outcome
+            threshold[b], alias[b] = 0, b
+    th = np.array([t >> 64 for t in threshold], dtype=np.uint64)
+    tl = np.array([t & mask for t in threshold], dtype=np.uint64)
     return AliasTable(
         bits=bits,
         offset=offset,
@@ -129,14 +128,16 @@ def build_alias_table(weights: list[int], *, offset: int, tv_bound: float) -> Al
 
 def _quantise(probs: list[Decimal]) -> tuple[list[int], float]:
     """Round probabilities (summing to one) to multiples of 2^-128 that sum to exactly one."""
+    # 2^64 extra fraction bits (exact integers) decide the largest remainders.
     with localcontext(_CONTEXT):
-        scaled = [p * _ONE for p in probs]
-    floors = [int(s) for s in scaled]
+        fine = [int(p * _FINE) for p in probs]
+    floors = [f >> 64 for f in fine]
     missing = _ONE - sum(floors)
     if not 0 <= missing <= len(probs):  # the probabilities did not sum to one
         raise AssertionError("probabilities to quantise must sum to one")
     # Largest remainder: give the missing units to the entries that lost the most.
-    order = sorted(range(len(probs)), key=lambda i: scaled[i] - floors[i], reverse=True)
+    mask = (1 << 64) - 1
+    order = sorted(range(len(probs)), key=lambda i: fine[i] & mask, reverse=True)
     for i in order[:missing]:
         floors[i] += 1
     return floors, len(probs) * (2.0**-129 + _DECIMAL_ERROR)
@@ -209,7 +210,12 @@ def discrete_gaussian_table(variance: Decimal) -> AliasTable:
         s = variance.sqrt()
         two_var = 2 * variance
         # Smallest T whose tail bound, against a kept mass of at least 1, is below 2^-128.
-        t_max = int(s * Decimal(math.sqrt(2 * TAIL_BITS * math.log(2)))) + 1
+        # Start from a float estimate (log space) a few units beyond the bound; check exactly.
+        sf = float(s)
+        t_max = int(sf * math.sqrt(2 * TAIL_BITS * math.log(2))) + 1
+        log_target = -TAIL_BITS * math.log(2)
+        while math.log(2 * sf * sf / t_max) - t_max**2 / (2 * sf * sf) >= log_target - 1e-6:
+            t_max += 1
         while 2 * (variance / t_max) * (-(Decimal(t_max) ** 2) / two_var).exp() >= _TAIL:
             t_max += 1
         # Weights by recurrence: w(z+1) = w(z) * r^(2z+1), r = exp(-1/(2 s²)).
