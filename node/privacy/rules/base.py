@@ -95,6 +95,13 @@ def combine(
     owners = [full(s.owner, shape) for s in states]
     kL = [mul0(k, s.L) for s, k in zip(states, ks, strict=True)]
     kG = [mul0(k, s.G) for s, k in zip(states, ks, strict=True)]
+    with np.errstate(invalid="ignore"):
+        return _combine(owners, kL, kG, shape)
+
+
+def _combine(
+    owners: list[Array], kL: list[Array], kG: list[Array], shape: tuple[int, ...]
+) -> tuple[Array, Array, Array]:
     out = full(np.int64(PUBLIC), shape)
     for o in owners:
         out = np.where(out == PUBLIC, o, np.where((o == PUBLIC) | (o == out), out, MIXED))
