@@ -438,3 +438,4 @@ RECIPES["full_like"] = _full_like
 
 #: ops whose integer-valued indices may legitimately differ from torch on ties
 TIE_AMBIGUOUS = {"sort", "argsort", "topk"}
+RECIPES["unfold"] = lambda b, x, dim, size, step: b.op("unfold", x, dim=dim, size=size, step=step)

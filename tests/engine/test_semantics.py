@@ -391,3 +391,22 @@ def test_index_out_of_range() -> None:
     g = b.build([b.op("index", x, i)])
     with pytest.raises(EvaluationError, match="index out of range"):
         evaluate(g, {"x": np.zeros(3, np.float32), "i": np.array([3])})
+
+
+def test_max_and_avg_pool_through_unfold() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 9, 8)
+    b = GraphBuilder()
+    xi = b.input("x", "float32", (2, 3, 9, 8))
+    padded = b.op("pad", xi, pad=[1, 1, 1, 1], value=float("-inf"))
+    win = b.op("unfold", b.op("unfold", padded, dim=2, size=3, step=2), dim=3, size=3, step=2)
+    mx = b.op("amax", win, dims=[-2, -1])
+    avg = b.op(
+        "mean",
+        b.op("unfold", b.op("unfold", xi, dim=2, size=2, step=2), dim=3, size=2, step=2),
+        dims=[-2, -1],
+    )
+    got_max, got_avg = evaluate(b.build([mx, avg]), {"x": to_numpy(x)})
+    want_max = torch.nn.functional.max_pool2d(x, 3, 2, padding=1)
+    torch.testing.assert_close(torch.from_numpy(got_max), want_max)
+    torch.testing.assert_close(torch.from_numpy(got_avg), torch.nn.functional.avg_pool2d(x, 2))

@@ -503,3 +503,37 @@ def _index(c: Call, args: list[Any], out: Array | None) -> Array:
                 raise c.eval_error(f"index out of range for dim {d} of size {n}", d + 1)
     key: Any = tuple(slice(None) if i is None else i for i in idx)
     return np.asarray(x[key])
+
+
+def _unfold_infer(c: Call) -> TensorMeta:
+    x = c.tensor(0)
+    d = c.dim(c.attr("dim"), x.ndim)
+    size, step = c.attr("size"), c.attr("step")
+    n = x.shape[d] if x.ndim else 1
+    if step <= 0:
+        raise c.fail(f"step must be positive, got {step}", "step")
+    if not 0 <= size <= n:
+        raise c.fail(f"size {size} does not fit a dimension of size {n}", "size")
+    if x.ndim == 0:
+        return TensorMeta((size,), x.dtype)
+    windows = (n - size) // step + 1
+    return TensorMeta((*x.shape[:d], windows, *x.shape[d + 1 :], size), x.dtype)
+
+
+@prim(
+    "unfold",
+    args=1,
+    attrs={"dim": AttrSpec("int"), "size": AttrSpec("int"), "step": AttrSpec("int")},
+    infer=_unfold_infer,
+    view=True,
+    flops=lambda c: 1,
+)
+def _unfold(c: Call, args: list[Any], out: Array | None) -> Array:
+    """Tensor.unfold: windows of ``size`` every ``step`` along ``dim``, as a new last dim
+    (a view; pooling is unfold + amax/mean)."""
+    x = args[0]
+    if x.ndim == 0:
+        return np.reshape(x, c.out().shape)
+    d = c.attr("dim") % x.ndim
+    win = np.lib.stride_tricks.sliding_window_view(x, c.attr("size"), axis=d)
+    return np.asarray(win[(*((slice(None),) * d), slice(None, None, c.attr("step")))])
