@@ -158,6 +158,11 @@ def update_user(
     """
     user = get_user(session, user_id)
     was_active_admin = user.role is Role.ADMIN and user.is_active
+    if was_active_admin:
+        # Lock the active admins (PostgreSQL; SQLite transactions are serial already), so two
+        # admins demoting each other at once cannot both count the other as still active.
+        active_admins = select(User.id).where(User.role == Role.ADMIN, User.is_active.is_(True))
+        session.execute(active_admins.order_by(User.id).with_for_update())
     changes: dict[str, object] = {}
     if role is not None:
         user.role = parse_role(role)

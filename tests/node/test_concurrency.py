@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from sqlalchemy import event
 from starlette.testclient import TestClient
 
+from node.context import NodeContext
 from node.db.models import User
-from tests.conftest import PASSWORD, login
+from node.errors import ConflictError
+from node.services import users
+from tests.conftest import PASSWORD, login, make_user
 from tests.node.conftest import upload
 
 BURST = 8
@@ -41,3 +47,32 @@ def test_a_burst_of_logins_and_uploads_all_succeed(
     actions = [e["action"] for e in events]
     assert actions.count("auth.login") == BURST + 2
     assert actions.count("dataset.upload") == BURST
+
+
+def test_two_admins_demoting_each_other_at_once_leave_an_admin(
+    context: NodeContext, admin: User
+) -> None:
+    other = make_user(context, "admin2@example.org", "admin")
+    # Both transactions pause after flushing their change, before counting the admins
+    # left: without a lock each would still see the other as an active admin. With a lock
+    # the second one never reaches the pause, so the pause gives up after a second.
+    pause = threading.Barrier(2, timeout=1)
+
+    def wait_for_the_other(*_: object) -> None:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            pause.wait()
+
+    def demote(actor: User, target: User) -> str:
+        with context.sessions() as session:
+            event.listen(session, "after_flush", wait_for_the_other)
+            try:
+                users.update_user(session, context.hasher, actor, target.id, role="data_owner")
+            except ConflictError as exc:
+                return exc.detail
+            return "demoted"
+
+    with ThreadPoolExecutor(2) as pool:
+        results = sorted(pool.map(demote, [admin, other], [other, admin]))
+    assert results == ["demoted", "this change would leave the node without an active admin"]
+    with context.sessions() as session:
+        assert users.count_admins(session) == 1
