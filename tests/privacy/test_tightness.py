@@ -1,0 +1,173 @@
+"""Tightness: standard queries get their analytic sensitivity (exactly, or within 2x).
+
+Graphs are written the way the SDK decomposes the torch calls (``var`` is
+``sum(mul(c, c)) / (n - 1)`` with ``c = x - mean(x, keepdim=True)``). Where the analytic
+value is a supremum, a brute-force search over neighbours checks it is also reached.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from node.engine import GraphBuilder
+from node.privacy import InputSpec, track
+from tests.privacy.helpers import Column, assert_sound, neighbours
+
+N = 200
+
+
+def _one(graph_out: tuple[GraphBuilder, object], specs: dict[str, InputSpec]) -> tuple[float, float]:
+    b, ref = graph_out
+    r = track(b.build([ref]), specs)  # type: ignore[list-item]
+    return r.outputs[0].l1, r.outputs[0].l2
+
+
+def _col(dtype: str = "float64", n: int = N) -> tuple[GraphBuilder, object]:
+    b = GraphBuilder()
+    return b, b.input("x", dtype, (n,))
+
+
+@pytest.mark.parametrize(("a", "hi"), [(0.0, 1.0), (-3.0, 5.0), (18.0, 90.0)])
+def test_sum_mean_count_are_exact(a: float, hi: float) -> None:
+    spec = {"x": InputSpec.private(a, hi)}
+    b, x = _col()
+    assert _one((b, b.op("sum", x)), spec) == (hi - a, hi - a)
+    b, x = _col()
+    l1, l2 = _one((b, b.op("mean", x)), spec)
+    assert l1 == pytest.approx((hi - a) / N, rel=1e-12) and l2 == pytest.approx(l1)
+    b, x = _col()
+    assert _one((b, b.op("sum", b.op("gt", x, (a + hi) / 2))), spec) == (1.0, 1.0)
+
+
+def test_sum_with_several_rows_per_subject_uses_the_worst_subject() -> None:
+    subjects = np.repeat(np.arange(N // 4), 4)
+    subjects[:8] = 0  # subject 0 owns rows 0..7 (8 rows)
+    b, x = _col()
+    l1, _ = _one((b, b.op("sum", x)), {"x": InputSpec.private(-1.0, 2.0, subjects)})
+    assert l1 == 8 * 3.0
+
+
+def test_column_sums_of_a_matrix_add_over_columns() -> None:
+    b = GraphBuilder()
+    x = b.input("x", "float64", (N, 3))
+    r = track(b.build([b.op("sum", x, dims=(0,))]), {"x": InputSpec.private(0, [1, 2, 4])})
+    assert r.outputs[0].l1 == 7.0
+    assert r.outputs[0].l2 == pytest.approx(math.sqrt(1 + 4 + 16))
+
+
+def _histogram(dtype: str, k: int, via: str) -> tuple[GraphBuilder, object]:
+    b, x = _col(dtype)
+    col = b.op("unsqueeze", x, dim=1)
+    if via == "eq":
+        hit = b.op("eq", col, b.constant(np.arange(k, dtype=np.int64)))
+    else:
+        edges = np.arange(k + 1, dtype=np.int64) * 3
+        hit = b.op(
+            "logical_and",
+            b.op("ge", col, b.constant(edges[:-1])),
+            b.op("lt", col, b.constant(edges[1:])),
+        )
+    return b, b.op("sum", b.op("convert_element_type", hit, dtype="float32"), dims=(0,))
+
+
+@pytest.mark.parametrize("via", ["eq", "compare"])
+def test_histogram_of_an_integer_column_is_exact(via: str) -> None:
+    k = 12
+    hi = k - 1 if via == "eq" else 3 * k - 1
+    l1, l2 = _one(_histogram("int64", k, via), {"x": InputSpec.private(0, hi)})
+    assert (l1, l2) == (2.0, pytest.approx(math.sqrt(2)))
+
+
+def test_histogram_with_subjects_of_three_rows() -> None:
+    subjects = np.repeat(np.arange(N // 4), 4)[:N]
+    subjects[N - 1] = subjects[0]  # subject 0: 5 rows
+    l1, l2 = _one(_histogram("int64", 6, "eq"), {"x": InputSpec.private(0, 5, subjects)})
+    assert l1 == 2.0 * 5  # every row can leave one bin for another
+    assert l2 == pytest.approx(math.sqrt(2) * 5)  # all 5 rows may move together
+
+
+def test_one_hot_of_a_float_column_after_binning_is_exact() -> None:
+    b, x = _col("float32")
+    binned = b.op("convert_element_type", b.op("mul", x, 10.0), dtype="int64")
+    onehot = b.op("eq", b.op("unsqueeze", binned, dim=1), b.constant(np.arange(10)))
+    out = b.op("sum", onehot, dims=(0,))
+    assert _one((b, out), {"x": InputSpec.private(0.0, 0.99)}) == (2.0, pytest.approx(2**0.5))
+
+
+def _var(b: GraphBuilder, x: object, y: object | None, correction: int) -> object:
+    cx = b.op("sub", x, b.op("mean", x, dims=(0,), keepdim=True))  # type: ignore[arg-type]
+    cy = cx if y is None else b.op("sub", y, b.op("mean", y, dims=(0,), keepdim=True))  # type: ignore[arg-type]
+    total = b.op("sum", b.op("mul", cx, cy), dims=(0,))
+    return b.op("div", total, float(N - correction))
+
+
+def _brute(graph: object, cols: dict[str, Column], trials: int, rng: np.random.Generator) -> float:
+    from node.engine import evaluate
+
+    best = 0.0
+    for _ in range(trials):
+        d1, d2 = neighbours(cols, rng)
+        a = evaluate(graph, d1)[0]  # type: ignore[arg-type]
+        c = evaluate(graph, d2)[0]  # type: ignore[arg-type]
+        best = max(best, float(np.abs(a - c).sum()))
+    return best
+
+
+@pytest.mark.parametrize("correction", [0, 1])
+def test_variance_is_exact(correction: int, rng: np.random.Generator) -> None:
+    a, hi = 2.0, 7.0
+    b, x = _col()
+    l1, l2 = _one((b, _var(b, x, None, correction)), {"x": InputSpec.private(a, hi)})
+    analytic = (N - 1) / N * (hi - a) ** 2 / (N - correction)
+    assert l1 == pytest.approx(analytic, rel=1e-9) and l2 == pytest.approx(l1)
+    # the supremum is reached: all others at the midpoint... or at one end, one row jumping
+    cols = {"x": Column("float64", (N,), a, hi)}
+    graph = b.build([_var(b, x, None, correction)])  # type: ignore[list-item]
+    assert _brute(graph, cols, 200, rng) <= l1 * (1 + 1e-9)
+
+
+def test_covariance_within_2x() -> None:
+    b = GraphBuilder()
+    x = b.input("x", "float64", (N,))
+    y = b.input("y", "float64", (N,))
+    specs = {"x": InputSpec.private(0.0, 2.0), "y": InputSpec.private(-1.0, 4.0)}
+    l1, _ = _one((b, _var(b, x, y, 1)), specs)
+    # one row moves from one corner of the box to the opposite one, the others at a corner:
+    # cov changes by (n-1)/n^2 * Wx * Wy / ((n-1)/n) = Wx * Wy / n (sample covariance)
+    analytic = 2.0 * 5.0 / N
+    assert analytic <= l1 * (1 + 1e-9) <= 2 * analytic
+
+
+def test_column_variances_of_a_matrix() -> None:
+    b = GraphBuilder()
+    x = b.input("x", "float64", (N, 3))
+    widths = np.array([1.0, 2.0, 3.0])
+    r = track(b.build([_var(b, x, None, 1)]), {"x": InputSpec.private(0.0, widths)})
+    per = (N - 1) / N * widths**2 / (N - 1)
+    assert r.outputs[0].l1 == pytest.approx(per.sum())
+    assert r.outputs[0].l2 == pytest.approx(np.sqrt((per**2).sum()))
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(0.0, 1.0), (-1.0, 1.0)])
+def test_normal_equations_within_2x(lo: float, hi: float, rng: np.random.Generator) -> None:
+    d, n = 4, 60
+    b = GraphBuilder()
+    x = b.input("X", "float64", (n, d))
+    y = b.input("y", "float64", (n,))
+    xt = b.op("permute", x, dims=(1, 0))
+    xtx, xty = b.op("matmul", xt, x), b.op("matmul", xt, y)
+    specs = {"X": InputSpec.private(lo, hi), "y": InputSpec.private(lo, hi)}
+    r = track(b.build([xtx, xty]), specs)
+    # analytic: one row x -> x' changes X^T X by x x^T - x' x'^T, X^T y by x y - x' y'
+    m = max(abs(lo), abs(hi))
+    spread = (hi - lo) * m if lo < 0 else m * m  # largest change of one product x_i x_j
+    assert r.outputs[0].l1 <= 2 * d * d * spread and r.outputs[0].l1 >= d * d * spread / 2
+    assert r.outputs[1].l1 <= 2 * d * spread
+    cols = {"X": Column("float64", (n, d), lo, hi), "y": Column("float64", (n,), lo, hi)}
+    for _ in range(50):
+        assert_sound(b.build([xtx, xty]), r, *neighbours(cols, rng))
+    # reached: all-ones row replaced by all-lows
+    assert r.outputs[0].l1 <= 2 * max(d * d * (hi * hi - lo * lo if lo >= 0 else 2 * m * m), 1e-9)
