@@ -1,0 +1,205 @@
+"""Refusals, independence from the data, the public API, and the registry of rules."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import numpy as np
+import pytest
+
+from node.engine import REGISTRY, GraphBuilder, Ref
+from node.engine.dtypes import dtype
+from node.engine.graph import Node
+from node.engine.prims import Call, TensorMeta
+from node.privacy import (
+    RULES,
+    InputSpec,
+    PrivacyTracker,
+    PrivacyTrackingError,
+    evaluate_tracked,
+    track,
+)
+from node.privacy.spec import InputSpec as Spec
+from tests.privacy.helpers import Column, assert_sound, neighbours
+
+#: rules for prims the engine will add later (see docs/sensitivity.md)
+FUTURE_PRIMS = {"clip_by_subject_norm"}
+
+
+def test_every_rule_is_keyed_by_a_prim_name() -> None:
+    assert set(RULES) - set(REGISTRY) <= FUTURE_PRIMS
+
+
+@pytest.mark.parametrize("name", sorted(set(REGISTRY) - set(RULES)))
+def test_a_prim_without_a_rule_is_refused_on_private_data(name: str) -> None:
+    tracker = PrivacyTracker({"x": Spec.private(0.0, 1.0)})
+    meta = TensorMeta((3,), dtype("float32"))
+    x = tracker.visit(0, Node("input", (), {"name": "x", "dtype": "float32", "shape": (3,)}),
+                      None, meta, [])
+    call = Call(1, name, [meta], {})
+    call.meta = meta
+    with pytest.raises(PrivacyTrackingError, match=f"prim '{name}' has no privacy rule"):
+        tracker.visit(1, Node(name, (Ref(0),)), call, meta, [x])
+
+
+def test_an_unruled_prim_in_a_graph_names_the_prim() -> None:
+    b = GraphBuilder()
+    x = b.input("x", "float64", (5,))
+    with pytest.raises(PrivacyTrackingError, match="'cumsum'"):
+        track(b.build([b.op("cumsum", x, dim=0)]), {"x": InputSpec.private(0, 1)})
+
+
+@pytest.mark.parametrize(
+    ("lower", "upper"), [(np.nan, 1.0), (0.0, np.inf), (-np.inf, 0.0), ([0, np.nan], 1.0)]
+)
+def test_nan_or_infinite_bounds_are_refused(lower: object, upper: object) -> None:
+    b = GraphBuilder()
+    x = b.input("x", "float64", (4, 2))
+    with pytest.raises(PrivacyTrackingError, match="finite"):
+        track(b.build([b.op("sum", x)]), {"x": InputSpec.private(lower, upper)})
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        (InputSpec.private(2.0, 1.0), "exceeds"),
+        (InputSpec.private([0, 0, 0], 1.0), "do not fit"),
+        (InputSpec.private(0, 1, np.array([0, 1, 2])), "one per row"),
+        (InputSpec.private(0, 1, np.array([0, -1, 2, 3])), "non-negative"),
+        (InputSpec(), "need lower and upper"),
+    ],
+)
+def test_bad_metadata_is_refused(spec: InputSpec, match: str) -> None:
+    b = GraphBuilder()
+    x = b.input("x", "float64", (4, 2))
+    with pytest.raises(PrivacyTrackingError, match=match):
+        track(b.build([b.op("sum", x)]), {"x": spec})
+
+
+def test_an_input_without_metadata_is_refused() -> None:
+    b = GraphBuilder()
+    x = b.input("x", "float64", (4,))
+    with pytest.raises(PrivacyTrackingError, match="no privacy metadata"):
+        track(b.build([b.op("sum", x)]), {})
+
+
+@pytest.mark.parametrize(
+    ("build", "lo", "hi", "dt"),
+    [
+        (lambda b, x: b.op("log", x), 0.0, 1.0, "float64"),  # log(0) = -inf
+        (lambda b, x: b.op("div", 1.0, x), -1.0, 1.0, "float64"),  # 1 / [-1, 1]
+        (lambda b, x: b.op("div", x, b.op("sub", x, 0.5)), 0.0, 1.0, "float64"),
+        (lambda b, x: b.op("exp", x), 0.0, 1000.0, "float32"),  # overflows float32
+        (lambda b, x: b.op("sqrt", x), -1.0, 1.0, "float64"),  # NaN below 0
+    ],
+)
+def test_unbounded_outputs_are_refused(build: object, lo: float, hi: float, dt: str) -> None:
+    b = GraphBuilder()
+    x = b.input("x", dt, (4,))
+    out = b.op("sum", build(b, x))  # type: ignore[operator]
+    with pytest.raises(PrivacyTrackingError, match="unbounded"):
+        track(b.build([out]), {"x": InputSpec.private(lo, hi)})
+
+
+def test_a_private_index_is_refused() -> None:
+    b = GraphBuilder()
+    x = b.input("x", "float64", (4, 3))
+    arg = b.op("argmax", x, dim=1, keepdim=True)
+    with pytest.raises(PrivacyTrackingError, match="index must be public"):
+        track(b.build([b.op("gather", x, arg, dim=1)]), {"x": InputSpec.private(0, 1)})
+
+
+def test_integer_wraparound_is_not_trusted(rng: np.random.Generator) -> None:
+    b = GraphBuilder()
+    x = b.input("x", "int32", (4,))
+    big = b.op("mul", x, 2**30)  # wraps in int32
+    graph = b.build([b.op("sum", big, dtype="int64")])
+    # a wide domain: no table, so the wrapped product may be anything in int32's range
+    r = track(graph, {"x": InputSpec.private(0, 1000)})
+    assert r.outputs[0].l1 == 2.0**32 - 1
+    # a small domain is tabulated with the kernel itself: the wrapped values are exact
+    r = track(graph, {"x": InputSpec.private(0, 7)})
+    assert r.outputs[0].l1 == 3 * 2.0**30  # from -2**31 (x = 6) to 2**30 (x = 1 or 5)
+    cols = {"x": Column("int32", (4,), 0, 7)}
+    for _ in range(100):
+        assert_sound(graph, r, *neighbours(cols, rng))
+
+
+def test_public_graphs_have_zero_sensitivity() -> None:
+    b = GraphBuilder()
+    w = b.input("w", "float32", (3,))
+    c = b.constant(np.arange(3.0, dtype=np.float32))
+    r = track(b.build([b.op("sum", b.op("mul", w, c))]), {"w": InputSpec.public()})
+    assert (r.outputs[0].l1, r.outputs[0].l2) == (0.0, 0.0)
+
+
+def _graphs() -> list[tuple[GraphBuilder, list[Ref]]]:
+    out = []
+    b = GraphBuilder()
+    x = b.input("x", "float32", (50, 3))
+    u = b.input("u", "int64", (50,))
+    w = b.input("w", "float32", (3, 2))
+    z = b.op("matmul", x, w)
+    p = b.op("reciprocal", b.op("add", b.op("exp", b.op("neg", z)), 1.0))
+    hist = b.op("sum", b.op("eq", b.op("unsqueeze", u, dim=1), b.constant(np.arange(5))), dims=(0,))
+    cx = b.op("sub", x, b.op("mean", x, dims=(0,), keepdim=True))
+    var = b.op("mean", b.op("mul", cx, cx), dims=(0,))
+    out.append((b, [b.op("mean", p, dims=(0,)), hist, var, b.op("amax", x)]))
+    return out
+
+
+def test_sensitivity_does_not_depend_on_the_data(rng: np.random.Generator) -> None:
+    specs = {
+        "x": InputSpec.private(-1.0, [1.0, 2.0, 3.0], np.repeat(np.arange(25), 2)),
+        "u": InputSpec.private(0, 4, np.repeat(np.arange(25), 2)),
+        "w": InputSpec.public(),
+    }
+    for b, outs in _graphs():
+        graph = b.build(outs)
+        w = rng.normal(size=(3, 2)).astype(np.float32)
+        free = track(graph, {**specs, "w": InputSpec.public(w)})
+        reports = []
+        for _ in range(3):
+            data = {
+                "x": rng.uniform(-1, 1, (50, 3)).astype(np.float32),
+                "u": rng.integers(0, 5, 50),
+                "w": w,
+            }
+            reports.append(evaluate_tracked(graph, data, specs)[1])
+        for r in [free, *reports[1:]]:
+            for o, ref in zip(r.outputs, reports[0].outputs, strict=True):
+                assert (o.l1, o.l2) == (ref.l1, ref.l2)
+                np.testing.assert_array_equal(o.lower, ref.lower)
+                np.testing.assert_array_equal(o.upper, ref.upper)
+                np.testing.assert_array_equal(o.per_subject_l1, ref.per_subject_l1)
+
+
+def test_the_tracker_is_never_handed_a_value() -> None:
+    # the protocol gives the tracker the node, its call (metadata) and argument states only
+    import inspect
+
+    params = list(inspect.signature(PrivacyTracker.visit).parameters)
+    assert params == ["self", "index", "node", "call", "meta", "arg_states"]
+
+
+def test_joint_report_of_several_outputs() -> None:
+    b = GraphBuilder()
+    x = b.input("x", "float64", (10,))
+    r = track(b.build([b.op("sum", x), b.op("mean", x)]), {"x": InputSpec.private(0, 1)})
+    assert r.l1 == pytest.approx(1.1) and r.l2 == pytest.approx(np.hypot(1.0, 0.1))
+    assert r.subjects == 10
+
+
+MODULES = [
+    "node.privacy.arrays",
+    "node.privacy.state",
+    "node.privacy.spec",
+    "node.privacy.rules.reductions",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_doctests(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0 and result.failed == 0
