@@ -291,7 +291,14 @@ def run(
             for a in node.args:
                 if isinstance(a, Ref) and p.last_use[a.index] == i and values[a.index] is not None:
                     _free(a.index, values, owner, sharers, states)
-    outputs = [values[o] for o in g.outputs]
+    outputs: list[Array] = []
+    for o in g.outputs:
+        v = values[o]
+        # outputs are the caller's to keep or modify (e.g. noise added in place): never hand
+        # out a view of an input, a constant or another output
+        if owner[o] < 0 or not v.flags.writeable or any(np.may_share_memory(v, w) for w in outputs):
+            v = np.array(v, copy=True)
+        outputs.append(v)
     tracked = {t.name: [states[k][o] for o in g.outputs] for k, t in enumerate(trackers)}
     return Evaluation(outputs, tracked)
 

@@ -410,3 +410,29 @@ def test_max_and_avg_pool_through_unfold() -> None:
     want_max = torch.nn.functional.max_pool2d(x, 3, 2, padding=1)
     torch.testing.assert_close(torch.from_numpy(got_max), want_max)
     torch.testing.assert_close(torch.from_numpy(got_avg), torch.nn.functional.avg_pool2d(x, 2))
+
+
+def test_outputs_never_alias_inputs_constants_or_each_other() -> None:
+    b = GraphBuilder()
+    x = b.input("x", "float32", (2, 3))
+    c = b.constant(np.ones(3, np.float32))
+    e = b.op("exp", x)
+    g = b.build(
+        [
+            x,
+            b.op("reshape", x, shape=[6]),
+            c,
+            e,
+            e,
+            b.op("permute", e, dims=[1, 0]),
+            b.op("expand", b.op("neg", c), shape=[4, 3]),
+        ]
+    )
+    xv = np.zeros((2, 3), np.float32)
+    outs = evaluate(g, {"x": xv})
+    for k, o in enumerate(outs):
+        assert not np.may_share_memory(o, xv)
+        assert all(not np.may_share_memory(o, p) for p in outs[:k])
+        assert o.flags.writeable
+    outs[3] += 1  # writable, and writing does not leak into the other outputs
+    assert np.array_equal(outs[4], np.ones((2, 3), np.float32))
