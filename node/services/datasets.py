@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 from sqlalchemy.orm.interfaces import LoaderOption
 
@@ -140,7 +141,11 @@ def create_dataset(
             )
         )
     session.add(dataset)
-    session.flush()
+    try:
+        session.flush()
+    except IntegrityError:  # a concurrent request took the name after the check above
+        session.rollback()
+        raise ConflictError(f"a dataset named {name!r} already exists") from None
     audit.record(
         session,
         actor,

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 from sqlalchemy.orm.interfaces import LoaderOption
 
@@ -96,7 +97,11 @@ def create_model(
             )
         )
     session.add(model)
-    session.flush()
+    try:
+        session.flush()
+    except IntegrityError:  # a concurrent request took the name after the check above
+        session.rollback()
+        raise ConflictError(f"a model named {name!r} already exists") from None
     audit.record(
         session,
         actor,

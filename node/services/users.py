@@ -6,6 +6,7 @@ import re
 
 from argon2 import PasswordHasher
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from node.db.models import Role, User
@@ -89,7 +90,11 @@ def create_user(
         raise ConflictError(f"a user with email {email} already exists")
     user = User(email=email, password_hash=hash_password(hasher, password), role=parsed_role)
     session.add(user)
-    session.flush()
+    try:
+        session.flush()
+    except IntegrityError:  # a concurrent request took the name after the check above
+        session.rollback()
+        raise ConflictError(f"a user with email {email} already exists") from None
     audit.record(
         session,
         actor,

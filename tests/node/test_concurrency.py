@@ -13,7 +13,10 @@ from starlette.testclient import TestClient
 from node.context import NodeContext
 from node.db.models import User
 from node.errors import ConflictError
-from node.services import users
+from node.services import datasets, models, users
+from node.services.datasets import DatasetUpload
+from node.services.models import ModelUpload
+from node.services.tabular import ColumnSpec
 from tests.conftest import PASSWORD, login, make_user
 from tests.node.conftest import upload
 
@@ -76,3 +79,49 @@ def test_two_admins_demoting_each_other_at_once_leave_an_admin(
     assert results == ["demoted", "this change would leave the node without an active admin"]
     with context.sessions() as session:
         assert users.count_admins(session) == 1
+
+
+def test_two_creations_racing_for_one_name_get_a_conflict_not_a_500(
+    context: NodeContext, owner: User
+) -> None:
+    # Both pass the name check, then meet before inserting: the unique constraint decides.
+    pause = threading.Barrier(2, timeout=1)
+
+    def wait_for_the_other(*_: object) -> None:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            pause.wait()
+
+    def create(kind: str) -> str:
+        with context.sessions() as session:
+            event.listen(session, "before_flush", wait_for_the_other)
+            try:
+                if kind == "dataset":
+                    spec = ColumnSpec(bounds={"x": (0, 1)}, categories={})
+                    upload = DatasetUpload("same", "", [], spec, ["x"], {"x": np.zeros(3)})
+                    datasets.create_dataset(session, context.store, owner, upload, max_elements=10)
+                elif kind == "model":
+                    model = ModelUpload("same", "", [], False, ["w"], {"w": np.zeros(3)})
+                    models.create_model(session, context.store, owner, model, max_elements=10)
+                else:
+                    users.create_user(
+                        session,
+                        context.hasher,
+                        None,
+                        email="same@x.org",
+                        password=PASSWORD,
+                        role="data_scientist",
+                    )
+            except ConflictError as exc:
+                return exc.detail
+            return "created"
+
+    conflicts = {
+        "dataset": "a dataset named 'same' already exists",
+        "model": "a model named 'same' already exists",
+        "user": "a user with email same@x.org already exists",
+    }
+    for kind, conflict in conflicts.items():
+        pause.reset()
+        with ThreadPoolExecutor(2) as pool:
+            results = sorted(pool.map(create, [kind, kind]))
+        assert results == [conflict, "created"]
