@@ -11,6 +11,7 @@ import numpy as np
 from sqlalchemy import text
 from starlette.testclient import TestClient
 
+from node.app import create_app
 from node.context import NodeContext
 from tests.node.conftest import FRAME, post_frame, refused, upload_ok
 from tests.node.frames import dataset_frame, model_frame, raw_frame
@@ -283,3 +284,19 @@ def test_an_unexpected_failure_is_a_500_with_the_same_shape(
     assert detail.startswith("the node failed unexpectedly (")
     assert http.get("/api/v1/users/me", headers=owner_h).status_code == 200
     assert http.get("/api/v1/health").json()["status"] == "ok"
+
+
+def test_the_column_limit_is_enforced(context: NodeContext, owner_h: dict[str, str]) -> None:
+    narrow = NodeContext.from_settings(context.settings.model_copy(update={"max_columns": 3}))
+    try:
+        with TestClient(create_app(context=narrow), raise_server_exceptions=False) as http:
+            data = {f"c{i}": np.zeros(2) for i in range(4)}
+            bounds = {name: (0, 1) for name in data}
+            frame = dataset_frame("wide", data, bounds=bounds)
+            detail = refused(post_frame(http, DATASETS, owner_h, frame), 422, "upload_rejected")
+            assert detail == "a dataset may have at most 3 columns; this one has 4"
+            data.pop("c3")
+            frame = dataset_frame("wide", data, bounds={name: (0, 1) for name in data})
+            assert post_frame(http, DATASETS, owner_h, frame).status_code == 201
+    finally:
+        narrow.close()

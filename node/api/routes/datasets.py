@@ -10,7 +10,7 @@ from node.api import frames
 from node.api.deps import CurrentUser, LimitedBody, SessionDep, SettingsDep, StoreDep
 from node.api.schemas import ColumnPublic, DatasetManifest, DatasetPublic
 from node.db.models import Dataset
-from node.errors import InvalidRequestError
+from node.errors import InvalidRequestError, UploadRejectedError
 from node.services import audit, datasets
 from node.services.tabular import ColumnSpec
 
@@ -98,6 +98,11 @@ def upload_dataset(
 ) -> DatasetPublic:
     """Upload a dataset as a tensor frame (see ``docs/api.md``); data owners and admins."""
     upload = upload_from_frame(body, settings.max_upload_elements)
+    if len(upload.order) > settings.max_columns:
+        raise UploadRejectedError(
+            f"a dataset may have at most {settings.max_columns} columns; this one has "
+            f"{len(upload.order)}"
+        )
     dataset = datasets.create_dataset(
         session, store, actor, upload, max_elements=settings.max_upload_elements
     )
