@@ -94,20 +94,36 @@ class InputSpec:
         owner = subj.astype(np.int64).reshape((1,) * axis + (n,) + (1,) * (len(shape) - axis - 1))
         width = hi - lo
         zero = full(0.0, shape)
-        return State(shape, dt, full(lo, shape), full(hi, shape), full(owner, shape),
-                     full(width, shape), zero)
+        return State(
+            shape,
+            dt,
+            full(lo, shape),
+            full(hi, shape),
+            full(owner, shape),
+            full(width, shape),
+            zero,
+        )
 
     def _public_state(self, where: str, shape: tuple[int, ...], dt: DType) -> State:
         if self.value is not None:
             v = np.asarray(self.value)
             if v.shape != shape:
-                raise PrivacyTrackingError(f"{where}: public value has shape {v.shape}, not {shape}")
+                raise PrivacyTrackingError(
+                    f"{where}: public value has shape {v.shape}, not {shape}"
+                )
             return public_state(v.astype(dt.np, copy=False), dt)
         lo = -np.inf if self.lower is None else self.lower
         hi = np.inf if self.upper is None else self.upper
         z = full(0.0, shape)
-        return State(shape, dt, full(np.asarray(lo, float), shape), full(np.asarray(hi, float),
-                     shape), full(np.int64(PUBLIC), shape), z, z)
+        return State(
+            shape,
+            dt,
+            full(np.asarray(lo, float), shape),
+            full(np.asarray(hi, float), shape),
+            full(np.int64(PUBLIC), shape),
+            z,
+            z,
+        )
 
     @staticmethod
     def _bound(where: str, b: Any, row_shape: tuple[int, ...], axis: int) -> np.ndarray:
@@ -124,4 +140,3 @@ class InputSpec:
                 f"{list(row_shape)}"
             ) from None
         return np.expand_dims(a, axis) if a.ndim else a
-

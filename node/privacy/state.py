@@ -85,7 +85,7 @@ class State:
         return replace(self, **kw)
 
 
-def full(a: Array | float, shape: Sequence[int]) -> Array:
+def full(a: npt.ArrayLike, shape: Sequence[int]) -> Array:
     """``a`` broadcast to ``shape`` (a read-only view, no copy).
 
     >>> full(2.0, (2, 3)).shape

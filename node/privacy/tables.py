@@ -60,8 +60,9 @@ class Table:
         vb = np.broadcast_to(self.vals, (*shape, self.size))
         block = vb[tuple(slice(None) if v else 0 for v in vals_ax)].reshape(-1, self.size)
         block = block.astype(np.float64)
-        copies = int(np.prod([n for n, r, v in zip(shape, root_ax, vals_ax, strict=True)
-                              if not r and not v]))
+        copies = int(
+            np.prod([n for n, r, v in zip(shape, root_ax, vals_ax, strict=True) if not r and not v])
+        )
         best1 = best2 = 0.0
         for p in range(self.size):
             d = np.abs(block[:, p : p + 1] - block)

@@ -123,9 +123,11 @@ class PrivacyTracker:
         present = [a for a in ctx.args if a is not None]
         rule = RULES.get(node.op)
         if all(a.is_public for a in present):
-            s = self._public(ctx)
-            if s is not None or rule is None:
-                return s if s is not None else _unknown_public(meta)
+            public = self._public(ctx)
+            if public is not None:
+                return public
+            if rule is None:
+                return _unknown_public(meta)
         if rule is None:
             raise PrivacyTrackingError(
                 f"node {index}: prim {node.op!r} has no privacy rule, so it cannot be "
@@ -201,8 +203,13 @@ class PrivacyTracker:
 def _unknown_public(meta: TensorMeta) -> State:
     z = full(0.0, meta.shape)
     return State(
-        meta.shape, meta.dtype, full(-np.inf, meta.shape), full(np.inf, meta.shape),
-        full(np.int64(PUBLIC), meta.shape), z, z,
+        meta.shape,
+        meta.dtype,
+        full(-np.inf, meta.shape),
+        full(np.inf, meta.shape),
+        full(np.int64(PUBLIC), meta.shape),
+        z,
+        z,
     )
 
 

@@ -91,4 +91,3 @@ def assert_sound(
         diff = np.abs(fa - fb)
         assert diff.sum() <= o.l1 + tol, f"output {k}: L1 {diff.sum()} > {o.l1}"
         assert np.sqrt((diff**2).sum()) <= o.l2 + tol, f"output {k}: L2 > {o.l2}"
-

@@ -225,8 +225,20 @@ def op_moment(g: Builder) -> None:
 
 
 OPS: list[Callable[[Builder], None]] = [
-    op_unary, op_positive, op_scalar, op_binary, op_compare, op_logic, op_where, op_clamp,
-    op_reduce, op_shape, op_index, op_matmul, op_onehot, op_moment,
+    op_unary,
+    op_positive,
+    op_scalar,
+    op_binary,
+    op_compare,
+    op_logic,
+    op_where,
+    op_clamp,
+    op_reduce,
+    op_shape,
+    op_index,
+    op_matmul,
+    op_onehot,
+    op_moment,
 ]
 
 

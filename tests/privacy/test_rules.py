@@ -35,8 +35,9 @@ def test_every_rule_is_keyed_by_a_prim_name() -> None:
 def test_a_prim_without_a_rule_is_refused_on_private_data(name: str) -> None:
     tracker = PrivacyTracker({"x": Spec.private(0.0, 1.0)})
     meta = TensorMeta((3,), dtype("float32"))
-    x = tracker.visit(0, Node("input", (), {"name": "x", "dtype": "float32", "shape": (3,)}),
-                      None, meta, [])
+    x = tracker.visit(
+        0, Node("input", (), {"name": "x", "dtype": "float32", "shape": (3,)}), None, meta, []
+    )
     call = Call(1, name, [meta], {})
     call.meta = meta
     with pytest.raises(PrivacyTrackingError, match=f"prim '{name}' has no privacy rule"):
@@ -161,7 +162,7 @@ def test_sensitivity_does_not_depend_on_the_data(rng: np.random.Generator) -> No
         free = track(graph, {**specs, "w": InputSpec.public(w)})
         reports = []
         for _ in range(3):
-            data = {
+            data: dict[str, np.ndarray] = {
                 "x": rng.uniform(-1, 1, (50, 3)).astype(np.float32),
                 "u": rng.integers(0, 5, 50),
                 "w": w,

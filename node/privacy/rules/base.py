@@ -109,7 +109,7 @@ def _combine(
     for g in kG:
         base = base + g
     extra = np.zeros(shape)
-    for j, oj in enumerate(owners):
+    for oj in owners:
         cand = np.zeros(shape)
         for i, oi in enumerate(owners):
             cand = cand + np.where((oi == oj) & (oj >= 0), kL[i] - kG[i], 0.0)
@@ -123,10 +123,11 @@ def _dtype_limits(meta: TensorMeta) -> tuple[float, float]:
     d = meta.dtype
     if d.is_bool:
         return 0.0, 1.0
+    npd: Any = d.np
     if d.is_int:
-        info = np.iinfo(d.np)
+        info = np.iinfo(npd)
         return float(info.min), float(info.max)
-    fin = np.finfo(np.float32 if d.np.kind == "V" else d.np)
+    fin = np.finfo(np.float32 if d.np.kind == "V" else npd)
     return -float(fin.max), float(fin.max)
 
 
@@ -170,6 +171,12 @@ def finish(
     L = np.where(mixed, M, L)
     G = np.where(mixed, M, G)
     return State(
-        shape, meta.dtype, full(lo, shape), full(hi, shape), own, full(L, shape),
-        full(G, shape), **extra,
+        shape,
+        meta.dtype,
+        full(lo, shape),
+        full(hi, shape),
+        own,
+        full(L, shape),
+        full(G, shape),
+        **extra,
     )

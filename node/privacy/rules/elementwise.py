@@ -112,7 +112,9 @@ def _remainder(c: Ctx, a: State, b: State) -> Bin:
 
 def _pow(c: Ctx, a: State, b: State) -> Bin:
     if b.value is None or b.value.ndim:
-        raise c.fail("pow needs a public scalar exponent (a private or tensor exponent has no rule)")
+        raise c.fail(
+            "pow needs a public scalar exponent (a private or tensor exponent has no rule)"
+        )
     p = float(b.value)
     if p == 0:
         one = np.ones(c.shape)

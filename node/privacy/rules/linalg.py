@@ -28,10 +28,8 @@ _BIG = np.iinfo(np.int64).max
 def _as2d(s: State, left: bool) -> tuple[tuple[int, int], list[Array]]:
     """lo, hi, owner, L, G as matrices (a 1-d left operand is a row, a right one a column)."""
     shape = s.shape
-    if len(shape) == 1:
-        shape2 = (1, shape[0]) if left else (shape[0], 1)
-    else:
-        shape2 = (shape[0], shape[1])
+    row = (1, shape[0]) if left else (shape[0], 1)
+    shape2 = row if len(shape) == 1 else (shape[0], shape[1])
     arrs = [np.broadcast_to(a, s.shape).reshape(shape2) for a in (s.lo, s.hi, s.owner, s.L, s.G)]
     return shape2, arrs
 
@@ -162,4 +160,3 @@ def matmul(c: Ctx) -> State:
         "matmul needs one public operand, or both operands' subjects to vary along the "
         "contracted axis only"
     )
-

@@ -62,10 +62,16 @@ def centred_tag(c: Ctx, a: State, b: State) -> object:
         leading = tb.dims == tuple(range(len(tb.dims)))
         if tb.keepdim or leading:
             return Centred(tb.dims, tb.x)
-    if op == "mul" and isinstance(ta, Centred) and isinstance(tb, Centred):
-        if ta.dims == tb.dims and a.shape == b.shape == c.shape == ta.x.shape == tb.x.shape:
-            return Comoment(ta.dims, ta.x, tb.x)
-    if op == "pow" and isinstance(ta, Centred) and b.value is not None and float(b.value) == 2.0:
+    if (
+        op == "mul"
+        and isinstance(ta, Centred)
+        and isinstance(tb, Centred)
+        and ta.dims == tb.dims
+        and a.shape == b.shape == c.shape == ta.x.shape == tb.x.shape
+    ):
+        return Comoment(ta.dims, ta.x, tb.x)
+    square = b.value is not None and b.value.size == 1 and float(b.value.reshape(())) == 2.0
+    if op == "pow" and isinstance(ta, Centred) and square and a.shape == ta.x.shape:
         return Comoment(ta.dims, ta.x, ta.x)
     return None
 
@@ -74,9 +80,7 @@ def _rows_ok(s: State) -> bool:
     return bool(np.all(s.G == 0) and np.all((s.owner >= 0) | (s.owner == PUBLIC)))
 
 
-def moment_rule(
-    c: Ctx, x: State, dims: tuple[int, ...], n: int, scale: float, s: State
-) -> State:
+def moment_rule(c: Ctx, x: State, dims: tuple[int, ...], n: int, scale: float, s: State) -> State:
     """Tag a mean, or tighten a sum/mean of a comoment over its centring dims."""
     keep = bool(c.call.attrs.get("keepdim"))
     if c.node.op == "mean" and c.refs[0] is not None:

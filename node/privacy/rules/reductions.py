@@ -34,9 +34,7 @@ def dims_of(c: Ctx, ndim: int) -> tuple[int, ...]:
     return tuple(sorted(d % ndim for d in dims))
 
 
-def reduce_array(
-    a: Array, shape: tuple[int, ...], dims: tuple[int, ...], fn: str = "sum"
-) -> Array:
+def reduce_array(a: Array, shape: tuple[int, ...], dims: tuple[int, ...], fn: str = "sum") -> Array:
     """``fn`` ("sum", "max", "min") of ``a`` broadcast to ``shape`` over ``dims``, kept as 1s.
 
     Works on the compact form: a sum over a broadcast axis is a product by its size.
@@ -63,7 +61,7 @@ def _to_rows(a: Array, shape: tuple[int, ...], dims: tuple[int, ...]) -> Array:
 
 def _worst_subject(o: Array, d: Array, nsub: int) -> tuple[Array, Array]:
     """Per output row: max over subjects of the summed ``d``, and per subject: most elements."""
-    rows, r = o.shape
+    rows = o.shape[0]
     extra = np.zeros(rows)
     kmax = np.zeros(max(nsub, 1))
     ov = o[0]
@@ -102,7 +100,12 @@ def aggregate(
     if not any(varying_axes(s.owner, shape)[d] for d in dims):
         pick = tuple(slice(0, 1) if d in dims else slice(None) for d in range(len(shape)))
         owner = np.broadcast_to(s.owner, shape)[pick]
-        return owner, reduce_array(s.L, shape, dims, how), reduce_array(s.G, shape, dims, how), kfull
+        return (
+            owner,
+            reduce_array(s.L, shape, dims, how),
+            reduce_array(s.G, shape, dims, how),
+            kfull,
+        )
     o, L, G = (_to_rows(a, shape, dims) for a in (s.owner, s.L, s.G))
     omin = np.where(o == PUBLIC, _BIG, o).min(axis=1)
     omax = np.where(o == PUBLIC, -_BIG, o).max(axis=1)
@@ -207,10 +210,7 @@ def argextreme(c: Ctx) -> State:
     """An index: jumps anywhere in its range as soon as a compared element may move."""
     x = c.arg(0)
     dim = c.call.attrs.get("dim")
-    if dim is None or not x.shape:
-        dims = tuple(range(len(x.shape)))
-    else:
-        dims = (dim % len(x.shape),)
+    dims = tuple(range(len(x.shape))) if dim is None or not x.shape else (int(dim) % len(x.shape),)
     width = float(max(math.prod(x.shape[d] for d in dims) - 1, 0))
     owner, L, G, _ = aggregate(x, dims, c.nsub)
     L = np.where(L > 0, width, 0.0)

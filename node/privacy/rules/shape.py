@@ -32,20 +32,17 @@ def _gather(a: Array, shape: tuple[int, ...], idx: Array, trailing: tuple[int, .
 
 
 def move(c: Ctx, x: State, idx: Array, mult: float) -> State:
-    """The state of ``out.flat[i] = x.flat[idx.flat[i]]`` (each input used at most ``mult`` times)."""
+    """The state of ``out.flat[i] = x.flat[idx.flat[i]]`` (inputs used ``mult`` times at most)."""
     shape = x.shape
     table = None
     if x.table is not None:
         t = x.table
         table = Table(_gather(t.root, shape, idx), _gather(t.vals, shape, idx, (t.size,)))
-    s = State(
-        c.shape,
-        c.meta.dtype,
-        *(np.broadcast_to(_gather(a, shape, idx), c.shape) for a in (x.lo, x.hi, x.owner)),
-        *(np.broadcast_to(_gather(a, shape, idx), c.shape) for a in (x.L, x.G)),
-        value=None if x.value is None else np.broadcast_to(_gather(x.value, shape, idx), c.shape),
-        table=table,
+    lo, hi, owner, L, G = (
+        np.broadcast_to(_gather(a, shape, idx), c.shape) for a in (x.lo, x.hi, x.owner, x.L, x.G)
     )
+    value = None if x.value is None else np.broadcast_to(_gather(x.value, shape, idx), c.shape)
+    s = State(c.shape, c.meta.dtype, lo, hi, owner, L, G, value=value, table=table)
     if has_joint(x):
         t1, t2 = joint(x, c.nsub)
         s = s.with_(t1=t1 * mult, t2=t2 * math.sqrt(mult))
@@ -108,8 +105,9 @@ def cat(c: Ctx) -> State:
         ts = [t for t in tables if t is not None]
         size = max(t.size for t in ts)
         vals = [
-            np.concatenate([t.vals, np.repeat(t.vals[..., -1:], size - t.size, axis=-1)], -1)
-            .astype(c.meta.dtype.np)
+            np.concatenate(
+                [t.vals, np.repeat(t.vals[..., -1:], size - t.size, axis=-1)], -1
+            ).astype(c.meta.dtype.np)
             for t in ts
         ]
         s = s.with_(table=Table(join([t.root for t in ts]), join(vals, (size,))))

@@ -49,7 +49,7 @@ def _window(f: F, increasing: bool) -> Fn:
 
 
 def _closest0(lo: Array, hi: Array) -> Array:
-    return np.clip(0.0, lo, hi)
+    return np.asarray(np.clip(0.0, lo, hi))
 
 
 def _farthest0(lo: Array, hi: Array) -> Array:
@@ -113,9 +113,7 @@ FUNCTIONS: dict[str, Fn] = {
     "tanh": _lipschitz(np.tanh, True, lambda x: 1 - np.tanh(x) ** 2, _closest0),
     "atan": _lipschitz(np.arctan, True, lambda x: 1 / (1 + x * x), _closest0),
     "asinh": _lipschitz(np.arcsinh, True, lambda x: 1 / np.sqrt(1 + x * x), _closest0),
-    "erf": _lipschitz(
-        scipy.special.erf, True, lambda x: 2 / _SQRT_PI * np.exp(-x * x), _closest0
-    ),
+    "erf": _lipschitz(scipy.special.erf, True, lambda x: 2 / _SQRT_PI * np.exp(-x * x), _closest0),
     "erfc": _lipschitz(
         scipy.special.erfc, False, lambda x: 2 / _SQRT_PI * np.exp(-x * x), _closest0
     ),
@@ -217,9 +215,10 @@ def _name_of(c: Ctx) -> str:
 FUNCTIONS["identity"] = Fn(lambda lo, hi: (lo, hi), lambda lo, hi, d: d)
 
 
-@rule(*(n for n in FUNCTIONS if n not in ("identity", "bitwise_not_bool", "bitwise_not_int")),
-      "bitwise_not")
+@rule(
+    *(n for n in FUNCTIONS if n not in ("identity", "bitwise_not_bool", "bitwise_not_int")),
+    "bitwise_not",
+)
 def unary(c: Ctx) -> State:
     """Any unary elementwise prim of :data:`FUNCTIONS`."""
     return _apply(c, FUNCTIONS[_name_of(c)])
-
