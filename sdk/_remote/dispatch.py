@@ -171,7 +171,7 @@ def _functional_of(func: OpOverload) -> OpOverload | None:
     return getattr(packet, overload, None) or getattr(packet, "default", None)
 
 
-_KIND: dict[Any, tuple[str, Any]] = {}
+_KIND: dict[int, tuple[str, Any]] = {}
 
 
 def _classify(func: OpOverload) -> tuple[str, Any]:
@@ -206,9 +206,9 @@ def _classify(func: OpOverload) -> tuple[str, Any]:
 
 def dispatch(func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Record ``func(*args, **kwargs)`` on remote tensors and return remote results."""
-    kind = _KIND.get(func)
+    kind = _KIND.get(id(func))  # OpOverloads are long-lived singletons; id() hashes fastest
     if kind is None:
-        kind = _KIND[func] = _classify(func)
+        kind = _KIND[id(func)] = _classify(func)
     how, what = kind
     if how == "rule":
         out = func(*[_meta(a) for a in args], **_meta_kwargs(kwargs))

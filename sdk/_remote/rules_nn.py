@@ -146,3 +146,47 @@ def _avg_pool2d_backward(
         "convolution", grad, w, None, stride=s, padding=p, dilation=(1, 1), groups=c, transposed=True,
         output_padding=op,
     )
+
+
+# -- softmax and activation gradients: direct rules (torch's decompositions are slow to trace) --
+
+
+def _softmax_parts(x: Node, dim: int, dtype: torch.dtype) -> tuple[Node, Node]:
+    if x.dtype != dtype:
+        x = prim("convert_element_type", x, dtype=dtype_name(dtype))
+    shifted = prim("sub", x, prim("amax", x, dims=(dim,), keepdim=True))
+    return shifted, prim("exp", shifted)
+
+
+@implements(aten._softmax.default)
+def _softmax(out: torch.Tensor, x: Node, dim: int, half_to_float: bool) -> Node:
+    _, e = _softmax_parts(x, dim, out.dtype)
+    return prim("div", e, prim("sum", e, dims=(dim,), keepdim=True))
+
+
+@implements(aten._log_softmax.default)
+def _log_softmax(out: torch.Tensor, x: Node, dim: int, half_to_float: bool) -> Node:
+    shifted, e = _softmax_parts(x, dim, out.dtype)
+    return prim("sub", shifted, prim("log", prim("sum", e, dims=(dim,), keepdim=True)))
+
+
+@implements(aten._softmax_backward_data.default)
+def _softmax_backward(out: torch.Tensor, grad: Node, y: Node, dim: int, input_dtype: torch.dtype) -> Node:
+    gy = prim("mul", grad, y)
+    return prim("sub", gy, prim("mul", y, prim("sum", gy, dims=(dim,), keepdim=True)))
+
+
+@implements(aten._log_softmax_backward_data.default)
+def _log_softmax_backward(out: torch.Tensor, grad: Node, y: Node, dim: int, input_dtype: torch.dtype) -> Node:
+    return prim("sub", grad, prim("mul", prim("exp", y), prim("sum", grad, dims=(dim,), keepdim=True)))
+
+
+implements(aten.threshold_backward.default)(
+    lambda out, grad, x, threshold: prim("where", prim("le", x, threshold), 0.0, grad)
+)
+implements(aten.sigmoid_backward.default)(
+    lambda out, grad, y: prim("mul", grad, prim("mul", y, prim("sub", 1.0, y)))
+)
+implements(aten.tanh_backward.default)(
+    lambda out, grad, y: prim("mul", grad, prim("sub", 1.0, prim("mul", y, y)))
+)
