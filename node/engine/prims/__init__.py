@@ -1,6 +1,13 @@
 """The prim vocabulary: importing this package registers every prim."""
 
-from node.engine.prims import elementwise, linalg, misc, reductions, shape  # noqa: F401
+from node.engine.prims import (  # noqa: F401
+    elementwise,
+    indexing,
+    linalg,
+    misc,
+    reductions,
+    shape,
+)
 from node.engine.prims.registry import REGISTRY, AttrSpec, Call, PrimDef, Scalar, TensorMeta
 
 #: Version of the prim vocabulary; every graph carries it and a mismatch is refused.
