@@ -93,6 +93,8 @@ class LaplacePlan:
         digits: ``(table, offset)`` pairs; ``R = Σ digit << offset``.
         tv_bound: TV distance of one sample from the ideal distribution, upper bound.
         max_abs: largest ``|Z|`` the plan can produce.
+        top_sign: per top outcome index, ``sign(v)``.
+        top_base: per top outcome index, ``sign(v) (1 + (|v| - 1) 2^shift)`` (0 for ``v = 0``).
     """
 
     scale: float
@@ -101,6 +103,8 @@ class LaplacePlan:
     digits: tuple[tuple[AliasTable, int], ...]
     tv_bound: float
     max_abs: int
+    top_sign: npt.NDArray[np.int64]
+    top_base: npt.NDArray[np.int64]
 
     @property
     def tables(self) -> tuple[AliasTable, ...]:
@@ -121,6 +125,7 @@ class GaussianPlan:
         levels: number of ``m``-steps.
         tv_bound: TV distance of one sample from the ideal distribution, upper bound.
         max_abs: largest ``|Z|`` the plan can produce.
+        offset: the value of all-zero outcome indices, ``top.offset m^L + low.offset Σ m^i``.
     """
 
     scale: float
@@ -129,6 +134,7 @@ class GaussianPlan:
     levels: int
     tv_bound: float
     max_abs: int
+    offset: int
 
     @property
     def tables(self) -> tuple[AliasTable, ...]:
@@ -173,6 +179,8 @@ def laplace_plan(scale: float) -> LaplacePlan:
     tables = (top, *(d for d, _ in digits))
     tv = math.fsum(tb.tv_bound for tb in tables) + _tie_bound(len(tables))
     v_max = -top.offset
+    v = np.arange(1 << top.bits, dtype=np.int64) + top.offset  # padding indices never drawn
+    sign = np.sign(v)
     return LaplacePlan(
         scale=scale,
         top=top,
@@ -180,6 +188,8 @@ def laplace_plan(scale: float) -> LaplacePlan:
         digits=tuple(digits),
         tv_bound=tv,
         max_abs=v_max << shift,
+        top_sign=sign,
+        top_base=sign * (1 + ((np.abs(v) - 1) << shift)),
     )
 
 
@@ -226,7 +236,10 @@ def gaussian_plan(scale: float) -> GaussianPlan:
     tv += math.fsum(tb.tv_bound for tb in tables) + _tie_bound(len(tables))
     low_abs = -low.offset if low is not None else 0
     max_abs = -top.offset * m**levels + low_abs * sum(m**i for i in range(levels))
-    return GaussianPlan(scale=scale, top=top, low=low, levels=levels, tv_bound=tv, max_abs=max_abs)
+    offset = top.offset * m**levels - low_abs * sum(m**i for i in range(levels))
+    return GaussianPlan(
+        scale=scale, top=top, low=low, levels=levels, tv_bound=tv, max_abs=max_abs, offset=offset
+    )
 
 
 def word_source(source: Source = "pcg") -> WordSource:
@@ -264,57 +277,62 @@ class _Scratch:
         self.tl = np.empty(size, dtype=np.uint64)
         self.flag = np.empty(size, dtype=np.bool_)
         self.out = np.empty(size, dtype=np.int64)
+        self.sign = np.empty(size, dtype=np.int64)
+        self.low = np.empty(size, dtype=np.int64)
 
 
 def _lookup(
     table: AliasTable, word: npt.NDArray[np.uint64], tie: npt.NDArray[np.uint64], s: _Scratch
 ) -> npt.NDArray[np.int64]:
-    """Outcome values for one chunk; the same operations whatever the outcome."""
+    """Outcome indices for one chunk; the same operations whatever the outcome."""
     m = word.shape[0]
     low_bits = np.uint64(64 - table.bits)
     bins = np.right_shift(word, low_bits, out=s.bins[:m]).view(np.int64)
     np.bitwise_and(word, np.uint64((1 << (64 - table.bits)) - 1), out=word)
     th, tl, flag, out = s.th[:m], s.tl[:m], s.flag[:m], s.out[:m]
-    np.take(table.th, bins, out=th)
-    np.take(table.tl, bins, out=tl)
+    # Bins are below 2^bits by construction; mode="clip" only skips numpy's buffered checks.
+    np.take(table.th, bins, out=th, mode="clip")
+    np.take(table.tl, bins, out=tl, mode="clip")
     np.less(tie, tl, out=flag)
     np.add(th, flag, out=th, casting="unsafe")  # (x, tie) < (th, tl)  <=>  x < th + [tie < tl]
     np.less(word, th, out=flag)
-    np.take(table.alias, bins, out=out)
+    np.take(table.alias, bins, out=out, mode="clip")
     np.copyto(out, bins, where=flag)
-    out += table.offset
-    return out
+    return out  # outcome indices; the value is index + table.offset
 
 
 def _laplace_chunk(
     plan: LaplacePlan, words: npt.NDArray[np.uint64], s: _Scratch, dest: npt.NDArray[np.int64]
 ) -> None:
     tie = words[-1]
-    v = _lookup(plan.top, words[0], tie, s)
-    np.copyto(dest, v)
-    # |Z| = 1 + (|v| - 1) 2^shift + R, signed by v; v = 0 gives 0 through sign(v).
-    sign = np.sign(dest)
-    np.abs(dest, out=dest)
-    dest -= 1
-    np.left_shift(dest, plan.shift, out=dest)
-    dest += 1
+    m = dest.shape[0]
+    top = _lookup(plan.top, words[0], tie, s)
+    # Z = sign(v) (1 + (|v| - 1) 2^shift + R): the signed base and the sign per top outcome
+    # come from two small tables, so v = 0 gives 0 without a branch.
+    sign = np.take(plan.top_sign, top, out=s.sign[:m], mode="clip")
+    np.take(plan.top_base, top, out=dest, mode="clip")
+    low = s.low[:m]
+    low.fill(0)
     for i, (table, offset) in enumerate(plan.digits):
         digit = _lookup(table, words[1 + i], tie, s)
         if offset:
             np.left_shift(digit, offset, out=digit)
-        dest += digit
-    dest *= sign
+        low += digit
+    low *= sign
+    dest += low
 
 
 def _gaussian_chunk(
     plan: GaussianPlan, words: npt.NDArray[np.uint64], s: _Scratch, dest: npt.NDArray[np.int64]
 ) -> None:
+    # Z = B_0 + m (B_1 + ... + m A) on outcome indices, then one constant for all the offsets.
     tie = words[-1]
     np.copyto(dest, _lookup(plan.top, words[0], tie, s))
     for i in range(plan.levels):
         assert plan.low is not None
         np.left_shift(dest, _GAUSS_M_LOG2, out=dest)
         dest += _lookup(plan.low, words[1 + i], tie, s)
+    dest += plan.offset
 
 
 def noise_from_words(

@@ -58,7 +58,7 @@ def test_bun_steinke_golden() -> None:
     assert zcdp_to_dp(0.0, delta=1e-6) == 0.0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.floats(1e-5, 50.0), st.floats(1e-12, 1e-3))
 def test_cks_is_tighter_and_calibration_inverts_it(rho: float, delta: float) -> None:
     eps = zcdp_to_dp_cks(rho, delta=delta)
@@ -130,7 +130,7 @@ charges = st.builds(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(charges, max_size=60), st.floats(0.1, 5.0), st.floats(1e-10, 1e-3))
 def test_filter_never_overspends(requests: list[Charge], eps_b: float, delta_b: float) -> None:
     # Play a sequence of requests through the filter; whatever it admits stays in budget.

@@ -16,7 +16,7 @@ from node.errors import EvaluationError
 sensitivities = st.floats(min_value=1e-30, max_value=1e30, allow_nan=False)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(sensitivities, st.integers(min_value=1, max_value=10**9), st.sampled_from([1, 2]))
 def test_finest_exponent_is_the_largest_that_fits(s: float, n: int, norm: int) -> None:
     k = finest_exponent(s, n, norm=norm)
@@ -34,7 +34,7 @@ def test_finest_exponent_refuses_bad_input() -> None:
         finest_exponent(1.0, 1, norm=3)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.floats(min_value=-1e12, max_value=1e12), min_size=1, max_size=20),
     st.integers(min_value=-60, max_value=20),
@@ -47,7 +47,7 @@ def test_rounding_is_exact_half_even(xs: list[float], k: int) -> None:
     assert on_grid(to_values(idx, k), k)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.tuples(st.floats(-1e6, 1e6), st.floats(-1.0, 1.0)), min_size=1, max_size=30),
     st.integers(min_value=-12, max_value=2),

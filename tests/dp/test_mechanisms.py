@@ -27,7 +27,7 @@ from tests.dp.stats import (
 values = st.lists(st.floats(-1e9, 1e9), min_size=1, max_size=50)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(values, st.floats(1e-6, 1e6), st.floats(1e-3, 10.0))
 def test_laplace_outputs_lie_on_the_grid(xs: list[float], sens: float, eps: float) -> None:
     r = laplace(xs, sensitivity_l1=sens, epsilon=eps)
@@ -40,7 +40,7 @@ def test_laplace_outputs_lie_on_the_grid(xs: list[float], sens: float, eps: floa
     assert 0 < r.sampler_tv < len(xs) * 2.0**-90
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(values, st.floats(1e-6, 1e6), st.floats(1e-3, 10.0))
 def test_gaussian_outputs_lie_on_the_grid(xs: list[float], sens: float, rho: float) -> None:
     r = gaussian(xs, sensitivity_l2=sens, rho=rho)
