@@ -277,6 +277,11 @@ def decode(frame: bytes, limits: WireLimits | None = None) -> Graph:
         op = rn.get("op")
         if not isinstance(op, str) or len(op) > lim.max_string:
             raise _fail(f"{where}: op must be a short string")
+        if op not in REGISTRY and op not in ("input", "constant"):
+            raise GraphError(
+                f"{where} ({op!r:.40}): unknown prim; the vocabulary "
+                f"(version {PRIM_VERSION}) is in docs/prims.md"
+            )
         args_raw = rn.get("args", [])
         if not isinstance(args_raw, list) or len(args_raw) > lim.max_args:
             raise _fail(f"{where}: args must be a list of at most {lim.max_args}")

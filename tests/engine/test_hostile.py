@@ -300,3 +300,13 @@ def test_kernel_temporaries_count_in_the_memory_quota() -> None:
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert peak <= 1.01 * p.peak_bytes
+
+
+def test_unknown_prim_on_the_wire_is_named_first() -> None:
+    hdr = {
+        "version": "1",
+        "nodes": [{"op": "__import__", "attrs": {"name": ["os"]}}],
+        "outputs": [0],
+    }
+    with pytest.raises(GraphError, match=r"node 0 \('__import__'\): unknown prim"):
+        decode(_frame(hdr))
