@@ -194,23 +194,37 @@ def test_opinfo_conformance(name: str) -> None:
     assert not failures, "\n".join(failures[:10])
 
 
+def _cell(c: collections.Counter[str] | None) -> str:
+    """One op x dtype cell: passes, then F(ail)/K(nown)/S(kip) counts if any; '-' if untested."""
+    if not c:
+        return "-"
+    extra = "".join(f" {k[0].upper()}{c[k]}" for k in ("fail", "known", "skip") if c[k])
+    return f"{c['pass']}{extra}"
+
+
 def summary_table() -> str:
-    """Markdown table of counts per op (all dtypes) and per dtype."""
+    """Markdown tables: samples per op and dtype (with totals), then per dtype."""
     per_op: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     per_dtype: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for (op, d), c in COUNTS.items():
         per_op[op].update(c)
         per_dtype[d].update(c)
-    lines = ["| op | dtypes | pass | fail | known | skip |", "|---|---|---|---|---|---|"]
+    short = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16"}
+    head = " | ".join(short.get(d, d) for d in DTYPES)
+    lines = [
+        f"| op | {head} | pass | fail | known | skip |",
+        "|---" * (len(DTYPES) + 5) + "|",
+    ]
     for op in sorted(per_op):
         c = per_op[op]
-        ds = ",".join(d for (o, d) in sorted(COUNTS) if o == op)
-        lines.append(f"| {op} | {ds} | {c['pass']} | {c['fail']} | {c['known']} | {c['skip']} |")
+        cells = " | ".join(_cell(COUNTS.get((op, d))) for d in DTYPES)
+        lines.append(f"| {op} | {cells} | {c['pass']} | {c['fail']} | {c['known']} | {c['skip']} |")
     tot: collections.Counter[str] = collections.Counter()
     for c in per_op.values():
         tot.update(c)
+    blanks = " |" * len(DTYPES)
     lines.append(
-        f"| **total** ({len(per_op)} ops) | | {tot['pass']} | {tot['fail']} "
+        f"| **total** ({len(per_op)} ops) |{blanks} {tot['pass']} | {tot['fail']} "
         f"| {tot['known']} | {tot['skip']} |"
     )
     lines.append("")
