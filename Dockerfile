@@ -42,11 +42,13 @@ RUN python3 -m venv "$VIRTUAL_ENV" \
 # would copy `node` into site-packages and lose them; an editable install imports the node from
 # /app, keeps that layout, and still installs the `dpnode` command and the package metadata.
 # /app stays owned by root: the node cannot rewrite its own code. The bytecode is compiled
-# now, because the node's user cannot write it at run time.
+# now, because the node's user cannot write it at run time. The last two checks fail the
+# build, rather than the container at start, if torch crept in or a dependency is missing.
 COPY . /app
 RUN pip install -e "/app[postgres]" \
  && python -m compileall -q /app/node /app/sdk /app/policies /app/migrations \
- && python -c "import importlib.util, sys; sys.exit('torch must not be in the node image' if importlib.util.find_spec('torch') else 0)"
+ && python -c "import importlib.util, sys; sys.exit('torch must not be in the node image' if importlib.util.find_spec('torch') else 0)" \
+ && python -c "import node.app, node.cli"
 
 # Production by default: the node refuses to start, with a message saying what to set, until
 # DPNODE_TOKEN_SECRET holds a random string of at least 32 characters. Empty
