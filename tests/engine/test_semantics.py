@@ -436,3 +436,41 @@ def test_outputs_never_alias_inputs_constants_or_each_other() -> None:
         assert o.flags.writeable
     outs[3] += 1  # writable, and writing does not leak into the other outputs
     assert np.array_equal(outs[4], np.ones((2, 3), np.float32))
+
+
+def test_inplace_clamp_does_not_overwrite_a_dying_bound() -> None:
+    b = GraphBuilder()
+    x = b.input("x", "float32", (4,))
+    lo = b.op("mul", b.input("l", "float32", (4,)), 1.0)  # an intermediate that dies at clamp
+    g = b.build([b.op("clamp", x, lo, None)])
+    xv = np.array([0.0, 5.0, -1.0, 2.0], np.float32)
+    lv = np.array([1.0, 1.0, 1.0, 3.0], np.float32)
+    got = evaluate(g, {"x": xv, "l": lv})[0]
+    assert got.tolist() == torch.clamp(torch.from_numpy(xv), min=torch.from_numpy(lv)).tolist()
+
+
+@pytest.mark.parametrize("op", ["trunc_divide", "floor_divide", "remainder", "fmod", "pow", "sub"])
+@pytest.mark.parametrize("dtype", ["int64", "float32"])
+def test_inplace_binary_into_either_dying_operand(op: str, dtype: str) -> None:
+    """Whichever operand donates its buffer, the result equals torch's."""
+    a = np.array([7, -7, 9, -9, 3], dtype=dtype)
+    bv = np.array([2, 2, -4, -4, 3], dtype=dtype)
+    fn = {
+        "trunc_divide": lambda x, y: torch.div(x, y, rounding_mode="trunc"),
+        "floor_divide": torch.floor_divide,
+        "remainder": torch.remainder,
+        "fmod": torch.fmod,
+        "pow": torch.pow,
+        "sub": torch.sub,
+    }[op]
+    want = fn(torch.from_numpy(a), torch.from_numpy(np.abs(bv) if op == "pow" else bv))
+    for donor in (0, 1):
+        b = GraphBuilder()
+        x = b.input("a", dtype, (5,))
+        y = b.input("b", dtype, (5,))
+        if op == "pow":
+            y = b.op("abs", y)
+        args = [x, y]
+        args[donor] = b.op("mul", args[donor], 1)  # a dying intermediate of the output's shape
+        got = evaluate(b.build([b.op(op, *args)]), {"a": a, "b": bv})[0]
+        assert got.tolist() == want.tolist(), (op, dtype, donor)

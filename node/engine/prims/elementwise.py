@@ -213,18 +213,12 @@ def _trunc_div(a: Array, b: Array, out: Array | None = None) -> Array:
     if a.dtype.kind == "f":
         r = np.asarray(np.divide(a, b, out=out))
         return np.asarray(np.trunc(r, out=r))
-    q = np.asarray(np.floor_divide(a, b, out=out))
-    # floor and trunc differ where the division is inexact and signs differ
+    # floor and trunc differ where the division is inexact and signs differ; computed
+    # first because ``out`` may be the buffer of a or b
     fix = (np.remainder(a, b) != 0) & ((a < 0) != (b < 0))
+    q = np.asarray(np.floor_divide(a, b, out=out))
     np.add(q, fix.astype(q.dtype), out=q)
     return q
-
-
-def _remainder(a: Array, b: Array, out: Array | None = None) -> Array:
-    if a.dtype.kind != "f":
-        return np.remainder(a, b, out=out)
-    # torch: a - b * floor(a / b), adjusted so the sign follows b (Python's %)
-    return np.remainder(a, b, out=out)
 
 
 def _pow_int(c: Call, a: Array, b: Array) -> Array:
@@ -323,7 +317,8 @@ _binary("mul", np.multiply, "same")
 _binary("div", np.true_divide, "float")
 _binary("floor_divide", np.floor_divide, "same", refused=_F, zero_check=True)
 _binary("trunc_divide", _trunc_div, "same", refused=_F, zero_check=True)
-_binary("remainder", _remainder, "same", refused=_F, zero_check=True)
+# NumPy's remainder takes the divisor's sign, like torch's (Python's %)
+_binary("remainder", np.remainder, "same", refused=_F, zero_check=True)
 _binary("fmod", np.fmod, "same", refused=_F, zero_check=True)
 _binary("pow", np.power, "same", refused=_F)
 _binary("maximum", np.maximum, "same")
@@ -407,10 +402,10 @@ def _clamp(c: Call, args: list[Any], out: Array | None) -> Array:
     res = c.out().dtype
     cd = opmath(res)
     r = as_np(x, cd)
-    if out is not None and cd == res:
-        np.copyto(out, r) if out is not r else None
-        r = out
+    if out is not None and out is x and cd == res:
+        r = out  # x dies here: clamp it in place
     elif r is x:
+        # never write into a bound's buffer before reading it: copy x instead
         r = r.copy()
     if lo is not None:
         r = np.maximum(r, as_np(lo, cd), out=r if r.shape == c.out().shape else None)
