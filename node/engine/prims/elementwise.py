@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import scipy.special  # type: ignore[import-untyped]
+import scipy.special  # type: ignore[import-untyped,unused-ignore]
 
 from node.engine.dtypes import BOOL, DEFAULT_FLOAT, DType, dtype, opmath
 from node.engine.prims.registry import (
