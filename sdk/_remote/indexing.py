@@ -162,7 +162,13 @@ def as_strided(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         shape = [1] * len(size)
         shape[k] = n
         pos = pos + (torch.arange(n, dtype=torch.int64) * st).reshape(shape)
-    idx = constant(pos.expand(size).reshape(-1).contiguous())
+    flat = pos.expand(size).reshape(-1).contiguous()
+    if flat.numel() and int(flat.max()) >= base.numel():
+        raise UnsupportedOperationError(
+            "as_strided reaching outside the tensor's own elements (a remote tensor has no "
+            "surrounding buffer)"
+        )
+    idx = constant(flat)
     step = ("strided", size, idx, tuple(order), pshape)
     r = RemoteTensor(out, x._storage, (step,), x._source)
     node = x._storage.node

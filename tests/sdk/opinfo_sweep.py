@@ -116,15 +116,13 @@ def check_sample(op: Any, s: Any, name: str = "") -> tuple[str, str]:
         if torch_error:
             return "pass", ""
         return ("value_dependent", "") if vdep else ("error", f"{type(e).__name__}: {str(e)[:160]}")
-    if vdep:
-        return "wrong", "a value-dependent op computed without raising PrivateValueError"
     if torch_error:
         return "wrong", f"torch raised {type(torch_error).__name__} but the remote op computed"
     exp, _ = tree_flatten(expected)
     exp_t = [e for e in exp if isinstance(e, torch.Tensor)]
     if len(exp_t) != len(got):
         return "wrong", f"{len(got)} outputs, torch has {len(exp_t)}"
-    random = RANDOM.search(name) is not None
+    random = RANDOM.search(name) is not None or s.kwargs.get("dropout_p", 0) > 0 or s.kwargs.get("training") is True
     for k, (g, e) in enumerate(zip(got, exp_t, strict=True)):
         if random or (name in TIES and e.dtype == torch.int64 and k > 0):
             if g.shape != e.shape or g.dtype != e.dtype:
