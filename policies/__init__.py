@@ -30,7 +30,14 @@ from policies._document import (
     load_policy_file,
 )
 from policies._errors import PolicyError
-from policies._evaluate import BudgetStatus, budget_status, decide, decide_approved
+from policies._evaluate import (
+    BudgetStatus,
+    LedgerScope,
+    budget_status,
+    decide,
+    decide_approved,
+    ledger_scope,
+)
 from policies._periods import Period, format_period, parse_period
 from policies._records import (
     Allowance,
@@ -72,6 +79,7 @@ __all__ = [
     "DatasetCap",
     "Decision",
     "Grant",
+    "LedgerScope",
     "Limit",
     "Outcome",
     "Period",
@@ -97,6 +105,7 @@ __all__ = [
     "epsilon_units",
     "filter_epsilon",
     "format_period",
+    "ledger_scope",
     "load_policy",
     "load_policy_file",
     "parse_period",

@@ -7,14 +7,14 @@ replayed from the audit log.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from policies._budget import Allocation, Spent, allocation_for
 from policies._conversion import RhoToEpsilon, filter_epsilon
 from policies._document import Policy
-from policies._periods import as_utc
+from policies._periods import as_utc, parse_period
 from policies._records import (
     Allowance,
     Approval,
@@ -27,7 +27,14 @@ from policies._records import (
 )
 from policies._rules import RULES, Context
 
-__all__ = ["BudgetStatus", "budget_status", "decide", "decide_approved"]
+__all__ = [
+    "BudgetStatus",
+    "LedgerScope",
+    "budget_status",
+    "decide",
+    "decide_approved",
+    "ledger_scope",
+]
 
 
 def _context(
@@ -165,3 +172,39 @@ def budget_status(
     start = None if ctx.period is None else ctx.period.window(ctx.request.at)[0]
     spent = ctx.user_spent
     return BudgetStatus(ctx.allocation, spent, ctx.user_remaining(spent), start)
+
+
+@dataclass(frozen=True)
+class LedgerScope:
+    """Which ledger rows :func:`decide` needs; ``None`` means "since the beginning".
+
+    Attributes:
+        user_id: load this user's rows with ``at >= user_since``.
+        user_since: the start of the current period or of the rate-limit window, the earlier.
+        datasets: for each capped dataset id the request reads, load every user's rows that
+            list it with ``at >= since``.
+    """
+
+    user_id: int
+    user_since: datetime | None
+    datasets: Mapping[int, datetime | None]
+
+
+def ledger_scope(policy: Policy, user: User, request: PublishRequest) -> LedgerScope:
+    """The smallest set of ledger rows that decides ``request`` as the whole ledger would.
+
+    Passing these rows (or any superset) to :func:`decide` gives the same decision; the node
+    can use it to keep the query in its publish transaction short.
+    """
+    since: datetime | None = None
+    if policy.renewal is not None:
+        since = policy.renewal.period().window(request.at)[0]
+        if policy.rate_limit is not None:
+            since = min(since, request.at - parse_period(policy.rate_limit.window))
+    datasets: dict[int, datetime | None] = {}
+    for name, dataset_id in request.datasets.items():
+        cap = policy.datasets.get(name)
+        if cap is not None and (cap.max_epsilon is not None or cap.max_delta is not None):
+            start = None if cap.renewal is None else cap.renewal.period().window(request.at)[0]
+            datasets[dataset_id] = start
+    return LedgerScope(user.id, since, datasets)

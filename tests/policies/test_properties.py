@@ -26,6 +26,7 @@ from policies import (
     Charge,
     Decision,
     Grant,
+    LedgerScope,
     Outcome,
     Policy,
     PublishRequest,
@@ -34,6 +35,7 @@ from policies import (
     decide,
     decide_approved,
     filter_epsilon,
+    ledger_scope,
     parse_period,
 )
 from tests.policies.conftest import DEFAULTS, T0
@@ -111,6 +113,17 @@ steps = st.builds(
     answer=st.sampled_from([None, True, False]),
     extra_delta=st.sampled_from([0, 0, 10**7, 10**8]),  # e.g. a sampler's deviation
 )
+
+
+def in_scope(scope: LedgerScope, charge: Charge) -> bool:
+    """What a node's query for ``scope`` would return."""
+    since = scope.user_since
+    if charge.user_id == scope.user_id and (since is None or charge.at >= since):
+        return True
+    for dataset_id, since in scope.datasets.items():
+        if dataset_id in charge.dataset_ids and (since is None or charge.at >= since):
+            return True
+    return False
 
 
 def request_of(step: Step) -> PublishRequest:
@@ -222,6 +235,8 @@ def test_no_sequence_of_requests_exceeds_any_cap(data: dict[str, Any], plan: lis
         user, req = USERS[step.user], request_of(step)
         d = decide(policy, user, req, ledger, defaults=DEFAULTS)
         assert d == decide(policy, user, req, ledger, defaults=DEFAULTS)  # pure
+        scoped = [c for c in ledger if in_scope(ledger_scope(policy, user, req), c)]
+        assert d == decide(policy, user, req, scoped, defaults=DEFAULTS)
         approved = False
         if d.outcome is Outcome.NEEDS_APPROVAL:
             assert violated(data, policy, d.rule, user, req, ledger)
