@@ -13,7 +13,9 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "policies.md"
 
 def _blocks(kind: str) -> list[str]:
     """The fenced blocks whose info string is ``kind``, in order."""
-    blocks, current, info = [], [], None
+    blocks: list[str] = []
+    current: list[str] = []
+    info: str | None = None
     for line in DOC.read_text(encoding="utf-8").splitlines():
         if line.startswith("```"):
             if info is None:
