@@ -157,11 +157,12 @@ def allocation_for(
     >>> a.epsilon_units, a.epsilon_rule, a.delta_units, a.delta_rule
     (2000000000, 'roles.data_scientist.epsilon', 7, 'defaults.delta')
     """
-    override = policy.users.get(user.email.strip().lower())
+    email = user.email.strip().lower()
+    override = policy.users.get(email)
     role: Amounts | None = getattr(policy.roles, user.role) if user.role in ROLES else None
     epsilon, epsilon_rule = defaults.epsilon_units, "defaults.epsilon"
     delta, delta_rule = defaults.delta_units, "defaults.delta"
-    for source, amounts in ((f"roles.{user.role}", role), (f"users.{user.email}", override)):
+    for source, amounts in ((f"roles.{user.role}", role), (f"users.{email}", override)):
         if amounts is None:
             continue
         if amounts.epsilon is not None:

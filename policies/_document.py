@@ -58,8 +58,8 @@ ROLES: tuple[str, ...] = ("admin", "data_owner", "data_scientist")
 
 def _number(value: Any) -> Any:
     # pydantic would read true as 1.0; a boolean epsilon is a mistake, not a number.
-    if isinstance(value, bool):
-        raise ValueError("must be a number, not a boolean")
+    if isinstance(value, bool | str):
+        raise ValueError(f"must be a number, not {type(value).__name__} {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"must be a finite number, got {value!r}")
     return value

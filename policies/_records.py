@@ -12,6 +12,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from policies._periods import as_utc
 from policies._units import delta_units, epsilon_units, format_delta, format_epsilon
@@ -137,15 +138,32 @@ class PublishRequest:
 
 @dataclass(frozen=True)
 class Approval:
-    """An admin's answer to a publish that waited for approval."""
+    """An admin's answer to a publish that waited for approval.
+
+    Attributes:
+        approved: yes or no.
+        by: the admin (email), for the reason text and the audit log.
+        at: when the admin answered.
+        reason: the admin's words, quoted in a denial.
+        epsilon_units, delta_units: the most the approval covers (``None``: what was asked);
+            a request asking for more waits for a new approval.
+    """
 
     approved: bool
     by: str
     at: datetime
     reason: str = ""
+    epsilon_units: int | None = None
+    delta_units: int | None = None
 
     def __post_init__(self) -> None:
         _utc(self, "at")
+
+    def covers(self, request: PublishRequest) -> bool:
+        """Whether this is an approval of at least what ``request`` asks for."""
+        eps_ok = self.epsilon_units is None or request.epsilon_units <= self.epsilon_units
+        delta_ok = self.delta_units is None or request.delta_units <= self.delta_units
+        return self.approved and eps_ok and delta_ok
 
 
 class Outcome(enum.StrEnum):
@@ -205,3 +223,27 @@ class Decision:
     def allowed(self) -> bool:
         """Whether the publish may run now."""
         return self.outcome is Outcome.ALLOW
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, for the audit log and API errors (amounts in ledger units)."""
+        granted = None
+        if self.granted is not None:
+            g = self.granted
+            granted = {
+                "epsilon_units": g.epsilon_units,
+                "delta_units": g.delta_units,
+                "rho_units": g.rho_units,
+                "dataset_ids": list(g.dataset_ids),
+            }
+        renews = self.remaining.renews_at
+        return {
+            "outcome": self.outcome.value,
+            "rule": self.rule,
+            "reason": self.reason,
+            "granted": granted,
+            "remaining": {
+                "epsilon_units": self.remaining.epsilon_units,
+                "delta_units": self.remaining.delta_units,
+                "renews_at": None if renews is None else renews.isoformat(),
+            },
+        }

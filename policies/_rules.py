@@ -139,12 +139,17 @@ def _rate_limit(ctx: Context) -> Iterator[Verdict]:
     )
 
 
+def _granted(amount: str) -> str:
+    return f" (of which {amount} granted on request)"
+
+
 @rule("budget")
 def _user_budget(ctx: Context) -> Iterator[Verdict]:
     limit, after, a = ctx.user_limit, ctx.user_spent + ctx.cost, ctx.allocation
     renewal = ctx.policy.renewal
     scope = "in total" if renewal is None else f"per {renewal.every}"
-    granted = f" (including {len(a.grants)} granted)" if a.grants else ""
+    granted_eps = sum(g.epsilon_units for g in a.grants)
+    granted_delta = sum(g.delta_units for g in a.grants)
     left = ctx.user_remaining(ctx.user_spent).describe()
     if limit.epsilon_used(after, ctx.convert) is None:
         yield Verdict(
@@ -158,14 +163,16 @@ def _user_budget(ctx: Context) -> Iterator[Verdict]:
             Outcome.REFUSE,
             a.epsilon_rule,
             f"this publish costs {describe_cost(ctx.cost)} and does not fit your epsilon budget "
-            f"of {format_epsilon(a.epsilon_units)} {scope}{granted}; {left}",
+            f"of {format_epsilon(a.epsilon_units)} {scope}"
+            f"{_granted(format_epsilon(granted_eps)) if granted_eps else ''}; {left}",
         )
     if not limit.delta_fits(after):
         yield Verdict(
             Outcome.REFUSE,
             a.delta_rule,
             f"this publish costs {describe_cost(ctx.cost)} and does not fit your delta budget "
-            f"of {format_delta(a.delta_units)} {scope}{granted}; {left}",
+            f"of {format_delta(a.delta_units)} {scope}"
+            f"{_granted(format_delta(granted_delta)) if granted_delta else ''}; {left}",
         )
 
 
@@ -215,7 +222,7 @@ def _dataset_caps(ctx: Context) -> Iterator[Verdict]:
 
 @rule("approval")
 def _approval(ctx: Context) -> Iterator[Verdict]:
-    if ctx.approval is not None and ctx.approval.approved:
+    if ctx.approval is not None and ctx.approval.covers(ctx.request):
         return
     gate, req = ctx.policy.approval, ctx.request
     if gate.epsilon_above is not None and req.epsilon_units > epsilon_units(gate.epsilon_above):

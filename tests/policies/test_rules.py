@@ -37,6 +37,18 @@ def test_empty_policy_allows_within_the_node_default(defaults: Allowance) -> Non
     assert d.granted == Charge(T0, ALICE.id, (1,), epsilon_units(0.5))
     assert d.remaining.epsilon_units == epsilon_units(9.5)
     assert d.remaining.renews_at is None
+    assert d.to_dict() == {
+        "outcome": "allow",
+        "rule": "allow",
+        "reason": "within every rule of the policy",
+        "granted": {
+            "epsilon_units": 500_000_000,
+            "delta_units": 0,
+            "rho_units": 0,
+            "dataset_ids": [1],
+        },
+        "remaining": {"epsilon_units": 9_500_000_000, "delta_units": 976562500, "renews_at": None},
+    }
 
 
 def test_node_default_budget_refuses_with_the_remaining_budget(defaults: Allowance) -> None:
@@ -151,6 +163,14 @@ def test_approval_threshold_waits_then_reruns_every_rule(defaults: Allowance) ->
     assert d.reason == "an admin (admin@example.org) denied this publish: too much for one query"
 
 
+def test_an_approval_covers_only_what_it_says(defaults: Allowance) -> None:
+    policy = load_policy("[approval]\nepsilon_above = 0.5")
+    upto = Approval(True, "admin@example.org", at(60), epsilon_units=epsilon_units(0.75))
+    assert decide_approved(policy, ALICE, publish(0.75), [], upto, defaults=defaults).allowed
+    d = decide_approved(policy, ALICE, publish(0.8), [], upto, defaults=defaults)
+    assert (d.outcome, d.rule) == (Outcome.NEEDS_APPROVAL, "approval.epsilon_above")
+
+
 def test_a_publish_that_would_be_refused_is_not_queued(defaults: Allowance) -> None:
     policy = load_policy("[approval]\nepsilon_above = 0.5\n[publish]\nmax_epsilon = 1.0")
     d = decide(policy, ALICE, publish(2.0), [], defaults=defaults)
@@ -243,7 +263,7 @@ def test_grants_raise_the_allocation_from_their_time(defaults: Allowance) -> Non
     after = decide(policy, alice, publish(1.0, when=at(150)), ledger, defaults=defaults)
     assert after.allowed and after.remaining.epsilon_units == epsilon_units(1.0)
     refused = decide(policy, alice, publish(2.5, when=at(150)), ledger, defaults=defaults)
-    assert "your epsilon budget of 3 in total (including 1 granted)" in refused.reason
+    assert "your epsilon budget of 3 in total (of which 2 granted on request)" in refused.reason
 
 
 def test_budget_status_reports_the_period(defaults: Allowance) -> None:
