@@ -187,3 +187,59 @@ def test_canonical_form_round_trips(data: dict[str, Any]) -> None:
     again = Policy.from_dict(json.loads(policy.to_json()))
     assert again == policy
     assert again.to_json() == policy.to_json()
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text(max_size=8)
+    | st.sampled_from(["30d", "1h", "2026-01-01T00:00:00Z", "a@b.org"]),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "version",
+                    "roles",
+                    "data_scientist",
+                    "users",
+                    "a@b.org",
+                    "epsilon",
+                    "delta",
+                    "publish",
+                    "max_epsilon",
+                    "max_delta",
+                    "renewal",
+                    "every",
+                    "anchor",
+                    "rate_limit",
+                    "max_publishes",
+                    "window",
+                    "datasets",
+                    "d",
+                    "approval",
+                    "epsilon_above",
+                    "zcdp_delta_share",
+                    "name",
+                    "x",
+                ]
+            ),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@given(json_values)
+def test_any_json_either_validates_or_raises_policy_error(data: Any) -> None:
+    """What the API passes in can only produce a policy or a PolicyError naming keys."""
+    try:
+        policy = Policy.from_dict(data)
+    except PolicyError as exc:
+        assert exc.problems and all(isinstance(k, str) for k, _ in exc.problems)
+    else:
+        assert Policy.from_dict(json.loads(policy.to_json())) == policy
