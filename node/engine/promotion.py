@@ -117,11 +117,17 @@ def result_type(operands: Iterable[Operand]) -> DType:
     >>> result_type([op("bool", T), op("float64", Z)]).name
     'float64'
     """
-    groups: dict[Kind, DType | None] = {k: None for k in Kind}
-    for o in operands:
-        prev = groups[o.kind]
-        groups[o.kind] = o.dtype if prev is None else promote_types(prev, o.dtype)
-    out = _combine(groups[Kind.TENSOR], _combine(groups[Kind.ZERODIM], groups[Kind.SCALAR]))
+    tensor: DType | None = None
+    zerodim: DType | None = None
+    scalar: DType | None = None
+    for o in operands:  # plain locals: this runs for every elementwise node planned
+        if o.kind is Kind.TENSOR:
+            tensor = o.dtype if tensor is None else promote_types(tensor, o.dtype)
+        elif o.kind is Kind.ZERODIM:
+            zerodim = o.dtype if zerodim is None else promote_types(zerodim, o.dtype)
+        else:
+            scalar = o.dtype if scalar is None else promote_types(scalar, o.dtype)
+    out = _combine(tensor, _combine(zerodim, scalar))
     if out is None:
         raise ValueError("result_type needs at least one operand")
     return out
