@@ -103,14 +103,14 @@ def _publish_caps(ctx: Context) -> Iterator[Verdict]:
             Outcome.REFUSE,
             "publish.max_epsilon",
             f"this publish asks for epsilon {format_epsilon(req.epsilon_units)}; the policy "
-            f"allows at most {caps.max_epsilon:g} per publish",
+            f"allows at most {format_epsilon(epsilon_units(caps.max_epsilon))} per publish",
         )
     if caps.max_delta is not None and req.delta_units > delta_units(caps.max_delta):
         yield Verdict(
             Outcome.REFUSE,
             "publish.max_delta",
             f"this publish asks for delta {format_delta(req.delta_units)}; the policy "
-            f"allows at most {caps.max_delta:g} per publish",
+            f"allows at most {format_delta(delta_units(caps.max_delta))} per publish",
         )
 
 
@@ -206,7 +206,7 @@ def _dataset_caps(ctx: Context) -> Iterator[Verdict]:
             yield Verdict(
                 Outcome.REFUSE,
                 f"datasets.{name}.max_epsilon",
-                f"dataset {name!r} is capped at epsilon {cap.max_epsilon:g} {scope}; "
+                f"dataset {name!r} is capped at epsilon {format_epsilon(epsilon or 0)} {scope}; "
                 f"{format_epsilon(left_eps)} is left and this publish costs "
                 f"{describe_cost(ctx.cost)}",
             )
@@ -225,17 +225,21 @@ def _approval(ctx: Context) -> Iterator[Verdict]:
     if ctx.approval is not None and ctx.approval.covers(ctx.request):
         return
     gate, req = ctx.policy.approval, ctx.request
-    if gate.epsilon_above is not None and req.epsilon_units > epsilon_units(gate.epsilon_above):
-        yield Verdict(
-            Outcome.NEEDS_APPROVAL,
-            "approval.epsilon_above",
-            f"publishes above epsilon {gate.epsilon_above:g} wait for an admin's approval; this "
-            f"one asks for {format_epsilon(req.epsilon_units)}",
-        )
-    if gate.delta_above is not None and req.delta_units > delta_units(gate.delta_above):
-        yield Verdict(
-            Outcome.NEEDS_APPROVAL,
-            "approval.delta_above",
-            f"publishes above delta {gate.delta_above:g} wait for an admin's approval; this "
-            f"one asks for {format_delta(req.delta_units)}",
-        )
+    if gate.epsilon_above is not None:
+        above = epsilon_units(gate.epsilon_above)
+        if req.epsilon_units > above:
+            yield Verdict(
+                Outcome.NEEDS_APPROVAL,
+                "approval.epsilon_above",
+                f"publishes above epsilon {format_epsilon(above)} wait for an admin's approval; "
+                f"this one asks for {format_epsilon(req.epsilon_units)}",
+            )
+    if gate.delta_above is not None:
+        above = delta_units(gate.delta_above)
+        if req.delta_units > above:
+            yield Verdict(
+                Outcome.NEEDS_APPROVAL,
+                "approval.delta_above",
+                f"publishes above delta {format_delta(above)} wait for an admin's approval; "
+                f"this one asks for {format_delta(req.delta_units)}",
+            )
