@@ -14,6 +14,7 @@ target is recording within 3x of meta execution.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -62,15 +63,24 @@ def _ops(repeat: int) -> list[tuple[str, float, float]]:
 
 def _mlp() -> torch.nn.Module:
     return torch.nn.Sequential(
-        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
+        torch.nn.Linear(32, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 1),
     )
 
 
 def _cnn() -> torch.nn.Module:
     return torch.nn.Sequential(
-        torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.AvgPool2d(2),
-        torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.AvgPool2d(2),
-        torch.nn.Flatten(), torch.nn.Linear(16 * 7 * 7, 10),
+        torch.nn.Conv2d(1, 8, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AvgPool2d(2),
+        torch.nn.Conv2d(8, 16, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AvgPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(16 * 7 * 7, 10),
     )
 
 
@@ -79,6 +89,23 @@ def _step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, classes: boo
     loss = F.cross_entropy(out, y) if classes else F.mse_loss(out.squeeze(1), y)
     loss.backward()
     return loss
+
+
+def _remote_step(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, classes: bool
+) -> list[Any]:
+    model.zero_grad(set_to_none=True)
+    loss = _step(model, x, y, classes)
+    return [loss, *(p.grad for p in model.parameters())]
+
+
+def _meta_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, classes: bool) -> None:
+    model.zero_grad(set_to_none=True)
+    _step(model, x, y, classes)
+
+
+def _encode(nodes: list[Any]) -> Any:
+    return encode_graph(build(nodes))
 
 
 def _training(repeat: int) -> list[tuple[str, float, float, float, int, int]]:
@@ -95,27 +122,16 @@ def _training(repeat: int) -> list[tuple[str, float, float, float, int, int]]:
         meta_model = make().to("meta")
         x_m = torch.empty(xshape, device="meta")
         y_m = torch.empty(xshape[0], dtype=ydtype, device="meta")
-
-        def remote_step() -> list[torch.Tensor]:
-            model.zero_grad(set_to_none=True)
-            loss = _step(model, x_r, y_r, classes)
-            return [loss, *(p.grad for p in model.parameters())]  # type: ignore[misc]
-
-        def meta_step() -> None:
-            meta_model.zero_grad(set_to_none=True)
-            _step(meta_model, x_m, y_m, classes)
-
-        rec = _best(remote_step, repeat, 5)
-        meta = _best(meta_step, repeat, 5)
-        outs = remote_step()
-        nodes = [t.node for t in outs]  # type: ignore[attr-defined]
-        enc_time = _best(lambda: encode_graph(build(nodes)), repeat, 3)
-        enc = encode_graph(build(nodes))
+        rec = _best(functools.partial(_remote_step, model, x_r, y_r, classes), repeat, 5)
+        meta = _best(functools.partial(_meta_step, meta_model, x_m, y_m, classes), repeat, 5)
+        nodes = [t.node for t in _remote_step(model, x_r, y_r, classes)]
+        enc_time = _best(functools.partial(_encode, nodes), repeat, 3)
+        enc = _encode(nodes)
         cache = WireCache()
         cache.encode(build(nodes))
-        _, again, consts = cache.encode(build(nodes))
-        assert again is None
-        rows.append((name, rec, meta, enc_time, len(enc.frame), len(enc.frame) - enc.constant_bytes))
+        assert cache.encode(build(nodes))[1] is None  # the second step resends constants only
+        header = len(enc.frame) - enc.constant_bytes
+        rows.append((name, rec, meta, enc_time, len(enc.frame), header))
     return rows
 
 
@@ -128,14 +144,17 @@ def main() -> None:
     for name, rec, meta in _ops(args.repeat):
         print(f"{name:<16}{rec * 1e6:>14.1f}{meta * 1e6:>12.1f}{rec / meta:>8.2f}")
     print()
-    print(f"{'forward+backward step':<30}{'record (ms)':>12}{'meta (ms)':>11}{'ratio':>7}"
-          f"{'build+encode (ms)':>19}{'frame (KiB)':>13}{'structure (KiB)':>17}")
+    print(
+        f"{'forward+backward step':<30}{'record (ms)':>12}{'meta (ms)':>11}{'ratio':>7}"
+        f"{'build+encode (ms)':>19}{'frame (KiB)':>13}{'structure (KiB)':>17}"
+    )
     for name, rec, meta, enc, frame, header in _training(args.repeat):
         print(
             f"{name:<30}{rec * 1e3:>12.2f}{meta * 1e3:>11.2f}{rec / meta:>7.2f}{enc * 1e3:>19.2f}"
             f"{frame / 1024:>13.1f}{header / 1024:>17.1f}"
         )
-    print("\nframe = structure (sent once per distinct structure, see WireCache) + constants (every step)")
+    print("\nframe = structure (sent once per distinct structure, see WireCache)")
+    print("        + constants (sent every step)")
 
 
 if __name__ == "__main__":

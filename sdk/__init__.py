@@ -1,7 +1,8 @@
 """dpnode's Python SDK: find datasets on a node, compute on them, publish noised results.
 
 >>> import sdk
->>> client = sdk.login("http://127.0.0.1:8000", email="ds@example.org", password="...")  # doctest: +SKIP
+>>> url = "http://127.0.0.1:8000"
+>>> client = sdk.login(url, email="ds@example.org", password="...")  # doctest: +SKIP
 >>> ds = sdk.search(tags=["health"])[0]  # doctest: +SKIP
 """
 

@@ -118,7 +118,7 @@ class PrivateValueError(DPNodeError):
 
 
 class UnsupportedOperationError(DPNodeError, NotImplementedError):
-    """An operation on remote tensors that the prim vocabulary cannot express (see docs/prims.md)."""
+    """An op on remote tensors that the prim vocabulary cannot express (see docs/prims.md)."""
 
     code = "unsupported_operation"
 

@@ -34,7 +34,9 @@ def graph_for(tensors: "list[RemoteTensor]") -> "object":
     return build([t.node for t in tensors])
 
 
-def remote_input(name: str, shape: "tuple[int, ...]", dtype: "object", source: str = "") -> RemoteTensor:
+def remote_input(
+    name: str, shape: "tuple[int, ...]", dtype: "object", source: str = ""
+) -> RemoteTensor:
     """A remote tensor standing for the named graph input (a dataset column, a model weight)."""
     import torch
 

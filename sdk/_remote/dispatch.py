@@ -65,7 +65,10 @@ _CONSTANTS: dict[int, tuple[weakref.ref[torch.Tensor], int, Node]] = {}
 
 
 def _forget(key: int) -> Callable[[Any], None]:
-    return lambda _ref: _CONSTANTS.pop(key, None)
+    def drop(_ref: Any) -> None:
+        _CONSTANTS.pop(key, None)
+
+    return drop
 
 
 def node_of(t: torch.Tensor) -> Node:
@@ -187,7 +190,9 @@ def _classify(func: OpOverload) -> tuple[str, Any]:
         return "rule", RULES[func]
     if func._schema.is_mutable:
         functional = _functional_of(func)
-        if functional is not None and (functional in views.VIEW_SPECS or functional is aten.as_strided.default):
+        if functional is not None and (
+            functional in views.VIEW_SPECS or functional is aten.as_strided.default
+        ):
             return "inplace_view", functional
         if func is aten.copy_.default:
             return "copy", None
@@ -196,7 +201,7 @@ def _classify(func: OpOverload) -> tuple[str, Any]:
         return "unsupported", None
     if func in decomposition_table:
         return "decomp", decomposition_table[func]
-    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):  # type: ignore[no-untyped-call]
         return "composite", None
     return "unsupported", None
 
@@ -212,7 +217,9 @@ def dispatch(func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     how, what = kind
     if how == "rule":
         out = func(*[_meta(a) for a in args], **_meta_kwargs(kwargs))
-        nodes = what(out, *[_to_nodes(a) for a in args], **{k: _to_nodes(v) for k, v in kwargs.items()})
+        nodes = what(
+            out, *[_to_nodes(a) for a in args], **{k: _to_nodes(v) for k, v in kwargs.items()}
+        )
         return _wrap(out, nodes, _source(args))
     if how == "view":
         return _view(func, what, args, kwargs)
@@ -223,10 +230,10 @@ def dispatch(func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     if how == "copy":
         return _copy(args[0], args[1])
     if how == "decomp":
-        with FactoryCapture():
+        with FactoryCapture():  # type: ignore[no-untyped-call]
             return what(*args, **kwargs)
     if how == "composite":
-        with FactoryCapture():
+        with FactoryCapture():  # type: ignore[no-untyped-call]
             r = func.decompose(*args, **kwargs)
         if r is not NotImplemented:
             return r
@@ -274,7 +281,9 @@ def _multiview(func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     return [_view_result(x, o, s) for o, s in zip(outs, all_steps, strict=True)]
 
 
-def _inplace(func: OpOverload, functional: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _inplace(
+    func: OpOverload, functional: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     self = args[0]
     if not isinstance(self, RemoteTensor):
         raise private_error(
@@ -341,7 +350,7 @@ def _name(d: torch.dtype) -> str:
 # -- factories inside decompositions ------------------------------------------------------
 
 
-class FactoryCapture(TorchDispatchMode):
+class FactoryCapture(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Active while a torch decomposition runs: meta-device factories become prims.
 
     Decompositions create helper tensors with ``torch.zeros(..., device=x.device)``
@@ -350,7 +359,9 @@ class FactoryCapture(TorchDispatchMode):
     remote arguments goes on to the subclass.
     """
 
-    def __torch_dispatch__(self, func: OpOverload, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(
+        self, func: OpOverload, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
         kwargs = kwargs or {}
         if _has_remote(args) or _has_remote(kwargs.values()):
             return func(*args, **kwargs)

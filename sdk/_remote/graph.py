@@ -119,7 +119,9 @@ def nan_node(shape: tuple[int, ...] = (), dtype: str = "float32") -> Node:
 def input_node(name: str, shape: Sequence[int], dtype: torch.dtype) -> Node:
     """A named placeholder (e.g. ``"dataset:3/age"``) bound to values where the graph runs."""
     shape = tuple(shape)
-    return Node("input", (), {"name": name, "dtype": TORCH_NAMES[dtype], "shape": shape}, None, shape, dtype)
+    return Node(
+        "input", (), {"name": name, "dtype": TORCH_NAMES[dtype], "shape": shape}, None, shape, dtype
+    )
 
 
 def constant(t: torch.Tensor) -> Node:
@@ -170,7 +172,9 @@ def build(outputs: Sequence[Node]) -> Graph:
             continue
         if not ready:
             stack.append((node, True))
-            stack.extend((a, False) for a in reversed(node.args) if type(a) is Node and id(a) not in refs)
+            stack.extend(
+                (a, False) for a in reversed(node.args) if type(a) is Node and id(a) not in refs
+            )
             continue
         if node.op == "input":
             name = node.attrs["name"]
@@ -206,7 +210,9 @@ class Encoded:
 def encode_graph(graph: Graph) -> Encoded:
     """Encode ``graph`` once, computing its structure hash from the same header."""
     header, buf = _wire._header_and_buffer(graph)
-    canon = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    canon = json.dumps(
+        header, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    )
     digest = hashlib.sha256(canon.encode()).hexdigest()
     h = canon.encode()
     h += b" " * ((-(len(h) + len(_wire.MAGIC) + 8)) % 16)

@@ -26,13 +26,17 @@ def column_tensor(ds: DatasetHandle, column: str) -> RemoteTensor:
     """``ds[column]``."""
     info = ds.columns.get(column)
     if info is None:
-        raise KeyError(f"dataset {ds.name!r} has no column {column!r}; its columns are {sorted(ds.columns)}")
+        raise KeyError(
+            f"dataset {ds.name!r} has no column {column!r}; its columns are {sorted(ds.columns)}"
+        )
     rows = ds.row_count
     session = active_session()
     if session is not None and session.covers(ds):
         rows = int(session.column(ds, column).shape[0])
     dtype = TORCH_OF[info.dtype]
-    return _remote(f"dataset:{ds.id}/{column}", (rows, *info.shape), dtype, f"dataset {ds.name!r}[{column!r}]")
+    return _remote(
+        f"dataset:{ds.id}/{column}", (rows, *info.shape), dtype, f"dataset {ds.name!r}[{column!r}]"
+    )
 
 
 def _matrix(ds: DatasetHandle, names: Sequence[str]) -> torch.Tensor:
@@ -49,12 +53,17 @@ def _matrix(ds: DatasetHandle, names: Sequence[str]) -> torch.Tensor:
     return out
 
 
-def dataset_tensors(ds: DatasetHandle, columns: Sequence[str | list[str]], stack: bool | None) -> Any:
+def dataset_tensors(
+    ds: DatasetHandle, columns: Sequence[str | list[str]], stack: bool | None
+) -> Any:
     """``ds.tensors(*columns, stack=...)``."""
     if not columns:
         raise ValueError("name at least one column")
     if any(isinstance(c, (list, tuple)) for c in columns):
-        return tuple(_matrix(ds, list(c)) if isinstance(c, (list, tuple)) else column_tensor(ds, c) for c in columns)
+        return tuple(
+            _matrix(ds, list(c)) if isinstance(c, (list, tuple)) else column_tensor(ds, c)
+            for c in columns
+        )
     names = [str(c) for c in columns]
     if stack is None:
         stack = all(ds.columns[n].shape == () for n in names if n in ds.columns)
@@ -74,5 +83,10 @@ def model_state(model: ModelHandle) -> dict[str, RemoteTensor]:
         if mocked:
             assert session is not None
             shape = tuple(session._frame(model)[name].shape)
-        out[name] = _remote(f"model:{model.id}/{name}", shape, TORCH_OF[info.dtype], f"model {model.name!r}[{name!r}]")
+        out[name] = _remote(
+            f"model:{model.id}/{name}",
+            shape,
+            TORCH_OF[info.dtype],
+            f"model {model.name!r}[{name!r}]",
+        )
     return out

@@ -54,7 +54,7 @@ def index(x: Any, indices: Sequence[Any]) -> Any:
     pos = [k for k, i in enumerate(indices) if i is not None]
     xn = node_of(x)
     idx_nodes = [node_of(indices[k]) for k in pos]
-    bshape = tuple(torch.broadcast_shapes(*[tuple(indices[k].shape) for k in pos]))
+    bshape = tuple(torch.broadcast_shapes(*[tuple(indices[k].shape) for k in pos]))  # type: ignore[no-untyped-call]
     # move the indexed dims to the front, flatten them
     rest = [d for d in range(nd) if d not in pos]
     perm = pos + rest
@@ -80,7 +80,9 @@ def index(x: Any, indices: Sequence[Any]) -> Any:
     if adjacent and pos[0] > 0:
         # torch keeps the index dims in place when the indexed dims are adjacent
         nb, first = len(bshape), pos[0]
-        dims = list(range(nb, nb + first)) + list(range(nb)) + list(range(nb + first, nb + len(rest)))
+        dims = (
+            list(range(nb, nb + first)) + list(range(nb)) + list(range(nb + first, nb + len(rest)))
+        )
         result = prim("permute", result, dims=tuple(dims))
     return _wrap(out, result, getattr(x, "_source", ""))
 
@@ -104,7 +106,9 @@ def _masked_put(out: torch.Tensor, x: Node, idx: list[Any], values: Node, accumu
     return prim("where", mask, new, x)
 
 
-def expand_index_values(out: torch.Tensor, x: Node, indices: Sequence[Any], values: Node, accumulate: bool) -> Node:
+def expand_index_values(
+    out: torch.Tensor, x: Node, indices: Sequence[Any], values: Node, accumulate: bool
+) -> Node:
     """``index_put`` with values cast to the input's dtype (the prim requires it)."""
     if isinstance(values, Node) and values.dtype is not None and values.dtype != out.dtype:
         from sdk._remote.rules import dtype_name
@@ -112,7 +116,9 @@ def expand_index_values(out: torch.Tensor, x: Node, indices: Sequence[Any], valu
         values = prim("convert_element_type", values, dtype=dtype_name(out.dtype))
     idx = [None if i is None else i for i in indices]
     remote_masks = [
-        k for k, i in enumerate(idx) if isinstance(i, Node) and i.dtype in (torch.bool, torch.uint8) and i.op != "constant"
+        k
+        for k, i in enumerate(idx)
+        if isinstance(i, Node) and i.dtype in (torch.bool, torch.uint8) and i.op != "constant"
     ]
     if remote_masks:
         return _masked_put(out, x, idx, values, accumulate)
@@ -123,7 +129,7 @@ def expand_index_values(out: torch.Tensor, x: Node, indices: Sequence[Any], valu
             for t in torch.from_numpy(i.value.copy()).bool().nonzero().unbind(1):
                 conv.append(node_of(t))
         else:
-            conv.append(i)
+            conv.append(i)  # type: ignore[arg-type]
     return prim("index_put", x, values, *conv, accumulate=bool(accumulate))
 
 
@@ -147,7 +153,7 @@ def as_strided(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     base = x._storage.meta
     if base is None:
         raise UnsupportedOperationError("as_strided on a tensor whose memory layout is unknown")
-    order = sorted(range(base.dim()), key=lambda d: (-base.stride(d), d))
+    order = sorted(range(base.dim()), key=lambda d: (-base.stride(d), d))  # type: ignore[operator]
     pshape = tuple(base.shape[d] for d in order)
     dense = base.storage_offset() == 0 and [base.stride(d) for d in order] == list(
         torch.empty(pshape, device="meta").stride()

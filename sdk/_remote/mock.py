@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 
 __all__ = ["MockSession", "active_session", "evaluate", "mock", "to_torch"]
 
-_ACTIVE: contextvars.ContextVar[MockSession | None] = contextvars.ContextVar("dpnode_mock", default=None)
+_ACTIVE: contextvars.ContextVar[MockSession | None] = contextvars.ContextVar(
+    "dpnode_mock", default=None
+)
 
 
 def active_session() -> MockSession | None:
@@ -37,14 +39,17 @@ def active_session() -> MockSession | None:
 
 
 def to_torch(a: npt.NDArray[Any]) -> torch.Tensor:
-    """An engine output as a torch tensor (bfloat16 goes through float32, which holds it exactly)."""
+    """An engine output as a torch tensor (bfloat16 via float32, which holds it exactly)."""
     if a.dtype.kind == "V" or a.dtype.name == "bfloat16":
         return torch.from_numpy(a.astype(np.float32)).to(torch.bfloat16)
     return torch.from_numpy(np.array(a, copy=True, order="C"))
 
 
 def evaluate(
-    tensors: Sequence[torch.Tensor], inputs: Mapping[str, npt.NDArray[Any]], *, seed: int | None = None
+    tensors: Sequence[torch.Tensor],
+    inputs: Mapping[str, npt.NDArray[Any]],
+    *,
+    seed: int | None = None,
 ) -> list[torch.Tensor]:
     """Evaluate remote tensors with the engine on the given input bindings (name -> array).
 
@@ -61,7 +66,9 @@ def evaluate(
                 f"no mock values for {missing}; pass their dataset or model to sdk.mock(...) "
                 "and create the tensors inside the `with` block"
             )
-        outs = engine_evaluate(graph, {n: inputs[n] for n in names}, rng=np.random.default_rng(seed))
+        outs = engine_evaluate(
+            graph, {n: inputs[n] for n in names}, rng=np.random.default_rng(seed)
+        )
         values = [to_torch(o) for o in outs]
     it = iter(values)
     return [next(it) if isinstance(t, RemoteTensor) else t for t in tensors]
@@ -89,12 +96,16 @@ class MockSession:
 
         key = id(handle)
         if key not in self._frames:
-            self._frames[key] = handle.mock() if isinstance(handle, DatasetHandle) else handle.weights()
+            self._frames[key] = (
+                handle.mock() if isinstance(handle, DatasetHandle) else handle.weights()
+            )
         return self._frames[key]
 
     def covers(self, handle: DatasetHandle | ModelHandle) -> bool:
         """Whether ``handle`` is mocked by this session."""
-        return any(h is handle or (type(h) is type(handle) and h.id == handle.id) for h in self.handles)
+        return any(
+            h is handle or (type(h) is type(handle) and h.id == handle.id) for h in self.handles
+        )
 
     def column(self, handle: DatasetHandle, name: str) -> npt.NDArray[Any]:
         """The mock values of one column."""

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from sdk._remote.dispatch import FACTORIES, PRIVATE, RULES
-from sdk._remote.graph import TORCH_NAMES, Node, prim
+from sdk._remote.graph import Node, prim
 
 __all__ = ["dims_of", "dtype_name", "implements"]
 
@@ -30,7 +30,7 @@ def implements(*ops: Any) -> Callable[[Rule], Rule]:
     def deco(fn: Rule) -> Rule:
         for op in ops:
             if isinstance(op, torch._ops.OpOverloadPacket):
-                for name in op.overloads():
+                for name in op.overloads():  # type: ignore[no-untyped-call]
                     ov = getattr(op, name)
                     if "out" not in name:
                         RULES[ov] = fn
@@ -67,11 +67,44 @@ def _cast(x: Any, d: torch.dtype) -> Any:
 
 # -- elementwise ---------------------------------------------------------------------------
 
-_UNARY = (
-    "abs neg exp exp2 log log2 log10 log1p expm1 sqrt rsqrt reciprocal sin cos tan asin acos atan "
-    "sinh cosh tanh asinh acosh atanh erf erfc erfinv sign floor ceil trunc bitwise_not isnan isinf "
-    "signbit logical_not"
-).split()
+_UNARY = [
+    "abs",
+    "neg",
+    "exp",
+    "exp2",
+    "log",
+    "log2",
+    "log10",
+    "log1p",
+    "expm1",
+    "sqrt",
+    "rsqrt",
+    "reciprocal",
+    "sin",
+    "cos",
+    "tan",
+    "asin",
+    "acos",
+    "atan",
+    "sinh",
+    "cosh",
+    "tanh",
+    "asinh",
+    "acosh",
+    "atanh",
+    "erf",
+    "erfc",
+    "erfinv",
+    "sign",
+    "floor",
+    "ceil",
+    "trunc",
+    "bitwise_not",
+    "isnan",
+    "isinf",
+    "signbit",
+    "logical_not",
+]
 for _n in _UNARY:
     implements(getattr(aten, _n).default)(lambda out, x, _p=_n: prim(_p, x))
 
@@ -106,14 +139,34 @@ def _frac(out: torch.Tensor, x: Node) -> Node:
 
 
 _BINARY = {
-    "mul": "mul", "maximum": "maximum", "minimum": "minimum", "atan2": "atan2", "hypot": "hypot",
-    "copysign": "copysign", "remainder": "remainder", "fmod": "fmod", "eq": "eq", "ne": "ne",
-    "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "logical_and": "logical_and",
-    "logical_or": "logical_or", "logical_xor": "logical_xor", "bitwise_and": "bitwise_and",
-    "bitwise_or": "bitwise_or", "bitwise_xor": "bitwise_xor",
-    "bitwise_left_shift": "bitwise_left_shift", "bitwise_right_shift": "bitwise_right_shift",
-    "__lshift__": "bitwise_left_shift", "__rshift__": "bitwise_right_shift",
-    "floor_divide": "floor_divide", "pow": "pow", "fmax": None, "fmin": None,
+    "mul": "mul",
+    "maximum": "maximum",
+    "minimum": "minimum",
+    "atan2": "atan2",
+    "hypot": "hypot",
+    "copysign": "copysign",
+    "remainder": "remainder",
+    "fmod": "fmod",
+    "eq": "eq",
+    "ne": "ne",
+    "lt": "lt",
+    "le": "le",
+    "gt": "gt",
+    "ge": "ge",
+    "logical_and": "logical_and",
+    "logical_or": "logical_or",
+    "logical_xor": "logical_xor",
+    "bitwise_and": "bitwise_and",
+    "bitwise_or": "bitwise_or",
+    "bitwise_xor": "bitwise_xor",
+    "bitwise_left_shift": "bitwise_left_shift",
+    "bitwise_right_shift": "bitwise_right_shift",
+    "__lshift__": "bitwise_left_shift",
+    "__rshift__": "bitwise_right_shift",
+    "floor_divide": "floor_divide",
+    "pow": "pow",
+    "fmax": None,
+    "fmin": None,
 }
 for _n, _p in _BINARY.items():
     if _p is None:
@@ -166,12 +219,16 @@ def _where(out: torch.Tensor, cond: Node, a: Any, b: Any) -> Node:
 
 
 @implements(aten.clamp.default, aten.clamp.Tensor)
-def _clamp(out: torch.Tensor, x: Node, min: Any = None, max: Any = None) -> Node:  # noqa: A002
+def _clamp(out: torch.Tensor, x: Node, min: Any = None, max: Any = None) -> Node:
     return prim("clamp", x, min, max)
 
 
-implements(aten.clamp_min.default, aten.clamp_min.Tensor)(lambda out, x, m: prim("clamp", x, m, None))
-implements(aten.clamp_max.default, aten.clamp_max.Tensor)(lambda out, x, m: prim("clamp", x, None, m))
+implements(aten.clamp_min.default, aten.clamp_min.Tensor)(
+    lambda out, x, m: prim("clamp", x, m, None)
+)
+implements(aten.clamp_max.default, aten.clamp_max.Tensor)(
+    lambda out, x, m: prim("clamp", x, None, m)
+)
 
 
 @implements(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
@@ -182,7 +239,11 @@ def _masked_fill(out: torch.Tensor, x: Node, mask: Node, value: Any) -> Node:
         value = int(value)
     elif out.dtype == torch.bool:
         value = bool(value)
-    return prim("where", mask, value, x) if isinstance(value, Node) else _where_scalar(out, mask, value, x)
+    return (
+        prim("where", mask, value, x)
+        if isinstance(value, Node)
+        else _where_scalar(out, mask, value, x)
+    )
 
 
 def _where_scalar(out: torch.Tensor, mask: Node, value: Any, x: Node) -> Node:
@@ -204,9 +265,15 @@ def _to_copy(out: torch.Tensor, x: Node, **kw: Any) -> Node:
 
 
 implements(aten.clone.default)(lambda out, x, **kw: x)
-implements(aten._unsafe_view.default)(lambda out, x, size: prim("reshape", x, shape=tuple(out.shape)))
-implements(aten.expand_copy.default)(lambda out, x, *a, **k: prim("expand", x, shape=tuple(out.shape)))
-implements(aten.view_copy.default)(lambda out, x, *a, **k: prim("reshape", x, shape=tuple(out.shape)))
+implements(aten._unsafe_view.default)(
+    lambda out, x, size: prim("reshape", x, shape=tuple(out.shape))
+)
+implements(aten.expand_copy.default)(
+    lambda out, x, *a, **k: prim("expand", x, shape=tuple(out.shape))
+)
+implements(aten.view_copy.default)(
+    lambda out, x, *a, **k: prim("reshape", x, shape=tuple(out.shape))
+)
 
 
 @implements(aten.cat.default)
@@ -226,7 +293,9 @@ def _pad(out: torch.Tensor, x: Node, pad: Sequence[int], value: float = 0) -> No
 
 
 implements(aten.flip.default)(lambda out, x, dims: prim("flip", x, dims=tuple(dims)))
-implements(aten.index_select.default)(lambda out, x, dim, idx: prim("index_select", x, idx, dim=dim))
+implements(aten.index_select.default)(
+    lambda out, x, dim, idx: prim("index_select", x, idx, dim=dim)
+)
 implements(aten.gather.default)(
     lambda out, x, dim, idx, sparse_grad=False: prim("gather", x, idx, dim=dim)
 )
@@ -245,7 +314,9 @@ implements(aten.scatter_add.default)(
 
 
 @implements(aten.index_put.default)
-def _index_put(out: torch.Tensor, x: Node, indices: Sequence[Any], values: Node, accumulate: bool = False) -> Node:
+def _index_put(
+    out: torch.Tensor, x: Node, indices: Sequence[Any], values: Node, accumulate: bool = False
+) -> Node:
     from sdk._remote.indexing import expand_index_values
 
     return expand_index_values(out, x, indices, values, accumulate)
@@ -255,17 +326,35 @@ def _index_put(out: torch.Tensor, x: Node, indices: Sequence[Any], values: Node,
 
 
 @implements(aten.sum.default, aten.sum.dim_IntList)
-def _sum(out: torch.Tensor, x: Node, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Node:
-    return prim("sum", x, dims=dims_of(dim, len(x.shape or ())), keepdim=keepdim, dtype=dtype_name(out.dtype))
+def _sum(
+    out: torch.Tensor, x: Node, dim: Any = None, keepdim: bool = False, dtype: Any = None
+) -> Node:
+    return prim(
+        "sum",
+        x,
+        dims=dims_of(dim, len(x.shape or ())),
+        keepdim=keepdim,
+        dtype=dtype_name(out.dtype),
+    )
 
 
 @implements(aten.prod.default, aten.prod.dim_int)
-def _prod(out: torch.Tensor, x: Node, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Node:
-    return prim("prod", x, dims=dims_of(dim, len(x.shape or ())), keepdim=keepdim, dtype=dtype_name(out.dtype))
+def _prod(
+    out: torch.Tensor, x: Node, dim: Any = None, keepdim: bool = False, dtype: Any = None
+) -> Node:
+    return prim(
+        "prod",
+        x,
+        dims=dims_of(dim, len(x.shape or ())),
+        keepdim=keepdim,
+        dtype=dtype_name(out.dtype),
+    )
 
 
 @implements(aten.mean.default, aten.mean.dim)
-def _mean(out: torch.Tensor, x: Node, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Node:
+def _mean(
+    out: torch.Tensor, x: Node, dim: Any = None, keepdim: bool = False, dtype: Any = None
+) -> Node:
     return prim("mean", _cast(x, out.dtype), dims=dims_of(dim, len(x.shape or ())), keepdim=keepdim)
 
 
@@ -299,8 +388,12 @@ def _extreme_dim(kind: str) -> Rule:
 
 implements(aten.max.dim)(_extreme_dim("max"))
 implements(aten.min.dim)(_extreme_dim("min"))
-implements(aten.argmax.default)(lambda out, x, dim=None, keepdim=False: prim("argmax", x, dim=dim, keepdim=keepdim))
-implements(aten.argmin.default)(lambda out, x, dim=None, keepdim=False: prim("argmin", x, dim=dim, keepdim=keepdim))
+implements(aten.argmax.default)(
+    lambda out, x, dim=None, keepdim=False: prim("argmax", x, dim=dim, keepdim=keepdim)
+)
+implements(aten.argmin.default)(
+    lambda out, x, dim=None, keepdim=False: prim("argmin", x, dim=dim, keepdim=keepdim)
+)
 implements(aten.cumsum.default)(
     lambda out, x, dim, dtype=None: prim("cumsum", x, dim=dim, dtype=dtype_name(out.dtype))
 )
@@ -311,13 +404,18 @@ def _sort(out: Any, x: Node, *args: Any, **kw: Any) -> tuple[Node, Node]:
     stable = kw.pop("stable", None)
     del stable
     dim = kw.get("dim", args[0] if args and not isinstance(args[0], bool) else -1)
-    descending = kw.get("descending", args[1] if len(args) > 1 else (args[0] if args and isinstance(args[0], bool) else False))
+    descending = kw.get(
+        "descending",
+        args[1] if len(args) > 1 else (args[0] if args and isinstance(args[0], bool) else False),
+    )
     idx = prim("argsort", x, dim=dim, descending=bool(descending))
     return (prim("gather", x, idx, dim=dim) if x.shape else x), idx
 
 
 @implements(aten.topk.default)
-def _topk(out: Any, x: Node, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple[Node, Node]:  # noqa: A002
+def _topk(
+    out: Any, x: Node, k: int, dim: int = -1, largest: bool = True, sorted: bool = True
+) -> tuple[Node, Node]:
     idx = prim("topk", x, k=k, dim=dim, largest=largest)
     return (prim("gather", x, idx, dim=dim) if x.shape else x), idx
 
@@ -336,10 +434,17 @@ def _full(out: torch.Tensor, value: Any) -> Node:
 
 
 for _op, _v in (
-    (aten.zeros.default, 0.0), (aten.ones.default, 1.0), (aten.empty.memory_format, 0.0),
-    (aten.empty_strided.default, 0.0), (aten.zeros_like.default, 0.0), (aten.ones_like.default, 1.0),
-    (aten.empty_like.default, 0.0), (aten.new_zeros.default, 0.0), (aten.new_ones.default, 1.0),
-    (aten.new_empty.default, 0.0), (aten.new_empty_strided.default, 0.0),
+    (aten.zeros.default, 0.0),
+    (aten.ones.default, 1.0),
+    (aten.empty.memory_format, 0.0),
+    (aten.empty_strided.default, 0.0),
+    (aten.zeros_like.default, 0.0),
+    (aten.ones_like.default, 1.0),
+    (aten.empty_like.default, 0.0),
+    (aten.new_zeros.default, 0.0),
+    (aten.new_ones.default, 1.0),
+    (aten.new_empty.default, 0.0),
+    (aten.new_empty_strided.default, 0.0),
 ):
     implements(_op)(lambda out, *a, _v=_v, **k: _full(out, _v))
     FACTORIES.add(_op)
@@ -355,8 +460,12 @@ implements(aten.lift_fresh_copy.default)(lambda out, x: x)
 @implements(aten.arange.default, aten.arange.start, aten.arange.start_step)
 def _arange(out: torch.Tensor, *args: Any, **kw: Any) -> Node:
     nums = [a for a in args if isinstance(a, (int, float))]
-    start, end, step = (0, nums[0], 1) if len(nums) == 1 else (nums[0], nums[1], nums[2] if len(nums) > 2 else 1)
-    return prim("arange", start=float(start), end=float(end), step=float(step), dtype=dtype_name(out.dtype))
+    start, end, step = (
+        (0, nums[0], 1) if len(nums) == 1 else (nums[0], nums[1], nums[2] if len(nums) > 2 else 1)
+    )
+    return prim(
+        "arange", start=float(start), end=float(end), step=float(step), dtype=dtype_name(out.dtype)
+    )
 
 
 @implements(aten.rand.default, aten.rand_like.default)
@@ -371,8 +480,14 @@ def _bernoulli(out: torch.Tensor, x: Node, p: float = 0.5, generator: Any = None
 
 
 FACTORIES.update(
-    {aten.full.default, aten.scalar_tensor.default, aten.arange.default, aten.arange.start,
-     aten.arange.start_step, aten.rand.default}
+    {
+        aten.full.default,
+        aten.scalar_tensor.default,
+        aten.arange.default,
+        aten.arange.start,
+        aten.arange.start_step,
+        aten.rand.default,
+    }
 )
 
 # -- data-dependent ops ----------------------------------------------------------------------
@@ -383,15 +498,26 @@ for _op, _what, _advice in (
     (aten._local_scalar_dense.default, "tensor.item()", _WHERE),
     (aten.nonzero.default, "torch.nonzero (positions of nonzero values)", _WHERE),
     (aten.nonzero_static.default, "torch.nonzero_static", _WHERE),
-    (aten.masked_select.default, "boolean masking (a data-dependent shape)",
-     _WHERE + " Or multiply by the mask and sum."),
+    (
+        aten.masked_select.default,
+        "boolean masking (a data-dependent shape)",
+        _WHERE + " Or multiply by the mask and sum.",
+    ),
     (aten._unique2.default, "torch.unique", _UNIQUE),
     (aten.unique_dim.default, "torch.unique", _UNIQUE),
     (aten.unique_consecutive.default, "torch.unique_consecutive", _UNIQUE),
     (aten.equal.default, "torch.equal (a Python bool)", "Compare remotely: (a == b).all()."),
     (aten.is_nonzero.default, "bool(tensor)", _WHERE),
-    (aten.repeat_interleave.Tensor, "repeat_interleave with remote counts", "The result shape would be private."),
-    (aten.bincount.default, "torch.bincount", "Sum one-hot columns over public categories instead."),
+    (
+        aten.repeat_interleave.Tensor,
+        "repeat_interleave with remote counts",
+        "The result shape would be private.",
+    ),
+    (
+        aten.bincount.default,
+        "torch.bincount",
+        "Sum one-hot columns over public categories instead.",
+    ),
     (aten._assert_async.default, "an assertion on a remote value", ""),
     (aten._assert_async.msg, "an assertion on a remote value", ""),
 ):
@@ -414,7 +540,13 @@ def _var(out: torch.Tensor, x: Node, dim: Any = None, *args: Any, **kw: Any) -> 
     for d in reduced:
         n *= shape[d]
     centred = prim("sub", x, prim("mean", x, dims=dims, keepdim=True))
-    total = prim("sum", prim("mul", centred, centred), dims=dims, keepdim=bool(keepdim), dtype=dtype_name(out.dtype))
+    total = prim(
+        "sum",
+        prim("mul", centred, centred),
+        dims=dims,
+        keepdim=bool(keepdim),
+        dtype=dtype_name(out.dtype),
+    )
     return prim("div", total, float(max(n - correction, 0)))
 
 
@@ -424,20 +556,30 @@ prims = torch.ops.prims
 
 
 @implements(prims.var.default)
-def _prims_var(out: torch.Tensor, x: Node, dims: Any, correction: float = 1.0, *, output_dtype: Any = None) -> Node:
+def _prims_var(
+    out: torch.Tensor, x: Node, dims: Any, correction: float = 1.0, *, output_dtype: Any = None
+) -> Node:
     shape = x.shape or ()
     d = dims_of(dims, len(shape))
     n = 1
     for k in range(len(shape)) if d is None else d:
         n *= shape[k]
     centred = prim("sub", x, prim("mean", x, dims=d, keepdim=True))
-    total = prim("sum", prim("mul", centred, centred), dims=d, keepdim=False, dtype=dtype_name(out.dtype))
+    total = prim(
+        "sum", prim("mul", centred, centred), dims=d, keepdim=False, dtype=dtype_name(out.dtype)
+    )
     return prim("div", total, float(max(n - correction, 0)))
 
 
 @implements(prims.prod.default)
 def _prims_prod(out: torch.Tensor, x: Node, dims: Any, *, output_dtype: Any = None) -> Node:
-    return prim("prod", x, dims=dims_of(dims, len(x.shape or ())), keepdim=False, dtype=dtype_name(out.dtype))
+    return prim(
+        "prod",
+        x,
+        dims=dims_of(dims, len(x.shape or ())),
+        keepdim=False,
+        dtype=dtype_name(out.dtype),
+    )
 
 
 def _fminmax(name: str) -> Rule:
@@ -458,7 +600,9 @@ PRIVATE[prims.item.default] = ("tensor.item()", _WHERE)
 
 
 @implements(prims.broadcast_in_dim.default)
-def _broadcast_in_dim(out: torch.Tensor, x: Node, shape: Sequence[int], broadcast_dims: Sequence[int]) -> Node:
+def _broadcast_in_dim(
+    out: torch.Tensor, x: Node, shape: Sequence[int], broadcast_dims: Sequence[int]
+) -> Node:
     src = list(x.shape or ())
     kept = [src[broadcast_dims.index(d)] if d in broadcast_dims else 1 for d in range(len(shape))]
     r = prim("reshape", x, shape=tuple(kept)) if tuple(kept) != tuple(src) else x
@@ -468,12 +612,21 @@ def _broadcast_in_dim(out: torch.Tensor, x: Node, shape: Sequence[int], broadcas
 for _n in ("sum", "amax", "amin"):
     implements(getattr(prims, _n).default)(
         lambda out, x, dims, *, output_dtype=None, _n=_n: prim(
-            _n, x, dims=dims_of(dims, len(x.shape or ())), keepdim=False,
+            _n,
+            x,
+            dims=dims_of(dims, len(x.shape or ())),
+            keepdim=False,
             **({"dtype": dtype_name(out.dtype)} if _n == "sum" else {}),
         )
     )
-for _op in (prims.view_of.default, prims.collapse_view.default, prims.split_dim.default, prims.reshape.default,
-            prims.squeeze.default, prims.collapse.default):
+for _op in (
+    prims.view_of.default,
+    prims.collapse_view.default,
+    prims.split_dim.default,
+    prims.reshape.default,
+    prims.squeeze.default,
+    prims.collapse.default,
+):
     implements(_op)(lambda out, x, *a, **k: prim("reshape", x, shape=tuple(out.shape)))
 implements(prims.where.default)(lambda out, c, a, b: prim("where", c, a, b))
 
@@ -484,7 +637,11 @@ def _register_same_named_prims() -> None:
     for name in REGISTRY:
         op = getattr(prims, name, None)
         ov = getattr(op, "default", None) if op is not None else None
-        if ov is not None and ov not in RULES and name not in ("convert_element_type", "rand", "full"):
+        if (
+            ov is not None
+            and ov not in RULES
+            and name not in ("convert_element_type", "rand", "full")
+        ):
             implements(ov)(lambda out, *a, _n=name: prim(_n, *a))
 
 

@@ -22,7 +22,13 @@ __all__: list[str] = []
 
 aten = torch.ops.aten
 
-for _op in (aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.default, aten.matmul.default):
+for _op in (
+    aten.mm.default,
+    aten.bmm.default,
+    aten.mv.default,
+    aten.dot.default,
+    aten.matmul.default,
+):
     implements(_op)(lambda out, a, b: prim("matmul", a, b))
 
 
@@ -34,7 +40,7 @@ def _scaled(x: Any, s: Any) -> Any:
 def _addmm(out: torch.Tensor, bias: Node, a: Node, b: Node, beta: Any = 1, alpha: Any = 1) -> Node:
     prod = _scaled(prim("matmul", a, b), alpha)
     if beta == 0:
-        return prod
+        return prod  # type: ignore[no-any-return]
     return prim("add", _scaled(bias, beta), prod)
 
 
@@ -45,26 +51,51 @@ def _tup(v: Any, n: int) -> tuple[int, ...]:
 
 @implements(aten.convolution.default)
 def _convolution(
-    out: torch.Tensor, x: Node, w: Node, bias: Node | None, stride: Sequence[int], padding: Sequence[int],
-    dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int,
+    out: torch.Tensor,
+    x: Node,
+    w: Node,
+    bias: Node | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    transposed: bool,
+    output_padding: Sequence[int],
+    groups: int,
 ) -> Node:
     nsp = len(w.shape or ()) - 2
     return prim(
-        "convolution", x, w, bias, stride=_tup(stride, nsp), padding=_tup(padding, nsp),
-        dilation=_tup(dilation, nsp), groups=groups, transposed=bool(transposed),
+        "convolution",
+        x,
+        w,
+        bias,
+        stride=_tup(stride, nsp),
+        padding=_tup(padding, nsp),
+        dilation=_tup(dilation, nsp),
+        groups=groups,
+        transposed=bool(transposed),
         output_padding=_tup(output_padding, nsp) if transposed else None,
     )
 
 
 @implements(aten.convolution_backward.default)
 def _convolution_backward(
-    out: Any, grad: Node, x: Node, w: Node, bias_sizes: Any, stride: Sequence[int], padding: Sequence[int],
-    dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int,
+    out: Any,
+    grad: Node,
+    x: Node,
+    w: Node,
+    bias_sizes: Any,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    transposed: bool,
+    output_padding: Sequence[int],
+    groups: int,
     output_mask: Sequence[bool],
 ) -> tuple[Node | None, Node | None, Node | None]:
     if transposed:
         raise UnsupportedOperationError(
-            "the gradient of a transposed convolution is not yet decomposed into prims (see docs/remote-tensors.md)"
+            "the gradient of a transposed convolution is not yet decomposed into prims "
+            "(see docs/remote-tensors.md)"
         )
     assert x.shape is not None and w.shape is not None and grad.shape is not None
     nsp = len(w.shape) - 2
@@ -79,13 +110,27 @@ def _convolution_backward(
             for i, o, s, p, d, k in zip(insp, outsp, st, pd, dl, w.shape[2:], strict=True)
         )
         gx = prim(
-            "convolution", grad, w, None, stride=st, padding=pd, dilation=dl, groups=groups,
-            transposed=True, output_padding=op,
+            "convolution",
+            grad,
+            w,
+            None,
+            stride=st,
+            padding=pd,
+            dilation=dl,
+            groups=groups,
+            transposed=True,
+            output_padding=op,
         )
     if output_mask[1]:
         gw = prim(
-            "convolution_weight_grad", x, grad, kernel_size=tuple(w.shape[2:]), stride=st, padding=pd,
-            dilation=dl, groups=groups,
+            "convolution_weight_grad",
+            x,
+            grad,
+            kernel_size=tuple(w.shape[2:]),
+            stride=st,
+            padding=pd,
+            dilation=dl,
+            groups=groups,
         )
     if output_mask[2]:
         dims = (0, *range(2, 2 + nsp)) if len(grad.shape) == nsp + 2 else tuple(range(1, 1 + nsp))
@@ -102,7 +147,12 @@ def _pool_weight(channels: int, k: tuple[int, ...], dtype: torch.dtype) -> Node:
 
 
 def _avg_args(
-    kernel: Any, stride: Any, padding: Any, ceil_mode: bool, count_include_pad: bool, divisor: Any,
+    kernel: Any,
+    stride: Any,
+    padding: Any,
+    ceil_mode: bool,
+    count_include_pad: bool,
+    divisor: Any,
 ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     k = _tup(kernel, 2)
     s = _tup(stride, 2) if stride else k
@@ -117,13 +167,21 @@ def _avg_args(
 
 @implements(aten.avg_pool2d.default)
 def _avg_pool2d(
-    out: torch.Tensor, x: Node, kernel: Any, stride: Any = (), padding: Any = 0, ceil_mode: bool = False,
-    count_include_pad: bool = True, divisor_override: Any = None,
+    out: torch.Tensor,
+    x: Node,
+    kernel: Any,
+    stride: Any = (),
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: Any = None,
 ) -> Node:
     k, s, p = _avg_args(kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
     assert x.shape is not None
     if not out.dtype.is_floating_point:
-        raise UnsupportedOperationError("avg_pool2d of integers (torch rounds each window) is not in the prims")
+        raise UnsupportedOperationError(
+            "avg_pool2d of integers (torch rounds each window) is not in the prims"
+        )
     c = x.shape[-3]
     w = _pool_weight(c, k, out.dtype)
     return prim("convolution", x, w, None, stride=s, padding=p, dilation=(1, 1), groups=c)
@@ -131,8 +189,15 @@ def _avg_pool2d(
 
 @implements(aten.avg_pool2d_backward.default)
 def _avg_pool2d_backward(
-    out: torch.Tensor, grad: Node, x: Node, kernel: Any, stride: Any, padding: Any, ceil_mode: bool,
-    count_include_pad: bool, divisor_override: Any,
+    out: torch.Tensor,
+    grad: Node,
+    x: Node,
+    kernel: Any,
+    stride: Any,
+    padding: Any,
+    ceil_mode: bool,
+    count_include_pad: bool,
+    divisor_override: Any,
 ) -> Node:
     k, s, p = _avg_args(kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
     assert x.shape is not None and grad.shape is not None
@@ -143,7 +208,15 @@ def _avg_pool2d_backward(
         for i, o, st, pp, kk in zip(x.shape[-2:], grad.shape[-2:], s, p, k, strict=True)
     )
     return prim(
-        "convolution", grad, w, None, stride=s, padding=p, dilation=(1, 1), groups=c, transposed=True,
+        "convolution",
+        grad,
+        w,
+        None,
+        stride=s,
+        padding=p,
+        dilation=(1, 1),
+        groups=c,
+        transposed=True,
         output_padding=op,
     )
 
@@ -171,14 +244,20 @@ def _log_softmax(out: torch.Tensor, x: Node, dim: int, half_to_float: bool) -> N
 
 
 @implements(aten._softmax_backward_data.default)
-def _softmax_backward(out: torch.Tensor, grad: Node, y: Node, dim: int, input_dtype: torch.dtype) -> Node:
+def _softmax_backward(
+    out: torch.Tensor, grad: Node, y: Node, dim: int, input_dtype: torch.dtype
+) -> Node:
     gy = prim("mul", grad, y)
     return prim("sub", gy, prim("mul", y, prim("sum", gy, dims=(dim,), keepdim=True)))
 
 
 @implements(aten._log_softmax_backward_data.default)
-def _log_softmax_backward(out: torch.Tensor, grad: Node, y: Node, dim: int, input_dtype: torch.dtype) -> Node:
-    return prim("sub", grad, prim("mul", prim("exp", y), prim("sum", grad, dims=(dim,), keepdim=True)))
+def _log_softmax_backward(
+    out: torch.Tensor, grad: Node, y: Node, dim: int, input_dtype: torch.dtype
+) -> Node:
+    return prim(
+        "sub", grad, prim("mul", prim("exp", y), prim("sum", grad, dims=(dim,), keepdim=True))
+    )
 
 
 implements(aten.threshold_backward.default)(

@@ -63,14 +63,6 @@ def _private(what: str, advice: str = "") -> Exception:
     return private_error(what, advice)
 
 
-def _local_index(index: Any) -> Any:
-    if isinstance(index, tuple):
-        return tuple(_local_index(i) for i in index)
-    if isinstance(index, list) or type(index).__module__ == "numpy":
-        return torch.as_tensor(index)
-    return index
-
-
 class RemoteTensor(torch.Tensor):
     """A tensor whose values stay on the node: shape and dtype here, values never.
 
@@ -88,7 +80,7 @@ class RemoteTensor(torch.Tensor):
     _source: str
     _meta: torch.Tensor
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
     @staticmethod
     def __new__(
@@ -99,7 +91,7 @@ class RemoteTensor(torch.Tensor):
         source: str = "",
         requires_grad: bool = False,
     ) -> RemoteTensor:
-        r: RemoteTensor = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+        r: RemoteTensor = torch.Tensor._make_wrapper_subclass(
             cls,
             meta.shape,
             strides=meta.stride(),
@@ -153,7 +145,7 @@ class RemoteTensor(torch.Tensor):
         st.version += 1
 
     @classmethod
-    def __torch_dispatch__(
+    def __torch_dispatch__(  # type: ignore[override]
         cls,
         func: torch._ops.OpOverload,
         types: Any,
@@ -173,29 +165,13 @@ class RemoteTensor(torch.Tensor):
             f"ops={count_ops([self.node])}{grad})"
         )
 
-    __str__ = __repr__  # type: ignore[assignment]
+    __str__ = __repr__
 
     def graph(self) -> Any:
         """The engine graph computing this tensor (output 0), with its inputs and constants."""
         from sdk._remote.graph import build
 
         return build([self.node])
-
-    # torch turns Python scalars and lists used in indexing into tensors on self's device, meta,
-    # which has no values to record; local (CPU) tensors carry them as public constants instead
-    def __getitem__(self, index: Any) -> Any:
-        return super().__getitem__(_local_index(index))
-
-    def __setitem__(self, index: Any, value: Any) -> None:
-        if isinstance(value, (bool, int, float)):
-            value = torch.tensor(value, dtype=self.dtype)
-        elif isinstance(value, (list, tuple)):
-            value = torch.tensor(value, dtype=self.dtype)
-        super().__setitem__(_local_index(index), value)
-
-    def new_tensor(self, data: Any, dtype: torch.dtype | None = None, **kwargs: Any) -> torch.Tensor:  # type: ignore[override]
-        """A *local* tensor from Python data (public: it travels as a constant if used)."""
-        return torch.tensor(data, dtype=dtype or self.dtype)
 
     # data-dependent Python protocols: the values are on the node
     def __bool__(self) -> bool:
@@ -210,10 +186,10 @@ class RemoteTensor(torch.Tensor):
     def __index__(self) -> int:
         raise _private("using a remote tensor as a Python index")
 
-    def tolist(self) -> Any:  # type: ignore[override]
+    def tolist(self) -> Any:
         raise _private("tensor.tolist()")
 
-    def numpy(self, *, force: bool = False) -> Any:  # type: ignore[override]
+    def numpy(self, *, force: bool = False) -> Any:
         raise _private("tensor.numpy()")
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> Any:

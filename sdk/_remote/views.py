@@ -42,7 +42,9 @@ def forward(step: Step, x: Node) -> Node:
         return prim("slice", x, dim=dim, start=start, end=end, step=st)
     if kind == "select":
         _, dim, index = step
-        return prim("squeeze", prim("slice", x, dim=dim, start=index, end=index + 1, step=1), dims=(dim,))
+        return prim(
+            "squeeze", prim("slice", x, dim=dim, start=index, end=index + 1, step=1), dims=(dim,)
+        )
     if kind == "squeeze":
         return prim("squeeze", x, dims=step[1])
     if kind == "unsqueeze":
@@ -91,11 +93,15 @@ def inverse(step: Step, base: Node, value: Node) -> Node:
     if kind == "unsqueeze":
         return prim("squeeze", value, dims=(step[1],))
     if kind == "strided":
-        _, size, idx, perm, pshape = step
-        flat = prim("index_put", _storage_flat(base, perm), prim("reshape", value, shape=(-1,)), idx)
+        _, _, idx, perm, pshape = step
+        flat = prim(
+            "index_put", _storage_flat(base, perm), prim("reshape", value, shape=(-1,)), idx
+        )
         back = prim("reshape", flat, shape=pshape)
         if perm != tuple(range(len(perm))):
-            back = prim("permute", back, dims=tuple(sorted(range(len(perm)), key=lambda i: perm[i])))
+            back = prim(
+                "permute", back, dims=tuple(sorted(range(len(perm)), key=lambda i: perm[i]))
+            )
         return back
     if kind == "expand":
         raise UnsupportedOperationError(
@@ -127,7 +133,9 @@ def _dim(d: int, n: int) -> int:
 @_views(aten.view.default, aten._reshape_alias.default, aten.reshape.default, aten.view.dtype)
 def _view(x: torch.Tensor, out: torch.Tensor, *args: Any, **kw: Any) -> list[Step]:
     if out.dtype != x.dtype:
-        raise UnsupportedOperationError("aten.view.dtype (reinterpreting bits) is not in the prim vocabulary")
+        raise UnsupportedOperationError(
+            "aten.view.dtype (reinterpreting bits) is not in the prim vocabulary"
+        )
     if tuple(out.shape) == tuple(x.shape):
         return [("identity",)]
     return [("reshape", tuple(out.shape), tuple(x.shape))]
@@ -169,7 +177,12 @@ def _expand(x: torch.Tensor, out: torch.Tensor, *args: Any, **kw: Any) -> list[S
 
 @_views(aten.slice.Tensor)
 def _slice(
-    x: torch.Tensor, out: torch.Tensor, dim: int = 0, start: Any = None, end: Any = None, step: int = 1
+    x: torch.Tensor,
+    out: torch.Tensor,
+    dim: int = 0,
+    start: Any = None,
+    end: Any = None,
+    step: int = 1,
 ) -> list[Step]:
     d = _dim(dim, x.dim())
     s, e, st = slice(start, end, step).indices(x.shape[d])
@@ -200,7 +213,9 @@ def _unsqueeze(x: torch.Tensor, out: torch.Tensor, dim: int) -> list[Step]:
     return [("unsqueeze", dim % (x.dim() + 1))]
 
 
-def multi_view_steps(func: Any, x: torch.Tensor, outs: Sequence[torch.Tensor], args: Sequence[Any]) -> list[list[Step]]:
+def multi_view_steps(
+    func: Any, x: torch.Tensor, outs: Sequence[torch.Tensor], args: Sequence[Any]
+) -> list[list[Step]]:
     """Steps for each output of a multi-output view (split, split_with_sizes, unbind)."""
     if func is aten.unbind.int:
         d = _dim(args[0] if args else 0, x.dim())

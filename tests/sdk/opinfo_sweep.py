@@ -43,10 +43,16 @@ with warnings.catch_warnings():
 
 DTYPES = (torch.float32, torch.int64)
 MAX_SAMPLES = 3
-TOLERANCES = {torch.float32: (1.3e-6, 1e-5), torch.float64: (1e-7, 1e-7), torch.float16: (1e-3, 1e-5)}
+TOLERANCES = {
+    torch.float32: (1.3e-6, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+    torch.float16: (1e-3, 1e-5),
+}
 
 #: entries whose values are random or uninitialised: shape and dtype are compared, values not
-RANDOM = re.compile(r"empty|dropout|bernoulli|cauchy|exponential|geometric|log_normal|normal|uniform|rand|multinomial")
+RANDOM = re.compile(
+    r"empty|dropout|bernoulli|cauchy|exponential|geometric|log_normal|normal|uniform|rand|multinomial"
+)
 #: entries whose integer index outputs may order ties differently (values are compared)
 TIES = {"sort", "argsort", "topk", "msort", "kthvalue", "mode", "median", "nanmedian"}
 
@@ -56,7 +62,10 @@ ENTRIES = {(o.name + ("." + o.variant_test_name if o.variant_test_name else ""))
 def _value_dependent(op: Any, s: Any) -> bool:
     try:
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            conv = tree_map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, (s.input, s.args, s.kwargs))
+            conv = tree_map(
+                lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t,
+                (s.input, s.args, s.kwargs),
+            )
             op(conv[0], *conv[1], **conv[2])
     except (DynamicOutputShapeException, DataDependentOutputException):
         return True
@@ -100,7 +109,11 @@ def check_sample(op: Any, s: Any, name: str = "") -> tuple[str, str]:
         out = op(inp, *args, **kwargs)
         outs, _ = tree_flatten(out)
         remote_outs = [o for o in outs if isinstance(o, torch.Tensor)]
-        escaped = [o for o in remote_outs if not isinstance(o, sdk.RemoteTensor) and o.device.type == "meta"]
+        escaped = [
+            o
+            for o in remote_outs
+            if not isinstance(o, sdk.RemoteTensor) and o.device.type == "meta"
+        ]
         if escaped and not vdep:
             return "error", "a value-less meta tensor escaped the recording"
         got = evaluate(remote_outs, feed)
@@ -122,14 +135,24 @@ def check_sample(op: Any, s: Any, name: str = "") -> tuple[str, str]:
     exp_t = [e for e in exp if isinstance(e, torch.Tensor)]
     if len(exp_t) != len(got):
         return "wrong", f"{len(got)} outputs, torch has {len(exp_t)}"
-    random = RANDOM.search(name) is not None or s.kwargs.get("dropout_p", 0) > 0 or s.kwargs.get("training") is True
+    random = (
+        RANDOM.search(name) is not None
+        or s.kwargs.get("dropout_p", 0) > 0
+        or s.kwargs.get("training") is True
+    )
     for k, (g, e) in enumerate(zip(got, exp_t, strict=True)):
         if random or (name in TIES and e.dtype == torch.int64 and k > 0):
             if g.shape != e.shape or g.dtype != e.dtype:
-                return "wrong", f"output {k}: got {g.dtype}{list(g.shape)}, torch {e.dtype}{list(e.shape)}"
+                return (
+                    "wrong",
+                    f"output {k}: got {g.dtype}{list(g.shape)}, torch {e.dtype}{list(e.shape)}",
+                )
             continue
         if not _close(g, e):
-            return "wrong", f"output {k}: got {g.dtype}{list(g.shape)}, torch {e.dtype}{list(e.shape)}"
+            return (
+                "wrong",
+                f"output {k}: got {g.dtype}{list(g.shape)}, torch {e.dtype}{list(e.shape)}",
+            )
     return "pass", ""
 
 
@@ -167,7 +190,10 @@ def sweep(names: list[str] | None = None) -> dict[tuple[str, str], tuple[str, st
 
 def summary(results: dict[tuple[str, str], tuple[str, str]]) -> str:
     """Counts per dtype and overall, and the pass rate against the 90% target."""
-    lines = ["| dtype | pass | unsupported | error | wrong | value-dependent (excluded) | pass rate |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| dtype | pass | unsupported | error | wrong | value-dependent (excluded) | pass rate |",
+        "|---|---|---|---|---|---|---|",
+    ]
     per: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for (_, d), (outcome, _) in results.items():
         per[d][outcome] += 1
@@ -176,9 +202,11 @@ def summary(results: dict[tuple[str, str], tuple[str, str]]) -> str:
         c = per[d]
         counted = sum(c.values()) - c["value_dependent"]
         rate = 100.0 * c["pass"] / counted if counted else 0.0
-        lines.append(
-            f"| {d} | {c['pass']} | {c['unsupported']} | {c['error']} | {c['wrong']} | {c['value_dependent']} | {rate:.1f}% |"
-        )
+        cells = [
+            d,
+            *(str(c[k]) for k in ("pass", "unsupported", "error", "wrong", "value_dependent")),
+        ]
+        lines.append("| " + " | ".join([*cells, f"{rate:.1f}%"]) + " |")
     return "\n".join(lines)
 
 

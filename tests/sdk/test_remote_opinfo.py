@@ -36,12 +36,20 @@ def results() -> dict[tuple[str, str], tuple[str, str]]:
     return res
 
 
-def test_no_remote_op_computes_a_wrong_value(results: dict[tuple[str, str], tuple[str, str]]) -> None:
-    wrong = [f"{n} {d}: {why}" for (n, d), (o, why) in results.items() if o == "wrong" and n not in KNOWN_WRONG]
+def test_no_remote_op_computes_a_wrong_value(
+    results: dict[tuple[str, str], tuple[str, str]],
+) -> None:
+    wrong = [
+        f"{n} {d}: {why}"
+        for (n, d), (o, why) in results.items()
+        if o == "wrong" and n not in KNOWN_WRONG
+    ]
     assert not wrong, "\n".join(wrong)
 
 
-def test_value_dependent_ops_raise_private_value_error(results: dict[tuple[str, str], tuple[str, str]]) -> None:
+def test_value_dependent_ops_raise_private_value_error(
+    results: dict[tuple[str, str], tuple[str, str]],
+) -> None:
     assert any(o == "value_dependent" for o, _ in results.values()) or len(results) < 50
 
 

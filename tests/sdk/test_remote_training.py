@@ -25,14 +25,23 @@ TOL = 1e-5
 
 def mlp() -> torch.nn.Module:
     return torch.nn.Sequential(
-        torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)
+        torch.nn.Linear(6, 16),
+        torch.nn.ReLU(),
+        torch.nn.Linear(16, 16),
+        torch.nn.Tanh(),
+        torch.nn.Linear(16, 3),
     )
 
 
 def cnn() -> torch.nn.Module:
     return torch.nn.Sequential(
-        torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.AvgPool2d(2),
-        torch.nn.Conv2d(4, 6, 3, stride=2), torch.nn.Sigmoid(), torch.nn.Flatten(), torch.nn.Linear(6, 3),
+        torch.nn.Conv2d(1, 4, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AvgPool2d(2),
+        torch.nn.Conv2d(4, 6, 3, stride=2),
+        torch.nn.Sigmoid(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(6, 3),
     )
 
 
@@ -101,7 +110,9 @@ def test_cnn_trains_in_mock_mode_on_a_node(owner_client: sdk.Client, ds_client: 
     data["image"] = rng.uniform(0, 1, (40, 1, 6, 6)).astype(np.float32)
     fake["image"] = rng.uniform(0, 1, (20, 1, 6, 6)).astype(np.float32)
     owner_client.upload_dataset(
-        "images", data, bounds={"age": (0, 120), "bmi": (10, 70), "sex": (0, 1), "scan": (0, 1), "image": (0, 1)},
+        "images",
+        data,
+        bounds={"age": (0, 120), "bmi": (10, 70), "sex": (0, 1), "scan": (0, 1), "image": (0, 1)},
         mock=fake,
     )
     ds = ds_client.dataset("images")
