@@ -12,6 +12,7 @@ from starlette.testclient import TestClient
 from node.context import NodeContext
 from node.storage import CorruptBlobError, FileBlobStore, array_from_bytes, array_to_bytes
 from tests.node.conftest import blob_files, refused, upload_model, upload_ok
+from tests.node.frames import read_frame
 
 STORAGE_ERROR = "stored data failed its integrity check; tell the node's operator"
 
@@ -117,3 +118,11 @@ def test_identical_arrays_are_stored_once(
     response = upload_model(http, owner_h, "m", {"w": column})
     assert response.status_code == 201, response.text
     assert len(blob_files(context)) == 1
+    # Deleting the datasets keeps the bytes the model still uses, and the model reads them.
+    for name in ("a", "b"):
+        assert http.delete(f"/api/v1/datasets/{name}", headers=owner_h).status_code == 204
+    assert len(blob_files(context)) == 1
+    weights = http.get("/api/v1/models/m/weights", headers=owner_h)
+    assert read_frame(weights.content)[1]["w"].tobytes() == column.tobytes()
+    assert http.delete("/api/v1/models/m", headers=owner_h).status_code == 204
+    assert blob_files(context) == set()
