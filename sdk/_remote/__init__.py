@@ -7,7 +7,7 @@
 - ``mock.py``: mock mode, evaluated locally by the node's own engine.
 """
 
-from sdk._remote import indexing, rules, rules_nn  # noqa: F401  (register the rules)
+from sdk._remote import indexing, rules, rules_extra, rules_nn  # noqa: F401  (register rules)
 from sdk._remote.graph import Encoded, WireCache, build, encode_graph, input_node
 from sdk._remote.mock import MockSession, active_session, evaluate, mock
 from sdk._remote.tensor import RemoteTensor, Storage

@@ -38,6 +38,8 @@ def _scaled(x: Any, s: Any) -> Any:
 
 @implements(aten.addmm.default)
 def _addmm(out: torch.Tensor, bias: Node, a: Node, b: Node, beta: Any = 1, alpha: Any = 1) -> Node:
+    if not out.dtype.is_floating_point:  # torch casts the scalars to the integer dtype
+        alpha, beta = int(alpha), int(beta)
     prod = _scaled(prim("matmul", a, b), alpha)
     if beta == 0:
         return prod  # type: ignore[no-any-return]

@@ -1,0 +1,150 @@
+"""Rules built from several prims: order statistics, flat indexing, scatter reductions, noise.
+
+Everything here is exact (same values as torch) except where torch's own
+result is unspecified (tie order of indices, random draws). What cannot be
+exact with today's prims (scatter amax/amin/prod, cummax) stays unsupported.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from sdk._exceptions import UnsupportedOperationError
+from sdk._remote.graph import Node, nan_node, prim
+from sdk._remote.rules import dtype_name, implements
+
+__all__: list[str] = []
+
+aten = torch.ops.aten
+
+
+def _flat(x: Node) -> Node:
+    r = prim("reshape", x, shape=(-1,))
+    r.shape, r.dtype = (_numel(x),), x.dtype
+    return r
+
+
+def _numel(x: Node) -> int:
+    return math.prod(x.shape or ())
+
+
+@implements(aten.take.default)
+def _take(out: torch.Tensor, x: Node, index: Node) -> Node:
+    i = _flat(prim("remainder", index, max(_numel(x), 1)))  # negative indices count from the end
+    return prim("reshape", prim("index_select", _flat(x), i, dim=0), shape=tuple(out.shape))
+
+
+@implements(aten.put.default)
+def _put(out: torch.Tensor, x: Node, index: Node, source: Node, accumulate: bool = False) -> Node:
+    i = _flat(prim("remainder", index, max(_numel(x), 1)))
+    flat = prim("index_put", _flat(x), _flat(source), i, accumulate=bool(accumulate))
+    return prim("reshape", flat, shape=tuple(out.shape))
+
+
+def _nth(x: Node, k: int, dim: int, keepdim: bool) -> tuple[Node, Node]:
+    """The k-th smallest along ``dim`` (NaN sorts last, as in torch) and its index."""
+    nd = len(x.shape or ())
+    if nd == 0:
+        return x, prim("full", shape=(), value=0.0, dtype="int64")
+    d = dim % nd
+    order = prim("argsort", x, dim=d)
+    idx = prim("slice", order, dim=d, start=k, end=k + 1, step=1)
+    val = prim("gather", x, idx, dim=d)
+    if not keepdim:
+        val, idx = prim("squeeze", val, dims=(d,)), prim("squeeze", idx, dims=(d,))
+    return val, idx
+
+
+@implements(aten.kthvalue.default)
+def _kthvalue(out: Any, x: Node, k: int, dim: int = -1, keepdim: bool = False) -> tuple[Node, Node]:
+    return _nth(x, k - 1, dim, keepdim)
+
+
+def _nan_propagating(x: Node, val: Node, dims: tuple[int, ...] | None, keepdim: bool) -> Node:
+    if x.dtype is None or not x.dtype.is_floating_point:
+        return val
+    has_nan = prim("any", prim("isnan", x), dims=dims, keepdim=keepdim)
+    return prim("where", has_nan, nan_node((), dtype_name(x.dtype)), val)
+
+
+@implements(aten.median.default)
+def _median(out: torch.Tensor, x: Node) -> Node:
+    n = _numel(x)
+    if n == 0:
+        raise UnsupportedOperationError("median of an empty tensor")
+    val, _ = _nth(_flat(x), (n - 1) // 2, 0, False)
+    return _nan_propagating(x, val, None, False)
+
+
+@implements(aten.median.dim)
+def _median_dim(out: Any, x: Node, dim: int, keepdim: bool = False) -> tuple[Node, Node]:
+    shape = x.shape or ()
+    n = shape[dim % len(shape)] if shape else 1
+    val, idx = _nth(x, (n - 1) // 2, dim, keepdim)
+    if shape:
+        val = _nan_propagating(x, val, (dim % len(shape),), keepdim)
+    return val, idx
+
+
+@implements(aten.scatter_reduce.two)
+def _scatter_reduce(
+    out: torch.Tensor,
+    x: Node,
+    dim: int,
+    index: Node,
+    src: Node,
+    reduce: str,
+    *,
+    include_self: bool = True,
+) -> Node:
+    if reduce not in ("sum", "mean") or (reduce == "mean" and not out.dtype.is_floating_point):
+        raise UnsupportedOperationError(
+            f"scatter_reduce with reduce={reduce!r} needs a scatter prim the engine lacks "
+            "(see docs/remote-tensors.md)"
+        )
+    base = x if include_self else prim("scatter", x, index, 0, dim=dim)
+    total = prim("scatter_add", base, index, src, dim=dim)
+    if reduce == "sum":
+        return total
+    ones = prim("full", shape=tuple(src.shape or ()), value=1.0, dtype=dtype_name(out.dtype))
+    start = 1.0 if include_self else 0.0
+    count = prim("full", shape=tuple(out.shape), value=start, dtype=dtype_name(out.dtype))
+    count = prim("scatter_add", count, index, ones, dim=dim)
+    return prim("where", prim("gt", count, 0), prim("div", total, count), x)
+
+
+@implements(aten.randn_like.default, aten.randn.default)
+def _randn(out: torch.Tensor, *args: Any, **kwargs: Any) -> Node:
+    # Box-Muller from two uniforms drawn on the node (1 - u keeps the log finite)
+    shape, name = tuple(out.shape), dtype_name(out.dtype)
+    u1 = prim("sub", 1.0, prim("rand", shape=shape, dtype=name))
+    u2 = prim("rand", shape=shape, dtype=name)
+    radius = prim("sqrt", prim("mul", prim("log", u1), -2.0))
+    return prim("mul", radius, prim("cos", prim("mul", u2, 2 * math.pi)))
+
+
+@implements(aten.addbmm.default)
+def _addbmm(
+    out: torch.Tensor, x: Node, b1: Node, b2: Node, *, beta: Any = 1, alpha: Any = 1
+) -> Node:
+    if not out.dtype.is_floating_point:  # torch casts the scalars to the integer dtype
+        alpha, beta = int(alpha), int(beta)
+    prod = prim(
+        "sum", prim("matmul", b1, b2), dims=(0,), keepdim=False, dtype=dtype_name(out.dtype)
+    )
+    if alpha != 1:
+        prod = prim("mul", prod, alpha)
+    r = prod if beta == 0 else prim("add", prim("mul", x, beta) if beta != 1 else x, prod)
+    return prim("convert_element_type", r, dtype=dtype_name(out.dtype))
+
+
+@implements(aten.angle.default)
+def _angle(out: torch.Tensor, x: Node) -> Node:
+    # real input: pi for negatives, 0 otherwise, NaN stays NaN
+    if x.dtype is not None and x.dtype != out.dtype:
+        x = prim("convert_element_type", x, dtype=dtype_name(out.dtype))
+    ang = prim("where", prim("lt", x, 0), math.pi, 0.0)
+    return prim("where", prim("isnan", x), x, ang)
