@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from policies._document import ROLES
 from policies._periods import as_utc
 from policies._units import delta_units, epsilon_units, format_delta, format_epsilon
 
@@ -81,6 +82,12 @@ class User:
     email: str
     role: str
     grants: tuple[Grant, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"unknown role {self.role!r}; roles are {', '.join(ROLES)}")
+        object.__setattr__(self, "role", str(self.role))
+        object.__setattr__(self, "grants", tuple(self.grants))
 
 
 @dataclass(frozen=True)

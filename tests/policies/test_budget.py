@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from node.db.models import Role
 from policies import (
     Allowance,
     Grant,
@@ -98,3 +100,9 @@ def test_unlimited_sides() -> None:
     assert limit.epsilon_fits(Spent(10**18, 10**18, 10**18), filter_epsilon)
     assert limit.delta_fits(Spent(0, 10**18, 0))
     assert limit.remaining(Spent(), filter_epsilon) == (-1, -1)
+
+
+def test_users_have_a_known_role() -> None:
+    assert User(1, "a@x.org", Role.DATA_OWNER).role == "data_owner"
+    with pytest.raises(ValueError, match="unknown role 'superuser'"):
+        User(1, "a@x.org", "superuser")
