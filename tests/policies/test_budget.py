@@ -5,7 +5,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from node.db.models import Role
@@ -60,6 +60,7 @@ grants = st.lists(
 )
 
 
+@settings(deadline=None)
 @given(grants, st.integers(-10, 1010))
 def test_allocation_counts_exactly_the_grants_made_by_then(gs: list[Grant], when: int) -> None:
     user = User(ALICE.id, ALICE.email, ALICE.role, tuple(gs))
@@ -85,6 +86,7 @@ def test_limit_splits_delta_once() -> None:
     assert limit.remaining(Spent(0, 4 * 10**5, 0), filter_epsilon) == (10**9, 6 * 10**5)
 
 
+@settings(deadline=None)
 @given(st.integers(0, 10**9), st.integers(0, 10**9), st.integers(0, 10**9))
 def test_more_spending_never_fits_better(e: int, r: int, extra: int) -> None:
     limit = Limit(2 * 10**9, 10**12, SHARE)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, get_args, get_origin
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
@@ -181,6 +181,7 @@ documents = st.fixed_dictionaries(
 )
 
 
+@settings(deadline=None)
 @given(documents)
 def test_canonical_form_round_trips(data: dict[str, Any]) -> None:
     policy = Policy.from_dict(data)
@@ -234,6 +235,7 @@ json_values = st.recursive(
 )
 
 
+@settings(deadline=None)
 @given(json_values)
 def test_any_json_either_validates_or_raises_policy_error(data: Any) -> None:
     """What the API passes in can only produce a policy or a PolicyError naming keys."""

@@ -6,7 +6,7 @@ import ast
 import math
 from pathlib import Path
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import policies
@@ -22,6 +22,7 @@ def test_units_are_the_ledgers() -> None:
     assert policies.DELTA_UNIT == budget.DELTA_UNIT
 
 
+@settings(deadline=None)
 @given(st.floats(min_value=0, max_value=1e9, allow_nan=False, allow_infinity=False))
 def test_configured_amounts_round_like_the_ledger(value: float) -> None:
     for unit in (budget.EPSILON_UNIT, budget.DELTA_UNIT):

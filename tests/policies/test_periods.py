@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies import Period, format_period, parse_period
@@ -16,6 +16,7 @@ instants = st.datetimes(
 lengths = st.integers(1, 10**8).map(lambda s: timedelta(seconds=s))
 
 
+@settings(deadline=None)
 @given(lengths, instants, instants)
 def test_windows_tile_time(length: timedelta, anchor: datetime, at: datetime) -> None:
     period = Period(length, anchor)
@@ -27,6 +28,7 @@ def test_windows_tile_time(length: timedelta, anchor: datetime, at: datetime) ->
     assert period.contains(at, start) and not period.contains(at, end)
 
 
+@settings(deadline=None)
 @given(st.integers(1, 10**6), st.sampled_from("smhdw"))
 def test_period_text_round_trips(count: int, unit: str) -> None:
     length = parse_period(f"{count}{unit}")
