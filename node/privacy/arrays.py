@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["compact", "pad_left", "segment_max", "varying_axes"]
+__all__ = ["compact", "fit", "pad_left", "recompact", "segment_max", "varying_axes"]
 
 Array = npt.NDArray[Any]
 
@@ -29,33 +29,51 @@ def pad_left(a: Array, ndim: int) -> Array:
 
 
 def varying_axes(a: Array, shape: Sequence[int]) -> list[bool]:
-    """For each axis of ``shape``, whether ``a`` broadcast to it differs along that axis.
+    """For each axis of ``shape``, whether ``a`` broadcast to it may differ along that axis.
+
+    Judged from the layout (a broadcast or size-1 axis cannot differ), so it costs nothing;
+    arrays are kept compact (see :func:`fit`, :func:`recompact`) for this to be accurate.
 
     >>> varying_axes(np.arange(3.0)[:, None], (3, 4))
     [True, False]
-    >>> varying_axes(np.zeros((3, 4)), (3, 4))
-    [False, False]
     """
     b = np.broadcast_to(a, tuple(shape))
-    out = []
-    for ax, (n, st) in enumerate(zip(b.shape, b.strides, strict=True)):
-        if n <= 1 or st == 0:
-            out.append(False)
-        else:
-            first = np.take(b, [0], axis=ax)
-            out.append(not bool(np.array_equal(b, np.broadcast_to(first, b.shape))))
-    return out
+    return [n > 1 and st != 0 for n, st in zip(b.shape, b.strides, strict=True)]
 
 
-def compact(a: Array, shape: Sequence[int]) -> Array:
-    """``a`` broadcast to ``shape``, with every non-varying axis reduced to size 1.
+def fit(a: npt.ArrayLike, shape: Sequence[int]) -> Array:
+    """``a`` as an array of ``len(shape)`` dims, broadcastable to ``shape``, without copies.
 
-    >>> compact(np.broadcast_to(np.arange(3.0), (5, 3)), (5, 3)).shape
+    Broadcast axes become size 1, so arithmetic between fitted arrays stays small.
+
+    >>> fit(np.broadcast_to(np.arange(3.0), (5, 3)), (5, 3)).shape
     (1, 3)
+    >>> fit(2.0, (2, 3)).shape
+    (1, 1)
     """
-    b = np.broadcast_to(a, tuple(shape))
-    idx = tuple(slice(None) if v else slice(0, 1) for v in varying_axes(b, shape))
-    return np.ascontiguousarray(b[idx]) if b.ndim else np.asarray(b)
+    b = np.broadcast_to(np.asarray(a), tuple(shape))
+    idx = tuple(
+        slice(0, 1) if (n > 1 and st == 0) else slice(None)
+        for n, st in zip(b.shape, b.strides, strict=True)
+    )
+    return b[idx]
+
+
+compact = fit
+
+
+def recompact(a: Array) -> Array:
+    """``a`` with every axis along which its values are all equal reduced to size 1.
+
+    >>> recompact(np.array([[1, 2], [1, 2]])).shape
+    (1, 2)
+    """
+    for ax in range(a.ndim):
+        if a.shape[ax] > 1:
+            first = np.take(a, [0], axis=ax)
+            if np.array_equal(a, np.broadcast_to(first, a.shape)):
+                a = first
+    return a
 
 
 def segment_max(values: Array, keys: Array, nkeys: int) -> Array:

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from node.engine.dtypes import DType
-from node.privacy.state import PUBLIC, PrivacyTrackingError, State, full, public_state
+from node.privacy.state import PUBLIC, PrivacyTrackingError, State, fit, public_state
 
 __all__ = ["InputSpec"]
 
@@ -93,14 +93,14 @@ class InputSpec:
             )
         owner = subj.astype(np.int64).reshape((1,) * axis + (n,) + (1,) * (len(shape) - axis - 1))
         width = hi - lo
-        zero = full(0.0, shape)
+        zero = fit(0.0, shape)
         return State(
             shape,
             dt,
-            full(lo, shape),
-            full(hi, shape),
-            full(owner, shape),
-            full(width, shape),
+            fit(lo, shape),
+            fit(hi, shape),
+            fit(owner, shape),
+            fit(width, shape),
             zero,
         )
 
@@ -114,13 +114,13 @@ class InputSpec:
             return public_state(v.astype(dt.np, copy=False), dt)
         lo = -np.inf if self.lower is None else self.lower
         hi = np.inf if self.upper is None else self.upper
-        z = full(0.0, shape)
+        z = fit(0.0, shape)
         return State(
             shape,
             dt,
-            full(np.asarray(lo, float), shape),
-            full(np.asarray(hi, float), shape),
-            full(np.int64(PUBLIC), shape),
+            fit(np.asarray(lo, float), shape),
+            fit(np.asarray(hi, float), shape),
+            fit(np.int64(PUBLIC), shape),
             z,
             z,
         )

@@ -20,7 +20,7 @@ column's bounds cost one element, not ``n``. The proof is in ``docs/sensitivity.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from node.engine.dtypes import DType
+from node.privacy.arrays import fit
 from node.errors import GraphError
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ __all__ = [
     "Array",
     "PrivacyTrackingError",
     "State",
-    "full",
+    "fit",
     "joint",
     "mul0",
     "public_state",
@@ -85,15 +86,6 @@ class State:
         return replace(self, **kw)
 
 
-def full(a: npt.ArrayLike, shape: Sequence[int]) -> Array:
-    """``a`` broadcast to ``shape`` (a read-only view, no copy).
-
-    >>> full(2.0, (2, 3)).shape
-    (2, 3)
-    """
-    return np.broadcast_to(np.asarray(a), tuple(shape))
-
-
 def mul0(k: Array | float, d: Array | float) -> Array:
     """``k * d`` with ``0 * inf == 0``: an element that cannot move does not move.
 
@@ -111,31 +103,33 @@ def public_state(value: Array, dt: DType) -> State:
     v = np.asarray(value)
     f = v.astype(np.float64) if v.dtype.kind != "V" else v.astype(np.float32).astype(np.float64)
     shape = tuple(int(s) for s in v.shape)
-    zero = full(0.0, shape)
-    return State(shape, dt, f, f, full(np.int64(PUBLIC), shape), zero, zero, value=v)
+    zero = fit(0.0, shape)
+    return State(shape, dt, f, f, fit(np.int64(PUBLIC), shape), zero, zero, value=v)
 
 
 def _fallback(s: State, nsub: int) -> tuple[Array, Array]:
-    """Per-subject L1/L2 bounds of the change, from per-element bounds (and tables)."""
-    own = np.broadcast_to(s.owner, s.shape).reshape(-1)
-    L = np.broadcast_to(s.L, s.shape).reshape(-1)
-    G = np.broadcast_to(s.G, s.shape).reshape(-1)
-    moving = own != PUBLIC
-    g = np.where(moving, G, 0.0)
-    base1, base2 = float(g.sum()), float((g * g).sum())
-    priv = own >= 0
-    grouped = np.zeros(own.shape, dtype=bool)
-    t1 = np.full(nsub, base1)
-    t2 = np.full(nsub, base2)
+    """Per-subject L1/L2 bounds of the change, from per-element bounds (or the table)."""
     if s.table is not None:
-        grouped, g1, g2 = s.table.group_bounds(s, nsub)
-        t1 += g1
-        t2 += g2
-    sel = priv & ~grouped
-    if sel.any():
-        o = own[sel]
-        t1 += np.bincount(o, (L - G)[sel], minlength=nsub)[:nsub]
-        t2 += np.bincount(o, (L * L - G * G)[sel], minlength=nsub)[:nsub]
+        groups = s.table.group_bounds(s, nsub)
+        if groups is not None:  # a table covers every element of its state
+            with np.errstate(all="ignore"):
+                return groups[0], np.sqrt(groups[1])
+    # work on the common fitted shape; each of its elements stands for ``rep`` real ones
+    own_f, L_f, G_f = (fit(a, s.shape) for a in (s.owner, s.L, s.G))
+    cshape = np.broadcast_shapes(own_f.shape, L_f.shape, G_f.shape)
+    rep = math.prod(s.shape) // max(math.prod(cshape), 1)
+    own = np.broadcast_to(own_f, cshape).reshape(-1)
+    L = np.broadcast_to(L_f, cshape).reshape(-1)
+    G = np.broadcast_to(G_f, cshape).reshape(-1)
+    g = np.where(own != PUBLIC, G, 0.0)
+    base1, base2 = rep * float(g.sum()), rep * float((g * g).sum())
+    t1: Array = np.broadcast_to(base1, (nsub,))
+    t2: Array = np.broadcast_to(base2, (nsub,))
+    priv = own >= 0
+    if priv.any():
+        o = own[priv]
+        t1 = t1 + rep * np.bincount(o, (L - G)[priv], minlength=nsub)[:nsub]
+        t2 = t2 + rep * np.bincount(o, (L * L - G * G)[priv], minlength=nsub)[:nsub]
     with np.errstate(all="ignore"):
         return t1, np.sqrt(np.maximum(t2, 0.0))
 
@@ -155,5 +149,10 @@ def joint(s: State, nsub: int) -> tuple[Array, Array]:
 
 
 def has_joint(s: State) -> bool:
-    """Whether the state knows more than its per-element bounds tell."""
-    return s.t1 is not None or s.t2 is not None or s.table is not None
+    """Whether the state knows more than its per-element bounds tell (a joint bound or table)."""
+    return has_t(s) or s.table is not None
+
+
+def has_t(s: State) -> bool:
+    """Whether the state carries propagated per-subject joint bounds."""
+    return s.t1 is not None or s.t2 is not None

@@ -44,15 +44,15 @@ class Table:
     def size(self) -> int:
         return int(self.vals.shape[-1])
 
-    def group_bounds(self, s: State, nsub: int) -> tuple[Array, Array, Array]:
-        """Elements covered, and per-subject joint L1 and squared-L2 bounds of their change.
+    def group_bounds(self, s: State, nsub: int) -> tuple[Array, Array] | None:
+        """Per-subject joint L1 and squared-L2 bounds of the change of every element.
 
-        Returns an all-False mask (no help) when roots and values vary along the same
-        axis, which the cheap slice computation does not handle.
+        None (no help) when roots and values vary along the same axis, which the cheap
+        slice computation does not handle.
         """
         shape = s.shape
         nd = len(shape)
-        none = (np.zeros(int(np.prod(shape)), dtype=bool), np.zeros(nsub), np.zeros(nsub))
+        none = None
         root_ax = varying_axes(self.root, shape)
         vals_ax = varying_axes(self.vals, (*shape, self.size))[:nd]
         if any(r and v for r, v in zip(root_ax, vals_ax, strict=True)):
@@ -74,12 +74,14 @@ class Table:
         owners = np.broadcast_to(s.owner, shape)[pick].reshape(-1)
         if (owners < 0).any() or (roots < 0).any():
             return none
-        uniq, first, counts = np.unique(roots, return_index=True, return_counts=True)
-        own = owners[first]
+        if roots.size < 2 or bool((np.diff(roots) > 0).all()):  # each root once, in order
+            own, counts = owners, np.ones(roots.size)
+        else:
+            _, first, counts = np.unique(roots, return_index=True, return_counts=True)
+            own = owners[first]
         g1 = np.bincount(own, counts * slice1, minlength=nsub)[:nsub]
         g2 = np.bincount(own, counts * slice2**2, minlength=nsub)[:nsub]
-        del uniq
-        return np.ones(int(np.prod(shape)), dtype=bool), g1, g2
+        return g1, g2
 
 
 def make_root(s: State, index: int) -> Table | None:

@@ -27,7 +27,7 @@ from node.privacy.state import (
     Array,
     PrivacyTrackingError,
     State,
-    full,
+    fit,
     joint,
     public_state,
 )
@@ -186,7 +186,7 @@ class PrivacyTracker:
         outs = []
         for k, s in enumerate(states):
             t1, t2 = joint(s, self.nsub)
-            lo, hi = full(s.lo, s.shape), full(s.hi, s.shape)
+            lo, hi = np.broadcast_to(s.lo, s.shape), np.broadcast_to(s.hi, s.shape)
             if not s.is_public and not (np.isfinite(lo).all() and np.isfinite(hi).all()):
                 raise PrivacyTrackingError(
                     f"output {k}: its values are unbounded (an operation can overflow, divide "
@@ -201,13 +201,13 @@ class PrivacyTracker:
 
 
 def _unknown_public(meta: TensorMeta) -> State:
-    z = full(0.0, meta.shape)
+    z = fit(0.0, meta.shape)
     return State(
         meta.shape,
         meta.dtype,
-        full(-np.inf, meta.shape),
-        full(np.inf, meta.shape),
-        full(np.int64(PUBLIC), meta.shape),
+        fit(-np.inf, meta.shape),
+        fit(np.inf, meta.shape),
+        fit(np.int64(PUBLIC), meta.shape),
         z,
         z,
     )

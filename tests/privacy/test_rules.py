@@ -127,6 +127,19 @@ def test_integer_wraparound_is_not_trusted(rng: np.random.Generator) -> None:
         assert_sound(graph, r, *neighbours(cols, rng))
 
 
+def test_any_of_numbers_is_a_jump(rng: np.random.Generator) -> None:
+    # found by the attack: any(x) tests x != 0, so a tiny change can flip it
+    b = GraphBuilder()
+    x = b.input("x", "float64", (2, 1))
+    sq = b.op("mul", x, x)
+    graph = b.build([b.op("any", sq)])
+    r = track(graph, {"x": InputSpec.private(0.0, 0.5)})
+    assert r.outputs[0].l1 == 1.0
+    cols = {"x": Column("float64", (2, 1), 0.0, 0.5)}
+    for _ in range(50):
+        assert_sound(graph, r, *neighbours(cols, rng))
+
+
 def test_public_graphs_have_zero_sensitivity() -> None:
     b = GraphBuilder()
     w = b.input("w", "float32", (3,))

@@ -29,7 +29,7 @@ from node.privacy.state import (
     Array,
     PrivacyTrackingError,
     State,
-    full,
+    fit,
     mul0,
 )
 
@@ -92,7 +92,7 @@ def combine(
     mixed and its bound is the worst subject's: ``sum_i k_i G_i`` plus the largest
     ``sum_{i owned by s} k_i (L_i - G_i)``.
     """
-    owners = [full(s.owner, shape) for s in states]
+    owners = [fit(s.owner, shape) for s in states]
     kL = [mul0(k, s.L) for s, k in zip(states, ks, strict=True)]
     kG = [mul0(k, s.G) for s, k in zip(states, ks, strict=True)]
     with np.errstate(invalid="ignore"):
@@ -102,21 +102,40 @@ def combine(
 def _combine(
     owners: list[Array], kL: list[Array], kG: list[Array], shape: tuple[int, ...]
 ) -> tuple[Array, Array, Array]:
-    out = full(np.int64(PUBLIC), shape)
+    private = [i for i, o in enumerate(owners) if not np.all(o == PUBLIC)]
+    first = owners[private[0]] if private else None
+    if (
+        first is not None
+        and np.all(first >= 0)
+        and all(
+            owners[i] is first or np.array_equal(*np.broadcast_arrays(owners[i], first))
+            for i in private
+        )
+    ):
+        # one owner per element, shared by every private argument (public ones add 0)
+        return first, _total(kL), _total(kG)
+    out = fit(np.int64(PUBLIC), shape)
     for o in owners:
         out = np.where(out == PUBLIC, o, np.where((o == PUBLIC) | (o == out), out, MIXED))
-    base = np.zeros(shape)
+    base: Array = np.zeros(())
     for g in kG:
         base = base + g
-    extra = np.zeros(shape)
+    extra: Array = np.zeros(())
     for oj in owners:
-        cand = np.zeros(shape)
+        cand: Array = np.zeros(())
         for i, oi in enumerate(owners):
             cand = cand + np.where((oi == oj) & (oj >= 0), kL[i] - kG[i], 0.0)
         extra = np.maximum(extra, np.where(oj >= 0, cand, 0.0))
     L = base + extra
     G = np.where(out >= 0, base, L)
     return out, L, G
+
+
+def _total(arrays: list[Array]) -> Array:
+    t: Array = np.zeros(())
+    for a in arrays:
+        t = t + a
+    return t
 
 
 def _dtype_limits(meta: TensorMeta) -> tuple[float, float]:
@@ -162,21 +181,23 @@ def finish(
         width = np.asarray(hi - lo)
         L = np.minimum(L, width)
         G = np.minimum(G, width)
-    own = full(owner, shape)
+    own = fit(owner, shape)
     pub = own == PUBLIC
-    L = np.where(pub, 0.0, L)
-    G = np.where(pub, 0.0, G)
+    if pub.any():
+        L = np.where(pub, 0.0, L)
+        G = np.where(pub, 0.0, G)
     mixed = own == MIXED
-    M = np.maximum(L, G)
-    L = np.where(mixed, M, L)
-    G = np.where(mixed, M, G)
+    if mixed.any():
+        M = np.maximum(L, G)
+        L = np.where(mixed, M, L)
+        G = np.where(mixed, M, G)
     return State(
         shape,
         meta.dtype,
-        full(lo, shape),
-        full(hi, shape),
+        fit(lo, shape),
+        fit(hi, shape),
         own,
-        full(L, shape),
-        full(G, shape),
+        fit(L, shape),
+        fit(G, shape),
         **extra,
     )

@@ -79,7 +79,7 @@ def _hypot(c: Ctx, a: State, b: State) -> Bin:
 
 
 def _indicator(c: Ctx, a: State, b: State) -> Bin:
-    z = np.zeros(c.shape)
+    z = np.zeros(())
     return z, z + 1, INF, INF
 
 
@@ -117,7 +117,7 @@ def _pow(c: Ctx, a: State, b: State) -> Bin:
         )
     p = float(b.value)
     if p == 0:
-        one = np.ones(c.shape)
+        one = np.ones(())
         return one, one, 0.0, 0.0
     m, n = _amax(a), _amin(a)
     if p.is_integer() and p > 0:
@@ -238,7 +238,7 @@ def convert(c: Ctx) -> State:
     d = c.meta.dtype
     lo, hi, L, G = x.lo, x.hi, np.asarray(x.L), np.asarray(x.G)
     if d.is_bool and not x.dtype.is_bool:
-        lo, hi = np.zeros(c.shape), np.ones(c.shape)
+        lo, hi = np.zeros(()), np.ones(())
         L, G = np.where(L > 0, 1.0, 0.0), np.where(G > 0, 1.0, 0.0)
     elif not d.is_float and x.dtype.is_float:
         lo, hi = np.trunc(lo), np.trunc(hi)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from node.privacy.arrays import varying_axes
+from node.privacy.arrays import fit, varying_axes
 from node.privacy.rules.base import Ctx, finish, rule
 from node.privacy.state import MIXED, PUBLIC, Array, State, has_joint, joint, mul0
 
@@ -25,13 +25,41 @@ _CHUNK = 1 << 19
 _BIG = np.iinfo(np.int64).max
 
 
+def _2d(a: Array, shape: tuple[int, ...], left: bool) -> Array:
+    f = fit(a, shape)
+    if len(shape) == 2:
+        return f
+    return f.reshape(1, -1) if left else f.reshape(-1, 1)
+
+
 def _as2d(s: State, left: bool) -> tuple[tuple[int, int], list[Array]]:
-    """lo, hi, owner, L, G as matrices (a 1-d left operand is a row, a right one a column)."""
+    """lo, hi, owner, L, G as fitted matrices (1-d: a left operand is a row, a right a column).
+
+    Also returns the real matrix shape; a fitted matrix has size 1 where it is broadcast.
+    """
     shape = s.shape
     row = (1, shape[0]) if left else (shape[0], 1)
     shape2 = row if len(shape) == 1 else (shape[0], shape[1])
-    arrs = [np.broadcast_to(a, s.shape).reshape(shape2) for a in (s.lo, s.hi, s.owner, s.L, s.G)]
-    return shape2, arrs
+    return shape2, [_2d(a, shape, left) for a in (s.lo, s.hi, s.owner, s.L, s.G)]
+
+
+def _krows(a: Array, k: int) -> Array:
+    """A fitted left matrix with its contracted (last) axis at full length ``k``."""
+    return np.broadcast_to(a, (a.shape[0], k))
+
+
+def _kcols(a: Array, k: int) -> Array:
+    """A fitted right matrix with its contracted (first) axis at full length ``k``."""
+    return np.broadcast_to(a, (k, a.shape[1]))
+
+
+def _out(c: Ctx, r: Array, a: State, b: State) -> Array:
+    """A fitted (m, n) result as an array broadcastable to the output shape."""
+    if len(a.shape) == 1:
+        r = r[0]
+    if len(b.shape) == 1:
+        r = r[..., 0]
+    return r
 
 
 def _linear(c: Ctx, x: State, w: State, x_left: bool) -> State:
@@ -46,6 +74,9 @@ def _linear(c: Ctx, x: State, w: State, x_left: bool) -> State:
         lo, hi, own, L, G = (a.T for a in (lo, hi, own, L, G))
         wlo, whi = wlo.T, whi.T
         wv = None if wv is None else wv.T
+    k = wshape[0] if x_left else wshape[1]
+    lo, hi, L, G = (_krows(a, k) for a in (lo, hi, L, G))
+    wlo, whi = _kcols(wlo, k), _kcols(whi, k)
     if wv is not None:
         wm, wr = wv, np.zeros_like(wv)
     else:
@@ -56,11 +87,12 @@ def _linear(c: Ctx, x: State, w: State, x_left: bool) -> State:
         centre = mid @ wm
         radius = np.abs(mid) @ wr + rad @ np.abs(wm) + rad @ wr
         out_l, out_g = L @ wabs, G @ wabs
-    owner = np.broadcast_to(own[:, :1], centre.shape)
+    owner = own[:, :1]
     res = [centre - radius, centre + radius, owner, out_l, out_g]
     if not x_left:
         res = [r.T for r in res]
-    s = finish(c.meta, *(np.reshape(r, c.shape) for r in res))
+    a, b = (x, w) if x_left else (w, x)
+    s = finish(c.meta, *(_out(c, r, a, b) for r in res))
     if has_joint(x):
         t1, t2 = joint(x, c.nsub)
         row = float(wabs.sum(axis=1).max()) if wabs.size else 0.0
@@ -75,56 +107,53 @@ def _term_owner(oa: Array, ob: Array) -> Array:
     return np.where(same, oa, np.where(oa == PUBLIC, ob, MIXED))
 
 
+def _terms(a: list[Array], b: list[Array], dif: Array | bool) -> tuple[Array, Array, Array, Array]:
+    """Bounds, L and G of the product terms ``a[m, k] * b[k, n]``, shaped (m, k, n).
+
+    ``a``/``b`` hold lo, hi, L, G; ``dif`` marks terms whose factors have different owners.
+    """
+    alo, ahi, aL, aG = (x[:, :, None] for x in a)
+    blo, bhi, bL, bG = (x[None] for x in b)
+    ps = [alo * blo, alo * bhi, ahi * blo, ahi * bhi]
+    tlo, thi = np.minimum.reduce(ps), np.maximum.reduce(ps)
+    ka = np.maximum(np.abs(blo), np.abs(bhi))
+    kb = np.maximum(np.abs(alo), np.abs(ahi))
+    same_l = mul0(ka, aL) + mul0(kb, bL)
+    same_g = mul0(ka, aG) + mul0(kb, bG)
+    cross = np.maximum(mul0(ka, aL) + mul0(kb, bG), mul0(ka, aG) + mul0(kb, bL))
+    width = thi - tlo
+    tl = np.minimum(np.where(dif, cross, same_l), width)
+    tg = np.minimum(np.where(dif, cross, same_g), width)
+    return tlo, thi, tl, tg
+
+
 def _contract(c: Ctx, a: State, b: State) -> State:
     (m, k), (alo, ahi, aown, aL, aG) = _as2d(a, left=True)
     (_, n), (blo, bhi, bown, bL, bG) = _as2d(b, left=False)
-    oa, ob = aown[0], bown[:, 0]
+    oa, ob = _krows(aown, k)[0], _kcols(bown, k)[:, 0]
     o = _term_owner(oa, ob)
     differ = (oa != ob) & (oa != PUBLIC) & (ob != PUBLIC)
-    order = np.argsort(o, kind="stable")
-    keys = o[order]
-    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if k else np.zeros(0, int)
-    step = max(1, _CHUNK // max(m * n, 1))
-    lo = np.zeros((m, n))
-    hi = np.zeros((m, n))
-    sum_l = np.zeros((m, n))
-    sum_g = np.zeros((m, n))
-    extra = np.zeros((m, n))
-    bounds = [*starts.tolist(), k]
-    seg = 0
-    while seg < len(bounds) - 1:
-        end = seg + 1
-        while end < len(bounds) - 1 and bounds[end] - bounds[seg] < step:
-            end += 1
-        ks = order[bounds[seg] : bounds[end]]
-        cuts = np.asarray(bounds[seg:end]) - bounds[seg]
-        xl, xh = alo[:, ks][:, :, None], ahi[:, ks][:, :, None]
-        yl, yh = blo[ks][None], bhi[ks][None]
-        ps = [xl * yl, xl * yh, xh * yl, xh * yh]
-        tlo, thi = np.minimum.reduce(ps), np.maximum.reduce(ps)
-        ka = np.maximum(np.abs(yl), np.abs(yh))
-        kb = np.maximum(np.abs(xl), np.abs(xh))
-        la, ga = aL[:, ks][:, :, None], aG[:, ks][:, :, None]
-        lb, gb = bL[ks][None], bG[ks][None]
-        same_l = mul0(ka, la) + mul0(kb, lb)
-        same_g = mul0(ka, ga) + mul0(kb, gb)
-        cross = np.maximum(mul0(ka, la) + mul0(kb, gb), mul0(ka, ga) + mul0(kb, lb))
-        dif = differ[ks][None, :, None]
-        width = thi - tlo
-        tl = np.minimum(np.where(dif, cross, same_l), width)
-        tg = np.minimum(np.where(dif, cross, same_g), width)
-        lo += tlo.sum(axis=1)
-        hi += thi.sum(axis=1)
-        sum_l += tl.sum(axis=1)
-        sum_g += tg.sum(axis=1)
-        segs = np.add.reduceat(tl - tg, cuts, axis=1)
-        priv = o[ks][cuts] >= 0
-        if priv.any():
-            extra = np.maximum(extra, segs[:, priv, :].max(axis=1))
-        seg = end
     live = o[o != PUBLIC]
     omin = int(live.min()) if live.size else _BIG
     omax = int(live.max()) if live.size else -_BIG
+    uniform_a = not any(varying_axes(x, a.shape)[-1] for x in (a.lo, a.hi, a.L, a.G))
+    uniform_b = not any(varying_axes(x, b.shape)[0] for x in (b.lo, b.hi, b.L, b.G))
+    if uniform_a and uniform_b:
+        lo, hi, sum_l, sum_g, extra = _contract_uniform(
+            [np.broadcast_to(x[:, :1], (m, 1)) for x in (alo, ahi, aL, aG)],
+            [np.broadcast_to(x[:1], (1, n)) for x in (blo, bhi, bL, bG)],
+            o,
+            differ,
+        )
+    else:
+        lo, hi, sum_l, sum_g, extra = _contract_chunks(
+            [np.broadcast_to(x, (m, k)) for x in (alo, ahi, aL, aG)],
+            [np.broadcast_to(x, (k, n)) for x in (blo, bhi, bL, bG)],
+            o,
+            differ,
+            m,
+            n,
+        )
     if omin == _BIG:
         owner = PUBLIC
         L = G = np.zeros((m, n))
@@ -135,6 +164,58 @@ def _contract(c: Ctx, a: State, b: State) -> State:
         L = G = sum_g + np.maximum(extra, 0.0)
     res = [lo, hi, np.full((m, n), owner, dtype=np.int64), L, G]
     return finish(c.meta, *(np.reshape(r, c.shape) for r in res))
+
+
+def _contract_uniform(
+    a: list[Array], b: list[Array], o: Array, differ: Array
+) -> tuple[Array, Array, Array, Array, Array]:
+    """Every term ``k`` has the same bounds: sums are counts times one term."""
+    k = o.size
+    tlo, thi, tl_same, tg_same = (t[:, 0] for t in _terms(a, b, False))
+    _, _, cross, _ = (t[:, 0] for t in _terms(a, b, True))
+    pub = o == PUBLIC
+    n_diff = int(differ.sum())
+    n_same = int((~pub & ~differ).sum())
+    same = ~pub & ~differ
+    owners = o[same]
+    most = int(np.bincount(owners).max()) if owners.size else 0
+    sum_l = n_same * tl_same + n_diff * cross
+    sum_g = n_same * tg_same + n_diff * cross
+    extra = most * np.maximum(tl_same - tg_same, 0.0)
+    return k * tlo, k * thi, sum_l, sum_g, extra
+
+
+def _contract_chunks(
+    a: list[Array], b: list[Array], o: Array, differ: Array, m: int, n: int
+) -> tuple[Array, Array, Array, Array, Array]:
+    """Terms in chunks of whole subjects, so segment sums never straddle two chunks."""
+    k = o.size
+    order = np.argsort(o, kind="stable")
+    keys = o[order]
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if k else np.zeros(0, int)
+    step = max(1, _CHUNK // max(m * n, 1))
+    lo, hi, sum_l, sum_g, extra = (np.zeros((m, n)) for _ in range(5))
+    bounds = [*starts.tolist(), k]
+    seg = 0
+    while seg < len(bounds) - 1:
+        end = seg + 1
+        while end < len(bounds) - 1 and bounds[end] - bounds[seg] < step:
+            end += 1
+        ks = order[bounds[seg] : bounds[end]]
+        cuts = np.asarray(bounds[seg:end]) - bounds[seg]
+        tlo, thi, tl, tg = _terms(
+            [x[:, ks] for x in a], [x[ks] for x in b], differ[ks][None, :, None]
+        )
+        lo += tlo.sum(axis=1)
+        hi += thi.sum(axis=1)
+        sum_l += tl.sum(axis=1)
+        sum_g += tg.sum(axis=1)
+        segs = np.add.reduceat(tl - tg, cuts, axis=1)
+        priv = o[ks][cuts] >= 0
+        if priv.any():
+            extra = np.maximum(extra, segs[:, priv, :].max(axis=1))
+        seg = end
+    return lo, hi, sum_l, sum_g, extra
 
 
 @rule("matmul")

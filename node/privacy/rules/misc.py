@@ -33,8 +33,8 @@ __all__ = ["clip_by_subject_norm", "rand"]
 @rule("rand")
 def rand(c: Ctx) -> State:
     """Uniform [0, 1) noise from the node's generator: public, value unknown."""
-    z = np.zeros(c.shape)
-    return finish(c.meta, 0.0, 1.0, np.full(c.shape, PUBLIC, dtype=np.int64), z, z)
+    z = np.zeros(())
+    return finish(c.meta, 0.0, 1.0, np.int64(PUBLIC), z, z)
 
 
 @rule("clip_by_subject_norm")

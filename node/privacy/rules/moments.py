@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from node.privacy.arrays import varying_axes
+from node.privacy.arrays import fit, varying_axes
 from node.privacy.rules.base import Ctx
 from node.privacy.state import PUBLIC, State
 
@@ -91,15 +91,17 @@ def moment_rule(c: Ctx, x: State, dims: tuple[int, ...], n: int, scale: float, s
     cx, cy = tag.x, tag.y
     if not (_rows_ok(cx) and _rows_ok(cy)):
         return s
-    ox = np.broadcast_to(cx.owner, x.shape)
-    oy = np.broadcast_to(cy.owner, x.shape)
+    ox = fit(cx.owner, x.shape)
+    oy = fit(cy.owner, x.shape)
     if not np.all((ox == oy) | (ox == PUBLIC) | (oy == PUBLIC)):
         return s
     owner = np.where(ox == PUBLIC, oy, ox)
     keep_axes = [d for d in range(len(x.shape)) if d not in dims]
     if any(varying_axes(owner, x.shape)[d] for d in keep_axes):
         return s  # the simple count below needs one subject layout for every output
-    rows = owner[tuple(slice(None) if d in dims else 0 for d in range(len(x.shape)))].reshape(-1)
+    rows = np.broadcast_to(owner, x.shape)[
+        tuple(slice(None) if d in dims else 0 for d in range(len(x.shape)))
+    ].reshape(-1)
     priv = rows[rows >= 0]
     if priv.size == 0:
         return s

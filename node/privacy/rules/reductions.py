@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from node.privacy.arrays import compact, varying_axes
+from node.privacy.arrays import compact, fit, varying_axes
 from node.privacy.rules.base import Ctx, finish, rule
 from node.privacy.state import MIXED, PUBLIC, Array, State, has_joint, joint
 from node.privacy.tables import Table
@@ -52,6 +52,14 @@ def reduce_array(a: Array, shape: tuple[int, ...], dims: tuple[int, ...], fn: st
     return np.asarray(f(comp, axis=dims, keepdims=True))
 
 
+def _rows_shape(s: State, dims: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape to materialise for a reduction: kept axes only where something varies."""
+    vary = [
+        any(v) for v in zip(*(varying_axes(a, s.shape) for a in (s.owner, s.L, s.G)), strict=True)
+    ]
+    return tuple(n if (d in dims or vary[d]) else 1 for d, n in enumerate(s.shape))
+
+
 def _to_rows(a: Array, shape: tuple[int, ...], dims: tuple[int, ...]) -> Array:
     kept = [d for d in range(len(shape)) if d not in dims]
     b = np.broadcast_to(a, shape).transpose(kept + list(dims))
@@ -67,14 +75,20 @@ def _worst_subject(o: Array, d: Array, nsub: int) -> tuple[Array, Array]:
     ov = o[0]
     if rows == 1 or bool((o == ov).all()):
         priv = ov >= 0
-        if priv.any():
-            perm = np.argsort(ov[priv], kind="stable")
-            keys = ov[priv][perm]
-            starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-            sums = np.add.reduceat(d[:, priv][:, perm], starts, axis=1)
-            extra = sums.max(axis=1)
-            counts = np.diff(np.r_[starts, keys.size])
-            kmax[keys[starts]] = counts
+        keys = ov[priv]
+        if not keys.size:
+            return extra, kmax
+        dp = d if priv.all() else d[:, priv]
+        steps = np.diff(keys)
+        if (steps > 0).all():  # one element per subject: no segments to add
+            kmax[keys] = 1
+            return dp.max(axis=1), kmax
+        if not (steps >= 0).all():
+            perm = np.argsort(keys, kind="stable")
+            keys, dp = keys[perm], dp[:, perm]
+        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+        extra = np.add.reduceat(dp, starts, axis=1).max(axis=1)
+        kmax[keys[starts]] = np.diff(np.r_[starts, keys.size])
         return extra, kmax
     j = np.broadcast_to(np.arange(rows)[:, None], o.shape)
     priv = o >= 0
@@ -96,17 +110,18 @@ def aggregate(
     """
     shape = s.shape
     r = math.prod(shape[d] for d in dims)
-    kfull = np.full(max(nsub, 1), float(r))
+    kfull = np.broadcast_to(float(r), (max(nsub, 1),))
     if not any(varying_axes(s.owner, shape)[d] for d in dims):
         pick = tuple(slice(0, 1) if d in dims else slice(None) for d in range(len(shape)))
-        owner = np.broadcast_to(s.owner, shape)[pick]
+        owner = fit(s.owner, shape)[pick]
         return (
             owner,
             reduce_array(s.L, shape, dims, how),
             reduce_array(s.G, shape, dims, how),
             kfull,
         )
-    o, L, G = (_to_rows(a, shape, dims) for a in (s.owner, s.L, s.G))
+    rshape = _rows_shape(s, dims)
+    o, L, G = (_to_rows(a, rshape, dims) for a in (s.owner, s.L, s.G))
     omin = np.where(o == PUBLIC, _BIG, o).min(axis=1)
     omax = np.where(o == PUBLIC, -_BIG, o).max(axis=1)
     single = (omin == omax) & (omin >= 0)
@@ -123,7 +138,7 @@ def aggregate(
         lo_l = np.where(single, L.max(axis=1), both)
         lo_g = np.where(single, G.max(axis=1), both)
         kmax = kfull
-    out = tuple(1 if d in dims else n for d, n in enumerate(shape))
+    out = tuple(1 if d in dims else n for d, n in enumerate(rshape))
     return owner.reshape(out), lo_l.reshape(out), lo_g.reshape(out), kmax
 
 
@@ -180,12 +195,14 @@ def _extreme(c: Ctx, fn: str, bool_out: bool) -> State:
     dims = dims_of(c, len(x.shape)) if x.shape else ()
     owner, L, G, _ = aggregate(x, dims, c.nsub, "max")
     if bool_out:
+        # any/all test for nonzero: a jump, not 1-Lipschitz unless the input is bool
         lo, hi = np.zeros(()), np.ones(())
+        L, G = np.where(L > 0, 1.0, 0.0), np.where(G > 0, 1.0, 0.0)
     else:
         lo = reduce_array(x.lo, x.shape, dims, fn)
         hi = reduce_array(x.hi, x.shape, dims, fn)
     s = finish(c.meta, *(_squeeze(a, c, dims) for a in (lo, hi, owner, L, G)))
-    if has_joint(x):
+    if has_joint(x) and (not bool_out or x.dtype.is_bool):
         t1, t2 = joint(x, c.nsub)
         s = s.with_(t1=t1, t2=t2)
     return s

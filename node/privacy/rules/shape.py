@@ -10,40 +10,84 @@ prims need their indices to be public and known (a private index has no rule).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
 from node.engine.prims import REGISTRY
-from node.privacy.arrays import compact
+from node.privacy.arrays import fit, recompact
 from node.privacy.rules.base import Ctx, rule
-from node.privacy.state import PUBLIC, Array, State, has_joint, joint
+from node.privacy.state import PUBLIC, Array, State, has_joint, has_t, joint
 from node.privacy.tables import Table
 
 __all__ = ["move"]
 
 
 def _gather(a: Array, shape: tuple[int, ...], idx: Array, trailing: tuple[int, ...] = ()) -> Array:
+    """``a`` (broadcast to ``shape`` + ``trailing``) gathered by a flat index map, re-compacted."""
     full_shape = (*shape, *trailing)
-    comp = compact(a, full_shape)
+    comp = fit(a, full_shape)
     if all(n == 1 for n in comp.shape[: len(shape)]):
         return comp.reshape((1,) * idx.ndim + comp.shape[len(shape) :])
     flat = np.broadcast_to(a, full_shape).reshape(-1, *trailing)
-    return flat[idx.reshape(-1)].reshape(*idx.shape, *trailing)
+    return recompact(flat[idx.reshape(-1)].reshape(*idx.shape, *trailing))
 
 
-def move(c: Ctx, x: State, idx: Array, mult: float) -> State:
-    """The state of ``out.flat[i] = x.flat[idx.flat[i]]`` (inputs used ``mult`` times at most)."""
+def _view_op(c: Ctx, shape: tuple[int, ...]) -> Callable[[Array], Array] | None:
+    """The prim as an operation on fitted arrays (size-1 where broadcast), if it has one.
+
+    The returned function keeps any trailing axes (a table's domain axis) untouched.
+    """
+    op, at = c.node.op, c.call.attrs
+    nd = len(shape)
+    if op == "permute":
+        dims = [d % max(nd, 1) for d in at["dims"]]
+        return lambda a: np.transpose(a, dims + list(range(nd, a.ndim))) if nd else a
+    if op == "unsqueeze":
+        d = at["dim"] % (nd + 1)
+        return lambda a: np.expand_dims(a, d)
+    if op == "squeeze":
+        drop = tuple(
+            i
+            for i, n in enumerate(shape)
+            if n == 1 and (at.get("dims") is None or i in {x % max(nd, 1) for x in at["dims"]})
+        )
+        return lambda a: np.squeeze(a, axis=drop) if drop else a
+    if op == "expand":
+        lead = len(c.shape) - nd
+        return lambda a: a.reshape((1,) * lead + a.shape)
+    if op == "flip":
+        dims = {d % max(nd, 1) for d in at["dims"]} if nd else set()
+        return lambda a: np.flip(a, axis=tuple(d for d in dims if a.shape[d] > 1)) if dims else a
+    if op == "slice":
+        d = at["dim"] % nd
+        sl = slice(at.get("start"), at.get("end"), at.get("step") or 1)
+        return lambda a: a if a.shape[d] == 1 else a[(slice(None),) * d + (sl,)]
+    return None
+
+
+def move(c: Ctx, x: State, idx: Array | None, mult: float) -> State:
+    """The state of ``out.flat[i] = x.flat[idx.flat[i]]`` (inputs used ``mult`` times at most).
+
+    With ``idx`` None the prim is applied directly to the fitted state arrays.
+    """
     shape = x.shape
+    view = _view_op(c, shape) if idx is None else None
+
+    def mv(a: Array, trailing: tuple[int, ...] = ()) -> Array:
+        if view is not None:
+            return view(fit(a, (*shape, *trailing)))
+        assert idx is not None
+        return _gather(a, shape, idx, trailing)
+
     table = None
     if x.table is not None:
         t = x.table
-        table = Table(_gather(t.root, shape, idx), _gather(t.vals, shape, idx, (t.size,)))
-    lo, hi, owner, L, G = (
-        np.broadcast_to(_gather(a, shape, idx), c.shape) for a in (x.lo, x.hi, x.owner, x.L, x.G)
-    )
-    value = None if x.value is None else np.broadcast_to(_gather(x.value, shape, idx), c.shape)
+        table = Table(mv(t.root), mv(t.vals, (t.size,)))
+    lo, hi, owner, L, G = (fit(mv(a), c.shape) for a in (x.lo, x.hi, x.owner, x.L, x.G))
+    value = None if x.value is None else np.broadcast_to(mv(x.value), c.shape)
     s = State(c.shape, c.meta.dtype, lo, hi, owner, L, G, value=value, table=table)
-    if has_joint(x):
+    if has_t(x):  # a table moves along by itself
         t1, t2 = joint(x, c.nsub)
         s = s.with_(t1=t1 * mult, t2=t2 * math.sqrt(mult))
     return s
@@ -57,11 +101,13 @@ def _source(x: State) -> Array:
 def view(c: Ctx) -> State:
     """View prims: a bijection, a selection, or (expand) uniform copies."""
     x = c.arg(0)
-    idx = np.asarray(REGISTRY[c.node.op].kernel(c.call, [_source(x)], None))
     n_in, n_out = math.prod(x.shape), math.prod(c.shape)
     # reshape/permute/squeeze/unsqueeze/flip are bijections, slice a selection;
     # expand copies every element the same number of times
     mult = float(n_out // n_in) if c.node.op == "expand" and n_in and n_out else 1.0
+    if c.node.op != "reshape" and x.shape:
+        return move(c, x, None, mult)
+    idx = np.asarray(REGISTRY[c.node.op].kernel(c.call, [_source(x)], None))
     return move(c, x, idx, mult)
 
 
