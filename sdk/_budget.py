@@ -9,15 +9,20 @@ from typing import Any
 
 @dataclass(frozen=True)
 class BudgetStatus:
-    """Totals, spent and remaining, as the node's ledger stands."""
+    """Your allowance and what the node's privacy filter counts as spent.
+
+    ``spent_epsilon`` adds pure (Laplace) charges and converted zCDP (Gaussian) ones;
+    ``pure_epsilon``, ``rho`` and ``sampler_tv`` are the raw sums of the ledger.
+    """
 
     epsilon: float
     delta: float
     spent_epsilon: float
     spent_delta: float
-    spent_rho: float
     remaining_epsilon: float
-    remaining_delta: float
+    pure_epsilon: float
+    rho: float
+    sampler_tv: float
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> BudgetStatus:
@@ -26,8 +31,8 @@ class BudgetStatus:
     def __str__(self) -> str:
         return (
             f"epsilon: {self.spent_epsilon:g} of {self.epsilon:g} spent, "
-            f"{self.remaining_epsilon:g} remaining; delta: {self.spent_delta:g} of "
-            f"{self.delta:g} spent"
+            f"{self.remaining_epsilon:g} remaining; delta: {self.spent_delta:.3g} of "
+            f"{self.delta:.3g} used"
         )
 
 
@@ -39,8 +44,8 @@ class LedgerEntry:
     at: datetime
     mechanism: str
     epsilon: float
-    delta: float
     rho: float
+    sampler_tv: float
     dataset_ids: tuple[int, ...]
     graph_hash: str | None
     detail: dict[str, Any]
@@ -52,8 +57,8 @@ class LedgerEntry:
             at=datetime.fromisoformat(body["at"]),
             mechanism=body["mechanism"],
             epsilon=body["epsilon"],
-            delta=body["delta"],
             rho=body["rho"],
+            sampler_tv=body["sampler_tv"],
             dataset_ids=tuple(body["dataset_ids"]),
             graph_hash=body["graph_hash"],
             detail=body["detail"],

@@ -26,7 +26,7 @@ def upgrade() -> None:
         sa.Column("user_id", sa.Integer(), nullable=False),
         sa.Column("mechanism", sa.String(length=32), nullable=False),
         sa.Column("epsilon_units", sa.BigInteger(), nullable=False),
-        sa.Column("delta_units", sa.BigInteger(), nullable=False),
+        sa.Column("tv_units", sa.BigInteger(), nullable=False),
         sa.Column("rho_units", sa.BigInteger(), nullable=False),
         sa.Column("dataset_ids", sa.JSON(), nullable=False),
         sa.Column("graph_hash", sa.String(length=64), nullable=True),

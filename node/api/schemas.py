@@ -171,15 +171,16 @@ class Version(Schema):
 
 
 class BudgetPublic(Schema):
-    """A user's privacy budget: totals, spent and remaining."""
+    """A user's privacy budget: the allowance, and what the privacy filter counts as spent."""
 
     epsilon: float
     delta: float
-    spent_epsilon: float
-    spent_delta: float
-    spent_rho: float
+    spent_epsilon: float = Field(description="epsilon used, with zCDP charges converted")
+    spent_delta: float = Field(description="delta used by zCDP conversion and samplers")
     remaining_epsilon: float
-    remaining_delta: float
+    pure_epsilon: float = Field(description="sum of pure-epsilon (Laplace) charges")
+    rho: float = Field(description="sum of zCDP (Gaussian) charges")
+    sampler_tv: float = Field(description="summed total-variation deviation of the samplers")
 
 
 class LedgerEntryPublic(Schema):
@@ -188,8 +189,8 @@ class LedgerEntryPublic(Schema):
     user_id: int
     mechanism: str
     epsilon: float
-    delta: float
     rho: float
+    sampler_tv: float
     dataset_ids: list[int]
     graph_hash: str | None
     detail: dict[str, Any]

@@ -166,7 +166,7 @@ class LedgerEntry(Base):
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
     mechanism: Mapped[str] = mapped_column(String(32))
     epsilon_units: Mapped[int] = mapped_column(BigInteger, default=0)
-    delta_units: Mapped[int] = mapped_column(BigInteger, default=0)
+    tv_units: Mapped[int] = mapped_column(BigInteger, default=0)
     rho_units: Mapped[int] = mapped_column(BigInteger, default=0)
     dataset_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
     graph_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)

@@ -1,11 +1,13 @@
 """The privacy budget: an append-only ledger and a check that cannot be raced.
 
-Amounts are kept as whole numbers of small units — epsilon and rho in 1e-9,
-delta in 1e-18 — so that a ledger's sum is exact and a budget of 1.0 pays for
-exactly ten charges of 0.1. A requested amount is rounded *down* to the unit grid
-before the mechanism is calibrated to it (``quantize_epsilon``), and amounts the
-node derives (rho, a sampler's delta) are rounded *up*: the charge is never less
-than the privacy actually spent.
+Amounts are kept as whole numbers of small units — epsilon and rho in 1e-9, a
+sampler's total-variation deviation in 1e-18 — so that a ledger's sum is exact
+and a budget of 1.0 pays for exactly ten charges of 0.1. A requested amount is
+rounded *down* to the unit grid before the mechanism is calibrated to it
+(``quantize_epsilon``), and amounts the node derives (rho, a sampler's deviation)
+are rounded *up*: the charge is never less than the privacy actually spent.
+Pure epsilons are checked exactly in units; releases with a rho or a sampler
+deviation go through the privacy filter of ``node.dp.accounting`` as well.
 
 The check, the ledger row and the decision to release happen in one transaction
 that is serialised per user: ``BEGIN IMMEDIATE`` on SQLite, a row lock on the
@@ -25,12 +27,15 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from node.db.models import LedgerEntry, User
+from node.dp import accounting
+from node.dp.accounting import Charge
 from node.errors import BudgetExceededError, InvalidRequestError, NotFoundError
 from node.services import audit
 from node.settings import Settings
 
 EPSILON_UNIT = Fraction(1, 10**9)
 RHO_UNIT = Fraction(1, 10**9)
+TV_UNIT = Fraction(1, 10**18)
 DELTA_UNIT = Fraction(1, 10**18)
 
 
@@ -50,7 +55,7 @@ def units_down(value: float, unit: Fraction, what: str) -> int:
 def units_up(value: float, unit: Fraction, what: str) -> int:
     """``value`` in whole units, rounded up (for amounts the node derives).
 
-    >>> units_up(1e-20, DELTA_UNIT, "delta")
+    >>> units_up(1e-20, TV_UNIT, "sampler deviation")
     1
     """
     _check_amount(value, what)
@@ -83,8 +88,8 @@ class Cost:
 
     mechanism: str
     epsilon_units: int = 0
-    delta_units: int = 0
     rho_units: int = 0
+    tv_units: int = 0
     dataset_ids: Sequence[int] = ()
     graph_hash: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
@@ -92,35 +97,52 @@ class Cost:
 
 @dataclass(frozen=True)
 class Budget:
-    """A user's total allowance and what is spent of it, in ledger units."""
+    """A user's allowance and what is spent of it, in ledger units."""
 
     epsilon_units: int
     delta_units: int
     spent_epsilon_units: int
-    spent_delta_units: int
     spent_rho_units: int
+    spent_tv_units: int
+
+    @property
+    def epsilon(self) -> float:
+        return float(self.epsilon_units * EPSILON_UNIT)
+
+    @property
+    def delta(self) -> float:
+        return float(self.delta_units * DELTA_UNIT)
+
+    def _charge(self) -> Charge:
+        return Charge(
+            epsilon=float(self.spent_epsilon_units * EPSILON_UNIT),
+            rho=float(self.spent_rho_units * RHO_UNIT),
+            tv=float(self.spent_tv_units * TV_UNIT),
+        )
+
+    def spent(self) -> tuple[float, float]:
+        """(epsilon, delta) used so far, as the privacy filter counts them."""
+        return accounting.spent([self._charge()], epsilon=self.epsilon, delta=self.delta)
+
+    def fits(self, cost: Cost) -> bool:
+        """Whether ``cost`` keeps the user within the budget (fully adaptive filter)."""
+        if self.spent_epsilon_units + cost.epsilon_units > self.epsilon_units:
+            return False  # pure epsilons are compared exactly, in units
+        if self.spent_rho_units + cost.rho_units + self.spent_tv_units + cost.tv_units == 0:
+            return True
+        new = Charge(
+            epsilon=float(cost.epsilon_units * EPSILON_UNIT),
+            rho=float(cost.rho_units * RHO_UNIT),
+            tv=float(cost.tv_units * TV_UNIT),
+        )
+        return accounting.fits([self._charge()], new, epsilon=self.epsilon, delta=self.delta)
 
     @property
     def remaining_epsilon(self) -> float:
-        return float((self.epsilon_units - self.spent_epsilon_units) * EPSILON_UNIT)
-
-    @property
-    def remaining_delta(self) -> float:
-        return float((self.delta_units - self.spent_delta_units) * DELTA_UNIT)
-
-    def fits(self, cost: Cost) -> bool:
-        """Pure epsilon and delta add up; this budget has no zCDP track yet."""
-        return (
-            cost.rho_units == 0
-            and self.spent_epsilon_units + cost.epsilon_units <= self.epsilon_units
-            and self.spent_delta_units + cost.delta_units <= self.delta_units
-        )
+        return max(0.0, self.epsilon - self.spent()[0])
 
     def describe(self) -> str:
-        return (
-            f"remaining budget: epsilon {self.remaining_epsilon:.9g}, "
-            f"delta {self.remaining_delta:.3g}"
-        )
+        return f"remaining budget: epsilon {self.remaining_epsilon:.9g} (delta {self.delta:.3g})"
 
 
 def _allowance(settings: Settings) -> tuple[int, int]:
@@ -135,8 +157,8 @@ def budget_of(session: Session, settings: Settings, user_id: int) -> Budget:
     spent = session.execute(
         select(
             func.coalesce(func.sum(LedgerEntry.epsilon_units), 0),
-            func.coalesce(func.sum(LedgerEntry.delta_units), 0),
             func.coalesce(func.sum(LedgerEntry.rho_units), 0),
+            func.coalesce(func.sum(LedgerEntry.tv_units), 0),
         ).where(LedgerEntry.user_id == user_id)
     ).one()
     epsilon_units, delta_units = _allowance(settings)
@@ -173,8 +195,8 @@ def charge(
             user_id=user_id,
             mechanism=cost.mechanism,
             epsilon_units=cost.epsilon_units,
-            delta_units=cost.delta_units,
             rho_units=cost.rho_units,
+            tv_units=cost.tv_units,
             dataset_ids=list(cost.dataset_ids),
             graph_hash=cost.graph_hash,
             detail=cost.detail,
@@ -189,8 +211,8 @@ def charge(
             target_id=entry.id,
             mechanism=cost.mechanism,
             epsilon_units=cost.epsilon_units,
-            delta_units=cost.delta_units,
             rho_units=cost.rho_units,
+            tv_units=cost.tv_units,
             datasets=list(cost.dataset_ids),
         )
         session.commit()
@@ -198,8 +220,8 @@ def charge(
             before.epsilon_units,
             before.delta_units,
             before.spent_epsilon_units + cost.epsilon_units,
-            before.spent_delta_units + cost.delta_units,
             before.spent_rho_units + cost.rho_units,
+            before.spent_tv_units + cost.tv_units,
         )
         return entry, after
 

@@ -59,7 +59,9 @@ def test_ten_tenths_fit_exactly_and_the_eleventh_is_refused(
         assert _try_charge(tight, scientist.id, 0.1)
     with pytest.raises(BudgetExceededError) as refused:
         budget.charge(tight.serial_sessions, tight.settings, scientist.id, _cost(0.1))
-    assert "remaining budget: epsilon 0," in str(refused.value)
+    assert str(refused.value) == (
+        "this release costs epsilon 0.1 and does not fit: remaining budget: epsilon 0 (delta 1e-06)"
+    )
     assert _spent(tight, scientist.id) == 10**9
 
 

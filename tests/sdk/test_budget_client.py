@@ -14,7 +14,7 @@ def test_budget_and_ledger_as_the_ledger_stands(
 ) -> None:
     fresh = ds_client.budget()
     assert (fresh.epsilon, fresh.spent_epsilon, fresh.remaining_epsilon) == (10.0, 0.0, 10.0)
-    assert fresh.delta == 1e-6 and ds_client.ledger() == []
+    assert fresh.delta == 1e-6 and fresh.spent_delta == 0.0 and ds_client.ledger() == []
     for units in (10**8, 25 * 10**7):
         budget.charge(
             context.serial_sessions,

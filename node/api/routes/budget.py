@@ -9,20 +9,22 @@ from node.api.schemas import BudgetPublic, LedgerEntryPublic
 from node.db.models import LedgerEntry, Role
 from node.errors import PermissionDeniedError
 from node.services import budget
-from node.services.budget import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, Budget
+from node.services.budget import EPSILON_UNIT, RHO_UNIT, TV_UNIT, Budget
 
 router = APIRouter(tags=["budget"])
 
 
 def budget_public(b: Budget) -> BudgetPublic:
+    spent_epsilon, spent_delta = b.spent()
     return BudgetPublic(
-        epsilon=float(b.epsilon_units * EPSILON_UNIT),
-        delta=float(b.delta_units * DELTA_UNIT),
-        spent_epsilon=float(b.spent_epsilon_units * EPSILON_UNIT),
-        spent_delta=float(b.spent_delta_units * DELTA_UNIT),
-        spent_rho=float(b.spent_rho_units * RHO_UNIT),
+        epsilon=b.epsilon,
+        delta=b.delta,
+        spent_epsilon=spent_epsilon,
+        spent_delta=spent_delta,
         remaining_epsilon=b.remaining_epsilon,
-        remaining_delta=b.remaining_delta,
+        pure_epsilon=float(b.spent_epsilon_units * EPSILON_UNIT),
+        rho=float(b.spent_rho_units * RHO_UNIT),
+        sampler_tv=float(b.spent_tv_units * TV_UNIT),
     )
 
 
@@ -33,8 +35,8 @@ def ledger_public(e: LedgerEntry) -> LedgerEntryPublic:
         user_id=e.user_id,
         mechanism=e.mechanism,
         epsilon=float(e.epsilon_units * EPSILON_UNIT),
-        delta=float(e.delta_units * DELTA_UNIT),
         rho=float(e.rho_units * RHO_UNIT),
+        sampler_tv=float(e.tv_units * TV_UNIT),
         dataset_ids=e.dataset_ids,
         graph_hash=e.graph_hash,
         detail=e.detail,
