@@ -28,8 +28,8 @@ import numpy as np
 import numpy.typing as npt
 
 from node.engine.dtypes import DType
-from node.privacy.arrays import fit
 from node.errors import GraphError
+from node.privacy.arrays import fit
 
 if TYPE_CHECKING:
     from node.privacy.tables import Table

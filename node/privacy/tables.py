@@ -75,7 +75,7 @@ class Table:
         if (owners < 0).any() or (roots < 0).any():
             return none
         if roots.size < 2 or bool((np.diff(roots) > 0).all()):  # each root once, in order
-            own, counts = owners, np.ones(roots.size)
+            own, counts = owners, np.ones(roots.size, dtype=np.int64)
         else:
             _, first, counts = np.unique(roots, return_index=True, return_counts=True)
             own = owners[first]

@@ -107,10 +107,7 @@ def _combine(
     if (
         first is not None
         and np.all(first >= 0)
-        and all(
-            owners[i] is first or np.array_equal(*np.broadcast_arrays(owners[i], first))
-            for i in private
-        )
+        and all(owners[i] is first or bool(np.all(owners[i] == first)) for i in private)
     ):
         # one owner per element, shared by every private argument (public ones add 0)
         return first, _total(kL), _total(kG)

@@ -34,7 +34,7 @@ __all__ = ["clip_by_subject_norm", "rand"]
 def rand(c: Ctx) -> State:
     """Uniform [0, 1) noise from the node's generator: public, value unknown."""
     z = np.zeros(())
-    return finish(c.meta, 0.0, 1.0, np.int64(PUBLIC), z, z)
+    return finish(c.meta, 0.0, 1.0, np.asarray(PUBLIC, dtype=np.int64), z, z)
 
 
 @rule("clip_by_subject_norm")

@@ -57,8 +57,8 @@ def _view_op(c: Ctx, shape: tuple[int, ...]) -> Callable[[Array], Array] | None:
         lead = len(c.shape) - nd
         return lambda a: a.reshape((1,) * lead + a.shape)
     if op == "flip":
-        dims = {d % max(nd, 1) for d in at["dims"]} if nd else set()
-        return lambda a: np.flip(a, axis=tuple(d for d in dims if a.shape[d] > 1)) if dims else a
+        flips = {d % max(nd, 1) for d in at["dims"]} if nd else set()
+        return lambda a: np.flip(a, axis=tuple(d for d in flips if a.shape[d] > 1)) if flips else a
     if op == "slice":
         d = at["dim"] % nd
         sl = slice(at.get("start"), at.get("end"), at.get("step") or 1)

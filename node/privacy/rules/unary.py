@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.special  # type: ignore[import-untyped]
+import scipy.special
 
 from node.privacy.rules.base import Ctx, finish, rule
 from node.privacy.state import Array, State, mul0
