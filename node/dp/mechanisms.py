@@ -1,10 +1,14 @@
 """The Laplace and Gaussian mechanisms on the 2^k grid.
 
-``laplace`` is epsilon-DP (discrete Laplace, Canonne, Kamath & Steinke 2020, Proposition 1 /
-Ghosh, Roughgarden & Sundararajan 2009) and ``gaussian`` is rho-zCDP (discrete Gaussian, CKS
-2020, Theorem 14: independent N_Z(0, s²) per coordinate on an integer query of L2 sensitivity
-D gives D²/(2 s²)-zCDP), both for the grid-rounded query (:mod:`node.dp.grid`), up to the
-samplers' total-variation deviation, which the :class:`Release` reports for charging.
+``laplace`` is epsilon-DP: discrete Laplace noise ``P(z) ∝ exp(-|z|/t)`` per coordinate changes
+the probability of any output by at most ``exp(Σ|d_j| / t)`` when an integer query moves by
+``d`` (the geometric mechanism, Ghosh, Roughgarden & Sundararajan 2009). ``gaussian`` is
+rho-zCDP: the discrete Gaussian ``N_Z(0, s²)`` shifted by an integer ``d_j`` has Rényi
+divergence at most ``α d_j² / (2 s²)``, as the continuous one, and divergences of independent
+coordinates add, so an integer query of L2 sensitivity ``D`` gets ``D² / (2 s²)``-zCDP
+(Canonne, Kamath & Steinke 2020, Theorem 14). Both hold for the grid-rounded query
+(:mod:`node.dp.grid`), up to the samplers' total-variation deviation, which the
+:class:`Release` reports for charging.
 
 The charge is what the caller asked for and never depends on the data: the noise scale is
 rounded *up* so that the mechanism meets it exactly (checked in rational arithmetic).
@@ -65,7 +69,11 @@ class Release:
 
     @property
     def delta_cost(self) -> float:
-        """Laplace alone: the release is (epsilon, delta_cost)-DP; delta_cost = (1+e^ε) tv."""
+        """``(1 + e^epsilon) sampler_tv``: a Laplace release alone is (epsilon, delta_cost)-DP.
+
+        For a Gaussian release (epsilon 0) the filter charges ``sampler_tv`` against the
+        budget's delta instead (:func:`node.dp.accounting.fits`).
+        """
         return (1.0 + math.exp(min(self.epsilon, 700.0))) * self.sampler_tv
 
 
@@ -142,7 +150,8 @@ def laplace(
         source: randomness source (see :func:`node.dp.samplers.word_source`).
 
     Raises:
-        InvalidRequestError: on a bad epsilon or sensitivity, or non-numeric values.
+        InvalidRequestError: on a bad epsilon or sensitivity, non-numeric values, or an epsilon
+            so small that the noise would exceed 2^44 grid steps (``n / epsilon`` alone).
         EvaluationError: if a value is NaN, infinite, or too large for the grid.
 
     >>> r = laplace([10.0, 20.0], sensitivity_l1=1.0, epsilon=1.0)
@@ -159,10 +168,13 @@ def laplace(
     k = grid.finest_exponent(sens, n, norm=1)
     while True:
         # L1 sensitivity of the rounded query, in grid units: floor(Δ/2^k) + n.
-        d_int = math.floor(Fraction(sens) / Fraction(2) ** k) + n
+        steps = math.floor(Fraction(sens) / Fraction(2) ** k)
+        d_int = steps + n
         t = _float_at_least(Fraction(d_int) / Fraction(eps))
         if t <= samplers.MAX_SCALE:
             break
+        if steps == 0:  # the rounding term n / epsilon alone is too large: no grid helps
+            raise InvalidRequestError(_too_small("epsilon", eps, n))
         k += 1
     plan = samplers.laplace_plan(t)
     noised = _noised(x, k, plan, source)
@@ -202,7 +214,8 @@ def gaussian(
         source: randomness source (see :func:`node.dp.samplers.word_source`).
 
     Raises:
-        InvalidRequestError: on bad or inconsistent privacy parameters or sensitivity.
+        InvalidRequestError: on bad or inconsistent privacy parameters or sensitivity, or a rho
+            so small that the noise would exceed 2^44 grid steps (``sqrt(n / 2 rho)`` alone).
         EvaluationError: if a value is NaN, infinite, or too large for the grid.
 
     >>> r = gaussian([1.0, 2.0, 3.0, 4.0], sensitivity_l2=2.0, rho=0.5)
@@ -220,12 +233,15 @@ def gaussian(
     two_rho = 2 * Fraction(target)
     while True:
         # L2 sensitivity of the rounded query, in grid units: at most Δ/2^k + sqrt(n).
-        d2 = _float_at_least(Fraction(sens) / Fraction(2) ** k + _sqrt_at_least(n))
+        steps = Fraction(sens) / Fraction(2) ** k
+        d2 = _float_at_least(steps + _sqrt_at_least(n))
         s = math.nextafter(d2 / math.sqrt(2 * target), math.inf)
         while Fraction(d2) ** 2 > two_rho * Fraction(s) ** 2:
             s = math.nextafter(s, math.inf)
         if s <= samplers.MAX_SCALE:
             break
+        if steps < 1:  # the rounding term sqrt(n) dominates: a coarser grid cannot help
+            raise InvalidRequestError(_too_small("rho", target, n))
         k += 1
     plan = samplers.gaussian_plan(s)
     noised = _noised(x, k, plan, source)
@@ -238,6 +254,13 @@ def gaussian(
         epsilon=0.0,
         rho=target,
         sampler_tv=n * plan.tv_bound,
+    )
+
+
+def _too_small(name: str, value: float, n: int) -> str:
+    return (
+        f"{name}={value!r} is too small for {n} values: the noise scale would exceed the "
+        f"samplers' limit of 2^44 grid steps; ask for a larger {name}"
     )
 
 

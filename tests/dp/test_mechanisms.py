@@ -113,6 +113,14 @@ def test_huge_dimension_or_tiny_epsilon_coarsens_the_grid_and_charges_it() -> No
     assert Fraction(r.scale) * Fraction(1e-12) >= Fraction(r.sensitivity) > 1.0
 
 
+def test_refuses_a_privacy_parameter_no_grid_can_serve() -> None:
+    # n / epsilon (or sqrt(n / 2 rho)) grid steps of rounding slack alone exceed the samplers.
+    with pytest.raises(InvalidRequestError, match="epsilon=1e-300 is too small for 2 values"):
+        laplace([1.0, 2.0], sensitivity_l1=1.0, epsilon=1e-300)
+    with pytest.raises(InvalidRequestError, match="rho=1e-30 is too small for 2 values"):
+        gaussian([1.0, 2.0], sensitivity_l2=1.0, rho=1e-30)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
