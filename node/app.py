@@ -12,7 +12,17 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from node import __version__, errors
-from node.api.routes import audit, auth, budget, datasets, meta, models, search, users
+from node.api.routes import (
+    audit,
+    auth,
+    budget,
+    datasets,
+    meta,
+    models,
+    publish,
+    search,
+    users,
+)
 from node.context import NodeContext
 from node.settings import Settings, get_settings
 from node.storage import CorruptBlobError
@@ -108,7 +118,7 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
         lifespan=lifespan,
     )
     app.state.context = ctx
-    for module in (auth, users, datasets, models, search, budget, meta, audit):
+    for module in (auth, users, datasets, models, search, publish, budget, meta, audit):
         app.include_router(module.router, prefix=API_PREFIX)
     install_error_handlers(app)
     return app

@@ -16,6 +16,7 @@ import httpx
 from sdk._client import Client
 from sdk._exceptions import (
     AuthenticationError,
+    BudgetExceededError,
     ConflictError,
     DPNodeError,
     EvaluationError,
@@ -38,6 +39,7 @@ from sdk._remote import MockSession, RemoteTensor, mock
 __all__ = [
     "AuditEvent",
     "AuthenticationError",
+    "BudgetExceededError",
     "Client",
     "ColumnInfo",
     "ConflictError",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -256,6 +257,51 @@ class Client:
     def delete_model(self, ref: int | str) -> None:
         self._request("DELETE", f"/models/{ref}")
 
+    # -- publishing -------------------------------------------------------------------------
+
+    def publish_frame(
+        self, frame: bytes, *, epsilon: float, delta: float | None = None
+    ) -> tuple[list[npt.NDArray[Any]], dict[str, Any]]:
+        """Send one graph (engine wire frame) and get its noised outputs and the receipt.
+
+        This is the one request behind ``RemoteTensor.publish``; most code never calls it.
+
+        Raises:
+            BudgetExceededError: the release does not fit your budget (nothing released).
+            GraphError: the node refused the computation (the message names the op).
+        """
+        params: dict[str, Any] = {"epsilon": epsilon}
+        if delta is not None:
+            params["delta"] = delta
+        response = self._request(
+            "POST",
+            "/publish",
+            content=frame,
+            params=params,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        manifest, arrays = _read_frame(response.content)
+        outputs = [arrays[f"output/{i}"] for i in range(len(arrays))]
+        return outputs, dict(manifest["receipt"])
+
+    def sensitivity_of_frame(
+        self, frame: bytes, *, epsilon: float | None = None, delta: float | None = None
+    ) -> dict[str, Any]:
+        """Sensitivity of a graph's outputs (and the noise scale for ``epsilon``): free."""
+        params: dict[str, Any] = {}
+        if epsilon is not None:
+            params["epsilon"] = epsilon
+        if delta is not None:
+            params["delta"] = delta
+        result: dict[str, Any] = self._json(
+            "POST",
+            "/sensitivity",
+            content=frame,
+            params=params,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        return result
+
     # -- privacy budget ---------------------------------------------------------------------
 
     def budget(self, *, user_id: int | None = None) -> BudgetStatus:
@@ -318,6 +364,14 @@ class Client:
             )
             for e in self._json("GET", "/audit", params=params)
         ]
+
+
+def _read_frame(data: bytes) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]]:
+    """A tensor frame's manifest and arrays."""
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    manifest = json.loads(header.get("__metadata__", {}).get(_MANIFEST_KEY, "{}"))
+    return manifest, dict(load(data))
 
 
 def _tags(tags: Iterable[str]) -> Iterable[str]:

@@ -24,6 +24,7 @@ from typing import ClassVar
 
 __all__ = [
     "AuthenticationError",
+    "BudgetExceededError",
     "ConflictError",
     "DPNodeError",
     "EvaluationError",
@@ -91,6 +92,10 @@ class PermissionDeniedError(DPNodeError):
     code = "forbidden"
 
 
+class BudgetExceededError(PermissionDeniedError):
+    code = "budget_exceeded"
+
+
 class NotFoundError(DPNodeError):
     code = "not_found"
 
@@ -135,6 +140,7 @@ BY_CODE: dict[str, type[DPNodeError]] = {
         PayloadTooLargeError,
         AuthenticationError,
         PermissionDeniedError,
+        BudgetExceededError,
         NotFoundError,
         ConflictError,
         ServerError,

@@ -61,6 +61,9 @@ def get_current_user(
     user = session.get(User, read_token(settings, credentials.credentials))
     if user is None or not user.is_active:
         raise AuthenticationError("this account no longer exists or is deactivated")
+    # End the read: on SQLite a transaction holds the write lock, and a request may
+    # compute for a while (a publish) after authenticating.
+    session.commit()
     return user
 
 

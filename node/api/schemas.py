@@ -194,3 +194,23 @@ class LedgerEntryPublic(Schema):
     dataset_ids: list[int]
     graph_hash: str | None
     detail: dict[str, Any]
+
+
+class OutputSensitivityPublic(Schema):
+    shape: list[int]
+    l1: float
+    l2: float
+    lower: float = Field(description="smallest value any element can take")
+    upper: float = Field(description="largest value any element can take")
+
+
+class SensitivityPublic(Schema):
+    """What a publish of these outputs would cost, known before any budget is spent."""
+
+    l1: float = Field(description="joint L1 sensitivity of all outputs")
+    l2: float = Field(description="joint L2 sensitivity of all outputs")
+    subjects: int
+    outputs: list[OutputSensitivityPublic]
+    noise_scale: float | None = Field(
+        description="Laplace b (no delta) or Gaussian sigma, for the epsilon asked, if any"
+    )

@@ -191,17 +191,25 @@ def delete_dataset(session: Session, store: BlobStore, actor: User, ref: int | s
 
 def read_columns(store: BlobStore, dataset: Dataset, *, mock: bool) -> dict[str, npt.NDArray[Any]]:
     """The stored (encoded) columns of a dataset, real or mock, verified by hash."""
+    return {c.name: read_column(store, dataset, c, mock=mock) for c in dataset.columns}
+
+
+def read_column(
+    store: BlobStore, dataset: Dataset, column: DatasetColumn, *, mock: bool = False
+) -> npt.NDArray[Any]:
+    """One stored column, real or mock, verified by hash."""
     rows = dataset.mock_row_count if mock else dataset.row_count
-    if rows is None:
+    digest = column.mock_blob if mock else column.blob
+    if rows is None or digest is None:
         raise NotFoundError(f"dataset {dataset.name!r} has no mock data")
-    out: dict[str, npt.NDArray[Any]] = {}
-    for column in dataset.columns:
-        digest = column.mock_blob if mock else column.blob
-        assert digest is not None
-        out[column.name] = array_from_bytes(
-            store.get(digest), column.dtype, (rows, *column.row_shape)
-        )
-    return out
+    return array_from_bytes(store.get(digest), column.dtype, (rows, *column.row_shape))
+
+
+def read_subjects(store: BlobStore, dataset: Dataset) -> npt.NDArray[np.int64] | None:
+    """The subject index of every row, or None when each row is its own subject."""
+    if dataset.subjects_blob is None:
+        return None
+    return array_from_bytes(store.get(dataset.subjects_blob), "int64", (dataset.row_count,))
 
 
 def download_real(

@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+from starlette.concurrency import run_in_threadpool
+
+from node.api import frames
+from node.api.deps import ContextDep, CurrentUser, LimitedBody
+from node.api.schemas import OutputSensitivityPublic, SensitivityPublic
+from node.services import publish as service
+
+router = APIRouter(tags=["publish"])
+
+Epsilon = Annotated[float, Query(description="privacy loss to spend; > 0", allow_inf_nan=True)]
+Delta = Annotated[
+    float | None, Query(description="omit for Laplace (pure epsilon); set for Gaussian")
+]
+
+
+@router.post("/publish", response_class=Response)
+async def publish(
+    body: LimitedBody,
+    context: ContextDep,
+    user: CurrentUser,
+    epsilon: Epsilon,
+    delta: Delta = None,
+) -> Response:
+    """Evaluate a graph (engine wire frame as the body) on private data and release its
+    outputs with noise, charging ``epsilon`` (and ``delta``) to your budget.
+
+    The response is a tensor frame: ``output/<i>`` for each graph output, and the receipt
+    in the manifest.
+    """
+    request = service.PublishRequest(epsilon=epsilon, delta=delta)
+    done = await run_in_threadpool(service.publish, context, user, body, request)
+    arrays = {f"output/{i}": v for i, v in enumerate(done.values)}
+    return Response(frames.encode(arrays, {"receipt": done.receipt}), media_type=frames.MEDIA_TYPE)
+
+
+@router.post("/sensitivity")
+async def sensitivity(
+    body: LimitedBody,
+    context: ContextDep,
+    user: CurrentUser,
+    epsilon: float | None = None,
+    delta: Delta = None,
+) -> SensitivityPublic:
+    """Sensitivity of a graph's outputs (and the noise scale for ``epsilon``): free."""
+    report = await run_in_threadpool(service.sensitivity, context, user, body)
+    scale = None
+    if epsilon is not None:
+        scale = service.noise_scale(report, service.PublishRequest(epsilon, delta))
+    return SensitivityPublic(
+        l1=report.l1,
+        l2=report.l2,
+        subjects=report.subjects,
+        outputs=[
+            OutputSensitivityPublic(
+                shape=list(o.shape),
+                l1=o.l1,
+                l2=o.l2,
+                lower=float(o.lower.min()) if o.lower.size else 0.0,
+                upper=float(o.upper.max()) if o.upper.size else 0.0,
+            )
+            for o in report.outputs
+        ],
+        noise_scale=scale,
+    )

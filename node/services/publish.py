@@ -1,0 +1,222 @@
+"""Publishing: evaluate a graph on private data, noise it, charge the budget, release.
+
+Order of events, each for a reason:
+
+1. decode and plan the graph (quotas refuse it before anything is read or allocated);
+2. resolve its inputs — dataset columns with their declared bounds and subject
+   structure, public model weights — and check that the caller may use each;
+3. evaluate and track sensitivity in one engine pass (the sensitivity comes from
+   public metadata only, so the price never depends on the data);
+4. clip every output to the bounds the tracker derived (public) and noise it with the
+   mechanism calibrated to exactly the epsilon that will be charged;
+5. charge the budget in one serialised transaction with its ledger row;
+6. only then return the noised values. A refusal at 5 releases nothing.
+
+No database transaction is open during 3 and 4 (on SQLite it would hold the write lock).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from node.context import NodeContext
+from node.db.models import Role, User
+from node.dp import gaussian, gaussian_sigma, laplace
+from node.dp.mechanisms import Release
+from node.engine import Graph, Quotas, decode, plan, structure_hash
+from node.errors import GraphError, InvalidRequestError, NotFoundError, PermissionDeniedError
+from node.privacy import InputSpec, PrivacyReport, evaluate_tracked, track
+from node.services import budget, datasets, models
+from node.services.budget import EPSILON_UNIT, RHO_UNIT, TV_UNIT, Cost
+from node.storage import array_from_bytes
+
+_INPUT = re.compile(r"^(dataset|model):(\d+)/(.+)$")
+
+
+@dataclass(frozen=True)
+class PublishRequest:
+    epsilon: float
+    #: None: Laplace (pure epsilon); a number: Gaussian, calibrated to (epsilon, delta).
+    delta: float | None = None
+
+
+@dataclass(frozen=True)
+class Published:
+    values: list[npt.NDArray[np.float64]]
+    receipt: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    specs: dict[str, InputSpec]
+    values: dict[str, npt.NDArray[Any]]
+    dataset_ids: list[int]
+
+
+def _resolve(context: NodeContext, actor: User, graph: Graph, *, with_values: bool) -> _Inputs:
+    """Public metadata (and, to evaluate, the values) of every input the graph names."""
+    specs: dict[str, InputSpec] = {}
+    values: dict[str, npt.NDArray[Any]] = {}
+    dataset_ids: set[int] = set()
+    with context.sessions() as session:
+        for name in graph.input_names():
+            match = _INPUT.match(name)
+            if match is None:
+                raise GraphError(
+                    f"input {name!r} names no data on this node: inputs are "
+                    "'dataset:<id>/<column>' or 'model:<id>/<tensor>'"
+                )
+            kind, ident, part = match.group(1), int(match.group(2)), match.group(3)
+            if kind == "dataset":
+                dataset = datasets.get_dataset(session, ident)
+                column = next((c for c in dataset.columns if c.name == part), None)
+                if column is None:
+                    raise NotFoundError(f"dataset {dataset.name!r} has no column {part!r}")
+                subjects = datasets.read_subjects(context.store, dataset)
+                specs[name] = InputSpec.private(column.lower, column.upper, subjects)
+                dataset_ids.add(dataset.id)
+                if with_values:
+                    values[name] = datasets.read_column(context.store, dataset, column)
+                continue
+            model = models.get_model(session, ident)
+            tensor = next((t for t in model.tensors if t.name == part), None)
+            if tensor is None:
+                raise NotFoundError(f"model {model.name!r} has no tensor {part!r}")
+            if not model.is_public and actor.role is not Role.ADMIN and actor.id != model.owner_id:
+                raise PermissionDeniedError(
+                    f"model {model.name!r} is private: publishing results computed from its "
+                    "weights is not supported yet; ask its owner to make it public"
+                )
+            weights = array_from_bytes(
+                context.store.get(tensor.blob), tensor.dtype, tuple(tensor.shape)
+            )
+            specs[name] = InputSpec.public(weights)
+            values[name] = weights
+    return _Inputs(specs, values, sorted(dataset_ids))
+
+
+def _decode(context: NodeContext, frame: bytes) -> Graph:
+    graph = decode(frame)
+    plan(graph, _quotas(context))
+    return graph
+
+
+def _quotas(context: NodeContext) -> Quotas:
+    return Quotas()
+
+
+def sensitivity(context: NodeContext, actor: User, frame: bytes) -> PrivacyReport:
+    """The sensitivity of a graph's outputs, from public metadata only: free, no data read."""
+    graph = _decode(context, frame)
+    inputs = _resolve(context, actor, graph, with_values=False)
+    return track(graph, inputs.specs, _quotas(context))
+
+
+def _float_at_most(x: Fraction) -> float:
+    """The largest float not above ``x``: a mechanism calibrated to it spends at most ``x``.
+
+    >>> _float_at_most(Fraction(1, 10)) <= Fraction(1, 10)
+    True
+    """
+    f = float(x)
+    return f if Fraction(f) <= x else math.nextafter(f, 0.0)
+
+
+def _check_delta(delta: float) -> float:
+    if isinstance(delta, bool) or not (math.isfinite(delta) and 0 < delta < 1):
+        raise InvalidRequestError(f"delta must be a number in (0, 1), got {delta!r}")
+    return delta
+
+
+def _noise(
+    values: npt.NDArray[np.float64], report: PrivacyReport, request: PublishRequest
+) -> tuple[Release, Cost]:
+    charged = budget.quantize_epsilon(request.epsilon)
+    epsilon = _float_at_most(charged)
+    if request.delta is None:
+        release = laplace(values, sensitivity_l1=report.l1, epsilon=epsilon)
+        cost = Cost("laplace", epsilon_units=int(charged / EPSILON_UNIT))
+    else:
+        delta = _check_delta(request.delta)
+        release = gaussian(values, sensitivity_l2=report.l2, epsilon=epsilon, delta=delta)
+        cost = Cost("gaussian", rho_units=budget.units_up(release.rho, RHO_UNIT, "rho"))
+    tv_units = budget.units_up(release.sampler_tv, TV_UNIT, "sampler deviation")
+    return release, Cost(cost.mechanism, cost.epsilon_units, cost.rho_units, tv_units)
+
+
+def _clip(values: list[npt.NDArray[Any]], report: PrivacyReport) -> npt.NDArray[np.float64]:
+    """All outputs as one float64 vector, each element clipped to its public bounds."""
+    parts = [
+        np.clip(np.asarray(v, dtype=np.float64), out.lower, out.upper).ravel()
+        for v, out in zip(values, report.outputs, strict=True)
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def publish(context: NodeContext, actor: User, frame: bytes, request: PublishRequest) -> Published:
+    """Evaluate, noise, charge and release, in that order (see the module docstring).
+
+    Raises:
+        GraphError, QuotaExceededError: a graph the engine refuses, before any data is read.
+        PrivacyTrackingError: a graph whose sensitivity cannot be bounded.
+        InvalidRequestError: a bad epsilon or delta.
+        BudgetExceededError: the release does not fit the budget; nothing is released.
+    """
+    budget.quantize_epsilon(request.epsilon)  # refuse a bad epsilon or delta before any work
+    if request.delta is not None:
+        _check_delta(request.delta)
+    graph = _decode(context, frame)
+    inputs = _resolve(context, actor, graph, with_values=True)
+    outputs, report = evaluate_tracked(graph, inputs.values, inputs.specs, _quotas(context))
+    release, cost = _noise(_clip(outputs, report), report, request)
+    cost = Cost(
+        cost.mechanism,
+        cost.epsilon_units,
+        cost.rho_units,
+        cost.tv_units,
+        dataset_ids=inputs.dataset_ids,
+        graph_hash=structure_hash(graph),
+        detail={
+            "sensitivity": release.sensitivity,
+            "scale": release.scale,
+            "outputs": [list(o.shape) for o in report.outputs],
+        },
+    )
+    entry, after = budget.charge(context.serial_sessions, context.settings, actor.id, cost)
+    pieces, start = [], 0
+    for out in report.outputs:
+        size = int(np.prod(out.shape, dtype=np.int64))
+        pieces.append(release.values[start : start + size].reshape(out.shape))
+        start += size
+    spent_epsilon, _ = after.spent()
+    receipt = {
+        "ledger_id": entry.id,
+        "mechanism": release.mechanism,
+        "epsilon": float(budget.quantize_epsilon(request.epsilon)),
+        "delta": request.delta,
+        "rho": float(cost.rho_units * RHO_UNIT),
+        "sensitivity": release.sensitivity,
+        "sensitivity_l1": report.l1,
+        "sensitivity_l2": report.l2,
+        "noise_scale": release.scale,
+        "grid_exponent": release.grid_exponent,
+        "sampler_tv": release.sampler_tv,
+        "remaining_epsilon": after.remaining_epsilon,
+        "spent_epsilon": spent_epsilon,
+    }
+    return Published(pieces, receipt)
+
+
+def noise_scale(report: PrivacyReport, request: PublishRequest) -> float:
+    """The noise scale a publish would use (Laplace b, or Gaussian sigma), before the grid."""
+    epsilon = _float_at_most(budget.quantize_epsilon(request.epsilon))
+    if request.delta is None:
+        return report.l1 / epsilon
+    return gaussian_sigma(report.l2, epsilon=epsilon, delta=request.delta)
