@@ -16,8 +16,9 @@ Large scales do not need large tables:
 * **Discrete Gaussian** ``P(z) ∝ exp(-z²/2s²)``: for ``s`` above 512, ``Z = m A + B`` with
   ``B ~ N_Z(0, s_B²)`` from a fixed table (``s_B = 4m``, ``m = 64``) and ``A ~ N_Z(0, (s² -
   s_B²)/m²)`` drawn the same way, recursively. By Poisson summation the result's pmf is the
-  ideal one times ``1 ± γ`` with ``γ ≤ 2 Σ_k exp(-2π² k² τ² / m²)``, ``τ² = s_A² s_B² / s²``
-  (the argument of Kairouz, Liu & Steinke 2021 for sums of discrete Gaussians); here
+  ideal one times ``1 ± γ`` with ``γ ≤ 2 Σ_k exp(-2π² k² τ² / m²)`` and
+  ``τ² = (s² - s_B²) s_B² / s²`` (the argument of Kairouz, Liu & Steinke 2021 for sums of
+  discrete Gaussians); here
   ``τ / m ≥ 3.4``, so ``γ < 10^-100``. That deviation is charged too.
 
 Randomness: raw 64-bit words from ``numpy``'s PCG64DXSM seeded with 256 fresh bits from the
@@ -48,7 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from node.dp.tables import (
-    _CONTEXT,
+    DECIMAL_CONTEXT,
     AliasTable,
     discrete_gaussian_table,
     laplace_top_table,
@@ -165,10 +166,9 @@ def laplace_plan(scale: float) -> LaplacePlan:
     """
     _check_scale(scale)
     shift = max(0, math.floor(math.log2(scale)) - _LAPLACE_TOP_LOG2)
-    with localcontext(_CONTEXT):
+    with localcontext(DECIMAL_CONTEXT):
         t = Decimal(scale)
-        p = (-1 / t).exp()
-        top = laplace_top_table(p, shift)
+        top = laplace_top_table(t, shift)
         digits = []
         offset = 0
         while offset < shift:
@@ -195,7 +195,7 @@ def laplace_plan(scale: float) -> LaplacePlan:
 
 @lru_cache(maxsize=1)
 def _gaussian_low_table() -> AliasTable:
-    with localcontext(_CONTEXT):
+    with localcontext(DECIMAL_CONTEXT):
         return discrete_gaussian_table(Decimal(_GAUSS_B_SCALE) ** 2)
 
 
@@ -221,7 +221,7 @@ def gaussian_plan(scale: float) -> GaussianPlan:
     m = 1 << _GAUSS_M_LOG2
     tv = 0.0
     levels = 0
-    with localcontext(_CONTEXT):
+    with localcontext(DECIMAL_CONTEXT):
         var = Decimal(scale) ** 2
         b_var = Decimal(_GAUSS_B_SCALE) ** 2
         while var > Decimal(_GAUSS_TOP_MAX) ** 2:

@@ -9,8 +9,8 @@ The tables approximate an ideal pmf. The deviation is bounded, not estimated:
 
 * probabilities are computed with :mod:`decimal` at 80 significant digits, normalised over the
   kept support and rounded to multiples of 2^-128 (largest remainder, so they sum to one):
-  each entry is off by less than 2^-128 + 10^-70, so the total variation (TV) distance added
-  is at most ``size * (2^-129 + 10^-70)``;
+  each entry is off by less than 2^-128 + 10^-60, so the total variation (TV) distance added
+  is at most ``size * (2^-129 + 10^-60)``;
 * the support is truncated where the ideal tail mass drops below 2^-128; conditioning on the
   kept support moves the distribution by exactly that mass in TV.
 
@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "DECIMAL_CONTEXT",
     "PRECISION_BITS",
     "AliasTable",
     "build_alias_table",
@@ -43,9 +44,11 @@ _FINE = 1 << (PRECISION_BITS + 64)
 #: Support is truncated where the ideal tail mass is below 2^-TAIL_BITS.
 TAIL_BITS = 128
 _TAIL = Decimal(2) ** -TAIL_BITS
-#: Per-entry error of the decimal computation (80 digits, a few operations per entry).
-_DECIMAL_ERROR = 1e-70
-_CONTEXT = Context(prec=80)
+#: Per-entry error of the decimal computation, generously: at 80 digits every input is within
+#: 10^-79 (relative) and an entry is at most 2^16 multiplications and a division away from them.
+_DECIMAL_ERROR = 1e-60
+#: Decimal context of every table computation (callers computing a table's inputs use it too).
+DECIMAL_CONTEXT = Context(prec=80)
 #: Largest table the samplers build (bins); bounds memory and build time.
 MAX_BINS_LOG2 = 16
 
@@ -129,7 +132,7 @@ def build_alias_table(weights: list[int], *, offset: int, tv_bound: float) -> Al
 def _quantise(probs: list[Decimal]) -> tuple[list[int], float]:
     """Round probabilities (summing to one) to multiples of 2^-128 that sum to exactly one."""
     # 2^64 extra fraction bits (exact integers) decide the largest remainders.
-    with localcontext(_CONTEXT):
+    with localcontext(DECIMAL_CONTEXT):
         fine = [int(p * _FINE) for p in probs]
     floors = [f >> 64 for f in fine]
     missing = _ONE - sum(floors)
@@ -155,7 +158,7 @@ def truncated_geometric_table(ratio: Decimal, bits: int) -> AliasTable:
         ratio: the geometric ratio, ``0 < ratio < 1``, computed to 80 digits by the caller.
         bits: the support has ``2**bits`` outcomes.
     """
-    with localcontext(_CONTEXT):
+    with localcontext(DECIMAL_CONTEXT):
         weights = [Decimal(1)]
         for _ in range((1 << bits) - 1):
             weights.append(weights[-1] * ratio)
@@ -165,7 +168,7 @@ def truncated_geometric_table(ratio: Decimal, bits: int) -> AliasTable:
     return build_alias_table(ints, offset=0, tv_bound=tv)
 
 
-def laplace_top_table(p: Decimal, shift: int) -> AliasTable:
+def laplace_top_table(scale: Decimal, shift: int) -> AliasTable:
     """Table of the sign, zero and high part of a discrete Laplace variable.
 
     The discrete Laplace variable ``Z`` with ``P(Z = z) ∝ p**|z|`` is ``0`` or
@@ -173,12 +176,13 @@ def laplace_top_table(p: Decimal, shift: int) -> AliasTable:
     ``Z = 0`` and ``v = ±(q + 1)`` for the sign and ``q``; ``R`` comes from digit tables.
 
     Args:
-        p: ``exp(-1/t)`` for the scale ``t``, computed to 80 digits by the caller.
+        scale: ``t``; ``P(Z = z) ∝ exp(-|z|/t)``.
         shift: number of low bits of ``|Z| - 1`` drawn by the digit tables.
     """
-    with localcontext(_CONTEXT):
+    with localcontext(DECIMAL_CONTEXT):
         one = Decimal(1)
-        big_q = p ** (1 << shift)  # ratio of the high part q
+        p = (-1 / scale).exp()
+        big_q = (-Decimal(1 << shift) / scale).exp()  # ratio of the high part q, directly
         p_zero = (one - p) / (one + p)
         first = p_zero * p * (one - big_q) / (one - p)  # P(Z = +(1 + R)), q = 0
         # Tail of both signs beyond q_max: 2 * first * big_q**(q_max+1) / (1 - big_q) < 2^-128.
@@ -206,7 +210,7 @@ def discrete_gaussian_table(variance: Decimal) -> AliasTable:
     Args:
         variance: ``s²`` of the discrete Gaussian, computed to 80 digits by the caller.
     """
-    with localcontext(_CONTEXT):
+    with localcontext(DECIMAL_CONTEXT):
         s = variance.sqrt()
         two_var = 2 * variance
         # Smallest T whose tail bound, against a kept mass of at least 1, is below 2^-128.

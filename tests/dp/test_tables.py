@@ -65,7 +65,7 @@ def _pmf(table: AliasTable) -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("t", [0.3, 5.0, 77.7])
 def test_laplace_top_table_is_the_discrete_laplace(t: float) -> None:
     # With no digits (shift 0) the top table is the whole discrete Laplace: v is Z itself.
-    table = laplace_top_table(Decimal(-1 / Decimal(t)).exp(), 0)
+    table = laplace_top_table(Decimal(t), 0)
     z, pmf = _pmf(table)
     p = math.exp(-1 / t)
     ideal = (1 - p) / (1 + p) * p ** np.abs(z)
