@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 __all__ = [
     "ORDERS",
@@ -182,6 +183,7 @@ def zcdp_to_dp_cks(rho: float, *, delta: float) -> float:
     return hi
 
 
+@lru_cache(maxsize=256)
 def calibrate_rho(epsilon: float, delta: float) -> float:
     """Largest rho (up to the search) such that rho-zCDP implies (epsilon, delta)-DP (CKS).
 

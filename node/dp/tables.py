@@ -186,12 +186,13 @@ def laplace_top_table(scale: Decimal, shift: int) -> AliasTable:
         p_zero = (one - p) / (one + p)
         first = p_zero * p * (one - big_q) / (one - p)  # P(Z = +(1 + R)), q = 0
         # Tail of both signs beyond q_max: 2 * first * big_q**(q_max+1) / (1 - big_q) < 2^-128.
-        q_max = 0
-        term = first
-        while 2 * term * big_q / (one - big_q) >= _TAIL:
+        # Smallest q_max with the tail below 2^-128, from logarithms, then checked exactly.
+        q_max = max(0, int((_TAIL * (one - big_q) / (2 * first)).ln() / big_q.ln()))
+        while q_max > 0 and 2 * first * big_q**q_max / (one - big_q) < _TAIL:
+            q_max -= 1
+        while 2 * first * big_q ** (q_max + 1) / (one - big_q) >= _TAIL:
             q_max += 1
-            term *= big_q
-        tail = 2 * term * big_q / (one - big_q)
+        tail = 2 * first * big_q ** (q_max + 1) / (one - big_q)
         side = [first]
         for _ in range(q_max):
             side.append(side[-1] * big_q)
