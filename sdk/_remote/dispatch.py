@@ -49,6 +49,14 @@ SPECIAL: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], Any]] = {}
 DOCS = "docs/prims.md and docs/remote-tensors.md"
 
 
+_LOCAL_WRITE_ADVICE = (
+    "Local tensors hold public values only. An optimizer steps once gradients are published "
+    "(sdk.publish_grads, or MockSession.materialize_grads in mock mode); BatchNorm's running "
+    "statistics cannot absorb remote batches: use track_running_stats=False, eval() mode, or "
+    "GroupNorm/LayerNorm."
+)
+
+
 def private_error(what: str, advice: str = "") -> PrivateValueError:
     """The error for code that needs a remote tensor's values locally."""
     return PrivateValueError(
@@ -288,7 +296,7 @@ def _inplace(
     if not isinstance(self, RemoteTensor):
         raise private_error(
             f"{func} writes a remote value into a local tensor, which",
-            "Optimizer steps need published gradients (sdk.publish_grads).",
+            _LOCAL_WRITE_ADVICE,
         )
     func(*[_meta(a) for a in args], **_meta_kwargs(kwargs))  # torch's own checks (casting, shapes)
     result = dispatch(functional, args, kwargs)
@@ -331,7 +339,7 @@ def _copy(self: Any, src: Any) -> Any:
     if not isinstance(self, RemoteTensor):
         raise private_error(
             "copying a remote tensor into a local one",
-            "Optimizer steps need published gradients (sdk.publish_grads).",
+            _LOCAL_WRITE_ADVICE,
         )
     aten.copy_.default(self._meta, _meta(src))  # broadcast and dtype checks
     _assign(self, src)

@@ -157,7 +157,7 @@ class RemoteTensor(torch.Tensor):
         return dispatch(func, args, kwargs or {})
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
-        shape = "(" + ", ".join(str(s) for s in self.shape) + ")"
+        shape = str(tuple(self.shape))
         src = f", source={self._source}" if self._source else ""
         grad = ", requires_grad=True" if self.requires_grad else ""
         return (

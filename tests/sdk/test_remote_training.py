@@ -136,3 +136,28 @@ def test_cnn_trains_in_mock_mode_on_a_node(owner_client: sdk.Client, ds_client: 
             opt_l.step()
             opt_r.zero_grad()
             opt_l.zero_grad()
+
+
+def test_batch_norm_without_running_stats_trains_and_with_them_explains() -> None:
+    xv = torch.randn(8, 3, 4, 4, generator=torch.Generator().manual_seed(4))
+    torch.manual_seed(0)
+    remote = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4, track_running_stats=False)
+    )
+    torch.manual_seed(0)
+    local = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4, track_running_stats=False)
+    )
+    x = remote_input("x", (8, 3, 4, 4), torch.float32)
+    loss = remote(x).square().mean()
+    loss.backward()
+    params = list(remote.parameters())
+    got = evaluate([loss, *(p.grad for p in params)], {"x": xv.numpy()})  # type: ignore[misc]
+    ref = local(xv).square().mean()
+    ref.backward()
+    torch.testing.assert_close(got[0], ref.detach(), rtol=0, atol=TOL)
+    for g, q in zip(got[1:], local.parameters(), strict=True):
+        torch.testing.assert_close(g, q.grad, rtol=0, atol=TOL)
+    # running statistics would need remote values in local buffers: a clear refusal
+    with pytest.raises(sdk.PrivateValueError, match="track_running_stats=False"):
+        torch.nn.BatchNorm2d(3)(x)
