@@ -69,7 +69,7 @@ def private_error(what: str, advice: str = "") -> PrivateValueError:
 
 # -- arguments ---------------------------------------------------------------------------
 
-_CONSTANTS: dict[int, tuple[weakref.ref[torch.Tensor], int, Node]] = {}
+_CONSTANTS: dict[int, tuple[weakref.ref[torch.Tensor], tuple[int, int], Node]] = {}
 
 
 def _forget(key: int) -> Callable[[Any], None]:
@@ -94,7 +94,8 @@ def node_of(t: torch.Tensor) -> Node:
         )
     key = id(t)
     hit = _CONSTANTS.get(key)
-    version = t._version
+    # in-place updates bump the version; `p.data = ...` swaps the buffer (and its pointer)
+    version = (t._version, t.data_ptr())
     if hit is not None and hit[0]() is t and hit[1] == version:
         return hit[2]
     node = constant(t)

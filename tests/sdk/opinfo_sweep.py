@@ -140,6 +140,15 @@ def check_sample(op: Any, s: Any, name: str = "") -> tuple[str, str]:
         or s.kwargs.get("dropout_p", 0) > 0
         or s.kwargs.get("training") is True
     )
+    for k, (r, g) in enumerate(zip(remote_outs, got, strict=True)):
+        if isinstance(r, sdk.RemoteTensor) and (
+            tuple(r.shape) != tuple(g.shape) or r.dtype != g.dtype
+        ):
+            return (
+                "wrong",
+                f"output {k}: the client inferred {r.dtype}{list(r.shape)}, "
+                f"the node {g.dtype}{list(g.shape)}",
+            )
     for k, (g, e) in enumerate(zip(got, exp_t, strict=True)):
         if random or (name in TIES and e.dtype == torch.int64 and k > 0):
             if g.shape != e.shape or g.dtype != e.dtype:

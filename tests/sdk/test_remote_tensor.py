@@ -263,3 +263,19 @@ def test_search_then_compute_as_in_the_readme(
     with sdk.mock(ds) as m:
         assert np.isclose(float(m.evaluate(ds["age"].float().mean())), ds.mock()["age"].mean())
     assert age.float().mean().shape == ()
+
+
+def test_local_tensors_travel_once_per_version() -> None:
+    from sdk._remote import remote_input
+
+    x = remote_input("x", (3,), torch.float32)
+    w = torch.ones(3)
+    g = graph_for([x * w + w])
+    assert [n.op for n in g.nodes].count("constant") == 1  # the same tensor, the same constant
+    w.add_(1)
+    g2 = graph_for([x * w])
+    (const,) = [n for n in g2.nodes if n.op == "constant"]
+    assert const.value is not None and const.value.tolist() == [2.0, 2.0, 2.0]
+    w.data = torch.zeros(3)  # a new buffer: new values
+    (const,) = [n for n in graph_for([x * w]).nodes if n.op == "constant"]
+    assert const.value is not None and const.value.tolist() == [0.0, 0.0, 0.0]
