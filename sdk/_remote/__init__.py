@@ -1,12 +1,21 @@
 """Remote tensors: ordinary PyTorch code recorded into prim graphs for the node.
 
-- ``tensor.py``: :class:`RemoteTensor`, the meta-device wrapper subclass, and aliasing.
+- ``tensor.py``: :class:`RemoteTensor`, the wrapper subclass over a meta tensor, and aliasing.
 - ``dispatch.py``: ATen op -> private / view / in-place / rule / decomposition.
-- ``views.py``, ``rules.py``, ``rules_nn.py``, ``indexing.py``: the ATen -> prim tables.
+- ``views.py``, ``rules.py``, ``rules_nn.py``, ``rules_extra.py``, ``indexing.py``: the
+  ATen -> prim tables.
 - ``graph.py``: recorded nodes, engine graphs, wire encoding and the structure cache.
+- ``handles.py``: the remote tensors of dataset columns and model weights.
 - ``mock.py``: mock mode, evaluated locally by the node's own engine.
+
+See docs/remote-tensors.md.
 """
 
+from collections.abc import Sequence
+
+import torch
+
+from node.engine import Graph
 from sdk._remote import indexing, rules, rules_extra, rules_nn  # noqa: F401  (register rules)
 from sdk._remote.graph import Encoded, WireCache, build, encode_graph, input_node
 from sdk._remote.mock import MockSession, active_session, evaluate, mock
@@ -29,17 +38,14 @@ __all__ = [
 ]
 
 
-def graph_for(tensors: "list[RemoteTensor]") -> "object":
-    """The engine graph computing ``tensors`` (outputs in order)."""
+def graph_for(tensors: Sequence[RemoteTensor]) -> Graph:
+    """The engine graph computing ``tensors`` (its outputs, in order)."""
     return build([t.node for t in tensors])
 
 
 def remote_input(
-    name: str, shape: "tuple[int, ...]", dtype: "object", source: str = ""
+    name: str, shape: Sequence[int], dtype: torch.dtype, source: str = ""
 ) -> RemoteTensor:
     """A remote tensor standing for the named graph input (a dataset column, a model weight)."""
-    import torch
-
-    assert isinstance(dtype, torch.dtype)
-    meta = torch.empty(shape, dtype=dtype, device="meta")
+    meta = torch.empty(tuple(shape), dtype=dtype, device="meta")
     return RemoteTensor(meta, Storage(input_node(name, shape, dtype)), source=source)

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from node.engine import Graph, GraphBuilder, Ref, encode
+from node.engine import Graph, GraphBuilder, Ref
 from node.engine import wire as _wire
 
 __all__ = [
@@ -247,7 +247,3 @@ class WireCache:
             return enc.structure_hash, None, buf
         self._seen.add(enc.structure_hash)
         return enc.structure_hash, enc.frame, buf
-
-
-def _check_roundtrip(graph: Graph) -> bytes:  # pragma: no cover - debugging aid
-    return encode(graph)
