@@ -278,6 +278,7 @@ class _Scratch:
         self.flag = np.empty(size, dtype=np.bool_)
         self.out = np.empty(size, dtype=np.int64)
         self.sign = np.empty(size, dtype=np.int64)
+        self.diff = np.empty(size, dtype=np.int64)
         self.low = np.empty(size, dtype=np.int64)
 
 
@@ -297,7 +298,11 @@ def _lookup(
     np.add(th, flag, out=th, casting="unsafe")  # (x, tie) < (th, tl)  <=>  x < th + [tie < tl]
     np.less(word, th, out=flag)
     np.take(table.alias, bins, out=out, mode="clip")
-    np.copyto(out, bins, where=flag)
+    # out += flag * (bins - out): arithmetic, not a masked copy, so that no branch depends on
+    # which outcome was drawn.
+    diff = np.subtract(bins, out, out=s.diff[:m])
+    np.multiply(diff, flag, out=diff)
+    out += diff
     return out  # outcome indices; the value is index + table.offset
 
 
