@@ -75,6 +75,9 @@ class State:
     t1: Array | None = None
     t2: Array | None = None
     table: Table | None = None
+    #: value identity: elements with equal ids are copies of one private scalar (inputs
+    #: and their moved copies only), the root of threshold tables
+    vid: Array | None = None
     #: pattern tag for structured rules (e.g. centred moments); never trusted alone
     tag: Any = field(default=None)
 

@@ -26,7 +26,7 @@ from node.privacy.arrays import compact, varying_axes
 if TYPE_CHECKING:
     from node.privacy.state import Array, State
 
-__all__ = ["MAX_DOMAIN", "Table", "make_root"]
+__all__ = ["MAX_DOMAIN", "Table", "make_root", "root_ids"]
 
 #: Largest root domain tabulated (values of a small integer or bool).
 MAX_DOMAIN = 256
@@ -35,10 +35,19 @@ _ROOT_SHIFT = 40
 
 @dataclass(eq=False)
 class Table:
-    """Root ids (int64, broadcastable to the shape) and values (broadcastable to shape + (D,))."""
+    """Root ids (int64, broadcastable to the shape) and values (broadcastable to shape + (D,)).
+
+    Integer roots index a per-element domain of values (``bps`` None). Float roots index
+    the pieces of the real line cut at the sorted thresholds ``bps`` (see
+    :mod:`node.privacy.thresholds`); ``valid`` marks the pieces a root value can fall in.
+    """
 
     root: Array
     vals: Array
+    bps: Array | None = None
+    valid: Array | None = None
+    #: float roots: the union of the roots' bounds and their dtype name
+    span: tuple[float, float, str] | None = None
 
     @property
     def size(self) -> int:
@@ -60,11 +69,13 @@ class Table:
         vb = np.broadcast_to(self.vals, (*shape, self.size))
         block = vb[tuple(slice(None) if v else 0 for v in vals_ax)].reshape(-1, self.size)
         block = block.astype(np.float64)
+        if self.valid is not None:
+            block = block[:, self.valid]
         copies = int(
             np.prod([n for n, r, v in zip(shape, root_ax, vals_ax, strict=True) if not r and not v])
         )
         best1 = best2 = 0.0
-        for p in range(self.size):
+        for p in range(block.shape[1]):
             d = np.abs(block[:, p : p + 1] - block)
             best1 = max(best1, float(d.sum(axis=0).max()))
             best2 = max(best2, float(np.sqrt((d * d).sum(axis=0)).max()))
@@ -103,6 +114,14 @@ def make_root(s: State, index: int) -> Table | None:
         return None
     dom = np.minimum(lo[..., None] + np.arange(width), hi[..., None])
     vals = dom.astype(s.dtype.np)
-    n = int(np.prod(s.shape))
-    root = (np.int64(index) << _ROOT_SHIFT) + np.arange(n, dtype=np.int64).reshape(s.shape)
-    return Table(root, vals)
+    return Table(root_ids(index, s.shape), vals)
+
+
+def root_ids(index: int, shape: tuple[int, ...]) -> Array:
+    """Ids unique to each element of node ``index``.
+
+    >>> root_ids(1, (2,)).tolist()
+    [1099511627776, 1099511627777]
+    """
+    n = int(np.prod(shape))
+    return (np.int64(index) << _ROOT_SHIFT) + np.arange(n, dtype=np.int64).reshape(shape)

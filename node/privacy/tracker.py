@@ -31,7 +31,7 @@ from node.privacy.state import (
     joint,
     public_state,
 )
-from node.privacy.tables import make_root
+from node.privacy.tables import make_root, root_ids
 
 __all__ = ["OutputSensitivity", "PrivacyReport", "PrivacyTracker", "evaluate_tracked", "track"]
 
@@ -113,8 +113,14 @@ class PrivacyTracker:
             s = self._spec(str(node.attrs["name"])).state(
                 str(node.attrs["name"]), meta.shape, meta.dtype
             )
-            t = make_root(s, index) if not s.is_public else None
-            return s if t is None else s.with_(table=t)
+            if s.is_public:
+                return s
+            t = make_root(s, index)
+            if t is not None:
+                return s.with_(table=t)
+            if meta.dtype.is_float:  # a root for threshold tables (comparisons)
+                return s.with_(vid=root_ids(index, meta.shape))
+            return s
         if node.op == "constant":
             assert node.value is not None
             return public_state(node.value, meta.dtype)

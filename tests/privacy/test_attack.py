@@ -210,6 +210,27 @@ def op_onehot(g: Builder) -> None:
                 g.add("sum", oh.ref, dims=(0,))
 
 
+def op_bins(g: Builder) -> None:
+    x = g.pick("fi", ndim_min=1)
+    if x is None:
+        return
+    v = g.add("unsqueeze", x.ref, dim=len(x.shape))
+    if v is None:
+        return
+    edges = np.sort(np.array(g.draw(st.lists(st.floats(-3, 6), min_size=2, max_size=5))))
+    if g.draw(st.booleans()):
+        edges = edges.astype(np.float32)
+    lo = g.add(g.draw(st.sampled_from(["ge", "gt"])), v.ref, g.b.constant(edges[:-1]))
+    hi = g.add(g.draw(st.sampled_from(["lt", "le"])), v.ref, g.b.constant(edges[1:]))
+    if lo is None or hi is None:
+        return
+    hit = g.add("logical_and", lo.ref, hi.ref)
+    if hit is not None and g.draw(st.booleans()):
+        f = g.add("convert_element_type", hit.ref, dtype="float64")
+        if f is not None:
+            g.add("sum", f.ref, dims=(0,))
+
+
 def op_moment(g: Builder) -> None:
     x = g.pick("f", ndim_min=1)
     if x is None:
@@ -238,6 +259,7 @@ OPS: list[Callable[[Builder], None]] = [
     op_index,
     op_matmul,
     op_onehot,
+    op_bins,
     op_moment,
 ]
 

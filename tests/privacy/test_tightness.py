@@ -89,6 +89,26 @@ def test_histogram_with_subjects_of_three_rows() -> None:
     assert l2 == pytest.approx(math.sqrt(2) * 5)  # all 5 rows may move together
 
 
+@pytest.mark.parametrize("dt", ["float32", "float64", "float16"])
+def test_histogram_of_a_float_column_by_comparisons_is_exact(
+    dt: str, rng: np.random.Generator
+) -> None:
+    b, x = _col(dt)
+    col = b.op("unsqueeze", x, dim=1)
+    edges = np.linspace(10.0, 70.0, 9)  # bins of a bmi column, public float64 edges
+    hit = b.op(
+        "logical_and",
+        b.op("ge", col, b.constant(edges[:-1])),
+        b.op("lt", col, b.constant(edges[1:])),
+    )
+    out = b.op("sum", hit, dims=(0,))
+    r = track(b.build([out]), {"x": InputSpec.private(10.0, 70.0)})
+    assert r.outputs[0].l1 == 2.0 and r.outputs[0].l2 == pytest.approx(math.sqrt(2))
+    cols = {"x": Column(dt, (N,), 10.0, 70.0)}
+    for _ in range(30):
+        assert_sound(b.build([out]), r, *neighbours(cols, rng))
+
+
 def test_one_hot_of_a_float_column_after_binning_is_exact() -> None:
     b, x = _col("float32")
     binned = b.op("convert_element_type", b.op("mul", x, 10.0), dtype="int64")

@@ -10,7 +10,9 @@ excludes 0, ``inf`` for discontinuities (comparisons, logic, rounding divisions)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -19,9 +21,10 @@ from node.engine.prims import REGISTRY
 from node.privacy.arrays import pad_left
 from node.privacy.rules.base import Ctx, combine, finish, rule
 from node.privacy.rules.moments import centred_tag
-from node.privacy.rules.unary import tighten
+from node.privacy.rules.unary import tighten, widen
 from node.privacy.state import Array, State
 from node.privacy.tables import Table, make_root
+from node.privacy.thresholds import refine_all, threshold_table
 
 __all__ = ["kernel_on_tables"]
 
@@ -39,7 +42,7 @@ def _amin(s: State) -> Array:
 
 def _corners(a: State, blo: Array, bhi: Array) -> tuple[Array, Array]:
     ps = [a.lo * blo, a.lo * bhi, a.hi * blo, a.hi * bhi]
-    return np.minimum.reduce(ps), np.maximum.reduce(ps)
+    return functools.reduce(np.minimum, ps), functools.reduce(np.maximum, ps)
 
 
 def _add(c: Ctx, a: State, b: State) -> Bin:
@@ -97,7 +100,9 @@ def _public_divisor(c: Ctx, b: State) -> Array:
 
 def _floor_div(c: Ctx, a: State, b: State) -> Bin:
     v = _public_divisor(c, b)
-    lo, hi = _corners(a, 1 / v, 1 / v)
+    alo, ahi = widen(a.lo, a.hi, c.meta.dtype)
+    ps = [alo / v, ahi / v]
+    lo, hi = widen(np.minimum(*ps), np.maximum(*ps), c.meta.dtype)
     rnd = np.floor if c.node.op == "floor_divide" else np.trunc
     return rnd(lo), rnd(hi), INF, INF
 
@@ -136,6 +141,7 @@ def _pow(c: Ctx, a: State, b: State) -> Bin:
     return lo, hi, np.where(ok, slope, INF), 0.0
 
 
+_COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
 _BINARY: dict[str, Callable[[Ctx, State, State], Bin]] = {
     "add": _add,
     "sub": _sub,
@@ -149,7 +155,7 @@ _BINARY: dict[str, Callable[[Ctx, State, State], Bin]] = {
     "trunc_divide": _floor_div,
     "remainder": _remainder,
     "fmod": _remainder,
-    **{n: _indicator for n in ("eq", "ne", "lt", "le", "gt", "ge")},
+    **{n: _indicator for n in _COMPARISONS},
     **{n: _indicator for n in ("logical_and", "logical_or", "logical_xor")},
     **{n: _bitwise for n in ("bitwise_and", "bitwise_or", "bitwise_xor")},
 }
@@ -162,6 +168,18 @@ def kernel_on_tables(c: Ctx, tables: list[Table | None]) -> Table | None:
     All tables must share the same roots, element by element.
     """
     nd = len(c.shape)
+    present = [t for t in tables if t is not None]
+    kinds = {t.bps is None for t in present}
+    if len(kinds) > 1:
+        return None
+    proto = present[0] if present else None
+    if present and present[0].bps is not None:
+        refined = refine_all(present)
+        if refined is None:
+            return None
+        it = iter(refined)
+        tables = [None if t is None else next(it) for t in tables]
+        proto = refined[0]
     root: Array | None = None
     args: list[Any] = []
     for i, st in enumerate(c.args):
@@ -186,9 +204,9 @@ def kernel_on_tables(c: Ctx, tables: list[Table | None]) -> Table | None:
             vals = np.asarray(REGISTRY[c.node.op].kernel(c.call, args, None))
     except Exception:  # a kernel that cannot take the extra axis: no table, still sound
         return None
-    if vals.ndim != nd + 1:
+    if vals.ndim != nd + 1 or proto is None:
         return None
-    return Table(root, vals)
+    return replace(proto, root=root, vals=vals)
 
 
 def _finish_tables(c: Ctx, s: State) -> State:
@@ -204,6 +222,12 @@ def binary(c: Ctx) -> State:
         lo, hi, ka, kb = _BINARY[c.node.op](c, a, b)
     owner, L, G = combine([a, b], [ka, kb], c.shape)
     s = _finish_tables(c, finish(c.meta, lo, hi, owner, L, G))
+    if s.table is None and c.node.op in _COMPARISONS:
+        for xi, x in ((0, a), (1, b)):
+            t = threshold_table(c, x, xi)
+            if t is not None:
+                s = tighten(s, t)
+                break
     tag = centred_tag(c, a, b)
     return s if tag is None else s.with_(tag=tag)
 
@@ -241,7 +265,8 @@ def convert(c: Ctx) -> State:
         lo, hi = np.zeros(()), np.ones(())
         L, G = np.where(L > 0, 1.0, 0.0), np.where(G > 0, 1.0, 0.0)
     elif not d.is_float and x.dtype.is_float:
-        lo, hi = np.trunc(lo), np.trunc(hi)
+        wlo, whi = widen(lo, hi, x.dtype)
+        lo, hi = np.trunc(wlo), np.trunc(whi)
         L, G = np.where(L > 0, L + 1, 0.0), np.where(G > 0, G + 1, 0.0)
     s = _finish_tables(c, finish(c.meta, lo, hi, x.owner, L, G))
     if s.table is None and not d.is_float:

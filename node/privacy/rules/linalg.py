@@ -13,6 +13,8 @@ Two layouts are supported (1-d and 2-d operands; batched private products have n
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from node.privacy.arrays import fit, varying_axes
@@ -115,7 +117,7 @@ def _terms(a: list[Array], b: list[Array], dif: Array | bool) -> tuple[Array, Ar
     alo, ahi, aL, aG = (x[:, :, None] for x in a)
     blo, bhi, bL, bG = (x[None] for x in b)
     ps = [alo * blo, alo * bhi, ahi * blo, ahi * bhi]
-    tlo, thi = np.minimum.reduce(ps), np.maximum.reduce(ps)
+    tlo, thi = functools.reduce(np.minimum, ps), functools.reduce(np.maximum, ps)
     ka = np.maximum(np.abs(blo), np.abs(bhi))
     kb = np.maximum(np.abs(alo), np.abs(ahi))
     same_l = mul0(ka, aL) + mul0(kb, bL)

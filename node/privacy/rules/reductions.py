@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
 from node.privacy.arrays import compact, fit, varying_axes
 from node.privacy.rules.base import Ctx, finish, rule
 from node.privacy.state import MIXED, PUBLIC, Array, State, has_joint, joint
-from node.privacy.tables import Table
 
 __all__ = ["aggregate", "reduce_array"]
 
@@ -169,7 +169,7 @@ def _sum_like(c: Ctx, scale: float) -> State:
         from node.privacy.rules.unary import tighten
 
         vals = np.squeeze(vals, axis=dims) if not c.call.attrs.get("keepdim") else vals
-        s = tighten(s, Table(_squeeze(root, c, dims), vals.astype(c.meta.dtype.np)))
+        s = tighten(s, replace(t, root=_squeeze(root, c, dims), vals=vals.astype(c.meta.dtype.np)))
     from node.privacy.rules.moments import moment_rule
 
     return moment_rule(c, x, dims, n, scale, s)

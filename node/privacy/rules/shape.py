@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -83,10 +84,11 @@ def move(c: Ctx, x: State, idx: Array | None, mult: float) -> State:
     table = None
     if x.table is not None:
         t = x.table
-        table = Table(mv(t.root), mv(t.vals, (t.size,)))
+        table = replace(t, root=mv(t.root), vals=mv(t.vals, (t.size,)))
     lo, hi, owner, L, G = (fit(mv(a), c.shape) for a in (x.lo, x.hi, x.owner, x.L, x.G))
     value = None if x.value is None else np.broadcast_to(mv(x.value), c.shape)
-    s = State(c.shape, c.meta.dtype, lo, hi, owner, L, G, value=value, table=table)
+    vid = None if x.vid is None else fit(mv(x.vid), c.shape)
+    s = State(c.shape, c.meta.dtype, lo, hi, owner, L, G, value=value, table=table, vid=vid)
     if has_t(x):  # a table moves along by itself
         t1, t2 = joint(x, c.nsub)
         s = s.with_(t1=t1 * mult, t2=t2 * math.sqrt(mult))
@@ -147,7 +149,7 @@ def cat(c: Ctx) -> State:
         join([p.G for p in parts]),
     )
     tables = [p.table for p in parts]
-    if all(t is not None for t in tables):
+    if all(t is not None and t.bps is None for t in tables):
         ts = [t for t in tables if t is not None]
         size = max(t.size for t in ts)
         vals = [

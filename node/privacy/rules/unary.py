@@ -14,15 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.special
 
+from node.engine.dtypes import DType
 from node.privacy.rules.base import Ctx, finish, rule
 from node.privacy.state import Array, State, mul0
 from node.privacy.tables import Table
 
-__all__ = ["FUNCTIONS", "Fn", "tighten"]
+__all__ = ["FUNCTIONS", "Fn", "tighten", "widen"]
 
 F = Callable[[Array], Array]
 
@@ -169,10 +171,31 @@ FUNCTIONS["logical_not"] = FUNCTIONS["bitwise_not_bool"] = Fn(
 FUNCTIONS["bitwise_not_int"] = Fn(lambda lo, hi: (-hi - 1, -lo - 1), lambda lo, hi, d: d)
 
 
+def widen(lo: Array, hi: Array, dt: DType) -> tuple[Array, Array]:
+    """Bounds widened by the rounding a float computation may have added (64 ulps).
+
+    Ranges of discontinuous functions (floor, sign, casts to integers) are taken on the
+    widened bounds: a value that rounding pushed just past an integer must be covered.
+
+    >>> widen(np.float64(0.0), np.float64(1.0), dtype("float32"))[0] < 0
+    True
+    """
+    if not dt.is_float:
+        return lo, hi
+    npd: Any = np.float32 if dt.np.kind == "V" else dt.np
+    eps = float(np.finfo(npd).eps)
+    with np.errstate(all="ignore"):
+        d = 64 * eps * np.maximum(np.abs(lo), np.abs(hi))
+    return lo - d, hi + d
+
+
 def _apply(c: Ctx, fn: Fn) -> State:
     x = c.arg(0)
+    xlo, xhi = x.lo, x.hi
+    if c.node.op in (*_STEPS, "sign"):
+        xlo, xhi = widen(xlo, xhi, x.dtype)
     with np.errstate(all="ignore"):
-        a, b = fn.rng(x.lo, x.hi)
+        a, b = fn.rng(xlo, xhi)
         lo, hi = np.minimum(a, b), np.maximum(a, b)
         L = fn.delta(x.lo, x.hi, np.asarray(x.L))
         G = fn.delta(x.lo, x.hi, np.asarray(x.G))
