@@ -34,7 +34,7 @@ class Settings(BaseSettings):
     max_columns: int = Field(default=10_000, gt=0)
 
     #: Each user's privacy budget until policies say otherwise: total epsilon and delta.
-    default_epsilon_budget: float = Field(default=10.0, ge=0, allow_inf_nan=False)
+    default_epsilon_budget: float = Field(default=10.0, ge=0, le=700, allow_inf_nan=False)
     default_delta_budget: float = Field(default=1e-6, ge=0, lt=1, allow_inf_nan=False)
 
     #: Argon2id cost: memory in KiB and passes (RFC 9106's low-memory profile by default).

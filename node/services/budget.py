@@ -1,7 +1,7 @@
 """The privacy budget: an append-only ledger and a check that cannot be raced.
 
 Amounts are kept as whole numbers of small units — epsilon and rho in 1e-9, a
-sampler's total-variation deviation in 1e-18 — so that a ledger's sum is exact
+sampler's total-variation deviation in 1e-30 (about 1e-29 per value noised) — so that sums are exact
 and a budget of 1.0 pays for exactly ten charges of 0.1. A requested amount is
 rounded *down* to the unit grid before the mechanism is calibrated to it
 (``quantize_epsilon``), and amounts the node derives (rho, a sampler's deviation)
@@ -35,7 +35,7 @@ from node.settings import Settings
 
 EPSILON_UNIT = Fraction(1, 10**9)
 RHO_UNIT = Fraction(1, 10**9)
-TV_UNIT = Fraction(1, 10**18)
+TV_UNIT = Fraction(1, 10**30)
 DELTA_UNIT = Fraction(1, 10**18)
 
 
