@@ -2,7 +2,7 @@
 
 - ``tensor.py``: :class:`RemoteTensor`, the wrapper subclass over a meta tensor, and aliasing.
 - ``dispatch.py``: ATen op -> private / view / in-place / rule / decomposition.
-- ``views.py``, ``rules.py``, ``rules_nn.py``, ``rules_extra.py``, ``indexing.py``: the
+- ``views.py``, ``rules*.py``, ``indexing.py``: the
   ATen -> prim tables.
 - ``graph.py``: recorded nodes, engine graphs, wire encoding and the structure cache.
 - ``handles.py``: the remote tensors of dataset columns and model weights.
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from node.engine import Graph
-from sdk._remote import indexing, rules, rules_extra, rules_nn  # noqa: F401  (register rules)
+from sdk._remote import indexing, rules, rules_extra, rules_nn, rules_reduce  # noqa: F401
 from sdk._remote.graph import Encoded, WireCache, build, encode_graph, input_node
 from sdk._remote.mock import MockSession, active_session, evaluate, mock
 from sdk._remote.tensor import RemoteTensor, Storage
