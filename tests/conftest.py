@@ -49,20 +49,26 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(params=BACKENDS)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh, migrated database for one test, on each backend."""
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, migrated database for one test, on each backend (dropped afterwards)."""
     if request.param == "sqlite":
         template: Path = request.getfixturevalue("sqlite_template")
         path = tmp_path / "dpnode.sqlite3"
         shutil.copy(template, path)
-        return f"sqlite:///{path}"
+        yield f"sqlite:///{path}"
+        return
     server: str = request.getfixturevalue("postgres_url")
     name = f"dpnode_test_{os.getpid()}_{next(_names)}"
-    engine = create_engine(server, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
         conn.execute(text(f"CREATE DATABASE {name} TEMPLATE dpnode_template"))
-    engine.dispose()
-    return server.rsplit("/", 1)[0] + "/" + name
+    try:
+        yield server.rsplit("/", 1)[0] + "/" + name
+    finally:
+        # FORCE: a server process a test started may still hold a connection.
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import math
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from node.db.models import Role
 
@@ -82,7 +82,7 @@ class TableManifest(Schema):
     columns: list[str] = Field(description="column order")
     bounds: dict[str, tuple[float, float]] = Field(default_factory=dict)
     categories: dict[str, list[str]] = Field(default_factory=dict)
-    clamp: bool | list[str] = False
+    clamp: StrictBool | list[str] = False
     fill: dict[str, float] = Field(default_factory=dict)
     subject_id: str | None = None
     #: String-valued columns, which raw tensors cannot carry.

@@ -272,7 +272,13 @@ def prepare_table(
         raise UploadRejectedError(
             f"column order {names[:10]} does not match the columns sent {list(columns)[:10]}"
         )
-    declarations = {"bounds": spec.bounds, "categories": spec.categories, "fill": spec.fill or {}}
+    clamped = spec.clamp if isinstance(spec.clamp, frozenset) else frozenset()
+    declarations = {
+        "bounds": spec.bounds,
+        "categories": spec.categories,
+        "fill": spec.fill or {},
+        "clamp": sorted(clamped),
+    }
     for kind, declared in declarations.items():
         for column in declared:
             if column not in columns:

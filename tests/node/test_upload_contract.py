@@ -133,6 +133,11 @@ REFUSED: list[tuple[dict[str, Any], dict[str, Any], str]] = [
     ),
     (
         {"x": np.array([1.0])},
+        {"bounds": {"x": (0, 5)}, "clamp": ["x", "typo"]},
+        "clamp declared for column 'typo', but the data has no such column",
+    ),
+    (
+        {"x": np.array([1.0])},
         {"bounds": {"x": (0, 5)}, "subject_id": "who"},
         "data has no subject id column 'who'",
     ),
@@ -379,3 +384,14 @@ def test_clamping_moves_only_out_of_bound_values_onto_the_bounds(
     np.testing.assert_array_equal(back[inside], values[inside])
     assert np.all(back[values < stored_lower] == dtype.type(stored_lower))
     assert np.all(back[values > stored_upper] == dtype.type(stored_upper))
+
+
+def test_clamp_must_be_a_boolean_or_a_list_of_columns(
+    http: TestClient, owner_h: dict[str, str]
+) -> None:
+    response = upload(
+        http, owner_h, "lenient", {"x": np.array([9.0])}, bounds={"x": (0, 5)}, clamp="yes"
+    )
+    body = refused(response, 422, "invalid_request")
+    assert body.startswith("invalid dataset manifest") and "clamp" in body
+    assert http.get(DATASETS, headers=owner_h).json() == []
