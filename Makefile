@@ -30,8 +30,12 @@ test: install
 check: install
 	scripts/check
 
+## Every benchmark, each printing ratios against a baseline measured in the same run.
 bench: install
-	$(PY) bench/run.py
+	$(PY) bench/engine.py
+	$(PY) bench/noise.py
+	$(PY) bench/publish.py
+	$(PY) bench/sdk.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
