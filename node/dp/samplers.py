@@ -4,7 +4,7 @@ Why not the exact samplers of Canonne, Kamath & Steinke (2020)? Their rejection 
 but run for a random number of rounds that depends on the noise drawn, and they are scalar.
 Here every sample costs the same fixed sequence of table lookups (:mod:`node.dp.tables`),
 whatever the noise, and a whole array is drawn at once. The price is a deviation from the
-ideal distribution, bounded in total variation (``tv_bound`` per sample, below 2^-90) and
+ideal distribution, bounded in total variation (``tv_bound`` per sample, below 2^-95) and
 charged by the caller as an additive delta.
 
 Large scales do not need large tables:
@@ -28,10 +28,10 @@ released (only table outcomes added to secret values). ``source="os"`` draws eve
 ``os.urandom`` instead, for a deployment that wants a cryptographic stream at a few times the
 cost.
 
-Within one sample the 128-bit comparisons share a single tie-breaking word; it is consulted only
-when a lookup's 64-bit part ties its threshold (probability ≤ 2^-48 per lookup), and the draws
-differ from fully independent tie-breakers only if two lookups of one sample tie, which adds at
-most ``L² 2^-97`` for ``L`` lookups to the TV bound.
+Within one sample the 128-bit comparisons share a single tie-breaking word; it matters only when
+a lookup's 64-bit part ties its threshold (probability ``2^-(64 - d)`` for a table of ``2^d``
+bins, ``d ≤ 16``), and the draws differ from fully independent tie-breakers only if two lookups of
+one sample tie, which adds ``Σ_{i<j} 2^-(128 - d_i - d_j)`` to the TV bound.
 """
 
 from __future__ import annotations
@@ -142,10 +142,12 @@ class GaussianPlan:
         return (self.top,) + ((self.low,) * self.levels if self.low is not None else ())
 
 
-def _tie_bound(lookups: int) -> float:
-    # Two of `lookups` 128-bit comparisons tie in their 64-bit parts: each has probability at
-    # most 2^-(64-16) (16 bits at most go to the bin), so the pair bound is L²/2 * 2^-96.
-    return lookups * lookups * 2.0**-97
+def _tie_bound(tables: tuple[AliasTable, ...]) -> float:
+    # The shared tie-breaking word matters only if two lookups of one sample tie in their
+    # 64-bit parts; lookup i ties with probability 2^-(64 - bits_i), independently of j.
+    return math.fsum(
+        2.0 ** -(128 - a.bits - b.bits) for i, a in enumerate(tables) for b in tables[i + 1 :]
+    )
 
 
 def _check_scale(scale: float) -> None:
@@ -177,7 +179,7 @@ def laplace_plan(scale: float) -> LaplacePlan:
             digits.append((truncated_geometric_table(ratio, width), offset))
             offset += width
     tables = (top, *(d for d, _ in digits))
-    tv = math.fsum(tb.tv_bound for tb in tables) + _tie_bound(len(tables))
+    tv = math.fsum(tb.tv_bound for tb in tables) + _tie_bound(tables)
     v_max = -top.offset
     v = np.arange(1 << top.bits, dtype=np.int64) + top.offset  # padding indices never drawn
     sign = np.sign(v)
@@ -233,7 +235,7 @@ def gaussian_plan(scale: float) -> GaussianPlan:
         top = discrete_gaussian_table(var)
     low = _gaussian_low_table() if levels else None
     tables = (top,) + ((low,) * levels if low is not None else ())
-    tv += math.fsum(tb.tv_bound for tb in tables) + _tie_bound(len(tables))
+    tv += math.fsum(tb.tv_bound for tb in tables) + _tie_bound(tables)
     low_abs = -low.offset if low is not None else 0
     max_abs = -top.offset * m**levels + low_abs * sum(m**i for i in range(levels))
     offset = top.offset * m**levels - low_abs * sum(m**i for i in range(levels))
