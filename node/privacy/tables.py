@@ -51,7 +51,12 @@ class Table:
 
     @property
     def size(self) -> int:
-        return int(self.vals.shape[-1])
+        """Columns of the domain (a float table's pieces; may be stored broadcast)."""
+        return len(self.valid) if self.valid is not None else int(self.vals.shape[-1])
+
+    def full_vals(self) -> Array:
+        """``vals`` with the domain axis at its full length."""
+        return np.broadcast_to(self.vals, (*self.vals.shape[:-1], self.size))
 
     def group_bounds(self, s: State, nsub: int) -> tuple[Array, Array] | None:
         """Per-subject joint L1 and squared-L2 bounds of the change of every element.
@@ -63,10 +68,10 @@ class Table:
         nd = len(shape)
         none = None
         root_ax = varying_axes(self.root, shape)
-        vals_ax = varying_axes(self.vals, (*shape, self.size))[:nd]
+        vals_ax = varying_axes(self.full_vals(), (*shape, self.size))[:nd]
         if any(r and v for r, v in zip(root_ax, vals_ax, strict=True)):
             return none
-        vb = np.broadcast_to(self.vals, (*shape, self.size))
+        vb = np.broadcast_to(self.full_vals(), (*shape, self.size))
         block = vb[tuple(slice(None) if v else 0 for v in vals_ax)].reshape(-1, self.size)
         block = block.astype(np.float64)
         if self.valid is not None:

@@ -117,7 +117,9 @@ def refine_all(tables: list[Table]) -> list[Table] | None:
     for t in tables:
         assert t.bps is not None
         out.append(
-            replace(t, vals=np.take(t.vals, piece_of(reps, t.bps), axis=-1), bps=bps, valid=ok)
+            replace(
+                t, vals=np.take(t.full_vals(), piece_of(reps, t.bps), axis=-1), bps=bps, valid=ok
+            )
         )
     return out
 

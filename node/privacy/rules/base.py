@@ -88,9 +88,11 @@ def combine(
 ) -> tuple[Array, Array, Array]:
     """Owner, ``L`` and ``G`` of a result that moves by at most ``sum_i k_i |d_i|``.
 
-    If every private argument has the same owner the result keeps it; otherwise it is
-    mixed and its bound is the worst subject's: ``sum_i k_i G_i`` plus the largest
-    ``sum_{i owned by s} k_i (L_i - G_i)``.
+    Mixed arguments move by at most their bound whoever changes, so they do not take the
+    owner away: if the owned arguments share one owner ``u`` the result keeps it, with
+    ``L = sum_i k_i (L_i if owner_i = u else G_i)`` and ``G = sum_i k_i G_i``. If two
+    owned arguments have different owners the result is mixed and its bound is the worst
+    subject's: ``sum_i k_i G_i`` plus the largest ``sum_{i owned by s} k_i (L_i - G_i)``.
     """
     owners = [fit(s.owner, shape) for s in states]
     kL = [mul0(k, s.L) for s, k in zip(states, ks, strict=True)]
@@ -111,21 +113,29 @@ def _combine(
     ):
         # one owner per element, shared by every private argument (public ones add 0)
         return first, _total(kL), _total(kG)
-    out = fit(np.int64(PUBLIC), shape)
+    own: Array = fit(np.int64(PUBLIC), shape)  # the owned owner so far (PUBLIC: none yet)
+    conflict: Array = np.zeros((), dtype=bool)
+    mixed: Array = np.zeros((), dtype=bool)
     for o in owners:
-        out = np.where(out == PUBLIC, o, np.where((o == PUBLIC) | (o == out), out, MIXED))
-    base: Array = np.zeros(())
-    for g in kG:
-        base = base + g
+        owned = o >= 0
+        conflict = conflict | (owned & (own >= 0) & (o != own))
+        own = np.where(owned & (own < 0), o, own)
+        mixed = mixed | (o == MIXED)
+    base = _total(kG)
+    mine: Array = np.zeros(())
+    for i, oi in enumerate(owners):
+        mine = mine + np.where((oi == own) & (own >= 0), kL[i] - kG[i], 0.0)
+    out = np.where(conflict, MIXED, np.where(own >= 0, own, np.where(mixed, MIXED, PUBLIC)))
+    if not conflict.any():
+        return out, base + mine, base
     extra: Array = np.zeros(())
     for oj in owners:
         cand: Array = np.zeros(())
         for i, oi in enumerate(owners):
             cand = cand + np.where((oi == oj) & (oj >= 0), kL[i] - kG[i], 0.0)
         extra = np.maximum(extra, np.where(oj >= 0, cand, 0.0))
-    L = base + extra
-    G = np.where(out >= 0, base, L)
-    return out, L, G
+    worst = base + extra
+    return out, np.where(conflict, worst, base + mine), np.where(conflict, worst, base)
 
 
 def _total(arrays: list[Array]) -> Array:

@@ -121,11 +121,34 @@ def aggregate(
             kfull,
         )
     rshape = _rows_shape(s, dims)
-    o, L, G = (_to_rows(a, rshape, dims) for a in (s.owner, s.L, s.G))
-    omin = np.where(o == PUBLIC, _BIG, o).min(axis=1)
-    omax = np.where(o == PUBLIC, -_BIG, o).max(axis=1)
+    o = _to_rows(s.owner, rshape, dims)
+    pub = bool((o == PUBLIC).any())
+    omin = (np.where(o == PUBLIC, _BIG, o) if pub else o).min(axis=1)
+    omax = (np.where(o == PUBLIC, -_BIG, o) if pub else o).max(axis=1)
     single = (omin == omax) & (omin >= 0)
     owner = np.where(omin == _BIG, PUBLIC, np.where(single, omin, MIXED))
+    out = tuple(1 if d in dims else n for d, n in enumerate(rshape))
+    lc, gc = fit(s.L, shape), fit(s.G, shape)
+    flat = all(lc.shape[d] == 1 and gc.shape[d] == 1 for d in dims)
+    if how == "sum" and flat and o.shape[0] == 1:
+        # every reduced element has the same L and G: a subject's share is its count
+        keys = o[0][o[0] >= 0]
+        steps = np.diff(keys)
+        most = 1 if (steps > 0).all() else (int(np.bincount(keys).max()) if keys.size else 0)
+        sum_l, sum_g = reduce_array(s.L, shape, dims), reduce_array(s.G, shape, dims)
+        pick = tuple(slice(0, 1) if d in dims else slice(None) for d in range(len(shape)))
+        mixed = sum_g + most * np.maximum(lc[pick] - gc[pick], 0.0)
+        single_r = single.reshape(out)
+        kmost = np.broadcast_to(float(most), (max(nsub, 1),))
+        if np.any(gc > 0):
+            kmost = kfull
+        return (
+            owner.reshape(out),
+            np.where(single_r, sum_l, mixed),
+            np.where(single_r, sum_g, mixed),
+            kmost,
+        )
+    L, G = (_to_rows(a, rshape, dims) for a in (s.L, s.G))
     if how == "sum":
         sum_l, sum_g = L.sum(axis=1), G.sum(axis=1)
         extra, kmax = _worst_subject(o, L - G, nsub)
@@ -138,7 +161,6 @@ def aggregate(
         lo_l = np.where(single, L.max(axis=1), both)
         lo_g = np.where(single, G.max(axis=1), both)
         kmax = kfull
-    out = tuple(1 if d in dims else n for d, n in enumerate(rshape))
     return owner.reshape(out), lo_l.reshape(out), lo_g.reshape(out), kmax
 
 
