@@ -22,7 +22,7 @@ from node.dp.accounting import (
     zcdp_to_dp,
     zcdp_to_dp_cks,
 )
-from node.dp.mechanisms import Release, gaussian, laplace
+from node.dp.mechanisms import Release, gaussian, gaussian_scale, laplace, laplace_scale
 
 __all__ = [
     "Charge",
@@ -31,8 +31,10 @@ __all__ = [
     "compose",
     "fits",
     "gaussian",
+    "gaussian_scale",
     "gaussian_sigma",
     "laplace",
+    "laplace_scale",
     "pure_to_zcdp",
     "spent",
     "zcdp_delta",

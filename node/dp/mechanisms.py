@@ -33,7 +33,7 @@ from node.dp import grid, samplers
 from node.dp.accounting import Charge, calibrate_rho
 from node.errors import InvalidRequestError
 
-__all__ = ["Release", "gaussian", "laplace"]
+__all__ = ["Release", "gaussian", "gaussian_scale", "laplace", "laplace_scale"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -165,17 +165,7 @@ def laplace(
     if sens == 0 or n == 0:
         grid.round_to_grid(x.reshape(-1), 0)  # refuse NaN/inf all the same
         return Release(x, "laplace", None, 0.0, 0.0, eps, 0.0, 0.0)
-    k = grid.finest_exponent(sens, n, norm=1)
-    while True:
-        # L1 sensitivity of the rounded query, in grid units: floor(Δ/2^k) + n.
-        steps = math.floor(Fraction(sens) / Fraction(2) ** k)
-        d_int = steps + n
-        t = _float_at_least(Fraction(d_int) / Fraction(eps))
-        if t <= samplers.MAX_SCALE:
-            break
-        if steps == 0:  # the rounding term n / epsilon alone is too large: no grid helps
-            raise InvalidRequestError(_too_small("epsilon", eps, n))
-        k += 1
+    k, t, d_int = _laplace_grid(sens, eps, n)
     plan = samplers.laplace_plan(t)
     noised = _noised(x, k, plan, source)
     return Release(
@@ -229,20 +219,7 @@ def gaussian(
     if sens == 0 or n == 0:
         grid.round_to_grid(x.reshape(-1), 0)
         return Release(x, "gaussian", None, 0.0, 0.0, 0.0, target, 0.0)
-    k = grid.finest_exponent(sens, n, norm=2)
-    two_rho = 2 * Fraction(target)
-    while True:
-        # L2 sensitivity of the rounded query, in grid units: at most Δ/2^k + sqrt(n).
-        steps = Fraction(sens) / Fraction(2) ** k
-        d2 = _float_at_least(steps + _sqrt_at_least(n))
-        s = math.nextafter(d2 / math.sqrt(2 * target), math.inf)
-        while Fraction(d2) ** 2 > two_rho * Fraction(s) ** 2:
-            s = math.nextafter(s, math.inf)
-        if s <= samplers.MAX_SCALE:
-            break
-        if steps < 1:  # the rounding term sqrt(n) dominates: a coarser grid cannot help
-            raise InvalidRequestError(_too_small("rho", target, n))
-        k += 1
+    k, s, d2 = _gaussian_grid(sens, target, n)
     plan = samplers.gaussian_plan(s)
     noised = _noised(x, k, plan, source)
     return Release(
@@ -255,6 +232,96 @@ def gaussian(
         rho=target,
         sampler_tv=n * plan.tv_bound,
     )
+
+
+def _laplace_grid(sens: float, eps: float, n: int) -> tuple[int, float, int]:
+    """Grid exponent k, scale t (grid units) and rounded-query L1 sensitivity (grid units)."""
+    k = grid.finest_exponent(sens, n, norm=1)
+    while True:
+        # L1 sensitivity of the rounded query, in grid units: floor(Δ/2^k) + n.
+        steps = math.floor(Fraction(sens) / Fraction(2) ** k)
+        d_int = steps + n
+        t = _float_at_least(Fraction(d_int) / Fraction(eps))
+        if t <= samplers.MAX_SCALE:
+            return k, t, d_int
+        if steps == 0:  # the rounding term n / epsilon alone is too large: no grid helps
+            raise InvalidRequestError(_too_small("epsilon", eps, n))
+        k += 1
+
+
+def _gaussian_grid(sens: float, rho: float, n: int) -> tuple[int, float, float]:
+    """Grid exponent k, parameter s (grid units) and rounded-query L2 sensitivity (grid units)."""
+    k = grid.finest_exponent(sens, n, norm=2)
+    two_rho = 2 * Fraction(rho)
+    while True:
+        # L2 sensitivity of the rounded query, in grid units: at most Δ/2^k + sqrt(n).
+        steps = Fraction(sens) / Fraction(2) ** k
+        d2 = _float_at_least(steps + _sqrt_at_least(n))
+        s = math.nextafter(d2 / math.sqrt(2 * rho), math.inf)
+        while Fraction(d2) ** 2 > two_rho * Fraction(s) ** 2:
+            s = math.nextafter(s, math.inf)
+        if s <= samplers.MAX_SCALE:
+            return k, s, d2
+        if steps < 1:  # the rounding term sqrt(n) dominates: a coarser grid cannot help
+            raise InvalidRequestError(_too_small("rho", rho, n))
+        k += 1
+
+
+def laplace_scale(*, sensitivity_l1: float, epsilon: float, count: int) -> float:
+    """The noise scale ``b`` that :func:`laplace` would use, without noising anything.
+
+    Includes the grid's inflation of the sensitivity, so it is exactly ``Release.scale``.
+
+    Args:
+        sensitivity_l1: L1 sensitivity of the ``count`` values.
+        epsilon: privacy parameter, finite and > 0.
+        count: number of values released.
+
+    Raises:
+        InvalidRequestError: as :func:`laplace`.
+
+    >>> laplace_scale(sensitivity_l1=1.0, epsilon=1.0, count=2)
+    1.0009765625
+    """
+    eps = _positive("epsilon", epsilon)
+    sens = _sensitivity("sensitivity_l1", sensitivity_l1)
+    if sens == 0 or count <= 0:
+        return 0.0
+    k, t, _ = _laplace_grid(sens, eps, count)
+    return math.ldexp(t, k)
+
+
+def gaussian_scale(
+    *,
+    sensitivity_l2: float,
+    count: int,
+    rho: float | None = None,
+    epsilon: float | None = None,
+    delta: float | None = None,
+) -> float:
+    """The noise parameter ``sigma`` that :func:`gaussian` would use, without noising anything.
+
+    Includes the grid's inflation of the sensitivity, so it is exactly ``Release.scale``.
+
+    Args:
+        sensitivity_l2: L2 sensitivity of the ``count`` values.
+        count: number of values released.
+        rho: zCDP parameter; or ``epsilon`` and ``delta``, as for :func:`gaussian`.
+        epsilon: target epsilon (with ``delta``).
+        delta: target delta (with ``epsilon``).
+
+    Raises:
+        InvalidRequestError: as :func:`gaussian`.
+
+    >>> round(gaussian_scale(sensitivity_l2=1.0, count=1, rho=0.5), 4)
+    1.001
+    """
+    target = _gaussian_rho(rho, epsilon, delta)
+    sens = _sensitivity("sensitivity_l2", sensitivity_l2)
+    if sens == 0 or count <= 0:
+        return 0.0
+    k, s, _ = _gaussian_grid(sens, target, count)
+    return math.ldexp(s, k)
 
 
 def _too_small(name: str, value: float, n: int) -> str:

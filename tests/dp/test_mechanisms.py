@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.dp import Charge, gaussian, laplace
+from node.dp import Charge, gaussian, gaussian_scale, laplace, laplace_scale
 from node.dp.accounting import calibrate_rho
 from node.dp.grid import FINENESS_BITS, on_grid, round_to_grid
 from node.dp.samplers import MAX_SCALE
@@ -171,3 +171,17 @@ def test_large_values_keep_their_magnitude() -> None:
     r = laplace([2.0**60, -(2.0**60)], sensitivity_l1=1.0, epsilon=1.0)
     assert r.grid_exponent is not None and on_grid(r.values, r.grid_exponent)
     assert np.all(np.abs(np.abs(r.values) - 2.0**60) < 2.0**10)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(1e-6, 1e6), st.floats(1e-3, 10.0), st.integers(1, 5000))
+def test_scale_previews_equal_the_release(sens: float, p: float, n: int) -> None:
+    # noise_scale() before a publish must be the scale the publish then uses, grid included.
+    x = np.zeros(n)
+    assert laplace_scale(sensitivity_l1=sens, epsilon=p, count=n) == (
+        laplace(x, sensitivity_l1=sens, epsilon=p).scale
+    )
+    assert gaussian_scale(sensitivity_l2=sens, rho=p, count=n) == (
+        gaussian(x, sensitivity_l2=sens, rho=p).scale
+    )
+    assert laplace_scale(sensitivity_l1=0.0, epsilon=p, count=n) == 0.0
