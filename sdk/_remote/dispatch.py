@@ -240,7 +240,10 @@ def dispatch(func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         return _copy(args[0], args[1])
     if how == "decomp":
         with FactoryCapture():  # type: ignore[no-untyped-call]
-            return what(*args, **kwargs)
+            r = what(*args, **kwargs)
+        if r is not NotImplemented:  # some decompositions decline some call forms
+            return r
+        how = "unsupported"
     if how == "composite":
         with FactoryCapture():  # type: ignore[no-untyped-call]
             r = func.decompose(*args, **kwargs)
