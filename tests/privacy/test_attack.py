@@ -178,9 +178,18 @@ def op_shape(g: Builder) -> None:
 
 def op_index(g: Builder) -> None:
     x = g.pick("fib", ndim_min=1)
-    if x is not None:
-        idx = g.draw(st.lists(st.integers(0, x.shape[0] - 1), min_size=1, max_size=5))
-        g.add("index_select", x.ref, g.b.constant(np.array(idx, dtype=np.int64)), dim=0)
+    if x is None:
+        return
+    idx = g.draw(st.lists(st.integers(0, x.shape[0] - 1), min_size=1, max_size=5))
+    const = g.b.constant(np.array(idx, dtype=np.int64))
+    kind = g.draw(st.sampled_from(["index_select", "index", "unfold"]))
+    if kind == "index_select":
+        g.add("index_select", x.ref, const, dim=0)
+    elif kind == "index":
+        g.add("index", x.ref, const)
+    else:
+        size = g.draw(st.integers(1, x.shape[-1]))
+        g.add("unfold", x.ref, dim=-1, size=size, step=g.draw(st.integers(1, 2)))
 
 
 def op_matmul(g: Builder) -> None:

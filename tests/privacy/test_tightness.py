@@ -150,16 +150,24 @@ def test_variance_is_exact(correction: int, rng: np.random.Generator) -> None:
     assert _brute(graph, cols, 200, rng) <= l1 * (1 + 1e-9)
 
 
-def test_covariance_within_2x() -> None:
+def test_covariance_is_exact() -> None:
     b = GraphBuilder()
     x = b.input("x", "float64", (N,))
     y = b.input("y", "float64", (N,))
     specs = {"x": InputSpec.private(0.0, 2.0), "y": InputSpec.private(-1.0, 4.0)}
     l1, _ = _one((b, _var(b, x, y, 1)), specs)
-    # one row moves from one corner of the box to the opposite one, the others at a corner:
-    # cov changes by (n-1)/n^2 * Wx * Wy / ((n-1)/n) = Wx * Wy / n (sample covariance)
+    # the others all at one corner, one row moving from that corner to the opposite one:
+    # the co-moment changes by (n-1)/n * Wx * Wy, the sample covariance by Wx * Wy / n,
+    # which the tracked bound reaches exactly
     analytic = 2.0 * 5.0 / N
-    assert analytic <= l1 * (1 + 1e-9) <= 2 * analytic
+    assert l1 == pytest.approx(analytic, rel=1e-9)
+    graph = b.build([_var(b, x, y, 1)])
+    d1 = {"x": np.zeros(N), "y": np.full(N, -1.0)}
+    d2 = {"x": np.r_[2.0, np.zeros(N - 1)], "y": np.r_[4.0, np.full(N - 1, -1.0)]}
+    from node.engine import evaluate
+
+    reached = abs(float(evaluate(graph, d1)[0] - evaluate(graph, d2)[0]))
+    assert reached == pytest.approx(analytic, rel=1e-6)
 
 
 def test_column_variances_of_a_matrix() -> None:

@@ -105,8 +105,13 @@ def _linear(c: Ctx, x: State, w: State, x_left: bool) -> State:
 
 
 def _term_owner(oa: Array, ob: Array) -> Array:
-    same = (oa == ob) | (ob == PUBLIC)
-    return np.where(same, oa, np.where(oa == PUBLIC, ob, MIXED))
+    """Owner of ``a_k * b_k``: as in ``combine``, mixed factors do not take an owner away."""
+    both = (oa >= 0) & (ob >= 0)
+    owned = np.where(oa >= 0, oa, ob)
+    anymixed = (oa == MIXED) | (ob == MIXED)
+    return np.where(
+        both & (oa != ob), MIXED, np.where(owned >= 0, owned, np.where(anymixed, MIXED, PUBLIC))
+    )
 
 
 def _terms(a: list[Array], b: list[Array], dif: Array | bool) -> tuple[Array, Array, Array, Array]:
@@ -134,7 +139,7 @@ def _contract(c: Ctx, a: State, b: State) -> State:
     (_, n), (blo, bhi, bown, bL, bG) = _as2d(b, left=False)
     oa, ob = _krows(aown, k)[0], _kcols(bown, k)[:, 0]
     o = _term_owner(oa, ob)
-    differ = (oa != ob) & (oa != PUBLIC) & (ob != PUBLIC)
+    differ = (oa >= 0) & (ob >= 0) & (oa != ob)
     live = o[o != PUBLIC]
     omin = int(live.min()) if live.size else _BIG
     omax = int(live.max()) if live.size else -_BIG
@@ -179,7 +184,7 @@ def _contract_uniform(
     n_diff = int(differ.sum())
     n_same = int((~pub & ~differ).sum())
     same = ~pub & ~differ
-    owners = o[same]
+    owners = o[same & (o >= 0)]
     most = int(np.bincount(owners).max()) if owners.size else 0
     sum_l = n_same * tl_same + n_diff * cross
     sum_g = n_same * tg_same + n_diff * cross

@@ -113,15 +113,29 @@ def view(c: Ctx) -> State:
     return move(c, x, idx, mult)
 
 
-@rule("gather", "index_select")
-def index(c: Ctx) -> State:
-    """Indexing with public, known indices (a private index could point anywhere)."""
-    x, ix = c.arg(0), c.arg(1)
-    if not ix.is_public or ix.value is None:
-        raise c.fail("the index must be public and known (a private index has no privacy rule)")
-    idx = np.asarray(REGISTRY[c.node.op].kernel(c.call, [_source(x), ix.value], None))
+def _mapped(c: Ctx, x: State, extra: list[object]) -> State:
+    """Move ``x`` by the prim's own kernel applied to element numbers (copies counted)."""
+    idx = np.asarray(REGISTRY[c.node.op].kernel(c.call, [_source(x), *extra], None))
     counts = np.bincount(idx.reshape(-1), minlength=1)
     return move(c, x, idx, float(counts.max()) if idx.size else 0.0)
+
+
+@rule("gather", "index_select", "index")
+def index(c: Ctx) -> State:
+    """Indexing with public, known indices (a private index could point anywhere)."""
+    x = c.arg(0)
+    extra: list[object] = []
+    for st in c.args[1:]:
+        if st is not None and (not st.is_public or st.value is None):
+            raise c.fail("the index must be public and known (a private index has no privacy rule)")
+        extra.append(None if st is None else st.value)
+    return _mapped(c, x, extra)
+
+
+@rule("unfold")
+def unfold(c: Ctx) -> State:
+    """Sliding windows: overlapping windows copy an element up to ``ceil(size/step)`` times."""
+    return _mapped(c, c.arg(0), [])
 
 
 @rule("cat")
