@@ -10,7 +10,6 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-
 revision: str = "0002"
 down_revision: str | None = "0001"
 branch_labels: str | Sequence[str] | None = None
@@ -53,7 +52,8 @@ def upgrade() -> None:
         for event in ("UPDATE", "DELETE"):
             op.execute(
                 f"CREATE TRIGGER ledger_entries_no_{event.lower()} BEFORE {event} "
-                "ON ledger_entries BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END"
+                "ON ledger_entries BEGIN "
+                "SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END"
             )
 
 

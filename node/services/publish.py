@@ -28,8 +28,8 @@ import numpy.typing as npt
 
 from node.context import NodeContext
 from node.db.models import Role, User
-from node.dp import gaussian, gaussian_sigma, laplace
-from node.dp.mechanisms import Release
+from node.dp import gaussian, laplace
+from node.dp.mechanisms import Release, gaussian_scale, laplace_scale
 from node.engine import Graph, Quotas, decode, plan, structure_hash
 from node.errors import GraphError, InvalidRequestError, NotFoundError, PermissionDeniedError
 from node.privacy import InputSpec, PrivacyReport, evaluate_tracked, track
@@ -215,8 +215,10 @@ def publish(context: NodeContext, actor: User, frame: bytes, request: PublishReq
 
 
 def noise_scale(report: PrivacyReport, request: PublishRequest) -> float:
-    """The noise scale a publish would use (Laplace b, or Gaussian sigma), before the grid."""
+    """The noise scale a publish would use (Laplace b, or Gaussian sigma), exactly."""
     epsilon = _float_at_most(budget.quantize_epsilon(request.epsilon))
+    count = sum(int(np.prod(o.shape, dtype=np.int64)) for o in report.outputs)
     if request.delta is None:
-        return report.l1 / epsilon
-    return gaussian_sigma(report.l2, epsilon=epsilon, delta=request.delta)
+        return laplace_scale(sensitivity_l1=report.l1, epsilon=epsilon, count=count)
+    delta = _check_delta(request.delta)
+    return gaussian_scale(sensitivity_l2=report.l2, count=count, epsilon=epsilon, delta=delta)
