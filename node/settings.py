@@ -33,6 +33,11 @@ class Settings(BaseSettings):
     #: Largest number of columns in one dataset.
     max_columns: int = Field(default=10_000, gt=0)
 
+    #: Compute quotas of one graph, checked before anything is read or allocated.
+    max_graph_nodes: int = Field(default=100_000, gt=0)
+    max_graph_memory_bytes: int = Field(default=4 * 1024**3, gt=0)
+    max_graph_flops: int = Field(default=10**12, gt=0)
+
     #: Each user's privacy budget until policies say otherwise: total epsilon and delta.
     default_epsilon_budget: float = Field(default=10.0, ge=0, le=700, allow_inf_nan=False)
     default_delta_budget: float = Field(default=1e-6, ge=0, lt=1, allow_inf_nan=False)

@@ -30,7 +30,7 @@ from node.context import NodeContext
 from node.db.models import Role, User
 from node.dp import gaussian, laplace
 from node.dp.mechanisms import Release, gaussian_scale, laplace_scale
-from node.engine import Graph, Quotas, decode, plan, structure_hash
+from node.engine import Graph, Quotas, WireLimits, decode, plan, structure_hash
 from node.errors import GraphError, InvalidRequestError, NotFoundError, PermissionDeniedError
 from node.privacy import InputSpec, PrivacyReport, evaluate_tracked, track
 from node.services import budget, datasets, models
@@ -103,13 +103,20 @@ def _resolve(context: NodeContext, actor: User, graph: Graph, *, with_values: bo
 
 
 def _decode(context: NodeContext, frame: bytes) -> Graph:
-    graph = decode(frame)
+    s = context.settings
+    limits = WireLimits(max_frame_bytes=s.max_upload_bytes, max_nodes=s.max_graph_nodes)
+    graph = decode(frame, limits)
     plan(graph, _quotas(context))
     return graph
 
 
 def _quotas(context: NodeContext) -> Quotas:
-    return Quotas()
+    s = context.settings
+    return Quotas(
+        max_nodes=s.max_graph_nodes,
+        max_total_bytes=s.max_graph_memory_bytes,
+        max_flops=s.max_graph_flops,
+    )
 
 
 def sensitivity(context: NodeContext, actor: User, frame: bytes) -> PrivacyReport:

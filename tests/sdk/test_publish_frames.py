@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import sdk
+from node.context import NodeContext
 from node.engine import GraphBuilder, encode
 
 
@@ -90,3 +91,16 @@ def test_the_free_noise_scale_is_the_one_the_release_uses(
         _, receipt = ds_client.publish_frame(mean_frame(ds), epsilon=0.5, delta=delta)
         assert receipt["noise_scale"] == free["noise_scale"]
         assert receipt["mechanism"] == ("laplace" if delta is None else "gaussian")
+
+
+def test_graphs_over_the_configured_quotas_are_refused_before_any_work(
+    owner_client: sdk.Client, ds_client: sdk.Client, context: NodeContext
+) -> None:
+    ds = _ages(owner_client)
+    context.settings = context.settings.model_copy(update={"max_graph_flops": 10})
+    with pytest.raises(sdk.QuotaExceededError, match="quota"):
+        ds_client.publish_frame(mean_frame(ds), epsilon=1.0)
+    context.settings = context.settings.model_copy(update={"max_graph_nodes": 2})
+    with pytest.raises(sdk.PayloadTooLargeError, match="graph has 3 nodes; the limit is 2"):
+        ds_client.sensitivity_of_frame(mean_frame(ds))
+    assert ds_client.ledger() == []
