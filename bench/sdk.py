@@ -75,7 +75,7 @@ def _cnn() -> torch.nn.Module:
     return torch.nn.Sequential(
         torch.nn.Conv2d(1, 8, 3, padding=1),
         torch.nn.ReLU(),
-        torch.nn.AvgPool2d(2),
+        torch.nn.MaxPool2d(2),
         torch.nn.Conv2d(8, 16, 3, padding=1),
         torch.nn.ReLU(),
         torch.nn.AvgPool2d(2),

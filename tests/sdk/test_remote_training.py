@@ -37,9 +37,10 @@ def cnn() -> torch.nn.Module:
     return torch.nn.Sequential(
         torch.nn.Conv2d(1, 4, 3, padding=1),
         torch.nn.ReLU(),
-        torch.nn.AvgPool2d(2),
-        torch.nn.Conv2d(4, 6, 3, stride=2),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(4, 6, 3, padding=1),
         torch.nn.Sigmoid(),
+        torch.nn.AvgPool2d(3),
         torch.nn.Flatten(),
         torch.nn.Linear(6, 3),
     )
