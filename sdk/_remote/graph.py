@@ -228,12 +228,14 @@ class WireCache:
     structure hash and the constant buffer only.
 
     >>> from node.engine import GraphBuilder
-    >>> b = GraphBuilder(); x = b.input("x", "float32", (2,))
+    >>> def step(weight):
+    ...     b = GraphBuilder()
+    ...     x = b.input("x", "float32", (2,))
+    ...     return b.build([b.op("mul", x, b.constant([weight, weight], "float32"))])
     >>> cache = WireCache()
-    >>> first = cache.encode(b.build([b.op("mul", x, 2.0)]))
-    >>> again = cache.encode(b.build([b.op("mul", x, 2.0)]))
-    >>> first[1] is not None, again[1] is None, first[0] == again[0]
-    (True, True, True)
+    >>> first, again = cache.encode(step(1.0)), cache.encode(step(0.5))
+    >>> first[1] is not None, again[1] is None, first[0] == again[0], first[2] != again[2]
+    (True, True, True, True)
     """
 
     def __init__(self) -> None:
