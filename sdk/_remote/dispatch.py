@@ -229,7 +229,11 @@ def dispatch(func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         nodes = what(
             out, *[_to_nodes(a) for a in args], **{k: _to_nodes(v) for k, v in kwargs.items()}
         )
-        return _wrap(out, nodes, _source(args))
+        if nodes is not NotImplemented:
+            return _wrap(out, nodes, _source(args))
+        # the rule declines this call form: torch's decomposition, if there is one
+        how = "decomp" if func in decomposition_table else "unsupported"
+        what = decomposition_table.get(func)
     if how == "view":
         return _view(func, what, args, kwargs)
     if how == "special":

@@ -9,6 +9,7 @@ table; what is here either has a prim of its own (``matmul``,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -271,3 +272,80 @@ implements(aten.sigmoid_backward.default)(
 implements(aten.tanh_backward.default)(
     lambda out, grad, y: prim("mul", grad, prim("sub", 1.0, prim("mul", y, y)))
 )
+
+
+# -- max pooling: the max over the kernel's taps; the backward scatters into the argmax ---------
+# (torch's decomposition records the same values with a graph twice as large and slower)
+
+
+def _max_pool_taps(
+    out: Any, x: Node, kernel: Any, stride: Any, padding: Any, dilation: Any
+) -> tuple[Node, torch.Tensor]:
+    """(taps stacked on a new last dim, public flat input position of every tap)."""
+    assert x.shape is not None and x.dtype is not None
+    k = _tup(kernel, 2)
+    s = _tup(stride, 2) if stride else k
+    p, d = _tup(padding, 2), _tup(dilation, 2)
+    h, w = x.shape[-2:]
+    oh, ow = out[0].shape[-2:]
+    fill = -math.inf if x.dtype.is_floating_point else torch.iinfo(x.dtype).min
+    xp = prim("pad", x, pad=(p[1], p[1], p[0], p[0]), value=float(fill)) if any(p) else x
+    nd = len(x.shape)
+    taps, pos = [], []
+    for i in range(k[0]):
+        for j in range(k[1]):
+            r0, c0 = i * d[0], j * d[1]
+            t = prim("slice", xp, dim=nd - 2, start=r0, end=r0 + s[0] * (oh - 1) + 1, step=s[0])
+            t = prim("slice", t, dim=nd - 1, start=c0, end=c0 + s[1] * (ow - 1) + 1, step=s[1])
+            taps.append(prim("unsqueeze", t, dim=nd))
+            rows = torch.arange(oh) * s[0] - p[0] + r0
+            cols = torch.arange(ow) * s[1] - p[1] + c0
+            pos.append(rows[:, None] * w + cols[None, :])
+    del h
+    return prim("cat", *taps, dim=nd), torch.stack(pos, -1)
+
+
+@implements(aten.max_pool2d_with_indices.default)
+def _max_pool2d(
+    out: Any,
+    x: Node,
+    kernel: Any,
+    stride: Any = (),
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+) -> Any:  # tuple[Node, Node], or NotImplemented
+    from sdk._remote.dispatch import node_of
+
+    if ceil_mode:  # partial windows: torch's decomposition handles them
+        return NotImplemented
+    stacked, pos = _max_pool_taps(out, x, kernel, stride, padding, dilation)
+    nd = len(x.shape or ())
+    values = prim("amax", stacked, dims=(nd,), keepdim=False)
+    which = prim("argmax", stacked, dim=nd, keepdim=True)
+    table = prim("expand", node_of(pos), shape=(*out[0].shape, pos.shape[-1]))
+    indices = prim("squeeze", prim("gather", table, which, dim=nd), dims=(nd,))
+    return values, indices
+
+
+@implements(aten.max_pool2d_with_indices_backward.default)
+def _max_pool2d_backward(
+    out: torch.Tensor,
+    grad: Node,
+    x: Node,
+    kernel: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    ceil_mode: bool,
+    indices: Node,
+) -> Node:
+    # the indices name flat input positions whatever the window geometry, ceil_mode included
+    assert x.shape is not None
+    lead, (h, w) = tuple(x.shape[:-2]), x.shape[-2:]
+    flat = (*lead, h * w)
+    zeros = prim("full", shape=flat, value=0.0, dtype=dtype_name(out.dtype))
+    src = prim("reshape", grad, shape=(*lead, -1))
+    idx = prim("reshape", indices, shape=(*lead, -1))
+    summed = prim("scatter_add", zeros, idx, src, dim=len(flat) - 1)
+    return prim("reshape", summed, shape=tuple(x.shape))
