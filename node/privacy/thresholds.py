@@ -1,4 +1,4 @@
-"""Threshold tables: one-hot codes and histograms of *float* columns built by comparisons.
+"""Threshold tables: histograms of float (and wide integer) columns built by comparisons.
 
 A comparison of a private float scalar ``x`` with public thresholds is a step function
 of ``x``. Cut the real line at the sorted thresholds ``b_0 < ... < b_{m-1}`` into the
@@ -9,9 +9,10 @@ one representable value of ``x`` per piece therefore gives the function everywhe
 and the joint change of all elements depending on the same ``x`` is an exact maximum
 over pairs of pieces (see :mod:`node.privacy.tables`).
 
-Soundness needs the comparison to see ``x`` exactly: the compare dtype must be a float
-at least as wide as ``x`` (float16 compares in float32; bfloat16 roots are not
-tabulated), and the thresholds are taken as the kernel converts them to that dtype.
+Soundness needs the comparison to see ``x`` exactly: for a float ``x`` the compare dtype
+must be a float at least as wide (float16 compares in float32; bfloat16 roots are not
+tabulated); for an integer ``x`` an integer dtype, or a float whose mantissa holds every
+value in ``x``'s bounds. The thresholds are taken as the kernel converts them.
 Two tables of the same root with different cuts are refined to the union of the cuts:
 a value on a new piece is the value of the old piece containing it.
 """
@@ -35,6 +36,7 @@ from node.privacy.tables import MAX_DOMAIN, Table
 __all__ = ["piece_of", "pieces", "refine_all", "threshold_table"]
 
 _WIDTH = {"float16": 0, "float32": 1, "float64": 2}
+_MANTISSA = {"float16": 11, "float32": 24, "float64": 53}
 
 
 def _next_up(v: float, dt: np.dtype[Any]) -> float:
@@ -42,7 +44,11 @@ def _next_up(v: float, dt: np.dtype[Any]) -> float:
 
     >>> _next_up(0.1, np.dtype("float32")) > 0.1
     True
+    >>> _next_up(2.0, np.dtype("int64"))
+    3.0
     """
+    if dt.kind in "iu":
+        return float(np.floor(v) + 1)
     r = dt.type(v)
     if float(r) <= v:
         r = np.nextafter(r, dt.type(np.inf))
@@ -55,6 +61,8 @@ def _inside(lo: float, hi: float, dt: np.dtype[Any]) -> tuple[float, float]:
     >>> _inside(0.1, 0.2, np.dtype("float32"))[0] >= 0.1
     True
     """
+    if dt.kind in "iu":
+        return float(np.ceil(lo)), float(np.floor(hi))
     with np.errstate(all="ignore"):
         a, b = dt.type(lo), dt.type(hi)
         if float(a) < lo:
@@ -62,6 +70,15 @@ def _inside(lo: float, hi: float, dt: np.dtype[Any]) -> tuple[float, float]:
         if float(b) > hi:
             b = np.nextafter(b, dt.type(-np.inf))
     return float(a), float(b)
+
+
+def _holds(dt: np.dtype[Any], v: float) -> bool:
+    """Whether ``v`` is a value of ``dt``.
+
+    >>> _holds(np.dtype("float32"), 0.1), _holds(np.dtype("int64"), 3.0)
+    (False, True)
+    """
+    return v.is_integer() if dt.kind in "iu" else float(dt.type(v)) == v
 
 
 def pieces(bps: Array, lo: float, hi: float, dt: np.dtype[Any]) -> tuple[Array, Array]:
@@ -82,7 +99,7 @@ def pieces(bps: Array, lo: float, hi: float, dt: np.dtype[Any]) -> tuple[Array, 
         r = lo if left == -np.inf else max(_next_up(left, dt), lo)
         if r < right and r <= hi:
             reps[2 * i], ok[2 * i] = r, True
-        if i < m and lo <= bps[i] <= hi and float(dt.type(bps[i])) == bps[i]:
+        if i < m and lo <= bps[i] <= hi and _holds(dt, float(bps[i])):
             reps[2 * i + 1], ok[2 * i + 1] = bps[i], True
     return reps, ok
 
@@ -124,21 +141,36 @@ def refine_all(tables: list[Table]) -> list[Table] | None:
     return out
 
 
+def _exact(root: str, compare: str, magnitude: float) -> bool:
+    """Whether comparing in dtype ``compare`` sees every value of the root exactly.
+
+    >>> _exact("float32", "float64", 1e30), _exact("int64", "float32", 2.0**30)
+    (True, False)
+    """
+    if root in _WIDTH:
+        return compare in _WIDTH and _WIDTH[compare] >= _WIDTH[root]
+    if root.startswith(("int", "uint")):
+        if compare.startswith(("int", "uint")):
+            return True
+        return compare in _MANTISSA and magnitude <= 2.0 ** _MANTISSA[compare]
+    return False
+
+
 def threshold_table(c: Ctx, x: State, xi: int) -> Table | None:
-    """The table of comparing float root ``x`` (argument ``xi``) with public thresholds."""
+    """The table of comparing root ``x`` (argument ``xi``) with public thresholds, if exact."""
     oi = 1 - xi
     other = c.args[oi]
     if x.vid is None or x.table is not None or other is None or not other.is_public:
         return None
     raw = c.raw[oi] if c.raw[oi] is not None else other.value
-    if raw is None or x.dtype.name not in _WIDTH:
+    if raw is None:
         return None
     cd = opmath(result_type(operands_of(c.call)))
-    if not cd.is_float or _WIDTH.get(cd.name, -1) < _WIDTH[x.dtype.name]:
+    lo, hi = _inside(float(np.min(x.lo)), float(np.max(x.hi)), x.dtype.np)
+    if not (np.isfinite([lo, hi]).all() and _exact(x.dtype.name, cd.name, max(-lo, hi))):
         return None
     bps = np.unique(np.asarray(as_np(raw, cd), dtype=np.float64))
-    lo, hi = _inside(float(np.min(x.lo)), float(np.max(x.hi)), x.dtype.np)
-    if len(bps) > MAX_DOMAIN or not (np.isfinite(bps).all() and np.isfinite([lo, hi]).all()):
+    if len(bps) > MAX_DOMAIN or not (np.isfinite(bps).all() and np.abs(bps).max() < 2.0**53):
         return None
     reps, ok = pieces(bps, lo, hi, x.dtype.np)
     nd = len(c.shape)

@@ -118,7 +118,7 @@ class PrivacyTracker:
             t = make_root(s, index)
             if t is not None:
                 return s.with_(table=t)
-            if meta.dtype.is_float:  # a root for threshold tables (comparisons)
+            if not meta.dtype.is_bool:  # a root for threshold tables (comparisons)
                 return s.with_(vid=root_ids(index, meta.shape))
             return s
         if node.op == "constant":

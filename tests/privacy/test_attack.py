@@ -287,6 +287,7 @@ def columns(draw: st.DrawFn) -> dict[str, Column]:
         "x": Column("float64", (n, d), lo, lo + width, subjects),
         "y": Column("float64", (n,), ylo, ylo + draw(st.floats(0, 2)), subjects),
         "u": Column("int64", (n,), 0, 3, subjects),
+        "w": Column("int64", (n,), -500, 500, subjects),  # too wide for a table
     }
 
 

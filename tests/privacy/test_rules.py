@@ -210,6 +210,9 @@ MODULES = [
     "node.privacy.state",
     "node.privacy.spec",
     "node.privacy.rules.reductions",
+    "node.privacy.rules.unary",
+    "node.privacy.tables",
+    "node.privacy.thresholds",
 ]
 
 

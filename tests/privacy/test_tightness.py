@@ -109,6 +109,19 @@ def test_histogram_of_a_float_column_by_comparisons_is_exact(
         assert_sound(b.build([out]), r, *neighbours(cols, rng))
 
 
+def test_histogram_of_a_wide_integer_column_by_comparisons_is_exact() -> None:
+    b, x = _col("int64")
+    col = b.op("unsqueeze", x, dim=1)
+    edges = np.arange(11, dtype=np.int64) * 100_000  # incomes, too many values to tabulate
+    hit = b.op(
+        "logical_and",
+        b.op("ge", col, b.constant(edges[:-1])),
+        b.op("lt", col, b.constant(edges[1:])),
+    )
+    l1, l2 = _one((b, b.op("sum", hit, dims=(0,))), {"x": InputSpec.private(0, 10**6)})
+    assert l1 == 2.0 and l2 == pytest.approx(math.sqrt(2))
+
+
 def test_one_hot_of_a_float_column_after_binning_is_exact() -> None:
     b, x = _col("float32")
     binned = b.op("convert_element_type", b.op("mul", x, 10.0), dtype="int64")

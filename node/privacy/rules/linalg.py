@@ -19,7 +19,7 @@ import numpy as np
 
 from node.privacy.arrays import fit, varying_axes
 from node.privacy.rules.base import Ctx, finish, rule
-from node.privacy.state import MIXED, PUBLIC, Array, State, has_joint, joint, mul0
+from node.privacy.state import MIXED, PUBLIC, Array, State, has_joint, joint, mul0, public_state
 
 __all__ = ["matmul"]
 
@@ -229,6 +229,8 @@ def _contract_chunks(
 def matmul(c: Ctx) -> State:
     """Matrix products of 1-d and 2-d operands (see the module docstring)."""
     a, b = c.arg(0), c.arg(1)
+    if 0 in a.shape or 0 in b.shape:  # empty sums: zeros whatever the data
+        return public_state(np.zeros(c.shape, dtype=c.meta.dtype.np), c.meta.dtype)
     if len(a.shape) > 2 or len(b.shape) > 2:
         raise c.fail("batched matmul of private tensors has no privacy rule")
     ka = varying_axes(a.owner, a.shape)

@@ -177,7 +177,8 @@ def widen(lo: Array, hi: Array, dt: DType) -> tuple[Array, Array]:
     Ranges of discontinuous functions (floor, sign, casts to integers) are taken on the
     widened bounds: a value that rounding pushed just past an integer must be covered.
 
-    >>> widen(np.float64(0.0), np.float64(1.0), dtype("float32"))[0] < 0
+    >>> from node.engine.dtypes import dtype
+    >>> bool(widen(np.float64(0.0), np.float64(1.0), dtype("float32"))[0] < 0)
     True
     """
     if not dt.is_float:
