@@ -13,6 +13,7 @@ from typing import Literal
 
 import httpx
 
+from sdk._budget import BudgetStatus, LedgerEntry
 from sdk._client import Client
 from sdk._exceptions import (
     AuthenticationError,
@@ -34,12 +35,14 @@ from sdk._exceptions import (
     UploadRejectedError,
 )
 from sdk._handles import AuditEvent, ColumnInfo, DatasetHandle, ModelHandle, TensorInfo, User
+from sdk._publish import Receipt, Sensitivity, noise_scale, publish, publish_grads, sensitivity
 from sdk._remote import MockSession, RemoteTensor, mock
 
 __all__ = [
     "AuditEvent",
     "AuthenticationError",
     "BudgetExceededError",
+    "BudgetStatus",
     "Client",
     "ColumnInfo",
     "ConflictError",
@@ -48,6 +51,7 @@ __all__ = [
     "EvaluationError",
     "GraphError",
     "InvalidRequestError",
+    "LedgerEntry",
     "MockSession",
     "ModelHandle",
     "NodeUnreachableError",
@@ -56,7 +60,9 @@ __all__ = [
     "PermissionDeniedError",
     "PrivateValueError",
     "QuotaExceededError",
+    "Receipt",
     "RemoteTensor",
+    "Sensitivity",
     "ServerError",
     "TensorInfo",
     "UnsupportedDTypeError",
@@ -66,7 +72,11 @@ __all__ = [
     "current_client",
     "login",
     "mock",
+    "noise_scale",
+    "publish",
+    "publish_grads",
     "search",
+    "sensitivity",
 ]
 
 _last_client: Client | None = None

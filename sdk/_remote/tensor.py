@@ -173,6 +173,26 @@ class RemoteTensor(torch.Tensor):
 
         return build([self.node])
 
+    def publish(self, *, epsilon: float, delta: float | None = None, client: Any = None) -> Any:
+        """Compute this tensor on the node and release it with noise (see ``sdk.publish``)."""
+        from sdk._publish import publish
+
+        return publish(self, epsilon=epsilon, delta=delta, client=client)
+
+    def sensitivity(self, *, client: Any = None) -> Any:
+        """How far this tensor can move when one subject changes (free; ``sdk.sensitivity``)."""
+        from sdk._publish import sensitivity
+
+        return sensitivity(self, client=client)
+
+    def noise_scale(
+        self, *, epsilon: float, delta: float | None = None, client: Any = None
+    ) -> float:
+        """The noise scale a publish at ``epsilon`` would use (free; ``sdk.noise_scale``)."""
+        from sdk._publish import noise_scale
+
+        return noise_scale(self, epsilon=epsilon, delta=delta, client=client)
+
     # data-dependent Python protocols: the values are on the node
     def __bool__(self) -> bool:
         raise _private("bool(tensor) (an `if` or `while` on a remote value)", _WHERE)
