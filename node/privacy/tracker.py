@@ -125,6 +125,8 @@ class PrivacyTracker:
             assert node.value is not None
             return public_state(node.value, meta.dtype)
         assert call is not None
+        if meta.numel == 0:  # no elements: nothing any subject could move
+            return public_state(np.zeros(meta.shape, dtype=meta.dtype.np), meta.dtype)
         ctx = self._context(index, node, call, meta, arg_states)
         present = [a for a in ctx.args if a is not None]
         rule = RULES.get(node.op)

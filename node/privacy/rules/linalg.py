@@ -82,7 +82,8 @@ def _linear(c: Ctx, x: State, w: State, x_left: bool) -> State:
     if wv is not None:
         wm, wr = wv, np.zeros_like(wv)
     else:
-        wm, wr = (wlo + whi) / 2, (whi - wlo) / 2
+        with np.errstate(invalid="ignore"):  # unbounded weights: NaN, refused at the output
+            wm, wr = (wlo + whi) / 2, (whi - wlo) / 2
     wabs = np.abs(wm) + wr
     mid, rad = (lo + hi) / 2, (hi - lo) / 2
     with np.errstate(all="ignore"):

@@ -19,7 +19,7 @@ import numpy as np
 
 from node.privacy.arrays import compact, fit, varying_axes
 from node.privacy.rules.base import Ctx, finish, rule
-from node.privacy.state import MIXED, PUBLIC, Array, State, has_joint, joint
+from node.privacy.state import MIXED, PUBLIC, Array, State, has_joint, joint, public_state
 
 __all__ = ["aggregate", "reduce_array"]
 
@@ -175,6 +175,9 @@ def _sum_like(c: Ctx, scale: float) -> State:
     x = c.arg(0)
     dims = dims_of(c, len(x.shape)) if x.shape else ()
     n = math.prod(x.shape[d] for d in dims)
+    if math.prod(x.shape) == 0:  # an empty sum (or mean): the same on every dataset
+        v = np.full(c.shape, 0.0 if c.node.op == "sum" else np.nan, dtype=c.meta.dtype.np)
+        return public_state(v, c.meta.dtype)
     owner, L, G, kmax = aggregate(x, dims, c.nsub)
     lo, hi = reduce_array(x.lo, x.shape, dims), reduce_array(x.hi, x.shape, dims)
     sq = [_squeeze(a, c, dims) for a in (lo * scale, hi * scale, owner, L * scale, G * scale)]
