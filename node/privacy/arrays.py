@@ -28,17 +28,26 @@ def pad_left(a: Array, ndim: int) -> Array:
     return a.reshape((1,) * (ndim - a.ndim) + a.shape) if a.ndim < ndim else a
 
 
-def varying_axes(a: Array, shape: Sequence[int]) -> list[bool]:
+def varying_axes(a: Array, shape: Sequence[int], exact: bool = False) -> list[bool]:
     """For each axis of ``shape``, whether ``a`` broadcast to it may differ along that axis.
 
-    Judged from the layout (a broadcast or size-1 axis cannot differ), so it costs nothing;
-    arrays are kept compact (see :func:`fit`, :func:`recompact`) for this to be accurate.
+    Judged from the layout (a broadcast or size-1 axis cannot differ), which costs nothing;
+    with ``exact`` an axis the layout calls varying is also checked by value, for the
+    decisions that refuse a graph or pick a rule.
 
     >>> varying_axes(np.arange(3.0)[:, None], (3, 4))
     [True, False]
+    >>> varying_axes(np.ones((3, 4)), (3, 4)), varying_axes(np.ones((3, 4)), (3, 4), exact=True)
+    ([True, True], [False, False])
     """
     b = np.broadcast_to(a, tuple(shape))
-    return [n > 1 and st != 0 for n, st in zip(b.shape, b.strides, strict=True)]
+    out = [n > 1 and st != 0 for n, st in zip(b.shape, b.strides, strict=True)]
+    if exact:
+        for ax, v in enumerate(out):
+            if v:
+                first = np.take(b, [0], axis=ax)
+                out[ax] = not bool(np.array_equal(b, np.broadcast_to(first, b.shape)))
+    return out
 
 
 def fit(a: npt.ArrayLike, shape: Sequence[int]) -> Array:

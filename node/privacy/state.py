@@ -112,6 +112,11 @@ def public_state(value: Array, dt: DType) -> State:
 
 def _fallback(s: State, nsub: int) -> tuple[Array, Array]:
     """Per-subject L1/L2 bounds of the change, from per-element bounds (or the table)."""
+    with np.errstate(all="ignore"):  # overflow to inf is a sound (refused) bound
+        return _fallback_bounds(s, nsub)
+
+
+def _fallback_bounds(s: State, nsub: int) -> tuple[Array, Array]:
     if s.table is not None:
         groups = s.table.group_bounds(s, nsub)
         if groups is not None:  # a table covers every element of its state
@@ -148,7 +153,7 @@ def joint(s: State, nsub: int) -> tuple[Array, Array]:
         f1 = np.minimum(f1, s.t1)
     if s.t2 is not None:
         f2 = np.minimum(f2, s.t2)
-    return f1, np.minimum(f2, f1)
+    return f1, np.fmin(f2, f1)  # L2 <= L1; fmin: an overflowed (NaN) L2 falls back to L1
 
 
 def has_joint(s: State) -> bool:

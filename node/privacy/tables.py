@@ -67,8 +67,8 @@ class Table:
         shape = s.shape
         nd = len(shape)
         none = None
-        root_ax = varying_axes(self.root, shape)
-        vals_ax = varying_axes(self.full_vals(), (*shape, self.size))[:nd]
+        root_ax = varying_axes(self.root, shape, exact=True)
+        vals_ax = varying_axes(self.full_vals(), (*shape, self.size), exact=True)[:nd]
         if any(r and v for r, v in zip(root_ax, vals_ax, strict=True)):
             return none
         vb = np.broadcast_to(self.full_vals(), (*shape, self.size))

@@ -105,6 +105,10 @@ def _linear(c: Ctx, x: State, w: State, x_left: bool) -> State:
     return s
 
 
+def _axes(vary: list[bool]) -> list[int]:
+    return [i for i, v in enumerate(vary) if v]
+
+
 def _term_owner(oa: Array, ob: Array) -> Array:
     """Owner of ``a_k * b_k``: as in ``combine``, mixed factors do not take an owner away."""
     both = (oa >= 0) & (ob >= 0)
@@ -144,8 +148,8 @@ def _contract(c: Ctx, a: State, b: State) -> State:
     live = o[o != PUBLIC]
     omin = int(live.min()) if live.size else _BIG
     omax = int(live.max()) if live.size else -_BIG
-    uniform_a = not any(varying_axes(x, a.shape)[-1] for x in (a.lo, a.hi, a.L, a.G))
-    uniform_b = not any(varying_axes(x, b.shape)[0] for x in (b.lo, b.hi, b.L, b.G))
+    uniform_a = not any(varying_axes(x, a.shape, exact=True)[-1] for x in (a.lo, a.hi, a.L, a.G))
+    uniform_b = not any(varying_axes(x, b.shape, exact=True)[0] for x in (b.lo, b.hi, b.L, b.G))
     if uniform_a and uniform_b:
         lo, hi, sum_l, sum_g, extra = _contract_uniform(
             [np.broadcast_to(x[:, :1], (m, 1)) for x in (alo, ahi, aL, aG)],
@@ -234,8 +238,8 @@ def matmul(c: Ctx) -> State:
         return public_state(np.zeros(c.shape, dtype=c.meta.dtype.np), c.meta.dtype)
     if len(a.shape) > 2 or len(b.shape) > 2:
         raise c.fail("batched matmul of private tensors has no privacy rule")
-    ka = varying_axes(a.owner, a.shape)
-    kb = varying_axes(b.owner, b.shape)
+    ka = varying_axes(a.owner, a.shape, exact=True)
+    kb = varying_axes(b.owner, b.shape, exact=True)
     # a's contracted axis is its last, b's its first (for 1-d operands, their only axis)
     a_rows = not ka[-1]  # owner constant along k
     b_cols = not kb[0]
@@ -248,6 +252,7 @@ def matmul(c: Ctx) -> State:
     if a_k and b_k:
         return _contract(c, a, b)
     raise c.fail(
-        "matmul needs one public operand, or both operands' subjects to vary along the "
-        "contracted axis only"
+        f"matmul of {list(a.shape)} by {list(b.shape)}: needs one public operand, or both "
+        "operands' subjects to vary along the contracted axis only "
+        f"(subjects vary along axes {_axes(ka)} and {_axes(kb)})"
     )

@@ -97,7 +97,7 @@ def moment_rule(c: Ctx, x: State, dims: tuple[int, ...], n: int, scale: float, s
         return s
     owner = np.where(ox == PUBLIC, oy, ox)
     keep_axes = [d for d in range(len(x.shape)) if d not in dims]
-    if any(varying_axes(owner, x.shape)[d] for d in keep_axes):
+    if any(varying_axes(owner, x.shape, exact=True)[d] for d in keep_axes):
         return s  # the simple count below needs one subject layout for every output
     rows = np.broadcast_to(owner, x.shape)[
         tuple(slice(None) if d in dims else 0 for d in range(len(x.shape)))

@@ -111,7 +111,7 @@ def aggregate(
     shape = s.shape
     r = math.prod(shape[d] for d in dims)
     kfull = np.broadcast_to(float(r), (max(nsub, 1),))
-    if not any(varying_axes(s.owner, shape)[d] for d in dims):
+    if not any(varying_axes(s.owner, shape, exact=True)[d] for d in dims):
         pick = tuple(slice(0, 1) if d in dims else slice(None) for d in range(len(shape)))
         owner = fit(s.owner, shape)[pick]
         return (
@@ -185,7 +185,9 @@ def _sum_like(c: Ctx, scale: float) -> State:
     if has_joint(x):
         t1, t2 = joint(x, c.nsub)
         s = s.with_(t1=t1 * scale, t2=np.minimum(t2 * np.sqrt(kmax), t1) * scale)
-    if x.table is not None and not any(varying_axes(x.table.root, x.shape)[d] for d in dims):
+    if x.table is not None and not any(
+        varying_axes(x.table.root, x.shape, exact=True)[d] for d in dims
+    ):
         t = x.table
         vals = reduce_array(t.vals, (*x.shape, t.size), dims) * scale
         root = np.broadcast_to(t.root, x.shape)[

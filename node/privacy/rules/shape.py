@@ -148,10 +148,11 @@ def cat(c: Ctx) -> State:
     d = c.call.attrs["dim"] % len(c.shape)
 
     def join(arrays: list[Array], trailing: tuple[int, ...] = ()) -> Array:
-        return np.concatenate(
+        joined = np.concatenate(
             [np.broadcast_to(a, (*p.shape, *trailing)) for a, p in zip(arrays, parts, strict=True)],
             axis=d,
         )
+        return recompact(joined)  # e.g. columns stacked side by side share their row owners
 
     s = State(
         c.shape,
@@ -206,7 +207,7 @@ def pad(c: Ctx) -> State:
     safe = np.where(inside, idx, 0)
 
     def take(a: Array, filler: float) -> Array:
-        return np.where(inside, np.broadcast_to(a, x.shape).reshape(-1)[safe], filler)
+        return recompact(np.where(inside, np.broadcast_to(a, x.shape).reshape(-1)[safe], filler))
 
     s = State(
         c.shape,
