@@ -193,6 +193,18 @@ def test_column_variances_of_a_matrix() -> None:
     assert r.outputs[0].l2 == pytest.approx(np.sqrt((per**2).sum()))
 
 
+def test_features_stacked_from_columns_stay_one_subject_per_row() -> None:
+    # ds.tensors("a", "b") stacks columns: X = cat(a[:, None], b[:, None], dim=1)
+    b = GraphBuilder()
+    cols = [b.input(name, "float32", (N,)) for name in ("a", "b")]
+    x = b.op("cat", *(b.op("unsqueeze", c, dim=1) for c in cols), dim=1)
+    w = b.constant(np.array([[0.5], [-2.0]], dtype=np.float32))
+    out = b.op("sum", b.op("matmul", x, w))
+    specs = {"a": InputSpec.private(0.0, 1.0), "b": InputSpec.private(0.0, 1.0)}
+    l1, _ = _one((b, out), specs)
+    assert l1 == pytest.approx(0.5 + 2.0)  # one row moves both features, |w| each
+
+
 @pytest.mark.parametrize(("lo", "hi"), [(0.0, 1.0), (-1.0, 1.0)])
 def test_normal_equations_within_2x(lo: float, hi: float, rng: np.random.Generator) -> None:
     d, n = 4, 60
