@@ -42,11 +42,12 @@ def varying_axes(a: Array, shape: Sequence[int], exact: bool = False) -> list[bo
     """
     b = np.broadcast_to(a, tuple(shape))
     out = [n > 1 and st != 0 for n, st in zip(b.shape, b.strides, strict=True)]
-    if exact:
+    if exact and any(out):
+        f = fit(b, shape)  # only the real (non-broadcast) extent is compared
         for ax, v in enumerate(out):
             if v:
-                first = np.take(b, [0], axis=ax)
-                out[ax] = not bool(np.array_equal(b, np.broadcast_to(first, b.shape)))
+                first = np.take(f, [0], axis=ax)
+                out[ax] = not bool(np.array_equal(f, np.broadcast_to(first, f.shape)))
     return out
 
 
