@@ -1,0 +1,79 @@
+"""The brief's flows: publish a mean, and train with publish_grads, through remote tensors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sdk
+
+
+def _cohort(owner: sdk.Client, n: int = 2000) -> sdk.DatasetHandle:
+    rng = np.random.default_rng(11)
+    a, b = rng.uniform(0, 1, n), rng.uniform(0, 1, n)
+    return owner.upload_dataset(
+        "cohort",
+        {"age": rng.integers(18, 90, n), "a": a, "b": b, "label": (a + b > 1.0)},
+        bounds={"age": (0, 120), "a": (0, 1), "b": (0, 1)},
+        tags=["health"],
+    )
+
+
+def test_mean_of_a_column_with_a_receipt(owner_client: sdk.Client, ds_client: sdk.Client) -> None:
+    _cohort(owner_client)
+    truth = float(owner_client.dataset("cohort").download()["age"].mean())
+    ds = sdk.search(tags=["health"])[0]
+    assert isinstance(ds, sdk.DatasetHandle)
+    mean = ds["age"].float().mean()
+    assert mean.sensitivity().l1 == pytest.approx(120 / 2000, rel=1e-6)
+    assert mean.noise_scale(epsilon=0.5) == pytest.approx(120 / 2000 / 0.5, rel=2e-3)
+    released = mean.publish(epsilon=0.5)
+    assert type(released) is torch.Tensor and released.dtype == torch.float32
+    assert abs(released.item() - truth) < 40 * 0.12
+    receipt = released.receipt
+    assert receipt.mechanism == "laplace" and receipt.epsilon == 0.5
+    assert receipt.remaining_epsilon == 9.5 and str(receipt).startswith("laplace noise")
+    assert ds_client.budget().spent_epsilon == 0.5
+
+
+def test_joint_publish_is_one_charge(owner_client: sdk.Client, ds_client: sdk.Client) -> None:
+    ds = _cohort(owner_client)
+    ds = ds_client.dataset(ds.id)
+    count, total = sdk.publish([ds["label"].sum(), ds["a"].sum()], epsilon=1.0)
+    assert count.dtype == torch.float64 and total.dtype == torch.float64
+    assert count.receipt is total.receipt
+    assert len(ds_client.ledger()) == 1
+
+
+def test_publish_refusals_are_typed(owner_client: sdk.Client, ds_client: sdk.Client) -> None:
+    ds = ds_client.dataset(_cohort(owner_client).id)
+    with pytest.raises(sdk.BudgetExceededError, match="remaining budget: epsilon 10"):
+        ds["a"].mean().publish(epsilon=11.0)
+    with pytest.raises(sdk.DPNodeError, match="takes remote tensors"):
+        sdk.publish(torch.ones(3), epsilon=1.0)
+    assert ds_client.ledger() == []
+
+
+def test_logistic_regression_with_publish_grads(
+    owner_client: sdk.Client, ds_client: sdk.Client
+) -> None:
+    ds = ds_client.dataset(_cohort(owner_client).id)
+    features, label = ds.tensors(["a", "b"], "label")
+    features, y = features.float(), label.float()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=4.0)
+    for _ in range(50):
+        loss = F.binary_cross_entropy_with_logits(model(features).squeeze(1), y)
+        loss.backward()
+        sdk.publish_grads(model, epsilon=0.1)
+        assert all(type(p.grad) is torch.Tensor for p in model.parameters())
+        opt.step()
+        opt.zero_grad()
+    assert ds_client.budget().spent_epsilon == pytest.approx(5.0)
+    data = owner_client.dataset("cohort").download()
+    x = torch.from_numpy(np.stack([data["a"], data["b"]], axis=1)).float()
+    accuracy = ((model(x).squeeze(1) > 0).numpy() == data["label"]).mean()
+    assert accuracy > 0.9, accuracy
