@@ -39,3 +39,6 @@ def test_readme_walkthrough_runs(demo_server: Server, tmp_path: Path) -> None:
     assert "analyst@example.org data_scientist False" not in printed  # listed before deactivation
     assert "analyst@example.org data_scientist True" in printed
     assert "user.update" in printed
+    accuracy = float(re.search(r"accuracy (\S+)", printed).group(1))  # type: ignore[union-attr]
+    assert accuracy > 0.8, printed
+    assert "epsilon: 8.5 of 10 spent, 1.5 remaining" in printed
