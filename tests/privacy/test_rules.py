@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
-import importlib
-
 import numpy as np
 import pytest
 
@@ -203,20 +200,3 @@ def test_joint_report_of_several_outputs() -> None:
     r = track(b.build([b.op("sum", x), b.op("mean", x)]), {"x": InputSpec.private(0, 1)})
     assert r.l1 == pytest.approx(1.1) and r.l2 == pytest.approx(np.hypot(1.0, 0.1))
     assert r.subjects == 10
-
-
-MODULES = [
-    "node.privacy.arrays",
-    "node.privacy.state",
-    "node.privacy.spec",
-    "node.privacy.rules.reductions",
-    "node.privacy.rules.unary",
-    "node.privacy.tables",
-    "node.privacy.thresholds",
-]
-
-
-@pytest.mark.parametrize("name", MODULES)
-def test_doctests(name: str) -> None:
-    result = doctest.testmod(importlib.import_module(name))
-    assert result.attempted > 0 and result.failed == 0
