@@ -55,7 +55,7 @@ def units_down(value: float, unit: Fraction, what: str) -> int:
 def units_up(value: float, unit: Fraction, what: str) -> int:
     """``value`` in whole units, rounded up (for amounts the node derives).
 
-    >>> units_up(1e-20, TV_UNIT, "sampler deviation")
+    >>> units_up(1e-35, TV_UNIT, "sampler deviation")
     1
     """
     _check_amount(value, what)
