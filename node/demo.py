@@ -218,7 +218,7 @@ def banner(url: str) -> str:
         "",
         "  import sdk",
         f'  client = sdk.login("{url}", email="{ds.email}", password="{ds.password}")',
-        '  ds = sdk.search(tags=["health"])[0]',
+        '  ds = sdk.search(tags=["health"], text="diabetes")[0]',
         "  print(ds)",
         "",
     ]
