@@ -1,4 +1,4 @@
-"""The issue's acceptance flow against a real server process, across a restart."""
+"""The acceptance flow against a real server process, across a restart."""
 
 from __future__ import annotations
 
