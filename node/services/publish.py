@@ -65,6 +65,7 @@ def _resolve(context: NodeContext, actor: User, graph: Graph, *, with_values: bo
     specs: dict[str, InputSpec] = {}
     values: dict[str, npt.NDArray[Any]] = {}
     dataset_ids: set[int] = set()
+    subjects: dict[int, npt.NDArray[np.int64] | None] = {}
     with context.sessions() as session:
         for name in graph.input_names():
             match = _INPUT.match(name)
@@ -79,8 +80,9 @@ def _resolve(context: NodeContext, actor: User, graph: Graph, *, with_values: bo
                 column = next((c for c in dataset.columns if c.name == part), None)
                 if column is None:
                     raise NotFoundError(f"dataset {dataset.name!r} has no column {part!r}")
-                subjects = datasets.read_subjects(context.store, dataset)
-                specs[name] = InputSpec.private(column.lower, column.upper, subjects)
+                if dataset.id not in subjects:  # one read per dataset, not per column
+                    subjects[dataset.id] = datasets.read_subjects(context.store, dataset)
+                specs[name] = InputSpec.private(column.lower, column.upper, subjects[dataset.id])
                 dataset_ids.add(dataset.id)
                 if with_values:
                     values[name] = datasets.read_column(context.store, dataset, column)
