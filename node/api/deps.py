@@ -98,3 +98,12 @@ async def read_limited_body(request: Request, settings: SettingsDep) -> bytes:
 
 
 LimitedBody = Annotated[bytes, Depends(read_limited_body)]
+
+
+def item_ref(ref: str) -> int | str:
+    """A dataset or model path segment: all digits is an id, anything else a name.
+
+    >>> item_ref("42"), item_ref("diabetes")
+    (42, 'diabetes')
+    """
+    return int(ref) if ref.isdigit() else ref

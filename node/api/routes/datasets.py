@@ -7,7 +7,7 @@ from fastapi import APIRouter, Query, Response, status
 from pydantic import ValidationError
 
 from node.api import frames
-from node.api.deps import CurrentUser, LimitedBody, SessionDep, SettingsDep, StoreDep
+from node.api.deps import CurrentUser, LimitedBody, SessionDep, SettingsDep, StoreDep, item_ref
 from node.api.schemas import ColumnPublic, DatasetManifest, DatasetPublic
 from node.db.models import Dataset
 from node.errors import InvalidRequestError, UploadRejectedError
@@ -84,10 +84,6 @@ def upload_from_frame(body: bytes, max_elements: int) -> datasets.DatasetUpload:
     )
 
 
-def _ref(dataset_ref: str) -> int | str:
-    return int(dataset_ref) if dataset_ref.isdigit() else dataset_ref
-
-
 @router.post("", status_code=status.HTTP_201_CREATED)
 def upload_dataset(
     body: LimitedBody,
@@ -125,7 +121,7 @@ def list_datasets(
 @router.get("/{dataset_ref}")
 def get_dataset(dataset_ref: str, session: SessionDep, _user: CurrentUser) -> DatasetPublic:
     """One dataset's public metadata, by id or name."""
-    return dataset_public(datasets.get_dataset(session, _ref(dataset_ref)))
+    return dataset_public(datasets.get_dataset(session, item_ref(dataset_ref)))
 
 
 @router.delete("/{dataset_ref}", status_code=status.HTTP_204_NO_CONTENT)
@@ -133,7 +129,7 @@ def delete_dataset(
     dataset_ref: str, session: SessionDep, store: StoreDep, actor: CurrentUser
 ) -> None:
     """Delete a dataset (its owner or an admin)."""
-    datasets.delete_dataset(session, store, actor, _ref(dataset_ref))
+    datasets.delete_dataset(session, store, actor, item_ref(dataset_ref))
 
 
 def _frame_response(dataset: Dataset, arrays: dict[str, Any], kind: str) -> Response:
@@ -146,7 +142,7 @@ def download_mock(
     dataset_ref: str, session: SessionDep, store: StoreDep, actor: CurrentUser
 ) -> Response:
     """The dataset's mock data (fake by definition), as a tensor frame."""
-    dataset = datasets.get_dataset(session, _ref(dataset_ref))
+    dataset = datasets.get_dataset(session, item_ref(dataset_ref))
     arrays = datasets.read_columns(store, dataset, mock=True)
     audit.record(
         session, actor, "dataset.mock_download", target_type="dataset", target_id=dataset.id
@@ -160,6 +156,6 @@ def download_data(
     dataset_ref: str, session: SessionDep, store: StoreDep, actor: CurrentUser
 ) -> Response:
     """Real values, for the dataset's owner and admins; data scientists are refused."""
-    dataset = datasets.get_dataset(session, _ref(dataset_ref))
+    dataset = datasets.get_dataset(session, item_ref(dataset_ref))
     arrays = datasets.download_real(session, store, actor, dataset)
     return _frame_response(dataset, arrays, "data")

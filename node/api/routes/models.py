@@ -7,7 +7,7 @@ from fastapi import APIRouter, Query, Response, status
 from pydantic import ValidationError
 
 from node.api import frames
-from node.api.deps import CurrentUser, LimitedBody, SessionDep, SettingsDep, StoreDep
+from node.api.deps import CurrentUser, LimitedBody, SessionDep, SettingsDep, StoreDep, item_ref
 from node.api.schemas import ModelManifest, ModelPublic, TensorPublic
 from node.db.models import Model
 from node.errors import InvalidRequestError
@@ -49,10 +49,6 @@ def content_disposition(filename: str) -> str:
     if fallback != filename:
         header += f"; filename*=UTF-8''{quote(filename, safe='')}"
     return header
-
-
-def _ref(model_ref: str) -> int | str:
-    return int(model_ref) if model_ref.isdigit() else model_ref
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)
@@ -102,13 +98,13 @@ def list_models(
 
 @router.get("/{model_ref}")
 def get_model(model_ref: str, session: SessionDep, _user: CurrentUser) -> ModelPublic:
-    return model_public(models.get_model(session, _ref(model_ref)))
+    return model_public(models.get_model(session, item_ref(model_ref)))
 
 
 @router.delete("/{model_ref}", status_code=status.HTTP_204_NO_CONTENT)
 def delete_model(model_ref: str, session: SessionDep, store: StoreDep, actor: CurrentUser) -> None:
     """Delete a model (its owner or an admin)."""
-    models.delete_model(session, store, actor, _ref(model_ref))
+    models.delete_model(session, store, actor, item_ref(model_ref))
 
 
 @router.get("/{model_ref}/weights", response_class=Response)
@@ -116,7 +112,7 @@ def download_weights(
     model_ref: str, session: SessionDep, store: StoreDep, actor: CurrentUser
 ) -> Response:
     """Weights of a public model (private ones: the owner and admins only)."""
-    model = models.get_model(session, _ref(model_ref))
+    model = models.get_model(session, item_ref(model_ref))
     weights = models.download_weights(session, store, actor, model)
     body = frames.encode(weights, {"model": model.name, "tensors": list(weights)})
     return Response(body, media_type=frames.MEDIA_TYPE)
@@ -127,7 +123,7 @@ def download_architecture(
     model_ref: str, session: SessionDep, store: StoreDep, actor: CurrentUser
 ) -> Response:
     """The architecture file as uploaded (public models, or the owner and admins)."""
-    model = models.get_model(session, _ref(model_ref))
+    model = models.get_model(session, item_ref(model_ref))
     data = models.download_architecture(session, store, actor, model)
     filename = model.architecture_filename or "architecture"
     return Response(
