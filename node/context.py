@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from argon2 import PasswordHasher
@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from node.db.session import make_engine, make_sessionmaker, serial_engine
 from node.services.security import password_hasher
+from node.services.structures import StructureCache
 from node.settings import PLACEHOLDER_SECRET, Settings
 from node.storage import BlobStore, FileBlobStore
 
@@ -27,6 +28,8 @@ class NodeContext:
     serial_sessions: sessionmaker[Session]
     store: BlobStore
     hasher: PasswordHasher
+    #: Graph headers each user already sent (see node.services.structures).
+    structures: StructureCache = field(default_factory=lambda: StructureCache(0))
 
     @classmethod
     def from_settings(cls, settings: Settings) -> NodeContext:
@@ -43,6 +46,7 @@ class NodeContext:
             serial_sessions=make_sessionmaker(serial_engine(engine)),
             store=FileBlobStore(settings.blob_dir),
             hasher=password_hasher(settings),
+            structures=StructureCache(settings.structure_cache_bytes),
         )
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ the SDK maps each ``code`` back to a typed exception.
     ├── PermissionDeniedError    forbidden            authenticated but not allowed
     │   └── BudgetExceededError  budget_exceeded      the charge does not fit the budget
     ├── NotFoundError            not_found
+    │   └── UnknownStructureError  unknown_structure  a graph reference the node lacks
     └── ConflictError            conflict             e.g. a name already taken
 """
 
@@ -35,6 +36,7 @@ __all__ = [
     "PayloadTooLargeError",
     "PermissionDeniedError",
     "QuotaExceededError",
+    "UnknownStructureError",
     "UnsupportedDTypeError",
     "UploadRejectedError",
 ]
@@ -92,6 +94,12 @@ class BudgetExceededError(PermissionDeniedError):
 
 class NotFoundError(DPNodeError):
     code = "not_found"
+
+
+class UnknownStructureError(NotFoundError):
+    """A publish referenced a graph structure the node does not hold: resend it whole."""
+
+    code = "unknown_structure"
 
 
 class ConflictError(DPNodeError):

@@ -104,11 +104,13 @@ def _resolve(context: NodeContext, actor: User, graph: Graph, *, with_values: bo
     return _Inputs(specs, values, sorted(dataset_ids))
 
 
-def _decode(context: NodeContext, frame: bytes) -> Graph:
+def _decode(context: NodeContext, actor: User, body: bytes) -> Graph:
     s = context.settings
     limits = WireLimits(max_frame_bytes=s.max_upload_bytes, max_nodes=s.max_graph_nodes)
+    frame = context.structures.expand(actor.id, body)  # a reference to a header sent before
     graph = decode(frame, limits)
     plan(graph, _quotas(context))
+    context.structures.remember(actor.id, frame)
     return graph
 
 
@@ -123,7 +125,7 @@ def _quotas(context: NodeContext) -> Quotas:
 
 def sensitivity(context: NodeContext, actor: User, frame: bytes) -> PrivacyReport:
     """The sensitivity of a graph's outputs, from public metadata only: free, no data read."""
-    graph = _decode(context, frame)
+    graph = _decode(context, actor, frame)
     inputs = _resolve(context, actor, graph, with_values=False)
     return track(graph, inputs.specs, _quotas(context))
 
@@ -181,7 +183,7 @@ def publish(context: NodeContext, actor: User, frame: bytes, request: PublishReq
     budget.quantize_epsilon(request.epsilon)  # refuse a bad epsilon or delta before any work
     if request.delta is not None:
         _check_delta(request.delta)
-    graph = _decode(context, frame)
+    graph = _decode(context, actor, frame)
     inputs = _resolve(context, actor, graph, with_values=True)
     outputs, report = evaluate_tracked(graph, inputs.values, inputs.specs, _quotas(context))
     release, cost = _noise(_clip(outputs, report), report, request)
