@@ -14,8 +14,9 @@ import numpy as np
 import numpy.typing as npt
 from safetensors.numpy import load, save
 
+from node.services import structures
 from sdk._budget import BudgetStatus, LedgerEntry
-from sdk._exceptions import DPNodeError, NodeUnreachableError, error_for
+from sdk._exceptions import DPNodeError, NodeUnreachableError, UnknownStructureError, error_for
 from sdk._handles import AuditEvent, DatasetHandle, ModelHandle, User
 from sdk._tables import columns_of, to_numpy
 
@@ -59,6 +60,8 @@ class Client:
         self._http = httpx.Client(
             base_url=self.url + API_PREFIX, transport=transport, timeout=timeout
         )
+        #: digests of the graph headers this node has accepted from us (see _post_graph)
+        self._structures_sent: set[bytes] = set()
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -273,13 +276,7 @@ class Client:
         params: dict[str, Any] = {"epsilon": epsilon}
         if delta is not None:
             params["delta"] = delta
-        response = self._request(
-            "POST",
-            "/publish",
-            content=frame,
-            params=params,
-            headers={"Content-Type": "application/octet-stream"},
-        )
+        response = self._post_graph("/publish", frame, params)
         manifest, arrays = _read_frame(response.content)
         outputs = [arrays[f"output/{i}"] for i in range(len(arrays))]
         return outputs, dict(manifest["receipt"])
@@ -293,14 +290,28 @@ class Client:
             params["epsilon"] = epsilon
         if delta is not None:
             params["delta"] = delta
-        result: dict[str, Any] = self._json(
-            "POST",
-            "/sensitivity",
-            content=frame,
-            params=params,
-            headers={"Content-Type": "application/octet-stream"},
-        )
+        result: dict[str, Any] = self._post_graph("/sensitivity", frame, params).json()
         return result
+
+    def _post_graph(self, path: str, frame: bytes, params: dict[str, Any]) -> httpx.Response:
+        """POST a graph frame; once the node has its structure, send only the constants.
+
+        A training loop records the same structure every step: the first request carries
+        the whole frame, later ones a 36-byte reference plus the new constants. A node
+        that lost the structure (restart, eviction) answers ``unknown_structure`` before
+        doing anything, and the frame is sent whole again.
+        """
+        headers = {"Content-Type": "application/octet-stream"}
+        digest = structures.header_digest(frame)
+        if digest in self._structures_sent:
+            body = structures.reference(digest, structures.split(frame)[1])
+            try:
+                return self._request("POST", path, content=body, params=params, headers=headers)
+            except UnknownStructureError:
+                self._structures_sent.discard(digest)
+        response = self._request("POST", path, content=frame, params=params, headers=headers)
+        self._structures_sent.add(digest)
+        return response
 
     # -- privacy budget ---------------------------------------------------------------------
 

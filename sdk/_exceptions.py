@@ -100,6 +100,12 @@ class NotFoundError(DPNodeError):
     code = "not_found"
 
 
+class UnknownStructureError(NotFoundError):
+    """The node no longer holds a graph structure this client referenced (resent whole)."""
+
+    code = "unknown_structure"
+
+
 class ConflictError(DPNodeError):
     code = "conflict"
 
@@ -142,6 +148,7 @@ BY_CODE: dict[str, type[DPNodeError]] = {
         PermissionDeniedError,
         BudgetExceededError,
         NotFoundError,
+        UnknownStructureError,
         ConflictError,
         ServerError,
     )

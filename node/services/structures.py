@@ -38,7 +38,7 @@ from collections import OrderedDict
 
 from node.errors import GraphError, UnknownStructureError
 
-__all__ = ["MAGIC", "REF_MAGIC", "StructureCache", "header_digest", "reference"]
+__all__ = ["MAGIC", "REF_MAGIC", "StructureCache", "header_digest", "reference", "split"]
 
 MAGIC = b"DPG\x01"
 REF_MAGIC = b"DPR\x01"
@@ -54,6 +54,14 @@ def _split(frame: bytes) -> tuple[bytes, int] | None:
     if _PREFIX + hlen > len(frame):
         return None
     return frame[: _PREFIX + hlen], hlen
+
+
+def split(frame: bytes) -> tuple[bytes, bytes]:
+    """(everything up to the end of the header, the constants buffer) of a frame."""
+    parts = _split(frame)
+    if parts is None:
+        raise GraphError("malformed graph frame: no header")
+    return parts[0], frame[len(parts[0]) :]
 
 
 def header_digest(frame: bytes) -> bytes:
