@@ -171,3 +171,125 @@ class LedgerEntry(Base):
     dataset_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
     graph_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    #: The policy revision that allowed this charge (``None``: the built-in default policy).
+    policy_revision: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class LedgerEntryDataset(Base):
+    """Which datasets a ledger row read, one row per dataset, for dataset caps (append-only).
+
+    ``dataset_id`` has no foreign key: a deleted dataset's charges still count against what
+    its subjects were promised, and the ledger must outlive the dataset.
+    """
+
+    __tablename__ = "ledger_entry_datasets"
+
+    ledger_id: Mapped[int] = mapped_column(ForeignKey("ledger_entries.id"), primary_key=True)
+    dataset_id: Mapped[int] = mapped_column(Integer, primary_key=True, index=True)
+
+
+class PolicyRevision(Base):
+    """One revision of the node's budget policy (append-only; the newest is in force).
+
+    ``document`` is the canonical form (``policies.Policy.to_dict``); ``source`` is the text
+    the admin sent (TOML, or JSON), kept for reading, never evaluated.
+    """
+
+    __tablename__ = "policy_revisions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), nullable=True)
+    #: The author's email at the time, or the operator for the command line.
+    created_by: Mapped[str] = mapped_column(String(320))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    name: Mapped[str] = mapped_column(String(200), default="")
+    content_hash: Mapped[str] = mapped_column(String(64))
+    document: Mapped[dict[str, Any]] = mapped_column(JSON)
+    source: Mapped[str] = mapped_column(Text, default="")
+
+
+class BudgetGrant(Base):
+    """Budget added to one user's allocation from ``at`` on (append-only).
+
+    Made by an admin directly (``dpnode budget grant``) or by approving a budget request.
+    """
+
+    __tablename__ = "budget_grants"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    epsilon_units: Mapped[int] = mapped_column(BigInteger, default=0)
+    delta_units: Mapped[int] = mapped_column(BigInteger, default=0)
+    granted_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), nullable=True)
+    granted_by: Mapped[str] = mapped_column(String(320))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    request_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class RequestStatus(enum.StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    #: An approved or denied publish that has been re-submitted (approvals are single-use).
+    USED = "used"
+
+
+def _status_enum() -> Enum:
+    return Enum(
+        RequestStatus,
+        native_enum=False,
+        length=16,
+        values_callable=lambda e: [m.value for m in e],
+    )
+
+
+class BudgetRequest(Timestamped, Base):
+    """A user asking for more budget; an admin approves (with an amount) or denies it once."""
+
+    __tablename__ = "budget_requests"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    epsilon_units: Mapped[int] = mapped_column(BigInteger, default=0)
+    delta_units: Mapped[int] = mapped_column(BigInteger, default=0)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    status: Mapped[RequestStatus] = mapped_column(_status_enum(), default=RequestStatus.PENDING)
+    decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    decided_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), nullable=True)
+    decided_by: Mapped[str | None] = mapped_column(String(320), nullable=True)
+    decision_reason: Mapped[str] = mapped_column(Text, default="")
+    grant_id: Mapped[int | None] = mapped_column(ForeignKey("budget_grants.id"), nullable=True)
+
+    user: Mapped[User] = relationship(foreign_keys=[user_id])
+
+
+class PublishApproval(Timestamped, Base):
+    """A publish over the policy's approval threshold, waiting for (or answered by) an admin.
+
+    The node keeps no data or result: the user re-submits the same computation (same frame
+    hash, epsilon and delta) once approved, and the approval is used up by that publish.
+    """
+
+    __tablename__ = "publish_approvals"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    frame_hash: Mapped[str] = mapped_column(String(64), index=True)
+    graph_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    mechanism: Mapped[str] = mapped_column(String(32))
+    epsilon_units: Mapped[int] = mapped_column(BigInteger, default=0)
+    delta_units: Mapped[int] = mapped_column(BigInteger, default=0)
+    dataset_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
+    rule: Mapped[str] = mapped_column(String(200))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    policy_revision: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    status: Mapped[RequestStatus] = mapped_column(_status_enum(), default=RequestStatus.PENDING)
+    decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    decided_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), nullable=True)
+    decided_by: Mapped[str | None] = mapped_column(String(320), nullable=True)
+    decision_reason: Mapped[str] = mapped_column(Text, default="")
+    ledger_id: Mapped[int | None] = mapped_column(ForeignKey("ledger_entries.id"), nullable=True)
+
+    user: Mapped[User] = relationship(foreign_keys=[user_id])
