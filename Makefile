@@ -32,10 +32,10 @@ check: install
 
 ## Every benchmark, each printing ratios against a baseline measured in the same run.
 bench: install
-	$(PY) bench/engine.py
-	$(PY) bench/noise.py
-	$(PY) bench/publish.py
-	$(PY) bench/sdk.py
+	$(PY) -m bench.engine
+	$(PY) -m bench.noise
+	$(PY) -m bench.publish
+	$(PY) -m bench.sdk
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from sdk._remote import WireCache, build, encode_graph, remote_input
+from node.services import structures
+from sdk._remote import build, encode_graph, remote_input
 
 
 def _best(fn: Callable[[], Any], repeat: int, number: int) -> float:
@@ -127,11 +128,9 @@ def _training(repeat: int) -> list[tuple[str, float, float, float, int, int]]:
         nodes = [t.node for t in _remote_step(model, x_r, y_r, classes)]
         enc_time = _best(functools.partial(_encode, nodes), repeat, 3)
         enc = _encode(nodes)
-        cache = WireCache()
-        cache.encode(build(nodes))
-        assert cache.encode(build(nodes))[1] is None  # the second step resends constants only
-        header = len(enc.frame) - enc.constant_bytes
-        rows.append((name, rec, meta, enc_time, len(enc.frame), header))
+        # the first step sends the whole frame; later ones a reference and the constants
+        later = len(structures.reference(bytes(32), structures.split(enc.frame)[1]))
+        rows.append((name, rec, meta, enc_time, len(enc.frame), later))
     return rows
 
 
@@ -146,15 +145,15 @@ def main() -> None:
     print()
     print(
         f"{'forward+backward step':<30}{'record (ms)':>12}{'meta (ms)':>11}{'ratio':>7}"
-        f"{'build+encode (ms)':>19}{'frame (KiB)':>13}{'structure (KiB)':>17}"
+        f"{'build+encode (ms)':>19}{'1st step (KiB)':>16}{'later (KiB)':>13}"
     )
-    for name, rec, meta, enc, frame, header in _training(args.repeat):
+    for name, rec, meta, enc, frame, later in _training(args.repeat):
         print(
             f"{name:<30}{rec * 1e3:>12.2f}{meta * 1e3:>11.2f}{rec / meta:>7.2f}{enc * 1e3:>19.2f}"
-            f"{frame / 1024:>13.1f}{header / 1024:>17.1f}"
+            f"{frame / 1024:>16.1f}{later / 1024:>13.1f}"
         )
-    print("\nframe = structure (sent once per distinct structure, see WireCache)")
-    print("        + constants (sent every step)")
+    print("\n1st step: the whole frame (structure + constants); later steps of the same")
+    print("structure: a 36-byte reference + the constants (node.services.structures)")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import torch
 
 from node.engine import Graph
 from sdk._remote import indexing, rules, rules_extra, rules_nn, rules_reduce  # noqa: F401
-from sdk._remote.graph import Encoded, WireCache, build, encode_graph, input_node
+from sdk._remote.graph import Encoded, build, encode_graph, input_node
 from sdk._remote.mock import MockSession, active_session, evaluate, mock
 from sdk._remote.tensor import RemoteTensor, Storage
 
@@ -26,7 +26,6 @@ __all__ = [
     "MockSession",
     "RemoteTensor",
     "Storage",
-    "WireCache",
     "active_session",
     "build",
     "encode_graph",

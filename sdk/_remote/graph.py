@@ -31,7 +31,6 @@ __all__ = [
     "TORCH_NAMES",
     "Encoded",
     "Node",
-    "WireCache",
     "build",
     "constant",
     "encode_graph",
@@ -218,34 +217,3 @@ def encode_graph(graph: Graph) -> Encoded:
     h += b" " * ((-(len(h) + len(_wire.MAGIC) + 8)) % 16)
     frame = _wire.MAGIC + len(h).to_bytes(8, "little") + h + buf
     return Encoded(frame, digest, len(buf))
-
-
-class WireCache:
-    """Remembers the graph structures already sent, so a loop resends only constants.
-
-    ``encode`` returns the full frame the first time a structure is seen and
-    ``None`` for the header afterwards: a caller (``publish``) then sends the
-    structure hash and the constant buffer only.
-
-    >>> from node.engine import GraphBuilder
-    >>> def step(weight):
-    ...     b = GraphBuilder()
-    ...     x = b.input("x", "float32", (2,))
-    ...     return b.build([b.op("mul", x, b.constant([weight, weight], "float32"))])
-    >>> cache = WireCache()
-    >>> first, again = cache.encode(step(1.0)), cache.encode(step(0.5))
-    >>> first[1] is not None, again[1] is None, first[0] == again[0], first[2] != again[2]
-    (True, True, True, True)
-    """
-
-    def __init__(self) -> None:
-        self._seen: set[str] = set()
-
-    def encode(self, graph: Graph) -> tuple[str, bytes | None, bytes]:
-        """(structure hash, full frame or None when already sent, constants buffer)."""
-        enc = encode_graph(graph)
-        buf = enc.frame[len(enc.frame) - enc.constant_bytes :] if enc.constant_bytes else b""
-        if enc.structure_hash in self._seen:
-            return enc.structure_hash, None, buf
-        self._seen.add(enc.structure_hash)
-        return enc.structure_hash, enc.frame, buf
