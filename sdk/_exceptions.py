@@ -4,6 +4,7 @@ DPNodeError                      any error reported by (or about) the node
 ├── InvalidRequestError          invalid_request: the request was malformed
 │   ├── UploadRejectedError      upload_rejected: data breaks its declared contract
 │   └── GraphError               invalid_graph: the node refused a computation
+│       ├── PrivacyTrackingError   untrackable_graph: sensitivity cannot be bounded
 │       └── UnsupportedDTypeError  unsupported_dtype
 ├── EvaluationError              evaluation_error: a computation failed on the node
 ├── QuotaExceededError           quota_exceeded: over a size or compute quota
@@ -11,6 +12,7 @@ DPNodeError                      any error reported by (or about) the node
 ├── AuthenticationError          unauthenticated: bad credentials or expired session
 ├── PermissionDeniedError        forbidden: your role may not do this
 ├── NotFoundError                not_found
+│   └── UnknownStructureError    unknown_structure: resent whole, automatically
 ├── ConflictError                conflict: e.g. a name already taken
 ├── ServerError                  the node failed (5xx); tell its operator
 ├── NodeUnreachableError         no answer from the node (network, wrong URL)
@@ -66,6 +68,12 @@ class UploadRejectedError(InvalidRequestError):
 
 class GraphError(InvalidRequestError):
     code = "invalid_graph"
+
+
+class PrivacyTrackingError(GraphError):
+    """The node cannot bound how much one subject moves this computation: nothing ran."""
+
+    code = "untrackable_graph"
 
 
 class UnsupportedDTypeError(GraphError):
@@ -140,6 +148,7 @@ BY_CODE: dict[str, type[DPNodeError]] = {
         InvalidRequestError,
         UploadRejectedError,
         GraphError,
+        PrivacyTrackingError,
         UnsupportedDTypeError,
         EvaluationError,
         QuotaExceededError,

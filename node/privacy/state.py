@@ -57,6 +57,8 @@ PUBLIC = -2
 class PrivacyTrackingError(GraphError):
     """A graph whose sensitivity cannot be bounded soundly (refused before any release)."""
 
+    code = "untrackable_graph"
+
 
 @dataclass(eq=False)
 class State:

@@ -1,0 +1,31 @@
+"""Every error code the node can send has its own SDK exception, in the same place of the tree."""
+
+from __future__ import annotations
+
+import node.errors
+import node.privacy  # noqa: F401  (registers PrivacyTrackingError, a subclass of GraphError)
+import sdk._exceptions as client
+
+
+def _all(cls: type[node.errors.DPNodeError]) -> list[type[node.errors.DPNodeError]]:
+    found = [cls]
+    for sub in cls.__subclasses__():
+        found += _all(sub)
+    return found
+
+
+def test_every_node_code_maps_to_a_class_of_the_same_name_and_parent() -> None:
+    node_classes = [c for c in _all(node.errors.DPNodeError) if c is not node.errors.DPNodeError]
+    assert len(node_classes) >= 14
+    for cls in node_classes:
+        mapped = client.BY_CODE.get(cls.code)
+        assert mapped is not None, f"the SDK has no exception for the node's {cls.code!r}"
+        assert mapped.__name__ == cls.__name__
+        parent = cls.__mro__[1]
+        assert mapped.__mro__[1].__name__ == parent.__name__, cls
+        assert mapped.__name__ in client.__all__
+
+
+def test_an_unknown_code_still_raises_a_typed_error() -> None:
+    err = client.error_for(418, "teapot", "short and stout")
+    assert type(err) is client.DPNodeError and err.code == "teapot" and err.status == 418
