@@ -1,6 +1,7 @@
 """The prim vocabulary: importing this package registers every prim."""
 
 from node.engine.prims import (  # noqa: F401
+    dpsgd,
     elementwise,
     indexing,
     linalg,

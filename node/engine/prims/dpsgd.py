@@ -1,0 +1,85 @@
+"""DP-SGD's per-subject clipping: ``clip_by_subject_norm``.
+
+    clip_by_subject_norm(x: float[n, *f], groups: int[n]; max_norm) -> float[*f]
+      = sum over distinct g in groups of clip(sum_{i: groups[i] = g} x[i]),
+        clip(v) = v * min(1, max_norm / ||v||_2)        (v = 0 stays 0)
+
+Rows of ``x`` are per-example gradients (flattened and concatenated over all the
+parameters of a model, so one subject's whole gradient is clipped jointly); ``groups``
+says which rows belong together (the subject index, or one group per row). With the
+groups equal to the subjects, replacing one subject moves one clipped vector by at
+most ``2 * max_norm`` in L2, which is what the privacy rule (``node/privacy/rules/
+misc.py``) charges. The kernel sorts the rows by group once and sums each group with
+``np.add.reduceat``: no Python loop over groups, and nothing to sort when every row is
+its own group. It computes in float64 and rounds once to ``x``'s dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from node.engine.prims.registry import Array, AttrSpec, Call, TensorMeta, prim
+
+
+def _infer(c: Call) -> TensorMeta:
+    x, groups = c.tensor(0), c.tensor(1)
+    if not x.dtype.is_float:
+        raise c.fail(f"x must be floating point, got {x.dtype.name}", 0)
+    if x.ndim < 1:
+        raise c.fail("x must have a row dimension (shape [n, ...])", 0)
+    if not groups.dtype.is_int:
+        raise c.fail(f"groups must be an integer tensor, got {groups.dtype.name}", 1)
+    if groups.shape != x.shape[:1]:
+        raise c.fail(
+            f"groups must have one entry per row of x: shape [{x.shape[0]}], "
+            f"got {list(groups.shape)}",
+            1,
+        )
+    bound = c.attr("max_norm")
+    if not (math.isfinite(bound) and bound > 0):
+        raise c.fail(f"max_norm must be finite and positive, got {bound}", "max_norm")
+    return TensorMeta(x.shape[1:], x.dtype)
+
+
+def _flops(c: Call) -> int:
+    # group sums, squares, norms, scaling and the final sum: a few passes over x; a sort of n
+    x = c.tensor(0)
+    n = max(x.shape[0], 2)
+    return 6 * max(x.numel, 1) + n * max(int(math.log2(n)), 1)
+
+
+def _workspace(c: Call) -> int:
+    # a float64 copy of x, its sorted copy (or the group sums), and the int64 sort indices
+    x = c.tensor(0)
+    return 2 * 8 * x.numel + 3 * 8 * x.shape[0]
+
+
+@prim(
+    "clip_by_subject_norm",
+    args=2,
+    attrs={"max_norm": AttrSpec("float")},
+    infer=_infer,
+    flops=_flops,
+    workspace=_workspace,
+)
+def _clip_by_subject_norm(c: Call, args: list[Any], out: Array | None) -> Array:
+    """Sum over groups of each group's row sum, clipped to L2 norm ``max_norm``."""
+    x, groups = args
+    m = c.out()
+    n = x.shape[0]
+    if n == 0:
+        return np.zeros(m.shape, dtype=m.dtype.np)
+    rows = np.asarray(x).astype(np.float64).reshape(n, -1)
+    order = np.argsort(groups, kind="stable")
+    sorted_groups = np.asarray(groups)[order]
+    starts = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
+    # every row its own group (the usual case): the rows are the group sums already
+    sums = rows if len(starts) == n else np.add.reduceat(rows[order], starts, axis=0)
+    norms = np.sqrt(np.einsum("ij,ij->i", sums, sums))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(norms > c.attr("max_norm"), c.attr("max_norm") / norms, 1.0)
+    total = scale @ sums
+    return np.asarray(total.reshape(m.shape)).astype(m.dtype.np)

@@ -1,0 +1,126 @@
+"""The ``clip_by_subject_norm`` prim: kernel against a per-group loop, shapes, dtypes, refusals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from node.engine import GraphBuilder, Quotas, evaluate, plan
+from node.errors import GraphError, QuotaExceededError
+
+
+def reference(x: Any, groups: Any, bound: float) -> Any:
+    """The contract, written as plainly as possible: one Python loop over the groups."""
+    x = np.asarray(x, dtype=np.float64)
+    total = np.zeros(x.shape[1:])
+    for g in np.unique(groups):
+        v = x[groups == g].sum(axis=0)
+        norm = np.sqrt((v**2).sum())
+        total += v * min(1.0, bound / norm) if norm > 0 else v
+    return total
+
+
+def clip(x: Any, groups: Any, bound: float, *, x_dtype: str | None = None) -> Any:
+    b = GraphBuilder()
+    xi = b.input("x", x_dtype or str(x.dtype), x.shape)
+    gi = b.input("g", str(groups.dtype), groups.shape)
+    graph = b.build([b.op("clip_by_subject_norm", xi, gi, max_norm=bound)])
+    return evaluate(graph, {"x": x, "g": groups})[0]
+
+
+@pytest.mark.parametrize("shape", [(40, 7), (25, 3, 4), (9,), (1, 5)])
+@pytest.mark.parametrize("groups_of", ["rows", "few", "shuffled", "one"])
+def test_kernel_matches_the_per_group_loop(
+    rng: np.random.Generator, shape: tuple[int, ...], groups_of: str
+) -> None:
+    n = shape[0]
+    x = rng.normal(0, 1, shape)
+    groups = {
+        "rows": np.arange(n),
+        "few": np.repeat(np.arange(n), 3)[:n],
+        "shuffled": rng.integers(0, max(n // 3, 1), n),
+        "one": np.zeros(n, dtype=np.int64),
+    }[groups_of].astype(np.int64)
+    for bound in (0.1, 1.0, 1e6):  # mostly clipped, mixed, never clipped
+        out = clip(x, groups, bound)
+        assert out.shape == shape[1:] and out.dtype == np.float64
+        np.testing.assert_allclose(out, reference(x, groups, bound), rtol=1e-12, atol=1e-12)
+
+
+def test_each_clipped_group_has_norm_at_most_the_bound(rng: np.random.Generator) -> None:
+    x = rng.normal(0, 10, (30, 6))
+    for i in range(30):  # one group at a time: the output is that group's clipped sum
+        groups = np.where(np.arange(30) == i, 0, -1).astype(np.int64)
+        only = clip(x * (groups == 0)[:, None], groups, 0.5)
+        assert np.linalg.norm(only) <= 0.5 * (1 + 1e-12)
+
+
+def test_zero_rows_stay_zero_and_small_rows_are_untouched() -> None:
+    x = np.array([[0.0, 0.0], [0.3, 0.4], [3.0, 4.0]])
+    out = clip(x, np.arange(3, dtype=np.int64), 1.0)
+    np.testing.assert_allclose(out, [0.3 + 0.6, 0.4 + 0.8])
+
+
+def test_dtypes_follow_x(rng: np.random.Generator) -> None:
+    x = rng.normal(0, 1, (12, 3))
+    groups = np.arange(12, dtype=np.int32)
+    for name in ("float32", "float16", "float64"):
+        out = clip(x.astype(name), groups, 1.0)
+        assert out.dtype == np.dtype(name)
+        np.testing.assert_allclose(
+            out, reference(x.astype(name), groups, 1.0), rtol=2e-3 if name == "float16" else 1e-6
+        )
+
+
+def test_empty_input_gives_zeros() -> None:
+    out = clip(np.zeros((0, 4)), np.zeros(0, dtype=np.int64), 1.0)
+    assert out.shape == (4,) and not out.any()
+
+
+@pytest.mark.parametrize(
+    ("x_dtype", "x_shape", "g_dtype", "g_shape", "bound", "message"),
+    [
+        ("float64", (5, 2), "int64", (5,), 0.0, "max_norm must be finite and positive"),
+        ("float64", (5, 2), "int64", (5,), -1.0, "max_norm must be finite and positive"),
+        ("int64", (5, 2), "int64", (5,), 1.0, "x must be floating point"),
+        ("float64", (), "int64", (1,), 1.0, "row dimension"),
+        ("float64", (5, 2), "float64", (5,), 1.0, "groups must be an integer tensor"),
+        ("float64", (5, 2), "bool", (5,), 1.0, "groups must be an integer tensor"),
+        ("float64", (5, 2), "int64", (4,), 1.0, "one entry per row"),
+        ("float64", (5, 2), "int64", (5, 1), 1.0, "one entry per row"),
+    ],
+)
+def test_bad_calls_are_refused_before_running(
+    x_dtype: str,
+    x_shape: tuple[int, ...],
+    g_dtype: str,
+    g_shape: tuple[int, ...],
+    bound: float,
+    message: str,
+) -> None:
+    b = GraphBuilder()
+    x = b.input("x", x_dtype, x_shape)
+    g = b.input("g", g_dtype, g_shape)
+    with pytest.raises(GraphError, match=message):
+        plan(b.build([b.op("clip_by_subject_norm", x, g, max_norm=bound)]))
+
+
+def test_non_finite_max_norm_and_missing_attr_are_refused() -> None:
+    for attrs in ({"max_norm": float("inf")}, {}):
+        b = GraphBuilder()
+        x = b.input("x", "float64", (3, 2))
+        g = b.input("g", "int64", (3,))
+        with pytest.raises(GraphError, match="max_norm"):
+            plan(b.build([b.op("clip_by_subject_norm", x, g, **attrs)]))
+
+
+def test_cost_counts_in_the_quotas() -> None:
+    b = GraphBuilder()
+    x = b.input("x", "float64", (1000, 100))
+    g = b.input("g", "int64", (1000,))
+    graph = b.build([b.op("clip_by_subject_norm", x, g, max_norm=1.0)])
+    assert plan(graph, Quotas(max_flops=10**6)) is not None
+    with pytest.raises(QuotaExceededError, match="clip_by_subject_norm"):
+        plan(graph, Quotas(max_flops=10**5))
