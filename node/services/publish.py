@@ -60,6 +60,18 @@ class _Inputs:
     dataset_ids: list[int]
 
 
+def _groups(subjects: npt.NDArray[np.int64] | None, rows: int) -> npt.NDArray[np.int64]:
+    """Each row's subject as the index of the subject's first row: the partition, no ids.
+
+    >>> _groups(np.array([5, 2, 5, 0]), 4).tolist()
+    [0, 1, 0, 3]
+    """
+    if subjects is None:
+        return np.arange(rows, dtype=np.int64)
+    _, first, inverse = np.unique(subjects, return_index=True, return_inverse=True)
+    return first[inverse.reshape(-1)].astype(np.int64)
+
+
 def _resolve(context: NodeContext, actor: User, graph: Graph, *, with_values: bool) -> _Inputs:
     """Public metadata (and, to evaluate, the values) of every input the graph names."""
     specs: dict[str, InputSpec] = {}
@@ -78,10 +90,15 @@ def _resolve(context: NodeContext, actor: User, graph: Graph, *, with_values: bo
             if kind == "dataset":
                 dataset = datasets.get_dataset(session, ident)
                 column = next((c for c in dataset.columns if c.name == part), None)
-                if column is None:
-                    raise NotFoundError(f"dataset {dataset.name!r} has no column {part!r}")
                 if dataset.id not in subjects:  # one read per dataset, not per column
                     subjects[dataset.id] = datasets.read_subjects(context.store, dataset)
+                if column is None and part == "@subject":  # public: DP-SGD's clipping groups
+                    values[name] = _groups(subjects[dataset.id], dataset.row_count)
+                    specs[name] = InputSpec.public(values[name])
+                    dataset_ids.add(dataset.id)
+                    continue
+                if column is None:
+                    raise NotFoundError(f"dataset {dataset.name!r} has no column {part!r}")
                 specs[name] = InputSpec.private(column.lower, column.upper, subjects[dataset.id])
                 dataset_ids.add(dataset.id)
                 if with_values:
