@@ -9,15 +9,20 @@ public metadata only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 
+from sdk import _per_sample as per_sample
 from sdk._exceptions import DPNodeError
-from sdk._remote import RemoteTensor, active_session, encode_graph, graph_for
+from sdk._remote import RemoteTensor, active_session, encode_graph, graph_for, remote_input
+
+if TYPE_CHECKING:
+    from sdk._handles import DatasetHandle
 
 __all__ = ["Receipt", "Sensitivity", "noise_scale", "publish", "publish_grads", "sensitivity"]
 
@@ -154,22 +159,119 @@ def publish_grads(
     *,
     epsilon: float,
     delta: float | None = None,
+    max_grad_norm: float | None = None,
+    subjects: DatasetHandle | torch.Tensor | None = None,
+    loss_reduction: Literal["mean", "sum"] = "mean",
     client: Any = None,
-) -> None:
+) -> Receipt:
     """Publish every remote ``.grad`` of ``model`` in one request; each becomes a plain tensor.
 
     Afterwards an optimizer can step as usual. Parameters whose gradient is local or
     missing are left alone.
+
+    With ``max_grad_norm=C`` this is a DP-SGD step: the node clips each subject's
+    gradient (all the parameters' per-example gradients flattened and concatenated, so
+    one vector per subject) to L2 norm ``C``, sums the clipped vectors, and adds Gaussian
+    noise for an L2 sensitivity of exactly ``2C`` (replacing one subject moves one
+    clipped vector anywhere inside the ball of radius ``C``). Per-example gradients are
+    recorded during ``loss.backward()`` for ``nn.Linear`` layers (see ``sdk/_per_sample.py``);
+    other parameters are refused with a message naming them.
+
+    Args:
+        model: a module, or the parameters to publish.
+        epsilon, delta: the privacy loss of this step. Without ``max_grad_norm``, leave
+            ``delta`` out for Laplace noise; with it, ``delta`` is required (Gaussian).
+        max_grad_norm: ``C``; None publishes the plain gradients, whose sensitivity the
+            node derives from the data's bounds.
+        subjects: which rows belong to one subject, to clip them together: a dataset
+            handle (the rows of the batch are that dataset's rows, in order; the node
+            supplies its subject index) or an int64 tensor with one group per row. None:
+            each row is clipped on its own, which costs ``2C`` times the most rows one
+            subject has in the batch (exactly ``2C`` when each subject has one row).
+        loss_reduction: ``"mean"`` when the loss averages over the rows (torch's
+            default): the per-example gradients are the row count times each row's share,
+            and the released sum is divided by the row count again. ``"sum"`` when it adds.
+        client: the node session (default: the last ``sdk.login``).
+
+    Returns:
+        The release's :class:`Receipt`.
+
+    Raises:
+        DPNodeError: no remote gradients, a parameter without per-example gradients, or
+            ``max_grad_norm`` without ``delta``.
+        BudgetExceededError, GraphError: as for :func:`publish`.
     """
     params = list(model.parameters()) if isinstance(model, torch.nn.Module) else list(model)
-    with_grads = [p for p in params if isinstance(p.grad, RemoteTensor)]
+    names = (
+        [n for n, _ in model.named_parameters()]
+        if isinstance(model, torch.nn.Module)
+        else [f"#{i}" for i in range(len(params))]
+    )
+    with_grads = [(p, n) for p, n in zip(params, names, strict=True) if _remote_grad(p)]
     if not with_grads:
         raise DPNodeError("no remote gradients to publish: call loss.backward() first")
-    grads = publish(
-        [p.grad for p in with_grads if p.grad is not None],
-        epsilon=epsilon,
-        delta=delta,
-        client=client,
+    held = [p for p, _ in with_grads]
+    if max_grad_norm is None:
+        grads = publish(
+            [p.grad for p in held if p.grad is not None],
+            epsilon=epsilon,
+            delta=delta,
+            client=client,
+        )
+        per_sample.reset(held)
+        for p, g in zip(held, grads, strict=True):
+            p.grad = g.to(p.dtype)
+        return grads[0].receipt  # type: ignore[no-any-return]
+    bound = float(max_grad_norm)
+    if not (math.isfinite(bound) and bound > 0):
+        raise DPNodeError(f"max_grad_norm must be a finite number > 0, got {max_grad_norm!r}")
+    if delta is None:
+        raise DPNodeError(
+            "max_grad_norm bounds each subject's gradient in L2 norm, which the Gaussian "
+            "mechanism uses: pass delta= as well"
+        )
+    if loss_reduction not in ("mean", "sum"):
+        raise DPNodeError(f"loss_reduction is 'mean' or 'sum', got {loss_reduction!r}")
+    samples = per_sample.per_example_grads(held, [n for _, n in with_grads])
+    rows = int(samples[0].shape[0])
+    scale = float(rows) if loss_reduction == "mean" else 1.0
+    total = per_sample.clipped_sum(
+        samples, max_norm=bound, groups=_groups(subjects, rows), scale=scale
     )
-    for p, g in zip(with_grads, grads, strict=True):
-        p.grad = g.to(p.dtype)
+    released = publish(total, epsilon=epsilon, delta=delta, client=client)
+    per_sample.reset(held)
+    flat = released / scale if scale != 1.0 else released
+    start = 0
+    for p in held:
+        p.grad = flat[start : start + p.numel()].reshape(p.shape).to(p.dtype).clone()
+        start += p.numel()
+    return released.receipt  # type: ignore[no-any-return]
+
+
+def _remote_grad(p: torch.Tensor) -> bool:
+    return isinstance(p.grad, RemoteTensor)
+
+
+def _groups(subjects: DatasetHandle | torch.Tensor | None, rows: int) -> torch.Tensor | None:
+    """The ``groups`` argument of the clipping prim for ``subjects`` (see publish_grads)."""
+    from sdk._handles import DatasetHandle
+
+    if subjects is None:
+        return None
+    if isinstance(subjects, DatasetHandle):
+        if subjects.row_count != rows:
+            raise DPNodeError(
+                f"subjects={subjects.name!r} has {subjects.row_count} rows but the gradients "
+                f"have {rows}: for a batch of rows, pass the batch's subject ids as a tensor"
+            )
+        return remote_input(f"dataset:{subjects.id}/@subject", (rows,), torch.int64)
+    if (
+        tuple(subjects.shape) != (rows,)
+        or subjects.dtype.is_floating_point
+        or (subjects.dtype == torch.bool)
+    ):
+        raise DPNodeError(
+            f"subjects must be an integer tensor of shape ({rows},), one group per row; got "
+            f"{subjects.dtype} {tuple(subjects.shape)}"
+        )
+    return subjects.to(torch.int64)

@@ -1,53 +1,22 @@
 """DP-SGD: the rule of ``clip_by_subject_norm`` gives an L2 sensitivity of exactly 2C.
 
-The engine does not have this prim yet; the fixture registers a reference kernel with
-the contract of docs/sensitivity.md for the duration of each test, so the rule is
-exercised through real graphs and real evaluations.
+The prim is the engine's own (``node/engine/prims/dpsgd.py``): the rule is exercised
+through real graphs and real evaluations, on neighbouring datasets at the bounds.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
-from node.engine import REGISTRY, GraphBuilder
-from node.engine.prims import Call, TensorMeta
-from node.engine.prims.registry import AttrSpec, prim
-from node.privacy import InputSpec, PrivacyTrackingError, track
+from node.engine import GraphBuilder, evaluate
+from node.privacy import InputSpec, PrivacyTrackingError, evaluate_tracked, track
 from tests.privacy.helpers import Column, assert_sound, neighbours
 
 C = 0.75
-
-
-def _infer(c: Call) -> TensorMeta:
-    x = c.tensor(0)
-    return TensorMeta(x.shape[1:], x.dtype)
-
-
-def _kernel(c: Call, args: list[Any], out: Any) -> Any:
-    x, groups = args
-    bound = float(c.attr("max_norm"))
-    uniq, inv = np.unique(groups, return_inverse=True)
-    sums = np.zeros((len(uniq), *x.shape[1:]))
-    np.add.at(sums, inv, x.astype(np.float64))
-    norms = np.sqrt((sums.reshape(len(uniq), -1) ** 2).sum(axis=1))
-    scale = np.minimum(1.0, bound / np.where(norms > 0, norms, 1.0))
-    return (sums * scale.reshape((-1,) + (1,) * (x.ndim - 1))).sum(axis=0).astype(x.dtype)
-
-
-@pytest.fixture
-def clip_prim() -> Iterator[None]:
-    prim("clip_by_subject_norm", args=2, attrs={"max_norm": AttrSpec("float")}, infer=_infer)(
-        _kernel
-    )
-    try:
-        yield
-    finally:
-        del REGISTRY["clip_by_subject_norm"]
 
 
 def _grads(n: int, d: int, groups: np.ndarray) -> tuple[GraphBuilder, Any]:
@@ -63,7 +32,6 @@ def _grads(n: int, d: int, groups: np.ndarray) -> tuple[GraphBuilder, Any]:
     return b, b.op("clip_by_subject_norm", g, b.constant(groups), max_norm=C)
 
 
-@pytest.mark.usefixtures("clip_prim")
 def test_one_row_per_subject_gives_exactly_2c(rng: np.random.Generator) -> None:
     n, d = 40, 5
     b, out = _grads(n, d, np.arange(n))
@@ -77,7 +45,6 @@ def test_one_row_per_subject_gives_exactly_2c(rng: np.random.Generator) -> None:
         assert_sound(graph, r, *neighbours(cols, rng))
 
 
-@pytest.mark.usefixtures("clip_prim")
 def test_groups_equal_to_subjects_give_2c_and_rows_give_2c_per_row(
     rng: np.random.Generator,
 ) -> None:
@@ -100,7 +67,6 @@ def test_groups_equal_to_subjects_give_2c_and_rows_give_2c_per_row(
         assert_sound(b.build([out]), r, *neighbours(cols, rng))
 
 
-@pytest.mark.usefixtures("clip_prim")
 def test_clipping_refuses_rows_that_mix_subjects() -> None:
     b = GraphBuilder()
     x = b.input("X", "float64", (6, 2))
@@ -108,3 +74,84 @@ def test_clipping_refuses_rows_that_mix_subjects() -> None:
     out = b.op("clip_by_subject_norm", mixed, b.constant(np.arange(6)), max_norm=1.0)
     with pytest.raises(PrivacyTrackingError, match="one subject only"):
         track(b.build([out]), {"X": InputSpec.private(0, 1)})
+
+
+def _clip_rows(n: int, d: int, groups: Any, *, groups_input: bool = False) -> Any:
+    """clip_by_subject_norm of a private [n, d] input itself (the rows are the gradients)."""
+    b = GraphBuilder()
+    x = b.input("X", "float64", (n, d))
+    g = b.input("groups", "int64", (n,)) if groups_input else b.constant(groups)
+    return b.build([b.op("clip_by_subject_norm", x, g, max_norm=C)])
+
+
+def test_the_bound_is_reached_at_the_corners(rng: np.random.Generator) -> None:
+    """Neighbours at opposite corners of the box move the output by exactly 2C (C < |row|)."""
+    n, d = 12, 4
+    graph = _clip_rows(n, d, np.arange(n))
+    r = track(graph, {"X": InputSpec.private(-1.0, 1.0)})
+    assert r.l2 == r.outputs[0].l2 == 2 * C
+    worst = 0.0
+    for s in range(n):
+        a = rng.uniform(-1, 1, (n, d))
+        a[s], b = 1.0, a.copy()
+        b[s] = -1.0
+        moved = np.linalg.norm(evaluate(graph, {"X": a})[0] - evaluate(graph, {"X": b})[0])
+        assert moved <= 2 * C * (1 + 1e-12)
+        worst = max(worst, moved)
+    assert worst == pytest.approx(2 * C, rel=1e-12)
+    cols = {"X": Column("float64", (n, d), -1.0, 1.0)}
+    for _ in range(300):
+        assert_sound(graph, r, *neighbours(cols, rng))
+
+
+def test_groups_from_a_public_subject_index_input_give_exactly_2c(
+    rng: np.random.Generator,
+) -> None:
+    """The node binds ``dataset:<id>/@subject`` as a public input with its value: exact."""
+    n, d = 24, 3
+    subjects = np.repeat(np.arange(8), 3)
+    rng.shuffle(subjects)
+    graph = _clip_rows(n, d, None, groups_input=True)
+    specs = {"X": InputSpec.private(-1.0, 1.0, subjects), "groups": InputSpec.public(subjects)}
+    assert track(graph, specs).l2 == 2 * C
+    x = rng.uniform(-1, 1, (n, d))
+    _, report = evaluate_tracked(graph, {"X": x, "groups": subjects}, specs)
+    assert report.l2 == 2 * C
+    # a public input whose value the tracker does not know: every row may be its own group
+    unknown = {"X": specs["X"], "groups": InputSpec.public()}
+    assert track(graph, unknown).l2 == 3 * 2 * C
+    cols = {"X": Column("float64", (n, d), -1.0, 1.0, subjects)}
+    r = track(graph, specs)
+    for _ in range(300):
+        d1, d2 = neighbours(cols, rng)
+        assert_sound(graph, r, d1, d2, public={"groups": subjects})
+
+
+def test_private_groups_are_refused() -> None:
+    graph = _clip_rows(6, 2, None, groups_input=True)
+    specs = {"X": InputSpec.private(-1.0, 1.0), "groups": InputSpec.private(0, 5)}
+    with pytest.raises(PrivacyTrackingError, match="grouping of rows must be public"):
+        track(graph, specs)
+
+
+def test_several_parameters_clipped_jointly_stay_at_2c(rng: np.random.Generator) -> None:
+    """A weight's and a bias's per-example gradients, concatenated, clipped as one vector."""
+    n, d = 30, 4
+    b = GraphBuilder()
+    x = b.input("X", "float64", (n, d))
+    y = b.input("y", "float64", (n,))
+    w = b.constant(np.linspace(-1, 1, d).reshape(d, 1))
+    z = b.op("squeeze", b.op("matmul", x, w), dims=(1,))
+    p = b.op("reciprocal", b.op("add", b.op("exp", b.op("neg", z)), 1.0))
+    r = b.op("unsqueeze", b.op("sub", p, y), dim=1)
+    gw = b.op("mul", r, x)  # [n, d]
+    flat = b.op("cat", gw, r, dim=1)  # [n, d + 1]: weight and bias of one example
+    out = b.op("clip_by_subject_norm", flat, b.constant(np.arange(n)), max_norm=C)
+    graph = b.build([out])
+    specs = {"X": InputSpec.private(-1.0, 1.0), "y": InputSpec.private(0.0, 1.0)}
+    report = track(graph, specs)
+    assert report.l2 == 2 * C
+    assert report.l1 == pytest.approx(2 * C * math.sqrt(d + 1))
+    cols = {"X": Column("float64", (n, d), -1.0, 1.0), "y": Column("float64", (n,), 0.0, 1.0)}
+    for _ in range(200):
+        assert_sound(graph, report, *neighbours(cols, rng))

@@ -77,3 +77,59 @@ def test_logistic_regression_with_publish_grads(
     x = torch.from_numpy(np.stack([data["a"], data["b"]], axis=1)).float()
     accuracy = ((model(x).squeeze(1) > 0).numpy() == data["label"]).mean()
     assert accuracy > 0.9, accuracy
+
+
+def test_dp_sgd_with_max_grad_norm_charges_gaussian_for_2c(
+    owner_client: sdk.Client, ds_client: sdk.Client
+) -> None:
+    ds = ds_client.dataset(_cohort(owner_client).id)
+    features, label = ds.tensors(["a", "b"], "label")
+    features, y = features.float(), label.float()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=4.0)
+    for _ in range(30):
+        loss = F.binary_cross_entropy_with_logits(model(features).squeeze(1), y)
+        loss.backward()
+        receipt = sdk.publish_grads(model, epsilon=0.5, delta=1e-7, max_grad_norm=0.5)
+        assert receipt.mechanism == "gaussian"
+        assert receipt.sensitivity_l2 == 1.0  # exactly 2C, for the three numbers together
+        assert all(type(p.grad) is torch.Tensor for p in model.parameters())
+        opt.step()
+        opt.zero_grad()
+    assert len(ds_client.ledger()) == 30
+    data = owner_client.dataset("cohort").download()
+    x = torch.from_numpy(np.stack([data["a"], data["b"]], axis=1)).float()
+    accuracy = ((model(x).squeeze(1) > 0).numpy() == data["label"]).mean()
+    assert accuracy > 0.9, accuracy
+
+
+def test_dp_sgd_clips_whole_subjects_when_told_which_rows_are_one(
+    owner_client: sdk.Client, ds_client: sdk.Client
+) -> None:
+    rng = np.random.default_rng(3)
+    n = 300
+    owner_client.upload_dataset(
+        "visits",
+        {"patient": np.repeat(np.arange(100), 3), "x": rng.uniform(0, 1, n), "y": rng.random(n)},
+        bounds={"x": (0, 1), "y": (0, 1)},
+        subject_id="patient",
+    )
+    ds = ds_client.dataset("visits")
+    x, y = ds.tensors(["x"], "y")
+    x, y = x.float(), y.float()
+    model = torch.nn.Linear(1, 1)
+
+    def step(**kw: object) -> sdk.Receipt:
+        F.mse_loss(model(x).squeeze(1), y).backward()
+        receipt = sdk.publish_grads(model, epsilon=1.0, delta=1e-7, max_grad_norm=0.25, **kw)
+        model.zero_grad()
+        return receipt
+
+    assert step(subjects=ds).sensitivity_l2 == 0.5  # one clipped vector per patient: 2C
+    assert step().sensitivity_l2 == 1.5  # rows clipped one by one: 3 rows of a patient move
+    groups = torch.arange(n) // 3  # the same grouping, given as a public tensor
+    assert step(subjects=groups).sensitivity_l2 == 0.5
+    with pytest.raises(sdk.DPNodeError, match="has 300 rows but the gradients have 150"):
+        F.mse_loss(model(x[:150]).squeeze(1), y[:150]).backward()
+        sdk.publish_grads(model, epsilon=1.0, delta=1e-7, max_grad_norm=0.25, subjects=ds)

@@ -4,8 +4,8 @@
 so it is public (``L = G = 0``) with bounds ``[0, 1]``, but its value is unknown to
 the tracker (it never re-draws).
 
-``clip_by_subject_norm`` is not in the engine's vocabulary yet; this is the rule it
-will get. Its contract (see docs/sensitivity.md):
+``clip_by_subject_norm`` (the engine's ``node/engine/prims/dpsgd.py``; see
+docs/sensitivity.md) is DP-SGD's clipping:
 
     clip_by_subject_norm(x: float[n, *f], groups: int64[n]; max_norm: float) -> float[*f]
     = sum over distinct g in groups of clip(sum_{i: groups[i] = g} x[i])
@@ -14,7 +14,10 @@ will get. Its contract (see docs/sensitivity.md):
 When subject ``s``'s rows fall into ``k_s`` groups, replacing ``s`` changes at most
 ``k_s`` clipped vectors, each by at most ``2 * max_norm`` in L2: the output's L2
 sensitivity is ``2 * max_norm * max_s k_s``, which is ``2C`` when the groups are the
-subjects (or every subject has one row).
+subjects (or every subject has one row). ``groups`` must be public: a constant, or
+the dataset's subject index, which the node binds to ``dataset:<id>/@subject`` as a
+public input with its value; with a public value the tracker does not know, every row
+counts as its own group. Private groups (computed from data) are refused.
 """
 
 from __future__ import annotations

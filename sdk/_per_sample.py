@@ -1,0 +1,234 @@
+"""Per-example gradients of remote training steps, for DP-SGD's per-subject clipping.
+
+DP-SGD clips each subject's gradient before summing, so it needs one gradient per
+example, while ``loss.backward()`` only leaves their sum in ``.grad``. This module
+records the per-example gradients *alongside* the ordinary backward pass, the way
+Opacus does for local tensors: a global module forward hook notices every
+``nn.Linear`` whose output is a remote tensor requiring grad, keeps its input, and
+hooks the output's gradient; in the backward pass the example ``i``'s gradient of the
+weight is ``grad_out[i]^T input[i]`` (summed over any middle dims) and of the bias
+``grad_out[i]``. They are recorded as ordinary prims (``mul``, ``sum``), lazily: when
+nothing publishes them, they are never built, sent or computed.
+
+The trade-off: this covers models built from ``nn.Linear`` layers and parameter-free
+modules (activations, dropout, reshapes) — logistic and linear regression, MLPs —
+with nothing to set up. ``torch.func.vmap(torch.func.grad(...))`` also runs on remote
+tensors and covers more, but needs the loss written as a function, not the
+``loss.backward()`` loop. A parameter whose gradient does not come (only) from hooked
+layers is reported at publish time, never silently mixed.
+
+Bookkeeping follows ``.grad``: a backward pass that starts from an empty (``None`` or
+zeroed) ``.grad`` starts the per-example sums afresh, one that adds to a ``.grad``
+this module followed adds to them (gradient accumulation), and anything else (a
+``.grad`` changed by hand) makes the parameter's per-example gradients unavailable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from sdk._exceptions import DPNodeError
+from sdk._remote import RemoteTensor, Storage
+from sdk._remote.dispatch import node_of
+from sdk._remote.graph import Node, prim
+
+__all__ = ["clipped_sum", "per_example_grads", "reset"]
+
+
+@dataclass
+class _Samples:
+    """Per-example gradients of one parameter, in step with its ``.grad``."""
+
+    #: [rows, *param.shape]: per-example gradients summed into ``.grad`` so far
+    total: torch.Tensor | None = None
+    #: why ``total`` is unavailable, if it is
+    broken: str | None = None
+    #: the node of ``.grad`` right after the last accumulation this module followed
+    after: Node | None = None
+    #: backward pass (graph task id) -> (how it starts, its contributions so far)
+    pending: dict[int, tuple[str | None, list[torch.Tensor | None]]] = field(default_factory=dict)
+    watched: bool = False
+
+
+#: parameter -> its per-example gradients (weakly keyed by identity: tensors have no ==)
+_STATE: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _lookup(p: torch.Tensor) -> _Samples | None:
+    st: _Samples | None = _STATE.get(p)  # type: ignore[no-untyped-call]
+    return st
+
+
+def _state(p: torch.Tensor) -> _Samples:
+    st = _lookup(p)
+    if st is None:
+        st = _STATE[p] = _Samples()
+    if not st.watched:
+        p.register_post_accumulate_grad_hook(_accumulated)  # type: ignore[no-untyped-call]
+        st.watched = True
+    return st
+
+
+def _start(p: torch.Tensor, st: _Samples) -> str | None:
+    """How this backward pass relates to ``p.grad``: None to continue, "" to start, or why not."""
+    g = p.grad
+    if g is None:
+        return ""
+    if isinstance(g, RemoteTensor):
+        if st.total is not None and st.after is not None and g.node is st.after:
+            return None
+        return st.broken or "its .grad was changed after the backward pass that computed it"
+    if not bool(g.detach().any()):  # zeroed in place (zero_grad(set_to_none=False))
+        return ""
+    return "its .grad holds a local gradient that was not zeroed before this backward pass"
+
+
+def _contribute(p: torch.Tensor, value: torch.Tensor | None) -> None:
+    """Add one layer call's per-example gradients of ``p`` (None: it had no rows)."""
+    st = _state(p)
+    task = torch._C._current_graph_task_id()
+    if task not in st.pending:
+        st.pending = {task: (_start(p, st), [])}  # drops leftovers of torch.autograd.grad calls
+    st.pending[task][1].append(value)
+
+
+def _accumulated(p: torch.Tensor) -> None:
+    """After autograd added this backward pass's gradient to ``p.grad``: follow it."""
+    st = _state(p)
+    start, parts = st.pending.pop(torch._C._current_graph_task_id(), ("", []))
+    st.pending.clear()
+    st.after = p.grad.node if isinstance(p.grad, RemoteTensor) else None
+    if not parts:
+        st.total, st.broken = None, "its gradient does not come from an nn.Linear layer"
+        return
+    if start is not None and start != "":
+        st.total, st.broken = None, start
+        return
+    if any(t is None for t in parts):
+        st.total, st.broken = None, "an nn.Linear layer saw an input without a row dimension"
+        return
+    rows = {int(t.shape[0]) for t in parts if t is not None}
+    if st.total is not None and start is None:
+        rows.add(int(st.total.shape[0]))
+    if len(rows) != 1:
+        st.total, st.broken = None, f"its layers saw different numbers of rows {sorted(rows)}"
+        return
+    present = [t for t in parts if t is not None]
+    total = present[0]
+    for t in present[1:]:
+        total = total + t
+    st.total, st.broken = (total if start == "" or st.total is None else st.total + total), None
+
+
+def _linear_hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    if not isinstance(module, torch.nn.Linear):
+        return
+    if not (isinstance(output, RemoteTensor) and output.requires_grad):
+        return
+    params = [p for p in (module.weight, module.bias) if p is not None and p.requires_grad]
+    if not params or not args or not isinstance(args[0], torch.Tensor):
+        return
+    x = args[0].detach()
+    for p in params:
+        _state(p)
+
+    def on_grad(g: torch.Tensor) -> None:
+        if x.dim() < 2:  # no row dimension: nothing is per example
+            for p in params:
+                _contribute(p, None)
+            return
+        mid = tuple(range(1, x.dim() - 1))  # dims between the rows and the features
+        weight = g.unsqueeze(-1) * x.unsqueeze(-2)  # [n, *mid, out, in]
+        if mid:
+            weight = weight.sum(dim=mid)
+        _contribute(module.weight, weight)
+        if module.bias is not None and module.bias.requires_grad:
+            _contribute(module.bias, g.sum(dim=mid) if mid else g)
+
+    output.register_hook(on_grad)  # type: ignore[no-untyped-call]
+
+
+torch.nn.modules.module.register_module_forward_hook(_linear_hook)
+
+
+def per_example_grads(params: Sequence[torch.Tensor], names: Sequence[str]) -> list[torch.Tensor]:
+    """Each parameter's per-example gradients ``[rows, *shape]``, whose sum is its ``.grad``.
+
+    Raises:
+        DPNodeError: a parameter has none (the message names it and says why).
+    """
+    out = []
+    for p, name in zip(params, names, strict=True):
+        st = _lookup(p)
+        why = None
+        if st is None:
+            why = "its gradient does not come from an nn.Linear layer"
+        elif st.total is None or st.broken is not None:
+            why = st.broken or "no backward pass recorded them"
+        elif not (isinstance(p.grad, RemoteTensor) and p.grad.node is st.after):
+            why = "its .grad was changed after the backward pass that computed it"
+        if why is not None:
+            raise DPNodeError(
+                f"no per-example gradients for parameter {name!r}: {why}. Per-example "
+                "clipping (max_grad_norm=) supports models whose parameters are those of "
+                "nn.Linear layers, trained with loss.backward() on remote rows; see "
+                "docs/remote-tensors.md"
+            )
+        assert st is not None and st.total is not None
+        out.append(st.total)
+    rows = {int(t.shape[0]) for t in out}
+    if len(rows) > 1:
+        raise DPNodeError(
+            f"the parameters' per-example gradients have different numbers of rows "
+            f"{sorted(rows)}: clip them in separate publishes"
+        )
+    return out
+
+
+def reset(params: Sequence[torch.Tensor]) -> None:
+    """Forget the per-example gradients of ``params`` (their ``.grad`` was published)."""
+    for p in params:
+        st = _lookup(p)
+        if st is not None:
+            st.total, st.broken, st.after = None, None, None
+            st.pending.clear()
+
+
+def clipped_sum(
+    per_example: Sequence[torch.Tensor],
+    *,
+    max_norm: float,
+    groups: torch.Tensor | None = None,
+    scale: float = 1.0,
+) -> RemoteTensor:
+    """Clip each group's gradient (all parameters jointly) to L2 norm ``max_norm`` and sum.
+
+    Args:
+        per_example: ``[rows, *shape]`` tensors, one per parameter (same rows).
+        max_norm: the clipping bound ``C``; the sum then moves by at most ``2C`` per group
+            a subject's rows fall into.
+        groups: int64 ``[rows]``: rows to clip together (the dataset's subject index);
+            None: every row on its own.
+        scale: multiplies every row before clipping (the row count, when the loss is a
+            mean over rows, so that each row is one example's own gradient).
+
+    Returns:
+        A remote ``[sum of the parameters' sizes]`` vector: the parameters' gradients,
+        flattened and concatenated in order.
+    """
+    rows = int(per_example[0].shape[0])
+    flat = torch.cat([t.reshape(rows, -1) for t in per_example], dim=1)
+    if scale != 1.0:
+        flat = flat * scale
+    if groups is None:
+        groups = torch.arange(rows, dtype=torch.int64)
+    if not isinstance(flat, RemoteTensor):
+        raise DPNodeError("per-example gradients of local tensors have nothing private to clip")
+    node = prim("clip_by_subject_norm", flat.node, node_of(groups), max_norm=float(max_norm))
+    meta = torch.empty((int(flat.shape[1]),), dtype=flat.dtype, device="meta")
+    return RemoteTensor(meta, Storage(node), source=flat._source)

@@ -1,0 +1,188 @@
+"""Per-example gradients recorded on remote tensors, clipped by the node's prim, vs torch.func.
+
+The reference is plain torch: ``vmap(grad(loss of one example))`` on local tensors, each
+example's gradient (all parameters together) clipped to norm C, then summed. The remote
+side is what ``sdk.publish_grads(..., max_grad_norm=C)`` sends, evaluated locally by the
+node's engine on the same values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, grad, vmap
+
+import sdk
+from sdk import _per_sample as per_sample
+from sdk._remote import evaluate, remote_input
+
+C = 0.5
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(515)
+
+
+def _reference(
+    model: torch.nn.Module,
+    loss_one: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    groups: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-subject clipped sum of per-example gradients, in plain torch."""
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def one(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+        return loss_one(functional_call(model, p, (xi.unsqueeze(0),)), yi.unsqueeze(0))
+
+    g = vmap(grad(one), in_dims=(None, 0, 0))(params, x, y)
+    flat = torch.cat([g[k].reshape(x.shape[0], -1) for k in params], dim=1).double()
+    if groups is not None:
+        uniq, inv = torch.unique(groups, return_inverse=True)
+        flat = torch.zeros(len(uniq), flat.shape[1], dtype=flat.dtype).index_add_(0, inv, flat)
+    norms = flat.norm(dim=1, keepdim=True)
+    return (flat * torch.clamp(C / norms, max=1.0)).sum(dim=0)
+
+
+def _remote_clipped(
+    model: torch.nn.Module,
+    inputs: dict[str, Any],
+    *,
+    rows: int,
+    groups: torch.Tensor | None = None,
+) -> torch.Tensor:
+    params = [p for p in model.parameters()]
+    names = [n for n, _ in model.named_parameters()]
+    samples = per_sample.per_example_grads(params, names)
+    total = per_sample.clipped_sum(samples, max_norm=C, groups=groups, scale=float(rows))
+    (value,) = evaluate([total], inputs)
+    return value.double()
+
+
+def _data(rng: np.random.Generator, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    x = rng.uniform(-1, 1, shape).astype(np.float32)
+    y = (rng.uniform(0, 1, shape[0]) < 0.5).astype(np.float32)
+    return x, y
+
+
+def test_logistic_regression_matches_torch_func(rng: np.random.Generator) -> None:
+    n, d = 32, 5
+    x, y = _data(rng, (n, d))
+    torch.manual_seed(0)
+    model = torch.nn.Linear(d, 1)
+    with torch.no_grad():
+        model.weight.mul_(4)  # big gradients: most rows are clipped
+    X, Y = remote_input("X", (n, d), torch.float32), remote_input("y", (n,), torch.float32)
+    F.binary_cross_entropy_with_logits(model(X).squeeze(1), Y).backward()
+    got = _remote_clipped(model, {"X": x, "y": y}, rows=n)
+
+    def loss(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return F.binary_cross_entropy_with_logits(out.squeeze(1), t)
+
+    want = _reference(model, loss, torch.from_numpy(x), torch.from_numpy(y))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert got.norm() <= n * C
+
+
+def test_mlp_with_rows_grouped_by_subject_matches_torch_func(rng: np.random.Generator) -> None:
+    n, d = 24, 4
+    x, y = _data(rng, (n, d))
+    groups = torch.from_numpy(rng.integers(0, 8, n))
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(d, 6), torch.nn.ReLU(), torch.nn.Linear(6, 1))
+    X, Y = remote_input("X", (n, d), torch.float32), remote_input("y", (n,), torch.float32)
+    F.mse_loss(model(X).squeeze(1), Y).backward()
+    got = _remote_clipped(model, {"X": x, "y": y}, rows=n, groups=groups)
+
+    def loss(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(out.squeeze(1), t)
+
+    want = _reference(model, loss, torch.from_numpy(x), torch.from_numpy(y), groups)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_middle_dims_are_summed_per_example(rng: np.random.Generator) -> None:
+    """A Linear over [n, t, d] (a sequence per example): gradients summed over t."""
+    n, t, d = 10, 3, 4
+    x = rng.uniform(-1, 1, (n, t, d)).astype(np.float32)
+    y = rng.uniform(-1, 1, n).astype(np.float32)
+    torch.manual_seed(2)
+    model = torch.nn.Linear(d, 2)
+    X, Y = remote_input("X", (n, t, d), torch.float32), remote_input("y", (n,), torch.float32)
+    F.mse_loss(model(X).sum(dim=(1, 2)), Y).backward()
+    got = _remote_clipped(model, {"X": x, "y": y}, rows=n)
+
+    def loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(out.sum(dim=(1, 2)), target)
+
+    want = _reference(model, loss, torch.from_numpy(x), torch.from_numpy(y))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_accumulation_follows_grad(rng: np.random.Generator) -> None:
+    n, d = 8, 3
+    x, y = _data(rng, (n, d))
+    model = torch.nn.Linear(d, 1)
+    X, Y = remote_input("X", (n, d), torch.float32), remote_input("y", (n,), torch.float32)
+
+    def step() -> None:
+        F.binary_cross_entropy_with_logits(model(X).squeeze(1), Y, reduction="sum").backward()
+
+    def samples() -> list[torch.Tensor]:
+        names = [k for k, _ in model.named_parameters()]
+        got = per_sample.per_example_grads(list(model.parameters()), names)
+        return evaluate(got, {"X": x, "y": y})
+
+    step()
+    once = samples()
+    step()  # accumulates into .grad: the per-example gradients add up too
+    for a, b in zip(samples(), once, strict=True):
+        torch.testing.assert_close(a, 2 * b)
+    grads = evaluate([p.grad for p in model.parameters()], {"X": x, "y": y})  # type: ignore[misc]
+    for s, g in zip(samples(), grads, strict=True):
+        torch.testing.assert_close(s.sum(dim=0), g, rtol=1e-5, atol=1e-5)
+    model.zero_grad()  # set_to_none: the next backward starts afresh
+    step()
+    for a, b in zip(samples(), once, strict=True):
+        torch.testing.assert_close(a, b)
+    with torch.no_grad():
+        model.weight.grad.mul_(2)  # type: ignore[union-attr]  # changed by hand: refused
+    with pytest.raises(sdk.DPNodeError, match=r"'weight'.*changed after the backward"):
+        sdk.publish_grads(model, epsilon=1.0, delta=1e-6, max_grad_norm=C)
+
+
+def test_parameters_outside_linear_layers_are_named(rng: np.random.Generator) -> None:
+    class Scaled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 1)
+            self.gain = torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) * self.gain
+
+    model = Scaled()
+    X = remote_input("X", (5, 3), torch.float32)
+    model(X).sum().backward()
+    with pytest.raises(sdk.DPNodeError, match="'gain': its gradient does not come from"):
+        sdk.publish_grads(model, epsilon=1.0, delta=1e-6, max_grad_norm=C)
+
+
+def test_bad_arguments_are_refused_before_any_request() -> None:
+    model = torch.nn.Linear(3, 1)
+    model(remote_input("X", (5, 3), torch.float32)).sum().backward()
+    with pytest.raises(sdk.DPNodeError, match="pass delta="):
+        sdk.publish_grads(model, epsilon=1.0, max_grad_norm=C)
+    with pytest.raises(sdk.DPNodeError, match="max_grad_norm must be"):
+        sdk.publish_grads(model, epsilon=1.0, delta=1e-6, max_grad_norm=0.0)
+    with pytest.raises(sdk.DPNodeError, match="integer tensor of shape"):
+        sdk.publish_grads(
+            model, epsilon=1.0, delta=1e-6, max_grad_norm=C, subjects=torch.zeros(4).long()
+        )
