@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -13,12 +14,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from node import __version__, errors
 from node.api.routes import (
+    approvals,
     audit,
     auth,
     budget,
     datasets,
     meta,
     models,
+    policy,
     publish,
     search,
     users,
@@ -60,9 +63,10 @@ def status_for(exc: errors.DPNodeError) -> int:
     return 500
 
 
-def _body(code: str, detail: str, status: int) -> JSONResponse:
+def _body(code: str, detail: str, status: int, **extra: Any) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
+    body = {"error": code, "detail": detail, **extra}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -76,7 +80,8 @@ def _validation_message(exc: RequestValidationError) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(errors.DPNodeError)
     async def _domain(_: Request, exc: errors.DPNodeError) -> JSONResponse:
-        return _body(exc.code, exc.detail, status_for(exc))
+        extra = exc.extra() if isinstance(exc, errors.PolicyRefusedError) else {}
+        return _body(exc.code, exc.detail, status_for(exc), **extra)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -118,7 +123,8 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
         lifespan=lifespan,
     )
     app.state.context = ctx
-    for module in (auth, users, datasets, models, search, publish, budget, meta, audit):
+    routers = (auth, users, datasets, models, search, approvals, publish, budget, policy)
+    for module in (*routers, meta, audit):
         app.include_router(module.router, prefix=API_PREFIX)
     install_error_handlers(app)
     return app

@@ -7,6 +7,7 @@ the SDK maps each ``code`` back to a typed exception.
     DPNodeError
     ├── InvalidRequestError      invalid_request      malformed or inconsistent input
     │   ├── UploadRejectedError  upload_rejected      data breaks the declared contract
+    │   ├── InvalidPolicyError   invalid_policy       a malformed budget policy document
     │   └── GraphError           invalid_graph        a graph the engine refuses
     │       └── UnsupportedDTypeError  unsupported_dtype
     ├── EvaluationError          evaluation_error     a valid graph failed on its values
@@ -14,7 +15,9 @@ the SDK maps each ``code`` back to a typed exception.
     ├── PayloadTooLargeError     payload_too_large    a request body over its limit
     ├── AuthenticationError      unauthenticated      missing, bad or expired credentials
     ├── PermissionDeniedError    forbidden            authenticated but not allowed
-    │   └── BudgetExceededError  budget_exceeded      the charge does not fit the budget
+    │   └── PolicyRefusedError   policy_refused       a budget policy rule refused a publish
+    │       ├── BudgetExceededError  budget_exceeded  the charge does not fit a budget or cap
+    │       └── ApprovalRequiredError  approval_required  the publish waits for an admin
     ├── NotFoundError            not_found
     │   └── UnknownStructureError  unknown_structure  a graph reference the node lacks
     └── ConflictError            conflict             e.g. a name already taken
@@ -22,19 +25,22 @@ the SDK maps each ``code`` back to a typed exception.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 __all__ = [
+    "ApprovalRequiredError",
     "AuthenticationError",
     "BudgetExceededError",
     "ConflictError",
     "DPNodeError",
     "EvaluationError",
     "GraphError",
+    "InvalidPolicyError",
     "InvalidRequestError",
     "NotFoundError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
+    "PolicyRefusedError",
     "QuotaExceededError",
     "UnknownStructureError",
     "UnsupportedDTypeError",
@@ -58,6 +64,10 @@ class InvalidRequestError(DPNodeError):
 
 class UploadRejectedError(InvalidRequestError):
     code = "upload_rejected"
+
+
+class InvalidPolicyError(InvalidRequestError):
+    code = "invalid_policy"
 
 
 class GraphError(InvalidRequestError):
@@ -88,8 +98,49 @@ class PermissionDeniedError(DPNodeError):
     code = "forbidden"
 
 
-class BudgetExceededError(PermissionDeniedError):
+class PolicyRefusedError(PermissionDeniedError):
+    """A publish refused by a budget policy: names the policy revision and the rule.
+
+    The error body carries them next to ``error`` and ``detail`` (see :meth:`extra`).
+    """
+
+    code = "policy_refused"
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        rule: str | None = None,
+        policy: str | None = None,
+        policy_revision: int | None = None,
+        **more: Any,
+    ) -> None:
+        super().__init__(detail)
+        self.rule = rule
+        self.policy = policy
+        self.policy_revision = policy_revision
+        self.more = more
+
+    def extra(self) -> dict[str, Any]:
+        """Fields the HTTP error body carries besides ``error`` and ``detail``."""
+        if self.rule is None:
+            return {}
+        return {
+            "rule": self.rule,
+            "policy": self.policy,
+            "policy_revision": self.policy_revision,
+            **self.more,
+        }
+
+
+class BudgetExceededError(PolicyRefusedError):
     code = "budget_exceeded"
+
+
+class ApprovalRequiredError(PolicyRefusedError):
+    """The publish waits for an admin; ``more["approval_id"]`` names the request."""
+
+    code = "approval_required"
 
 
 class NotFoundError(DPNodeError):

@@ -16,17 +16,20 @@ import httpx
 from sdk._budget import BudgetStatus, LedgerEntry
 from sdk._client import Client
 from sdk._exceptions import (
+    ApprovalRequiredError,
     AuthenticationError,
     BudgetExceededError,
     ConflictError,
     DPNodeError,
     EvaluationError,
     GraphError,
+    InvalidPolicyError,
     InvalidRequestError,
     NodeUnreachableError,
     NotFoundError,
     PayloadTooLargeError,
     PermissionDeniedError,
+    PolicyRefusedError,
     PrivacyTrackingError,
     PrivateValueError,
     QuotaExceededError,
@@ -40,6 +43,7 @@ from sdk._publish import Receipt, Sensitivity, noise_scale, publish, publish_gra
 from sdk._remote import MockSession, RemoteTensor, mock
 
 __all__ = [
+    "ApprovalRequiredError",
     "AuditEvent",
     "AuthenticationError",
     "BudgetExceededError",
@@ -51,6 +55,7 @@ __all__ = [
     "DatasetHandle",
     "EvaluationError",
     "GraphError",
+    "InvalidPolicyError",
     "InvalidRequestError",
     "LedgerEntry",
     "MockSession",
@@ -59,6 +64,7 @@ __all__ = [
     "NotFoundError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
+    "PolicyRefusedError",
     "PrivacyTrackingError",
     "PrivateValueError",
     "QuotaExceededError",

@@ -15,7 +15,14 @@ import numpy.typing as npt
 from safetensors.numpy import load, save
 
 from node.services import structures
-from sdk._budget import BudgetStatus, LedgerEntry
+from sdk._budget import (
+    BudgetGrant,
+    BudgetRequest,
+    BudgetStatus,
+    LedgerEntry,
+    PolicyRevision,
+    PublishApproval,
+)
 from sdk._exceptions import DPNodeError, NodeUnreachableError, UnknownStructureError, error_for
 from sdk._handles import AuditEvent, DatasetHandle, ModelHandle, User
 from sdk._tables import columns_of, to_numpy
@@ -74,12 +81,13 @@ class Client:
         except httpx.TransportError as exc:
             raise NodeUnreachableError(f"cannot reach the node at {self.url}: {exc}") from exc
         if response.is_error:
+            body = None
             try:
                 body = response.json()
                 code, detail = body.get("error"), str(body.get("detail", response.text))
             except (ValueError, AttributeError):
-                code, detail = None, response.text or response.reason_phrase
-            raise error_for(response.status_code, code, detail)
+                body, code, detail = None, None, response.text or response.reason_phrase
+            raise error_for(response.status_code, code, detail, body)
         return response
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
@@ -320,12 +328,154 @@ class Client:
         params = {"user_id": user_id} if user_id is not None else {}
         return BudgetStatus.from_json(self._json("GET", "/budget", params=params))
 
-    def ledger(self, *, user_id: int | None = None, limit: int = 100) -> list[LedgerEntry]:
-        """Your charges, newest first (admins: anyone's, by ``user_id``)."""
+    def ledger(
+        self,
+        *,
+        user_id: int | None = None,
+        user: int | str | None = None,
+        dataset: int | str | None = None,
+        everyone: bool = False,
+        before_id: int | None = None,
+        limit: int = 100,
+    ) -> list[LedgerEntry]:
+        """Charges, newest first: yours, or (admins) one user's (``user``: id or email) or
+        ``everyone``'s; ``dataset`` (id or name) keeps those that read it. Each entry names
+        the policy revision that allowed it."""
         params: dict[str, Any] = {"limit": limit}
+        if user is not None:
+            user_id = user if isinstance(user, int) else self._user_id(user)
         if user_id is not None:
             params["user_id"] = user_id
+        if everyone:
+            params["all_users"] = True
+        if dataset is not None:
+            params["dataset_id"] = dataset if isinstance(dataset, int) else self.dataset(dataset).id
+        if before_id is not None:
+            params["before_id"] = before_id
         return [LedgerEntry.from_json(e) for e in self._json("GET", "/ledger", params=params)]
+
+    def request_budget(self, *, epsilon: float, delta: float = 0.0, reason: str) -> BudgetRequest:
+        """Ask the node's admins for more budget, saying why; see ``budget_requests()`` for
+        the answer. An approval adds to your allocation from then on.
+
+        Raises:
+            InvalidRequestError: a negative or non-finite amount, or no reason.
+        """
+        body = {"epsilon": epsilon, "delta": delta, "reason": reason}
+        return BudgetRequest.from_json(self._json("POST", "/budget/requests", json=body))
+
+    def budget_requests(
+        self, *, status: str | None = None, user: int | str | None = None, limit: int = 100
+    ) -> list[BudgetRequest]:
+        """Budget requests, newest first: yours, or (admins) everyone's or one ``user``'s;
+        ``status`` is ``"pending"``, ``"approved"`` or ``"denied"``."""
+        params: dict[str, Any] = {"limit": limit}
+        if status is not None:
+            params["status"] = status
+        if user is not None:
+            params["user_id"] = user if isinstance(user, int) else self._user_id(user)
+        rows = self._json("GET", "/budget/requests", params=params)
+        return [BudgetRequest.from_json(r) for r in rows]
+
+    def approve_budget_request(
+        self,
+        request_id: int,
+        *,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        reason: str = "",
+    ) -> BudgetRequest:
+        """Approve a pending request (admins), granting what was asked or ``epsilon``/``delta``.
+
+        Raises:
+            ConflictError: it was already answered.
+        """
+        body: dict[str, Any] = {"reason": reason}
+        if epsilon is not None:
+            body["epsilon"] = epsilon
+        if delta is not None:
+            body["delta"] = delta
+        answer = self._json("POST", f"/budget/requests/{request_id}/approve", json=body)
+        return BudgetRequest.from_json(answer)
+
+    def deny_budget_request(self, request_id: int, *, reason: str) -> BudgetRequest:
+        """Deny a pending request, saying why (admins)."""
+        body = {"reason": reason}
+        answer = self._json("POST", f"/budget/requests/{request_id}/deny", json=body)
+        return BudgetRequest.from_json(answer)
+
+    def grant_budget(
+        self, user: int | str, *, epsilon: float, delta: float = 0.0, reason: str
+    ) -> BudgetGrant:
+        """Add budget to a user's allocation without a request (admins). ``user``: id or email."""
+        body = {"user": user, "epsilon": epsilon, "delta": delta, "reason": reason}
+        return BudgetGrant.from_json(self._json("POST", "/budget/grants", json=body))
+
+    def grants(self, *, user: int | str | None = None, limit: int = 100) -> list[BudgetGrant]:
+        """Budget grants, newest first: yours (admins: everyone's, or one ``user``'s)."""
+        params: dict[str, Any] = {"limit": limit}
+        if user is not None:
+            params["user_id"] = user if isinstance(user, int) else self._user_id(user)
+        return [
+            BudgetGrant.from_json(g) for g in self._json("GET", "/budget/grants", params=params)
+        ]
+
+    def publish_approvals(
+        self, *, status: str | None = None, limit: int = 100
+    ) -> list[PublishApproval]:
+        """Publishes that waited for an admin, newest first (yours; admins: everyone's)."""
+        params: dict[str, Any] = {"limit": limit}
+        if status is not None:
+            params["status"] = status
+        rows = self._json("GET", "/publish/approvals", params=params)
+        return [PublishApproval.from_json(a) for a in rows]
+
+    def approve_publish(self, approval_id: int, *, reason: str = "") -> PublishApproval:
+        """Approve a waiting publish (admins): the user's next identical publish runs, once."""
+        answer = self._json(
+            "POST", f"/publish/approvals/{approval_id}/approve", json={"reason": reason}
+        )
+        return PublishApproval.from_json(answer)
+
+    def deny_publish(self, approval_id: int, *, reason: str) -> PublishApproval:
+        """Deny a waiting publish, saying why (admins)."""
+        answer = self._json(
+            "POST", f"/publish/approvals/{approval_id}/deny", json={"reason": reason}
+        )
+        return PublishApproval.from_json(answer)
+
+    # -- budget policy (admins) -------------------------------------------------------------
+
+    def policy(self) -> PolicyRevision:
+        """The budget policy in force (admins)."""
+        return PolicyRevision.from_json(self._json("GET", "/policy"))
+
+    def set_policy(self, policy: str | Path | Mapping[str, Any], *, reason: str) -> PolicyRevision:
+        """Apply a budget policy (admins): in force from the next publish, no restart.
+
+        Args:
+            policy: TOML text, a path to a TOML file, or the same shape as a mapping
+                (see ``policies/default.toml`` for every key).
+            reason: why, for the audit log.
+
+        Raises:
+            InvalidPolicyError: the document is malformed; the message names every bad key.
+        """
+        body: dict[str, Any] = {"reason": reason}
+        if isinstance(policy, Mapping):
+            body["document"] = dict(policy)
+        elif isinstance(policy, Path) or (
+            "\n" not in policy and policy.endswith(".toml") and Path(policy).is_file()
+        ):
+            body["toml"] = Path(policy).read_text(encoding="utf-8")
+        else:
+            body["toml"] = policy
+        return PolicyRevision.from_json(self._json("PUT", "/policy", json=body))
+
+    def policy_history(self, *, limit: int = 100) -> list[PolicyRevision]:
+        """Every revision of the policy, newest first (admins)."""
+        rows = self._json("GET", "/policy/revisions", params={"limit": limit})
+        return [PolicyRevision.from_json(r) for r in rows]
 
     # -- administration ---------------------------------------------------------------------
 
@@ -358,11 +508,24 @@ class Client:
                 return u.id
         raise DPNodeError(f"no user with email {email}")
 
-    def audit(self, *, action: str | None = None, limit: int = 100) -> list[AuditEvent]:
-        """The audit log, newest first (admins)."""
+    def audit(
+        self,
+        *,
+        action: str | None = None,
+        actor: int | str | None = None,
+        before_id: int | None = None,
+        limit: int = 100,
+    ) -> list[AuditEvent]:
+        """The audit log, newest first (admins): optionally one ``action`` (e.g.
+        ``"privacy.charge"``, ``"policy.apply"``) or one ``actor`` (id or email);
+        ``before_id`` pages backwards."""
         params: dict[str, Any] = {"limit": limit}
         if action:
             params["action"] = action
+        if actor is not None:
+            params["actor_id"] = actor if isinstance(actor, int) else self._user_id(actor)
+        if before_id is not None:
+            params["before_id"] = before_id
         return [
             AuditEvent(
                 id=e["id"],

@@ -3,6 +3,7 @@
 DPNodeError                      any error reported by (or about) the node
 ├── InvalidRequestError          invalid_request: the request was malformed
 │   ├── UploadRejectedError      upload_rejected: data breaks its declared contract
+│   ├── InvalidPolicyError       invalid_policy: a malformed budget policy (names the keys)
 │   └── GraphError               invalid_graph: the node refused a computation
 │       ├── PrivacyTrackingError   untrackable_graph: sensitivity cannot be bounded
 │       └── UnsupportedDTypeError  unsupported_dtype
@@ -11,6 +12,9 @@ DPNodeError                      any error reported by (or about) the node
 ├── PayloadTooLargeError         payload_too_large
 ├── AuthenticationError          unauthenticated: bad credentials or expired session
 ├── PermissionDeniedError        forbidden: your role may not do this
+│   └── PolicyRefusedError       policy_refused: a budget policy rule refused the publish
+│       ├── BudgetExceededError    budget_exceeded: over your budget or a dataset's cap
+│       └── ApprovalRequiredError  approval_required: the publish waits for an admin
 ├── NotFoundError                not_found
 │   └── UnknownStructureError    unknown_structure: resent whole, automatically
 ├── ConflictError                conflict: e.g. a name already taken
@@ -22,20 +26,24 @@ DPNodeError                      any error reported by (or about) the node
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 __all__ = [
+    "ApprovalRequiredError",
     "AuthenticationError",
     "BudgetExceededError",
     "ConflictError",
     "DPNodeError",
     "EvaluationError",
     "GraphError",
+    "InvalidPolicyError",
     "InvalidRequestError",
     "NodeUnreachableError",
     "NotFoundError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
+    "PolicyRefusedError",
     "PrivateValueError",
     "QuotaExceededError",
     "ServerError",
@@ -64,6 +72,12 @@ class InvalidRequestError(DPNodeError):
 
 class UploadRejectedError(InvalidRequestError):
     code = "upload_rejected"
+
+
+class InvalidPolicyError(InvalidRequestError):
+    """A policy document the node refused; the message names every offending key."""
+
+    code = "invalid_policy"
 
 
 class GraphError(InvalidRequestError):
@@ -100,8 +114,41 @@ class PermissionDeniedError(DPNodeError):
     code = "forbidden"
 
 
-class BudgetExceededError(PermissionDeniedError):
+class PolicyRefusedError(PermissionDeniedError):
+    """A budget policy refused a publish; nothing was released or charged.
+
+    Attributes:
+        rule: the rule that refused, e.g. ``"publish.max_epsilon"``, ``"rate_limit.max_publishes"``,
+            ``"datasets.diabetes.max_epsilon"``, ``"roles.data_scientist.epsilon"``.
+        policy: the policy's name; ``policy_revision`` its revision (``None``: the built-in
+            default).
+        reason: the rule's sentence, without the policy and rule appended to ``detail``.
+    """
+
+    code = "policy_refused"
+    rule: str | None = None
+    policy: str | None = None
+    policy_revision: int | None = None
+    reason: str | None = None
+
+
+class BudgetExceededError(PolicyRefusedError):
+    """The publish does not fit your budget (``rule`` names the allocation) or a dataset's
+    cap across all users (``datasets.NAME.*``). Ask for more with ``client.request_budget``."""
+
     code = "budget_exceeded"
+
+
+class ApprovalRequiredError(PolicyRefusedError):
+    """The publish asks for more than the policy lets run without an admin's approval.
+
+    A request was queued (``approval_id``); once an admin approves it, publish the same
+    computation again with the same epsilon (and delta): it runs once. See
+    ``client.publish_approvals()`` for its state.
+    """
+
+    code = "approval_required"
+    approval_id: int | None = None
 
 
 class NotFoundError(DPNodeError):
@@ -147,6 +194,7 @@ BY_CODE: dict[str, type[DPNodeError]] = {
     for cls in (
         InvalidRequestError,
         UploadRejectedError,
+        InvalidPolicyError,
         GraphError,
         PrivacyTrackingError,
         UnsupportedDTypeError,
@@ -155,7 +203,9 @@ BY_CODE: dict[str, type[DPNodeError]] = {
         PayloadTooLargeError,
         AuthenticationError,
         PermissionDeniedError,
+        PolicyRefusedError,
         BudgetExceededError,
+        ApprovalRequiredError,
         NotFoundError,
         UnknownStructureError,
         ConflictError,
@@ -164,7 +214,13 @@ BY_CODE: dict[str, type[DPNodeError]] = {
 }
 
 
-def error_for(status: int, code: str | None, detail: str) -> DPNodeError:
+#: Fields of an error body (besides ``error`` and ``detail``) kept as exception attributes.
+_EXTRA = ("rule", "policy", "policy_revision", "reason", "approval_id")
+
+
+def error_for(
+    status: int, code: str | None, detail: str, extra: Mapping[str, Any] | None = None
+) -> DPNodeError:
     """The exception for a node error response.
 
     >>> type(error_for(403, "forbidden", "no")).__name__
@@ -175,4 +231,8 @@ def error_for(status: int, code: str | None, detail: str) -> DPNodeError:
     cls = BY_CODE.get(code or "")
     if cls is None:
         cls = ServerError if status >= 500 else DPNodeError
-    return cls(detail, status=status, code=code)
+    error = cls(detail, status=status, code=code)
+    for name in _EXTRA:
+        if extra and name in extra and hasattr(cls, name):
+            setattr(error, name, extra[name])
+    return error

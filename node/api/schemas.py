@@ -181,6 +181,19 @@ class BudgetPublic(Schema):
     pure_epsilon: float = Field(description="sum of pure-epsilon (Laplace) charges")
     rho: float = Field(description="sum of zCDP (Gaussian) charges")
     sampler_tv: float = Field(description="summed total-variation deviation of the samplers")
+    remaining_delta: float = Field(
+        default=0.0, description="delta left for direct charges (sampler deviations)"
+    )
+    epsilon_rule: str = Field(default="", description="where the epsilon allocation comes from")
+    delta_rule: str = Field(default="", description="where the delta allocation comes from")
+    granted_epsilon: float = Field(default=0.0, description="part of epsilon granted on request")
+    granted_delta: float = Field(default=0.0, description="part of delta granted on request")
+    period_start: datetime | None = Field(default=None, description="this renewal window's start")
+    renews_at: datetime | None = Field(default=None, description="None: the budget never renews")
+    policy: str = Field(default="", description="the name of the policy in force")
+    policy_revision: int | None = Field(
+        default=None, description="its revision; None: the built-in default"
+    )
 
 
 class LedgerEntryPublic(Schema):
@@ -194,6 +207,8 @@ class LedgerEntryPublic(Schema):
     dataset_ids: list[int]
     graph_hash: str | None
     detail: dict[str, Any]
+    policy_revision: int | None = None
+    user_email: str | None = None
 
 
 class OutputSensitivityPublic(Schema):
@@ -214,3 +229,99 @@ class SensitivityPublic(Schema):
     noise_scale: float | None = Field(
         description="Laplace b (no delta) or Gaussian sigma, for the epsilon asked, if any"
     )
+
+
+class PolicyApply(Schema):
+    """A new policy: TOML text, or the same shape as a JSON document (exactly one)."""
+
+    toml: str | None = Field(default=None, max_length=1_000_000)
+    document: dict[str, Any] | None = None
+    reason: str = Field(min_length=1, max_length=10_000, description="why, for the audit log")
+
+
+class PolicyRevisionPublic(Schema):
+    revision: int | None = Field(description="None: the built-in default, never applied")
+    at: datetime | None
+    created_by: str
+    reason: str
+    name: str
+    content_hash: str
+    document: dict[str, Any] = Field(description="canonical form, defaults written out")
+    source: str = Field(description="the text as the admin sent it")
+    changed: bool = True
+    warnings: list[str] = Field(default_factory=list)
+
+
+class AmountRequest(Schema):
+    """An amount of privacy budget; delta defaults to 0."""
+
+    epsilon: float = Field(ge=0, allow_inf_nan=False)
+    delta: float = Field(default=0.0, ge=0, lt=1, allow_inf_nan=False)
+
+
+class BudgetRequestCreate(AmountRequest):
+    reason: str = Field(min_length=1, max_length=10_000)
+
+
+class BudgetGrantCreate(AmountRequest):
+    user: int | str = Field(description="the user's id or email")
+    reason: str = Field(min_length=1, max_length=10_000)
+
+
+class BudgetRequestAnswer(Schema):
+    """Approve (optionally with a different amount than asked) or deny."""
+
+    epsilon: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    delta: float | None = Field(default=None, ge=0, lt=1, allow_inf_nan=False)
+    reason: str = Field(default="", max_length=10_000)
+
+
+class BudgetGrantPublic(Schema):
+    id: int
+    at: datetime
+    user_id: int
+    epsilon: float
+    delta: float
+    granted_by: str
+    reason: str
+    request_id: int | None
+
+
+class BudgetRequestPublic(Schema):
+    id: int
+    user_id: int
+    user_email: str
+    created_at: datetime
+    epsilon: float
+    delta: float
+    reason: str
+    status: str = Field(description="pending, approved or denied")
+    decided_at: datetime | None
+    decided_by: str | None
+    decision_reason: str
+    granted_epsilon: float | None
+    granted_delta: float | None
+
+
+class PublishApprovalPublic(Schema):
+    id: int
+    user_id: int
+    user_email: str
+    created_at: datetime
+    mechanism: str
+    epsilon: float
+    delta: float
+    dataset_ids: list[int]
+    graph_hash: str | None
+    rule: str
+    reason: str
+    policy_revision: int | None
+    status: str = Field(description="pending, approved, denied, or used (by a publish)")
+    decided_at: datetime | None
+    decided_by: str | None
+    decision_reason: str
+    ledger_id: int | None
+
+
+class ApprovalAnswer(Schema):
+    reason: str = Field(default="", max_length=10_000)

@@ -6,12 +6,17 @@ and a budget of 1.0 pays for exactly ten charges of 0.1. A requested amount is
 rounded *down* to the unit grid before the mechanism is calibrated to it
 (``quantize_epsilon``), and amounts the node derives (rho, a sampler's deviation)
 are rounded *up*: the charge is never less than the privacy actually spent.
-Pure epsilons are checked exactly in units; releases with a rho or a sampler
-deviation go through the privacy filter of ``node.dp.accounting`` as well.
 
-The check, the ledger row and the decision to release happen in one transaction
-that is serialised per user: ``BEGIN IMMEDIATE`` on SQLite, a row lock on the
-user on PostgreSQL. A result may leave the node only after that commit.
+Whether a release may run is the budget policy's decision (:func:`policies.decide`, pure):
+the node builds the user (with their grants), the request and the relevant ledger rows,
+and writes the ledger row the decision grants. A sampler's deviation is charged as delta,
+``(1 + e^epsilon) tv`` rounded up, with ``epsilon`` the largest guarantee the row counts
+against, which matches the filter of ``node.dp.accounting`` under the default policy.
+
+The decision, the ledger row and the decision to release happen in one transaction that is
+serialised: ``BEGIN IMMEDIATE`` on SQLite; on PostgreSQL row locks on the user and then on
+every dataset the release reads, in id order, so that a dataset's cap across all users
+holds under concurrency. A result may leave the node only after that commit.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
@@ -26,11 +32,19 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from node.db.models import LedgerEntry, User
-from node.dp import accounting
-from node.dp.accounting import Charge
-from node.errors import BudgetExceededError, InvalidRequestError, NotFoundError
-from node.services import audit
+import policies
+from node.db.base import utcnow
+from node.db.models import BudgetGrant, Dataset, LedgerEntry, LedgerEntryDataset, User
+from node.errors import (
+    ApprovalRequiredError,
+    BudgetExceededError,
+    InvalidRequestError,
+    NotFoundError,
+    PolicyRefusedError,
+)
+from node.services import approvals, audit
+from node.services import policy as policy_service
+from node.services.policy import InForce
 from node.settings import Settings
 
 EPSILON_UNIT = Fraction(1, 10**9)
@@ -84,7 +98,14 @@ def quantize_epsilon(epsilon: float) -> Fraction:
 
 @dataclass(frozen=True)
 class Cost:
-    """What one release costs, in ledger units."""
+    """What one release costs, in ledger units, and what it asked for.
+
+    ``asked_epsilon_units`` / ``asked_delta_units`` are the release's own guarantee, which
+    per-publish caps and approval thresholds compare against (for a Laplace release the
+    epsilon charged; for a Gaussian one the (epsilon, delta) it was calibrated to, while
+    ``rho_units`` is what is charged). ``frame_hash`` identifies the exact computation, so
+    that an approval covers that computation and no other.
+    """
 
     mechanism: str
     epsilon_units: int = 0
@@ -93,145 +114,352 @@ class Cost:
     dataset_ids: Sequence[int] = ()
     graph_hash: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    asked_epsilon_units: int | None = None
+    asked_delta_units: int = 0
+    frame_hash: str | None = None
+
+    @property
+    def asked_epsilon(self) -> int:
+        if self.asked_epsilon_units is not None:
+            return self.asked_epsilon_units
+        return self.epsilon_units
 
 
 @dataclass(frozen=True)
-class Budget:
-    """A user's allowance and what is spent of it, in ledger units."""
+class Status:
+    """A user's budget under the policy in force, at one instant (after a charge, or now).
 
-    epsilon_units: int
-    delta_units: int
-    spent_epsilon_units: int
-    spent_rho_units: int
+    ``spent()`` and ``remaining_epsilon`` read as before policies existed: the epsilon used
+    (pure plus converted zCDP) and the delta used, of the current window.
+    """
+
+    in_force: InForce
+    status: policies.BudgetStatus
+    conversion_delta_units: int
     spent_tv_units: int
 
     @property
     def epsilon(self) -> float:
-        return float(self.epsilon_units * EPSILON_UNIT)
+        return float(self.status.allocation.epsilon_units * EPSILON_UNIT)
 
     @property
     def delta(self) -> float:
-        return float(self.delta_units * DELTA_UNIT)
-
-    def _charge(self) -> Charge:
-        return Charge(
-            epsilon=float(self.spent_epsilon_units * EPSILON_UNIT),
-            rho=float(self.spent_rho_units * RHO_UNIT),
-            tv=float(self.spent_tv_units * TV_UNIT),
-        )
+        return float(self.status.allocation.delta_units * DELTA_UNIT)
 
     def spent(self) -> tuple[float, float]:
-        """(epsilon, delta) used so far, as the privacy filter counts them."""
-        return accounting.spent([self._charge()], epsilon=self.epsilon, delta=self.delta)
-
-    def fits(self, cost: Cost) -> bool:
-        """Whether ``cost`` keeps the user within the budget (fully adaptive filter)."""
-        if self.spent_epsilon_units + cost.epsilon_units > self.epsilon_units:
-            return False  # pure epsilons are compared exactly, in units
-        if self.spent_rho_units + cost.rho_units + self.spent_tv_units + cost.tv_units == 0:
-            return True
-        new = Charge(
-            epsilon=float(cost.epsilon_units * EPSILON_UNIT),
-            rho=float(cost.rho_units * RHO_UNIT),
-            tv=float(cost.tv_units * TV_UNIT),
-        )
-        return accounting.fits([self._charge()], new, epsilon=self.epsilon, delta=self.delta)
+        """(epsilon, delta) used in the current window, as the privacy filter counts them."""
+        a, used = self.status.allocation, self.status.spent
+        limit = policies.Limit.for_policy(self.in_force.policy, None, a.delta_units)
+        converted = limit.epsilon_used(used, policies.filter_epsilon)
+        epsilon = math.inf if converted is None else float(converted * EPSILON_UNIT)
+        reserved = self.conversion_delta_units if used.rho_units else 0
+        return epsilon, float((used.delta_units + reserved) * DELTA_UNIT)
 
     @property
     def remaining_epsilon(self) -> float:
-        return max(0.0, self.epsilon - self.spent()[0])
+        return float(self.status.remaining.epsilon_units * EPSILON_UNIT)
+
+    @property
+    def remaining_delta(self) -> float:
+        return float(self.status.remaining.delta_units * DELTA_UNIT)
 
     def describe(self) -> str:
-        return f"remaining budget: epsilon {self.remaining_epsilon:.9g} (delta {self.delta:.3g})"
+        return self.status.remaining.describe()
 
 
-def _allowance(settings: Settings) -> tuple[int, int]:
-    return (
-        units_down(settings.default_epsilon_budget, EPSILON_UNIT, "epsilon budget"),
-        units_down(settings.default_delta_budget, DELTA_UNIT, "delta budget"),
+def _tv_delta_units(tv_units: int, epsilon_units: int) -> int:
+    """A sampler deviation as delta, ``(1 + e^epsilon) tv`` rounded up to a delta unit.
+
+    A mechanism within total variation ``tv`` of an (epsilon, delta)-DP one is
+    (epsilon, delta + (1 + e^epsilon) tv)-DP; ``epsilon`` must be at least the epsilon of
+    every guarantee the charge counts against (the user's allocation, the dataset caps).
+
+    >>> _tv_delta_units(10**12, 0), _tv_delta_units(1, 10**9)
+    (2, 1)
+    """
+    if tv_units == 0:
+        return 0
+    epsilon = float(epsilon_units * EPSILON_UNIT)
+    if epsilon > 700:  # e^epsilon overflows; such a guarantee admits no deviation at all
+        return tv_units * 10**40
+    factor = Fraction(math.nextafter(math.exp(math.nextafter(epsilon, math.inf)), math.inf))
+    return math.ceil((1 + factor) * tv_units * TV_UNIT / DELTA_UNIT)
+
+
+def _conversion_epsilon(
+    in_force: InForce, allocation: policies.Allocation, names: list[str]
+) -> int:
+    """The largest epsilon any guarantee a charge counts against promises (in units)."""
+    epsilon = allocation.epsilon_units
+    for name in names:
+        cap = in_force.policy.datasets.get(name)
+        if cap is not None and cap.max_epsilon is not None:
+            epsilon = max(epsilon, policies.epsilon_units(cap.max_epsilon))
+    return epsilon
+
+
+def _defaults(settings: Settings) -> policies.Allowance:
+    return policies.Allowance.of(settings.default_epsilon_budget, settings.default_delta_budget)
+
+
+def policy_user(session: Session, user: User) -> policies.User:
+    """``user`` as the policies see it, with every budget grant made to them."""
+    grants = session.scalars(
+        select(BudgetGrant).where(BudgetGrant.user_id == user.id).order_by(BudgetGrant.id)
+    )
+    return policies.User(
+        user.id,
+        user.email,
+        user.role.value,
+        tuple(
+            policies.Grant(g.at, g.epsilon_units, g.delta_units, by=g.granted_by, reason=g.reason)
+            for g in grants
+        ),
     )
 
 
-def budget_of(session: Session, settings: Settings, user_id: int) -> Budget:
-    """The user's budget as the ledger stands in this transaction."""
-    spent = session.execute(
-        select(
-            func.coalesce(func.sum(LedgerEntry.epsilon_units), 0),
-            func.coalesce(func.sum(LedgerEntry.rho_units), 0),
-            func.coalesce(func.sum(LedgerEntry.tv_units), 0),
-        ).where(LedgerEntry.user_id == user_id)
-    ).one()
-    epsilon_units, delta_units = _allowance(settings)
-    return Budget(epsilon_units, delta_units, int(spent[0]), int(spent[1]), int(spent[2]))
+def _charges(
+    session: Session, scope: policies.LedgerScope, conversion_epsilon: int
+) -> tuple[list[policies.Charge], int]:
+    """The ledger rows ``scope`` names, as policy charges; and the user's summed deviation."""
+    mine = select(LedgerEntry).where(LedgerEntry.user_id == scope.user_id)
+    if scope.user_since is not None:
+        mine = mine.where(LedgerEntry.at >= scope.user_since)
+    rows = {e.id: e for e in session.scalars(mine)}
+    for dataset_id, since in sorted(scope.datasets.items()):
+        touching = (
+            select(LedgerEntry)
+            .join(LedgerEntryDataset, LedgerEntryDataset.ledger_id == LedgerEntry.id)
+            .where(LedgerEntryDataset.dataset_id == dataset_id)
+        )
+        if since is not None:
+            touching = touching.where(LedgerEntry.at >= since)
+        rows.update((e.id, e) for e in session.scalars(touching))
+    charges = [
+        policies.Charge(
+            e.at,
+            e.user_id,
+            tuple(e.dataset_ids),
+            e.epsilon_units,
+            _tv_delta_units(e.tv_units, conversion_epsilon),
+            e.rho_units,
+        )
+        for e in rows.values()
+    ]
+    tv = sum(e.tv_units for e in rows.values() if e.user_id == scope.user_id)
+    return charges, tv
+
+
+def _status(
+    session: Session,
+    settings: Settings,
+    in_force: InForce,
+    user: policies.User,
+    at: datetime,
+) -> Status:
+    defaults = _defaults(settings)
+    allocation = policies.allocation_for(in_force.policy, user, defaults=defaults, at=at)
+    scope = policies.ledger_scope(in_force.policy, user, policies.PublishRequest(at))
+    conversion = _conversion_epsilon(in_force, allocation, [])
+    charges, _ = _charges(session, scope, conversion)
+    status = policies.budget_status(in_force.policy, user, charges, at=at, defaults=defaults)
+    limit = policies.Limit.for_policy(in_force.policy, None, allocation.delta_units)
+    mine = select(func.coalesce(func.sum(LedgerEntry.tv_units), 0)).where(
+        LedgerEntry.user_id == user.id
+    )
+    if status.period_start is not None:
+        mine = mine.where(LedgerEntry.at >= status.period_start)
+    tv = int(session.scalar(mine) or 0)
+    return Status(in_force, status, limit.conversion_delta_units, tv)
+
+
+def budget_of(session: Session, settings: Settings, user_id: int) -> Status:
+    """The user's budget under the policy in force, as the ledger stands in this transaction.
+
+    Raises:
+        NotFoundError: no such user.
+    """
+    user = session.get(User, user_id)
+    if user is None:
+        raise NotFoundError(f"no user with id {user_id}")
+    in_force = policy_service.current(session)
+    return _status(session, settings, in_force, policy_user(session, user), utcnow())
+
+
+def _lock(session: Session, user_id: int, dataset_ids: Sequence[int]) -> tuple[User, list[Dataset]]:
+    """Lock the user, then the datasets in id order (PostgreSQL; SQLite's BEGIN IMMEDIATE has
+    already serialised the whole transaction). Every publish takes its locks in this order,
+    so two publishes cannot wait on each other in a cycle."""
+    postgres = session.get_bind().dialect.name != "sqlite"
+    lock = select(User).where(User.id == user_id)
+    user = session.scalar(lock.with_for_update() if postgres else lock)
+    if user is None:
+        raise NotFoundError(f"no user with id {user_id}")
+    found: list[Dataset] = []
+    if dataset_ids:
+        query = select(Dataset).where(Dataset.id.in_(sorted(set(dataset_ids)))).order_by(Dataset.id)
+        found = list(session.scalars(query.with_for_update() if postgres else query))
+    return user, found
+
+
+def _refusal(decision: policies.Decision, in_force: InForce, **more: Any) -> PolicyRefusedError:
+    detail = f"{decision.reason} [policy {in_force.label}, rule {decision.rule}]"
+    budget_rules = ("defaults.", "roles.", "users.", "datasets.")
+    cls = BudgetExceededError if decision.rule.startswith(budget_rules) else PolicyRefusedError
+    return cls(
+        detail,
+        rule=decision.rule,
+        policy=in_force.name,
+        policy_revision=in_force.revision,
+        reason=decision.reason,
+        **more,
+    )
 
 
 def charge(
     serial_sessions: sessionmaker[Session], settings: Settings, user_id: int, cost: Cost
-) -> tuple[LedgerEntry, Budget]:
-    """Check the cost against the user's budget and record it, atomically.
+) -> tuple[LedgerEntry, Status]:
+    """Decide the cost under the policy in force and record it, atomically.
 
     ``serial_sessions`` must be bound to ``node.db.session.serial_engine``. Returns the
     committed ledger row and the budget after it.
 
     Raises:
-        BudgetExceededError: the cost does not fit; nothing is recorded.
+        BudgetExceededError: the cost does not fit the user's budget or a dataset's cap;
+            nothing is recorded in the ledger. ``rule`` and ``policy_revision`` say which.
+        PolicyRefusedError: another rule refused it (per-publish cap, rate limit, denial).
+        ApprovalRequiredError: the publish waits for an admin; a pending request is stored.
         NotFoundError: no such user.
     """
     with serial_sessions() as session:
-        lock = select(User).where(User.id == user_id)
-        if session.get_bind().dialect.name != "sqlite":
-            lock = lock.with_for_update()
-        user = session.scalar(lock)
-        if user is None:
-            raise NotFoundError(f"no user with id {user_id}")
-        before = budget_of(session, settings, user_id)
-        if not before.fits(cost):
-            session.rollback()
-            asked = float(cost.epsilon_units * EPSILON_UNIT)
-            raise BudgetExceededError(
-                f"this release costs epsilon {asked:.9g} and does not fit: {before.describe()}"
-            )
-        entry = LedgerEntry(
-            user_id=user_id,
-            mechanism=cost.mechanism,
-            epsilon_units=cost.epsilon_units,
+        user, found = _lock(session, user_id, cost.dataset_ids)
+        at = utcnow()
+        in_force = policy_service.current(session)
+        puser = policy_user(session, user)
+        defaults = _defaults(settings)
+        names = {d.name: d.id for d in found}
+        allocation = policies.allocation_for(in_force.policy, puser, defaults=defaults, at=at)
+        conversion = _conversion_epsilon(in_force, allocation, list(names))
+        request = policies.PublishRequest(
+            at=at,
+            datasets=names,
+            epsilon_units=cost.asked_epsilon,
+            delta_units=cost.asked_delta_units,
             rho_units=cost.rho_units,
+            extra_delta_units=_tv_delta_units(cost.tv_units, conversion),
+        )
+        scope = policies.ledger_scope(in_force.policy, puser, request)
+        charges, _ = _charges(session, scope, conversion)
+        waiting = approvals.find(session, user.id, cost)
+        answer = None if waiting is None else approvals.answer_of(waiting)
+        if answer is not None:
+            decision = policies.decide_approved(
+                in_force.policy, puser, request, charges, answer, defaults=defaults
+            )
+        else:
+            decision = policies.decide(in_force.policy, puser, request, charges, defaults=defaults)
+        summary = {
+            "policy": in_force.name,
+            "policy_revision": in_force.revision,
+            "rule": decision.rule,
+            "mechanism": cost.mechanism,
+            "epsilon_units": cost.asked_epsilon,
+            "delta_units": cost.asked_delta_units,
+            "datasets": list(cost.dataset_ids),
+            "graph_hash": cost.graph_hash,
+        }
+        if decision.outcome is policies.Outcome.NEEDS_APPROVAL:
+            if waiting is None:
+                waiting = approvals.queue(session, user, cost, decision, in_force.revision)
+                audit.record(
+                    session,
+                    user,
+                    "publish.approval_requested",
+                    target_type="publish_approval",
+                    target_id=waiting.id,
+                    reason=decision.reason,
+                    **summary,
+                )
+                session.commit()
+            else:
+                session.rollback()
+            raise ApprovalRequiredError(
+                f"this publish waits for an admin's approval (request {waiting.id}): "
+                f"{decision.reason}; publish the same computation again once it is approved "
+                f"[policy {in_force.label}, rule {decision.rule}]",
+                rule=decision.rule,
+                policy=in_force.name,
+                policy_revision=in_force.revision,
+                reason=decision.reason,
+                approval_id=waiting.id,
+            )
+        if not decision.allowed or decision.granted is None:
+            if waiting is not None and answer is not None and not answer.approved:
+                approvals.use(waiting, None)  # a denial is answered once; asking again queues anew
+            audit.record(
+                session,
+                user,
+                "publish.refused",
+                target_type="user",
+                target_id=user.id,
+                reason=decision.reason,
+                **summary,
+            )
+            session.commit()
+            raise _refusal(decision, in_force)
+        entry = LedgerEntry(
+            at=at,
+            user_id=user.id,
+            mechanism=cost.mechanism,
+            epsilon_units=decision.granted.epsilon_units,
+            rho_units=decision.granted.rho_units,
             tv_units=cost.tv_units,
-            dataset_ids=list(cost.dataset_ids),
+            dataset_ids=sorted(set(cost.dataset_ids)),
             graph_hash=cost.graph_hash,
             detail=cost.detail,
+            policy_revision=in_force.revision,
         )
         session.add(entry)
         session.flush()
+        session.add_all(
+            LedgerEntryDataset(ledger_id=entry.id, dataset_id=d) for d in entry.dataset_ids
+        )
+        if waiting is not None:
+            approvals.use(waiting, entry.id)
+            summary["approval_id"] = waiting.id
         audit.record(
             session,
             user,
             "privacy.charge",
             target_type="ledger",
             target_id=entry.id,
-            mechanism=cost.mechanism,
-            epsilon_units=cost.epsilon_units,
-            rho_units=cost.rho_units,
-            tv_units=cost.tv_units,
-            datasets=list(cost.dataset_ids),
+            epsilon_charged_units=entry.epsilon_units,
+            rho_units=entry.rho_units,
+            tv_units=entry.tv_units,
+            **summary,
         )
+        session.flush()
+        after = _status(session, settings, in_force, puser, at)
         session.commit()
-        after = Budget(
-            before.epsilon_units,
-            before.delta_units,
-            before.spent_epsilon_units + cost.epsilon_units,
-            before.spent_rho_units + cost.rho_units,
-            before.spent_tv_units + cost.tv_units,
-        )
         return entry, after
 
 
-def ledger_of(session: Session, user_id: int, *, limit: int = 100) -> list[LedgerEntry]:
-    """The user's charges, newest first."""
-    query = (
-        select(LedgerEntry)
-        .where(LedgerEntry.user_id == user_id)
-        .order_by(LedgerEntry.id.desc())
-        .limit(limit)
-    )
+def ledger_of(
+    session: Session,
+    user_id: int | None,
+    *,
+    dataset_id: int | None = None,
+    before_id: int | None = None,
+    limit: int = 100,
+) -> list[LedgerEntry]:
+    """Charges, newest first: one user's (``None``: everyone's), optionally on one dataset."""
+    query = select(LedgerEntry).order_by(LedgerEntry.id.desc()).limit(limit)
+    if user_id is not None:
+        query = query.where(LedgerEntry.user_id == user_id)
+    if dataset_id is not None:
+        query = query.join(
+            LedgerEntryDataset, LedgerEntryDataset.ledger_id == LedgerEntry.id
+        ).where(LedgerEntryDataset.dataset_id == dataset_id)
+    if before_id is not None:
+        query = query.where(LedgerEntry.id < before_id)
     return list(session.scalars(query))

@@ -30,7 +30,16 @@ from node.context import NodeContext
 from node.db.models import Role, User
 from node.dp import gaussian, laplace
 from node.dp.mechanisms import Release, gaussian_scale, laplace_scale
-from node.engine import Graph, Quotas, WireLimits, decode, plan, structure_hash
+from node.engine import (
+    Graph,
+    Quotas,
+    WireLimits,
+    content_hash,
+    decode,
+    encode,
+    plan,
+    structure_hash,
+)
 from node.errors import GraphError, InvalidRequestError, NotFoundError, PermissionDeniedError
 from node.privacy import InputSpec, PrivacyReport, evaluate_tracked, track
 from node.services import budget, datasets, models
@@ -216,6 +225,13 @@ def publish(context: NodeContext, actor: User, frame: bytes, request: PublishReq
             "scale": release.scale,
             "outputs": [list(o.shape) for o in report.outputs],
         },
+        # What the policy's per-publish caps and approval thresholds compare against, and
+        # the exact computation (constants included) an admin's approval covers.
+        asked_epsilon_units=budget.units_down(request.epsilon, EPSILON_UNIT, "epsilon"),
+        asked_delta_units=0
+        if request.delta is None
+        else budget.units_down(request.delta, budget.DELTA_UNIT, "delta"),
+        frame_hash=content_hash(encode(graph)),
     )
     entry, after = budget.charge(context.serial_sessions, context.settings, actor.id, cost)
     pieces, start = [], 0
@@ -238,6 +254,8 @@ def publish(context: NodeContext, actor: User, frame: bytes, request: PublishReq
         "sampler_tv": release.sampler_tv,
         "remaining_epsilon": after.remaining_epsilon,
         "spent_epsilon": spent_epsilon,
+        "policy": after.in_force.name,
+        "policy_revision": entry.policy_revision,
     }
     return Published(pieces, receipt)
 

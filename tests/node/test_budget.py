@@ -60,8 +60,11 @@ def test_ten_tenths_fit_exactly_and_the_eleventh_is_refused(
     with pytest.raises(BudgetExceededError) as refused:
         budget.charge(tight.serial_sessions, tight.settings, scientist.id, _cost(0.1))
     assert str(refused.value) == (
-        "this release costs epsilon 0.1 and does not fit: remaining budget: epsilon 0 (delta 1e-06)"
+        "this publish costs epsilon 0.1 and does not fit your epsilon budget of 1 in total; "
+        "remaining budget: epsilon 0, direct delta 9.76562e-10 "
+        "[policy 'default' (the built-in default), rule defaults.epsilon]"
     )
+    assert refused.value.rule == "defaults.epsilon" and refused.value.policy_revision is None
     assert _spent(tight, scientist.id) == 10**9
 
 

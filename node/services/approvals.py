@@ -1,0 +1,164 @@
+"""Publishes that wait for an admin: queued by the publish transaction, answered by admins.
+
+The design keeps nothing private on hold. A publish above the policy's approval threshold is
+refused with ``approval_required`` and a request id; its result is discarded. An admin
+approves or denies the request; the user then publishes the same computation again (same
+frame bytes, epsilon and delta), and the publish transaction decides it with the admin's
+answer (:func:`policies.decide_approved`: every cap and budget still applies at that time).
+An approval covers one execution: it is used up by the publish it lets through, so a second
+run of the same computation waits again. A denial is reported once, to the next attempt.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+import policies
+from node.db.base import utcnow
+from node.db.models import PublishApproval, RequestStatus, Role, User
+from node.errors import ConflictError, InvalidRequestError, NotFoundError, PermissionDeniedError
+from node.services import audit
+
+if TYPE_CHECKING:
+    from node.services.budget import Cost
+
+__all__ = ["answer", "answer_of", "find", "list_approvals", "queue", "use"]
+
+_OPEN = (RequestStatus.PENDING, RequestStatus.APPROVED, RequestStatus.DENIED)
+
+
+def _key(cost: Cost) -> str:
+    return cost.frame_hash or cost.graph_hash or ""
+
+
+def find(session: Session, user_id: int, cost: Cost) -> PublishApproval | None:
+    """The newest open request for exactly this computation and amount, if any."""
+    query = (
+        select(PublishApproval)
+        .where(
+            PublishApproval.user_id == user_id,
+            PublishApproval.frame_hash == _key(cost),
+            PublishApproval.mechanism == cost.mechanism,
+            PublishApproval.epsilon_units == cost.asked_epsilon,
+            PublishApproval.delta_units == cost.asked_delta_units,
+            PublishApproval.status.in_(_OPEN),
+        )
+        .order_by(PublishApproval.id.desc())
+        .limit(1)
+    )
+    return session.scalar(query)
+
+
+def answer_of(row: PublishApproval) -> policies.Approval | None:
+    """The admin's answer as the policies read it; ``None`` while pending."""
+    if row.status is RequestStatus.PENDING or row.decided_at is None:
+        return None
+    return policies.Approval(
+        approved=row.status is RequestStatus.APPROVED,
+        by=row.decided_by or "",
+        at=row.decided_at,
+        reason=row.decision_reason,
+        epsilon_units=row.epsilon_units,
+        delta_units=row.delta_units,
+    )
+
+
+def queue(
+    session: Session,
+    user: User,
+    cost: Cost,
+    decision: policies.Decision,
+    revision: int | None,
+) -> PublishApproval:
+    """Store a pending request for this publish (in the caller's transaction)."""
+    row = PublishApproval(
+        user_id=user.id,
+        frame_hash=_key(cost),
+        graph_hash=cost.graph_hash,
+        mechanism=cost.mechanism,
+        epsilon_units=cost.asked_epsilon,
+        delta_units=cost.asked_delta_units,
+        dataset_ids=sorted(set(cost.dataset_ids)),
+        rule=decision.rule,
+        reason=decision.reason,
+        policy_revision=revision,
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+def use(row: PublishApproval, ledger_id: int | None) -> None:
+    """Mark an answered request as used by the publish that read it."""
+    row.status = RequestStatus.USED
+    row.ledger_id = ledger_id
+
+
+def list_approvals(
+    session: Session, actor: User, *, status: str | None = None, limit: int = 100
+) -> list[PublishApproval]:
+    """Requests, newest first: an admin sees everyone's, anyone else their own."""
+    query = select(PublishApproval).order_by(PublishApproval.id.desc()).limit(limit)
+    if actor.role is not Role.ADMIN:
+        query = query.where(PublishApproval.user_id == actor.id)
+    if status is not None:
+        query = query.where(PublishApproval.status == _status(status))
+    return list(session.scalars(query))
+
+
+def _status(status: str) -> RequestStatus:
+    try:
+        return RequestStatus(status)
+    except ValueError:
+        names = ", ".join(s.value for s in RequestStatus)
+        raise InvalidRequestError(f"unknown status {status!r}; choose one of: {names}") from None
+
+
+def answer(
+    session: Session, admin: User, approval_id: int, *, approve: bool, reason: str
+) -> PublishApproval:
+    """Approve or deny a pending publish, once, and audit it; commits.
+
+    Raises:
+        PermissionDeniedError: not an admin.
+        NotFoundError: no such request.
+        ConflictError: it was already answered.
+        InvalidRequestError: a denial without a reason.
+    """
+    if admin.role is not Role.ADMIN:
+        raise PermissionDeniedError("only admins may answer publish approvals")
+    if not approve and not reason.strip():
+        raise InvalidRequestError("say why the publish is denied: a reason is required")
+    query = select(PublishApproval).where(PublishApproval.id == approval_id)
+    if session.get_bind().dialect.name != "sqlite":
+        query = query.with_for_update()
+    row = session.scalar(query)
+    if row is None:
+        raise NotFoundError(f"no publish approval request {approval_id}")
+    if row.status is not RequestStatus.PENDING:
+        raise ConflictError(
+            f"publish approval request {approval_id} was already answered ({row.status.value})"
+        )
+    row.status = RequestStatus.APPROVED if approve else RequestStatus.DENIED
+    row.decided_at = utcnow()
+    row.decided_by_id = admin.id
+    row.decided_by = admin.email
+    row.decision_reason = reason.strip()
+    audit.record(
+        session,
+        admin,
+        "publish.approved" if approve else "publish.denied",
+        target_type="publish_approval",
+        target_id=row.id,
+        user_id=row.user_id,
+        epsilon_units=row.epsilon_units,
+        delta_units=row.delta_units,
+        graph_hash=row.graph_hash,
+        datasets=row.dataset_ids,
+        reason=row.decision_reason,
+    )
+    session.commit()
+    return row
