@@ -16,7 +16,14 @@ from collections.abc import Sequence
 import torch
 
 from node.engine import Graph
-from sdk._remote import indexing, rules, rules_extra, rules_nn, rules_reduce  # noqa: F401
+from sdk._remote import (  # noqa: F401
+    indexing,
+    rules,
+    rules_extra,
+    rules_nn,
+    rules_reduce,
+    rules_special,
+)
 from sdk._remote.graph import Encoded, build, encode_graph, input_node
 from sdk._remote.mock import MockSession, active_session, evaluate, mock
 from sdk._remote.tensor import RemoteTensor, Storage

@@ -225,6 +225,13 @@ for _op in (
 implements(prims.where.default)(lambda out, c, a, b: prim("where", c, a, b))
 
 
+@implements(prims.div.default)
+def _prims_div(out: torch.Tensor, a: Any, b: Any) -> Node:
+    # prims.div truncates integers (C division); only floats divide truly
+    integral = not out.dtype.is_floating_point and out.dtype != torch.bool
+    return prim("trunc_divide" if integral else "div", a, b)
+
+
 def _register_same_named_prims() -> None:
     from node.engine import REGISTRY
 

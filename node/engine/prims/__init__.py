@@ -8,6 +8,7 @@ from node.engine.prims import (  # noqa: F401
     misc,
     reductions,
     shape,
+    special,
 )
 from node.engine.prims.registry import REGISTRY, AttrSpec, Call, PrimDef, Scalar, TensorMeta
 
