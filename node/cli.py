@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import csv
 import getpass
+import json
 import sys
 import tomllib
 from collections.abc import Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +21,10 @@ from sqlalchemy import select
 from node import __version__
 from node.context import NodeContext
 from node.db import migrate
-from node.db.models import Role, User
+from node.db.models import PolicyRevision, Role, User
 from node.errors import DPNodeError
-from node.services import datasets, users
+from node.services import audit, budget, budget_requests, datasets, users
+from node.services import policy as policy_service
 from node.services.datasets import DatasetUpload
 from node.services.tabular import ColumnSpec
 from node.settings import Settings, get_settings
@@ -213,6 +216,134 @@ def cmd_dataset_list(_: argparse.Namespace) -> None:
             )
 
 
+def _operator() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "operator"
+
+
+def _policy_text(row: PolicyRevision | None, in_force: policy_service.InForce) -> str:
+    if row is None:
+        head = "# no policy was applied: the built-in default (policies/default.toml) is in force"
+        return head + "\n" + json.dumps(in_force.policy.to_dict(), indent=2, sort_keys=True)
+    head = (
+        f"# revision {row.id} ({row.name or 'unnamed'}), applied {row.at.isoformat()} by "
+        f"{row.created_by}: {row.reason}\n# sha256 {row.content_hash}"
+    )
+    body = row.source or json.dumps(row.document, indent=2, sort_keys=True)
+    return head + "\n" + body.rstrip("\n")
+
+
+def cmd_policy_show(args: argparse.Namespace) -> None:
+    context = _migrated_context(get_settings())
+    with context.sessions() as session:
+        if args.history:
+            for past in policy_service.history(session, limit=args.limit):
+                print(
+                    f"{past.id:>5}  {past.at.isoformat()}  {past.name or '(unnamed)':<20} "
+                    f"{past.created_by:<32} {past.reason}"
+                )
+            return
+        in_force = policy_service.current(session)
+        number = args.revision if args.revision is not None else in_force.revision
+        row: PolicyRevision | None = None
+        if number is not None:
+            row = policy_service.get_revision(session, number)
+        print(_policy_text(row, in_force))
+
+
+def cmd_policy_apply(args: argparse.Namespace) -> None:
+    try:
+        source = args.file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CLIError(f"cannot read policy file {args.file}: {exc}") from None
+    policy = policy_service.parse(source)
+    context = _migrated_context(get_settings())
+    with context.sessions() as session:
+        applied = policy_service.apply(
+            session, None, policy, reason=args.reason, source=source, operator=_operator()
+        )
+        row = applied.revision
+        for warning in applied.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        if applied.changed:
+            print(f"applied policy {row.name or '(unnamed)'!r} as revision {row.id}")
+        else:
+            print(f"unchanged: this is already revision {row.id}")
+
+
+def _fmt(units: int, unit: Fraction) -> str:
+    return f"{float(units * unit):.9g}"
+
+
+def cmd_budget_grant(args: argparse.Namespace) -> None:
+    context = _migrated_context(get_settings())
+    with context.sessions() as session:
+        grant = budget_requests.grant(
+            session,
+            None,
+            args.user,
+            epsilon=args.epsilon,
+            delta=args.delta,
+            reason=args.reason,
+            operator=_operator(),
+        )
+        print(
+            f"granted epsilon {_fmt(grant.epsilon_units, budget.EPSILON_UNIT)}, delta "
+            f"{_fmt(grant.delta_units, budget.DELTA_UNIT)} to {args.user} (grant {grant.id})"
+        )
+
+
+def cmd_budget_show(args: argparse.Namespace) -> None:
+    context = _migrated_context(get_settings())
+    with context.sessions() as session:
+        if args.user:
+            chosen = [budget_requests.find_user(session, args.user)]
+        else:
+            chosen = users.list_users(session)
+        for user in chosen:
+            status = budget.budget_of(session, context.settings, user.id)
+            allocation = status.status.allocation
+            spent, _ = status.spent()
+            renews = status.status.remaining.renews_at
+            print(
+                f"{user.email:<32} epsilon {spent:.9g} of {status.epsilon:.9g} spent, "
+                f"{status.remaining_epsilon:.9g} left ({allocation.epsilon_rule}"
+                f"{', renews ' + renews.isoformat() if renews else ''})"
+            )
+        print(f"policy in force: {status.in_force.label}" if chosen else "no users")
+
+
+def cmd_ledger(args: argparse.Namespace) -> None:
+    context = _migrated_context(get_settings())
+    with context.sessions() as session:
+        user_id = None if not args.user else budget_requests.find_user(session, args.user).id
+        dataset_id = None
+        if args.dataset:
+            ref = int(args.dataset) if args.dataset.isdigit() else args.dataset
+            dataset_id = datasets.get_dataset(session, ref).id
+        entries = budget.ledger_of(session, user_id, dataset_id=dataset_id, limit=args.limit)
+        emails = {u.id: u.email for u in users.list_users(session)}
+        for e in entries:
+            revision = "default" if e.policy_revision is None else str(e.policy_revision)
+            print(
+                f"{e.id:>6}  {e.at.isoformat()}  {emails.get(e.user_id, e.user_id)!s:<28} "
+                f"{e.mechanism:<9} epsilon {_fmt(e.epsilon_units, budget.EPSILON_UNIT):<10} "
+                f"rho {_fmt(e.rho_units, budget.RHO_UNIT):<10} datasets {e.dataset_ids} "
+                f"policy {revision}"
+            )
+
+
+def cmd_audit(args: argparse.Namespace) -> None:
+    context = _migrated_context(get_settings())
+    with context.sessions() as session:
+        for event in audit.list_events(session, action=args.action, limit=args.limit):
+            who = event.actor_email or "command line"
+            detail = json.dumps(event.detail, sort_keys=True, default=str)
+            print(f"{event.id:>6}  {event.at.isoformat()}  {who:<28} {event.action:<28} {detail}")
+
+
 def _safe_url(url: str) -> str:
     """The database URL without its password.
 
@@ -278,6 +409,43 @@ def build_parser() -> argparse.ArgumentParser:
     dadd.add_argument("--clamp", action="store_true", help="clip out-of-bounds values")
     dadd.set_defaults(func=cmd_dataset_add)
     dataset.add_parser("list", help="list datasets").set_defaults(func=cmd_dataset_list)
+
+    pol = sub.add_parser("policy", help="the budget policy").add_subparsers(
+        dest="policy_command", required=True, metavar="ACTION"
+    )
+    show = pol.add_parser("show", help="print the policy in force (or a revision, or history)")
+    show.add_argument("--revision", type=int, help="a past revision")
+    show.add_argument("--history", action="store_true", help="list every revision")
+    show.add_argument("--limit", type=int, default=100)
+    show.set_defaults(func=cmd_policy_show)
+    papply = pol.add_parser("apply", help="validate a TOML policy file and put it in force")
+    papply.add_argument("file", type=Path, metavar="FILE.toml")
+    papply.add_argument("--reason", required=True, help="why, for the audit log")
+    papply.set_defaults(func=cmd_policy_apply)
+
+    bud = sub.add_parser("budget", help="privacy budgets").add_subparsers(
+        dest="budget_command", required=True, metavar="ACTION"
+    )
+    grant = bud.add_parser("grant", help="add budget to a user's allocation")
+    grant.add_argument("--user", required=True, help="email or id")
+    grant.add_argument("--epsilon", type=float, required=True)
+    grant.add_argument("--delta", type=float, default=0.0)
+    grant.add_argument("--reason", required=True, help="why, for the audit log")
+    grant.set_defaults(func=cmd_budget_grant)
+    bshow = bud.add_parser("show", help="budgets under the policy in force")
+    bshow.add_argument("--user", help="email or id (default: everyone)")
+    bshow.set_defaults(func=cmd_budget_show)
+
+    led = sub.add_parser("ledger", help="privacy charges, newest first")
+    led.add_argument("--user", help="email or id")
+    led.add_argument("--dataset", help="name or id")
+    led.add_argument("--limit", type=int, default=100)
+    led.set_defaults(func=cmd_ledger)
+
+    aud = sub.add_parser("audit", help="the audit log, newest first")
+    aud.add_argument("--action", help="e.g. privacy.charge, policy.apply, budget.grant")
+    aud.add_argument("--limit", type=int, default=100)
+    aud.set_defaults(func=cmd_audit)
     return parser
 
 
