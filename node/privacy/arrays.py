@@ -7,13 +7,24 @@ varies and give back its compact form, so rules can work on the small array.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["compact", "fit", "pad_left", "recompact", "segment_max", "varying_axes"]
+from node.privacy.subjects import rows_of
+
+__all__ = [
+    "compact",
+    "fit",
+    "pad_left",
+    "recompact",
+    "reduce_array",
+    "segment_max",
+    "varying_axes",
+]
 
 Array = npt.NDArray[Any]
 
@@ -40,6 +51,11 @@ def varying_axes(a: Array, shape: Sequence[int], exact: bool = False) -> list[bo
     >>> varying_axes(np.ones((3, 4)), (3, 4)), varying_axes(np.ones((3, 4)), (3, 4), exact=True)
     ([True, True], [False, False])
     """
+    if exact:
+        rows = rows_of(a, shape)
+        if rows is not None:  # a subject column: varies along its axis unless one subject
+            single = rows.subjects.max_rows == rows.subjects.rows
+            return [d == rows.axis and not single for d in range(len(shape))]
     b = np.broadcast_to(a, tuple(shape))
     out = [n > 1 and st != 0 for n, st in zip(b.shape, b.strides, strict=True)]
     if exact and any(out):
@@ -70,6 +86,24 @@ def fit(a: npt.ArrayLike, shape: Sequence[int]) -> Array:
 
 
 compact = fit
+
+
+def reduce_array(a: Array, shape: tuple[int, ...], dims: tuple[int, ...], fn: str = "sum") -> Array:
+    """``fn`` ("sum", "max", "min") of ``a`` broadcast to ``shape`` over ``dims``, kept as 1s.
+
+    Works on the compact form: a sum over a broadcast axis is a product by its size.
+
+    >>> reduce_array(np.float64(2.0), (3, 4), (0,)).tolist()
+    [[6.0]]
+    """
+    comp = compact(a, shape)
+    if not dims:
+        return comp
+    if fn == "sum":
+        mult = math.prod(shape[d] for d in dims if comp.shape[d] == 1 and shape[d] != 1)
+        return np.asarray(comp.sum(axis=dims, keepdims=True) * mult)
+    f = np.max if fn == "max" else np.min
+    return np.asarray(f(comp, axis=dims, keepdims=True))
 
 
 def recompact(a: Array) -> Array:

@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 from node.engine.dtypes import DType
 from node.privacy.state import PUBLIC, PrivacyTrackingError, State, fit, public_state
+from node.privacy.subjects import Subjects
 
 __all__ = ["InputSpec"]
 
@@ -27,7 +28,8 @@ class InputSpec:
     Args:
         lower, upper: bounds of every value, scalars or arrays broadcastable to the
             shape of one row (the input's shape without ``row_axis``).
-        subjects: int64 subject index per row, or None for one subject per row.
+        subjects: int64 subject index per row (or its :class:`Subjects` structure, which
+            can be shared by the columns of a dataset), or None for one subject per row.
         row_axis: the axis along which rows (and subjects) run.
         is_public: the input is public (a model weight): it never changes.
         value: a public input's value, if the tracker may use it (e.g. matmul weights).
@@ -40,7 +42,7 @@ class InputSpec:
 
     lower: Any = None
     upper: Any = None
-    subjects: npt.NDArray[np.int64] | None = None
+    subjects: npt.NDArray[np.int64] | Subjects | None = None
     row_axis: int = 0
     is_public: bool = False
     value: npt.NDArray[Any] | None = None
@@ -50,7 +52,7 @@ class InputSpec:
         cls,
         lower: Any,
         upper: Any,
-        subjects: npt.NDArray[np.int64] | None = None,
+        subjects: npt.NDArray[np.int64] | Subjects | None = None,
         row_axis: int = 0,
     ) -> InputSpec:
         """A private input with declared bounds and optional subject index per row."""
@@ -70,10 +72,30 @@ class InputSpec:
         n = shape[self.row_axis % len(shape)]
         if self.subjects is None:
             return n
+        if isinstance(self.subjects, Subjects):
+            return self.subjects.count
         return int(np.max(self.subjects)) + 1 if len(self.subjects) else 0
 
-    def state(self, name: str, shape: tuple[int, ...], dt: DType) -> State:
-        """The tracker state of this input (validating the metadata against its shape)."""
+    def structure(self, n: int) -> Subjects:
+        """The subject structure of ``n`` rows (computed here; the tracker computes it once)."""
+        if self.subjects is None:
+            return Subjects.identity(n)
+        if isinstance(self.subjects, Subjects):
+            return self.subjects
+        try:
+            return Subjects.of(self.subjects)
+        except ValueError:
+            raise PrivacyTrackingError(
+                f"subjects must be {n} non-negative integers, one per row"
+            ) from None
+
+    def state(
+        self, name: str, shape: tuple[int, ...], dt: DType, structure: Subjects | None = None
+    ) -> State:
+        """The tracker state of this input (validating the metadata against its shape).
+
+        ``structure``: this input's :meth:`structure`, if the caller has it already.
+        """
         where = f"input {name!r}"
         if self.is_public:
             return self._public_state(where, shape, dt)
@@ -85,13 +107,16 @@ class InputSpec:
         lo, hi = (self._bound(where, b, row_shape, axis) for b in (self.lower, self.upper))
         if np.any(lo > hi):
             raise PrivacyTrackingError(f"{where}: a lower bound exceeds its upper bound")
-        subj = np.arange(n, dtype=np.int64) if self.subjects is None else self.subjects
-        subj = np.asarray(subj)
-        if subj.shape != (n,) or subj.dtype.kind not in "iu" or (n and subj.min() < 0):
+        try:
+            subj = (structure or self.structure(n)).column
+        except PrivacyTrackingError as exc:
+            raise PrivacyTrackingError(f"{where}: {exc}") from None
+        if subj.shape != (n,):
             raise PrivacyTrackingError(
                 f"{where}: subjects must be {n} non-negative integers, one per row"
             )
-        owner = subj.astype(np.int64).reshape((1,) * axis + (n,) + (1,) * (len(shape) - axis - 1))
+        # a view of the read-only subject column: rules recognise it (node.privacy.subjects)
+        owner = subj.reshape((1,) * axis + (n,) + (1,) * (len(shape) - axis - 1))
         width = hi - lo
         zero = fit(0.0, shape)
         return State(

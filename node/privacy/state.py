@@ -29,10 +29,11 @@ import numpy.typing as npt
 
 from node.engine.dtypes import DType
 from node.errors import GraphError
-from node.privacy.arrays import fit
+from node.privacy.arrays import fit, reduce_array
+from node.privacy.subjects import Subjects, rows_of
 
 if TYPE_CHECKING:
-    from node.privacy.tables import Table
+    from node.privacy.tables import LazyIds, Table
 
 __all__ = [
     "MIXED",
@@ -78,13 +79,16 @@ class State:
     t2: Array | None = None
     table: Table | None = None
     #: value identity: elements with equal ids are copies of one private scalar (inputs
-    #: and their moved copies only), the root of threshold tables
-    vid: Array | None = None
+    #: and their moved copies only), the root of threshold tables; an input's ids are
+    #: formed lazily (``LazyIds``) until a rule needs them
+    vid: Array | LazyIds | None = None
     #: pattern tag for structured rules (e.g. centred moments); never trusted alone
     tag: Any = field(default=None)
 
     @property
     def is_public(self) -> bool:
+        if rows_of(self.owner, self.shape) is not None:  # a subject column: all owned
+            return False
         return bool(np.all(self.owner == PUBLIC))
 
     def with_(self, **kw: Any) -> State:
@@ -126,6 +130,9 @@ def _fallback_bounds(s: State, nsub: int) -> tuple[Array, Array]:
                 return groups[0], np.sqrt(groups[1])
     # work on the common fitted shape; each of its elements stands for ``rep`` real ones
     own_f, L_f, G_f = (fit(a, s.shape) for a in (s.owner, s.L, s.G))
+    rows = rows_of(own_f, s.shape)
+    if rows is not None:
+        return _row_bounds(s.shape, rows.axis, rows.subjects, L_f, G_f, nsub)
     cshape = np.broadcast_shapes(own_f.shape, L_f.shape, G_f.shape)
     rep = math.prod(s.shape) // max(math.prod(cshape), 1)
     own = np.broadcast_to(own_f, cshape).reshape(-1)
@@ -133,8 +140,8 @@ def _fallback_bounds(s: State, nsub: int) -> tuple[Array, Array]:
     G = np.broadcast_to(G_f, cshape).reshape(-1)
     g = np.where(own != PUBLIC, G, 0.0)
     base1, base2 = rep * float(g.sum()), rep * float((g * g).sum())
-    t1: Array = np.broadcast_to(base1, (nsub,))
-    t2: Array = np.broadcast_to(base2, (nsub,))
+    t1: Array = np.full(1, base1)  # per-subject vectors: shape (1,) or (nsub,)
+    t2: Array = np.full(1, base2)
     priv = own >= 0
     if priv.any():
         o = own[priv]
@@ -144,11 +151,31 @@ def _fallback_bounds(s: State, nsub: int) -> tuple[Array, Array]:
         return t1, np.sqrt(np.maximum(t2, 0.0))
 
 
+def _row_bounds(
+    shape: tuple[int, ...], axis: int, subjects: Subjects, L: Array, G: Array, nsub: int
+) -> tuple[Array, Array]:
+    """``_fallback_bounds`` when every element is owned by the subject of its row.
+
+    Subject ``s`` owns the elements of its rows, so ``t1[s] = sum G + sum over its rows of
+    the row's sum of (L - G)``; when that row sum does not vary along the rows, a
+    subject's share is its row count times it, and nothing of size ``n`` is formed.
+    """
+    others = tuple(d for d in range(len(shape)) if d != axis)
+    base1 = float(reduce_array(G, shape, tuple(range(len(shape)))).sum())
+    base2 = float(reduce_array(G * G, shape, tuple(range(len(shape)))).sum())
+    per1 = subjects.per_subject(reduce_array(L - G, shape, others))
+    per2 = subjects.per_subject(reduce_array(L * L - G * G, shape, others))
+    t1 = base1 + subjects.spread(per1, nsub)
+    t2 = base2 + subjects.spread(per2, nsub)
+    return t1, np.sqrt(np.maximum(t2, 0.0))
+
+
 def joint(s: State, nsub: int) -> tuple[Array, Array]:
     """Per-subject bounds ``(t1, t2)`` on the L1 and L2 norm of the tensor's change.
 
     The tighter of the propagated joint bounds (if any) and those derived from the
-    per-element bounds. ``nsub`` is the number of subjects (at least 1).
+    per-element bounds. ``nsub`` is the number of subjects (at least 1). Each vector has
+    shape ``(nsub,)``, or ``(1,)`` when it is the same for every subject.
     """
     f1, f2 = _fallback(s, max(nsub, 1))
     if s.t1 is not None:

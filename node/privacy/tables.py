@@ -16,17 +16,27 @@ roots index the same domain.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from node.privacy.arrays import compact, varying_axes
+from node.privacy.subjects import all_owned
 
 if TYPE_CHECKING:
     from node.privacy.state import Array, State
 
-__all__ = ["MAX_DOMAIN", "Table", "make_root", "root_ids"]
+__all__ = [
+    "MAX_DOMAIN",
+    "LazyIds",
+    "Table",
+    "ids_of",
+    "lazy_root_ids",
+    "make_root",
+    "root_ids",
+]
 
 #: Largest root domain tabulated (values of a small integer or bool).
 MAX_DOMAIN = 256
@@ -107,7 +117,7 @@ def make_root(s: State, index: int) -> Table | None:
     """
     if s.dtype.is_float or not s.shape or 0 in s.shape:
         return None
-    if not (np.all(s.owner >= 0) and np.all(s.G == 0)):
+    if not (all_owned(s.owner, s.shape) and np.all(s.G == 0)):
         return None
     lo = np.ceil(compact(s.lo, s.shape))
     hi = np.floor(compact(s.hi, s.shape))
@@ -120,6 +130,36 @@ def make_root(s: State, index: int) -> Table | None:
     dom = np.minimum(lo[..., None] + np.arange(width), hi[..., None])
     vals = dom.astype(s.dtype.np)
     return Table(root_ids(index, s.shape), vals)
+
+
+class LazyIds:
+    """Value ids not formed yet: most inputs are never compared with thresholds.
+
+    ``make`` forms them (once) when a rule needs them.
+    """
+
+    def __init__(self, make: Callable[[], Array]) -> None:
+        self._make = make
+        self._ids: Array | None = None
+
+    def array(self) -> Array:
+        if self._ids is None:
+            self._ids = self._make()
+        return self._ids
+
+
+def lazy_root_ids(index: int, shape: tuple[int, ...]) -> LazyIds:
+    """``root_ids(index, shape)``, formed on first use.
+
+    >>> lazy_root_ids(1, (2,)).array().tolist()
+    [1099511627776, 1099511627777]
+    """
+    return LazyIds(lambda: root_ids(index, shape))
+
+
+def ids_of(vid: Array | LazyIds) -> Array:
+    """A state's value ids as an array."""
+    return vid.array() if isinstance(vid, LazyIds) else vid
 
 
 def root_ids(index: int, shape: tuple[int, ...]) -> Array:

@@ -31,7 +31,7 @@ from node.engine.promotion import result_type
 from node.privacy.arrays import pad_left
 from node.privacy.rules.base import Ctx
 from node.privacy.state import Array, State
-from node.privacy.tables import MAX_DOMAIN, Table
+from node.privacy.tables import MAX_DOMAIN, Table, ids_of
 
 __all__ = ["piece_of", "pieces", "refine_all", "threshold_table"]
 
@@ -178,5 +178,5 @@ def threshold_table(c: Ctx, x: State, xi: int) -> Table | None:
     args[xi] = pad_left(reps.astype(x.dtype.np), nd + 1)
     args[oi] = c.raw[oi] if c.raw[oi] is not None else pad_left(np.asarray(raw), nd)[..., None]
     vals = np.asarray(REGISTRY[c.node.op].kernel(c.call, args, None))
-    root = pad_left(x.vid, nd)
+    root = pad_left(ids_of(x.vid), nd)
     return Table(root, vals, bps, ok, (lo, hi, x.dtype.name))

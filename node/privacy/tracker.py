@@ -10,6 +10,7 @@ evaluation, in one pass.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,8 @@ from node.privacy.state import (
     joint,
     public_state,
 )
-from node.privacy.tables import make_root, root_ids
+from node.privacy.subjects import Subjects
+from node.privacy.tables import lazy_root_ids, make_root
 
 __all__ = ["OutputSensitivity", "PrivacyReport", "PrivacyTracker", "evaluate_tracked", "track"]
 
@@ -42,6 +44,8 @@ class OutputSensitivity:
 
     ``l1``/``l2``: bounds on ``||f(D) - f(D')||`` over neighbouring datasets.
     ``lower``/``upper``: bounds on every element's value (broadcast to ``shape``).
+    ``per_subject_l1``/``per_subject_l2``: the bounds when subject ``s`` changes, shape
+    ``(subjects,)``, or ``(1,)`` when they are the same for every subject.
     """
 
     shape: tuple[int, ...]
@@ -67,15 +71,16 @@ class PrivacyReport:
     outputs: tuple[OutputSensitivity, ...]
     subjects: int
 
-    @property
+    @functools.cached_property
     def l1(self) -> float:
         """L1 sensitivity of all outputs released together (worst subject, summed)."""
-        return float(np.sum([o.per_subject_l1 for o in self.outputs], axis=0).max(initial=0.0))
+        total = functools.reduce(np.add, [o.per_subject_l1 for o in self.outputs], np.zeros(1))
+        return float(total.max(initial=0.0))
 
-    @property
+    @functools.cached_property
     def l2(self) -> float:
         """L2 sensitivity of all outputs released together."""
-        sq = np.sum([o.per_subject_l2**2 for o in self.outputs], axis=0)
+        sq = functools.reduce(np.add, [o.per_subject_l2**2 for o in self.outputs], np.zeros(1))
         return float(np.sqrt(sq.max(initial=0.0)))
 
 
@@ -87,14 +92,26 @@ class PrivacyTracker:
     def __init__(self, specs: Mapping[str, InputSpec]) -> None:
         self.specs = dict(specs)
         self.nsub = 1
+        #: subject structure per input name, computed once per index array
+        self.structures: dict[str, Subjects] = {}
 
     def prepare(self, graph: Graph) -> None:
         """Count subjects over the graph's private inputs (before the first visit)."""
         n = 0
+        by_index: dict[int, Subjects] = {}
         for node in graph.nodes:
             if node.op == "input":
-                spec = self._spec(str(node.attrs["name"]))
-                n = max(n, spec.subject_count(tuple(node.attrs["shape"])))  # type: ignore[arg-type]
+                name = str(node.attrs["name"])
+                spec = self._spec(name)
+                shape: tuple[int, ...] = tuple(node.attrs["shape"])  # type: ignore[arg-type]
+                if spec.is_public or not shape:
+                    continue
+                rows = int(shape[spec.row_axis % len(shape)])
+                key = id(spec.subjects) if spec.subjects is not None else -rows - 1
+                if key not in by_index:  # columns of one dataset share one index
+                    by_index[key] = spec.structure(rows)
+                self.structures[name] = by_index[key]
+                n = max(n, spec.subject_count(shape))
         self.nsub = max(n, 1)
 
     def _spec(self, name: str) -> InputSpec:
@@ -110,16 +127,15 @@ class PrivacyTracker:
     ) -> State:
         """The state of node ``index`` (the engine's tracker protocol)."""
         if node.op == "input":
-            s = self._spec(str(node.attrs["name"])).state(
-                str(node.attrs["name"]), meta.shape, meta.dtype
-            )
+            name = str(node.attrs["name"])
+            s = self._spec(name).state(name, meta.shape, meta.dtype, self.structures.get(name))
             if s.is_public:
                 return s
             t = make_root(s, index)
             if t is not None:
                 return s.with_(table=t)
             if not meta.dtype.is_bool:  # a root for threshold tables (comparisons)
-                return s.with_(vid=root_ids(index, meta.shape))
+                return s.with_(vid=lazy_root_ids(index, meta.shape))
             return s
         if node.op == "constant":
             assert node.value is not None

@@ -32,6 +32,7 @@ from node.privacy.state import (
     fit,
     mul0,
 )
+from node.privacy.subjects import all_owned, rows_of, same_values
 
 __all__ = ["RULES", "Ctx", "Rule", "combine", "finish", "rule"]
 
@@ -104,12 +105,12 @@ def combine(
 def _combine(
     owners: list[Array], kL: list[Array], kG: list[Array], shape: tuple[int, ...]
 ) -> tuple[Array, Array, Array]:
-    private = [i for i, o in enumerate(owners) if not np.all(o == PUBLIC)]
+    private = [i for i, o in enumerate(owners) if not _public(o, shape)]
     first = owners[private[0]] if private else None
     if (
         first is not None
-        and np.all(first >= 0)
-        and all(owners[i] is first or bool(np.all(owners[i] == first)) for i in private)
+        and all_owned(first, shape)
+        and all(same_values(owners[i], first) or bool(np.all(owners[i] == first)) for i in private)
     ):
         # one owner per element, shared by every private argument (public ones add 0)
         return first, _total(kL), _total(kG)
@@ -136,6 +137,10 @@ def _combine(
         extra = np.maximum(extra, np.where(oj >= 0, cand, 0.0))
     worst = base + extra
     return out, np.where(conflict, worst, base + mine), np.where(conflict, worst, base)
+
+
+def _public(owner: Array, shape: tuple[int, ...]) -> bool:
+    return rows_of(owner, shape) is None and bool(np.all(owner == PUBLIC))
 
 
 def _total(arrays: list[Array]) -> Array:
@@ -189,6 +194,17 @@ def finish(
         L = np.minimum(L, width)
         G = np.minimum(G, width)
     own = fit(owner, shape)
+    if rows_of(own, shape) is not None:  # a subject column: no public or mixed element
+        return State(
+            shape,
+            meta.dtype,
+            fit(lo, shape),
+            fit(hi, shape),
+            own,
+            fit(L, shape),
+            fit(G, shape),
+            **extra,
+        )
     pub = own == PUBLIC
     if pub.any():
         L = np.where(pub, 0.0, L)

@@ -17,9 +17,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from node.privacy.arrays import compact, fit, varying_axes
+from node.privacy.arrays import fit, reduce_array, varying_axes
 from node.privacy.rules.base import Ctx, finish, rule
 from node.privacy.state import MIXED, PUBLIC, Array, State, has_joint, joint, public_state
+from node.privacy.subjects import Rows, rows_of
 
 __all__ = ["aggregate", "reduce_array"]
 
@@ -32,24 +33,6 @@ def dims_of(c: Ctx, ndim: int) -> tuple[int, ...]:
     if not dims:
         return tuple(range(ndim))
     return tuple(sorted(d % ndim for d in dims))
-
-
-def reduce_array(a: Array, shape: tuple[int, ...], dims: tuple[int, ...], fn: str = "sum") -> Array:
-    """``fn`` ("sum", "max", "min") of ``a`` broadcast to ``shape`` over ``dims``, kept as 1s.
-
-    Works on the compact form: a sum over a broadcast axis is a product by its size.
-
-    >>> reduce_array(np.float64(2.0), (3, 4), (0,)).tolist()
-    [[6.0]]
-    """
-    comp = compact(a, shape)
-    if not dims:
-        return comp
-    if fn == "sum":
-        mult = math.prod(shape[d] for d in dims if comp.shape[d] == 1 and shape[d] != 1)
-        return np.asarray(comp.sum(axis=dims, keepdims=True) * mult)
-    f = np.max if fn == "max" else np.min
-    return np.asarray(f(comp, axis=dims, keepdims=True))
 
 
 def _rows_shape(s: State, dims: tuple[int, ...]) -> tuple[int, ...]:
@@ -101,6 +84,46 @@ def _worst_subject(o: Array, d: Array, nsub: int) -> tuple[Array, Array]:
     return extra, kmax
 
 
+def _aggregate_rows(
+    s: State, dims: tuple[int, ...], nsub: int, how: str, rows: Rows, kfull: Array
+) -> tuple[Array, Array, Array, Array] | None:
+    """``aggregate`` over the row axis of a state owned row by row by a subject column.
+
+    Every output sums the same rows, so its owners are all the column's subjects: it is
+    mixed (the column has two subjects at least), and subject ``s`` holds ``count_s``
+    rows of ``per_row = prod(other reduced dims)`` elements each. When ``L - G`` does not
+    vary along the rows, the worst subject's share is ``max_rows`` times one row's;
+    otherwise the rows' shares are summed per subject (distinct or contiguous ids).
+    None: no fast path (the caller takes the general one).
+    """
+    shape, a, sub = s.shape, rows.axis, rows.subjects
+    if sub.max_rows == sub.rows:  # one subject owns every row: not mixed
+        return None
+    nd = len(shape)
+    others = tuple(d for d in dims if d != a)
+    per_row = math.prod(shape[d] for d in others)
+    mixed = np.full((1,) * nd, MIXED, dtype=np.int64)
+    L, G = fit(s.L, shape), fit(s.G, shape)
+    if how != "sum":
+        both = reduce_array(np.maximum(L, G), shape, dims, "max")
+        return mixed, both, both, kfull
+    sum_g = reduce_array(G, shape, dims)
+    d = reduce_array(L - G, shape, others)  # each row's share, per output
+    if d.shape[a] == 1:
+        extra = sub.max_rows * np.max(d, axis=a, keepdims=True)
+    elif sub.distinct:  # one row per subject
+        extra = np.max(d, axis=a, keepdims=True)
+    elif sub.contiguous and sub.starts is not None:
+        seg = np.add.reduceat(d, sub.starts, axis=a)
+        extra = np.max(seg, axis=a, keepdims=True)
+    else:
+        return None
+    bound = sum_g + np.maximum(extra, 0.0)
+    # elements of subject s summed into one output (all of them once other subjects move G)
+    kmax = kfull if np.any(G > 0) else sub.spread(sub.counts * float(per_row), max(nsub, 1))
+    return mixed, bound, bound, kmax
+
+
 def aggregate(
     s: State, dims: tuple[int, ...], nsub: int, how: str = "sum"
 ) -> tuple[Array, Array, Array, Array]:
@@ -110,7 +133,7 @@ def aggregate(
     """
     shape = s.shape
     r = math.prod(shape[d] for d in dims)
-    kfull = np.broadcast_to(float(r), (max(nsub, 1),))
+    kfull = np.full(1, float(r))  # per-subject vectors: shape (1,) or (nsub,)
     if not any(varying_axes(s.owner, shape, exact=True)[d] for d in dims):
         pick = tuple(slice(0, 1) if d in dims else slice(None) for d in range(len(shape)))
         owner = fit(s.owner, shape)[pick]
@@ -120,6 +143,11 @@ def aggregate(
             reduce_array(s.G, shape, dims, how),
             kfull,
         )
+    rows = rows_of(s.owner, shape)
+    if rows is not None and rows.axis in dims:
+        fast = _aggregate_rows(s, dims, nsub, how, rows, kfull)
+        if fast is not None:
+            return fast
     rshape = _rows_shape(s, dims)
     o = _to_rows(s.owner, rshape, dims)
     pub = bool((o == PUBLIC).any())

@@ -9,6 +9,7 @@ prims need their indices to be public and known (a private index has no rule).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import replace
@@ -19,7 +20,7 @@ from node.engine.prims import REGISTRY
 from node.privacy.arrays import fit, recompact
 from node.privacy.rules.base import Ctx, rule
 from node.privacy.state import PUBLIC, Array, State, has_joint, has_t, joint
-from node.privacy.tables import Table
+from node.privacy.tables import LazyIds, Table
 
 __all__ = ["move"]
 
@@ -87,7 +88,12 @@ def move(c: Ctx, x: State, idx: Array | None, mult: float) -> State:
         table = replace(t, root=mv(t.root), vals=mv(t.vals, (t.size,)))
     lo, hi, owner, L, G = (fit(mv(a), c.shape) for a in (x.lo, x.hi, x.owner, x.L, x.G))
     value = None if x.value is None else np.broadcast_to(mv(x.value), c.shape)
-    vid = None if x.vid is None else fit(mv(x.vid), c.shape)
+    vid: Array | LazyIds | None = None
+    if isinstance(x.vid, LazyIds):  # stays lazy: formed only if a comparison needs it
+        before = x.vid
+        vid = LazyIds(lambda: fit(mv(before.array()), c.shape))
+    elif x.vid is not None:
+        vid = fit(mv(x.vid), c.shape)
     s = State(c.shape, c.meta.dtype, lo, hi, owner, L, G, value=value, table=table, vid=vid)
     if has_t(x):  # a table moves along by itself
         t1, t2 = joint(x, c.nsub)
@@ -176,9 +182,9 @@ def cat(c: Ctx) -> State:
         s = s.with_(table=Table(join([t.root for t in ts]), join(vals, (size,))))
     if any(has_joint(p) for p in parts):
         js = [joint(p, c.nsub) for p in parts]
-        s = s.with_(
-            t1=np.sum([j[0] for j in js], axis=0),
-            t2=np.sqrt(np.sum([j[1] ** 2 for j in js], axis=0)),
+        s = s.with_(  # per-subject vectors are (1,) or (nsub,): add with broadcasting
+            t1=functools.reduce(np.add, [j[0] for j in js]),
+            t2=np.sqrt(functools.reduce(np.add, [j[1] ** 2 for j in js])),
         )
     return s
 
