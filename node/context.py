@@ -44,7 +44,7 @@ class NodeContext:
             engine=engine,
             sessions=make_sessionmaker(engine),
             serial_sessions=make_sessionmaker(serial_engine(engine)),
-            store=FileBlobStore(settings.blob_dir),
+            store=FileBlobStore(settings.blob_dir, cache_bytes=settings.blob_cache_bytes),
             hasher=password_hasher(settings),
             structures=StructureCache(settings.structure_cache_bytes),
         )

@@ -39,6 +39,8 @@ class Settings(BaseSettings):
     max_graph_flops: int = Field(default=10**12, gt=0)
     #: Memory for graph structures users already sent (a loop then resends only constants).
     structure_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    #: Memory for verified dataset and weight blobs (read and hashed once, LRU); 0: off.
+    blob_cache_bytes: int = Field(default=512 * 1024 * 1024, ge=0)
 
     #: Each user's privacy budget until policies say otherwise: total epsilon and delta.
     default_epsilon_budget: float = Field(default=10.0, ge=0, le=700, allow_inf_nan=False)

@@ -126,3 +126,65 @@ def test_identical_arrays_are_stored_once(
     assert read_frame(weights.content)[1]["w"].tobytes() == column.tobytes()
     assert http.delete("/api/v1/models/m", headers=owner_h).status_code == 204
     assert blob_files(context) == set()
+
+
+def test_a_blob_is_read_and_verified_once_then_served_from_memory(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path, cache_bytes=1 << 20)
+    digest = store.put(b"\x01" * 64)
+    assert store.cache.digests() == []  # put does not cache: the first read verifies
+    assert store.get(digest) == b"\x01" * 64
+    assert store.cache.digests() == [digest]
+    # the verified copy is what is used: an alteration on disk cannot change results
+    (tmp_path / digest[:2] / digest).write_bytes(b"\x02" * 64)
+    assert store.get(digest) == b"\x01" * 64
+    # ... and is detected once the blob is read from disk again
+    store.cache.discard(digest)
+    with pytest.raises(CorruptBlobError, match="does not match its hash"):
+        store.get(digest)
+    store.delete(digest)
+    assert store.cache.digests() == []
+
+
+def test_the_cache_is_bounded_and_evicts_the_least_recently_used(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path, cache_bytes=250)
+    a, b, c, big = (store.put(bytes([i]) * n) for i, n in ((1, 100), (2, 100), (3, 100), (4, 251)))
+    store.get(a)
+    store.get(b)
+    store.get(a)  # b is now the least recently used
+    store.get(c)
+    assert sorted(store.cache.digests()) == sorted([a, c])
+    assert store.cache.size == 200
+    assert store.get(big) == bytes([4]) * 251  # larger than the budget: read, never cached
+    assert big not in store.cache.digests() and store.cache.size <= 250
+    off = FileBlobStore(tmp_path, cache_bytes=0)
+    off.get(a)
+    assert off.cache.digests() == []
+
+
+def test_arrays_of_cached_blobs_are_read_only(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path, cache_bytes=1 << 20)
+    digest = store.put(array_to_bytes(np.arange(6.0)))
+    first = array_from_bytes(store.get(digest), "float64", (2, 3))
+    with pytest.raises(ValueError, match="read-only"):
+        first[0, 0] = 7.0
+    with pytest.raises(ValueError, match="WRITEABLE"):
+        first.setflags(write=True)
+    second = array_from_bytes(store.get(digest), "float64", (6,))
+    np.testing.assert_array_equal(second, np.arange(6.0))
+
+
+def test_the_cache_is_safe_under_concurrent_readers(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = FileBlobStore(tmp_path, cache_bytes=1000)
+    blobs = {store.put(bytes([i]) * 300): bytes([i]) * 300 for i in range(8)}
+    digests = list(blobs) * 25
+
+    def read(d: str) -> bool:
+        return store.get(d) == blobs[d]
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(read, digests))
+    cached = store.cache.digests()
+    assert len(cached) == len(set(cached)) <= 3
+    assert store.cache.size == 300 * len(cached) <= 1000
