@@ -2,7 +2,7 @@
 
 Everything here is exact (same values as torch) except where torch's own
 result is unspecified (tie order of indices, random draws). What cannot be
-exact with today's prims (scatter amax/amin/prod, cummax) stays unsupported.
+exact with today's prims gets a prim of its own (scatter_reduce, cumargmax...).
 """
 
 from __future__ import annotations
@@ -100,20 +100,61 @@ def _scatter_reduce(
     *,
     include_self: bool = True,
 ) -> Node:
-    if reduce not in ("sum", "mean") or (reduce == "mean" and not out.dtype.is_floating_point):
-        raise UnsupportedOperationError(
-            f"scatter_reduce with reduce={reduce!r} needs a scatter prim the engine lacks "
-            "(see docs/remote-tensors.md)"
-        )
-    base = x if include_self else prim("scatter", x, index, 0, dim=dim)
-    total = prim("scatter_add", base, index, src, dim=dim)
-    if reduce == "sum":
-        return total
-    ones = prim("full", shape=tuple(src.shape or ()), value=1.0, dtype=dtype_name(out.dtype))
-    start = 1.0 if include_self else 0.0
-    count = prim("full", shape=tuple(out.shape), value=start, dtype=dtype_name(out.dtype))
-    count = prim("scatter_add", count, index, ones, dim=dim)
-    return prim("where", prim("gt", count, 0), prim("div", total, count), x)
+    return prim("scatter_reduce", x, index, src, dim=dim, reduce=reduce, include_self=include_self)
+
+
+_LEGACY_REDUCE = {"add": "sum", "multiply": "prod"}
+
+
+@implements(aten.scatter.reduce, aten.scatter.value_reduce)
+def _scatter_legacy(
+    out: torch.Tensor, x: Node, dim: int, index: Node, src: Any, *, reduce: str
+) -> Node:
+    if not isinstance(src, Node):  # a scalar: one value per index entry
+        src = prim("full", shape=tuple(index.shape or ()), value=float(src), dtype=_name(out))
+    return prim("scatter_reduce", x, index, src, dim=dim, reduce=_LEGACY_REDUCE[reduce])
+
+
+@implements(aten.index_reduce.default)
+def _index_reduce(
+    out: torch.Tensor,
+    x: Node,
+    dim: int,
+    index: Node,
+    source: Node,
+    reduce: str,
+    *,
+    include_self: bool = True,
+) -> Node:
+    # index_reduce is scatter_reduce with the 1-d index spread over source's other dims
+    shape = tuple(source.shape or ())
+    if shape:
+        d = dim % len(shape)
+        lifted = [1] * len(shape)
+        lifted[d] = shape[d]
+        index = prim("expand", prim("reshape", index, shape=tuple(lifted)), shape=shape)
+    return prim(
+        "scatter_reduce", x, index, source, dim=dim, reduce=reduce, include_self=include_self
+    )
+
+
+def _name(out: torch.Tensor) -> str:
+    return dtype_name(out.dtype)
+
+
+def _cum_extreme(which: str) -> Any:
+    def rule(out: Any, x: Node, dim: int) -> tuple[Node, Node]:
+        if not x.shape:
+            return x, prim("full", shape=(), value=0.0, dtype="int64")
+        idx = prim(which, x, dim=dim)
+        return prim("gather", x, idx, dim=dim), idx
+
+    return rule
+
+
+implements(aten.cummax.default)(_cum_extreme("cumargmax"))
+implements(aten.cummin.default)(_cum_extreme("cumargmin"))
+implements(aten.logcumsumexp.default)(lambda out, x, dim: prim("logcumsumexp", x, dim=dim))
 
 
 @implements(aten.randn_like.default, aten.randn.default)

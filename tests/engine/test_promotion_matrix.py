@@ -58,6 +58,22 @@ TORCH_FN: dict[str, tuple[Callable[..., Any], Callable[..., Any] | None]] = {
     "bitwise_xor": (torch.bitwise_xor, operator.xor),
     "bitwise_left_shift": (torch.bitwise_left_shift, operator.lshift),
     "bitwise_right_shift": (torch.bitwise_right_shift, operator.rshift),
+    "zeta": (torch.special.zeta, None),
+    "igamma": (torch.igamma, None),
+    "igammac": (torch.igammac, None),
+    "nextafter": (torch.nextafter, None),
+    "gcd": (torch.gcd, None),
+    **{
+        name: (getattr(torch.special, name), None)
+        for name in (
+            *(f"chebyshev_polynomial_{k}" for k in "tuvw"),
+            *(f"shifted_chebyshev_polynomial_{k}" for k in "tuvw"),
+            "hermite_polynomial_h",
+            "hermite_polynomial_he",
+            "laguerre_polynomial_l",
+            "legendre_polynomial_p",
+        )
+    },
 }
 
 RESULTS: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)

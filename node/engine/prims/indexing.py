@@ -1,4 +1,4 @@
-"""Indexing prims: gather, index_select, scatter, scatter_add, index_put and index.
+"""Indexing prims: gather, index_select, scatter, scatter_add, scatter_reduce, index_put, index.
 
 Index ranges are checked here rather than left to NumPy, which would silently
 wrap negative indices where torch raises. Index tensors are int64 (or int32);
@@ -138,6 +138,90 @@ prim(
     scalar_args=frozenset({2}),
 )(_scatter_kernel)
 prim("scatter_add", args=3, attrs={"dim": AttrSpec("int")}, infer=_scatter_infer)(_scatter_kernel)
+
+_REDUCE = {"sum": np.add, "prod": np.multiply, "mean": np.add, "amax": np.fmax, "amin": np.fmin}
+
+
+def _scatter_reduce_infer(c: Call) -> TensorMeta:
+    x = _scatter_infer(c)
+    if not isinstance(c.args[2], TensorMeta):
+        raise c.fail("scatter_reduce needs a tensor src", 2)
+    reduce = c.attr("reduce")
+    if reduce not in _REDUCE:
+        raise c.fail(f"reduce must be one of {sorted(_REDUCE)}, got {reduce!r}", "reduce")
+    if reduce == "mean" and x.dtype.is_bool:
+        raise c.fail("scatter_reduce mean is not implemented for bool (torch refuses it too)")
+    return x
+
+
+@prim(
+    "scatter_reduce",
+    args=3,
+    attrs={
+        "dim": AttrSpec("int"),
+        "reduce": AttrSpec("str"),
+        "include_self": AttrSpec("bool", optional=True, default=True),
+    },
+    infer=_scatter_reduce_infer,
+)
+def _scatter_reduce(c: Call, args: list[Any], out: Array | None) -> Array:
+    """torch.scatter_reduce: sum, prod, mean, amax, amin of src into x at index along dim.
+
+    Values are combined in index order (as torch's CPU loop does); amax/amin propagate
+    NaN; ``include_self=False`` starts every written position from the reduction's
+    identity; an integer mean rounds down, as torch does.
+    """
+    x, idx, src = args
+    reduce = c.attr("reduce")
+    res = x.dtype
+    r = np.array(x, copy=True).reshape(x.shape or (1,))
+    if idx.size == 0:
+        return r.reshape(x.shape)
+    i2 = idx.reshape(idx.shape or (1,))
+    d = c.attr("dim") % r.ndim
+    _range_check(c, i2, r.shape[d], 1)
+    s2 = src.reshape(src.shape or (1,))
+    sv = s2[tuple(slice(0, n) for n in i2.shape)]
+    where = _grid(i2.shape, d, i2)
+    lin = np.ravel_multi_index(tuple(np.broadcast_to(w, i2.shape) for w in where), r.shape)
+    lin = lin.reshape(-1)
+    vals = sv.reshape(-1)
+    include = bool(c.attrs.get("include_self", True))
+    flat = r.reshape(-1)
+    touched = np.zeros(flat.shape, dtype=bool)
+    touched[lin] = True
+    if not include:
+        identity: Any = {"sum": 0, "mean": 0, "prod": 1}.get(reduce)
+        if identity is None:  # amax/amin: the first value written
+            first = np.full(flat.shape, -1, dtype=np.int64)
+            first[lin[::-1]] = np.arange(len(lin))[::-1]
+            flat[touched] = vals[first[touched]]
+        else:
+            flat[touched] = identity
+    ufunc = _REDUCE[reduce]
+    if reduce in ("amax", "amin") and res.kind == "f":
+        # NaN wins, as in torch: fmax/fmin skip NaN, so put NaN back where any arrived
+        nan = np.zeros(flat.shape, dtype=bool)
+        np.logical_or.at(nan, lin, np.isnan(vals))
+        nan |= np.isnan(flat)
+        ufunc.at(flat, lin, vals)
+        flat[nan] = np.nan
+    elif reduce in ("amax", "amin"):
+        (np.maximum if reduce == "amax" else np.minimum).at(flat, lin, vals)
+    else:
+        ufunc.at(flat, lin, vals)
+    if reduce == "mean":
+        count = np.zeros(flat.shape, dtype=np.int64)
+        np.add.at(count, lin, 1)
+        if include:
+            count += 1
+        safe = np.maximum(count, 1)
+        if res.kind == "f":
+            q = (flat / safe.astype(res)).astype(res)
+        else:
+            q = np.floor_divide(flat, safe.astype(res))
+        flat[touched] = q[touched]
+    return flat.reshape(x.shape)
 
 
 def _index_put_infer(c: Call) -> TensorMeta:

@@ -163,3 +163,66 @@ def _cumsum(c: Call, args: list[Any], out: Array | None) -> Array:
         return np.asarray(x).astype(res.np)
     r = np.cumsum(x, axis=c.attr("dim"), dtype=opmath(res).np)
     return np.asarray(r).astype(res.np, copy=False)
+
+
+def _scan_infer(c: Call) -> TensorMeta:
+    x = c.tensor(0)
+    c.dim(c.attr("dim"), x.ndim)
+    if c.op == "logcumsumexp":
+        if not x.dtype.is_float:
+            raise c.fail(f"logcumsumexp needs a floating tensor, got {x.dtype.name}", 0)
+        return TensorMeta(x.shape, x.dtype)
+    return TensorMeta(x.shape, INT64)
+
+
+@prim("cumargmax", args=1, attrs={"dim": AttrSpec("int")}, infer=_scan_infer)
+def _cumargmax(c: Call, args: list[Any], out: Array | None) -> Array:
+    """Index of the running maximum along ``dim`` (values: gather with it), like cummax.
+
+    torch's rule: a value equal to the running maximum, or a NaN, takes over, so ties
+    give the latest index and the latest NaN wins.
+    """
+    return _cumarg(c, args[0], np.fmax)
+
+
+@prim("cumargmin", args=1, attrs={"dim": AttrSpec("int")}, infer=_scan_infer)
+def _cumargmin(c: Call, args: list[Any], out: Array | None) -> Array:
+    """Index of the running minimum along ``dim``, like cummin (ties: latest index)."""
+    return _cumarg(c, args[0], np.fmin)
+
+
+def _cumarg(c: Call, x: Array, fn: Any) -> Array:
+    if x.ndim == 0:
+        return np.zeros((), dtype=np.int64)
+    if x.dtype.kind == "V":
+        x = x.astype(np.float32)
+    d = c.attr("dim") % x.ndim
+    if x.shape[d] == 0:
+        return np.zeros(x.shape, dtype=np.int64)
+    if x.dtype.kind == "f":
+        nan = np.isnan(x)
+        # the running extreme ignoring NaN; NaN positions take over on their own
+        run = fn.accumulate(x, axis=d)
+        take = nan | (x == run)
+        seen_nan = np.logical_or.accumulate(nan, axis=d)
+        take &= ~seen_nan | nan  # after a NaN only a later NaN takes over
+    else:
+        run = fn.accumulate(x, axis=d)
+        take = x == run
+    shape = [1] * x.ndim
+    shape[d] = x.shape[d]
+    pos = np.arange(x.shape[d], dtype=np.int64).reshape(shape)
+    return np.asarray(np.maximum.accumulate(np.where(take, pos, 0), axis=d), dtype=np.int64)
+
+
+@prim("logcumsumexp", args=1, attrs={"dim": AttrSpec("int")}, infer=_scan_infer)
+def _logcumsumexp(c: Call, args: list[Any], out: Array | None) -> Array:
+    """log(cumsum(exp(x))) along ``dim``, accumulated in float64 as torch's CPU kernel does."""
+    (x,) = args
+    res = c.out().dtype
+    if x.ndim == 0:
+        return np.array(x, copy=True)
+    acc = np.asarray(x, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        r = np.logaddexp.accumulate(acc, axis=c.attr("dim") % x.ndim)
+    return np.asarray(r).astype(res.np)
