@@ -39,6 +39,7 @@ def test_readme_walkthrough_runs(demo_server: Server, tmp_path: Path) -> None:
     assert "analyst@example.org data_scientist False" not in printed  # listed before deactivation
     assert "analyst@example.org data_scientist True" in printed
     assert "user.update" in printed
+    assert "gaussian noise of scale 18.57 for sensitivity 1; charged epsilon 0.25;" in printed
     accuracy = float(re.search(r"accuracy (\S+)", printed).group(1))  # type: ignore[union-attr]
     assert accuracy > 0.8, printed
-    assert "epsilon: 8.5 of 10 spent, 1.5 remaining" in printed
+    assert "epsilon: 2.79407 of 10 spent, 7.20593 remaining" in printed
