@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -10,11 +12,12 @@ import numpy as np
 import numpy.typing as npt
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, joinedload, selectinload
 from sqlalchemy.orm.interfaces import LoaderOption
 
 from node.db.models import Dataset, DatasetColumn, DatasetTag, Role, User
 from node.errors import ConflictError, NotFoundError, PermissionDeniedError, UploadRejectedError
+from node.privacy import Subjects
 from node.services import audit
 from node.services.catalog import (
     check_item_name,
@@ -169,6 +172,18 @@ def get_dataset(session: Session, ref: int | str) -> Dataset:
     return get_item(session, Dataset, ref, _load_options())
 
 
+def get_dataset_columns(session: Session, dataset_id: int) -> Dataset:
+    """A dataset with its columns only, in one query: what a computation reads.
+
+    Tags and owner are not loaded (touching them after the session closes fails).
+    """
+    query = select(Dataset).options(joinedload(Dataset.columns)).where(Dataset.id == dataset_id)
+    dataset = session.execute(query).unique().scalar_one_or_none()
+    if dataset is None:
+        raise NotFoundError(f"no dataset {dataset_id!r}")
+    return dataset
+
+
 def search_datasets(
     session: Session, *, tags: Sequence[str] = (), text: str | None = None, limit: int = 100
 ) -> list[Dataset]:
@@ -210,6 +225,34 @@ def read_subjects(store: BlobStore, dataset: Dataset) -> npt.NDArray[np.int64] |
     if dataset.subjects_blob is None:
         return None
     return array_from_bytes(store.get(dataset.subjects_blob), "int64", (dataset.row_count,))
+
+
+#: Subject structures of recent subject indexes, by blob digest. Blobs are content-addressed
+#: and immutable, so a digest always has the same structure; a few are kept (each holds its
+#: index, up to 8 bytes a row) so a publish does not redo the O(rows) analysis.
+_STRUCTURES: OrderedDict[tuple[str, int], Subjects] = OrderedDict()
+_STRUCTURES_KEPT = 4
+_STRUCTURES_LOCK = threading.Lock()
+
+
+def subject_structure(store: BlobStore, dataset: Dataset) -> Subjects:
+    """The structure of the dataset's subject index (the tracker's view of its rows)."""
+    if dataset.subjects_blob is None:
+        return Subjects.identity(dataset.row_count)
+    key = (dataset.subjects_blob, dataset.row_count)
+    with _STRUCTURES_LOCK:
+        found = _STRUCTURES.get(key)
+        if found is not None:
+            _STRUCTURES.move_to_end(key)
+            return found
+    index = read_subjects(store, dataset)
+    assert index is not None
+    structure = Subjects.of(index)
+    with _STRUCTURES_LOCK:
+        _STRUCTURES[key] = structure
+        while len(_STRUCTURES) > _STRUCTURES_KEPT:
+            _STRUCTURES.popitem(last=False)
+    return structure
 
 
 def download_real(

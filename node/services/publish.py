@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from node.context import NodeContext
-from node.db.models import Role, User
+from node.db.models import Dataset, Role, User
 from node.dp import gaussian, laplace
 from node.dp.mechanisms import Release, gaussian_scale, laplace_scale
 from node.engine import (
@@ -41,7 +41,7 @@ from node.engine import (
     structure_hash,
 )
 from node.errors import GraphError, InvalidRequestError, NotFoundError, PermissionDeniedError
-from node.privacy import InputSpec, PrivacyReport, evaluate_tracked, track
+from node.privacy import InputSpec, PrivacyReport, Subjects, evaluate_tracked, track
 from node.services import budget, datasets, models
 from node.services.budget import EPSILON_UNIT, RHO_UNIT, TV_UNIT, Cost
 from node.storage import array_from_bytes
@@ -87,7 +87,9 @@ def _resolve(context: NodeContext, actor: User, graph: Graph, *, with_values: bo
     values: dict[str, npt.NDArray[Any]] = {}
     dataset_ids: set[int] = set()
     subjects: dict[int, npt.NDArray[np.int64] | None] = {}
-    with context.sessions() as session:
+    structures: dict[int, Subjects] = {}
+    loaded: dict[int, Dataset] = {}
+    with context.sessions() as session:  # one session, one query per dataset
         for name in graph.input_names():
             match = _INPUT.match(name)
             if match is None:
@@ -97,10 +99,13 @@ def _resolve(context: NodeContext, actor: User, graph: Graph, *, with_values: bo
                 )
             kind, ident, part = match.group(1), int(match.group(2)), match.group(3)
             if kind == "dataset":
-                dataset = datasets.get_dataset(session, ident)
+                if ident not in loaded:
+                    loaded[ident] = datasets.get_dataset_columns(session, ident)
+                dataset = loaded[ident]
                 column = next((c for c in dataset.columns if c.name == part), None)
                 if dataset.id not in subjects:  # one read per dataset, not per column
                     subjects[dataset.id] = datasets.read_subjects(context.store, dataset)
+                    structures[dataset.id] = datasets.subject_structure(context.store, dataset)
                 if column is None and part == "@subject":  # public: DP-SGD's clipping groups
                     values[name] = _groups(subjects[dataset.id], dataset.row_count)
                     specs[name] = InputSpec.public(values[name])
@@ -108,7 +113,7 @@ def _resolve(context: NodeContext, actor: User, graph: Graph, *, with_values: bo
                     continue
                 if column is None:
                     raise NotFoundError(f"dataset {dataset.name!r} has no column {part!r}")
-                specs[name] = InputSpec.private(column.lower, column.upper, subjects[dataset.id])
+                specs[name] = InputSpec.private(column.lower, column.upper, structures[dataset.id])
                 dataset_ids.add(dataset.id)
                 if with_values:
                     values[name] = datasets.read_column(context.store, dataset, column)
