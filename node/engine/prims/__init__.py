@@ -5,6 +5,7 @@ from node.engine.prims import (  # noqa: F401
     elementwise,
     indexing,
     linalg,
+    matrix,
     misc,
     reductions,
     shape,
