@@ -372,6 +372,10 @@ def _arange(out: torch.Tensor, *args: Any, **kw: Any) -> Node:
 
 @implements(aten.rand.default, aten.rand_like.default)
 def _rand(out: torch.Tensor, *args: Any, **kw: Any) -> Node:
+    if not out.dtype.is_floating_point:
+        # an integer "uniform [0, 1)" (torch._refs.geometric asks for one): always 0
+        r = prim("rand", shape=tuple(out.shape), dtype="float32")
+        return prim("convert_element_type", r, dtype=dtype_name(out.dtype))
     return prim("rand", shape=tuple(out.shape), dtype=dtype_name(out.dtype))
 
 

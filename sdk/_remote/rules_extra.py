@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from sdk._exceptions import UnsupportedOperationError
+from sdk._remote.dispatch import SPECIAL
 from sdk._remote.graph import Node, nan_node, prim
 from sdk._remote.rules import dtype_name, implements
 
@@ -159,12 +160,99 @@ implements(aten.logcumsumexp.default)(lambda out, x, dim: prim("logcumsumexp", x
 
 @implements(aten.randn_like.default, aten.randn.default)
 def _randn(out: torch.Tensor, *args: Any, **kwargs: Any) -> Node:
+    return _gaussian(tuple(out.shape), dtype_name(out.dtype))
+
+
+def _gaussian(shape: tuple[int, ...], name: str) -> Node:
     # Box-Muller from two uniforms drawn on the node (1 - u keeps the log finite)
-    shape, name = tuple(out.shape), dtype_name(out.dtype)
     u1 = prim("sub", 1.0, prim("rand", shape=shape, dtype=name))
     u2 = prim("rand", shape=shape, dtype=name)
     radius = prim("sqrt", prim("mul", prim("log", u1), -2.0))
     return prim("mul", radius, prim("cos", prim("mul", u2, 2 * math.pi)))
+
+
+def _normal_inplace(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    from sdk._remote.dispatch import private_error
+    from sdk._remote.tensor import RemoteTensor
+
+    self, *rest = args
+    mean = kwargs.get("mean", rest[0] if rest else 0.0)
+    std = kwargs.get("std", rest[1] if len(rest) > 1 else 1.0)
+    if not isinstance(self, RemoteTensor):
+        raise private_error("normal_ on a local tensor inside a remote computation", "")
+    z = _gaussian(tuple(self.shape), dtype_name(self.dtype))
+    self._write(prim("add", prim("mul", z, float(std)), float(mean)))
+    return self
+
+
+SPECIAL[aten.normal_.default] = _normal_inplace
+
+
+def _randint_like(out: torch.Tensor, x: Node, *args: Any, **kw: Any) -> Node:
+    bounds = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    low, high = (0, bounds[0]) if len(bounds) == 1 else (bounds[0], bounds[1])
+    # float64 uniforms: u * (high - low) stays below high - low after rounding
+    u = prim("rand", shape=tuple(out.shape), dtype="float64")
+    r = prim("add", prim("floor", prim("mul", u, float(high - low))), float(low))
+    return prim("convert_element_type", r, dtype=dtype_name(out.dtype))
+
+
+for _ov in ("default", "low_dtype", "generator", "low_generator_dtype"):
+    implements(getattr(aten.randint_like, _ov))(_randint_like)
+
+
+@implements(aten.nanmedian.default)
+def _nanmedian(out: torch.Tensor, x: Node) -> Node:
+    if not x.shape:
+        return x
+    val, _ = _nan_skipping_median(_flat(x), 0, False)
+    return val
+
+
+@implements(aten.nanmedian.dim)
+def _nanmedian_dim(out: Any, x: Node, dim: int = -1, keepdim: bool = False) -> tuple[Node, Node]:
+    if not x.shape:
+        return x, prim("full", shape=(), value=0.0, dtype="int64")
+    return _nan_skipping_median(x, dim % len(x.shape), keepdim)
+
+
+def _nan_skipping_median(x: Node, d: int, keepdim: bool) -> tuple[Node, Node]:
+    """The lower median of the non-NaN values along ``d`` (all NaN: NaN), and its index.
+
+    NaN sorts last, so the median of the k non-NaN values sits at rank (k - 1) // 2.
+    """
+    order = prim("argsort", x, dim=d)
+    valid = prim("sum", prim("logical_not", prim("isnan", x)), dims=(d,), keepdim=True)
+    rank = prim("clamp", prim("floor_divide", prim("sub", valid, 1), 2), 0, None)
+    idx = prim("gather", order, rank, dim=d)
+    val = prim("gather", x, idx, dim=d)
+    if not keepdim:
+        val, idx = prim("squeeze", val, dims=(d,)), prim("squeeze", idx, dims=(d,))
+    return val, idx
+
+
+@implements(aten._trilinear.default)
+def _trilinear(
+    out: torch.Tensor,
+    i1: Node,
+    i2: Node,
+    i3: Node,
+    expand1: list[int],
+    expand2: list[int],
+    expand3: list[int],
+    sumdim: list[int],
+    unroll_dim: int = 1,
+) -> Node:
+    # torch's definition: unsqueeze each input at its expand dims, multiply, sum over sumdim
+    def lift(t: Node, dims: list[int]) -> Node:
+        for d in sorted(dims):
+            t = prim("unsqueeze", t, dim=d)
+        return t
+
+    prod = prim("mul", prim("mul", lift(i1, expand1), lift(i2, expand2)), lift(i3, expand3))
+    if not sumdim:
+        return prod
+    return prim("sum", prod, dims=tuple(sumdim), keepdim=False, dtype=dtype_name(out.dtype))
 
 
 @implements(aten.addbmm.default)
