@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from node.engine import GraphBuilder, Quotas, evaluate, plan
 from node.errors import GraphError, QuotaExceededError
@@ -124,3 +126,22 @@ def test_cost_counts_in_the_quotas() -> None:
     assert plan(graph, Quotas(max_flops=10**6)) is not None
     with pytest.raises(QuotaExceededError, match="clip_by_subject_norm"):
         plan(graph, Quotas(max_flops=10**5))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 30),
+    f=st.integers(1, 6),
+    labels=st.integers(1, 10),
+    bound=st.floats(1e-3, 10.0),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_kernel_matches_the_loop_for_any_grouping(
+    n: int, f: int, labels: int, bound: float, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0, 3, (n, f))
+    groups = rng.integers(-labels, labels, n).astype(np.int64)  # negative ids are fine too
+    np.testing.assert_allclose(
+        clip(x, groups, bound), reference(x, groups, bound), rtol=1e-10, atol=1e-10
+    )
