@@ -126,29 +126,32 @@ def _accumulated(p: torch.Tensor) -> None:
 
 
 def _linear_hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    """After an ``nn.Linear`` call on remote rows: record its per-example gradients in backward."""
     if not isinstance(module, torch.nn.Linear):
         return
     if not (isinstance(output, RemoteTensor) and output.requires_grad):
         return
-    params = [p for p in (module.weight, module.bias) if p is not None and p.requires_grad]
-    if not params or not args or not isinstance(args[0], torch.Tensor):
+    weight = module.weight if module.weight.requires_grad else None
+    bias = module.bias if module.bias is not None and module.bias.requires_grad else None
+    if (weight is None and bias is None) or not args or not isinstance(args[0], torch.Tensor):
         return
     x = args[0].detach()
-    for p in params:
-        _state(p)
+    for p in (weight, bias):
+        if p is not None:
+            _state(p)
 
     def on_grad(g: torch.Tensor) -> None:
         if x.dim() < 2:  # no row dimension: nothing is per example
-            for p in params:
-                _contribute(p, None)
+            for p in (weight, bias):
+                if p is not None:
+                    _contribute(p, None)
             return
         mid = tuple(range(1, x.dim() - 1))  # dims between the rows and the features
-        weight = g.unsqueeze(-1) * x.unsqueeze(-2)  # [n, *mid, out, in]
-        if mid:
-            weight = weight.sum(dim=mid)
-        _contribute(module.weight, weight)
-        if module.bias is not None and module.bias.requires_grad:
-            _contribute(module.bias, g.sum(dim=mid) if mid else g)
+        if weight is not None:
+            w = g.unsqueeze(-1) * x.unsqueeze(-2)  # [n, *mid, out, in]
+            _contribute(weight, w.sum(dim=mid) if mid else w)
+        if bias is not None:
+            _contribute(bias, g.sum(dim=mid) if mid else g)
 
     output.register_hook(on_grad)  # type: ignore[no-untyped-call]
 

@@ -186,3 +186,52 @@ def test_bad_arguments_are_refused_before_any_request() -> None:
         sdk.publish_grads(
             model, epsilon=1.0, delta=1e-6, max_grad_norm=C, subjects=torch.zeros(4).long()
         )
+
+
+def test_a_layer_called_twice_adds_both_calls(rng: np.random.Generator) -> None:
+    n, d = 12, 3
+    x, y = _data(rng, (n, d))
+    torch.manual_seed(3)
+    lin = torch.nn.Linear(d, d)
+
+    class Twice(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = lin
+
+        def forward(self, t: torch.Tensor) -> torch.Tensor:
+            return self.lin(torch.tanh(self.lin(t))).sum(dim=1, keepdim=True)
+
+    model = Twice()
+    X, Y = remote_input("X", (n, d), torch.float32), remote_input("y", (n,), torch.float32)
+    F.mse_loss(model(X).squeeze(1), Y).backward()
+    got = _remote_clipped(model, {"X": x, "y": y}, rows=n)
+
+    def loss(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(out.squeeze(1), t)
+
+    want = _reference(model, loss, torch.from_numpy(x), torch.from_numpy(y))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_frozen_weight_leaves_the_bias_alone(rng: np.random.Generator) -> None:
+    n, d = 7, 3
+    x, y = _data(rng, (n, d))
+    model = torch.nn.Linear(d, 1)
+    model.weight.requires_grad_(False)
+    X, Y = remote_input("X", (n, d), torch.float32), remote_input("y", (n,), torch.float32)
+    F.mse_loss(model(X).squeeze(1), Y, reduction="sum").backward()
+    assert model.weight.grad is None
+    (samples,) = per_sample.per_example_grads([model.bias], ["bias"])
+    value, grad_ = evaluate([samples, model.bias.grad], {"X": x, "y": y})  # type: ignore[list-item]
+    assert value.shape == (n, 1)
+    torch.testing.assert_close(value.sum(dim=0), grad_)
+
+
+def test_a_linear_without_rows_is_refused() -> None:
+    model = torch.nn.Linear(3, 1)
+    model(remote_input("v", (3,), torch.float32)).sum().backward()
+    with pytest.raises(
+        sdk.DPNodeError, match=r"'weight': an nn\.Linear layer saw an input without"
+    ):
+        sdk.publish_grads(model, epsilon=1.0, delta=1e-6, max_grad_norm=C)
