@@ -66,6 +66,11 @@ class Subjects:
     #: for contiguous ids: the first row of each run (``np.add.reduceat`` cuts)
     starts: Array | None
 
+    @functools.cached_property
+    def address(self) -> int:
+        """Where the column's first element is in memory (views of it start there)."""
+        return int(self.column.__array_interface__["data"][0])
+
     @property
     def rows(self) -> int:
         return int(self.column.shape[0])
@@ -189,7 +194,7 @@ def rows_of(owner: Array, shape: Sequence[int]) -> Rows | None:
         return None
     col = found.column
     n = col.shape[0]
-    if owner.__array_interface__["data"][0] != col.__array_interface__["data"][0]:
+    if owner.__array_interface__["data"][0] != found.address:
         return None
     axis: int | None = None
     for d, (m, st) in enumerate(zip(owner.shape, owner.strides, strict=True)):

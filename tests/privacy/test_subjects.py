@@ -115,8 +115,11 @@ def test_row_reductions_take_the_fast_path_and_agree(
         b.op(op, x, dims=[0]),  # per column, over rows
         b.op(op, x),  # everything
         b.op(op, b.op("mul", y, 3.0)),  # an elementwise op keeps the subject column
-        b.op(op, b.op("matmul", x, b.constant(rng.normal(size=d)))),  # L varies by row? no
+        b.op(op, b.op("matmul", x, b.constant(rng.normal(size=d)))),  # rows through X @ w
         b.op(op, b.op("mul", x, b.constant(rng.uniform(0, 2, (n, 1)))), dims=[0]),  # L by row
+        b.op("matmul", b.op("permute", x, dims=[1, 0]), y),  # X.T @ y: one column, both sides
+        b.op("matmul", b.constant(rng.normal(size=n)), x),  # w @ X: a public side
+        b.op("matmul", b.op("permute", x, dims=[1, 0]), x),  # X.T @ X
     ]
     graph = b.build(outs)
     specs = {

@@ -20,6 +20,7 @@ import numpy as np
 from node.privacy.arrays import fit, varying_axes
 from node.privacy.rules.base import Ctx, finish, rule
 from node.privacy.state import MIXED, PUBLIC, Array, State, has_joint, joint, mul0, public_state
+from node.privacy.subjects import Rows, rows_of, same_values
 
 __all__ = ["matmul"]
 
@@ -143,11 +144,18 @@ def _contract(c: Ctx, a: State, b: State) -> State:
     (m, k), (alo, ahi, aown, aL, aG) = _as2d(a, left=True)
     (_, n), (blo, bhi, bown, bL, bG) = _as2d(b, left=False)
     oa, ob = _krows(aown, k)[0], _kcols(bown, k)[:, 0]
-    o = _term_owner(oa, ob)
-    differ = (oa >= 0) & (ob >= 0) & (oa != ob)
-    live = o[o != PUBLIC]
-    omin = int(live.min()) if live.size else _BIG
-    omax = int(live.max()) if live.size else -_BIG
+    rows = _shared_rows(oa, ob, k)
+    most: int | None = None
+    if rows is not None:  # every term owned by its row's subject: no n-sized owner work
+        o, differ, most = rows.subjects.column, np.zeros(k, dtype=bool), rows.subjects.max_rows
+        # one subject owns every term, or the terms are mixed (two ids stand for "several")
+        omin, omax = (int(o[0]), int(o[0])) if rows.subjects.max_rows == k else (0, 1)
+    else:
+        o = _term_owner(oa, ob)
+        differ = (oa >= 0) & (ob >= 0) & (oa != ob)
+        live = o[o != PUBLIC]
+        omin = int(live.min()) if live.size else _BIG
+        omax = int(live.max()) if live.size else -_BIG
     uniform_a = not any(varying_axes(x, a.shape, exact=True)[-1] for x in (a.lo, a.hi, a.L, a.G))
     uniform_b = not any(varying_axes(x, b.shape, exact=True)[0] for x in (b.lo, b.hi, b.L, b.G))
     if uniform_a and uniform_b:
@@ -156,6 +164,7 @@ def _contract(c: Ctx, a: State, b: State) -> State:
             [np.broadcast_to(x[:1], (1, n)) for x in (blo, bhi, bL, bG)],
             o,
             differ,
+            most,
         )
     else:
         lo, hi, sum_l, sum_g, extra = _contract_chunks(
@@ -178,19 +187,35 @@ def _contract(c: Ctx, a: State, b: State) -> State:
     return finish(c.meta, *(np.reshape(r, c.shape) for r in res))
 
 
+def _shared_rows(oa: Array, ob: Array, k: int) -> Rows | None:
+    """The subject column both factors' owners follow along ``k`` (or one, the other public)."""
+    for x, y in ((oa, ob), (ob, oa)):
+        rows = rows_of(x, (k,))
+        if rows is not None and (same_values(x, y) or bool(np.all(fit(y, (k,)) == PUBLIC))):
+            return rows
+    return None
+
+
 def _contract_uniform(
-    a: list[Array], b: list[Array], o: Array, differ: Array
+    a: list[Array], b: list[Array], o: Array, differ: Array, most: int | None = None
 ) -> tuple[Array, Array, Array, Array, Array]:
-    """Every term ``k`` has the same bounds: sums are counts times one term."""
+    """Every term ``k`` has the same bounds: sums are counts times one term.
+
+    ``most``: given when every term is owned and none by two subjects (a subject column),
+    the most terms of one subject.
+    """
     k = o.size
     tlo, thi, tl_same, tg_same = (t[:, 0] for t in _terms(a, b, False))
     _, _, cross, _ = (t[:, 0] for t in _terms(a, b, True))
-    pub = o == PUBLIC
-    n_diff = int(differ.sum())
-    n_same = int((~pub & ~differ).sum())
-    same = ~pub & ~differ
-    owners = o[same & (o >= 0)]
-    most = int(np.bincount(owners).max()) if owners.size else 0
+    if most is not None:
+        n_diff, n_same = 0, k
+    else:
+        pub = o == PUBLIC
+        n_diff = int(differ.sum())
+        n_same = int((~pub & ~differ).sum())
+        same = ~pub & ~differ
+        owners = o[same & (o >= 0)]
+        most = int(np.bincount(owners).max()) if owners.size else 0
     sum_l = n_same * tl_same + n_diff * cross
     sum_g = n_same * tg_same + n_diff * cross
     extra = most * np.maximum(tl_same - tg_same, 0.0)
