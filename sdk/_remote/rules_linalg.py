@@ -270,3 +270,61 @@ def _pnorm(d: Node, p: float, out: torch.Tensor) -> Node:
     if p == 2:
         return prim("sqrt", prim("sum", prim("mul", d, d), dims=(-1,)))
     return prim("pow", prim("sum", prim("pow", d, p), dims=(-1,)), 1.0 / p)
+
+
+def _unpack(out: Any, lu: Node, pivots: Node, unpack_data: bool, unpack_pivots: bool) -> Any:
+    """P, L, U from packed LU factors (A = P L U), like torch.lu_unpack."""
+    shape = tuple(lu.shape or ())
+    m, n = shape[-2:]
+    k = min(m, n)
+    batch = shape[:-2]
+    name = dtype_name(out[1].dtype)
+    if unpack_data:
+        below = torch.ones(m, k, dtype=torch.bool).tril(-1)
+        on_or_above = torch.ones(k, n, dtype=torch.bool).triu()
+        from sdk._remote.graph import constant
+
+        lower = prim("slice", lu, dim=-1, start=0, end=k, step=1)
+        eye = constant(torch.eye(m, k, dtype=out[1].dtype))
+        low = prim("add", prim("where", constant(below), lower, 0.0), eye)
+        upper = prim("slice", lu, dim=-2, start=0, end=k, step=1)
+        up = prim("where", constant(on_or_above), upper, 0.0)
+    else:
+        low, up = _zeros(out[1]), _zeros(out[2])
+    if not unpack_pivots:
+        return _zeros(out[0]), low, up
+    # replay LAPACK's row swaps on 0..m-1: row i was exchanged with row pivots[i] - 1
+    perm = prim(
+        "expand",
+        prim("arange", start=0.0, end=float(m), step=1.0, dtype="int64"),
+        shape=(*batch, m),
+    )
+    piv = prim("sub", prim("convert_element_type", pivots, dtype="int64"), 1)
+    for i in range(k):
+        j = prim("slice", piv, dim=-1, start=i, end=i + 1, step=1)
+        at_i = prim("full", shape=(*batch, 1), value=float(i), dtype="int64")
+        pi = prim("slice", perm, dim=-1, start=i, end=i + 1, step=1)
+        pj = prim("gather", perm, j, dim=-1)
+        perm = prim("scatter", prim("scatter", perm, at_i, pj, dim=-1), j, pi, dim=-1)
+    # P[r, c] = 1 where perm[c] == r
+    rows = prim(
+        "reshape", prim("arange", start=0.0, end=float(m), step=1.0, dtype="int64"), shape=(m, 1)
+    )
+    p = prim("eq", prim("unsqueeze", perm, dim=-2), rows)
+    return prim("convert_element_type", p, dtype=name), low, up
+
+
+@implements(aten.lu_unpack.default)
+def _lu_unpack(
+    out: Any, lu: Node, pivots: Node, unpack_data: bool = True, unpack_pivots: bool = True
+) -> Any:
+    return _unpack(out, lu, pivots, bool(unpack_data), bool(unpack_pivots))
+
+
+@implements(aten.linalg_lu.default)
+def _linalg_lu(out: Any, a: Node, *, pivot: bool = True) -> Any:
+    if not pivot:
+        return NotImplemented
+    lu = prim("lu_factor", a)
+    lu.shape, lu.dtype = a.shape, a.dtype
+    return _unpack(out, lu, prim("lu_pivots", a), True, True)
