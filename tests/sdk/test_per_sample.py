@@ -235,3 +235,27 @@ def test_a_linear_without_rows_is_refused() -> None:
         sdk.DPNodeError, match=r"'weight': an nn\.Linear layer saw an input without"
     ):
         sdk.publish_grads(model, epsilon=1.0, delta=1e-6, max_grad_norm=C)
+
+
+def test_the_recorded_mlp_step_is_tracked_at_2c_and_sound(rng: np.random.Generator) -> None:
+    """The graph publish_grads sends for an MLP: 2C for the node, on neighbours at the bounds."""
+    from node.privacy import InputSpec, track
+    from sdk._remote import graph_for
+    from tests.privacy.helpers import Column, assert_sound, neighbours
+
+    n, d = 16, 3
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Linear(d, 5), torch.nn.ReLU(), torch.nn.Linear(5, 1))
+    X, Y = remote_input("X", (n, d), torch.float64), remote_input("y", (n,), torch.float64)
+    model.double()
+    F.binary_cross_entropy_with_logits(model(X).squeeze(1), Y).backward()
+    samples = per_sample.per_example_grads(
+        list(model.parameters()), [k for k, _ in model.named_parameters()]
+    )
+    graph = graph_for([per_sample.clipped_sum(samples, max_norm=C, scale=float(n))])
+    specs = {"X": InputSpec.private(-1.0, 1.0), "y": InputSpec.private(0.0, 1.0)}
+    report = track(graph, specs)
+    assert report.l2 == 2 * C
+    cols = {"X": Column("float64", (n, d), -1.0, 1.0), "y": Column("float64", (n,), 0.0, 1.0)}
+    for _ in range(100):
+        assert_sound(graph, report, *neighbours(cols, rng))
