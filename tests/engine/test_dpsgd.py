@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -68,12 +69,12 @@ def test_zero_rows_stay_zero_and_small_rows_are_untouched() -> None:
 def test_dtypes_follow_x(rng: np.random.Generator) -> None:
     x = rng.normal(0, 1, (12, 3))
     groups = np.arange(12, dtype=np.int32)
-    for name in ("float32", "float16", "float64"):
-        out = clip(x.astype(name), groups, 1.0)
-        assert out.dtype == np.dtype(name)
-        np.testing.assert_allclose(
-            out, reference(x.astype(name), groups, 1.0), rtol=2e-3 if name == "float16" else 1e-6
-        )
+    for name, rtol in [("float32", 1e-6), ("float16", 2e-3), ("bfloat16", 2e-2), ("float64", 0)]:
+        xd = x.astype(ml_dtypes.bfloat16 if name == "bfloat16" else name)
+        out = clip(xd, groups, 1.0)
+        assert str(out.dtype) == name
+        want = reference(xd.astype(np.float64), groups, 1.0)
+        np.testing.assert_allclose(out.astype(np.float64), want, rtol=rtol, atol=1e-12)
 
 
 def test_empty_input_gives_zeros() -> None:
