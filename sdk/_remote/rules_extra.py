@@ -277,3 +277,30 @@ def _angle(out: torch.Tensor, x: Node) -> Node:
         x = prim("convert_element_type", x, dtype=dtype_name(out.dtype))
     ang = prim("where", prim("lt", x, 0), math.pi, 0.0)
     return prim("where", prim("isnan", x), x, ang)
+
+
+def _searchsorted(
+    out: torch.Tensor,
+    seq: Node,
+    values: Any,
+    *,
+    out_int32: bool = False,
+    right: bool = False,
+    side: str | None = None,
+    sorter: Node | None = None,
+) -> Node:
+    if side is not None:
+        right = side == "right"
+    if sorter is not None:
+        seq = prim("gather", seq, sorter, dim=-1)
+    return prim("searchsorted", seq, values, right=bool(right), out_int32=bool(out_int32))
+
+
+implements(aten.searchsorted.Tensor, aten.searchsorted.Scalar)(_searchsorted)
+
+
+@implements(aten.bucketize.Tensor, aten.bucketize.Scalar)
+def _bucketize(
+    out: torch.Tensor, x: Any, boundaries: Node, *, out_int32: bool = False, right: bool = False
+) -> Node:
+    return prim("searchsorted", boundaries, x, right=bool(right), out_int32=bool(out_int32))

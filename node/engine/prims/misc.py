@@ -1,4 +1,4 @@
-"""Sorting (argsort, topk), constants (full, arange) and the node-side random prim.
+"""Sorting (argsort, topk, searchsorted), constants (full, arange) and the random prim.
 
 Sorting returns indices; the sorted values are ``gather(x, dim, indices)``,
 which keeps every prim single-output. Sorts are always stable, and NaN sorts
@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from node.engine.dtypes import INT64, dtype
-from node.engine.prims.registry import Array, AttrSpec, Call, TensorMeta, prim
+from node.engine.dtypes import DTYPES, INT64, dtype
+from node.engine.prims.registry import Array, AttrSpec, Call, Scalar, TensorMeta, prim
+from node.engine.promotion import Kind, Operand, result_type, scalar_dtype
 
 
 def _sort_flops(c: Call) -> int:
@@ -191,3 +192,92 @@ def _rand(c: Call, args: list[Any], out: Array | None) -> Array:
     # rounding to a low precision can reach 1.0; keep the half-open interval
     r[r >= 1] = 0
     return r
+
+
+def _searchsorted_infer(c: Call) -> TensorMeta:
+    seq = c.tensor(0)
+    v = c.args[1]
+    if seq.ndim == 0:
+        raise c.fail("the sorted sequence needs at least one dimension", 0)
+    if isinstance(v, TensorMeta):
+        if seq.ndim > 1 and (v.ndim != seq.ndim or v.shape[:-1] != seq.shape[:-1]):
+            raise c.fail(
+                f"boundaries of shape {list(seq.shape)} need values with the same leading "
+                f"dims, got {list(v.shape)}",
+                1,
+            )
+        shape = v.shape
+    elif seq.ndim > 1:
+        raise c.fail("a scalar value needs a 1-d sorted sequence", 1)
+    else:
+        shape = ()
+    if seq.dtype.is_bool or (isinstance(v, TensorMeta) and v.dtype.is_bool):
+        raise c.fail("searchsorted is not implemented for bool (torch refuses it too)")
+    return TensorMeta(shape, DTYPES["int32"] if c.attrs.get("out_int32") else INT64)
+
+
+def _searchsorted_flops(c: Call) -> int:
+    seq = c.tensor(0)
+    return max(c.out().numel, 1) * (int(math.log2(max(seq.shape[-1], 1))) + 2)
+
+
+@prim(
+    "searchsorted",
+    args=2,
+    attrs={
+        "right": AttrSpec("bool", optional=True, default=False),
+        "out_int32": AttrSpec("bool", optional=True, default=False),
+    },
+    infer=_searchsorted_infer,
+    flops=_searchsorted_flops,
+    scalar_args=frozenset({1}),
+)
+def _searchsorted(c: Call, args: list[Any], out: Array | None) -> Array:
+    """Insertion points of values into sorted rows (torch.searchsorted / bucketize).
+
+    torch's own binary search, vectorized: the left bound moves right while
+    ``not (row[mid] >= v)`` (``>`` with ``right``), so NaN values land past the end and
+    NaN in the row behaves as torch's does.
+    """
+    seq, v = args
+    ops = [Operand(c.tensor(0).dtype, Kind.TENSOR)]
+    vm = c.args[1]
+    if isinstance(vm, TensorMeta):
+        ops.append(Operand(vm.dtype, Kind.ZERODIM if vm.ndim == 0 else Kind.TENSOR))
+    else:
+        assert isinstance(vm, Scalar)
+        ops.append(Operand(scalar_dtype(vm.value), Kind.SCALAR))
+    cd = result_type(ops)
+    if cd.name == "bfloat16" or cd.is_low_precision:
+        cd = DTYPES["float32"]
+    s = np.asarray(seq).astype(cd.np, copy=False)
+    vals = np.asarray(v).astype(cd.np, copy=False)
+    n = s.shape[-1]
+    if n == 0 or vals.size == 0:
+        return np.zeros(c.out().shape, dtype=c.out().dtype.np)
+    if s.ndim == 1:
+        rows = np.broadcast_to(s, (*vals.shape, n)) if vals.ndim else s
+        flat_rows = rows.reshape(-1, n)
+    else:
+        flat_rows = s.reshape(-1, n)
+    flat_v = vals.reshape(-1)
+    if s.ndim > 1:  # one row per leading index, shared by that row's values
+        m = vals.shape[-1]
+        row_of = np.repeat(np.arange(flat_rows.shape[0]), m)
+    else:
+        row_of = np.zeros(flat_v.shape, dtype=np.int64)
+        flat_rows = s.reshape(1, n)
+    start = np.zeros(flat_v.shape, dtype=np.int64)
+    end = np.full(flat_v.shape, n, dtype=np.int64)
+    right = bool(c.attrs.get("right"))
+    with np.errstate(invalid="ignore"):
+        while True:
+            active = start < end
+            if not active.any():
+                break
+            mid = (start + end) >> 1
+            mv = flat_rows[row_of, np.minimum(mid, n - 1)]
+            go_right = ~(mv > flat_v) if right else ~(mv >= flat_v)
+            start = np.where(active & go_right, mid + 1, start)
+            end = np.where(active & ~go_right, mid, end)
+    return start.reshape(c.out().shape).astype(c.out().dtype.np)
