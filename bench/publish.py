@@ -1,143 +1,270 @@
 """End-to-end publish latency against hand-written NumPy, measured in the same run.
 
-    python bench/publish.py [--rows 1000000] [--lr-rows 100000] [--repeat 5]
+    python bench/publish.py [--rows 1000000] [--lr-rows 100000] [--repeat 15] [--stages]
+                            [--server]
 
 Each case runs through the whole node in process — the SDK encodes the graph, the HTTP
 API reads it, the engine evaluates and tracks sensitivity, the mechanism noises, the
-ledger row is committed in SQLite — and is compared with what a person would write in
-NumPy without any of that: the same computation plus ``Generator.laplace`` noise.
-Noise throughput alone (against NumPy and OpenDP) is ``bench/noise.py``.
+ledger row is committed in SQLite (``--server``: a real ``dpnode serve`` process on
+loopback, so HTTP is uvicorn's over TCP rather than starlette's in-process test
+transport) — and is compared with what a person would write in
+NumPy without any of that: the same computation plus ``Generator.laplace`` noise. Two
+baselines are printed:
+
+- *NumPy, in memory*: the data are already NumPy arrays in the process;
+- *NumPy, from file*: a script that loads the columns from ``.npy`` files (in the OS
+  page cache after the first run) and computes, as a script run per query would.
+
+Cases are interleaved and each time is the best of ``--repeat`` runs (the dev box is
+shared; single runs move by tens of percent). ``--stages`` also prints where a publish's
+time goes: each stage of ``node.services.publish.publish`` timed by wrapping it, and
+the rest of the request (HTTP, authentication, SDK encoding and decoding) as the
+difference. Noise throughput alone (against NumPy and OpenDP) is ``bench/noise.py``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import socket
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
+from starlette.testclient import TestClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from starlette.testclient import TestClient
 
 import sdk
 from node.app import create_app
 from node.context import NodeContext
 from node.db.migrate import upgrade
 from node.engine import GraphBuilder, encode
-from node.services import users
+from node.services import budget, users
+from node.services import publish as service
 from node.settings import Settings
 
+REPO = Path(__file__).resolve().parents[1]
+Case = tuple[str, Callable[[], Any], Callable[[], Any], Callable[[], Any]]
 
-def best(fn: Callable[[], Any], repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
+
+def best_of(fns: list[Callable[[], Any]], repeat: int) -> list[float]:
+    """Best time of each function over ``repeat`` interleaved rounds (after one warm-up)."""
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    times = [float("inf")] * len(fns)
+    for _ in range(repeat):
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            fn()
+            times[i] = min(times[i], time.perf_counter() - start)
+    return times
+
+
+@contextmanager
+def stage_timers() -> Iterator[dict[str, list[float]]]:
+    """Time the stages of a publish by wrapping them (restored on exit)."""
+    spans: dict[str, list[float]] = defaultdict(list)
+    targets = [
+        (service, "publish", "service total"),
+        (service, "_decode", "decode + plan graph"),
+        (service, "_resolve", "resolve inputs (DB + blobs)"),
+        (service, "evaluate_tracked", "evaluate + track sensitivity"),
+        (service, "_clip", "clip to bounds"),
+        (service, "_noise", "noise"),
+        (budget, "charge", "budget check + ledger commit"),
+    ]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in targets]
+
+    def timed(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spans[label].append(time.perf_counter() - start)
+
+        return wrapper
+
+    for module, name, label in targets:
+        setattr(module, name, timed(getattr(module, name), label))
+    try:
+        yield spans
+    finally:
+        for module, name, fn in saved:
+            setattr(module, name, fn)
+
+
+def print_stages(name: str, run: Callable[[], Any], repeat: int) -> None:
+    with stage_timers() as spans:
+        totals = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            run()
+            totals.append(time.perf_counter() - start)
+    med = {label: float(np.median(v)) * 1e3 for label, v in spans.items()}
+    total = float(np.median(totals)) * 1e3
+    print(f"\n{name}: median of {repeat} publishes, {total:.1f} ms end to end")
+    print("| stage | ms | share |")
+    print("|---|---|---|")
+    inner = 0.0
+    for label, ms in med.items():
+        if label == "service total":
+            continue
+        inner += ms
+        print(f"| {label} | {ms:.2f} | {ms / total:.0%} |")
+    other = med["service total"] - inner
+    print(f"| rest of the service (receipt, hashes) | {other:.2f} | {other / total:.0%} |")
+    outside = total - med["service total"]
+    print(f"| HTTP, auth, SDK encode/decode | {outside:.2f} | {outside / total:.0%} |")
+
+
+SETTINGS = {
+    "DPNODE_DEFAULT_EPSILON_BUDGET": "30",
+    "DPNODE_MAX_UPLOAD_BYTES": str(1 << 30),
+    "DPNODE_ARGON2_MEMORY_KIB": "8192",
+    "DPNODE_ARGON2_TIME_COST": "1",
+}
+
+
+def _prepare(data_dir: Path) -> NodeContext:
+    """A node's database with the bench's owner and data scientist."""
+    settings = Settings(data_dir=data_dir, **{k[7:].lower(): v for k, v in SETTINGS.items()})
+    upgrade(settings.resolved_database_url)
+    context = NodeContext.from_settings(settings)
+    with context.sessions() as session:
+        for email, role in (("o@x.org", "data_owner"), ("d@x.org", "data_scientist")):
+            users.create_user(
+                session, context.hasher, None, email=email, password="bench password", role=role
+            )
+    return context
+
+
+@contextmanager
+def node(data_dir: Path, server: bool) -> Iterator[Callable[[str], Any]]:
+    """Log in to a node: in process (the app behind starlette's TestClient) or a real server."""
+    context = _prepare(data_dir)
+    if not server:
+        with TestClient(create_app(context=context)) as http:
+            yield lambda email: sdk.login(
+                "http://bench", email=email, password="bench password", transport=http._transport
+            )
+        context.close()
+        return
+    context.close()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    env = os.environ | SETTINGS | {"DPNODE_DATA_DIR": str(data_dir), "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "node", "serve", "--port", str(port)]
+    url = f"http://127.0.0.1:{port}"
+    with subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as p:
+        try:
+            for _ in range(300):
+                try:
+                    if httpx.get(url + "/api/v1/health", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.2)
+            yield lambda email: sdk.login(url, email=email, password="bench password")
+        finally:
+            p.terminate()
+            p.wait(timeout=30)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--lr-rows", type=int, default=100_000)
     parser.add_argument("--features", type=int, default=20)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--stages", action="store_true", help="print a per-stage breakdown")
+    parser.add_argument(
+        "--server",
+        action="store_true",
+        help="publish to a real `dpnode serve` process on loopback instead of in process",
+    )
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(
-            data_dir=Path(tmp),
-            default_epsilon_budget=30,
-            max_upload_bytes=1 << 30,
-            argon2_memory_kib=8192,
-            argon2_time_cost=1,
+    with tempfile.TemporaryDirectory() as tmp, node(Path(tmp), args.server) as login:
+        owner, ds = login("o@x.org"), login("d@x.org")
+        x = rng.uniform(0, 1, args.rows)
+        big = owner.upload_dataset("big", {"x": x}, bounds={"x": (0, 1)})
+        n, k = args.lr_rows, args.features
+        features = rng.uniform(-1, 1, (n, k)).astype(np.float32)
+        labels = (rng.random(n) < 0.5).astype(np.float32)
+        lr = owner.upload_dataset(
+            "lr", {"X": features, "y": labels}, bounds={"X": (-1, 1), "y": (0, 1)}
         )
-        upgrade(settings.resolved_database_url)
-        context = NodeContext.from_settings(settings)
-        with context.sessions() as session:
-            for email, role in (("o@x.org", "data_owner"), ("d@x.org", "data_scientist")):
-                users.create_user(
-                    session, context.hasher, None, email=email, password="bench password", role=role
-                )
-        with TestClient(create_app(context=context)) as http:
-            owner = sdk.login(
-                "http://bench",
-                email="o@x.org",
-                password="bench password",
-                transport=http._transport,
-            )
-            ds = sdk.login(
-                "http://bench",
-                email="d@x.org",
-                password="bench password",
-                transport=http._transport,
-            )
-            x = rng.uniform(0, 1, args.rows)
-            big = owner.upload_dataset("big", {"x": x}, bounds={"x": (0, 1)})
-            n, k = args.lr_rows, args.features
-            features = rng.uniform(-1, 1, (n, k)).astype(np.float32)
-            labels = (rng.random(n) < 0.5).astype(np.float32)
-            lr = owner.upload_dataset(
-                "lr", {"X": features, "y": labels}, bounds={"X": (-1, 1), "y": (0, 1)}
-            )
-            w = rng.standard_normal(k).astype(np.float32)
+        w = rng.standard_normal(k).astype(np.float32)
+        files = Path(tmp) / "npy"
+        files.mkdir()
+        np.save(files / "x.npy", x)
+        np.save(files / "X.npy", features)
+        np.save(files / "y.npy", labels)
 
-            b = GraphBuilder()
-            xi = b.input(f"dataset:{big.id}/x", "float64", (args.rows,))
-            mean_frame = encode(b.build([b.op("mean", xi)]))
+        b = GraphBuilder()
+        xi = b.input(f"dataset:{big.id}/x", "float64", (args.rows,))
+        mean_frame = encode(b.build([b.op("mean", xi)]))
 
-            b = GraphBuilder()
-            xs = b.input(f"dataset:{lr.id}/X", "float32", (n, k))
-            ys = b.input(f"dataset:{lr.id}/y", "float32", (n,))
-            z = b.op("matmul", xs, b.constant(w))
-            p = b.op("reciprocal", b.op("add", b.op("exp", b.op("neg", z)), 1.0))
-            residual = b.op("sub", p, ys)
-            grad = b.op("div", b.op("matmul", b.op("permute", xs, dims=[1, 0]), residual), float(n))
-            grad_frame = encode(b.build([grad]))
+        b = GraphBuilder()
+        xs = b.input(f"dataset:{lr.id}/X", "float32", (n, k))
+        ys = b.input(f"dataset:{lr.id}/y", "float32", (n,))
+        z = b.op("matmul", xs, b.constant(w))
+        p = b.op("reciprocal", b.op("add", b.op("exp", b.op("neg", z)), 1.0))
+        residual = b.op("sub", p, ys)
+        grad = b.op("div", b.op("matmul", b.op("permute", xs, dims=[1, 0]), residual), float(n))
+        grad_frame = encode(b.build([grad]))
 
-            noise = np.random.default_rng(1)
+        noise = np.random.default_rng(1)
 
-            def numpy_mean() -> Any:
-                return x.mean() + noise.laplace(0, 1 / args.rows)
+        def numpy_mean(xv: np.ndarray) -> Any:
+            return xv.mean() + noise.laplace(0, 1 / args.rows)
 
-            def numpy_grad() -> Any:
-                pv = 1.0 / (1.0 + np.exp(-(features @ w)))
-                return features.T @ (pv - labels) / n + noise.laplace(0, 1e-3, k)
+        def numpy_grad(fv: np.ndarray, yv: np.ndarray) -> Any:
+            pv = 1.0 / (1.0 + np.exp(-(fv @ w)))
+            return fv.T @ (pv - yv) / n + noise.laplace(0, 1e-3, k)
 
-            rows = [
-                (
-                    f"publish mean of {args.rows:,} rows",
-                    lambda: ds.publish_frame(mean_frame, epsilon=1.0),
-                    numpy_mean,
-                ),
-                (
-                    f"publish logistic-regression gradient {n:,} x {k}",
-                    lambda: ds.publish_frame(grad_frame, epsilon=1.0),
-                    numpy_grad,
-                ),
-            ]
-            print("| case | dpnode ms | numpy ms | ratio |")
-            print("|---|---|---|---|")
-            for name, ours, theirs in rows:
-                t_ours, t_theirs = best(ours, args.repeat), best(theirs, args.repeat)
-                print(
-                    f"| {name} | {t_ours * 1e3:.1f} | {t_theirs * 1e3:.1f} | "
-                    f"{t_ours / t_theirs:.2f}x |"
-                )
-            _, receipt = ds.publish_frame(grad_frame, epsilon=1.0)
+        cases: list[Case] = [
+            (
+                f"publish the mean of {args.rows:,} rows",
+                lambda: ds.publish_frame(mean_frame, epsilon=0.01),
+                lambda: numpy_mean(x),
+                lambda: numpy_mean(np.load(files / "x.npy")),
+            ),
+            (
+                f"publish a logistic-regression gradient, {n:,} x {k}",
+                lambda: ds.publish_frame(grad_frame, epsilon=0.01),
+                lambda: numpy_grad(features, labels),
+                lambda: numpy_grad(np.load(files / "X.npy"), np.load(files / "y.npy")),
+            ),
+        ]
+        fns = [fn for case in cases for fn in case[1:]]
+        times = best_of(fns, args.repeat)
+        print("| case | dpnode ms | NumPy in memory ms | ratio | NumPy from file ms | ratio |")
+        print("|---|---|---|---|---|---|")
+        for i, (name, *_) in enumerate(cases):
+            ours, mem, disk = (t * 1e3 for t in times[3 * i : 3 * i + 3])
             print(
-                f"\ngradient sensitivity (L1) {receipt['sensitivity_l1']:.4g}, "
-                f"noise scale {receipt['noise_scale']:.4g}"
+                f"| {name} | {ours:.1f} | {mem:.2f} | {ours / mem:.1f}x | {disk:.2f} | "
+                f"{ours / disk:.1f}x |"
             )
-        context.close()
+        if args.stages and not args.server:
+            for name, ours, *_ in cases:
+                print_stages(name, ours, args.repeat)
+        _, receipt = ds.publish_frame(grad_frame, epsilon=0.01)
+        print(
+            f"\ngradient sensitivity (L1) {receipt['sensitivity_l1']:.4g}, "
+            f"noise scale {receipt['noise_scale']:.4g}"
+        )
 
 
 if __name__ == "__main__":
