@@ -262,7 +262,8 @@ def _groups(subjects: DatasetHandle | torch.Tensor | None, rows: int) -> torch.T
         if subjects.row_count != rows:
             raise DPNodeError(
                 f"subjects={subjects.name!r} has {subjects.row_count} rows but the gradients "
-                f"have {rows}: for a batch of rows, pass the batch's subject ids as a tensor"
+                f"have {rows}: for a batch of rows, pass an int64 tensor with one group per row, "
+                "or leave subjects out to clip each row on its own"
             )
         return remote_input(f"dataset:{subjects.id}/@subject", (rows,), torch.int64)
     if (
