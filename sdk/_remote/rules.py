@@ -403,7 +403,6 @@ _UNIQUE = "The distinct values are the data itself; count public categories with
 for _op, _what, _advice in (
     (aten._local_scalar_dense.default, "tensor.item()", _WHERE),
     (aten.nonzero.default, "torch.nonzero (positions of nonzero values)", _WHERE),
-    (aten.nonzero_static.default, "torch.nonzero_static", _WHERE),
     (
         aten.masked_select.default,
         "boolean masking (a data-dependent shape)",

@@ -304,3 +304,60 @@ def _bucketize(
     out: torch.Tensor, x: Any, boundaries: Node, *, out_int32: bool = False, right: bool = False
 ) -> Node:
     return prim("searchsorted", boundaries, x, right=bool(right), out_int32=bool(out_int32))
+
+
+@implements(aten.masked_scatter.default)
+def _masked_scatter(out: torch.Tensor, x: Node, mask: Node, source: Node) -> Node:
+    # the k-th True of the (broadcast) mask, in row-major order, takes source's k-th value;
+    # more Trues than source values is an index out of range on the node, as torch refuses
+    shape = tuple(out.shape)
+    n = math.prod(shape)
+    if _numel(source) == 0 or n == 0:
+        return prim("convert_element_type", x, dtype=dtype_name(out.dtype))
+    m = prim("reshape", prim("expand", mask, shape=shape), shape=(n,))
+    rank = prim("sub", prim("cumsum", m, dim=0, dtype="int64"), 1)
+    rank = prim("clamp", rank, 0, None)
+    taken = prim("index_select", _flat(source), rank, dim=0)
+    return prim("where", prim("reshape", m, shape=shape), prim("reshape", taken, shape=shape), x)
+
+
+@implements(aten.nonzero_static.default)
+def _nonzero_static(out: torch.Tensor, x: Node, *, size: int, fill_value: int = -1) -> Node:
+    # the shape is public (size rows), the positions are private values like any other:
+    # the k-th nonzero element writes its (public) coordinates into row k, rows past the
+    # count keep fill_value, and elements past ``size`` land in a discarded extra row
+    shape = tuple(x.shape or ())
+    nd, n = len(shape), _numel(x)
+    if nd == 0 or n == 0 or size == 0:
+        return prim("full", shape=tuple(out.shape), value=float(fill_value), dtype="int64")
+    from sdk._remote.graph import constant
+
+    coords = torch.stack(torch.unravel_index(torch.arange(n), shape), dim=1)
+    nz = prim("ne", _flat(x), 0)
+    rank = prim("sub", prim("cumsum", nz, dim=0, dtype="int64"), 1)
+    row = prim("where", prim("logical_and", nz, prim("lt", rank, size)), rank, size)
+    index = prim("expand", prim("unsqueeze", row, dim=1), shape=(n, nd))
+    buf = prim("full", shape=(size + 1, nd), value=float(fill_value), dtype="int64")
+    filled = prim("scatter", buf, index, constant(coords), dim=0)
+    return prim("slice", filled, dim=0, start=0, end=size, step=1)
+
+
+@implements(aten.multinomial.default)
+def _multinomial(
+    out: torch.Tensor, probs: Node, num_samples: int, replacement: bool = False, **kw: Any
+) -> Node:
+    # drawn on the node: with replacement by inverting the CDF, without by the
+    # Gumbel-top-k trick (keys log p - log(-log u), the k largest)
+    shape = tuple(probs.shape or ())
+    name = dtype_name(probs.dtype) if probs.dtype is not None else "float32"
+    if not replacement:
+        u = prim("rand", shape=shape, dtype=name)
+        gumbel = prim("neg", prim("log", prim("neg", prim("log", prim("sub", 1.0, u)))))
+        keys = prim("add", prim("log", probs), gumbel)
+        return prim("topk", keys, k=num_samples, dim=-1, largest=True)
+    cdf = prim("cumsum", probs, dim=-1)
+    total = prim("slice", cdf, dim=-1, start=shape[-1] - 1, end=shape[-1], step=1)
+    u = prim("mul", prim("rand", shape=(*shape[:-1], num_samples), dtype=name), total)
+    below = prim("le", prim("unsqueeze", cdf, dim=-2), prim("unsqueeze", u, dim=-1))
+    count = prim("sum", below, dims=(-1,), dtype="int64")
+    return prim("clamp", count, None, shape[-1] - 1)

@@ -71,3 +71,8 @@ for _name in (
 @implements(aten.polygamma.default, aten.special_polygamma.default)
 def _polygamma(out: torch.Tensor, n: int, x: Node) -> Node:
     return prim("polygamma", x, n=int(n))
+
+
+@implements(aten.frexp.Tensor)
+def _frexp(out: object, x: Node) -> tuple[Node, Node]:
+    return prim("frexp_mantissa", x), prim("frexp_exponent", x)

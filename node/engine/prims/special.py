@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import scipy.special  # type: ignore[import-untyped,unused-ignore]
 
-from node.engine.dtypes import DEFAULT_FLOAT, opmath
+from node.engine.dtypes import DEFAULT_FLOAT, DTYPES, opmath
 from node.engine.prims.elementwise import _binary, _unary, as_np
 from node.engine.prims.registry import REGISTRY, Array, AttrSpec, Call, TensorMeta, prim
 
@@ -376,3 +376,29 @@ def _register_polynomial(name: str, fn: Callable[[Array, Array], Array]) -> None
 
 for _name, _fn in POLYNOMIALS.items():
     _register_polynomial(_name, _fn)
+
+
+# -- frexp ---------------------------------------------------------------------------------
+
+
+def _frexp_infer(c: Call) -> TensorMeta:
+    x = c.tensor(0)
+    if not x.dtype.is_float:
+        raise c.fail(f"frexp needs a floating tensor, got {x.dtype.name} (torch refuses it too)", 0)
+    return TensorMeta(x.shape, x.dtype if c.op == "frexp_mantissa" else DTYPES["int32"])
+
+
+@prim("frexp_mantissa", args=1, infer=_frexp_infer)
+def _frexp_mantissa(c: Call, args: list[Any], out: Array | None) -> Array:
+    """m with x = m * 2**e and 0.5 <= |m| < 1 (0, inf and NaN unchanged), like torch.frexp."""
+    (x,) = args
+    src = x.astype(np.float32) if x.dtype.kind == "V" else x
+    return np.asarray(np.frexp(src)[0]).astype(c.out().dtype.np)
+
+
+@prim("frexp_exponent", args=1, infer=_frexp_infer)
+def _frexp_exponent(c: Call, args: list[Any], out: Array | None) -> Array:
+    """The int32 exponent e of torch.frexp (0 for 0, inf and NaN)."""
+    (x,) = args
+    src = x.astype(np.float32) if x.dtype.kind == "V" else x
+    return np.asarray(np.frexp(src)[1]).astype(np.int32)
