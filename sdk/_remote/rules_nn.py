@@ -18,6 +18,7 @@ import torch
 from sdk._exceptions import UnsupportedOperationError
 from sdk._remote.graph import Node, prim
 from sdk._remote.rules import dtype_name, implements
+from sdk._remote.rules_pool import avg_pool
 
 __all__: list[str] = []
 
@@ -179,12 +180,19 @@ def _avg_pool2d(
     count_include_pad: bool = True,
     divisor_override: Any = None,
 ) -> Node:
+    p2 = _tup(padding, 2)
+    if (
+        ceil_mode
+        or divisor_override is not None
+        or (any(p2) and not count_include_pad)
+        or not out.dtype.is_floating_point
+    ):
+        # every other form: pad + unfold + sum over public divisors (rules_pool)
+        return avg_pool(
+            out, x, 2, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override
+        )
     k, s, p = _avg_args(kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
     assert x.shape is not None
-    if not out.dtype.is_floating_point:
-        raise UnsupportedOperationError(
-            "avg_pool2d of integers (torch rounds each window) is not in the prims"
-        )
     c = x.shape[-3]
     w = _pool_weight(c, k, out.dtype)
     return prim("convolution", x, w, None, stride=s, padding=p, dilation=(1, 1), groups=c)

@@ -1,0 +1,170 @@
+"""Pooling beyond the common case: average pooling with every option, adaptive pooling.
+
+``rules_nn`` records plain average pooling as one grouped convolution (fast, and its
+gradient is a transposed convolution). The other forms are built here from
+``pad``/``unfold``/``sum`` and public divisors (which depend only on shapes), or,
+for adaptive pooling, per dimension: adaptive windows are a product of intervals, so
+an adaptive average is one matmul per spatial dim with a public averaging matrix and
+an adaptive max is a max over each interval, one dim after the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from sdk._remote.graph import Node, constant, prim
+from sdk._remote.rules import dtype_name, implements
+
+__all__ = ["avg_pool"]
+
+aten = torch.ops.aten
+
+
+def _tup(v: Any, n: int) -> tuple[int, ...]:
+    t: tuple[int, ...] = tuple(v) if isinstance(v, (list, tuple)) else (int(v),)
+    return t * n if len(t) == 1 else t
+
+
+def _divisors(
+    insp: Sequence[int],
+    outsp: Sequence[int],
+    k: Sequence[int],
+    s: Sequence[int],
+    p: Sequence[int],
+    count_include_pad: bool,
+) -> torch.Tensor:
+    """torch's per-window divisor: the window clipped to the padded input (or to the input)."""
+    per_dim = []
+    for n, o, kk, ss, pp in zip(insp, outsp, k, s, p, strict=True):
+        start = torch.arange(o) * ss - pp
+        end = torch.minimum(start + kk, torch.tensor(n + pp))
+        size = end - start
+        if not count_include_pad:
+            size = torch.minimum(end, torch.tensor(n)) - torch.maximum(start, torch.tensor(0))
+        per_dim.append(size)
+    total = per_dim[0]
+    for d in per_dim[1:]:
+        total = total.unsqueeze(-1) * d
+    return total
+
+
+def avg_pool(
+    out: torch.Tensor,
+    x: Node,
+    nsp: int,
+    kernel: Any,
+    stride: Any,
+    padding: Any,
+    ceil_mode: bool,
+    count_include_pad: bool,
+    divisor_override: Any,
+) -> Node:
+    """Average pooling over the last ``nsp`` dims with torch's every option."""
+    k = _tup(kernel, nsp)
+    s = _tup(stride, nsp) if stride else k
+    p = _tup(padding, nsp)
+    shape = tuple(x.shape or ())
+    insp, outsp = shape[-nsp:], tuple(out.shape[-nsp:])
+    pad: list[int] = []
+    for n, o, kk, ss, pp in reversed(list(zip(insp, outsp, k, s, p, strict=True))):
+        extra = max(0, (o - 1) * ss + kk - (n + 2 * pp))  # ceil_mode's last partial window
+        pad += [pp, pp + extra]
+    y = prim("pad", x, pad=tuple(pad), value=0.0) if any(pad) else x
+    nd = len(shape)
+    for i, (kk, ss) in enumerate(zip(k, s, strict=True)):
+        y = prim("unfold", y, dim=nd - nsp + i, size=kk, step=ss)
+    integral = not out.dtype.is_floating_point
+    total = prim(
+        "sum",
+        y,
+        dims=tuple(range(nd, nd + nsp)),
+        keepdim=False,
+        dtype="int64" if integral else None,
+    )
+    if divisor_override:
+        div: Any = int(divisor_override) if integral else float(divisor_override)
+    else:
+        d = _divisors(insp, outsp, k, s, p, count_include_pad)
+        div = constant(d.to(torch.int64 if integral else out.dtype))
+    if integral:  # torch divides integer sums with C++ integer division (toward zero)
+        return prim(
+            "convert_element_type", prim("trunc_divide", total, div), dtype=dtype_name(out.dtype)
+        )
+    return prim("div", total, div)
+
+
+@implements(aten.avg_pool3d.default)
+def _avg_pool3d(
+    out: torch.Tensor,
+    x: Node,
+    kernel: Any,
+    stride: Any = (),
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: Any = None,
+) -> Node:
+    return avg_pool(
+        out, x, 3, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override
+    )
+
+
+def _windows(n: int, o: int) -> list[tuple[int, int]]:
+    """Adaptive pooling's windows: [floor(i n / o), ceil((i + 1) n / o))."""
+    return [((i * n) // o, -((-(i + 1) * n) // o)) for i in range(o)]
+
+
+def _averaging(n: int, o: int, dtype: torch.dtype) -> torch.Tensor:
+    m = torch.zeros(n, o, dtype=torch.float64)
+    for i, (a, b) in enumerate(_windows(n, o)):
+        m[a:b, i] = 1.0 / (b - a)
+    return m.to(dtype)
+
+
+@implements(aten._adaptive_avg_pool3d.default, aten._adaptive_avg_pool2d.default)
+def _adaptive_avg(out: torch.Tensor, x: Node, output_size: Sequence[int]) -> Node:
+    shape = tuple(x.shape or ())
+    nsp = len(output_size)
+    nd = len(shape)
+    y = x
+    for i in range(nsp):
+        d = nd - nsp + i
+        # move dim d last, contract it with the averaging matrix, move it back
+        perm = [j for j in range(nd) if j != d] + [d]
+        back = list(range(nd - 1))
+        back.insert(d, nd - 1)
+        y = prim("permute", y, dims=tuple(perm))
+        y = prim("matmul", y, constant(_averaging(shape[d], int(output_size[i]), out.dtype)))
+        y = prim("permute", y, dims=tuple(back))
+    return y
+
+
+@implements(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
+def _adaptive_max(out: Any, x: Node, output_size: Sequence[int]) -> tuple[Node, Node]:
+    # max and its flat index within the spatial plane, one spatial dim at a time (last first);
+    # the first maximum in row-major order wins, as in torch's loop
+    shape = tuple(x.shape or ())
+    nsp = len(output_size)
+    nd = len(shape)
+    insp = shape[-nsp:]
+    vals, flat = x, None
+    stride = 1
+    for i in reversed(range(nsp)):
+        d = nd - nsp + i
+        parts_v, parts_i = [], []
+        for a, b in _windows(insp[i], int(output_size[i])):
+            win = prim("slice", vals, dim=d, start=a, end=b, step=1)
+            arg = prim("argmax", win, dim=d, keepdim=True)
+            parts_v.append(prim("gather", win, arg, dim=d))
+            pos = prim("mul", prim("add", arg, a), stride)
+            if flat is not None:
+                inner = prim("slice", flat, dim=d, start=a, end=b, step=1)
+                pos = prim("add", pos, prim("gather", inner, arg, dim=d))
+            parts_i.append(pos)
+        vals, flat = prim("cat", *parts_v, dim=d), prim("cat", *parts_i, dim=d)
+        stride *= insp[i]
+    assert flat is not None
+    return vals, flat
