@@ -361,3 +361,51 @@ def _multinomial(
     below = prim("le", prim("unsqueeze", cdf, dim=-2), prim("unsqueeze", u, dim=-1))
     count = prim("sum", below, dims=(-1,), dtype="int64")
     return prim("clamp", count, None, shape[-1] - 1)
+
+
+@implements(aten.diagonal_scatter.default)
+def _diagonal_scatter(
+    out: torch.Tensor, x: Node, src: Node, offset: int = 0, dim1: int = 0, dim2: int = 1
+) -> Node:
+    # move dim1, dim2 last, write src at the public diagonal positions, move them back
+    shape = tuple(x.shape or ())
+    nd = len(shape)
+    d1, d2 = dim1 % nd, dim2 % nd
+    perm = [d for d in range(nd) if d not in (d1, d2)] + [d1, d2]
+    back = [perm.index(d) for d in range(nd)]
+    a, b = shape[d1], shape[d2]
+    length = max(0, min(a + min(offset, 0), b - max(offset, 0)))
+    if length == 0:
+        return x
+    from sdk._remote.graph import constant
+
+    rows = constant(torch.arange(length) + max(-offset, 0))
+    cols = constant(torch.arange(length) + max(offset, 0))
+    y = prim("permute", x, dims=tuple(perm))
+    y = prim("index_put", y, src, *([None] * (nd - 2)), rows, cols)
+    return prim("permute", y, dims=tuple(back))
+
+
+@implements(aten.as_strided_scatter.default)
+def _as_strided_scatter(
+    out: torch.Tensor,
+    x: Node,
+    src: Node,
+    size: list[int],
+    stride: list[int],
+    storage_offset: int | None = None,
+) -> Node:
+    # the strided view's elements are public positions of the (contiguous) flattened input
+    from sdk._remote.graph import constant
+
+    n = _numel(x)
+    pos = torch.full(tuple(size), int(storage_offset or 0), dtype=torch.int64)
+    for d, (sz, st) in enumerate(zip(size, stride, strict=True)):
+        step = torch.arange(sz, dtype=torch.int64) * st
+        pos = pos + step.reshape([-1 if k == d else 1 for k in range(len(size))])
+    if pos.numel() == 0:
+        return x
+    if int(pos.min()) < 0 or int(pos.max()) >= n:
+        raise UnsupportedOperationError("as_strided_scatter outside the input's own elements")
+    flat = prim("index_put", _flat(x), _flat(src), constant(pos.reshape(-1)))
+    return prim("reshape", flat, shape=tuple(out.shape))
