@@ -133,3 +133,37 @@ def test_dp_sgd_clips_whole_subjects_when_told_which_rows_are_one(
     with pytest.raises(sdk.DPNodeError, match="has 300 rows but the gradients have 150"):
         F.mse_loss(model(x[:150]).squeeze(1), y[:150]).backward()
         sdk.publish_grads(model, epsilon=1.0, delta=1e-7, max_grad_norm=0.25, subjects=ds)
+
+
+def test_dp_sgd_gradients_are_the_mean_of_clipped_per_example_gradients(
+    owner_client: sdk.Client, ds_client: sdk.Client
+) -> None:
+    """What lands in .grad: torch.func's per-example gradients, clipped, averaged, plus noise."""
+    from torch.func import functional_call, grad, vmap
+
+    ds = ds_client.dataset(_cohort(owner_client).id)
+    features, label = ds.tensors(["a", "b"], "label")
+    torch.manual_seed(5)
+    model = torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        model.weight.mul_(6)  # large per-example gradients: clipping matters
+    F.binary_cross_entropy_with_logits(model(features.float()).squeeze(1), label.float()).backward()
+    receipt = sdk.publish_grads(model, epsilon=5.0, delta=1e-7, max_grad_norm=0.2)
+    got = torch.cat([model.weight.grad.reshape(-1), model.bias.grad])  # type: ignore[union-attr]
+
+    data = owner_client.dataset("cohort").download()
+    x = torch.from_numpy(np.stack([data["a"], data["b"]], axis=1)).float()
+    t = torch.from_numpy(data["label"]).float()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p: dict[str, torch.Tensor], xi: torch.Tensor, ti: torch.Tensor) -> torch.Tensor:
+        out = functional_call(model, p, (xi.unsqueeze(0),)).squeeze(1)
+        return F.binary_cross_entropy_with_logits(out, ti.unsqueeze(0))
+
+    g = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, t)
+    rows = torch.cat([g["weight"].reshape(len(x), -1), g["bias"]], dim=1)
+    clipped = rows * torch.clamp(0.2 / rows.norm(dim=1, keepdim=True), max=1.0)
+    want = clipped.mean(dim=0)
+    assert not torch.allclose(want, rows.mean(dim=0), atol=1e-2)  # clipping changed it
+    noise = receipt.noise_scale / len(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=6 * noise)
