@@ -88,22 +88,43 @@ def index(x: Any, indices: Sequence[Any]) -> Any:
 
 
 def _masked_put(out: torch.Tensor, x: Node, idx: list[Any], values: Node, accumulate: bool) -> Node:
-    """``x[mask] = v`` with a remote mask: exact as a where when ``v`` has one element."""
-    if len(idx) != 1 or (values.shape is not None and math.prod(values.shape) != 1):
+    """``x[mask] = v`` with a remote mask (its count is private, the result's shape is not).
+
+    Values that do not vary along the selected positions (one value, or one per trailing
+    dim) are a ``where``; values with one row per True take the k-th row at the k-th True
+    (a cumsum rank, as masked_scatter), and more Trues than rows is an index error on the node.
+    """
+    if len(idx) != 1:
         raise private_error(
-            "x[mask] = values with a remote boolean mask and several values",
+            "x[mask] = values with a remote boolean mask among other indices",
             "Which value lands where depends on the data; use torch.where(mask, values, x).",
         )
     mask = idx[0]
     assert mask.shape is not None and x.shape is not None
     if mask.dtype != torch.bool:
         mask = prim("convert_element_type", mask, dtype="bool")
-    mask_shape = tuple(mask.shape) + (1,) * (len(x.shape) - len(mask.shape))
-    if mask_shape != tuple(mask.shape):
-        mask = prim("reshape", mask, shape=mask_shape)
-    v = prim("reshape", values, shape=())
-    new = prim("add", x, v) if accumulate else v
-    return prim("where", mask, new, x)
+    mshape, xshape = tuple(mask.shape), tuple(x.shape)
+    rest = xshape[len(mshape) :]
+    vshape = tuple(values.shape or ())
+    mask_b = prim("reshape", mask, shape=mshape + (1,) * len(rest)) if rest else mask
+    if len(vshape) <= len(rest) or (len(vshape) == len(rest) + 1 and vshape[0] == 1):
+        # the same value(s) at every selected position
+        core = vshape[1:] if len(vshape) == len(rest) + 1 else vshape
+        v = prim(
+            "reshape", values, shape=(1,) * len(mshape) + (1,) * (len(rest) - len(core)) + core
+        )
+        new = prim("add", x, v) if accumulate else v
+        return prim("where", mask_b, new, x)
+    n = math.prod(mshape)
+    width = math.prod(rest)
+    rows = prim(
+        "reshape", prim("expand", values, shape=(vshape[0], *rest)), shape=(vshape[0], width)
+    )
+    flat_mask = prim("reshape", mask, shape=(n,))
+    rank = prim("clamp", prim("sub", prim("cumsum", flat_mask, dim=0, dtype="int64"), 1), 0, None)
+    taken = prim("reshape", prim("index_select", rows, rank, dim=0), shape=xshape)
+    new = prim("add", x, taken) if accumulate else taken
+    return prim("where", mask_b, new, x)
 
 
 def expand_index_values(
