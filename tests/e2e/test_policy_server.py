@@ -8,6 +8,9 @@ log tells who published what, with which epsilon, under which policy revision.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +20,7 @@ import numpy as np
 import pytest
 
 import sdk
-from tests.e2e.conftest import Server
+from tests.e2e.conftest import REPO, Server
 
 ADMIN, OWNER = "admin@example.org", "owner@example.org"
 ANN, BOB = "ann@example.org", "bob@example.org"
@@ -186,3 +189,27 @@ def test_the_audit_log_says_who_learned_what_under_which_policy(clinic: Server) 
     assert len(lines) == 2 and BOB in lines[0] and '"policy_revision": 2' in lines[0]
     ledger_lines = _cli(clinic, "ledger").splitlines()
     assert [line.rsplit(" ", 1)[1] for line in ledger_lines] == ["2", "1"]
+
+
+def readme_admin_blocks() -> list[str]:
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Budget policies (admins)", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_the_readme_admin_section_runs(demo_server: Server) -> None:
+    (block,) = readme_admin_blocks()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = block.replace("http://127.0.0.1:8000", demo_server.url)
+        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})  # our own README
+    printed = out.getvalue()
+    assert "policy revision 1\nrefused by publish.max_epsilon\n" in printed
+    assert "waiting for approval, request 1\ntensor(" in printed
+    assert (
+        "approved epsilon: 0.8 of 12 spent, 11.2 remaining; delta: 1e-18 of 1e-06 used; renews"
+        in printed
+    )
+    assert "ds@example.org laplace 0.8 1" in printed
+    assert "admin@example.org 1 governance board, March" in printed

@@ -390,3 +390,19 @@ def test_policy_history_grants_and_the_dataset_index_are_append_only(
     ):
         with context.engine.connect() as conn, pytest.raises(DBAPIError, match="append-only"):
             conn.execute(text(statement))
+
+
+def test_an_epsilon_too_large_for_the_samplers_is_applied_with_a_warning(
+    http: TestClient, admin_h: dict[str, str], owner_h: dict[str, str], ds_h: dict[str, str]
+) -> None:
+    frame = _sum_frame(_dataset(http, owner_h))
+    applied = _apply(http, admin_h, "[datasets.visits]\nmax_epsilon = 60.0").json()
+    assert applied["warnings"] == [
+        "datasets.visits.max_epsilon: epsilon 60 is above 35; the samplers' deviation is "
+        "charged as (1 + e^epsilon) times it against the direct delta, so few publishes (or "
+        "none) will fit; see docs/policies.md"
+    ]
+    body = _policy_refusal(_publish(http, ds_h, frame, 0.5), "budget_exceeded", "defaults.delta")
+    assert "does not fit your delta budget" in body["reason"]
+    _apply(http, admin_h, "[datasets.visits]\nmax_epsilon = 30.0")
+    assert _publish(http, ds_h, frame, 0.5).status_code == 200
