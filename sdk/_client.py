@@ -310,15 +310,16 @@ class Client:
         doing anything, and the frame is sent whole again.
         """
         headers = {"Content-Type": "application/octet-stream"}
-        digest = structures.header_digest(frame)
-        if digest in self._structures_sent:
+        digest = structures.header_digest(frame)  # None: not a frame, the node says why
+        if digest is not None and digest in self._structures_sent:
             body = structures.reference(digest, structures.split(frame)[1])
             try:
                 return self._request("POST", path, content=body, params=params, headers=headers)
             except UnknownStructureError:
                 self._structures_sent.discard(digest)
         response = self._request("POST", path, content=frame, params=params, headers=headers)
-        self._structures_sent.add(digest)
+        if digest is not None:
+            self._structures_sent.add(digest)
         return response
 
     # -- privacy budget ---------------------------------------------------------------------

@@ -64,16 +64,16 @@ def split(frame: bytes) -> tuple[bytes, bytes]:
     return parts[0], frame[len(parts[0]) :]
 
 
-def header_digest(frame: bytes) -> bytes:
+def header_digest(frame: bytes) -> bytes | None:
     """sha256 of a frame's header bytes, alignment padding excluded (32 raw bytes).
 
     This equals the graph's structure hash when the header is canonical, as the SDK's
-    encoder writes it.
+    encoder writes it. None for bytes that are not a frame (the node's decoder says why).
     """
-    split = _split(frame)
-    if split is None:
-        raise GraphError("malformed graph frame: no header to take a digest of")
-    return hashlib.sha256(split[0][_PREFIX:].rstrip(b" ")).digest()
+    parts = _split(frame)
+    if parts is None:
+        return None
+    return hashlib.sha256(parts[0][_PREFIX:].rstrip(b" ")).digest()
 
 
 def reference(digest: bytes, buffer: bytes) -> bytes:
@@ -120,13 +120,11 @@ class StructureCache:
 
     def remember(self, user_id: int, frame: bytes) -> None:
         """Keep a decoded frame's header for ``user_id`` (no-op for references)."""
-        split = _split(frame)
-        if split is None:
+        parts, digest = _split(frame), header_digest(frame)
+        if parts is None or digest is None or len(parts[0]) > self.max_bytes:
             return
-        prefix = split[0]
-        if len(prefix) > self.max_bytes:
-            return
-        key = (user_id, header_digest(frame))
+        prefix = parts[0]
+        key = (user_id, digest)
         with self._lock:
             if key in self._entries:
                 self._entries.move_to_end(key)
