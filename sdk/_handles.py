@@ -119,6 +119,20 @@ class DatasetHandle:
 
         return column_tensor(self, column)
 
+    @property
+    def subjects(self) -> RemoteTensor:
+        """Which rows belong to one data subject: int64 ``(rows,)``, rows of one subject equal.
+
+        Public structure, not the subject ids themselves: each row is labelled by the
+        first row of its subject. Pass it (or its rows of a batch, ``ds.subjects[idx]``)
+        as ``publish_grads(..., subjects=...)`` so a subject's rows are clipped together.
+        """
+        import torch
+
+        from sdk._remote import remote_input
+
+        return remote_input(f"dataset:{self.id}/@subject", (self.row_count,), torch.int64)
+
     def tensors(self, *columns: str | list[str], stack: bool | None = None) -> Any:
         """Several columns at once, as remote tensors.
 

@@ -19,7 +19,7 @@ import torch
 
 from sdk import _per_sample as per_sample
 from sdk._exceptions import DPNodeError
-from sdk._remote import RemoteTensor, active_session, encode_graph, graph_for, remote_input
+from sdk._remote import RemoteTensor, active_session, encode_graph, graph_for
 
 if TYPE_CHECKING:
     from sdk._handles import DatasetHandle
@@ -262,10 +262,10 @@ def _groups(subjects: DatasetHandle | torch.Tensor | None, rows: int) -> torch.T
         if subjects.row_count != rows:
             raise DPNodeError(
                 f"subjects={subjects.name!r} has {subjects.row_count} rows but the gradients "
-                f"have {rows}: for a batch of rows, pass an int64 tensor with one group per row, "
-                "or leave subjects out to clip each row on its own"
+                f"have {rows}: for a batch of rows, pass the batch's rows of "
+                f"{subjects.name}.subjects, or leave subjects out to clip each row on its own"
             )
-        return remote_input(f"dataset:{subjects.id}/@subject", (rows,), torch.int64)
+        return subjects.subjects
     if (
         tuple(subjects.shape) != (rows,)
         or subjects.dtype.is_floating_point

@@ -133,6 +133,13 @@ def test_dp_sgd_clips_whole_subjects_when_told_which_rows_are_one(
     with pytest.raises(sdk.DPNodeError, match="has 300 rows but the gradients have 150"):
         F.mse_loss(model(x[:150]).squeeze(1), y[:150]).backward()
         sdk.publish_grads(model, epsilon=1.0, delta=1e-7, max_grad_norm=0.25, subjects=ds)
+    model.zero_grad()
+    batch = torch.arange(0, n, 2)  # a minibatch: every other row, so patients have 1 or 2 rows
+    F.mse_loss(model(x[batch]).squeeze(1), y[batch]).backward()
+    receipt = sdk.publish_grads(
+        model, epsilon=1.0, delta=1e-7, max_grad_norm=0.25, subjects=ds.subjects[batch]
+    )
+    assert receipt.sensitivity_l2 == 0.5  # the batch's rows of one patient clipped together
 
 
 def test_dp_sgd_gradients_are_the_mean_of_clipped_per_example_gradients(
