@@ -111,6 +111,7 @@ def test_row_reductions_take_the_fast_path_and_agree(
     b = GraphBuilder()
     x = b.input("x", "float64", (n, d))
     y = b.input("y", "float64", (n,))
+    centred = b.op("sub", x, b.op("mean", x, dims=[0], keepdim=True))
     outs = [
         b.op(op, x, dims=[0]),  # per column, over rows
         b.op(op, x),  # everything
@@ -120,6 +121,9 @@ def test_row_reductions_take_the_fast_path_and_agree(
         b.op("matmul", b.op("permute", x, dims=[1, 0]), y),  # X.T @ y: one column, both sides
         b.op("matmul", b.constant(rng.normal(size=n)), x),  # w @ X: a public side
         b.op("matmul", b.op("permute", x, dims=[1, 0]), x),  # X.T @ X
+        b.op("sum", b.op("mul", centred, centred), dims=[0]),  # a centred moment (variance)
+        b.op("sub", y, b.op("amax", y)),  # a column and a mixed value: keeps the column
+        b.op(op, b.op("mul", b.op("sub", y, b.op("amax", y)), y)),
     ]
     graph = b.build(outs)
     specs = {

@@ -114,6 +114,15 @@ def _combine(
     ):
         # one owner per element, shared by every private argument (public ones add 0)
         return first, _total(kL), _total(kG)
+    column = next((owners[i] for i in private if rows_of(owners[i], shape) is not None), None)
+    if column is not None and all(
+        same_values(owners[i], column) or bool(np.all(owners[i] < 0)) for i in private
+    ):
+        # one subject column, the other arguments owned by nobody (mixed or public): they
+        # move by G whoever changes, so the result keeps the column (the general path
+        # below gives the same, element by element)
+        own_l = [kL[i] if same_values(o, column) else kG[i] for i, o in enumerate(owners)]
+        return column, _total(own_l), _total(kG)
     own: Array = fit(np.int64(PUBLIC), shape)  # the owned owner so far (PUBLIC: none yet)
     conflict: Array = np.zeros((), dtype=bool)
     mixed: Array = np.zeros((), dtype=bool)

@@ -22,7 +22,8 @@ import numpy as np
 
 from node.privacy.arrays import fit, varying_axes
 from node.privacy.rules.base import Ctx
-from node.privacy.state import PUBLIC, State
+from node.privacy.state import PUBLIC, Array, State
+from node.privacy.subjects import all_owned, rows_of, same_values
 
 __all__ = ["Centred", "Comoment", "MeanOf", "centred_tag", "moment_rule"]
 
@@ -77,7 +78,28 @@ def centred_tag(c: Ctx, a: State, b: State) -> object:
 
 
 def _rows_ok(s: State) -> bool:
-    return bool(np.all(s.G == 0) and np.all((s.owner >= 0) | (s.owner == PUBLIC)))
+    if not np.all(s.G == 0):
+        return False
+    return all_owned(s.owner, s.shape) or bool(np.all((s.owner >= 0) | (s.owner == PUBLIC)))
+
+
+def _counts(c: Ctx, owner: Array, shape: tuple[int, ...], dims: tuple[int, ...]) -> Array | None:
+    """Per subject, how many of the elements summed into one output it owns (None: none owned).
+
+    ``owner`` does not vary along the kept axes.
+    """
+    rows = rows_of(owner, shape)
+    if rows is not None and rows.axis in dims:  # a subject column: its row counts
+        per_row = math.prod(shape[d] for d in dims if d != rows.axis)
+        sub = rows.subjects
+        return sub.spread(sub.counts * float(per_row), max(c.nsub, 1))
+    flat = np.broadcast_to(owner, shape)[
+        tuple(slice(None) if d in dims else 0 for d in range(len(shape)))
+    ].reshape(-1)
+    priv = flat[flat >= 0]
+    if priv.size == 0:
+        return None
+    return np.bincount(priv, minlength=c.nsub)[: max(c.nsub, 1)].astype(np.float64)
 
 
 def moment_rule(c: Ctx, x: State, dims: tuple[int, ...], n: int, scale: float, s: State) -> State:
@@ -93,19 +115,18 @@ def moment_rule(c: Ctx, x: State, dims: tuple[int, ...], n: int, scale: float, s
         return s
     ox = fit(cx.owner, x.shape)
     oy = fit(cy.owner, x.shape)
-    if not np.all((ox == oy) | (ox == PUBLIC) | (oy == PUBLIC)):
+    if same_values(ox, oy):
+        owner = ox
+    elif np.all((ox == oy) | (ox == PUBLIC) | (oy == PUBLIC)):
+        owner = np.where(ox == PUBLIC, oy, ox)
+    else:
         return s
-    owner = np.where(ox == PUBLIC, oy, ox)
     keep_axes = [d for d in range(len(x.shape)) if d not in dims]
     if any(varying_axes(owner, x.shape, exact=True)[d] for d in keep_axes):
         return s  # the simple count below needs one subject layout for every output
-    rows = np.broadcast_to(owner, x.shape)[
-        tuple(slice(None) if d in dims else 0 for d in range(len(x.shape)))
-    ].reshape(-1)
-    priv = rows[rows >= 0]
-    if priv.size == 0:
+    counts = _counts(c, owner, x.shape, dims)
+    if counts is None:
         return s
-    counts = np.bincount(priv, minlength=c.nsub)[: max(c.nsub, 1)].astype(np.float64)
 
     def hull(st: State) -> np.ndarray:
         hi = np.broadcast_to(st.hi, x.shape).max(axis=dims, keepdims=keep)
