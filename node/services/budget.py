@@ -218,36 +218,74 @@ def policy_user(session: Session, user: User) -> policies.User:
     )
 
 
+def _sums() -> tuple[Any, ...]:
+    return (
+        func.coalesce(func.sum(LedgerEntry.epsilon_units), 0),
+        func.coalesce(func.sum(LedgerEntry.rho_units), 0),
+        func.coalesce(func.sum(LedgerEntry.tv_units), 0),
+        func.max(LedgerEntry.at),
+    )
+
+
 def _charges(
-    session: Session, scope: policies.LedgerScope, conversion_epsilon: int
-) -> tuple[list[policies.Charge], int]:
-    """The ledger rows ``scope`` names, as policy charges; and the user's summed deviation."""
-    mine = select(LedgerEntry).where(LedgerEntry.user_id == scope.user_id)
-    if scope.user_since is not None:
-        mine = mine.where(LedgerEntry.at >= scope.user_since)
-    rows = {e.id: e for e in session.scalars(mine)}
-    for dataset_id, since in sorted(scope.datasets.items()):
+    session: Session,
+    policy: policies.Policy,
+    request: policies.PublishRequest,
+    user: policies.User,
+    conversion_epsilon: int,
+) -> list[policies.Charge]:
+    """The ledger as :func:`policies.decide` needs it, in a few rows whatever its length.
+
+    Rows only matter individually for the rate limit (the user's, inside its window); the
+    rest enter as sums, each dated by its newest row so that it lands in the same renewal
+    window: the user's older rows of the current window (counted against the user, no
+    dataset), and for each capped dataset everyone's rows on it in the cap's window except
+    those listed individually (counted against the dataset, user 0: nobody). A sum's
+    deviation is converted once, rounded up, as the node's filter always did.
+    """
+
+    def charge(
+        at: datetime, who: int, ids: tuple[int, ...], e: int, r: int, tv: int
+    ) -> policies.Charge:
+        return policies.Charge(at, who, ids, e, _tv_delta_units(tv, conversion_epsilon), r)
+
+    user_id = user.id
+    period = None if policy.renewal is None else policy.renewal.period()
+    since = None if period is None else period.window(request.at)[0]
+    cutoff = None
+    if policy.rate_limit is not None:
+        cutoff = request.at - policies.parse_period(policy.rate_limit.window)
+    found: list[policies.Charge] = []
+    mine = select(LedgerEntry).where(LedgerEntry.user_id == user_id)
+    if cutoff is not None:  # the rate limit counts these one by one
+        recent = session.scalars(mine.where(LedgerEntry.at > cutoff))
+        found += [
+            charge(e.at, user_id, tuple(e.dataset_ids), e.epsilon_units, e.rho_units, e.tv_units)
+            for e in recent
+        ]
+        mine = mine.where(LedgerEntry.at <= cutoff)
+    if since is not None:
+        mine = mine.where(LedgerEntry.at >= since)
+    eps, rho, tv, newest = session.execute(mine.with_only_columns(*_sums())).one()
+    if newest is not None:
+        found.append(charge(newest, user_id, (), int(eps), int(rho), int(tv)))
+    scope = policies.ledger_scope(policy, user, request)
+    for dataset_id, cap_since in sorted(scope.datasets.items()):
         touching = (
             select(LedgerEntry)
             .join(LedgerEntryDataset, LedgerEntryDataset.ledger_id == LedgerEntry.id)
             .where(LedgerEntryDataset.dataset_id == dataset_id)
         )
-        if since is not None:
-            touching = touching.where(LedgerEntry.at >= since)
-        rows.update((e.id, e) for e in session.scalars(touching))
-    charges = [
-        policies.Charge(
-            e.at,
-            e.user_id,
-            tuple(e.dataset_ids),
-            e.epsilon_units,
-            _tv_delta_units(e.tv_units, conversion_epsilon),
-            e.rho_units,
-        )
-        for e in rows.values()
-    ]
-    tv = sum(e.tv_units for e in rows.values() if e.user_id == scope.user_id)
-    return charges, tv
+        if cap_since is not None:
+            touching = touching.where(LedgerEntry.at >= cap_since)
+        if cutoff is not None:  # not the rows listed one by one above
+            touching = touching.where(
+                ~((LedgerEntry.user_id == user_id) & (LedgerEntry.at > cutoff))
+            )
+        eps, rho, tv, newest = session.execute(touching.with_only_columns(*_sums())).one()
+        if newest is not None:
+            found.append(charge(newest, 0, (dataset_id,), int(eps), int(rho), int(tv)))
+    return found
 
 
 def _status(
@@ -259,9 +297,9 @@ def _status(
 ) -> Status:
     defaults = _defaults(settings)
     allocation = policies.allocation_for(in_force.policy, user, defaults=defaults, at=at)
-    scope = policies.ledger_scope(in_force.policy, user, policies.PublishRequest(at))
     conversion = _conversion_epsilon(in_force, allocation, [])
-    charges, _ = _charges(session, scope, conversion)
+    request = policies.PublishRequest(at)
+    charges = _charges(session, in_force.policy, request, user, conversion)
     status = policies.budget_status(in_force.policy, user, charges, at=at, defaults=defaults)
     limit = policies.Limit.for_policy(in_force.policy, None, allocation.delta_units)
     mine = select(func.coalesce(func.sum(LedgerEntry.tv_units), 0)).where(
@@ -348,8 +386,7 @@ def charge(
             rho_units=cost.rho_units,
             extra_delta_units=_tv_delta_units(cost.tv_units, conversion),
         )
-        scope = policies.ledger_scope(in_force.policy, puser, request)
-        charges, _ = _charges(session, scope, conversion)
+        charges = _charges(session, in_force.policy, request, puser, conversion)
         waiting = approvals.find(session, user.id, cost)
         answer = None if waiting is None else approvals.answer_of(waiting)
         if answer is not None:

@@ -1,0 +1,84 @@
+"""The publish transaction loads the ledger as a few sums, not row by row: every decision on
+those sums must be the one the pure core makes on the whole ledger."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+
+import policies
+from node.context import NodeContext
+from node.db.models import LedgerEntry, LedgerEntryDataset, User
+from node.services.budget import _charges
+from tests.conftest import make_user
+
+POLICY = policies.load_policy(
+    """
+[renewal]
+every = "1h"
+anchor = 2026-01-01T00:00:00Z
+[roles.data_scientist]
+epsilon = 3.0
+[rate_limit]
+max_publishes = 6
+window = "25m"
+[datasets.a]
+max_epsilon = 4.0
+[datasets.a.renewal]
+every = "2h"
+anchor = 2026-01-01T00:00:00Z
+[datasets.b]
+max_epsilon = 7.0
+"""
+)
+DEFAULTS = policies.Allowance.of(10.0, 1e-6)
+_runs = itertools.count()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_decisions_on_the_sums_equal_decisions_on_the_whole_ledger(
+    context: NodeContext, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    run = next(_runs)
+    users = [make_user(context, f"s{run}-{i}@example.org", "data_scientist") for i in range(3)]
+    ids = {"a": 1000 + 2 * run, "b": 1001 + 2 * run}
+    now = datetime(2026, 3, 1, 10, 17, tzinfo=UTC)
+    window = timedelta(minutes=25)
+    full: list[policies.Charge] = []
+    with context.sessions() as session:
+        for _ in range(40):
+            user: User = users[int(rng.integers(3))]
+            at = now - timedelta(minutes=float(rng.uniform(0, 300)))
+            chosen = [ids[n] for n in ("a", "b") if rng.random() < 0.5]
+            eps = int(rng.integers(0, 4)) * 10**8
+            rho = int(rng.integers(0, 2)) * 10**6
+            entry = LedgerEntry(
+                at=at,
+                user_id=user.id,
+                mechanism="laplace",
+                epsilon_units=eps,
+                rho_units=rho,
+                tv_units=0,
+                dataset_ids=sorted(chosen),
+            )
+            session.add(entry)
+            session.flush()
+            session.add_all(LedgerEntryDataset(ledger_id=entry.id, dataset_id=d) for d in chosen)
+            full.append(policies.Charge(at, user.id, tuple(sorted(chosen)), eps, 0, rho))
+        session.commit()
+        for user in users:
+            puser = policies.User(user.id, user.email, "data_scientist")
+            for tenths in (1, 3, 6, 12, 25):
+                request = policies.PublishRequest(
+                    at=now, datasets=ids, epsilon_units=tenths * 10**8
+                )
+                sums = _charges(session, POLICY, request, puser, 10 * 10**9)
+                recent = [c for c in full if c.user_id == user.id and c.at > now - window]
+                assert len(sums) <= len(recent) + 3  # the rate window's rows, three sums
+                on_sums = policies.decide(POLICY, puser, request, sums, defaults=DEFAULTS)
+                whole = policies.decide(POLICY, puser, request, full, defaults=DEFAULTS)
+                assert on_sums == whole
