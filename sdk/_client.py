@@ -455,8 +455,9 @@ class Client:
         """Apply a budget policy (admins): in force from the next publish, no restart.
 
         Args:
-            policy: TOML text, a path to a TOML file, or the same shape as a mapping
-                (see ``policies/default.toml`` for every key).
+            policy: TOML text, a path to a TOML file (a ``Path``, or a one-line string
+                ending in ``.toml``), or the same shape as a mapping (see
+                ``policies/default.toml`` for every key).
             reason: why, for the audit log.
 
         Raises:
@@ -465,10 +466,8 @@ class Client:
         body: dict[str, Any] = {"reason": reason}
         if isinstance(policy, Mapping):
             body["document"] = dict(policy)
-        elif isinstance(policy, Path) or (
-            "\n" not in policy and policy.endswith(".toml") and Path(policy).is_file()
-        ):
-            body["toml"] = Path(policy).read_text(encoding="utf-8")
+        elif isinstance(policy, Path) or ("\n" not in policy and policy.endswith(".toml")):
+            body["toml"] = Path(policy).read_text(encoding="utf-8")  # a file name
         else:
             body["toml"] = policy
         return PolicyRevision.from_json(self._json("PUT", "/policy", json=body))
