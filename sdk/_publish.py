@@ -19,6 +19,7 @@ import torch
 
 from sdk import _per_sample as per_sample
 from sdk._exceptions import DPNodeError
+from sdk._mock_publish import mock_release
 from sdk._remote import RemoteTensor, active_session, encode_graph, graph_for
 
 if TYPE_CHECKING:
@@ -31,7 +32,8 @@ __all__ = ["Receipt", "Sensitivity", "noise_scale", "publish", "publish_grads", 
 class Receipt:
     """What a release cost and how it was noised."""
 
-    ledger_id: int
+    #: the ledger row that paid for the release (None for a dry run in mock mode)
+    ledger_id: int | None
     mechanism: str
     epsilon: float
     delta: float | None
@@ -40,17 +42,21 @@ class Receipt:
     sensitivity_l2: float
     noise_scale: float
     remaining_epsilon: float
+    #: computed locally on mock data inside ``sdk.mock(...)``: nothing was charged
+    mock: bool = False
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> Receipt:
-        return cls(**{k: body[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: body[k] for k in cls.__dataclass_fields__ if k in body})
 
     def __str__(self) -> str:
-        return (
+        noise = (
             f"{self.mechanism} noise of scale {self.noise_scale:.4g} for sensitivity "
-            f"{self.sensitivity_l1 if self.mechanism == 'laplace' else self.sensitivity_l2:.4g}; "
-            f"charged epsilon {self.epsilon:g}; {self.remaining_epsilon:g} remaining"
+            f"{self.sensitivity_l1 if self.mechanism == 'laplace' else self.sensitivity_l2:.4g}"
         )
+        if self.mock:
+            return f"{noise}; dry run on mock data, epsilon {self.epsilon:g} not charged"
+        return f"{noise}; charged epsilon {self.epsilon:g}; {self.remaining_epsilon:g} remaining"
 
 
 @dataclass(frozen=True)
@@ -72,12 +78,15 @@ def _remote(tensors: RemoteTensor | Sequence[torch.Tensor], what: str) -> list[R
                 f"{what} takes remote tensors; a local {type(t).__name__} has no private "
                 "values to publish"
             )
+    return items  # type: ignore[return-value]
+
+
+def _not_in_mock_mode(what: str) -> None:
     if active_session() is not None:
         raise DPNodeError(
-            f"{what} is not available in mock mode: inside 'with sdk.mock(...) as m' use "
-            "m.evaluate(t) to see values on the mock data, then publish outside it"
+            f"{what} asks the node about the real data, which mock mode stands in for: "
+            "call it outside 'with sdk.mock(...)'"
         )
-    return items  # type: ignore[return-value]
 
 
 def _client(client: Any) -> Any:
@@ -123,7 +132,11 @@ def publish(
         GraphError: the node cannot bound or run the computation (the message says why).
     """
     items = _remote(tensors, "publish")
-    values, body = _client(client).publish_frame(_frame(items), epsilon=epsilon, delta=delta)
+    session = active_session()
+    if session is not None:  # a dry run: the node's release, on mock data, charging nothing
+        values, body = mock_release(session, items, epsilon=epsilon, delta=delta)
+    else:
+        values, body = _client(client).publish_frame(_frame(items), epsilon=epsilon, delta=delta)
     receipt = Receipt.from_json(body)
     results = []
     for value, like in zip(values, items, strict=True):
@@ -137,6 +150,7 @@ def sensitivity(
     tensors: RemoteTensor | Sequence[torch.Tensor], *, client: Any = None
 ) -> Sensitivity:
     """The L1 and L2 sensitivity of publishing ``tensors`` together: free, no budget spent."""
+    _not_in_mock_mode("sensitivity()")
     body = _client(client).sensitivity_of_frame(_frame(_remote(tensors, "sensitivity")))
     return Sensitivity(l1=body["l1"], l2=body["l2"], subjects=body["subjects"])
 
@@ -149,6 +163,7 @@ def noise_scale(
     client: Any = None,
 ) -> float:
     """The noise scale (Laplace b, or Gaussian sigma) a publish at ``epsilon`` would use: free."""
+    _not_in_mock_mode("noise_scale()")
     frame = _frame(_remote(tensors, "noise_scale"))
     body = _client(client).sensitivity_of_frame(frame, epsilon=epsilon, delta=delta)
     return float(body["noise_scale"])

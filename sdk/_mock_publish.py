@@ -1,0 +1,114 @@
+"""publish in mock mode: the node's release, computed locally on mock data, charging nothing.
+
+Inside ``with sdk.mock(ds):`` a script's ``t.publish(...)`` and ``sdk.publish_grads(...)``
+run exactly what the node would run — the engine evaluates the graph, the privacy
+tracker derives the sensitivity from the dataset's public bounds, the outputs are
+clipped to their tracked bounds and noised by the node's own mechanisms — on the
+mock data instead of the real data. Nothing is sent and no budget is spent, so a
+whole training loop can be dry-run before it costs anything. Mock rows stand for
+distinct subjects unless the mock data carries the dataset's subject column.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from node import errors as node_errors
+from node.dp import gaussian, laplace
+from node.privacy import InputSpec, evaluate_tracked
+from sdk._exceptions import DPNodeError, error_for
+from sdk._remote import RemoteTensor, graph_for
+
+if TYPE_CHECKING:
+    from sdk._remote.mock import MockSession
+
+__all__ = ["mock_release"]
+
+_INPUT = re.compile(r"^(dataset|model):(\d+)/(.+)$")
+
+
+def _first_rows(ids: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
+    """Each row labelled by its subject's first row, as the node labels ``@subject``."""
+    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    return first[inverse.reshape(-1)].astype(np.int64)
+
+
+def _inputs(
+    session: MockSession, names: Sequence[str]
+) -> tuple[dict[str, InputSpec], dict[str, npt.NDArray[Any]]]:
+    from sdk._handles import DatasetHandle
+
+    bindings = session.bindings()
+    handles = {(isinstance(h, DatasetHandle), h.id): h for h in session.handles}
+    specs: dict[str, InputSpec] = {}
+    values: dict[str, npt.NDArray[Any]] = {}
+    for name in names:
+        match = _INPUT.match(name)
+        handle = handles.get((match.group(1) == "dataset", int(match.group(2)))) if match else None
+        if match is None or handle is None:
+            raise DPNodeError(
+                f"no mock values for {name!r}; pass its dataset or model to sdk.mock(...)"
+            )
+        part = match.group(3)
+        if not isinstance(handle, DatasetHandle):
+            values[name] = bindings[name]
+            specs[name] = InputSpec.public(values[name])
+            continue
+        frame = session._frame(handle)
+        rows = len(next(iter(frame.values()))) if frame else 0
+        ids = frame.get(handle.subject_id) if handle.subject_id else None
+        if part == "@subject":
+            values[name] = _first_rows(ids) if ids is not None else np.arange(rows)
+            specs[name] = InputSpec.public(values[name])
+            continue
+        lower, upper = handle.columns[part].bounds
+        subjects = _first_rows(ids) if ids is not None else None
+        specs[name] = InputSpec.private(lower, upper, subjects)
+        values[name] = bindings[name]
+    return specs, values
+
+
+def mock_release(
+    session: MockSession, tensors: list[RemoteTensor], *, epsilon: float, delta: float | None
+) -> tuple[list[npt.NDArray[np.float64]], dict[str, Any]]:
+    """The outputs and the receipt (as the node would send it) of a publish on mock data."""
+    graph = graph_for(tensors)
+    try:
+        specs, values = _inputs(session, graph.input_names())
+        rng = np.random.default_rng(session.seed)
+        outputs, report = evaluate_tracked(graph, values, specs, rng=rng)
+        exact = [
+            np.clip(np.asarray(v, dtype=np.float64), out.lower, out.upper).ravel()
+            for v, out in zip(outputs, report.outputs, strict=True)
+        ]
+        flat = np.concatenate(exact) if exact else np.zeros(0)
+        if delta is None:
+            release = laplace(flat, sensitivity_l1=report.l1, epsilon=epsilon)
+        else:
+            release = gaussian(flat, sensitivity_l2=report.l2, epsilon=epsilon, delta=delta)
+    except node_errors.DPNodeError as exc:  # the node's own checks, raised as the SDK's
+        raise error_for(400, exc.code, exc.detail) from None
+    pieces, start = [], 0
+    for out in report.outputs:
+        size = math.prod(out.shape)
+        pieces.append(release.values[start : start + size].reshape(out.shape))
+        start += size
+    receipt = {
+        "ledger_id": None,
+        "mechanism": release.mechanism,
+        "epsilon": epsilon,
+        "delta": delta,
+        "rho": release.rho if delta is not None else 0.0,
+        "sensitivity_l1": report.l1,
+        "sensitivity_l2": report.l2,
+        "noise_scale": release.scale,
+        "remaining_epsilon": math.nan,
+        "mock": True,
+    }
+    return pieces, receipt
