@@ -406,3 +406,21 @@ def test_an_epsilon_too_large_for_the_samplers_is_applied_with_a_warning(
     assert "does not fit your delta budget" in body["reason"]
     _apply(http, admin_h, "[datasets.visits]\nmax_epsilon = 30.0")
     assert _publish(http, ds_h, frame, 0.5).status_code == 200
+
+
+def test_the_sdk_applies_a_policy_from_a_file_or_a_mapping(
+    http: TestClient, admin: User, tmp_path: Any
+) -> None:
+    admin_c = connect(http, admin.email)
+    path = tmp_path / "clinic.toml"
+    path.write_text('name = "from-file"\n')
+    assert admin_c.set_policy(path, reason="file").name == "from-file"
+    assert admin_c.set_policy(str(path), reason="same file").changed is False
+    mapped = admin_c.set_policy({"name": "mapped", "publish": {"max_epsilon": 1}}, reason="m")
+    assert (mapped.revision, mapped.document["publish"]) == (2, {"max_epsilon": 1.0})
+    with pytest.raises(sdk.InvalidPolicyError, match=r"publish\.max_epsilonn: unknown key"):
+        admin_c.set_policy("[publish]\nmax_epsilonn = 1", reason="typo")
+    with pytest.raises(FileNotFoundError):
+        admin_c.set_policy("missing.toml", reason="no such file")
+    assert admin_c.policy().name == "mapped"
+    assert [r.revision for r in admin_c.policy_history()] == [2, 1]
