@@ -312,9 +312,14 @@ RECIPES["index_select"] = lambda b, x, dim, index: b.op("index_select", x, index
 
 
 def _scatter(b: Recorder, x: Ref, dim: int, index: Ref, src: Any, reduce: Any = None) -> Ref:
-    if reduce is not None:
-        raise Unsupported("scatter with reduce")
-    return b.op("scatter", x, index, src, dim=dim)
+    if reduce is None:
+        return b.op("scatter", x, index, src, dim=dim)
+    # scatter(reduce=) is scatter_reduce with self included; a scalar src repeats
+    if not isinstance(src, Ref):
+        t = b.t(x)
+        src = b.constant(torch.full(b.t(index).shape, src, dtype=t.dtype).numpy())
+    kind = {"add": "sum", "multiply": "prod"}[reduce]
+    return b.op("scatter_reduce", x, index, src, dim=dim, reduce=kind)
 
 
 RECIPES["scatter"] = _scatter
@@ -439,3 +444,108 @@ RECIPES["full_like"] = _full_like
 #: ops whose integer-valued indices may legitimately differ from torch on ties
 TIE_AMBIGUOUS = {"sort", "argsort", "topk"}
 RECIPES["unfold"] = lambda b, x, dim, size, step: b.op("unfold", x, dim=dim, size=size, step=step)
+
+# -- special functions, scans, scatter reductions, searchsorted ----------------------------
+
+for _name, _prim in {
+    "lgamma": "lgamma",
+    "digamma": "digamma",
+    "i0": "bessel_i0",
+    "special.i0e": "bessel_i0e",
+    "special.i1": "bessel_i1",
+    "special.i1e": "bessel_i1e",
+    "special.erfcx": "erfcx",
+    "special.ndtri": "ndtri",
+    "special.log_ndtr": "log_ndtr",
+    "special.bessel_j0": "bessel_j0",
+    "special.bessel_j1": "bessel_j1",
+    "special.bessel_y0": "bessel_y0",
+    "special.bessel_y1": "bessel_y1",
+    "special.modified_bessel_i0": "bessel_i0",
+    "special.modified_bessel_i1": "bessel_i1",
+    "special.modified_bessel_k0": "modified_bessel_k0",
+    "special.modified_bessel_k1": "modified_bessel_k1",
+    "special.scaled_modified_bessel_k0": "scaled_modified_bessel_k0",
+    "special.scaled_modified_bessel_k1": "scaled_modified_bessel_k1",
+    "special.spherical_bessel_j0": "spherical_bessel_j0",
+    "special.airy_ai": "airy_ai",
+}.items():
+    RECIPES[_name] = unary(_prim)
+for _name, _prim in {
+    "special.zeta": "zeta",
+    "igamma": "igamma",
+    "igammac": "igammac",
+    "gcd": "gcd",
+    "nextafter": "nextafter",
+    **{
+        f"special.{p}": p
+        for p in (
+            *(f"chebyshev_polynomial_{k}" for k in "tuvw"),
+            *(f"shifted_chebyshev_polynomial_{k}" for k in "tuvw"),
+            "hermite_polynomial_h",
+            "hermite_polynomial_he",
+            "laguerre_polynomial_l",
+            "legendre_polynomial_p",
+        )
+    },
+}.items():
+    RECIPES[_name] = binary(_prim)
+
+
+def _polygamma(n: int) -> Recipe:
+    def r(b: Recorder, x: Ref, *args: Any, **kw: Any) -> Ref:
+        # OpInfo's polygamma samples pass n as an argument after the input
+        k = args[0] if args else kw.get("n", n)
+        return b.op("polygamma", x, n=int(k))
+
+    return r
+
+
+for _k in range(5):
+    RECIPES[f"polygamma.polygamma_n_{_k}"] = _polygamma(_k)
+RECIPES["special.polygamma.special_polygamma_n_0"] = _polygamma(0)
+
+
+def _scatter_reduce(
+    b: Recorder, x: Ref, dim: int, index: Ref, src: Ref, reduce: str, include_self: bool = True
+) -> Ref:
+    return b.op("scatter_reduce", x, index, src, dim=dim, reduce=reduce, include_self=include_self)
+
+
+for _r in ("sum", "prod", "mean", "amax", "amin"):
+    RECIPES[f"scatter_reduce.{_r}"] = _scatter_reduce
+
+
+def _cum_extreme(prim_name: str) -> Recipe:
+    def r(b: Recorder, x: Ref, dim: int) -> tuple[Ref, Ref]:
+        if b.t(x).ndim == 0:
+            raise Unsupported("0-d input (the SDK returns the input itself)")
+        idx = b.op(prim_name, x, dim=dim)
+        return b.op("gather", x, idx, dim=dim), idx
+
+    return r
+
+
+RECIPES["cummax"] = _cum_extreme("cumargmax")
+RECIPES["cummin"] = _cum_extreme("cumargmin")
+RECIPES["logcumsumexp"] = lambda b, x, dim: b.op("logcumsumexp", x, dim=dim)
+
+
+def _searchsorted(
+    b: Recorder,
+    seq: Ref,
+    values: Any,
+    *,
+    out_int32: bool = False,
+    right: bool = False,
+    side: str | None = None,
+    sorter: Any = None,
+) -> Ref:
+    if side is not None:
+        right = side == "right"
+    if sorter is not None:
+        seq = b.op("gather", seq, sorter, dim=-1)
+    return b.op("searchsorted", seq, values, right=right, out_int32=out_int32)
+
+
+RECIPES["searchsorted"] = _searchsorted

@@ -173,10 +173,13 @@ def _scatter_reduce(c: Call, args: list[Any], out: Array | None) -> Array:
     """
     x, idx, src = args
     reduce = c.attr("reduce")
+    out_np = c.out().dtype.np
+    if x.dtype.kind == "V":  # bfloat16: computed in float32, rounded once at the end
+        x, src = x.astype(np.float32), src.astype(np.float32)
     res = x.dtype
     r = np.array(x, copy=True).reshape(x.shape or (1,))
     if idx.size == 0:
-        return r.reshape(x.shape)
+        return r.reshape(x.shape).astype(out_np, copy=False)
     i2 = idx.reshape(idx.shape or (1,))
     d = c.attr("dim") % r.ndim
     _range_check(c, i2, r.shape[d], 1)
@@ -221,7 +224,7 @@ def _scatter_reduce(c: Call, args: list[Any], out: Array | None) -> Array:
         else:
             q = np.floor_divide(flat, safe.astype(res))
         flat[touched] = q[touched]
-    return flat.reshape(x.shape)
+    return flat.reshape(x.shape).astype(out_np, copy=False)
 
 
 def _index_put_infer(c: Call) -> TensorMeta:
