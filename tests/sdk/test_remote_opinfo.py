@@ -21,9 +21,13 @@ KNOWN_WRONG = {
     # the samples take views of a larger buffer and read outside them; a remote input is a
     # standalone tensor (the SDK refuses as_strided outside it rather than read garbage)
     "as_strided.partial_views",
+    # torch's float32 matrix_exp of OpInfo's batched sample differs from torch's own float64
+    # result by more than the float32 tolerance; the node computes in float64 and is the
+    # closer one (tests/engine/test_special_and_matrix.py checks it against torch)
+    "matrix_exp",
 }
 #: the pass rate (value-dependent entries excluded) measured on this subset
-FLOOR = 0.70
+FLOOR = 0.90
 
 
 @pytest.fixture(scope="module")
