@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from sdk._remote.dispatch import SPECIAL
 from sdk._remote.graph import Node, prim
 from sdk._remote.rules import dtype_name, implements
 
@@ -328,3 +329,40 @@ def _linalg_lu(out: Any, a: Node, *, pivot: bool = True) -> Any:
     lu = prim("lu_factor", a)
     lu.shape, lu.dtype = a.shape, a.dtype
     return _unpack(out, lu, prim("lu_pivots", a), True, True)
+
+
+def _geqrf(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    # geqrf has no meta kernel: build torch's output layout (column-major a) by hand
+    from sdk._remote.dispatch import _wrap, node_of
+    from sdk._remote.tensor import RemoteTensor
+
+    x = args[0]
+    if not isinstance(x, RemoteTensor):
+        return aten.geqrf.default(*args, **kwargs)
+    shape = tuple(x.shape)
+    m, n = shape[-2:]
+    batch = shape[:-2]
+    strides = [0] * len(shape)
+    strides[-2], strides[-1] = 1, m
+    acc = m * n
+    for d in reversed(range(len(batch))):
+        strides[d] = acc
+        acc *= shape[d]
+    a_meta = torch.empty_strided(shape, tuple(strides), dtype=x.dtype, device="meta")
+    tau_meta = torch.empty((*batch, min(m, n)), dtype=x.dtype, device="meta")
+    node = node_of(x)
+    nodes = (prim("geqrf", node), prim("geqrf_tau", node))
+    return _wrap((a_meta, tau_meta), nodes, x._source)
+
+
+SPECIAL[aten.geqrf.default] = _geqrf
+
+
+implements(aten.linalg_householder_product.default)(
+    lambda out, a, tau: prim("householder_product", a, tau)
+)
+implements(aten.ormqr.default)(
+    lambda out, a, tau, other, left=True, transpose=False: prim(
+        "ormqr", a, tau, other, left=bool(left), transpose=bool(transpose)
+    )
+)

@@ -296,3 +296,24 @@ def test_rectangular_factorizations_match_torch() -> None:
             torch.testing.assert_close(_run("qr_r", [x], mode=mode), r)
         torch.testing.assert_close(_run("svdvals", [x]), torch.linalg.svdvals(x))
     assert np.isfinite(_run("det", [a[:, :3, :]]).numpy()).all()
+
+
+def test_householder_form_matches_torch() -> None:
+    g = torch.Generator().manual_seed(4)
+    for shape in ((5, 3), (2, 4, 4), (3, 0)):
+        a = torch.randn(*shape, generator=g, dtype=torch.float64)
+        want_a, want_tau = torch.geqrf(a)
+        torch.testing.assert_close(_run("geqrf", [a]), want_a)
+        torch.testing.assert_close(_run("geqrf_tau", [a]), want_tau)
+    a = torch.randn(2, 5, 3, generator=g, dtype=torch.float64)
+    qr, tau = torch.geqrf(a)
+    want = torch.linalg.householder_product(qr, tau)
+    torch.testing.assert_close(_run("householder_product", [qr, tau]), want)
+    c = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+    for transpose in (False, True):
+        want = torch.ormqr(qr, tau, c, left=True, transpose=transpose)
+        got = _run("ormqr", [qr, tau, c], left=True, transpose=transpose)
+        torch.testing.assert_close(got, want)
+    ct = c.mT.contiguous()
+    want = torch.ormqr(qr, tau, ct, left=False, transpose=True)
+    torch.testing.assert_close(_run("ormqr", [qr, tau, ct], left=False, transpose=True), want)

@@ -385,3 +385,101 @@ def _solve_triangular(c: Call, args: list[Any], out: Array | None) -> Array:
             return _loop(c, one, [a, b], 2)
         except (np.linalg.LinAlgError, scipy.linalg.LinAlgError):
             raise _fail(c, "the triangular matrix is singular") from None
+
+
+# -- LAPACK's Householder form (geqrf, orgqr, ormqr) ---------------------------------------
+
+
+def _lapack(name: str, a: Array) -> Any:
+    return scipy.linalg.get_lapack_funcs((name,), (a,))[0]
+
+
+def _geqrf(a: Array) -> tuple[Array, Array]:
+    if 0 in a.shape:
+        return np.array(a, copy=True), np.zeros((0,), dtype=a.dtype)
+    qr, tau, _, _info = _lapack("geqrf", a)(a)
+    return np.asarray(qr), np.asarray(tau)
+
+
+@_unary_matrix("geqrf", lambda c, a: a.shape, square=False)
+def _geqrf_prim(c: Call, args: list[Any], out: Array | None) -> Array:
+    """R and the Householder vectors packed as LAPACK's geqrf leaves them (torch.geqrf's a)."""
+    return _loop(c, lambda m: _geqrf(m)[0], [args[0]], 2)
+
+
+@_unary_matrix("geqrf_tau", lambda c, a: (*a.shape[:-2], min(a.shape[-2:])), square=False)
+def _geqrf_tau(c: Call, args: list[Any], out: Array | None) -> Array:
+    """The Householder scalars of ``geqrf`` (torch.geqrf's tau)."""
+    return _loop(c, lambda m: _geqrf(m)[1], [args[0]], 1)
+
+
+def _householder_infer(c: Call) -> TensorMeta:
+    a = _matrix(c, 0, square=False)
+    tau = c.tensor(1)
+    m, n = a.shape[-2:]
+    if m < n or tau.ndim < 1 or tau.shape[-1] > n or tau.dtype != a.dtype:
+        raise c.fail(
+            f"needs m >= n >= k and tau of A's dtype, got A {list(a.shape)}, tau {list(tau.shape)}"
+        )
+    if tau.shape[:-1] != a.shape[:-2]:
+        raise c.fail("tau's batch dims must equal A's", 1)
+    return TensorMeta(a.shape, a.dtype)
+
+
+@prim("householder_product", args=2, infer=_householder_infer, flops=_cubic)
+def _householder_product(c: Call, args: list[Any], out: Array | None) -> Array:
+    """The first n columns of the product of Householder reflectors (LAPACK orgqr)."""
+    a, tau = args
+
+    def one(m: Array, t: Array) -> Array:
+        if 0 in m.shape:
+            return np.zeros(m.shape, dtype=m.dtype)
+        if t.shape[-1] == 0:
+            return np.eye(*m.shape, dtype=m.dtype)
+        q, _, _info = _lapack("orgqr", m)(m, t)
+        return np.asarray(q)
+
+    tau2 = tau.reshape((*tau.shape[:-1], 1, tau.shape[-1]))
+    return _loop(c, lambda m, t: one(m, t[0]), [a, tau2], 2)
+
+
+def _ormqr_infer(c: Call) -> TensorMeta:
+    a = _matrix(c, 0, square=False)
+    tau = c.tensor(1)
+    other = _matrix(c, 2, square=False)
+    if tau.dtype != a.dtype or other.dtype != a.dtype:
+        raise c.fail("input, tau and other must share a dtype")
+    left = c.attrs.get("left", True)
+    mn = other.shape[-2] if left else other.shape[-1]
+    if a.shape[-2] != mn or tau.shape[-1] > min(a.shape[-2:]):
+        raise c.fail(f"reflectors of shape {list(a.shape)} do not fit other {list(other.shape)}")
+    if not (a.shape[:-2] == tau.shape[:-1] == other.shape[:-2]):
+        raise c.fail("input, tau and other need the same batch dims")
+    return TensorMeta(other.shape, other.dtype)
+
+
+@prim(
+    "ormqr",
+    args=3,
+    attrs={
+        "left": AttrSpec("bool", optional=True, default=True),
+        "transpose": AttrSpec("bool", optional=True, default=False),
+    },
+    infer=_ormqr_infer,
+    flops=lambda c: 4 * c.out().numel * c.tensor(0).shape[-2] + 1,
+)
+def _ormqr(c: Call, args: list[Any], out: Array | None) -> Array:
+    """Q @ other (or other @ Q, or with Q^T) for Q held as geqrf's reflectors (LAPACK ormqr)."""
+    a, tau, other = args
+    side = "L" if c.attrs.get("left", True) else "R"
+    trans = "T" if c.attrs.get("transpose") else "N"
+
+    def one(m: Array, t: Array, rhs: Array) -> Array:
+        if 0 in rhs.shape or t.shape[-1] == 0:
+            return np.array(rhs, copy=True)
+        lwork = max(1, 64 * max(rhs.shape))
+        r = _lapack("ormqr", m)(side, trans, m, t, rhs, lwork)
+        return np.asarray(r[0])
+
+    tau2 = tau.reshape((*tau.shape[:-1], 1, tau.shape[-1]))
+    return _loop(c, lambda m, t, rhs: one(m, t[0], rhs), [a, tau2, other], 2)
