@@ -387,7 +387,9 @@ def charge(
             extra_delta_units=_tv_delta_units(cost.tv_units, conversion),
         )
         charges = _charges(session, in_force.policy, request, puser, conversion)
-        waiting = approvals.find(session, user.id, cost)
+        gate = in_force.policy.approval
+        gated = gate.epsilon_above is not None or gate.delta_above is not None
+        waiting = approvals.find(session, user.id, cost) if gated else None
         answer = None if waiting is None else approvals.answer_of(waiting)
         if answer is not None:
             decision = policies.decide_approved(
