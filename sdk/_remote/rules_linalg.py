@@ -366,3 +366,16 @@ implements(aten.ormqr.default)(
         "ormqr", a, tau, other, left=bool(left), transpose=bool(transpose)
     )
 )
+
+
+@implements(aten.linalg_ldl_factor_ex.default)
+def _ldl_factor_ex(
+    out: Any, a: Node, *, hermitian: bool = False, check_errors: bool = False
+) -> tuple[Node, Node, Node]:
+    # real matrices only: hermitian and symmetric are the same thing
+    return prim("ldl_factor", a), prim("ldl_pivots", a), _zeros(out[2])
+
+
+implements(aten.linalg_ldl_solve.default)(
+    lambda out, ld, pivots, b, *, hermitian=False: prim("ldl_solve", ld, pivots, b)
+)

@@ -317,3 +317,14 @@ def test_householder_form_matches_torch() -> None:
     ct = c.mT.contiguous()
     want = torch.ormqr(qr, tau, ct, left=False, transpose=True)
     torch.testing.assert_close(_run("ormqr", [qr, tau, ct], left=False, transpose=True), want)
+
+
+def test_ldl_matches_torch() -> None:
+    g = torch.Generator().manual_seed(8)
+    a = torch.randn(2, 5, 5, generator=g, dtype=torch.float64)
+    a = a + a.mT
+    ld, piv = torch.linalg.ldl_factor(a)
+    torch.testing.assert_close(_run("ldl_factor", [a]), ld)
+    assert torch.equal(_run("ldl_pivots", [a]), piv)
+    b = torch.randn(2, 5, 3, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(_run("ldl_solve", [ld, piv, b]), torch.linalg.ldl_solve(ld, piv, b))

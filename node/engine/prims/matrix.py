@@ -483,3 +483,52 @@ def _ormqr(c: Call, args: list[Any], out: Array | None) -> Array:
 
     tau2 = tau.reshape((*tau.shape[:-1], 1, tau.shape[-1]))
     return _loop(c, lambda m, t, rhs: one(m, t[0], rhs), [a, tau2, other], 2)
+
+
+# -- LDL^T with Bunch-Kaufman pivoting (sytrf, sytrs) --------------------------------------
+
+
+def _ldl(a: Array) -> tuple[Array, Array]:
+    if a.shape[-1] == 0:
+        return np.array(a, copy=True), np.zeros((0,), dtype=np.int32)
+    ldu, piv, _info = _lapack("sytrf", a)(a, lower=1)
+    return np.tril(ldu), np.asarray(piv, dtype=np.int32)
+
+
+@_unary_matrix("ldl_factor", lambda c, a: a.shape)
+def _ldl_factor(c: Call, args: list[Any], out: Array | None) -> Array:
+    """The LDL^T factors of a symmetric matrix (lower triangle read), packed like torch's LD."""
+    return _loop(c, lambda m: _ldl(m)[0], [args[0]], 2)
+
+
+@_unary_matrix("ldl_pivots", lambda c, a: a.shape[:-1], out_int32=True)
+def _ldl_pivots(c: Call, args: list[Any], out: Array | None) -> Array:
+    """sytrf's int32 pivots (1-based; negative pairs mark 2x2 blocks), like torch's."""
+    return _loop(c, lambda m: _ldl(m)[1], [args[0]], 1)
+
+
+def _ldl_solve_infer(c: Call) -> TensorMeta:
+    ld = _matrix(c, 0)
+    piv = c.tensor(1)
+    b = _matrix(c, 2, square=False)
+    if piv.dtype.name != "int32" or piv.shape != ld.shape[:-1]:
+        raise c.fail("pivots must be int32 with one entry per row of LD", 1)
+    if b.dtype != ld.dtype or b.shape[-2] != ld.shape[-1]:
+        raise c.fail(f"B of shape {list(b.shape)} does not fit LD of shape {list(ld.shape)}", 2)
+    batch = broadcast(c, [ld.shape[:-2], b.shape[:-2]])
+    return TensorMeta((*batch, *b.shape[-2:]), b.dtype)
+
+
+@prim("ldl_solve", args=3, infer=_ldl_solve_infer, flops=_solve_flops)
+def _ldl_solve(c: Call, args: list[Any], out: Array | None) -> Array:
+    """Solve A X = B from ``ldl_factor``/``ldl_pivots`` (LAPACK sytrs)."""
+    ld, piv, b = args
+
+    def one(f: Array, p: Array, rhs: Array) -> Array:
+        if 0 in rhs.shape:
+            return np.zeros(rhs.shape, dtype=rhs.dtype)
+        x, _info = _lapack("sytrs", f)(f, p, rhs, lower=1)
+        return np.asarray(x)
+
+    piv2 = piv.reshape((*piv.shape[:-1], 1, piv.shape[-1]))
+    return _loop(c, lambda f, p, rhs: one(f, p[0], rhs), [ld, piv2, b], 2)
