@@ -24,6 +24,7 @@ from sdk._remote import (  # noqa: F401
     rules_nn,
     rules_reduce,
     rules_special,
+    rules_stats,
 )
 from sdk._remote.graph import Encoded, build, encode_graph, input_node
 from sdk._remote.mock import MockSession, active_session, evaluate, mock

@@ -1,0 +1,107 @@
+"""Counting statistics with public output shapes: ``mode`` and ``histc``.
+
+Both are private values of a public shape (one mode per row, one count per bin),
+so they are recorded like any other computation: a sort and run lengths for the
+mode, a ``scatter_add`` of ones into public bins for the histogram.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from sdk._remote.graph import Node, prim
+from sdk._remote.rules import dtype_name, implements
+
+__all__: list[str] = []
+
+aten = torch.ops.aten
+
+
+def _arange(n: int, shape: tuple[int, ...], d: int) -> Node:
+    """0..n-1 along dim ``d`` of ``shape`` (int64), broadcast to ``shape``."""
+    lifted = [1] * len(shape)
+    lifted[d] = n
+    r = prim("arange", start=0.0, end=float(n), step=1.0, dtype="int64")
+    return prim("expand", prim("reshape", r, shape=tuple(lifted)), shape=shape)
+
+
+def _running(x: Node, d: int, which: str) -> Node:
+    return prim("gather", x, prim(which, x, dim=d), dim=d)
+
+
+@implements(aten.mode.default)
+def _mode(out: Any, x: Node, dim: int = -1, keepdim: bool = False) -> tuple[Node, Node]:
+    """torch.mode: the smallest of the most frequent values, and its last index.
+
+    Sorted, equal values form runs; each element's run length is (end - start + 1),
+    with starts from a running max of run-start positions and ends from a running min
+    taken from the right. The first maximum in sorted order is the smallest value.
+    """
+    shape = tuple(x.shape or ())
+    if not shape:
+        return x, prim("full", shape=(), value=0.0, dtype="int64")
+    d = dim % len(shape)
+    n = shape[d]
+    pos = _arange(n, shape, d)
+    s = prim("gather", x, prim("argsort", x, dim=d), dim=d)
+    prev = prim(
+        "cat",
+        prim("slice", s, dim=d, start=0, end=1, step=1),
+        prim("slice", s, dim=d, start=0, end=n - 1, step=1),
+        dim=d,
+    )
+    nxt = prim(
+        "cat",
+        prim("slice", s, dim=d, start=1, end=n, step=1),
+        prim("slice", s, dim=d, start=n - 1, end=n, step=1),
+        dim=d,
+    )
+    is_first = prim("logical_or", prim("ne", s, prev), prim("eq", pos, 0))
+    is_last = prim("logical_or", prim("ne", s, nxt), prim("eq", pos, n - 1))
+    start = _running(prim("where", is_first, pos, 0), d, "cumargmax")
+    ends_rev = prim("flip", prim("where", is_last, pos, n), dims=(d,))
+    end = prim("flip", _running(ends_rev, d, "cumargmin"), dims=(d,))
+    length = prim("sub", end, start)
+    best = prim("argmax", length, dim=d, keepdim=True)
+    value = prim("gather", s, best, dim=d)
+    hit = prim("eq", x, value)
+    index = prim("amax", prim("where", hit, pos, -1), dims=(d,), keepdim=True)
+    if not keepdim:
+        value, index = prim("squeeze", value, dims=(d,)), prim("squeeze", index, dims=(d,))
+    return value, index
+
+
+@implements(aten.histc.default)
+def _histc(out: torch.Tensor, x: Node, bins: int = 100, min: Any = 0, max: Any = 0) -> Node:
+    """torch.histc: counts in ``bins`` equal bins over [min, max] (the data's range if equal).
+
+    bin = trunc((x - min) * bins / (max - min)), x == max in the last bin, values
+    outside the range (and NaN) counted nowhere: they land in a discarded extra bin.
+    """
+    name = dtype_name(out.dtype)
+    flat = prim("reshape", x, shape=(-1,))
+    lo: Any
+    hi: Any
+    if float(min) == float(max):  # the data's own range, widened by 1 when it is one value
+        lo, hi = prim("amin", flat), prim("amax", flat)
+        same = prim("eq", lo, hi)
+        lo = prim("where", same, prim("sub", lo, 1), lo)
+        hi = prim("where", same, prim("add", hi, 1), hi)
+        if math.prod(x.shape or ()) == 0:
+            lo, hi = float(min) - 1, float(max) + 1
+    else:
+        lo, hi = float(min), float(max)
+    width = hi - lo if isinstance(hi, float) and isinstance(lo, float) else prim("sub", hi, lo)
+    scaled = prim("div", prim("mul", prim("sub", flat, lo), bins), width)
+    pos = prim("clamp", prim("convert_element_type", scaled, dtype="int64"), 0, bins - 1)
+    inside = prim("logical_and", prim("ge", flat, lo), prim("le", flat, hi))
+    index = prim("where", inside, pos, bins)
+    n = math.prod(x.shape or ())
+    ones = prim("full", shape=(n,), value=1.0, dtype=name)
+    hist = prim(
+        "scatter_add", prim("full", shape=(bins + 1,), value=0.0, dtype=name), index, ones, dim=0
+    )
+    return prim("slice", hist, dim=0, start=0, end=bins, step=1)
