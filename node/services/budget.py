@@ -93,7 +93,25 @@ def quantize_epsilon(epsilon: float) -> Fraction:
     units = units_down(epsilon, EPSILON_UNIT, "epsilon")
     if units == 0:
         raise InvalidRequestError(f"epsilon must be at least 1e-9, got {epsilon!r}")
+    check_epsilon_size(epsilon)
     return units * EPSILON_UNIT
+
+
+#: The largest epsilon a publish, a request or a grant may name: far beyond any meaningful
+#: guarantee, and small enough that ledger sums stay within a 64-bit column.
+MAX_EPSILON = 1e6
+
+
+def check_epsilon_size(epsilon: float, what: str = "epsilon") -> None:
+    """Refuse an epsilon above :data:`MAX_EPSILON`.
+
+    >>> check_epsilon_size(1e7)
+    Traceback (most recent call last):
+    ...
+    node.errors.InvalidRequestError: epsilon must be at most 1e+06, got 10000000.0
+    """
+    if epsilon > MAX_EPSILON:
+        raise InvalidRequestError(f"{what} must be at most {MAX_EPSILON:g}, got {epsilon!r}")
 
 
 @dataclass(frozen=True)
@@ -174,8 +192,8 @@ def _tv_delta_units(tv_units: int, epsilon_units: int) -> int:
     (epsilon, delta + (1 + e^epsilon) tv)-DP; ``epsilon`` must be at least the epsilon of
     every guarantee the charge counts against (the user's allocation, the dataset caps).
 
-    >>> _tv_delta_units(10**12, 0), _tv_delta_units(1, 10**9)
-    (2, 1)
+    >>> _tv_delta_units(1, 10 * 10**9), _tv_delta_units(10**15, 10**9)  # 1e-30 at 10; 1e-15 at 1
+    (1, 3719)
     """
     if tv_units == 0:
         return 0

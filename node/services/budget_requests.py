@@ -27,6 +27,7 @@ __all__ = [
 
 def _amounts(epsilon: float, delta: float) -> tuple[int, int]:
     eps = budget.units_down(epsilon, budget.EPSILON_UNIT, "epsilon")
+    budget.check_epsilon_size(epsilon)
     if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 <= delta < 1:
         raise InvalidRequestError(f"delta must be a number in [0, 1), got {delta!r}")
     return eps, budget.units_down(delta, budget.DELTA_UNIT, "delta")

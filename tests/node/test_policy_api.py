@@ -229,6 +229,7 @@ def test_a_budget_request_is_answered_and_the_requester_sees_the_decision(
         ({"epsilon": 0.0, "reason": "r"}, 422, "invalid_request"),
         ({"epsilon": 1.0, "reason": ""}, 422, "invalid_request"),
         ({"epsilon": 1.0}, 422, "invalid_request"),
+        ({"epsilon": 1e300, "reason": "r"}, 422, "invalid_request"),
     ],
 )
 def test_bad_budget_requests_are_refused(
