@@ -194,7 +194,7 @@ def rows_of(owner: Array, shape: Sequence[int]) -> Rows | None:
         return None
     col = found.column
     n = col.shape[0]
-    if owner.__array_interface__["data"][0] != found.address:
+    if owner.dtype != col.dtype or owner.__array_interface__["data"][0] != found.address:
         return None
     axis: int | None = None
     for d, (m, st) in enumerate(zip(owner.shape, owner.strides, strict=True)):

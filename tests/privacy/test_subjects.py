@@ -164,6 +164,7 @@ def test_only_views_of_the_column_are_recognised() -> None:
     assert rows_of(col[::-1], (4, 3)) is None  # reordered rows
     assert rows_of(col[1:], (3, 3)) is None  # a slice
     assert rows_of(col, (0, 3)) is None  # empty
+    assert rows_of(col.view(np.uint64), (4, 3)) is None  # the same bytes read as another dtype
     mutable = np.array([0, 1, 2])
     t = Subjects.of(mutable)
     assert t.column is not mutable and not t.column.flags.writeable  # copied, read-only
