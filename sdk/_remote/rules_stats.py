@@ -105,3 +105,63 @@ def _histc(out: torch.Tensor, x: Node, bins: int = 100, min: Any = 0, max: Any =
         "scatter_add", prim("full", shape=(bins + 1,), value=0.0, dtype=name), index, ones, dim=0
     )
     return prim("slice", hist, dim=0, start=0, end=bins, step=1)
+
+
+_SEGMENT_IDENTITY = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "max": -math.inf, "min": math.inf}
+_SEGMENT_REDUCE = {"sum": "sum", "mean": "sum", "prod": "prod", "max": "amax", "min": "amin"}
+
+
+@implements(aten.segment_reduce.default)
+def _segment_reduce(
+    out: torch.Tensor,
+    data: Node,
+    reduce: str,
+    *,
+    lengths: Node | None = None,
+    indices: Node | None = None,
+    offsets: Node | None = None,
+    axis: int = 0,
+    unsafe: bool = False,
+    initial: Any = None,
+) -> Any:
+    """Reduce consecutive segments of ``data`` along ``axis`` (lengths or offsets are private).
+
+    Row i belongs to the segment whose end is the first one above i: a searchsorted of i
+    among the segments' ends. ``initial`` joins every segment (a mean does not count it);
+    empty segments give ``initial``, or the reduction's identity (NaN for a mean).
+    """
+    if indices is not None or reduce not in _SEGMENT_REDUCE:
+        return NotImplemented
+    shape = tuple(data.shape or ())
+    ax = axis % len(shape)
+    n = shape[ax]
+    segments = tuple(out.shape)[ax]
+    name = dtype_name(out.dtype)
+    if lengths is not None:
+        ends = prim("cumsum", lengths, dim=-1, dtype="int64")
+    elif offsets is not None:
+        m = segments + 1
+        starts = prim("slice", offsets, dim=-1, start=0, end=1, step=1)
+        ends = prim("sub", prim("slice", offsets, dim=-1, start=1, end=m, step=1), starts)
+        ends = prim("convert_element_type", ends, dtype="int64")
+    else:
+        return NotImplemented
+    # lengths/offsets carry data's leading dims (one segmentation per leading index)
+    batch = shape[:ax]
+    rows = prim("arange", start=0.0, end=float(n), step=1.0, dtype="int64")
+    if batch:
+        rows = prim("expand", rows, shape=(*batch, n))
+    seg = prim("searchsorted", ends, rows, right=True)
+    lifted = (*batch, n) + (1,) * (len(shape) - ax - 1)
+    index = prim("expand", prim("reshape", seg, shape=lifted), shape=shape)
+    fill = _SEGMENT_IDENTITY[reduce] if initial is None else float(initial)
+    base = prim("full", shape=tuple(out.shape), value=fill, dtype=name)
+    total = prim("scatter_reduce", base, index, data, dim=ax, reduce=_SEGMENT_REDUCE[reduce])
+    if reduce != "mean":
+        return total
+    ones = prim("full", shape=shape, value=1.0, dtype=name)
+    zeros = prim("full", shape=tuple(out.shape), value=0.0, dtype=name)
+    count = prim("scatter_add", zeros, index, ones, dim=ax)
+    if initial is not None:
+        count = prim("clamp", count, 1.0, None)
+    return prim("div", total, count)
