@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from node.privacy.subjects import rows_of
+from node.privacy.subjects import distinct_view, rows_of
 
 __all__ = [
     "compact",
@@ -58,6 +58,8 @@ def varying_axes(a: Array, shape: Sequence[int], exact: bool = False) -> list[bo
             return [d == rows.axis and not single for d in range(len(shape))]
     b = np.broadcast_to(a, tuple(shape))
     out = [n > 1 and st != 0 for n, st in zip(b.shape, b.strides, strict=True)]
+    if exact and distinct_view(a):  # different elements of distinct ids differ
+        return out
     if exact and any(out):
         f = fit(b, shape)  # only the real (non-broadcast) extent is compared
         for ax, v in enumerate(out):

@@ -31,7 +31,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Rows", "Subjects", "all_owned", "general_paths", "rows_of", "same_values"]
+__all__ = [
+    "Rows",
+    "Subjects",
+    "all_owned",
+    "distinct_view",
+    "general_paths",
+    "increasing_flat",
+    "register_distinct",
+    "rows_of",
+    "same_values",
+]
 
 Array = npt.NDArray[Any]
 
@@ -210,6 +220,58 @@ def rows_of(owner: Array, shape: Sequence[int]) -> Rows | None:
     if axis is None:  # a one-row column: the general path is cheap
         return None
     return Rows(found, axis)
+
+
+#: Arrays of distinct ids (a table's root ids): id of the array -> weak reference to it.
+_DISTINCT: dict[int, weakref.ReferenceType[Array]] = {}
+
+
+def register_distinct(ids: Array) -> Array:
+    """Mark ``ids`` (C-contiguous, every value different, increasing in C order) read-only
+    and recognisable by :func:`distinct_view` and :func:`increasing_flat`."""
+    if not ids.flags.c_contiguous:
+        raise ValueError("distinct ids must be C-contiguous")
+    ids.setflags(write=False)
+    key = id(ids)
+
+    def drop(_: object, key: int = key) -> None:
+        with _LOCK:
+            _DISTINCT.pop(key, None)
+
+    with _LOCK:
+        _DISTINCT[key] = weakref.ref(ids, drop)
+    return ids
+
+
+def _distinct_base(a: Array) -> Array | None:
+    if getattr(_DISABLED, "on", False) or not isinstance(a, np.ndarray):
+        return None
+    base: Any = a
+    while isinstance(base, np.ndarray):
+        ref = _DISTINCT.get(id(base))
+        if ref is not None and ref() is base:
+            return base
+        base = base.base
+    return None
+
+
+def distinct_view(a: Array) -> bool:
+    """Whether ``a`` views registered distinct ids (so along any axis of size > 1 and
+    nonzero stride its elements differ: they are different elements of the ids)."""
+    return _distinct_base(a) is not None
+
+
+def increasing_flat(a: Array) -> bool:
+    """Whether ``a`` is all of a registered distinct-ids array, flat and in order."""
+    base = _distinct_base(a)
+    return (
+        base is not None
+        and a.ndim == 1
+        and a.size == base.size
+        and a.dtype == base.dtype
+        and (a.size < 2 or a.strides[0] == base.itemsize)
+        and a.__array_interface__["data"][0] == base.__array_interface__["data"][0]
+    )
 
 
 def all_owned(owner: Array, shape: Sequence[int]) -> bool:

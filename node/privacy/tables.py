@@ -16,6 +16,7 @@ roots index the same domain.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from node.privacy.arrays import compact, varying_axes
-from node.privacy.subjects import all_owned
+from node.privacy.subjects import all_owned, increasing_flat, register_distinct, rows_of
 
 if TYPE_CHECKING:
     from node.privacy.state import Array, State
@@ -98,9 +99,18 @@ class Table:
         pick = tuple(slice(None) if r else 0 for r in root_ax)
         roots = np.broadcast_to(self.root, shape)[pick].reshape(-1)
         owners = np.broadcast_to(s.owner, shape)[pick].reshape(-1)
-        if (owners < 0).any() or (roots < 0).any():
+        once = increasing_flat(roots)  # an input's own ids: each root once, none negative
+        if not once and (roots < 0).any():
             return none
-        if roots.size < 2 or bool((np.diff(roots) > 0).all()):  # each root once, in order
+        rows = rows_of(owners, owners.shape)
+        if rows is not None and once:  # each root on its own row: a subject's row count
+            sub = rows.subjects
+            g1 = sub.spread(sub.per_subject(np.full(1, slice1)), nsub)
+            g2 = sub.spread(sub.per_subject(np.full(1, slice2**2)), nsub)
+            return g1, g2
+        if (owners < 0).any():
+            return none
+        if once or roots.size < 2 or bool((np.diff(roots) > 0).all()):  # each root once
             own, counts = owners, np.ones(roots.size, dtype=np.int64)
         else:
             _, first, counts = np.unique(roots, return_index=True, return_counts=True)
@@ -162,11 +172,15 @@ def ids_of(vid: Array | LazyIds) -> Array:
     return vid.array() if isinstance(vid, LazyIds) else vid
 
 
+@functools.lru_cache(maxsize=4)
 def root_ids(index: int, shape: tuple[int, ...]) -> Array:
-    """Ids unique to each element of node ``index``.
+    """Ids unique to each element of node ``index`` (read-only, registered as distinct).
+
+    Cached: the ids are a function of public structure only.
 
     >>> root_ids(1, (2,)).tolist()
     [1099511627776, 1099511627777]
     """
     n = int(np.prod(shape))
-    return (np.int64(index) << _ROOT_SHIFT) + np.arange(n, dtype=np.int64).reshape(shape)
+    ids = (np.int64(index) << _ROOT_SHIFT) + np.arange(n, dtype=np.int64).reshape(shape)
+    return register_distinct(ids)

@@ -18,7 +18,15 @@ from hypothesis import strategies as st
 from node.engine import GraphBuilder
 from node.errors import EvaluationError
 from node.privacy import InputSpec, PrivacyReport, PrivacyTrackingError, track
-from node.privacy.subjects import Subjects, general_paths, rows_of
+from node.privacy.arrays import varying_axes
+from node.privacy.subjects import (
+    Subjects,
+    distinct_view,
+    general_paths,
+    increasing_flat,
+    register_distinct,
+    rows_of,
+)
 from tests.privacy.helpers import Column, assert_sound, neighbours
 from tests.privacy.test_attack import OPS, Builder, Val
 
@@ -111,6 +119,7 @@ def test_row_reductions_take_the_fast_path_and_agree(
     b = GraphBuilder()
     x = b.input("x", "float64", (n, d))
     y = b.input("y", "float64", (n,))
+    u = b.input("u", "int64", (n,))
     centred = b.op("sub", x, b.op("mean", x, dims=[0], keepdim=True))
     outs = [
         b.op(op, x, dims=[0]),  # per column, over rows
@@ -124,11 +133,15 @@ def test_row_reductions_take_the_fast_path_and_agree(
         b.op("sum", b.op("mul", centred, centred), dims=[0]),  # a centred moment (variance)
         b.op("sub", y, b.op("amax", y)),  # a column and a mixed value: keeps the column
         b.op(op, b.op("mul", b.op("sub", y, b.op("amax", y)), y)),
+        b.op(op, b.op("convert_element_type", b.op("gt", y, 2.5), dtype="float64")),  # a count
+        b.op("sum", b.op("eq", b.op("unsqueeze", u, dim=1), b.constant(np.arange(4))), dims=[0]),
+        b.op(op, b.op("convert_element_type", u, dtype="float64")),  # an integer column's mean
     ]
     graph = b.build(outs)
     specs = {
         "x": InputSpec.private(rng.uniform(-1, 0, d), rng.uniform(0, 2, d), subjects),
         "y": InputSpec.private(0, 5, subjects),
+        "u": InputSpec.private(0, 3, subjects),
     }
     with general_paths():
         slow = track(graph, specs)
@@ -136,6 +149,19 @@ def test_row_reductions_take_the_fast_path_and_agree(
     _same(fast, slow)
     if kind == "identity":  # nothing of size n per subject was formed
         assert all(o.per_subject_l1.shape == (1,) for o in fast.outputs[:3])
+        assert all(o.per_subject_l1.shape == (1,) for o in fast.outputs[-3:])
+
+
+def test_distinct_ids_are_recognised_by_layout() -> None:
+    ids = register_distinct(np.arange(12, dtype=np.int64).reshape(3, 4) + 100)
+    assert not ids.flags.writeable
+    assert increasing_flat(ids.reshape(-1))
+    assert not increasing_flat(ids.reshape(-1)[::-1])  # reversed: distinct, not increasing
+    assert not increasing_flat(ids[1:].reshape(-1))  # not all of them
+    assert distinct_view(ids.T) and not distinct_view(ids.copy())
+    assert varying_axes(np.broadcast_to(ids[:, :1], (3, 5)), (3, 5), exact=True) == [True, False]
+    with general_paths():
+        assert not increasing_flat(ids.reshape(-1))
 
 
 def test_subject_structures() -> None:
