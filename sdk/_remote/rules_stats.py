@@ -165,3 +165,87 @@ def _segment_reduce(
     if initial is not None:
         count = prim("clamp", count, 1.0, None)
     return prim("div", total, count)
+
+
+@implements(aten._embedding_bag_forward_only.default, aten._embedding_bag.default)
+def _embedding_bag(
+    out: Any,
+    weight: Node,
+    indices: Node,
+    offsets: Node,
+    scale_grad_by_freq: bool = False,
+    mode: int = 0,
+    sparse: bool = False,
+    per_sample_weights: Node | None = None,
+    include_last_offset: bool = False,
+    padding_idx: int = -1,
+) -> Any:
+    """Sum, mean or max of weight rows per bag; bag i spans offsets[i]..offsets[i + 1].
+
+    Offsets and indices may be private: each index finds its bag by a searchsorted among
+    the bags' starts. The auxiliary outputs follow torch's forward kernel: bag ids
+    (offset2bag) and bag sizes for mean/max, the arg max rows for max, zeros otherwise.
+    """
+    bags, dim = tuple(out[0].shape)
+    n = math.prod(indices.shape or ())
+    name = dtype_name(out[0].dtype)
+    if n == 0 or bags == 0:
+        return tuple(
+            prim("full", shape=tuple(o.shape), value=0.0, dtype=dtype_name(o.dtype)) for o in out
+        )
+    starts = prim("slice", offsets, dim=0, start=0, end=bags, step=1)
+    rows = prim("arange", start=0.0, end=float(n), step=1.0, dtype="int64")
+    bag = prim("sub", prim("searchsorted", starts, rows, right=True), 1)
+    vals = prim("index_select", weight, indices, dim=0)
+    if per_sample_weights is not None:
+        vals = prim("mul", vals, prim("unsqueeze", per_sample_weights, dim=1))
+    valid = prim("full", shape=(n,), value=1.0, dtype="bool")
+    if padding_idx is not None and padding_idx >= 0:
+        valid = prim("ne", indices, padding_idx)
+    if include_last_offset:  # the last offset ends the last bag: later indices count nowhere
+        end = prim("slice", offsets, dim=0, start=bags, end=bags + 1, step=1)
+        valid = prim("logical_and", valid, prim("lt", rows, end))
+    index = prim("expand", prim("unsqueeze", bag, dim=1), shape=(n, dim))
+    valid2 = prim("unsqueeze", valid, dim=1)
+    zeros = prim("full", shape=(bags, dim), value=0.0, dtype=name)
+    count = prim(
+        "scatter_add",
+        prim("full", shape=(bags,), value=0.0, dtype="int64"),
+        bag,
+        prim("convert_element_type", valid, dtype="int64"),
+        dim=0,
+    )
+    if mode == 2:
+        low = prim("full", shape=(bags, dim), value=-math.inf, dtype=name)
+        src = prim("where", valid2, vals, -math.inf)
+        best = prim("scatter_reduce", low, index, src, dim=0, reduce="amax")
+        result = prim("where", prim("gt", prim("unsqueeze", count, dim=1), 0), best, 0.0)
+    else:
+        total = prim("scatter_add", zeros, index, prim("where", valid2, vals, 0.0), dim=0)
+        result = total
+        if mode == 1:
+            denom = prim("clamp", prim("unsqueeze", count, dim=1), 1, None)
+            result = prim("div", total, prim("convert_element_type", denom, dtype=name))
+    aux = []
+    for k, o in enumerate(out[1:], 1):
+        shape = tuple(o.shape)
+        if k == 1 and shape == (n,):
+            aux.append(bag)
+        elif k == 2 and mode != 0:
+            aux.append(count)
+        elif k == 3 and mode == 2:
+            # the weight row holding each bag's maximum: the max over members of where
+            # (value == max, index, -1), per column
+            hit = prim(
+                "logical_and", prim("eq", vals, prim("gather", result, index, dim=0)), valid2
+            )
+            cand = prim(
+                "where", hit, prim("expand", prim("unsqueeze", indices, dim=1), shape=(n, dim)), -1
+            )
+            start = prim("full", shape=(bags, dim), value=-1.0, dtype="int64")
+            aux.append(prim("scatter_reduce", start, index, cand, dim=0, reduce="amax"))
+        elif k == 3 and mode == 1:
+            aux.append(count)
+        else:
+            aux.append(prim("full", shape=shape, value=0.0, dtype=dtype_name(o.dtype)))
+    return (result, *aux)
