@@ -71,7 +71,9 @@ def parse(source: str | None = None, document: Any = None) -> policies.Policy:
         InvalidPolicyError: the document is malformed; the message names every bad key.
     """
     if (source is None) == (document is None):
-        raise InvalidPolicyError("send a policy either as TOML text or as a document, not both")
+        raise InvalidPolicyError(
+            'send exactly one policy: TOML text ("toml") or the same shape as JSON ("document")'
+        )
     try:
         if source is not None:
             return policies.load_policy(source)
