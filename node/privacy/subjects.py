@@ -98,9 +98,10 @@ class Subjects:
     def of(index: npt.ArrayLike) -> Subjects:
         """The structure of a subject index (non-negative integers, one per row)."""
         a = np.asarray(index)
-        if a.ndim != 1 or a.dtype.kind not in "iu" or (a.size and int(a.min()) < 0):
-            raise ValueError("a subject index must be one non-negative integer per row")
-        column = a.astype(np.int64, copy=False)
+        wrong = ValueError("a subject index must be one non-negative integer per row")
+        if a.ndim != 1 or a.dtype.kind not in "iu":
+            raise wrong
+        column = a.astype(np.int64, copy=False)  # (a uint64 beyond int64 turns negative)
         if not _immutable(column):
             column = column.copy()
             column.setflags(write=False)
@@ -110,13 +111,17 @@ class Subjects:
             return _register(Subjects(column, 0, True, True, 0, empty, None))
         steps = np.diff(column)
         increasing = bool((steps >= 0).all())
+        if int(column[0] if increasing else column.min()) < 0:
+            raise wrong
         count = int(column[-1] if increasing else column.max()) + 1
         if increasing and bool((steps > 0).all()):
             counts = np.bincount(column, minlength=count)
             every = np.arange(n, dtype=np.int64)
             return _register(Subjects(column, count, True, True, 1, counts, every))
         counts = np.bincount(column, minlength=count)
-        starts: Array | None = np.flatnonzero(np.r_[True, steps != 0]) if increasing else None
+        starts: Array | None = None
+        if increasing:  # the first row of each run of equal ids
+            starts = np.concatenate(([0], np.flatnonzero(steps) + 1))
         return _register(
             Subjects(column, count, False, increasing, int(counts.max()), counts, starts)
         )

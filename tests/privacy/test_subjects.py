@@ -177,8 +177,9 @@ def test_subject_structures() -> None:
     assert i is Subjects.identity(3) and not i.column.flags.writeable
     np.testing.assert_array_equal(i.per_subject(np.array([2.0])), [2.0])
     np.testing.assert_array_equal(i.spread(i.per_subject(np.array([2.0])), 5), [2, 2, 2, 0, 0])
-    with pytest.raises(ValueError, match="non-negative"):
-        Subjects.of(np.array([0, -1]))
+    for bad in (np.array([0, -1]), np.array([0, 2**63 + 5], dtype=np.uint64)):
+        with pytest.raises(ValueError, match="non-negative"):
+            Subjects.of(bad)
 
 
 def test_only_views_of_the_column_are_recognised() -> None:
