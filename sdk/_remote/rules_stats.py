@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from sdk._remote.dispatch import SPECIAL
 from sdk._remote.graph import Node, prim
 from sdk._remote.rules import dtype_name, implements
 
@@ -249,3 +250,114 @@ def _embedding_bag(
         else:
             aux.append(prim("full", shape=shape, value=0.0, dtype=dtype_name(o.dtype)))
     return (result, *aux)
+
+
+def _linspace(lo: Any, hi: Any, steps: int, name: str) -> Node:
+    """torch.linspace's values: start + i step for the first half, end - (n - 1 - i) step after."""
+    i = prim("arange", start=0.0, end=float(steps), step=1.0, dtype=name)
+    if isinstance(lo, float) and isinstance(hi, float):
+        lo = prim("full", shape=(), value=lo, dtype=name)
+        hi = prim("full", shape=(), value=hi, dtype=name)
+    step = prim("div", prim("sub", hi, lo), float(max(steps - 1, 1)))
+    front = prim("add", lo, prim("mul", step, i))
+    back = prim("sub", hi, prim("mul", step, prim("sub", float(steps - 1), i)))
+    return prim("where", prim("lt", i, float(steps // 2)), front, back)
+
+
+def _histogram(
+    x: Node, edges: Node, nbins: int, weight: Node | None, density: bool, name: str
+) -> Node:
+    """Counts (or weights) per bin: bin = searchsorted(edges, x, right) - 1, x == last edge in
+    the last bin, values outside the edges (and NaN) counted nowhere (a dropped extra bin)."""
+    flat = prim("reshape", x, shape=(-1,))
+    n = math.prod(x.shape or ())
+    pos = prim("sub", prim("searchsorted", edges, flat, right=True), 1)
+    first = prim("slice", edges, dim=0, start=0, end=1, step=1)
+    last = prim("slice", edges, dim=0, start=nbins, end=nbins + 1, step=1)
+    pos = prim("where", prim("eq", flat, last), nbins - 1, pos)
+    inside = prim("logical_and", prim("ge", flat, first), prim("le", flat, last))
+    index = prim("where", inside, pos, nbins)
+    w = (
+        prim("full", shape=(n,), value=1.0, dtype=name)
+        if weight is None
+        else prim("reshape", weight, shape=(-1,))
+    )
+    zeros = prim("full", shape=(nbins + 1,), value=0.0, dtype=name)
+    hist = prim(
+        "slice", prim("scatter_add", zeros, index, w, dim=0), dim=0, start=0, end=nbins, step=1
+    )
+    if density:
+        widths = prim(
+            "sub",
+            prim("slice", edges, dim=0, start=1, end=nbins + 1, step=1),
+            prim("slice", edges, dim=0, start=0, end=nbins, step=1),
+        )
+        hist = prim("div", hist, prim("mul", prim("sum", hist), widths))
+    return hist
+
+
+def _histogram_bins(
+    out: Any,
+    x: Node,
+    bins: int = 100,
+    *,
+    range: Any = None,
+    weight: Node | None = None,
+    density: bool = False,
+) -> tuple[Node, Node]:
+    name = dtype_name(out[0].dtype)
+    lo: Any
+    hi: Any
+    if range is not None:
+        lo, hi = float(range[0]), float(range[1])
+    elif math.prod(x.shape or ()) == 0:
+        lo, hi = 0.0, 0.0
+    else:
+        flat = prim("reshape", x, shape=(-1,))
+        lo, hi = prim("amin", flat), prim("amax", flat)
+    if isinstance(lo, float) and isinstance(hi, float):
+        if lo == hi:
+            lo, hi = lo - 0.5, hi + 0.5
+    else:  # one value: torch widens the range by 0.5 each side
+        same = prim("eq", lo, hi)
+        lo = prim("where", same, prim("sub", lo, 0.5), lo)
+        hi = prim("where", same, prim("add", hi, 0.5), hi)
+    edges = _linspace(lo, hi, bins + 1, name)
+    return _histogram(x, edges, bins, weight, density, name), edges
+
+
+def _histogram_edges(
+    out: Any, x: Node, bins: Node, *, weight: Node | None = None, density: bool = False
+) -> tuple[Node, Node]:
+    nbins = math.prod(bins.shape or ()) - 1
+    return _histogram(x, bins, nbins, weight, density, dtype_name(out[0].dtype)), bins
+
+
+def _histogram_special(which: Any) -> Any:
+    # torch.histogram has no meta kernel: build the outputs' metadata here
+    def handler(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        from sdk._remote.dispatch import _to_nodes, _wrap
+        from sdk._remote.tensor import RemoteTensor
+
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if not any(isinstance(t, RemoteTensor) for t in tensors):
+            return which(*args, **kwargs)
+        x = args[0]
+        bins = args[1] if len(args) > 1 else kwargs.get("bins", 100)
+        nbins = bins.numel() - 1 if isinstance(bins, torch.Tensor) else int(bins)
+        metas = (
+            torch.empty((nbins,), dtype=x.dtype, device="meta"),
+            torch.empty((nbins + 1,), dtype=x.dtype, device="meta"),
+        )
+        rule = _histogram_edges if isinstance(bins, torch.Tensor) else _histogram_bins
+        nodes = rule(
+            metas, *[_to_nodes(a) for a in args], **{k: _to_nodes(v) for k, v in kwargs.items()}
+        )
+        source = next((t._source for t in tensors if isinstance(t, RemoteTensor)), "")
+        return _wrap(metas, nodes, source)
+
+    return handler
+
+
+SPECIAL[aten.histogram.bin_ct] = _histogram_special(aten.histogram.bin_ct)
+SPECIAL[aten.histogram.bins_tensor] = _histogram_special(aten.histogram.bins_tensor)
