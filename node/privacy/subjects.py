@@ -23,15 +23,17 @@ import functools
 import math
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "KeptByBytes",
     "Rows",
     "Subjects",
     "all_owned",
@@ -44,6 +46,8 @@ __all__ = [
 ]
 
 Array = npt.NDArray[Any]
+K = TypeVar("K")
+V = TypeVar("V")
 
 _REGISTRY: weakref.WeakValueDictionary[int, Subjects] = weakref.WeakValueDictionary()
 _LOCK = threading.Lock()
@@ -86,13 +90,16 @@ class Subjects:
         return int(self.column.shape[0])
 
     @staticmethod
-    @functools.lru_cache(maxsize=4)
     def identity(n: int) -> Subjects:
-        """Row ``i`` is subject ``i`` (cached: the column is public structure, not data)."""
-        column = np.arange(n, dtype=np.int64)
-        column.setflags(write=False)
-        ones = np.ones(1, dtype=np.int64)
-        return _register(Subjects(column, n, True, True, min(n, 1), ones, None))
+        """Row ``i`` is subject ``i`` (recent ones kept: public structure, not data)."""
+
+        def make() -> Subjects:
+            column = np.arange(n, dtype=np.int64)
+            column.setflags(write=False)
+            ones = np.ones(1, dtype=np.int64)
+            return _register(Subjects(column, n, True, True, min(n, 1), ones, None))
+
+        return IDENTITIES.get(n, 8 * n, make)
 
     @staticmethod
     def of(index: npt.ArrayLike) -> Subjects:
@@ -157,6 +164,44 @@ class Subjects:
             out[self.column[self.starts]] = np.add.reduceat(v, self.starts)
             return out
         return np.bincount(self.column, v, minlength=self.count)
+
+
+class KeptByBytes(Generic[K, V]):
+    """A small LRU of values made from public structure, bounded by their size in bytes.
+
+    Thread-safe; a value larger than the budget is made and returned but not kept.
+
+    >>> kept = KeptByBytes[int, str](10)
+    >>> kept.get(1, 6, lambda: "a"), kept.get(2, 6, lambda: "b"), kept.get(1, 6, lambda: "c")
+    ('a', 'b', 'c')
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: K, nbytes: int, make: Callable[[], V]) -> V:
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+                return found[0]
+        value = make()
+        if nbytes <= self.max_bytes:
+            with self._lock:
+                if key not in self._items:
+                    self._items[key] = (value, nbytes)
+                    self._size += nbytes
+                while self._size > self.max_bytes:
+                    _, (_, old) = self._items.popitem(last=False)
+                    self._size -= old
+        return value
+
+
+#: Identity subject columns of recent row counts (8 bytes a row).
+IDENTITIES: KeptByBytes[int, Subjects] = KeptByBytes(64 * 1024 * 1024)
 
 
 def _immutable(a: Array) -> bool:

@@ -16,7 +16,6 @@ roots index the same domain.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -24,7 +23,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from node.privacy.arrays import compact, varying_axes
-from node.privacy.subjects import all_owned, increasing_flat, register_distinct, rows_of
+from node.privacy.subjects import (
+    KeptByBytes,
+    all_owned,
+    increasing_flat,
+    register_distinct,
+    rows_of,
+)
 
 if TYPE_CHECKING:
     from node.privacy.state import Array, State
@@ -172,15 +177,20 @@ def ids_of(vid: Array | LazyIds) -> Array:
     return vid.array() if isinstance(vid, LazyIds) else vid
 
 
-@functools.lru_cache(maxsize=4)
+#: Root ids of recent (node, shape) pairs: a function of public structure only.
+_ROOTS: KeptByBytes[tuple[int, tuple[int, ...]], Array] = KeptByBytes(64 * 1024 * 1024)
+
+
 def root_ids(index: int, shape: tuple[int, ...]) -> Array:
     """Ids unique to each element of node ``index`` (read-only, registered as distinct).
-
-    Cached: the ids are a function of public structure only.
 
     >>> root_ids(1, (2,)).tolist()
     [1099511627776, 1099511627777]
     """
     n = int(np.prod(shape))
-    ids = (np.int64(index) << _ROOT_SHIFT) + np.arange(n, dtype=np.int64).reshape(shape)
-    return register_distinct(ids)
+
+    def make() -> Array:
+        ids = (np.int64(index) << _ROOT_SHIFT) + np.arange(n, dtype=np.int64).reshape(shape)
+        return register_distinct(ids)
+
+    return _ROOTS.get((index, tuple(shape)), 8 * n, make)

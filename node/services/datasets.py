@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -18,6 +16,7 @@ from sqlalchemy.orm.interfaces import LoaderOption
 from node.db.models import Dataset, DatasetColumn, DatasetTag, Role, User
 from node.errors import ConflictError, NotFoundError, PermissionDeniedError, UploadRejectedError
 from node.privacy import Subjects
+from node.privacy.subjects import KeptByBytes
 from node.services import audit
 from node.services.catalog import (
     check_item_name,
@@ -227,32 +226,25 @@ def read_subjects(store: BlobStore, dataset: Dataset) -> npt.NDArray[np.int64] |
     return array_from_bytes(store.get(dataset.subjects_blob), "int64", (dataset.row_count,))
 
 
-#: Subject structures of recent subject indexes, by blob digest. Blobs are content-addressed
-#: and immutable, so a digest always has the same structure; a few are kept (each holds its
-#: index, up to 8 bytes a row) so a publish does not redo the O(rows) analysis.
-_STRUCTURES: OrderedDict[tuple[str, int], Subjects] = OrderedDict()
-_STRUCTURES_KEPT = 4
-_STRUCTURES_LOCK = threading.Lock()
+#: Subject structures of recent subject indexes, by blob digest: blobs are content-addressed
+#: and immutable, so a digest always has the same structure. Kept up to 64 MiB (an index
+#: and its per-subject counts take up to 16 bytes a row) so that a publish does not redo
+#: the O(rows) analysis.
+_STRUCTURES: KeptByBytes[tuple[str, int], Subjects] = KeptByBytes(64 * 1024 * 1024)
 
 
 def subject_structure(store: BlobStore, dataset: Dataset) -> Subjects:
     """The structure of the dataset's subject index (the tracker's view of its rows)."""
-    if dataset.subjects_blob is None:
+    digest = dataset.subjects_blob
+    if digest is None:
         return Subjects.identity(dataset.row_count)
-    key = (dataset.subjects_blob, dataset.row_count)
-    with _STRUCTURES_LOCK:
-        found = _STRUCTURES.get(key)
-        if found is not None:
-            _STRUCTURES.move_to_end(key)
-            return found
-    index = read_subjects(store, dataset)
-    assert index is not None
-    structure = Subjects.of(index)
-    with _STRUCTURES_LOCK:
-        _STRUCTURES[key] = structure
-        while len(_STRUCTURES) > _STRUCTURES_KEPT:
-            _STRUCTURES.popitem(last=False)
-    return structure
+
+    def analyse() -> Subjects:
+        index = read_subjects(store, dataset)
+        assert index is not None
+        return Subjects.of(index)
+
+    return _STRUCTURES.get((digest, dataset.row_count), 16 * dataset.row_count, analyse)
 
 
 def download_real(
