@@ -107,6 +107,7 @@ def upgrade() -> None:
         "ledger_entry_datasets",
         sa.Column("ledger_id", sa.Integer(), nullable=False),
         sa.Column("dataset_id", sa.Integer(), nullable=False),
+        sa.Column("dataset_name", sa.String(length=200), nullable=True),
         sa.ForeignKeyConstraint(
             ["ledger_id"],
             ["ledger_entries.id"],
@@ -117,6 +118,9 @@ def upgrade() -> None:
     with op.batch_alter_table("ledger_entry_datasets", schema=None) as batch_op:
         batch_op.create_index(
             batch_op.f("ix_ledger_entry_datasets_dataset_id"), ["dataset_id"], unique=False
+        )
+        batch_op.create_index(
+            batch_op.f("ix_ledger_entry_datasets_dataset_name"), ["dataset_name"], unique=False
         )
 
     op.create_table(
@@ -196,6 +200,7 @@ def downgrade() -> None:
 
     op.drop_table("publish_approvals")
     with op.batch_alter_table("ledger_entry_datasets", schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f("ix_ledger_entry_datasets_dataset_name"))
         batch_op.drop_index(batch_op.f("ix_ledger_entry_datasets_dataset_id"))
 
     op.drop_table("ledger_entry_datasets")
@@ -239,20 +244,24 @@ def _append_only(table: str, what: str) -> None:
 
 
 def _index_existing_charges() -> None:
-    """One ``ledger_entry_datasets`` row per dataset of every existing charge."""
+    """One ``ledger_entry_datasets`` row per dataset of every existing charge, with the
+    dataset's name where the dataset still exists."""
     bind = op.get_bind()
     ledger = sa.table(
         "ledger_entries", sa.column("id", sa.Integer), sa.column("dataset_ids", sa.JSON)
     )
+    datasets = sa.table("datasets", sa.column("id", sa.Integer), sa.column("name", sa.String))
     index = sa.table(
         "ledger_entry_datasets",
         sa.column("ledger_id", sa.Integer),
         sa.column("dataset_id", sa.Integer),
+        sa.column("dataset_name", sa.String),
     )
+    names = dict(bind.execute(sa.select(datasets.c.id, datasets.c.name)).all())
     rows = [
-        {"ledger_id": entry_id, "dataset_id": int(dataset_id)}
+        {"ledger_id": entry_id, "dataset_id": int(d), "dataset_name": names.get(int(d))}
         for entry_id, dataset_ids in bind.execute(sa.select(ledger.c.id, ledger.c.dataset_ids))
-        for dataset_id in sorted(set(dataset_ids or []))
+        for d in sorted(set(dataset_ids or []))
     ]
     if rows:
         bind.execute(index.insert(), rows)

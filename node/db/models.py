@@ -179,13 +179,17 @@ class LedgerEntryDataset(Base):
     """Which datasets a ledger row read, one row per dataset, for dataset caps (append-only).
 
     ``dataset_id`` has no foreign key: a deleted dataset's charges still count against what
-    its subjects were promised, and the ledger must outlive the dataset.
+    its subjects were promised, and the ledger must outlive the dataset. ``dataset_name`` is
+    the name at the time, which is what a policy's cap names: a dataset deleted and uploaded
+    again under the same name does not start its cap afresh.
     """
 
     __tablename__ = "ledger_entry_datasets"
 
     ledger_id: Mapped[int] = mapped_column(ForeignKey("ledger_entries.id"), primary_key=True)
     dataset_id: Mapped[int] = mapped_column(Integer, primary_key=True, index=True)
+    #: ``None`` only for charges made before names were recorded, of datasets since deleted.
+    dataset_name: Mapped[str | None] = mapped_column(String(200), nullable=True, index=True)
 
 
 class PolicyRevision(Base):

@@ -29,7 +29,7 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 import policies
@@ -268,6 +268,29 @@ def _charges(
         return policies.Charge(at, who, ids, e, _tv_delta_units(tv, conversion_epsilon), r)
 
     user_id = user.id
+    scope = policies.ledger_scope(policy, user, request)
+    # A cap names a dataset; count every row that read a dataset of that name, whatever its
+    # id (one deleted and uploaded again keeps its cap).
+    capped = {
+        dataset_id: name
+        for name, dataset_id in request.datasets.items()
+        if dataset_id in scope.datasets
+    }
+
+    def reads(dataset_id: int) -> Any:
+        entries = select(LedgerEntryDataset.ledger_id).where(
+            or_(
+                LedgerEntryDataset.dataset_name == capped[dataset_id],
+                # SQLite may give a deleted dataset's id to a new one: ids decide only for
+                # charges recorded before names were.
+                and_(
+                    LedgerEntryDataset.dataset_name.is_(None),
+                    LedgerEntryDataset.dataset_id == dataset_id,
+                ),
+            )
+        )
+        return LedgerEntry.id.in_(entries)
+
     period = None if policy.renewal is None else policy.renewal.period()
     since = None if period is None else period.window(request.at)[0]
     cutoff = None
@@ -276,9 +299,25 @@ def _charges(
     found: list[policies.Charge] = []
     mine = select(LedgerEntry).where(LedgerEntry.user_id == user_id)
     if cutoff is not None:  # the rate limit counts these one by one
-        recent = session.scalars(mine.where(LedgerEntry.at > cutoff))
+        recent = list(session.scalars(mine.where(LedgerEntry.at > cutoff)))
+        named: dict[int, set[int]] = {}
+        if capped and recent:
+            index = select(LedgerEntryDataset).where(
+                LedgerEntryDataset.ledger_id.in_([e.id for e in recent]),
+                LedgerEntryDataset.dataset_name.in_(list(capped.values())),
+            )
+            by_name = {name: dataset_id for dataset_id, name in capped.items()}
+            for row in session.scalars(index):
+                named.setdefault(row.ledger_id, set()).add(by_name[str(row.dataset_name)])
         found += [
-            charge(e.at, user_id, tuple(e.dataset_ids), e.epsilon_units, e.rho_units, e.tv_units)
+            charge(
+                e.at,
+                user_id,
+                tuple(sorted(set(e.dataset_ids) | named.get(e.id, set()))),
+                e.epsilon_units,
+                e.rho_units,
+                e.tv_units,
+            )
             for e in recent
         ]
         mine = mine.where(LedgerEntry.at <= cutoff)
@@ -287,13 +326,8 @@ def _charges(
     eps, rho, tv, newest = session.execute(mine.with_only_columns(*_sums())).one()
     if newest is not None:
         found.append(charge(newest, user_id, (), int(eps), int(rho), int(tv)))
-    scope = policies.ledger_scope(policy, user, request)
     for dataset_id, cap_since in sorted(scope.datasets.items()):
-        touching = (
-            select(LedgerEntry)
-            .join(LedgerEntryDataset, LedgerEntryDataset.ledger_id == LedgerEntry.id)
-            .where(LedgerEntryDataset.dataset_id == dataset_id)
-        )
+        touching = select(LedgerEntry).where(reads(dataset_id))
         if cap_since is not None:
             touching = touching.where(LedgerEntry.at >= cap_since)
         if cutoff is not None:  # not the rows listed one by one above
@@ -478,8 +512,10 @@ def charge(
         )
         session.add(entry)
         session.flush()
+        named = {d.id: d.name for d in found}
         session.add_all(
-            LedgerEntryDataset(ledger_id=entry.id, dataset_id=d) for d in entry.dataset_ids
+            LedgerEntryDataset(ledger_id=entry.id, dataset_id=d, dataset_name=named.get(d))
+            for d in entry.dataset_ids
         )
         if waiting is not None:
             approvals.use(waiting, entry.id)

@@ -425,3 +425,33 @@ def test_the_sdk_applies_a_policy_from_a_file_or_a_mapping(
         admin_c.set_policy("missing.toml", reason="no such file")
     assert admin_c.policy().name == "mapped"
     assert [r.revision for r in admin_c.policy_history()] == [2, 1]
+
+
+def test_a_dataset_uploaded_again_under_its_name_keeps_its_cap(
+    http: TestClient, admin_h: dict[str, str], owner_h: dict[str, str], ds_h: dict[str, str]
+) -> None:
+    _apply(
+        http,
+        admin_h,
+        '[datasets.visits]\nmax_epsilon = 1.0\n[rate_limit]\nmax_publishes = 9\nwindow = "1h"',
+    )
+    first = _dataset(http, owner_h)
+    _dataset(http, owner_h, "other")  # so that SQLite does not give the old id again
+    assert _publish(http, ds_h, _sum_frame(first), 0.75).status_code == 200
+    assert http.delete(f"/api/v1/datasets/{first}", headers=owner_h).status_code == 204
+    again = _dataset(http, owner_h)
+    assert again != first
+    body = _policy_refusal(
+        _publish(http, ds_h, _sum_frame(again), 0.5),
+        "budget_exceeded",
+        "datasets.visits.max_epsilon",
+    )
+    assert "0.25 is left" in body["reason"]
+    assert _publish(http, ds_h, _sum_frame(again), 0.25).status_code == 200
+    # Without a rate limit the rows enter as sums: the same answer.
+    _apply(http, admin_h, "[datasets.visits]\nmax_epsilon = 1.0")
+    _policy_refusal(
+        _publish(http, ds_h, _sum_frame(again), 0.1),
+        "budget_exceeded",
+        "datasets.visits.max_epsilon",
+    )
