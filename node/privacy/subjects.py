@@ -284,8 +284,10 @@ def register_distinct(ids: Array) -> Array:
     ids.setflags(write=False)
     key = id(ids)
 
-    def drop(_: object, key: int = key) -> None:
-        with _LOCK:
+    def drop(ref: weakref.ReferenceType[Array], key: int = key) -> None:
+        # no lock: this may run in a garbage collection inside a locked section; losing a
+        # newer entry of a reused id only sends that array down the general path
+        if _DISTINCT.get(key) is ref:
             _DISTINCT.pop(key, None)
 
     with _LOCK:
