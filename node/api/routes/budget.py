@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query
+from sqlalchemy import select
 
 from node.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
 from node.api.schemas import (
@@ -130,9 +131,8 @@ def get_ledger(
     entries = budget.ledger_of(
         session, subject, dataset_id=dataset_id, before_id=before_id, limit=limit
     )
-    emails = {
-        u.id: u.email for u in session.query(User).filter(User.id.in_({e.user_id for e in entries}))
-    }
+    owners = select(User).where(User.id.in_({e.user_id for e in entries}))
+    emails = {u.id: u.email for u in session.scalars(owners)}
     return [ledger_public(e, emails.get(e.user_id)) for e in entries]
 
 
