@@ -22,6 +22,7 @@ from sdk._remote import (  # noqa: F401
     rules_extra,
     rules_linalg,
     rules_nn,
+    rules_random,
     rules_reduce,
     rules_special,
     rules_stats,

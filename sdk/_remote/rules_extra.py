@@ -1,8 +1,9 @@
-"""Rules built from several prims: order statistics, flat indexing, scatter reductions, noise.
+"""Rules built from several prims: order statistics, flat indexing, scatter reductions,
+searchsorted, and writes of private values at public positions.
 
-Everything here is exact (same values as torch) except where torch's own
-result is unspecified (tie order of indices, random draws). What cannot be
-exact with today's prims gets a prim of its own (scatter_reduce, cumargmax...).
+Everything here is exact (same values as torch) except where torch's own result is
+unspecified (tie order of indices). What cannot be exact with earlier prims got a prim
+of its own (scatter_reduce, cumargmax...). Random sampling lives in ``rules_random``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Any
 import torch
 
 from sdk._exceptions import UnsupportedOperationError
-from sdk._remote.dispatch import SPECIAL
 from sdk._remote.graph import Node, nan_node, prim
 from sdk._remote.rules import dtype_name, implements
 
@@ -158,49 +158,6 @@ implements(aten.cummin.default)(_cum_extreme("cumargmin"))
 implements(aten.logcumsumexp.default)(lambda out, x, dim: prim("logcumsumexp", x, dim=dim))
 
 
-@implements(aten.randn_like.default, aten.randn.default)
-def _randn(out: torch.Tensor, *args: Any, **kwargs: Any) -> Node:
-    return _gaussian(tuple(out.shape), dtype_name(out.dtype))
-
-
-def _gaussian(shape: tuple[int, ...], name: str) -> Node:
-    # Box-Muller from two uniforms drawn on the node (1 - u keeps the log finite)
-    u1 = prim("sub", 1.0, prim("rand", shape=shape, dtype=name))
-    u2 = prim("rand", shape=shape, dtype=name)
-    radius = prim("sqrt", prim("mul", prim("log", u1), -2.0))
-    return prim("mul", radius, prim("cos", prim("mul", u2, 2 * math.pi)))
-
-
-def _normal_inplace(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    from sdk._remote.dispatch import private_error
-    from sdk._remote.tensor import RemoteTensor
-
-    self, *rest = args
-    mean = kwargs.get("mean", rest[0] if rest else 0.0)
-    std = kwargs.get("std", rest[1] if len(rest) > 1 else 1.0)
-    if not isinstance(self, RemoteTensor):
-        raise private_error("normal_ on a local tensor inside a remote computation", "")
-    z = _gaussian(tuple(self.shape), dtype_name(self.dtype))
-    self._write(prim("add", prim("mul", z, float(std)), float(mean)))
-    return self
-
-
-SPECIAL[aten.normal_.default] = _normal_inplace
-
-
-def _randint_like(out: torch.Tensor, x: Node, *args: Any, **kw: Any) -> Node:
-    bounds = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
-    low, high = (0, bounds[0]) if len(bounds) == 1 else (bounds[0], bounds[1])
-    # float64 uniforms: u * (high - low) stays below high - low after rounding
-    u = prim("rand", shape=tuple(out.shape), dtype="float64")
-    r = prim("add", prim("floor", prim("mul", u, float(high - low))), float(low))
-    return prim("convert_element_type", r, dtype=dtype_name(out.dtype))
-
-
-for _ov in ("default", "low_dtype", "generator", "low_generator_dtype"):
-    implements(getattr(aten.randint_like, _ov))(_randint_like)
-
-
 @implements(aten.nanmedian.default)
 def _nanmedian(out: torch.Tensor, x: Node) -> Node:
     if not x.shape:
@@ -340,27 +297,6 @@ def _nonzero_static(out: torch.Tensor, x: Node, *, size: int, fill_value: int = 
     buf = prim("full", shape=(size + 1, nd), value=float(fill_value), dtype="int64")
     filled = prim("scatter", buf, index, constant(coords), dim=0)
     return prim("slice", filled, dim=0, start=0, end=size, step=1)
-
-
-@implements(aten.multinomial.default)
-def _multinomial(
-    out: torch.Tensor, probs: Node, num_samples: int, replacement: bool = False, **kw: Any
-) -> Node:
-    # drawn on the node: with replacement by inverting the CDF, without by the
-    # Gumbel-top-k trick (keys log p - log(-log u), the k largest)
-    shape = tuple(probs.shape or ())
-    name = dtype_name(probs.dtype) if probs.dtype is not None else "float32"
-    if not replacement:
-        u = prim("rand", shape=shape, dtype=name)
-        gumbel = prim("neg", prim("log", prim("neg", prim("log", prim("sub", 1.0, u)))))
-        keys = prim("add", prim("log", probs), gumbel)
-        return prim("topk", keys, k=num_samples, dim=-1, largest=True)
-    cdf = prim("cumsum", probs, dim=-1)
-    total = prim("slice", cdf, dim=-1, start=shape[-1] - 1, end=shape[-1], step=1)
-    u = prim("mul", prim("rand", shape=(*shape[:-1], num_samples), dtype=name), total)
-    below = prim("le", prim("unsqueeze", cdf, dim=-2), prim("unsqueeze", u, dim=-1))
-    count = prim("sum", below, dims=(-1,), dtype="int64")
-    return prim("clamp", count, None, shape[-1] - 1)
 
 
 @implements(aten.diagonal_scatter.default)

@@ -1,4 +1,5 @@
-"""Pooling beyond the common case: average pooling with every option, adaptive pooling.
+"""Pooling beyond the common case: average pooling with every option, adaptive pooling,
+antialiased resampling.
 
 ``rules_nn`` records plain average pooling as one grouped convolution (fast, and its
 gradient is a transposed convolution). The other forms are built here from
@@ -168,3 +169,48 @@ def _adaptive_max(out: Any, x: Node, output_size: Sequence[int]) -> tuple[Node, 
         stride *= insp[i]
     assert flat is not None
     return vals, flat
+
+
+def _axis_weights(
+    func: Any,
+    n_in: int,
+    axis: int,
+    in_shape: tuple[int, int],
+    args: tuple[Any, ...],
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The (out, in) interpolation matrix of one axis of a separable resampling op.
+
+    Running torch's own op on one-hot rows (one input index per batch entry, ones
+    across the other axis) yields, for normalised filters, exactly that axis's
+    weights: the matrix depends on shapes only, so it travels as a public constant.
+    """
+    h, w = in_shape
+    basis = torch.zeros(n_in, 1, h, w, dtype=dtype)
+    for k in range(n_in):
+        if axis == 0:
+            basis[k, 0, k, :] = 1.0
+        else:
+            basis[k, 0, :, k] = 1.0
+    out = func(basis, *args)  # (n_in, 1, h_out, w_out)
+    lines = out[:, 0, :, 0] if axis == 0 else out[:, 0, 0, :]
+    # in the op's own dtype, so the weights carry torch's own rounding
+    weights: torch.Tensor = lines.T.contiguous()  # (out, in)
+    return weights
+
+
+def _upsample_aa(func: Any) -> Any:
+    def rule(out: torch.Tensor, x: Node, *args: Any) -> Node:
+        # antialiased resampling is separable with normalised filters: out = A_h x A_w^T
+        shape = tuple(x.shape or ())
+        h, w = shape[-2:]
+        a_h = _axis_weights(func, h, 0, (h, w), args, out.dtype)
+        a_w = _axis_weights(func, w, 1, (h, w), args, out.dtype)
+        y = prim("matmul", constant(a_h), x)  # (.., h_out, w)
+        return prim("matmul", y, constant(a_w.T.contiguous()))
+
+    return rule
+
+
+for _op in (aten._upsample_bilinear2d_aa.default, aten._upsample_bicubic2d_aa.default):
+    implements(_op)(_upsample_aa(_op))
