@@ -227,9 +227,9 @@ def read_subjects(store: BlobStore, dataset: Dataset) -> npt.NDArray[np.int64] |
 
 
 #: Subject structures of recent subject indexes, by blob digest: blobs are content-addressed
-#: and immutable, so a digest always has the same structure. Kept up to 64 MiB (an index
-#: and its per-subject counts take up to 16 bytes a row) so that a publish does not redo
-#: the O(rows) analysis.
+#: and immutable, so a digest always has the same structure. Kept up to 64 MiB (an index,
+#: its per-subject counts and run starts take up to 24 bytes a row) so that a publish does
+#: not redo the O(rows) analysis.
 _STRUCTURES: KeptByBytes[tuple[str, int], Subjects] = KeptByBytes(64 * 1024 * 1024)
 
 
@@ -244,7 +244,7 @@ def subject_structure(store: BlobStore, dataset: Dataset) -> Subjects:
         assert index is not None
         return Subjects.of(index)
 
-    return _STRUCTURES.get((digest, dataset.row_count), 16 * dataset.row_count, analyse)
+    return _STRUCTURES.get((digest, dataset.row_count), 24 * dataset.row_count, analyse)
 
 
 def download_real(
