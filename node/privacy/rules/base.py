@@ -110,7 +110,7 @@ def _combine(
     if (
         first is not None
         and all_owned(first, shape)
-        and all(same_values(owners[i], first) or bool(np.all(owners[i] == first)) for i in private)
+        and all(_same_owner(owners[i], first) for i in private)
     ):
         # one owner per element, shared by every private argument (public ones add 0)
         return first, _total(kL), _total(kG)
@@ -146,6 +146,15 @@ def _combine(
         extra = np.maximum(extra, np.where(oj >= 0, cand, 0.0))
     worst = base + extra
     return out, np.where(conflict, worst, base + mine), np.where(conflict, worst, base)
+
+
+def _same_owner(o: Array, owned: Array) -> bool:
+    """Whether ``o`` equals ``owned`` (every element a subject id) element by element."""
+    if same_values(o, owned):
+        return True
+    if o.size == 1 and int(o.reshape(-1)[0]) < 0:  # mixed or public: never a subject id
+        return False
+    return bool(np.all(o == owned))
 
 
 def _public(owner: Array, shape: tuple[int, ...]) -> bool:

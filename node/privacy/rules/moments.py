@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from node.privacy.arrays import fit, varying_axes
+from node.privacy.arrays import fit, reduce_array, varying_axes
 from node.privacy.rules.base import Ctx
 from node.privacy.state import PUBLIC, Array, State
 from node.privacy.subjects import all_owned, rows_of, same_values
@@ -129,9 +129,13 @@ def moment_rule(c: Ctx, x: State, dims: tuple[int, ...], n: int, scale: float, s
         return s
 
     def hull(st: State) -> np.ndarray:
-        hi = np.broadcast_to(st.hi, x.shape).max(axis=dims, keepdims=keep)
-        lo = np.broadcast_to(st.lo, x.shape).min(axis=dims, keepdims=keep)
-        return np.asarray(hi - lo, dtype=np.float64)
+        # on the compact arrays (a column's bounds are one number), then broadcast to the
+        # output's full shape: the per-output sums below must count every output
+        hi = reduce_array(st.hi, x.shape, dims, "max")
+        lo = reduce_array(st.lo, x.shape, dims, "min")
+        width = np.asarray(hi - lo, dtype=np.float64)
+        full = np.broadcast_to(width, tuple(1 if d in dims else m for d, m in enumerate(x.shape)))
+        return full if keep else np.squeeze(full, axis=dims)
 
     wx, wy = hull(cx), hull(cy)
     per_row = (n - 1) / n * wx * wy * abs(scale)
