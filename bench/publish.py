@@ -164,11 +164,14 @@ def node(data_dir: Path, server: bool) -> Iterator[Callable[[str], Any]]:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     env = os.environ | SETTINGS | {"DPNODE_DATA_DIR": str(data_dir), "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "node", "serve", "--port", str(port)]
+    command = [sys.executable, "-m", "node", "serve", "--port", str(port), "--log-level", "warning"]
     url = f"http://127.0.0.1:{port}"
-    with subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as p:
+    log = data_dir / "server.log"
+    with log.open("wb") as out, subprocess.Popen(command, env=env, stdout=out, stderr=out) as p:
         try:
             for _ in range(300):
+                if p.poll() is not None:
+                    raise RuntimeError(f"the node exited:\n{log.read_text()}")
                 try:
                     if httpx.get(url + "/api/v1/health", timeout=1).status_code == 200:
                         break
