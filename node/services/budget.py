@@ -254,12 +254,15 @@ def _charges(
 ) -> list[policies.Charge]:
     """The ledger as :func:`policies.decide` needs it, in a few rows whatever its length.
 
-    Rows only matter individually for the rate limit (the user's, inside its window); the
-    rest enter as sums, each dated by its newest row so that it lands in the same renewal
-    window: the user's older rows of the current window (counted against the user, no
-    dataset), and for each capped dataset everyone's rows on it in the cap's window except
-    those listed individually (counted against the dataset, user 0: nobody). A sum's
-    deviation is converted once, rounded up, as the node's filter always did.
+    Rows matter one by one only to the rate limit, and only once the user reached it (the
+    newest ``max_publishes`` in its window say when the next publish is free); otherwise
+    the ledger enters as sums, each dated by its newest row so that it lands in the same
+    renewal window: the user's rows of the current window (counted against the user, no
+    dataset), plus zero-cost markers so that the rate limit counts every row of its window,
+    and for each capped dataset everyone's rows on it in the cap's window except those
+    passed one by one (counted against the dataset, user 0: nobody). A sum's deviation is
+    converted once, rounded up, as the node's filter always did. Decisions on these equal
+    decisions on the whole ledger (tests/node/test_budget_scope.py).
     """
 
     def charge(
@@ -293,51 +296,75 @@ def _charges(
 
     period = None if policy.renewal is None else policy.renewal.period()
     since = None if period is None else period.window(request.at)[0]
-    cutoff = None
-    if policy.rate_limit is not None:
-        cutoff = request.at - policies.parse_period(policy.rate_limit.window)
     found: list[policies.Charge] = []
+    listed: list[int] = []  # ids of the rows passed one by one
     mine = select(LedgerEntry).where(LedgerEntry.user_id == user_id)
-    if cutoff is not None:  # the rate limit counts these one by one
-        recent = list(session.scalars(mine.where(LedgerEntry.at > cutoff)))
-        named: dict[int, set[int]] = {}
-        if capped and recent:
-            index = select(LedgerEntryDataset).where(
-                LedgerEntryDataset.ledger_id.in_([e.id for e in recent]),
-                LedgerEntryDataset.dataset_name.in_(list(capped.values())),
-            )
-            by_name = {name: dataset_id for dataset_id, name in capped.items()}
-            for row in session.scalars(index):
-                named.setdefault(row.ledger_id, set()).add(by_name[str(row.dataset_name)])
-        found += [
-            charge(
-                e.at,
-                user_id,
-                tuple(sorted(set(e.dataset_ids) | named.get(e.id, set()))),
-                e.epsilon_units,
-                e.rho_units,
-                e.tv_units,
-            )
-            for e in recent
-        ]
-        mine = mine.where(LedgerEntry.at <= cutoff)
+    extra, extra_at = 0, request.at
+    limit = policy.rate_limit
+    if limit is not None:
+        # The rate limit needs the count of the user's rows in its window and, once that
+        # reaches the limit, the newest max_publishes of them (when the next one is free).
+        cutoff = request.at - policies.parse_period(limit.window)
+        in_window = mine.where(LedgerEntry.at > cutoff)
+        count = int(session.scalar(in_window.with_only_columns(func.count())) or 0)
+        if count >= limit.max_publishes:
+            newest = in_window.order_by(LedgerEntry.at.desc(), LedgerEntry.id.desc())
+            recent = list(session.scalars(newest.limit(limit.max_publishes)))
+            listed = [e.id for e in recent]
+            found += _listed(session, recent, capped, charge, user_id)
+            extra = count - len(recent)  # in the window, summed below: counted by markers
+            if recent:
+                extra_at = recent[-1].at
+    rest = mine if not listed else mine.where(LedgerEntry.id.not_in(listed))
     if since is not None:
-        mine = mine.where(LedgerEntry.at >= since)
-    eps, rho, tv, newest = session.execute(mine.with_only_columns(*_sums())).one()
-    if newest is not None:
-        found.append(charge(newest, user_id, (), int(eps), int(rho), int(tv)))
+        rest = rest.where(LedgerEntry.at >= since)
+    eps, rho, tv, newest_at = session.execute(rest.with_only_columns(*_sums())).one()
+    if newest_at is not None:
+        found.append(charge(newest_at, user_id, (), int(eps), int(rho), int(tv)))
+        if limit is not None and newest_at > request.at - policies.parse_period(limit.window):
+            extra -= 1  # the sum itself sits in the rate window
+    # Zero-cost markers, so that the rate limit counts the summed rows of its window too.
+    found += [charge(extra_at, user_id, (), 0, 0, 0) for _ in range(max(extra, 0))]
     for dataset_id, cap_since in sorted(scope.datasets.items()):
         touching = select(LedgerEntry).where(reads(dataset_id))
         if cap_since is not None:
             touching = touching.where(LedgerEntry.at >= cap_since)
-        if cutoff is not None:  # not the rows listed one by one above
-            touching = touching.where(
-                ~((LedgerEntry.user_id == user_id) & (LedgerEntry.at > cutoff))
-            )
+        if listed:  # not the rows passed one by one above
+            touching = touching.where(LedgerEntry.id.not_in(listed))
         eps, rho, tv, newest = session.execute(touching.with_only_columns(*_sums())).one()
         if newest is not None:
             found.append(charge(newest, 0, (dataset_id,), int(eps), int(rho), int(tv)))
     return found
+
+
+def _listed(
+    session: Session,
+    rows: list[LedgerEntry],
+    capped: dict[int, str],
+    charge: Any,
+    user_id: int,
+) -> list[policies.Charge]:
+    """Rows passed one by one, each listing the capped datasets it read by name too."""
+    named: dict[int, set[int]] = {}
+    if capped and rows:
+        index = select(LedgerEntryDataset).where(
+            LedgerEntryDataset.ledger_id.in_([e.id for e in rows]),
+            LedgerEntryDataset.dataset_name.in_(list(capped.values())),
+        )
+        by_name = {name: dataset_id for dataset_id, name in capped.items()}
+        for row in session.scalars(index):
+            named.setdefault(row.ledger_id, set()).add(by_name[str(row.dataset_name)])
+    return [
+        charge(
+            e.at,
+            user_id,
+            tuple(sorted(set(e.dataset_ids) | named.get(e.id, set()))),
+            e.epsilon_units,
+            e.rho_units,
+            e.tv_units,
+        )
+        for e in rows
+    ]
 
 
 def _status(

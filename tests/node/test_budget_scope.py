@@ -15,7 +15,7 @@ from node.db.models import LedgerEntry, LedgerEntryDataset, User
 from node.services.budget import _charges
 from tests.conftest import make_user
 
-POLICY = policies.load_policy(
+LOOSE = policies.load_policy(
     """
 [renewal]
 every = "1h"
@@ -34,20 +34,25 @@ anchor = 2026-01-01T00:00:00Z
 max_epsilon = 7.0
 """
 )
+# The rate window straddles renewals, users reach the limit, and a zero limit.
+STRICT = LOOSE.model_copy(update={"rate_limit": policies.RateLimit(max_publishes=2, window="90m")})
+CLOSED = STRICT.model_copy(update={"rate_limit": policies.RateLimit(max_publishes=0, window="1h")})
 DEFAULTS = policies.Allowance.of(10.0, 1e-6)
 _runs = itertools.count()
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("policy", [LOOSE, STRICT, CLOSED], ids=["loose", "strict", "closed"])
+@pytest.mark.parametrize("seed", range(4))
 def test_decisions_on_the_sums_equal_decisions_on_the_whole_ledger(
-    context: NodeContext, seed: int
+    context: NodeContext, seed: int, policy: policies.Policy
 ) -> None:
     rng = np.random.default_rng(seed)
     run = next(_runs)
     users = [make_user(context, f"s{run}-{i}@example.org", "data_scientist") for i in range(3)]
     ids = {"a": 1000 + 2 * run, "b": 1001 + 2 * run}
     now = datetime(2026, 3, 1, 10, 17, tzinfo=UTC)
-    window = timedelta(minutes=25)
+    assert policy.rate_limit is not None
+    window = policies.parse_period(policy.rate_limit.window)
     full: list[policies.Charge] = []
     with context.sessions() as session:
         for _ in range(40):
@@ -76,9 +81,9 @@ def test_decisions_on_the_sums_equal_decisions_on_the_whole_ledger(
                 request = policies.PublishRequest(
                     at=now, datasets=ids, epsilon_units=tenths * 10**8
                 )
-                sums = _charges(session, POLICY, request, puser, 10 * 10**9)
+                sums = _charges(session, policy, request, puser, 10 * 10**9)
                 recent = [c for c in full if c.user_id == user.id and c.at > now - window]
                 assert len(sums) <= len(recent) + 3  # the rate window's rows, three sums
-                on_sums = policies.decide(POLICY, puser, request, sums, defaults=DEFAULTS)
-                whole = policies.decide(POLICY, puser, request, full, defaults=DEFAULTS)
+                on_sums = policies.decide(policy, puser, request, sums, defaults=DEFAULTS)
+                whole = policies.decide(policy, puser, request, full, defaults=DEFAULTS)
                 assert on_sums == whole
