@@ -214,3 +214,73 @@ def _upsample_aa(func: Any) -> Any:
 
 for _op in (aten._upsample_bilinear2d_aa.default, aten._upsample_bicubic2d_aa.default):
     implements(_op)(_upsample_aa(_op))
+
+
+def _unnormalize(g: Node, size: int, align_corners: bool) -> Node:
+    """torch's grid_sampler_compute_source_index (no clipping: zero padding)."""
+    if align_corners:
+        return prim("mul", prim("div", prim("add", g, 1.0), 2.0), float(size - 1))
+    scaled = prim("mul", prim("add", g, 1.0), float(size))
+    return prim("div", prim("sub", scaled, 1.0), 2.0)
+
+
+@implements(aten.grid_sampler_3d.default)
+def _grid_sampler_3d(
+    out: torch.Tensor,
+    x: Node,
+    grid: Node,
+    interpolation_mode: int,
+    padding_mode: int,
+    align_corners: bool,
+) -> Any:
+    """Trilinear sampling with zero padding, as torch's CPU kernel computes it.
+
+    The grid is private, so the 8 corners are gathers at computed positions; each
+    weight is the same product of the same differences, and the corners are added in
+    torch's order (x fastest, then y, then z). Other modes are declined (unsupported).
+    """
+    if interpolation_mode != 0 or padding_mode != 0:
+        return NotImplemented
+    n, c, d, h, w = tuple(x.shape or ())
+    _, do, ho, wo, _ = tuple(grid.shape or ())
+    m = do * ho * wo
+    flat = prim("reshape", x, shape=(n, c, d * h * w))
+    sizes = (w, h, d)  # grid's last dim holds x (W), y (H), z (D)
+    src = []
+    for k in range(3):
+        g = prim("squeeze", prim("slice", grid, dim=-1, start=k, end=k + 1, step=1), dims=(-1,))
+        src.append(_unnormalize(g, sizes[k], align_corners))
+    lo = [prim("floor", s) for s in src]
+    hi = [prim("add", f, 1.0) for f in lo]
+    result: Node | None = None
+    for corner in (
+        (0, 0, 0),
+        (1, 0, 0),
+        (0, 1, 0),
+        (1, 1, 0),
+        (0, 0, 1),
+        (1, 0, 1),
+        (0, 1, 1),
+        (1, 1, 1),
+    ):
+        weight: Any = None
+        valid: Any = None
+        at = []
+        for k in range(3):
+            pos = hi[k] if corner[k] else lo[k]
+            diff = prim("sub", src[k], lo[k]) if corner[k] else prim("sub", hi[k], src[k])
+            weight = diff if weight is None else prim("mul", weight, diff)
+            inside = prim("logical_and", prim("ge", pos, 0.0), prim("le", pos, float(sizes[k] - 1)))
+            valid = inside if valid is None else prim("logical_and", valid, inside)
+            at.append(pos)
+        ix, iy, iz = (
+            prim("convert_element_type", prim("where", valid, p, 0.0), dtype="int64") for p in at
+        )
+        lin = prim("add", prim("add", prim("mul", iz, h * w), prim("mul", iy, w)), ix)
+        lin = prim("unsqueeze", prim("reshape", lin, shape=(n, m)), dim=1)
+        vals = prim("gather", flat, prim("expand", lin, shape=(n, c, m)), dim=2)
+        vals = prim("reshape", vals, shape=(n, c, do, ho, wo))
+        term = prim("mul", vals, prim("unsqueeze", prim("where", valid, weight, 0.0), dim=1))
+        result = term if result is None else prim("add", result, term)
+    assert result is not None
+    return result
