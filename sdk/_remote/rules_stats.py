@@ -361,3 +361,130 @@ def _histogram_special(which: Any) -> Any:
 
 SPECIAL[aten.histogram.bin_ct] = _histogram_special(aten.histogram.bin_ct)
 SPECIAL[aten.histogram.bins_tensor] = _histogram_special(aten.histogram.bins_tensor)
+
+
+# -- histogramdd: one searchsorted per dimension, cells by a flat index ----------------------
+
+
+def _range_edges(col: Node, bins: int, rng: Any, name: str) -> Node:
+    """One dimension's edges: linspace over ``rng`` or the column's range (±0.5 if one value)."""
+    lo: Any
+    hi: Any
+    if rng is not None:
+        lo, hi = float(rng[0]), float(rng[1])
+        if lo == hi:
+            lo, hi = lo - 0.5, hi + 0.5
+    elif math.prod(col.shape or ()) == 0:
+        lo, hi = -0.5, 0.5
+    else:
+        lo, hi = prim("amin", col), prim("amax", col)
+        same = prim("eq", lo, hi)
+        lo = prim("where", same, prim("sub", lo, 0.5), lo)
+        hi = prim("where", same, prim("add", hi, 0.5), hi)
+    return _linspace(lo, hi, bins + 1, name)
+
+
+def _columns(x: Node) -> tuple[list[Node], int, int]:
+    """The D columns of points (..., D) flattened to (n, D), and n, D."""
+    shape = tuple(x.shape or ())
+    dims = shape[-1]
+    n = math.prod(shape[:-1])
+    flat = prim("reshape", x, shape=(n, dims))
+    cols = [
+        prim("squeeze", prim("slice", flat, dim=1, start=k, end=k + 1, step=1), dims=(1,))
+        for k in range(dims)
+    ]
+    return cols, n, dims
+
+
+def _histogramdd_counts(
+    x: Node, edges: list[Node], counts: list[int], weight: Node | None, density: bool, name: str
+) -> Node:
+    cols, n, dims = _columns(x)
+    total_cells = math.prod(counts)
+    cell: Any = None
+    valid: Any = None
+    for k in range(dims):
+        e, b = edges[k], counts[k]
+        pos = prim("sub", prim("searchsorted", e, cols[k], right=True), 1)
+        first = prim("slice", e, dim=0, start=0, end=1, step=1)
+        last = prim("slice", e, dim=0, start=b, end=b + 1, step=1)
+        pos = prim("where", prim("eq", cols[k], last), b - 1, pos)
+        inside = prim("logical_and", prim("ge", cols[k], first), prim("le", cols[k], last))
+        valid = inside if valid is None else prim("logical_and", valid, inside)
+        stride = math.prod(counts[k + 1 :])
+        term = prim("mul", pos, stride)
+        cell = term if cell is None else prim("add", cell, term)
+    index = prim("where", valid, cell, total_cells)
+    w = (
+        prim("full", shape=(n,), value=1.0, dtype=name)
+        if weight is None
+        else prim("reshape", weight, shape=(-1,))
+    )
+    zeros = prim("full", shape=(total_cells + 1,), value=0.0, dtype=name)
+    hist = prim(
+        "slice",
+        prim("scatter_add", zeros, index, w, dim=0),
+        dim=0,
+        start=0,
+        end=total_cells,
+        step=1,
+    )
+    hist = prim("reshape", hist, shape=tuple(counts))
+    if density:
+        hist = prim("div", hist, prim("sum", hist))
+        for k in range(dims):
+            b = counts[k]
+            width = prim(
+                "sub",
+                prim("slice", edges[k], dim=0, start=1, end=b + 1, step=1),
+                prim("slice", edges[k], dim=0, start=0, end=b, step=1),
+            )
+            shape = [1] * dims
+            shape[k] = b
+            hist = prim("div", hist, prim("reshape", width, shape=tuple(shape)))
+    return hist
+
+
+def _hdd_special(kind: str) -> Any:
+    """Handlers for the three ATen ops torch.histogramdd calls (none has a meta kernel)."""
+    op = getattr(aten, f"_histogramdd_{kind}").default
+
+    def handler(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        from sdk._remote.dispatch import _to_nodes, _wrap, node_of
+        from sdk._remote.tensor import RemoteTensor
+
+        flat_args = [*args, *kwargs.values()]
+        tensors = [a for a in flat_args if isinstance(a, torch.Tensor)]
+        for a in flat_args:
+            if isinstance(a, (list, tuple)):
+                tensors += [t for t in a if isinstance(t, torch.Tensor)]
+        if not any(isinstance(t, RemoteTensor) for t in tensors):
+            return op(*args, **kwargs)
+        x, bins = args[0], args[1]
+        weight = kwargs.get("weight")
+        wnode = node_of(weight) if isinstance(weight, torch.Tensor) else None
+        name = dtype_name(x.dtype)
+        xn = node_of(x)
+        cols, _, dims = _columns(xn)
+        source = next(t._source for t in tensors if isinstance(t, RemoteTensor))
+        if kind == "from_bin_tensors":
+            edges = list(_to_nodes(list(bins)))
+            counts = [t.numel() - 1 for t in bins]
+        else:
+            counts = [int(b) for b in bins]
+            rng = kwargs.get("range")
+            pairs = [None] * dims if rng is None else [rng[2 * k : 2 * k + 2] for k in range(dims)]
+            edges = [_range_edges(cols[k], counts[k], pairs[k], name) for k in range(dims)]
+        if kind == "bin_edges":
+            metas = [torch.empty((b + 1,), dtype=x.dtype, device="meta") for b in counts]
+            return _wrap(metas, edges, source)
+        meta = torch.empty(tuple(counts), dtype=x.dtype, device="meta")
+        hist = _histogramdd_counts(xn, edges, counts, wnode, bool(kwargs.get("density")), name)
+        return _wrap(meta, hist, source)
+
+    return handler
+
+
+for _kind in ("bin_edges", "from_bin_cts", "from_bin_tensors"):
+    SPECIAL[getattr(aten, f"_histogramdd_{_kind}").default] = _hdd_special(_kind)
