@@ -20,6 +20,7 @@ from sdk._remote import (  # noqa: F401
     indexing,
     rules,
     rules_extra,
+    rules_histogram,
     rules_linalg,
     rules_nn,
     rules_random,
