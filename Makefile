@@ -36,6 +36,8 @@ bench: install
 	$(PY) -m bench.noise
 	$(PY) -m bench.publish
 	$(PY) -m bench.sdk
+	$(PY) -m bench.tracking
+	$(PY) -m bench.dpsgd
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
