@@ -13,7 +13,14 @@ from typing import Literal
 
 import httpx
 
-from sdk._budget import BudgetStatus, LedgerEntry
+from sdk._budget import (
+    BudgetGrant,
+    BudgetRequest,
+    BudgetStatus,
+    LedgerEntry,
+    PolicyRevision,
+    PublishApproval,
+)
 from sdk._client import Client
 from sdk._exceptions import (
     ApprovalRequiredError,
@@ -47,6 +54,8 @@ __all__ = [
     "AuditEvent",
     "AuthenticationError",
     "BudgetExceededError",
+    "BudgetGrant",
+    "BudgetRequest",
     "BudgetStatus",
     "Client",
     "ColumnInfo",
@@ -65,8 +74,10 @@ __all__ = [
     "PayloadTooLargeError",
     "PermissionDeniedError",
     "PolicyRefusedError",
+    "PolicyRevision",
     "PrivacyTrackingError",
     "PrivateValueError",
+    "PublishApproval",
     "QuotaExceededError",
     "Receipt",
     "RemoteTensor",
