@@ -384,14 +384,14 @@ class Client:
         *,
         epsilon: float | None = None,
         delta: float | None = None,
-        reason: str = "",
+        reason: str,
     ) -> BudgetRequest:
         """Approve a pending request (admins), granting what was asked or ``epsilon``/``delta``.
 
         Raises:
             ConflictError: it was already answered.
         """
-        body: dict[str, Any] = {"reason": reason}
+        body: dict[str, Any] = {"reason": reason}  # required: the audit log says why
         if epsilon is not None:
             body["epsilon"] = epsilon
         if delta is not None:
@@ -431,7 +431,7 @@ class Client:
         rows = self._json("GET", "/publish/approvals", params=params)
         return [PublishApproval.from_json(a) for a in rows]
 
-    def approve_publish(self, approval_id: int, *, reason: str = "") -> PublishApproval:
+    def approve_publish(self, approval_id: int, *, reason: str) -> PublishApproval:
         """Approve a waiting publish (admins): the user's next identical publish runs, once."""
         answer = self._json(
             "POST", f"/publish/approvals/{approval_id}/approve", json={"reason": reason}

@@ -126,12 +126,10 @@ def answer(
         PermissionDeniedError: not an admin.
         NotFoundError: no such request.
         ConflictError: it was already answered.
-        InvalidRequestError: a denial without a reason.
+        InvalidRequestError: no reason (the audit log says who answered, and why).
     """
     if admin.role is not Role.ADMIN:
         raise PermissionDeniedError("only admins may answer publish approvals")
-    if not approve and not reason.strip():
-        raise InvalidRequestError("say why the publish is denied: a reason is required")
     query = select(PublishApproval).where(PublishApproval.id == approval_id)
     if session.get_bind().dialect.name != "sqlite":
         query = query.with_for_update()
@@ -142,6 +140,9 @@ def answer(
         raise ConflictError(
             f"publish approval request {approval_id} was already answered ({row.status.value})"
         )
+    if not reason.strip():
+        verb = "approved" if approve else "denied"
+        raise InvalidRequestError(f"say why the publish is {verb}: a reason is required")
     row.status = RequestStatus.APPROVED if approve else RequestStatus.DENIED
     row.decided_at = utcnow()
     row.decided_by_id = admin.id

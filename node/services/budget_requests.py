@@ -203,7 +203,8 @@ def answer_request(
         PermissionDeniedError: not an admin.
         NotFoundError: no such request.
         ConflictError: it was already answered.
-        InvalidRequestError: a denial without a reason, or a bad amount.
+        InvalidRequestError: no reason (the audit log says who answered, and why), or a bad
+            amount.
     """
     if admin.role is not Role.ADMIN:
         raise PermissionDeniedError("only admins may answer budget requests")
@@ -215,6 +216,7 @@ def answer_request(
         raise NotFoundError(f"no budget request {request_id}")
     if row.status is not RequestStatus.PENDING:
         raise ConflictError(f"budget request {request_id} was already {row.status.value}")
+    _reason(reason, "approve a budget request" if approve else "deny a budget request")
     user = session.get(User, row.user_id)
     assert user is not None
     row.decided_at = utcnow()
@@ -242,7 +244,6 @@ def answer_request(
         action = "budget.request_approved"
         more = {"grant_id": made.id, "epsilon_units": eps, "delta_units": dlt}
     else:
-        _reason(reason, "deny a budget request")
         row.status = RequestStatus.DENIED
         action, more = "budget.request_denied", {}
     audit.record(

@@ -199,6 +199,8 @@ def test_a_budget_request_is_answered_and_the_requester_sees_the_decision(
         admin_c.deny_budget_request(asked.id, reason="changed my mind")
 
     second = ds_c.request_budget(epsilon=5.0, reason="more")
+    with pytest.raises(sdk.InvalidRequestError, match="a reason is required to approve"):
+        admin_c.approve_budget_request(second.id, reason=" ")
     with pytest.raises(sdk.InvalidRequestError, match="reason is required"):
         admin_c.deny_budget_request(second.id, reason=" ")
     denied = admin_c.deny_budget_request(second.id, reason="the cohort is closed")
@@ -206,7 +208,7 @@ def test_a_budget_request_is_answered_and_the_requester_sees_the_decision(
     assert ds_c.budget_requests(status="denied")[0].decision_reason == "the cohort is closed"
     assert ds_c.budget().remaining_epsilon == 0.0
     with pytest.raises(sdk.PermissionDeniedError):
-        ds_c.approve_budget_request(second.id)
+        ds_c.approve_budget_request(second.id, reason="me")
     grants = admin_c.grants(user=scientist.email)
     assert [(g.epsilon, g.request_id, g.granted_by) for g in grants] == [
         (0.5, asked.id, admin.email)
@@ -277,6 +279,8 @@ def test_a_publish_over_the_threshold_waits_and_runs_once_when_approved(
     assert (pending.id, pending.epsilon, pending.user_email) == (approval_id, 0.8, scientist.email)
     # An approval covers this computation only: another one, or another epsilon, waits.
     other = _sum_frame(pending.dataset_ids[0], scale=2.0)
+    with pytest.raises(sdk.InvalidRequestError, match="say why the publish is approved"):
+        admin_c.approve_publish(approval_id, reason="")
     admin_c.approve_publish(approval_id, reason="fine for the annual report")
     with pytest.raises(sdk.ApprovalRequiredError):
         ds_c.publish_frame(other, epsilon=0.8)
@@ -292,7 +296,7 @@ def test_a_publish_over_the_threshold_waits_and_runs_once_when_approved(
     charge = admin_c.audit(action="privacy.charge", limit=1)[0]
     assert charge.detail["approval_id"] == approval_id and charge.detail["epsilon_units"] == 8e8
     with pytest.raises(sdk.ConflictError):
-        admin_c.approve_publish(approval_id)
+        admin_c.approve_publish(approval_id, reason="again")
 
 
 def test_a_denied_publish_is_refused_with_the_admins_reason_then_may_ask_again(
