@@ -146,6 +146,10 @@ def _fma(a: Array, b: Array, c: Array) -> Array:
     return np.asarray(a * b + c)
 
 
+class _DegreeError(Exception):
+    """A recurrence longer than MAX_DEGREE (turned into an EvaluationError naming the node)."""
+
+
 def _degree(n: Array) -> Array:
     """torch's ``static_cast<int64_t>(n)``: truncate; non-finite or huge -> negative (x86)."""
     ok = np.isfinite(n) & (np.abs(n) < 2.0**62)
@@ -237,7 +241,7 @@ def _recur(
     idx = np.flatnonzero(todo)
     deg = n.reshape(-1)[idx]
     if deg.max() > MAX_DEGREE:
-        raise ValueError(f"a polynomial degree above {MAX_DEGREE}")
+        raise _DegreeError(f"a polynomial degree above {MAX_DEGREE}")
     order = np.argsort(-deg, kind="stable")  # longest recurrences first: actives are a prefix
     idx, deg = idx[order], deg[order]
     xs = np.broadcast_to(x, r.shape).reshape(-1)[idx]
@@ -341,17 +345,10 @@ POLYNOMIALS: dict[str, Callable[[Array, Array], Array]] = {
 }
 
 
-class _DegreeError(Exception):
-    pass
-
-
 def _register_polynomial(name: str, fn: Callable[[Array, Array], Array]) -> None:
     def ufunc(x: Array, n: Array, out: Array | None = None) -> Array:
         x, n = np.broadcast_arrays(x, n)
-        try:
-            r = fn(np.array(x, order="C"), _degree(n))
-        except ValueError as e:
-            raise _DegreeError(str(e)) from None
+        r = fn(np.array(x, order="C"), _degree(n))
         if out is None:
             return r
         np.copyto(out, r)
