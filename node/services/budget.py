@@ -406,16 +406,18 @@ def budget_of(session: Session, settings: Settings, user_id: int) -> Status:
 def _lock(session: Session, user_id: int, dataset_ids: Sequence[int]) -> tuple[User, list[Dataset]]:
     """Lock the user, then the datasets in id order (PostgreSQL; SQLite's BEGIN IMMEDIATE has
     already serialised the whole transaction). Every publish takes its locks in this order,
-    so two publishes cannot wait on each other in a cycle."""
+    so two publishes cannot wait on each other in a cycle. ``FOR NO KEY UPDATE`` serialises
+    charges as ``FOR UPDATE`` would, without blocking rows that merely reference the user or
+    the dataset (an audit line, a login) meanwhile."""
     postgres = session.get_bind().dialect.name != "sqlite"
     lock = select(User).where(User.id == user_id)
-    user = session.scalar(lock.with_for_update() if postgres else lock)
+    user = session.scalar(lock.with_for_update(key_share=True) if postgres else lock)
     if user is None:
         raise NotFoundError(f"no user with id {user_id}")
     found: list[Dataset] = []
     if dataset_ids:
         query = select(Dataset).where(Dataset.id.in_(sorted(set(dataset_ids)))).order_by(Dataset.id)
-        found = list(session.scalars(query.with_for_update() if postgres else query))
+        found = list(session.scalars(query.with_for_update(key_share=True) if postgres else query))
     return user, found
 
 
