@@ -38,6 +38,9 @@ BINARY: dict[str, Callable[[Any, Any], Any]] = {
     "where": lambda a, b: torch.where(a > 0, a, b),
     "pow": lambda a, b: torch.pow(a, 2),
     "sub": lambda a, b: a - b,
+    "zeta": torch.special.zeta,
+    "gcd": torch.gcd,
+    "chebyshev_t": torch.special.chebyshev_polynomial_t,
 }
 UNARY: dict[str, Callable[[Any], Any]] = {
     "exp": torch.exp,
@@ -48,6 +51,11 @@ UNARY: dict[str, Callable[[Any], Any]] = {
     "sigmoid": torch.sigmoid,
     "abs": torch.abs,
     "to_int": lambda a: a.to(torch.int32),
+    "lgamma": torch.lgamma,
+    "i0": torch.i0,
+    "erfcx": torch.special.erfcx,
+    "cummax": lambda a: a.cummax(0).values if a.dim() else a,
+    "sort": lambda a: a.sort(-1).values if a.dim() else a,
 }
 
 
