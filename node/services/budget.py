@@ -448,12 +448,17 @@ def charge(
             nothing is recorded in the ledger. ``rule`` and ``policy_revision`` say which.
         PolicyRefusedError: another rule refused it (per-publish cap, rate limit, denial).
         ApprovalRequiredError: the publish waits for an admin; a pending request is stored.
-        NotFoundError: no such user.
+        NotFoundError: no such user, or a dataset read was deleted meanwhile.
     """
     with serial_sessions() as session:
         user, found = _lock(session, user_id, cost.dataset_ids)
         at = utcnow()
         in_force = policy_service.current(session)
+        missing = sorted(set(cost.dataset_ids) - {d.id for d in found})
+        if missing and in_force.policy.datasets:  # a cap cannot be checked without the name
+            raise NotFoundError(
+                f"dataset {missing[0]} was deleted while this publish ran; nothing was released"
+            )
         puser = policy_user(session, user)
         defaults = _defaults(settings)
         names = {d.name: d.id for d in found}

@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 import policies
 from node.context import NodeContext
 from node.db.models import LedgerEntry, User
-from node.errors import ApprovalRequiredError, BudgetExceededError
+from node.errors import ApprovalRequiredError, BudgetExceededError, NotFoundError
 from node.services import approvals, budget, datasets
 from node.services import policy as policy_service
 from node.services.budget import Cost
@@ -149,3 +149,21 @@ def test_an_approval_lets_exactly_one_of_concurrent_publishes_through(
         pending = approvals.list_approvals(session, admin, status="pending")
     assert count == 1
     assert len(pending) == 1  # the seven later attempts share one new request
+
+
+def test_a_dataset_deleted_during_a_publish_under_a_cap_releases_nothing(
+    context: NodeContext, owner: User, scientist: User
+) -> None:
+    gone = _dataset(context, owner, "gone")
+    _apply(context, "[datasets.gone]\nmax_epsilon = 1.0\n")
+    with context.sessions() as session:
+        datasets.delete_dataset(session, context.store, owner, gone)
+    with pytest.raises(NotFoundError, match="deleted while this publish ran"):
+        budget.charge(
+            context.serial_sessions,
+            context.settings,
+            scientist.id,
+            Cost("laplace", TENTH, dataset_ids=[gone]),
+        )
+    with context.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(LedgerEntry)) == 0
