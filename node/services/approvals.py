@@ -31,7 +31,8 @@ _OPEN = (RequestStatus.PENDING, RequestStatus.APPROVED, RequestStatus.DENIED)
 
 
 def _key(cost: Cost) -> str:
-    return cost.frame_hash or cost.graph_hash or ""
+    key = cost.frame_hash() if callable(cost.frame_hash) else cost.frame_hash
+    return key or cost.graph_hash or ""
 
 
 def find(session: Session, user_id: int, cost: Cost) -> PublishApproval | None:

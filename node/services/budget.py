@@ -22,8 +22,8 @@ holds under concurrency. A result may leave the node only after that commit.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
 from fractions import Fraction
@@ -134,7 +134,8 @@ class Cost:
     detail: dict[str, Any] = field(default_factory=dict)
     asked_epsilon_units: int | None = None
     asked_delta_units: int = 0
-    frame_hash: str | None = None
+    #: The hash, or a function computing it: only a policy with approval thresholds asks.
+    frame_hash: str | Callable[[], str] | None = None
 
     @property
     def asked_epsilon(self) -> int:
@@ -475,6 +476,8 @@ def charge(
         charges = _charges(session, in_force.policy, request, puser, conversion)
         gate = in_force.policy.approval
         gated = gate.epsilon_above is not None or gate.delta_above is not None
+        if gated and callable(cost.frame_hash):
+            cost = replace(cost, frame_hash=cost.frame_hash())  # once, for find and queue
         waiting = approvals.find(session, user.id, cost) if gated else None
         answer = None if waiting is None else approvals.answer_of(waiting)
         if answer is not None:

@@ -231,12 +231,13 @@ def publish(context: NodeContext, actor: User, frame: bytes, request: PublishReq
             "outputs": [list(o.shape) for o in report.outputs],
         },
         # What the policy's per-publish caps and approval thresholds compare against, and
-        # the exact computation (constants included) an admin's approval covers.
+        # the exact computation (constants included) an admin's approval covers, computed
+        # only when the policy gates publishes.
         asked_epsilon_units=budget.units_down(request.epsilon, EPSILON_UNIT, "epsilon"),
         asked_delta_units=0
         if request.delta is None
         else budget.units_down(request.delta, budget.DELTA_UNIT, "delta"),
-        frame_hash=content_hash(encode(graph)),
+        frame_hash=lambda: content_hash(encode(graph)),
     )
     entry, after = budget.charge(context.serial_sessions, context.settings, actor.id, cost)
     pieces, start = [], 0
