@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import node.errors
-import node.privacy  # noqa: F401  (registers PrivacyTrackingError, a subclass of GraphError)
+import node.privacy  # registers PrivacyTrackingError, a subclass of GraphError
 import sdk._exceptions as client
 
 

@@ -65,7 +65,7 @@ def test_refusals_are_the_nodes_and_free_previews_stay_on_the_node(
             mean.publish(epsilon=float("nan"))
         with pytest.raises(sdk.InvalidRequestError, match="delta"):
             mean.publish(epsilon=1.0, delta=2.0)
-        with pytest.raises(sdk.DPNodeError, match="outside 'with sdk.mock"):
+        with pytest.raises(sdk.DPNodeError, match=r"outside 'with sdk\.mock"):
             mean.sensitivity()
     other = owner_client.upload_dataset(
         "other", {"v": np.ones(5)}, bounds={"v": (0, 1)}, mock={"v": np.zeros(5)}
