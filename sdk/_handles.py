@@ -131,7 +131,9 @@ class DatasetHandle:
 
         from sdk._remote import remote_input
 
-        return remote_input(f"dataset:{self.id}/@subject", (self.row_count,), torch.int64)
+        return remote_input(
+            f"dataset:{self.id}/@subject", (self.row_count,), torch.int64, origin=self._client
+        )
 
     def tensors(self, *columns: str | list[str], stack: bool | None = None) -> Any:
         """Several columns at once, as remote tensors.

@@ -20,7 +20,7 @@ import torch
 from sdk import _per_sample as per_sample
 from sdk._exceptions import DPNodeError
 from sdk._mock_publish import mock_release
-from sdk._remote import RemoteTensor, active_session, encode_graph, graph_for
+from sdk._remote import RemoteTensor, active_session, encode_graph, graph_for, origins
 
 if TYPE_CHECKING:
     from sdk._handles import DatasetHandle
@@ -42,6 +42,9 @@ class Receipt:
     sensitivity_l2: float
     noise_scale: float
     remaining_epsilon: float
+    #: the node's policy that allowed the release, and its revision (None: the shipped default)
+    policy: str | None = None
+    policy_revision: int | None = None
     #: computed locally on mock data inside ``sdk.mock(...)``: nothing was charged
     mock: bool = False
 
@@ -89,9 +92,18 @@ def _not_in_mock_mode(what: str) -> None:
         )
 
 
-def _client(client: Any) -> Any:
+def _client(client: Any, tensors: Sequence[RemoteTensor]) -> Any:
+    """Where to send ``tensors``: ``client``, else the session their data came from."""
     if client is not None:
         return client
+    found = origins([t.node for t in tensors])
+    if len(found) > 1:
+        raise DPNodeError(
+            "these tensors come from datasets or models of different node sessions, and one "
+            "publish goes to one node: publish them separately, or pass client="
+        )
+    if found:
+        return found[0]
     from sdk import current_client
 
     return current_client()
@@ -136,7 +148,9 @@ def publish(
     if session is not None:  # a dry run: the node's release, on mock data, charging nothing
         values, body = mock_release(session, items, epsilon=epsilon, delta=delta)
     else:
-        values, body = _client(client).publish_frame(_frame(items), epsilon=epsilon, delta=delta)
+        values, body = _client(client, items).publish_frame(
+            _frame(items), epsilon=epsilon, delta=delta
+        )
     receipt = Receipt.from_json(body)
     results = []
     for value, like in zip(values, items, strict=True):
@@ -151,7 +165,8 @@ def sensitivity(
 ) -> Sensitivity:
     """The L1 and L2 sensitivity of publishing ``tensors`` together: free, no budget spent."""
     _not_in_mock_mode("sensitivity()")
-    body = _client(client).sensitivity_of_frame(_frame(_remote(tensors, "sensitivity")))
+    items = _remote(tensors, "sensitivity")
+    body = _client(client, items).sensitivity_of_frame(_frame(items))
     return Sensitivity(l1=body["l1"], l2=body["l2"], subjects=body["subjects"])
 
 
@@ -164,8 +179,8 @@ def noise_scale(
 ) -> float:
     """The noise scale (Laplace b, or Gaussian sigma) a publish at ``epsilon`` would use: free."""
     _not_in_mock_mode("noise_scale()")
-    frame = _frame(_remote(tensors, "noise_scale"))
-    body = _client(client).sensitivity_of_frame(frame, epsilon=epsilon, delta=delta)
+    items = _remote(tensors, "noise_scale")
+    body = _client(client, items).sensitivity_of_frame(_frame(items), epsilon=epsilon, delta=delta)
     return float(body["noise_scale"])
 
 

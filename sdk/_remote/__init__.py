@@ -4,7 +4,7 @@
 - ``dispatch.py``: ATen op -> private / view / in-place / rule / decomposition.
 - ``views.py``, ``rules*.py``, ``indexing.py``: the
   ATen -> prim tables.
-- ``graph.py``: recorded nodes, engine graphs, wire encoding and the structure cache.
+- ``graph.py``: recorded nodes, engine graphs and wire encoding.
 - ``handles.py``: the remote tensors of dataset columns and model weights.
 - ``mock.py``: mock mode, evaluated locally by the node's own engine.
 
@@ -28,7 +28,7 @@ from sdk._remote import (  # noqa: F401
     rules_special,
     rules_stats,
 )
-from sdk._remote.graph import Encoded, build, encode_graph, input_node
+from sdk._remote.graph import Encoded, build, encode_graph, input_node, origins
 from sdk._remote.mock import MockSession, active_session, evaluate, mock
 from sdk._remote.tensor import RemoteTensor, Storage
 
@@ -44,6 +44,7 @@ __all__ = [
     "graph_for",
     "input_node",
     "mock",
+    "origins",
     "remote_input",
 ]
 
@@ -54,8 +55,11 @@ def graph_for(tensors: Sequence[RemoteTensor]) -> Graph:
 
 
 def remote_input(
-    name: str, shape: Sequence[int], dtype: torch.dtype, source: str = ""
+    name: str, shape: Sequence[int], dtype: torch.dtype, source: str = "", origin: object = None
 ) -> RemoteTensor:
-    """A remote tensor standing for the named graph input (a dataset column, a model weight)."""
+    """A remote tensor standing for the named graph input (a dataset column, a model weight).
+
+    ``origin``: the client of the node that holds it, where its publishes go.
+    """
     meta = torch.empty(tuple(shape), dtype=dtype, device="meta")
-    return RemoteTensor(meta, Storage(input_node(name, shape, dtype)), source=source)
+    return RemoteTensor(meta, Storage(input_node(name, shape, dtype, origin)), source=source)

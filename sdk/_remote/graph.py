@@ -35,6 +35,7 @@ __all__ = [
     "constant",
     "encode_graph",
     "input_node",
+    "origins",
     "prim",
 ]
 
@@ -76,7 +77,7 @@ class Node:
     inside a rule may leave them unset.
     """
 
-    __slots__ = ("args", "attrs", "dtype", "op", "shape", "value")
+    __slots__ = ("args", "attrs", "dtype", "op", "origin", "shape", "value")
 
     def __init__(
         self,
@@ -86,6 +87,7 @@ class Node:
         value: npt.NDArray[Any] | None = None,
         shape: tuple[int, ...] | None = None,
         dtype: torch.dtype | None = None,
+        origin: Any = None,
     ) -> None:
         self.op = op
         self.args = args
@@ -93,6 +95,8 @@ class Node:
         self.value = value
         self.shape = shape
         self.dtype = dtype
+        #: for inputs: the client of the node that holds the data (not sent)
+        self.origin = origin
 
     def __repr__(self) -> str:
         return f"<Node {self.op} {self.shape} {self.dtype}>"
@@ -115,12 +119,14 @@ def nan_node(shape: tuple[int, ...] = (), dtype: str = "float32") -> Node:
     return Node("sub", (inf, inf), {})
 
 
-def input_node(name: str, shape: Sequence[int], dtype: torch.dtype) -> Node:
-    """A named placeholder (e.g. ``"dataset:3/age"``) bound to values where the graph runs."""
+def input_node(name: str, shape: Sequence[int], dtype: torch.dtype, origin: Any = None) -> Node:
+    """A named placeholder (e.g. ``"dataset:3/age"``) bound to values where the graph runs.
+
+    ``origin``: the client of the node holding the data, so that a publish goes there.
+    """
     shape = tuple(shape)
-    return Node(
-        "input", (), {"name": name, "dtype": TORCH_NAMES[dtype], "shape": shape}, None, shape, dtype
-    )
+    attrs = {"name": name, "dtype": TORCH_NAMES[dtype], "shape": shape}
+    return Node("input", (), attrs, None, shape, dtype, origin)
 
 
 def constant(t: torch.Tensor) -> Node:
@@ -139,6 +145,22 @@ def constant(t: torch.Tensor) -> Node:
     arr = t.cpu().contiguous().numpy().copy()
     arr.flags.writeable = False
     return Node("constant", (), {}, arr, tuple(t.shape), t.dtype)
+
+
+def origins(outputs: Iterable[Node]) -> list[Any]:
+    """The distinct clients the inputs reachable from ``outputs`` came from (in order)."""
+    seen: set[int] = set()
+    found: list[Any] = []
+    stack = list(outputs)
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.origin is not None and all(node.origin is not f for f in found):
+            found.append(node.origin)
+        stack.extend(a for a in node.args if type(a) is Node)
+    return found
 
 
 def count_ops(outputs: Iterable[Node]) -> int:

@@ -7,19 +7,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from sdk._remote.graph import TORCH_OF, input_node
+from sdk._remote import remote_input
+from sdk._remote.graph import TORCH_OF
 from sdk._remote.mock import active_session
-from sdk._remote.tensor import RemoteTensor, Storage
+from sdk._remote.tensor import RemoteTensor
 
 if TYPE_CHECKING:
     from sdk._handles import DatasetHandle, ModelHandle
 
 __all__ = ["column_tensor", "dataset_tensors", "model_state"]
-
-
-def _remote(name: str, shape: tuple[int, ...], dtype: torch.dtype, source: str) -> RemoteTensor:
-    meta = torch.empty(shape, dtype=dtype, device="meta")
-    return RemoteTensor(meta, Storage(input_node(name, shape, dtype)), source=source)
 
 
 def column_tensor(ds: DatasetHandle, column: str) -> RemoteTensor:
@@ -34,8 +30,12 @@ def column_tensor(ds: DatasetHandle, column: str) -> RemoteTensor:
     if session is not None and session.covers(ds):
         rows = int(session.column(ds, column).shape[0])
     dtype = TORCH_OF[info.dtype]
-    return _remote(
-        f"dataset:{ds.id}/{column}", (rows, *info.shape), dtype, f"dataset {ds.name!r}[{column!r}]"
+    return remote_input(
+        f"dataset:{ds.id}/{column}",
+        (rows, *info.shape),
+        dtype,
+        f"dataset {ds.name!r}[{column!r}]",
+        origin=ds._client,
     )
 
 
@@ -83,10 +83,11 @@ def model_state(model: ModelHandle) -> dict[str, RemoteTensor]:
         if mocked:
             assert session is not None
             shape = tuple(session._frame(model)[name].shape)
-        out[name] = _remote(
+        out[name] = remote_input(
             f"model:{model.id}/{name}",
             shape,
             TORCH_OF[info.dtype],
             f"model {model.name!r}[{name!r}]",
+            origin=model._client,
         )
     return out

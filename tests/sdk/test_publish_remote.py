@@ -6,8 +6,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from starlette.testclient import TestClient
 
 import sdk
+from node.db.models import User
+from tests.sdk.conftest import connect
 
 
 def _cohort(owner: sdk.Client, n: int = 2000) -> sdk.DatasetHandle:
@@ -35,6 +38,7 @@ def test_mean_of_a_column_with_a_receipt(owner_client: sdk.Client, ds_client: sd
     receipt = released.receipt
     assert receipt.mechanism == "laplace" and receipt.epsilon == 0.5
     assert receipt.remaining_epsilon == 9.5 and str(receipt).startswith("laplace noise")
+    assert receipt.policy == "default" and receipt.policy_revision is None  # the shipped policy
     assert ds_client.budget().spent_epsilon == 0.5
 
 
@@ -174,3 +178,18 @@ def test_dp_sgd_gradients_are_the_mean_of_clipped_per_example_gradients(
     assert not torch.allclose(want, rows.mean(dim=0), atol=1e-2)  # clipping changed it
     noise = receipt.noise_scale / len(x)
     torch.testing.assert_close(got, want, rtol=0, atol=6 * noise)
+
+
+def test_a_publish_goes_to_the_session_its_data_came_from(
+    http: TestClient, owner_client: sdk.Client, ds_client: sdk.Client, admin: User
+) -> None:
+    _cohort(owner_client)
+    mine = ds_client.dataset("cohort")["age"].float().mean()
+    admin_client = connect(http, admin.email)  # the last login is now the admin's
+    released = mine.publish(epsilon=0.5)
+    assert len(ds_client.ledger()) == 1 and released.receipt.remaining_epsilon == 9.5
+    assert admin_client.ledger() == []
+    theirs = admin_client.dataset("cohort")["age"].float().mean()
+    with pytest.raises(sdk.DPNodeError, match="different node sessions"):
+        sdk.publish([mine, theirs], epsilon=0.5)
+    assert len(sdk.publish([mine, theirs], epsilon=0.5, client=ds_client)) == 2
