@@ -42,7 +42,7 @@ class Settings(BaseSettings):
     #: Memory for verified dataset and weight blobs (read and hashed once, LRU); 0: off.
     blob_cache_bytes: int = Field(default=512 * 1024 * 1024, ge=0)
 
-    #: Each user's privacy budget until policies say otherwise: total epsilon and delta.
+    #: A user's budget (epsilon, delta) where the policy in force sets none for them or their role.
     default_epsilon_budget: float = Field(default=10.0, ge=0, le=700, allow_inf_nan=False)
     default_delta_budget: float = Field(default=1e-6, ge=0, lt=1, allow_inf_nan=False)
 
