@@ -22,6 +22,7 @@ import numpy.typing as npt
 from node import errors as node_errors
 from node.dp import gaussian, laplace
 from node.privacy import InputSpec, evaluate_tracked
+from node.privacy.subjects import first_rows
 from sdk._exceptions import DPNodeError, error_for
 from sdk._remote import RemoteTensor, graph_for
 
@@ -31,12 +32,6 @@ if TYPE_CHECKING:
 __all__ = ["mock_release"]
 
 _INPUT = re.compile(r"^(dataset|model):(\d+)/(.+)$")
-
-
-def _first_rows(ids: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
-    """Each row labelled by its subject's first row, as the node labels ``@subject``."""
-    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    return first[inverse.reshape(-1)].astype(np.int64)
 
 
 def _inputs(
@@ -64,11 +59,11 @@ def _inputs(
         rows = len(next(iter(frame.values()))) if frame else 0
         ids = frame.get(handle.subject_id) if handle.subject_id else None
         if part == "@subject":
-            values[name] = _first_rows(ids) if ids is not None else np.arange(rows)
+            values[name] = first_rows(ids, rows)
             specs[name] = InputSpec.public(values[name])
             continue
         lower, upper = handle.columns[part].bounds
-        subjects = _first_rows(ids) if ids is not None else None
+        subjects = first_rows(ids, rows) if ids is not None else None
         specs[name] = InputSpec.private(lower, upper, subjects)
         values[name] = bindings[name]
     return specs, values

@@ -38,6 +38,7 @@ __all__ = [
     "Subjects",
     "all_owned",
     "distinct_view",
+    "first_rows",
     "general_paths",
     "increasing_flat",
     "register_distinct",
@@ -358,3 +359,19 @@ def general_paths() -> Iterator[None]:
         yield
     finally:
         _DISABLED.on = before
+
+
+def first_rows(ids: npt.ArrayLike | None, rows: int) -> npt.NDArray[np.int64]:
+    """Each row labelled by the first row of its subject: the partition, without the ids.
+
+    The public grouping a node binds to ``dataset:<id>/@subject`` (None: one subject a row).
+
+    >>> first_rows(np.array([5, 2, 5, 0]), 4).tolist()
+    [0, 1, 0, 3]
+    >>> first_rows(None, 3).tolist()
+    [0, 1, 2]
+    """
+    if ids is None:
+        return np.arange(rows, dtype=np.int64)
+    _, first, inverse = np.unique(np.asarray(ids), return_index=True, return_inverse=True)
+    return first[inverse.reshape(-1)].astype(np.int64)

@@ -42,6 +42,7 @@ from node.engine import (
 )
 from node.errors import GraphError, InvalidRequestError, NotFoundError, PermissionDeniedError
 from node.privacy import InputSpec, PrivacyReport, Subjects, evaluate_tracked, track
+from node.privacy.subjects import first_rows
 from node.services import budget, datasets, models
 from node.services.budget import EPSILON_UNIT, RHO_UNIT, TV_UNIT, Cost
 from node.storage import array_from_bytes
@@ -67,18 +68,6 @@ class _Inputs:
     specs: dict[str, InputSpec]
     values: dict[str, npt.NDArray[Any]]
     dataset_ids: list[int]
-
-
-def _groups(subjects: npt.NDArray[np.int64] | None, rows: int) -> npt.NDArray[np.int64]:
-    """Each row's subject as the index of the subject's first row: the partition, no ids.
-
-    >>> _groups(np.array([5, 2, 5, 0]), 4).tolist()
-    [0, 1, 0, 3]
-    """
-    if subjects is None:
-        return np.arange(rows, dtype=np.int64)
-    _, first, inverse = np.unique(subjects, return_index=True, return_inverse=True)
-    return first[inverse.reshape(-1)].astype(np.int64)
 
 
 def _resolve(context: NodeContext, actor: User, graph: Graph, *, with_values: bool) -> _Inputs:
@@ -107,7 +96,7 @@ def _resolve(context: NodeContext, actor: User, graph: Graph, *, with_values: bo
                     subjects[dataset.id] = datasets.read_subjects(context.store, dataset)
                     structures[dataset.id] = datasets.subject_structure(context.store, dataset)
                 if column is None and part == "@subject":  # public: DP-SGD's clipping groups
-                    values[name] = _groups(subjects[dataset.id], dataset.row_count)
+                    values[name] = first_rows(subjects[dataset.id], dataset.row_count)
                     specs[name] = InputSpec.public(values[name])
                     dataset_ids.add(dataset.id)
                     continue
