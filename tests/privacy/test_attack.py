@@ -21,7 +21,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.engine import GraphBuilder, Ref, plan
+from node.engine import Graph, GraphBuilder, Ref, plan
 from node.errors import EvaluationError, GraphError
 from node.privacy import PrivacyTrackingError, track
 from tests.privacy.helpers import Column, assert_sound, neighbours
@@ -291,6 +291,17 @@ def columns(draw: st.DrawFn) -> dict[str, Column]:
     }
 
 
+def random_graph(cols: dict[str, Column], data: st.DataObject, *, max_ops: int) -> Graph:
+    """A graph of 1 to ``max_ops`` random ops over ``cols``, with two outputs."""
+    g = Builder(data)
+    for name, col in cols.items():
+        ref = g.b.input(name, col.dtype, col.shape)
+        g.pool.append(Val(ref, col.shape, "i" if col.dtype == "int64" else "f"))
+    for _ in range(data.draw(st.integers(1, max_ops))):
+        data.draw(st.sampled_from(OPS))(g)
+    return g.b.build([g.pool[-1].ref, data.draw(st.sampled_from(g.pool)).ref])
+
+
 @settings(
     max_examples=1000,
     deadline=None,
@@ -300,14 +311,7 @@ def columns(draw: st.DrawFn) -> dict[str, Column]:
 def test_tracked_sensitivity_bounds_every_neighbour(
     cols: dict[str, Column], data: st.DataObject, seed: int
 ) -> None:
-    g = Builder(data)
-    for name, col in cols.items():
-        ref = g.b.input(name, col.dtype, col.shape)
-        g.pool.append(Val(ref, col.shape, "i" if col.dtype == "int64" else "f"))
-    for _ in range(data.draw(st.integers(1, 7))):
-        data.draw(st.sampled_from(OPS))(g)
-    outs = [g.pool[-1].ref, data.draw(st.sampled_from(g.pool)).ref]
-    graph = g.b.build(outs)
+    graph = random_graph(cols, data, max_ops=7)
     specs = {name: col.spec() for name, col in cols.items()}
     try:
         report = track(graph, specs)

@@ -20,7 +20,7 @@ from node.privacy import (
 from node.privacy.spec import InputSpec as Spec
 from tests.privacy.helpers import Column, assert_sound, neighbours
 
-#: rules for prims the engine will add later (see docs/sensitivity.md)
+
 def test_every_rule_is_keyed_by_a_prim_name() -> None:
     assert set(RULES) - set(REGISTRY) == set()
 

@@ -28,7 +28,7 @@ from node.privacy.subjects import (
     rows_of,
 )
 from tests.privacy.helpers import Column, assert_sound, neighbours
-from tests.privacy.test_attack import OPS, Builder, Val
+from tests.privacy.test_attack import random_graph
 
 
 def _same(fast: PrivacyReport, slow: PrivacyReport) -> None:
@@ -79,13 +79,7 @@ def columns(draw: st.DrawFn) -> dict[str, Column]:
 def test_fast_paths_match_the_general_paths_and_are_sound(
     cols: dict[str, Column], data: st.DataObject, seed: int
 ) -> None:
-    g = Builder(data)
-    for name, col in cols.items():
-        ref = g.b.input(name, col.dtype, col.shape)
-        g.pool.append(Val(ref, col.shape, "i" if col.dtype == "int64" else "f"))
-    for _ in range(data.draw(st.integers(1, 5))):
-        data.draw(st.sampled_from(OPS))(g)
-    graph = g.b.build([g.pool[-1].ref, data.draw(st.sampled_from(g.pool)).ref])
+    graph = random_graph(cols, data, max_ops=5)
     specs = {name: col.spec() for name, col in cols.items()}
     try:
         with general_paths():
