@@ -1,6 +1,6 @@
 """DP-SGD's clipping prim vs hand-written NumPy and local torch: time ratios.
 
-Run: ``python bench/dpsgd.py`` (add ``--quick`` for smaller inputs).
+Run: ``python -m bench.dpsgd`` (add ``--quick`` for smaller inputs).
 
 ``clip_by_subject_norm`` clips each group's summed rows to L2 norm C and adds the
 clipped vectors. The baselines do the same in one process: NumPy as a competent

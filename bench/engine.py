@@ -1,6 +1,6 @@
 """Engine vs hand-written NumPy on realistic graphs: time and peak memory ratios.
 
-Run: ``python bench/engine.py`` (add ``--quick`` for smaller inputs).
+Run: ``python -m bench.engine`` (add ``--quick`` for smaller inputs).
 
 Each case builds the prim graph the SDK would send (torch's decompositions:
 mean as sum/numel, std via the sum of squared deviations, sigmoid as

@@ -1,6 +1,6 @@
 """Noised values per second: dpnode's mechanisms against NumPy's (unsafe) Laplace and OpenDP.
 
-    python bench/noise.py [--n 1000000] [--opendp-n 10000] [--repeat 9]
+    python -m bench.noise [--n 1000000] [--opendp-n 10000] [--repeat 9]
 
 Every number is measured in this run and printed as a ratio against NumPy's own
 ``Generator.laplace`` plus the addition (a float-based mechanism that Mironov 2012 shows leaks
@@ -59,13 +59,8 @@ def opendp_seconds_per_value(n: int) -> float | None:
     return best_seconds(lambda: measurement(x), 1) / n
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=1_000_000, help="values per release")
-    parser.add_argument("--opendp-n", type=int, default=10_000, help="values for OpenDP")
-    parser.add_argument("--repeat", type=int, default=9)
-    args = parser.parse_args()
-    n, repeat = args.n, args.repeat
+def report(n: int = 1_000_000, opendp_n: int = 10_000, repeat: int = 9) -> None:
+    """Print noised values per second against NumPy's laplace and OpenDP (also bench/publish)."""
     x = np.random.default_rng(0).random(n) * 100.0
     rng = np.random.default_rng()
 
@@ -87,7 +82,7 @@ def main() -> None:
             f"  {name:34s} {seconds * 1e3:9.1f} ms  {n / seconds / 1e6:8.2f} M values/s"
             f"  {seconds / baseline:6.2f}x numpy laplace"
         )
-    per_value = opendp_seconds_per_value(args.opendp_n)
+    per_value = opendp_seconds_per_value(opendp_n)
     if per_value is None:
         print("  opendp: not installed")
         return
@@ -95,9 +90,18 @@ def main() -> None:
     print(
         f"  {'opendp vector laplace':34s} {per_value * n * 1e3:9.1f} ms* "
         f"{1 / per_value / 1e6:8.2f} M values/s  {per_value * n / baseline:6.2f}x numpy laplace"
-        f"  (* from {args.opendp_n:,} values)"
+        f"  (* from {opendp_n:,} values)"
     )
     print(f"  dpnode laplace is {per_value * n / dpnode:.0f}x faster than opendp")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=1_000_000, help="values per release")
+    parser.add_argument("--opendp-n", type=int, default=10_000, help="values for OpenDP")
+    parser.add_argument("--repeat", type=int, default=9)
+    args = parser.parse_args()
+    report(args.n, args.opendp_n, args.repeat)
 
 
 if __name__ == "__main__":

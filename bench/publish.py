@@ -1,6 +1,6 @@
 """End-to-end publish latency against hand-written NumPy, measured in the same run.
 
-    python bench/publish.py [--rows 1000000] [--lr-rows 100000] [--repeat 15] [--stages]
+    python -m bench.publish [--rows 1000000] [--lr-rows 100000] [--repeat 15] [--stages]
                             [--server]
 
 Each case runs through the whole node in process — the SDK encodes the graph, the HTTP
@@ -44,6 +44,7 @@ from starlette.testclient import TestClient
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import sdk
+from bench import noise as noise_bench
 from node.app import create_app
 from node.context import NodeContext
 from node.db.migrate import upgrade
@@ -190,12 +191,17 @@ def main() -> None:
     parser.add_argument("--features", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--stages", action="store_true", help="print a per-stage breakdown")
+    parser.add_argument("--no-noise", action="store_true", help="skip the noise throughput")
     parser.add_argument(
         "--server",
         action="store_true",
         help="publish to a real `dpnode serve` process on loopback instead of in process",
     )
     args = parser.parse_args()
+    if not args.no_noise:
+        print("## Noise: values per second\n")
+        noise_bench.report(repeat=min(args.repeat, 9))
+        print("\n## Publish, end to end\n")
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp, node(Path(tmp), args.server) as login:
         owner, ds = login("o@x.org"), login("d@x.org")

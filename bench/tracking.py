@@ -1,6 +1,6 @@
 """Sensitivity tracking against the engine's own evaluation, measured in the same run.
 
-    python bench/tracking.py [--rows 1000000] [--lr-rows 100000] [--repeat 7]
+    python -m bench.tracking [--rows 1000000] [--lr-rows 100000] [--repeat 7]
 
 For each graph: ``evaluate`` on random data (the computation itself), ``track`` without
 data (the free sensitivity query) and ``evaluate_tracked`` (both in one pass, what a
