@@ -78,22 +78,13 @@ def mock_release(
         specs, values = _inputs(session, graph.input_names())
         rng = np.random.default_rng(session.seed)
         outputs, report = evaluate_tracked(graph, values, specs, rng=rng)
-        exact = [
-            np.clip(np.asarray(v, dtype=np.float64), out.lower, out.upper).ravel()
-            for v, out in zip(outputs, report.outputs, strict=True)
-        ]
-        flat = np.concatenate(exact) if exact else np.zeros(0)
+        flat = report.clip(outputs)
         if delta is None:
             release = laplace(flat, sensitivity_l1=report.l1, epsilon=epsilon)
         else:
             release = gaussian(flat, sensitivity_l2=report.l2, epsilon=epsilon, delta=delta)
     except node_errors.DPNodeError as exc:  # the node's own checks, raised as the SDK's
         raise error_for(400, exc.code, exc.detail) from None
-    pieces, start = [], 0
-    for out in report.outputs:
-        size = math.prod(out.shape)
-        pieces.append(release.values[start : start + size].reshape(out.shape))
-        start += size
     receipt = {
         "ledger_id": None,
         "mechanism": release.mechanism,
@@ -106,4 +97,4 @@ def mock_release(
         "remaining_epsilon": math.nan,
         "mock": True,
     }
-    return pieces, receipt
+    return report.split(release.values), receipt

@@ -11,11 +11,12 @@ evaluation, in one pass.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from node.engine import REGISTRY, Graph, Quotas, plan, run
 from node.engine.dtypes import from_numpy
@@ -82,6 +83,23 @@ class PrivacyReport:
         """L2 sensitivity of all outputs released together."""
         sq = functools.reduce(np.add, [o.per_subject_l2**2 for o in self.outputs], np.zeros(1))
         return float(np.sqrt(sq.max(initial=0.0)))
+
+    def clip(self, values: Sequence[Array]) -> npt.NDArray[np.float64]:
+        """All outputs as one float64 vector, each element clipped to its public bounds."""
+        parts = [
+            np.clip(np.asarray(v, dtype=np.float64), out.lower, out.upper).ravel()
+            for v, out in zip(values, self.outputs, strict=True)
+        ]
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    def split(self, flat: npt.NDArray[np.float64]) -> list[npt.NDArray[np.float64]]:
+        """The inverse of :meth:`clip`'s flattening: one array per output, in its shape."""
+        pieces, start = [], 0
+        for out in self.outputs:
+            size = int(np.prod(out.shape, dtype=np.int64))
+            pieces.append(flat[start : start + size].reshape(out.shape))
+            start += size
+        return pieces
 
 
 class PrivacyTracker:

@@ -182,15 +182,6 @@ def _noise(
     return release, Cost(cost.mechanism, cost.epsilon_units, cost.rho_units, tv_units)
 
 
-def _clip(values: list[npt.NDArray[Any]], report: PrivacyReport) -> npt.NDArray[np.float64]:
-    """All outputs as one float64 vector, each element clipped to its public bounds."""
-    parts = [
-        np.clip(np.asarray(v, dtype=np.float64), out.lower, out.upper).ravel()
-        for v, out in zip(values, report.outputs, strict=True)
-    ]
-    return np.concatenate(parts) if parts else np.zeros(0)
-
-
 def publish(context: NodeContext, actor: User, frame: bytes, request: PublishRequest) -> Published:
     """Evaluate, noise, charge and release, in that order (see the module docstring).
 
@@ -206,7 +197,7 @@ def publish(context: NodeContext, actor: User, frame: bytes, request: PublishReq
     graph = _decode(context, actor, frame)
     inputs = _resolve(context, actor, graph, with_values=True)
     outputs, report = evaluate_tracked(graph, inputs.values, inputs.specs, _quotas(context))
-    release, cost = _noise(_clip(outputs, report), report, request)
+    release, cost = _noise(report.clip(outputs), report, request)
     cost = Cost(
         cost.mechanism,
         cost.epsilon_units,
@@ -229,11 +220,7 @@ def publish(context: NodeContext, actor: User, frame: bytes, request: PublishReq
         frame_hash=lambda: content_hash(encode(graph)),
     )
     entry, after = budget.charge(context.serial_sessions, context.settings, actor.id, cost)
-    pieces, start = [], 0
-    for out in report.outputs:
-        size = int(np.prod(out.shape, dtype=np.int64))
-        pieces.append(release.values[start : start + size].reshape(out.shape))
-        start += size
+    pieces = report.split(release.values)
     spent_epsilon, _ = after.spent()
     receipt = {
         "ledger_id": entry.id,
