@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.timing import best
 from node.engine import GraphBuilder, evaluate
 
 Array = np.ndarray[Any, Any]
@@ -64,15 +64,6 @@ def torch_rows(x: Array) -> Callable[[], Any]:
         return (t * torch.clamp(C / norms, max=1.0).unsqueeze(1)).sum(dim=0)
 
     return run
-
-
-def best(fn: Callable[[], Any], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main() -> None:

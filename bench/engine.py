@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +25,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.timing import interleaved_best
 from node.engine import Graph, GraphBuilder, Ref, evaluate
 
 Array = np.ndarray[Any, Any]
@@ -135,17 +135,6 @@ def conv_net(batch: int) -> tuple[Graph, dict[str, Array], Callable[[dict[str, A
     return g, inputs, ref
 
 
-def _best_times(a: Callable[[], Any], b: Callable[[], Any], repeat: int) -> tuple[float, float]:
-    """Best-of-``repeat`` times of ``a`` and ``b``, interleaved so load drift hits both alike."""
-    best = [float("inf"), float("inf")]
-    for _ in range(repeat):
-        for k, fn in enumerate((a, b)):
-            t = time.perf_counter()
-            fn()
-            best[k] = min(best[k], time.perf_counter() - t)
-    return best[0], best[1]
-
-
 def _peak(fn: Callable[[], Any]) -> int:
     tracemalloc.start()
     tracemalloc.reset_peak()
@@ -179,9 +168,8 @@ def main() -> None:
         got = evaluate(graph, inputs)[0]
         want = ref(inputs)
         np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
-        te, tn = _best_times(
-            lambda: evaluate(graph, inputs),  # noqa: B023
-            lambda: ref(inputs),  # noqa: B023
+        te, tn = interleaved_best(
+            [lambda: evaluate(graph, inputs), lambda: ref(inputs)],  # noqa: B023
             args.repeat,
         )
         me = _peak(lambda: evaluate(graph, inputs))  # noqa: B023

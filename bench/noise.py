@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,30 +19,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.timing import best, interleaved_best
 from node.dp import gaussian, laplace
-
-
-def best_seconds(fn: Callable[[], object], repeat: int) -> float:
-    fn()  # warm: plans and tables are cached after the first call with given parameters
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def interleaved_best(cases: list[Callable[[], object]], repeat: int) -> list[float]:
-    """Best time of each case, the cases taking turns so that load drifts hit them alike."""
-    for fn in cases:
-        fn()
-    best = [float("inf")] * len(cases)
-    for _ in range(repeat):
-        for i, fn in enumerate(cases):
-            start = time.perf_counter()
-            fn()
-            best[i] = min(best[i], time.perf_counter() - start)
-    return best
 
 
 def opendp_seconds_per_value(n: int) -> float | None:
@@ -56,7 +33,7 @@ def opendp_seconds_per_value(n: int) -> float | None:
         dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l1_distance(T=float), scale=1.0
     )
     x = np.random.default_rng(1).random(n).tolist()
-    return best_seconds(lambda: measurement(x), 1) / n
+    return best(lambda: measurement(x), 1) / n
 
 
 def report(n: int = 1_000_000, opendp_n: int = 10_000, repeat: int = 9) -> None:

@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import sdk
 from bench import noise as noise_bench
+from bench.timing import interleaved_best
 from node.app import create_app
 from node.context import NodeContext
 from node.db.migrate import upgrade
@@ -55,19 +56,6 @@ from node.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 Case = tuple[str, Callable[[], Any], Callable[[], Any], Callable[[], Any]]
-
-
-def best_of(fns: list[Callable[[], Any]], repeat: int) -> list[float]:
-    """Best time of each function over ``repeat`` interleaved rounds (after one warm-up)."""
-    for fn in fns:
-        fn()
-    times = [float("inf")] * len(fns)
-    for _ in range(repeat):
-        for i, fn in enumerate(fns):
-            start = time.perf_counter()
-            fn()
-            times[i] = min(times[i], time.perf_counter() - start)
-    return times
 
 
 @contextmanager
@@ -257,7 +245,7 @@ def main() -> None:
             ),
         ]
         fns = [fn for case in cases for fn in case[1:]]
-        times = best_of(fns, args.repeat)
+        times = interleaved_best(fns, args.repeat)
         print("| case | dpnode ms | NumPy in memory ms | ratio | NumPy from file ms | ratio |")
         print("|---|---|---|---|---|---|")
         for i, (name, *_) in enumerate(cases):

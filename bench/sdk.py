@@ -15,27 +15,15 @@ from __future__ import annotations
 
 import argparse
 import functools
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from bench.timing import best
 from node.services import structures
 from sdk._remote import build, encode_graph, remote_input
-
-
-def _best(fn: Callable[[], Any], repeat: int, number: int) -> float:
-    """Best-of-``repeat`` seconds per call of ``fn``, each timing ``number`` calls."""
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / number)
-    return best
 
 
 def _ops(repeat: int) -> list[tuple[str, float, float]]:
@@ -56,8 +44,8 @@ def _ops(repeat: int) -> list[tuple[str, float, float]]:
     }
     out = []
     for name, fn in cases.items():
-        rec = _best(lambda fn=fn: fn(x_r, w_r), repeat, 200)
-        meta = _best(lambda fn=fn: fn(x_m, w_m), repeat, 200)
+        rec = best(lambda fn=fn: fn(x_r, w_r), repeat, 200)
+        meta = best(lambda fn=fn: fn(x_m, w_m), repeat, 200)
         out.append((name, rec, meta))
     return out
 
@@ -123,10 +111,10 @@ def _training(repeat: int) -> list[tuple[str, float, float, float, int, int]]:
         meta_model = make().to("meta")
         x_m = torch.empty(xshape, device="meta")
         y_m = torch.empty(xshape[0], dtype=ydtype, device="meta")
-        rec = _best(functools.partial(_remote_step, model, x_r, y_r, classes), repeat, 5)
-        meta = _best(functools.partial(_meta_step, meta_model, x_m, y_m, classes), repeat, 5)
+        rec = best(functools.partial(_remote_step, model, x_r, y_r, classes), repeat, 5)
+        meta = best(functools.partial(_meta_step, meta_model, x_m, y_m, classes), repeat, 5)
         nodes = [t.node for t in _remote_step(model, x_r, y_r, classes)]
-        enc_time = _best(functools.partial(_encode, nodes), repeat, 3)
+        enc_time = best(functools.partial(_encode, nodes), repeat, 3)
         enc = _encode(nodes)
         # the first step sends the whole frame; later ones a reference and the constants
         later = len(structures.reference(bytes(32), structures.split(enc.frame)[1]))

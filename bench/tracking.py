@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +19,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.timing import best
 from node.engine import Graph, GraphBuilder, evaluate
 from node.privacy import InputSpec, Subjects, evaluate_tracked, track
 
 Case = tuple[str, Graph, dict[str, InputSpec], dict[str, Any]]
-
-
-def best(fn: Callable[[], Any], repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def cases(n: int, m: int, k: int, rng: np.random.Generator) -> list[Case]:
