@@ -23,6 +23,7 @@ __all__ = [
     "INT64",
     "Category",
     "DType",
+    "accumulation",
     "dtype",
     "from_numpy",
     "opmath",
@@ -138,6 +139,19 @@ def from_numpy(npd: np.dtype[np.generic]) -> DType:
     if d is None:
         raise UnsupportedDTypeError(f"NumPy dtype {npd} is not supported")
     return d
+
+
+def accumulation(d: DType, accurate: bool) -> DType:
+    """The dtype sums and matrix products of ``d`` accumulate in.
+
+    torch's ``opmath`` by default; float64 for every float when ``accurate`` (the
+    evaluations the privacy tracker bounds: a float32 sum of many rows would otherwise
+    carry a rounding error far larger than one subject's contribution).
+
+    >>> accumulation(dtype("float32"), False).name, accumulation(dtype("float32"), True).name
+    ('float32', 'float64')
+    """
+    return DTYPES["float64"] if accurate and d.is_float else opmath(d)
 
 
 def opmath(d: DType) -> DType:

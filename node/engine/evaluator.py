@@ -77,8 +77,11 @@ class Evaluation:
     tracked: dict[str, list[Any]]
 
 
-def plan(graph: Graph, quotas: Quotas | None = None) -> Plan:
+def plan(graph: Graph, quotas: Quotas | None = None, *, accurate: bool = False) -> Plan:
     """Validate ``graph`` and infer every node's shape and dtype, without data.
+
+    ``accurate``: float sums, means and matrix products accumulate in float64 whatever
+    the dtype (torch accumulates float32 in float32); the result keeps torch's dtype.
 
     Raises:
         GraphError: the graph is malformed, names the node, prim and argument.
@@ -102,6 +105,7 @@ def plan(graph: Graph, quotas: Quotas | None = None) -> Plan:
         else:
             args: list[ArgMeta] = [metas[a.index] if isinstance(a, Ref) else a for a in node.args]
             call = Call(i, node.op, args, node.attrs)
+            call.accurate = accurate
             p = REGISTRY[node.op]
             try:
                 meta = p.infer(call)

@@ -11,6 +11,9 @@ declared bounds). Per element it keeps:
 - ``G``: bound on the change when any *other* subject's records are replaced
   (for ``MIXED`` elements ``L == G``: any subject).
 
+The rules describe the *exact* result of each prim; ``E`` bounds how far the engine's
+floating-point result can be from it (:mod:`node.privacy.rounding`).
+
 Optionally a per-subject *joint* bound (``t1[s]``, ``t2[s]``: the L1 and L2 norm of
 the whole tensor's change when subject ``s`` is replaced) that is tighter than what
 the per-element bounds give, and a finite-domain function table (see
@@ -49,6 +52,9 @@ __all__ = [
 
 Array: TypeAlias = npt.NDArray[Any]
 
+#: below this, a norm computed from squares may have lost them to underflow
+_UNDERFLOW = 1e-150
+
 #: Owner id of an element that depends on several subjects, none singled out.
 MIXED = -1
 #: Owner id of an element that no subject can move (constants, model weights).
@@ -84,6 +90,14 @@ class State:
     vid: Array | LazyIds | None = None
     #: pattern tag for structured rules (e.g. centred moments); never trusted alone
     tag: Any = field(default=None)
+    #: per element, a bound on how far the engine's floating-point value can be from the
+    #: exact value the other fields describe (None: exact); ``clo``/``chi`` bound the
+    #: computed value (see :mod:`node.privacy.rounding`)
+    E: Array | None = None
+    clo: Array | None = None
+    chi: Array | None = None
+    #: every computed value is an integer (always true of integer and bool dtypes)
+    integral: bool = False
 
     @property
     def is_public(self) -> bool:
@@ -182,7 +196,9 @@ def joint(s: State, nsub: int) -> tuple[Array, Array]:
         f1 = np.minimum(f1, s.t1)
     if s.t2 is not None:
         f2 = np.minimum(f2, s.t2)
-    return f1, np.fmin(f2, f1)  # L2 <= L1; fmin: an overflowed (NaN) L2 falls back to L1
+    # L2 <= L1; fmin: an overflowed (NaN) L2 falls back to L1, and so does one whose
+    # squares may have underflowed to 0 (any change below 1e-150)
+    return f1, np.where(f2 < _UNDERFLOW, f1, np.fmin(f2, f1))
 
 
 def has_joint(s: State) -> bool:

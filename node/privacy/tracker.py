@@ -19,9 +19,10 @@ import numpy as np
 import numpy.typing as npt
 
 from node.engine import REGISTRY, Graph, Quotas, plan, run
-from node.engine.dtypes import from_numpy
+from node.engine.dtypes import dtype, from_numpy
 from node.engine.graph import Node, Ref
 from node.engine.prims import Call, Scalar, TensorMeta
+from node.privacy import rounding
 from node.privacy.rules import RULES, Ctx
 from node.privacy.spec import InputSpec
 from node.privacy.state import (
@@ -44,9 +45,13 @@ class OutputSensitivity:
     """Sensitivity of one graph output under replace-one-subject.
 
     ``l1``/``l2``: bounds on ``||f(D) - f(D')||`` over neighbouring datasets.
-    ``lower``/``upper``: bounds on every element's value (broadcast to ``shape``).
+    ``lower``/``upper``: bounds on every element's computed value (broadcast to ``shape``).
     ``per_subject_l1``/``per_subject_l2``: the bounds when subject ``s`` changes, shape
     ``(subjects,)``, or ``(1,)`` when they are the same for every subject.
+    ``exact_l1``/``exact_l2``: the bounds in exact arithmetic; ``rounding_l1``/
+    ``rounding_l2``: what the engine's floating-point rounding adds (``2 E`` over the
+    elements). ``l1``/``l2`` are their sums, widened by the tracker's own rounding
+    (a relative ``1e-9`` at most for graphs of a million elements).
     """
 
     shape: tuple[int, ...]
@@ -56,6 +61,10 @@ class OutputSensitivity:
     upper: Array
     per_subject_l1: Array
     per_subject_l2: Array
+    exact_l1: float
+    exact_l2: float
+    rounding_l1: float
+    rounding_l2: float
 
     @property
     def magnitude(self) -> float:
@@ -112,6 +121,8 @@ class PrivacyTracker:
         self.nsub = 1
         #: subject structure per input name, computed once per index array
         self.structures: dict[str, Subjects] = {}
+        #: elements of the largest tensor visited, plus the nodes visited
+        self.terms = 0
 
     def prepare(self, graph: Graph) -> None:
         """Count subjects over the graph's private inputs (before the first visit)."""
@@ -144,6 +155,7 @@ class PrivacyTracker:
         self, index: int, node: Node, call: Call | None, meta: TensorMeta, arg_states: list[Any]
     ) -> State:
         """The state of node ``index`` (the engine's tracker protocol)."""
+        self.terms = max(self.terms, meta.numel) + 1
         if node.op == "input":
             name = str(node.attrs["name"])
             s = self._spec(name).state(name, meta.shape, meta.dtype, self.structures.get(name))
@@ -175,7 +187,7 @@ class PrivacyTracker:
                 f"node {index}: prim {node.op!r} has no privacy rule, so it cannot be "
                 "applied to private data; the graph is refused"
             )
-        state = rule(ctx)
+        state = rounding.apply(ctx, rule)
         if state.shape != meta.shape:  # pragma: no cover - a rule bug, never silently
             raise AssertionError(f"privacy rule of {node.op} gave shape {state.shape}")
         return state
@@ -225,20 +237,37 @@ class PrivacyTracker:
 
     def report(self, states: list[State]) -> PrivacyReport:
         """Sensitivities of the outputs whose states are ``states``."""
+        # the tracker's own float64 arithmetic (sums of at most ``terms`` terms, chained
+        # over the graph) is rounded to nearest: every reported bound is widened by its
+        # relative error so that it holds exactly
+        slack = rounding.gamma(4 * self.terms + 64, rounding.unit(dtype("float64")))
         outs = []
         for k, s in enumerate(states):
             t1, t2 = joint(s, self.nsub)
-            lo, hi = np.broadcast_to(s.lo, s.shape), np.broadcast_to(s.hi, s.shape)
+            lo, hi = (np.broadcast_to(b, s.shape) for b in rounding.wide(s))  # computed values
+            with np.errstate(invalid="ignore"):
+                lo, hi = lo - slack * np.abs(lo), hi + slack * np.abs(hi)
             if not s.is_public and not (np.isfinite(lo).all() and np.isfinite(hi).all()):
                 raise PrivacyTrackingError(
                     f"output {k}: its values are unbounded (an operation can overflow, divide "
                     "by a range containing 0 or leave its domain), so no noise can cover it"
                 )
+            exact1, exact2 = float(t1.max(initial=0.0)), float(t2.max(initial=0.0))
+            r1 = r2 = 0.0
+            if s.E is not None:  # |f~(D) - f~(D')| <= |f(D) - f(D')| + 2E, element by element
+                r1, r2 = (2 * r for r in rounding.spread(s, s.E))
+                t1, t2 = t1 + r1, t2 + r2
+            t1, t2 = t1 * (1 + slack), t2 * (1 + slack)
             l1 = float(t1.max(initial=0.0))
             l2 = float(t2.max(initial=0.0))
+            if not (np.isfinite(r1) and np.isfinite(r2)):
+                raise PrivacyTrackingError(
+                    f"output {k}: the engine's floating-point rounding cannot be bounded "
+                    "(an operation's error grows without bound over the input ranges)"
+                )
             if not (np.isfinite(l1) and np.isfinite(l2)):
                 raise PrivacyTrackingError(f"output {k}: its sensitivity is unbounded")
-            outs.append(OutputSensitivity(s.shape, l1, l2, lo, hi, t1, t2))
+            outs.append(OutputSensitivity(s.shape, l1, l2, lo, hi, t1, t2, exact1, exact2, r1, r2))
         return PrivacyReport(tuple(outs), self.nsub)
 
 
@@ -276,7 +305,7 @@ def track(
         PrivacyTrackingError: a prim without a privacy rule touches private data, an
             input lacks metadata, or an output's sensitivity is unbounded.
     """
-    p = plan(graph, quotas)
+    p = plan(graph, quotas, accurate=True)
     tracker = PrivacyTracker(input_specs)
     tracker.prepare(p.graph)
     states: list[State | None] = [None] * len(p.graph.nodes)
@@ -305,7 +334,7 @@ def evaluate_tracked(
     Raises:
         everything :func:`node.engine.run` and :func:`track` raise.
     """
-    p = plan(graph, quotas)
+    p = plan(graph, quotas, accurate=True)
     tracker = PrivacyTracker(_specs_with_values(p.graph, input_specs, inputs))
     tracker.prepare(p.graph)
     ev = run(p, inputs, rng=rng, trackers=[tracker])

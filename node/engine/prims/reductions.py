@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from node.engine.dtypes import BOOL, DTYPES, INT64, DType, dtype, opmath
+from node.engine.dtypes import BOOL, DTYPES, INT64, DType, accumulation, dtype, opmath
 from node.engine.prims.registry import Array, AttrSpec, Call, TensorMeta, prim
 
 _DIMS = {
@@ -79,7 +79,7 @@ def _reduction(name: str, rule: str) -> None:
         res = c.out().dtype
         ax = dims if meta.ndim else None
         if rule in ("accumulate", "mean"):
-            acc: DType = opmath(res)
+            acc: DType = accumulation(res, c.accurate)
             fn: Any = {"sum": np.sum, "prod": np.prod, "mean": np.mean}[name]
             r = fn(x, axis=ax, dtype=acc.np, keepdims=keep)
         elif rule == "extreme":

@@ -90,7 +90,7 @@ class Call:
     every error names the node index, the prim and the argument.
     """
 
-    __slots__ = ("args", "attrs", "index", "meta", "op", "rng")
+    __slots__ = ("accurate", "args", "attrs", "index", "meta", "op", "rng")
 
     def __init__(
         self, index: int, op: str, args: Sequence[ArgMeta], attrs: Mapping[str, AttrValue]
@@ -103,6 +103,9 @@ class Call:
         self.meta: TensorMeta | None = None  # set once the shape rule has run
         #: the node's generator, set by the evaluator for random prims
         self.rng: np.random.Generator | None = None
+        #: accumulate float sums and contractions in float64 (tracked evaluations: the
+        #: privacy tracker bounds the rounding of exactly this computation)
+        self.accurate = False
 
     def where(self, arg: int | str | None = None) -> str:
         loc = f"node {self.index} ({self.op})"
