@@ -48,10 +48,11 @@ class OutputSensitivity:
     ``lower``/``upper``: bounds on every element's computed value (broadcast to ``shape``).
     ``per_subject_l1``/``per_subject_l2``: the bounds when subject ``s`` changes, shape
     ``(subjects,)``, or ``(1,)`` when they are the same for every subject.
-    ``exact_l1``/``exact_l2``: the bounds in exact arithmetic; ``rounding_l1``/
-    ``rounding_l2``: what the engine's floating-point rounding adds (``2 E`` over the
-    elements). ``l1``/``l2`` are their sums, widened by the tracker's own rounding
-    (a relative ``1e-9`` at most for graphs of a million elements).
+    ``exact_l1``/``exact_l2``: the bounds of exact arithmetic (plus the rounding of
+    elements that only their owner moves, which is folded in where it happens);
+    ``rounding_l1``/``rounding_l2``: what the rest of the engine's floating-point
+    rounding adds (``2 E`` over the elements). ``l1``/``l2`` are their sums, widened by
+    the tracker's own rounding (a relative ``1e-9`` at most for a million elements).
     """
 
     shape: tuple[int, ...]

@@ -1,0 +1,117 @@
+"""Floating-point rounding is paid for: neighbours whose *computed* results differ by more
+than the exact-arithmetic sensitivity exist, and the tracked sensitivity still covers them.
+
+Each test searches float32 datasets for a pair of neighbours (one row moved between its
+bounds) whose computed outputs differ by more than the analytic bound of exact
+arithmetic, which shows that rounding matters for the query, and checks every pair
+tried against the tracked bound with no tolerance. The evaluations are the ones a
+publish runs (``plan(..., accurate=True)``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from node.engine import GraphBuilder, Ref, plan, run
+from node.privacy import InputSpec, evaluate_tracked, track
+
+N = 7
+TRIES = 3000
+
+Build = Callable[[GraphBuilder, Ref], Ref]
+
+
+def _search(build: Build, lo: float, hi: float, analytic: float, dtype: str = "float32") -> None:
+    b = GraphBuilder()
+    x = b.input("x", dtype, (N,))
+    graph = b.build([build(b, x)])
+    report = track(graph, {"x": InputSpec.private(lo, hi)})
+    out = report.outputs[0]
+    # the tracker knows the query (rounding that stays with a row is already in exact_l1)
+    assert out.exact_l1 == pytest.approx(analytic, rel=1e-4)
+    p = plan(graph, accurate=True)
+    rng = np.random.default_rng(7)
+    worst = 0.0
+    for _ in range(TRIES):
+        d1 = rng.uniform(lo, hi, N).astype(dtype)
+        d2 = d1.copy()
+        row = int(rng.integers(N))
+        d1[row], d2[row] = lo, hi  # the row at both ends: the analytic bound is reached
+        a = run(p, {"x": d1}).outputs[0].astype(np.float64)
+        c = run(p, {"x": d2}).outputs[0].astype(np.float64)
+        diff = math.fsum(np.abs(a - c).ravel().tolist())
+        assert diff <= out.l1, (d1, d2, diff, out.l1)
+        worst = max(worst, diff)
+    # exact arithmetic alone would have been broken: the rounding allowance is needed
+    assert worst > analytic, (worst, analytic)
+    assert out.l1 >= worst
+
+
+def test_float32_mean_needs_its_rounding() -> None:
+    _search(lambda b, x: b.op("mean", x), 0.0, 1.0, 1.0 / N)
+
+
+def test_float32_sum_of_products_needs_its_rounding() -> None:
+    # x * 0.1 rounds in float32 before the sum: each row's own rounding moves with it
+    _search(lambda b, x: b.op("sum", b.op("mul", x, 0.1)), 0.0, 3.0, 0.3)
+
+
+def test_float32_sum_of_exponentials_needs_its_rounding() -> None:
+    _search(lambda b, x: b.op("sum", b.op("exp", x)), 0.0, 1.0, math.e - 1)
+
+
+def test_float64_mean_of_a_million_rows_pays_little() -> None:
+    b = GraphBuilder()
+    x = b.input("x", "float64", (1_000_000,))
+    out = track(b.build([b.op("mean", x)]), {"x": InputSpec.private(0.0, 100.0)}).outputs[0]
+    assert out.exact_l1 == pytest.approx(100.0 / 1_000_000, rel=1e-12)
+    # float64 accumulation of a million terms, worst case: gamma_n * sum|x| / n, twice
+    assert 0 < out.rounding_l1 < 1e-3 * out.exact_l1
+
+
+def test_integer_valued_float_sums_stay_exact() -> None:
+    # a count in float32 ((x > t).float().sum()) adds integers below 2**24: no rounding
+    b = GraphBuilder()
+    x = b.input("x", "float64", (1000,))
+    hit = b.op("convert_element_type", b.op("gt", x, 0.5), dtype="float32")
+    out = track(b.build([b.op("sum", hit)]), {"x": InputSpec.private(0.0, 1.0)}).outputs[0]
+    assert (out.exact_l1, out.rounding_l1) == (1.0, 0.0)
+
+
+def test_comparisons_of_computed_values_keep_one_row_per_subject() -> None:
+    # 3 * 0.1 > 0.3 in float64 although not in exact arithmetic: the comparison sees the
+    # computed value, whose rounding stays with its row, so a count still moves by 1
+    b = GraphBuilder()
+    x = b.input("x", "float64", (50,))
+    hit = b.op("gt", b.op("mul", x, 0.1), 0.3)
+    graph = b.build([b.op("sum", hit)])
+    specs = {"x": InputSpec.private(0.0, 10.0)}
+    out = track(graph, specs).outputs[0]
+    assert out.exact_l1 == 1.0 and out.rounding_l1 == 0.0
+    values, _ = evaluate_tracked(graph, {"x": np.full(50, 3.0)}, specs)
+    assert int(values[0]) == 50  # every row rounded past the threshold
+
+
+def test_float32_contraction_over_many_rows_accumulates_in_float64() -> None:
+    # X.T @ y over 100k float32 rows: accumulated in float32, the worst-case rounding of
+    # the sum would exceed a row's whole contribution many times over
+    n, k = 100_000, 3
+    b = GraphBuilder()
+    xs = b.input("X", "float32", (n, k))
+    ys = b.input("y", "float32", (n,))
+    graph = b.build([b.op("matmul", b.op("permute", xs, dims=(1, 0)), ys)])
+    specs = {"X": InputSpec.private(-1.0, 1.0), "y": InputSpec.private(-1.0, 1.0)}
+    out = track(graph, specs).outputs[0]
+    assert out.exact_l1 == pytest.approx(2.0 * k, rel=1e-6)
+    # what is left is the float32 result's own last bit (an ulp of 1e5 is 2**-7)
+    assert out.rounding_l1 < 1e-2 * out.exact_l1
+    rng = np.random.default_rng(0)
+    data = {"X": rng.uniform(-1, 1, (n, k)).astype(np.float32), "y": rng.uniform(-1, 1, n)}
+    data["y"] = data["y"].astype(np.float32)
+    values, _ = evaluate_tracked(graph, data, specs)
+    exact = data["X"].astype(np.float64).T @ data["y"].astype(np.float64)
+    assert np.array_equal(values[0], exact.astype(np.float32))  # one rounding, at the end
