@@ -50,6 +50,7 @@ from node.app import create_app
 from node.context import NodeContext
 from node.db.migrate import upgrade
 from node.engine import GraphBuilder, encode
+from node.privacy import PrivacyReport
 from node.services import budget, users
 from node.services import publish as service
 from node.settings import Settings
@@ -62,16 +63,16 @@ Case = tuple[str, Callable[[], Any], Callable[[], Any], Callable[[], Any]]
 def stage_timers() -> Iterator[dict[str, list[float]]]:
     """Time the stages of a publish by wrapping them (restored on exit)."""
     spans: dict[str, list[float]] = defaultdict(list)
-    targets = [
+    targets: list[tuple[object, str, str]] = [
         (service, "publish", "service total"),
         (service, "_decode", "decode + plan graph"),
         (service, "_resolve", "resolve inputs (DB + blobs)"),
         (service, "evaluate_tracked", "evaluate + track sensitivity"),
-        (service, "_clip", "clip to bounds"),
+        (PrivacyReport, "clip", "clip to bounds"),
         (service, "_noise", "noise"),
         (budget, "charge", "budget check + ledger commit"),
     ]
-    saved = [(module, name, getattr(module, name)) for module, name, _ in targets]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
 
     def timed(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -83,13 +84,13 @@ def stage_timers() -> Iterator[dict[str, list[float]]]:
 
         return wrapper
 
-    for module, name, label in targets:
-        setattr(module, name, timed(getattr(module, name), label))
+    for owner, name, label in targets:
+        setattr(owner, name, timed(getattr(owner, name), label))
     try:
         yield spans
     finally:
-        for module, name, fn in saved:
-            setattr(module, name, fn)
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
 
 
 def print_stages(name: str, run: Callable[[], Any], repeat: int) -> None:

@@ -17,6 +17,11 @@ The decision, the ledger row and the decision to release happen in one transacti
 serialised: ``BEGIN IMMEDIATE`` on SQLite; on PostgreSQL row locks on the user and then on
 every dataset the release reads, in id order, so that a dataset's cap across all users
 holds under concurrency. A result may leave the node only after that commit.
+
+That transaction is on every publish's path, so it reads the ledger as a few sums with
+statements built once, writes its three rows (ledger, datasets read, audit) as plain
+INSERTs, and derives the budget after the charge from the sums it read plus the new row
+instead of reading them again (tests/node/test_budget_after.py checks they agree).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, bindparam, func, insert, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 import policies
@@ -221,29 +226,59 @@ def _defaults(settings: Settings) -> policies.Allowance:
     return policies.Allowance.of(settings.default_epsilon_budget, settings.default_delta_budget)
 
 
+_GRANTS = BudgetGrant.__table__
+_LEDGER = LedgerEntry.__table__
+_DATASETS = Dataset.__table__
+# The statements of every publish, built once: building a statement costs more than running
+# it on SQLite (the values are bound per call).
+_GRANTS_OF = (
+    select(*(_GRANTS.c[k] for k in ("at", "epsilon_units", "delta_units", "granted_by", "reason")))
+    .where(_GRANTS.c.user_id == bindparam("user_id"))
+    .order_by(_GRANTS.c.id)
+)
+_SUMS = (
+    func.coalesce(func.sum(_LEDGER.c.epsilon_units), 0),
+    func.coalesce(func.sum(_LEDGER.c.rho_units), 0),
+    func.coalesce(func.sum(_LEDGER.c.tv_units), 0),
+    func.max(_LEDGER.c.at),
+)
+_MINE = select(*_SUMS).where(_LEDGER.c.user_id == bindparam("user_id"))
+_MINE_SINCE = _MINE.where(_LEDGER.c.at >= bindparam("since"))
+_USER = select(User).where(User.id == bindparam("user_id"))
+_USER_DATASETS = (
+    select(_DATASETS.c.id, _DATASETS.c.name)
+    .where(_DATASETS.c.id.in_(bindparam("ids", expanding=True)))
+    .order_by(_DATASETS.c.id)
+)
+#: The same, locking the rows on PostgreSQL (see :func:`_lock`).
+_LOCK_USER = _USER.with_for_update(key_share=True)
+_LOCK_DATASETS = _USER_DATASETS.with_for_update(key_share=True)
+
+
 def policy_user(session: Session, user: User) -> policies.User:
     """``user`` as the policies see it, with every budget grant made to them."""
-    grants = session.scalars(
-        select(BudgetGrant).where(BudgetGrant.user_id == user.id).order_by(BudgetGrant.id)
-    )
+    grants = session.execute(_GRANTS_OF, {"user_id": user.id})
     return policies.User(
         user.id,
         user.email,
         user.role.value,
-        tuple(
-            policies.Grant(g.at, g.epsilon_units, g.delta_units, by=g.granted_by, reason=g.reason)
-            for g in grants
-        ),
+        tuple(policies.Grant(at, e, d, by=by, reason=why) for at, e, d, by, why in grants),
     )
 
 
-def _sums() -> tuple[Any, ...]:
-    return (
-        func.coalesce(func.sum(LedgerEntry.epsilon_units), 0),
-        func.coalesce(func.sum(LedgerEntry.rho_units), 0),
-        func.coalesce(func.sum(LedgerEntry.tv_units), 0),
-        func.max(LedgerEntry.at),
-    )
+@dataclass(frozen=True)
+class _Ledger:
+    """The ledger rows a decision needs (``charges``), and the user's own rows of the current
+    period summed in ledger units (``mine``: epsilon, rho, sampler deviation, the newest
+    ``at``), from which the budget after a charge follows without reading the ledger again."""
+
+    charges: list[policies.Charge]
+    #: All the user's rows of the period unless ``listed``: then those not passed one by one.
+    mine: tuple[int, int, int, datetime | None]
+    #: Whether ``charges`` passes some of the user's rows one by one (the rate limit's).
+    listed: bool
+    #: The user's rows in the rate limit's window (0 without a rate limit).
+    in_rate_window: int
 
 
 def _charges(
@@ -253,6 +288,20 @@ def _charges(
     user: policies.User,
     conversion_epsilon: int,
 ) -> list[policies.Charge]:
+    """The ledger as :func:`policies.decide` needs it, in a few rows whatever its length.
+
+    See :func:`_load`.
+    """
+    return _load(session, policy, request, user, conversion_epsilon).charges
+
+
+def _load(
+    session: Session,
+    policy: policies.Policy,
+    request: policies.PublishRequest,
+    user: policies.User,
+    conversion_epsilon: int,
+) -> _Ledger:
     """The ledger as :func:`policies.decide` needs it, in a few rows whatever its length.
 
     Rows matter one by one only to the rate limit, and only once the user reached it (the
@@ -281,7 +330,7 @@ def _charges(
         if dataset_id in scope.datasets
     }
 
-    def reads(dataset_id: int) -> Any:
+    def reads(dataset_id: int) -> Any:  # rare (a capped dataset): built per call
         entries = select(LedgerEntryDataset.ledger_id).where(
             or_(
                 LedgerEntryDataset.dataset_name == capped[dataset_id],
@@ -299,14 +348,14 @@ def _charges(
     since = None if period is None else period.window(request.at)[0]
     found: list[policies.Charge] = []
     listed: list[int] = []  # ids of the rows passed one by one
-    mine = select(LedgerEntry).where(LedgerEntry.user_id == user_id)
-    extra, extra_at = 0, request.at
+    own = select(LedgerEntry).where(LedgerEntry.user_id == user_id)
+    extra, extra_at, count = 0, request.at, 0
     limit = policy.rate_limit
     if limit is not None:
         # The rate limit needs the count of the user's rows in its window and, once that
         # reaches the limit, the newest max_publishes of them (when the next one is free).
         cutoff = request.at - policies.parse_period(limit.window)
-        in_window = mine.where(LedgerEntry.at > cutoff)
+        in_window = own.where(LedgerEntry.at > cutoff)
         count = int(session.scalar(in_window.with_only_columns(func.count())) or 0)
         if count >= limit.max_publishes:
             newest = in_window.order_by(LedgerEntry.at.desc(), LedgerEntry.id.desc())
@@ -316,12 +365,14 @@ def _charges(
             extra = count - len(recent)  # in the window, summed below: counted by markers
             if recent:
                 extra_at = recent[-1].at
-    rest = mine if not listed else mine.where(LedgerEntry.id.not_in(listed))
-    if since is not None:
-        rest = rest.where(LedgerEntry.at >= since)
-    eps, rho, tv, newest_at = session.execute(rest.with_only_columns(*_sums())).one()
+    rest = _MINE if since is None else _MINE_SINCE
+    if listed:
+        rest = rest.where(_LEDGER.c.id.not_in(listed))
+    row = session.execute(rest, {"user_id": user_id, "since": since}).one()
+    mine = (int(row[0]), int(row[1]), int(row[2]), row[3])
+    newest_at = mine[3]
     if newest_at is not None:
-        found.append(charge(newest_at, user_id, (), int(eps), int(rho), int(tv)))
+        found.append(charge(newest_at, user_id, (), *mine[:3]))
         if limit is not None and newest_at > request.at - policies.parse_period(limit.window):
             extra -= 1  # the sum itself sits in the rate window
     # Zero-cost markers, so that the rate limit counts the summed rows of its window too.
@@ -332,10 +383,10 @@ def _charges(
             touching = touching.where(LedgerEntry.at >= cap_since)
         if listed:  # not the rows passed one by one above
             touching = touching.where(LedgerEntry.id.not_in(listed))
-        eps, rho, tv, newest = session.execute(touching.with_only_columns(*_sums())).one()
+        eps, rho, tv, newest = session.execute(touching.with_only_columns(*_SUMS)).one()
         if newest is not None:
             found.append(charge(newest, 0, (dataset_id,), int(eps), int(rho), int(tv)))
-    return found
+    return _Ledger(found, mine, bool(listed), count)
 
 
 def _listed(
@@ -378,17 +429,59 @@ def _status(
     defaults = _defaults(settings)
     allocation = policies.allocation_for(in_force.policy, user, defaults=defaults, at=at)
     conversion = _conversion_epsilon(in_force, allocation, [])
-    request = policies.PublishRequest(at)
-    charges = _charges(session, in_force.policy, request, user, conversion)
+    ledger = _load(session, in_force.policy, policies.PublishRequest(at), user, conversion)
+    status = _status_of(in_force, user, ledger.charges, at, defaults, ledger.mine[2])
+    if not ledger.listed:
+        return status
+    # The sums leave out the rows passed one by one: count the deviation of all of them.
+    mine = select(func.coalesce(func.sum(_LEDGER.c.tv_units), 0))
+    mine = mine.where(_LEDGER.c.user_id == user.id)
+    if status.status.period_start is not None:
+        mine = mine.where(_LEDGER.c.at >= status.status.period_start)
+    return replace(status, spent_tv_units=int(session.scalar(mine) or 0))
+
+
+def _status_of(
+    in_force: InForce,
+    user: policies.User,
+    charges: list[policies.Charge],
+    at: datetime,
+    defaults: policies.Allowance,
+    tv_units: int,
+) -> Status:
     status = policies.budget_status(in_force.policy, user, charges, at=at, defaults=defaults)
-    limit = policies.Limit.for_policy(in_force.policy, None, allocation.delta_units)
-    mine = select(func.coalesce(func.sum(LedgerEntry.tv_units), 0)).where(
-        LedgerEntry.user_id == user.id
+    limit = policies.Limit.for_policy(in_force.policy, None, status.allocation.delta_units)
+    return Status(in_force, status, limit.conversion_delta_units, tv_units)
+
+
+def _after(
+    in_force: InForce,
+    defaults: policies.Allowance,
+    user: policies.User,
+    ledger: _Ledger,
+    row: policies.Charge,
+    tv_units: int,
+) -> Status | None:
+    """The budget once ``row`` (with deviation ``tv_units``) is in the ledger, exactly as
+    :func:`_status` would read it, from the sums read for the decision; ``None`` where
+    :func:`_status` passes rows one by one (a rate limit reached), which must read them."""
+    limit = in_force.policy.rate_limit
+    if ledger.listed or (limit is not None and ledger.in_rate_window + 1 >= limit.max_publishes):
+        return None
+    at = row.at
+    allocation = policies.allocation_for(in_force.policy, user, defaults=defaults, at=at)
+    conversion = _conversion_epsilon(in_force, allocation, [])
+    epsilon, rho, tv, newest = ledger.mine
+    epsilon, rho, tv = epsilon + row.epsilon_units, rho + row.rho_units, tv + tv_units
+    summed = policies.Charge(
+        at if newest is None else max(newest, at),
+        user.id,
+        (),
+        epsilon,
+        _tv_delta_units(tv, conversion),
+        rho,
     )
-    if status.period_start is not None:
-        mine = mine.where(LedgerEntry.at >= status.period_start)
-    tv = int(session.scalar(mine) or 0)
-    return Status(in_force, status, limit.conversion_delta_units, tv)
+    return _status_of(in_force, user, [summed], at, defaults, tv)
 
 
 def budget_of(session: Session, settings: Settings, user_id: int) -> Status:
@@ -404,22 +497,24 @@ def budget_of(session: Session, settings: Settings, user_id: int) -> Status:
     return _status(session, settings, in_force, policy_user(session, user), utcnow())
 
 
-def _lock(session: Session, user_id: int, dataset_ids: Sequence[int]) -> tuple[User, list[Dataset]]:
+def _lock(
+    session: Session, user_id: int, dataset_ids: Sequence[int]
+) -> tuple[User, dict[int, str]]:
     """Lock the user, then the datasets in id order (PostgreSQL; SQLite's BEGIN IMMEDIATE has
     already serialised the whole transaction). Every publish takes its locks in this order,
     so two publishes cannot wait on each other in a cycle. ``FOR NO KEY UPDATE`` serialises
     charges as ``FOR UPDATE`` would, without blocking rows that merely reference the user or
-    the dataset (an audit line, a login) meanwhile."""
+    the dataset (an audit line, a login) meanwhile. Returns the user and the name of each
+    dataset found, by id."""
     postgres = session.get_bind().dialect.name != "sqlite"
-    lock = select(User).where(User.id == user_id)
-    user = session.scalar(lock.with_for_update(key_share=True) if postgres else lock)
+    user = session.scalar(_LOCK_USER if postgres else _USER, {"user_id": user_id})
     if user is None:
         raise NotFoundError(f"no user with id {user_id}")
-    found: list[Dataset] = []
-    if dataset_ids:
-        query = select(Dataset).where(Dataset.id.in_(sorted(set(dataset_ids)))).order_by(Dataset.id)
-        found = list(session.scalars(query.with_for_update(key_share=True) if postgres else query))
-    return user, found
+    if not dataset_ids:
+        return user, {}
+    query = _LOCK_DATASETS if postgres else _USER_DATASETS
+    found = session.execute(query, {"ids": sorted(set(dataset_ids))})
+    return user, {int(ident): str(name) for ident, name in found}
 
 
 def _refusal(decision: policies.Decision, in_force: InForce, **more: Any) -> PolicyRefusedError:
@@ -455,14 +550,14 @@ def charge(
         user, found = _lock(session, user_id, cost.dataset_ids)
         at = utcnow()
         in_force = policy_service.current(session)
-        missing = sorted(set(cost.dataset_ids) - {d.id for d in found})
+        missing = sorted(set(cost.dataset_ids) - set(found))
         if missing and in_force.policy.datasets:  # a cap cannot be checked without the name
             raise NotFoundError(
                 f"dataset {missing[0]} was deleted while this publish ran; nothing was released"
             )
         puser = policy_user(session, user)
         defaults = _defaults(settings)
-        names = {d.name: d.id for d in found}
+        names = {name: ident for ident, name in found.items()}
         allocation = policies.allocation_for(in_force.policy, puser, defaults=defaults, at=at)
         conversion = _conversion_epsilon(in_force, allocation, list(names))
         request = policies.PublishRequest(
@@ -473,7 +568,8 @@ def charge(
             rho_units=cost.rho_units,
             extra_delta_units=_tv_delta_units(cost.tv_units, conversion),
         )
-        charges = _charges(session, in_force.policy, request, puser, conversion)
+        ledger = _load(session, in_force.policy, request, puser, conversion)
+        charges = ledger.charges
         gate = in_force.policy.approval
         gated = gate.epsilon_above is not None or gate.delta_above is not None
         if gated and callable(cost.frame_hash):
@@ -535,6 +631,7 @@ def charge(
             )
             session.commit()
             raise _refusal(decision, in_force)
+        # The rows are written with plain INSERTs (no unit of work: nothing is read back).
         entry = LedgerEntry(
             at=at,
             user_id=user.id,
@@ -547,17 +644,23 @@ def charge(
             detail=cost.detail,
             policy_revision=in_force.revision,
         )
-        session.add(entry)
-        session.flush()
-        named = {d.id: d.name for d in found}
-        session.add_all(
-            LedgerEntryDataset(ledger_id=entry.id, dataset_id=d, dataset_name=named.get(d))
-            for d in entry.dataset_ids
-        )
+        connection = session.connection()
+        values = {c.key: getattr(entry, c.key) for c in _LEDGER.columns if c.key != "id"}
+        key = connection.execute(insert(LedgerEntry), values).inserted_primary_key
+        assert key is not None
+        entry.id = key[0]
+        if entry.dataset_ids:
+            connection.execute(
+                insert(LedgerEntryDataset),
+                [
+                    {"ledger_id": entry.id, "dataset_id": d, "dataset_name": found.get(d)}
+                    for d in entry.dataset_ids
+                ],
+            )
         if waiting is not None:
             approvals.use(waiting, entry.id)
             summary["approval_id"] = waiting.id
-        audit.record(
+        audit.append(
             session,
             user,
             "privacy.charge",
@@ -568,8 +671,10 @@ def charge(
             tv_units=entry.tv_units,
             **summary,
         )
-        session.flush()
-        after = _status(session, settings, in_force, puser, at)
+        after = _after(in_force, defaults, puser, ledger, decision.granted, cost.tv_units)
+        if after is None:
+            session.flush()
+            after = _status(session, settings, in_force, puser, at)
         session.commit()
         return entry, after
 
