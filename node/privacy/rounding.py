@@ -43,6 +43,7 @@ from node.privacy.arrays import fit, reduce_array
 from node.privacy.rules.base import Ctx, Rule
 from node.privacy.rules.reductions import dims_of
 from node.privacy.state import MIXED, PUBLIC, Array, State
+from node.privacy.subjects import rows_of
 
 __all__ = ["LIBM_ULPS", "apply", "fold", "gamma", "unit"]
 
@@ -120,9 +121,16 @@ def wide(s: State) -> tuple[Array, Array]:
     return np.minimum(s.lo, s.clo), np.maximum(s.hi, s.chi)
 
 
+def _owners(s: State) -> tuple[Array | bool, Array | bool, Array | bool]:
+    """Masks of the owned, public and mixed elements; a subject column stays compact."""
+    if rows_of(s.owner, s.shape) is not None:
+        return True, False, False
+    return s.owner >= 0, s.owner == PUBLIC, s.owner == MIXED
+
+
 def spread(s: State, E: Array) -> tuple[float, float]:
     """L1 and L2 norms of ``E`` over the elements of ``s`` that some subject can move."""
-    mask = s.owner != PUBLIC
+    mask = np.logical_not(_owners(s)[1])
     with np.errstate(all="ignore"):
         e = np.where(mask, E, 0.0)
         everything = tuple(range(len(s.shape)))
@@ -137,12 +145,11 @@ def fold(s: State | None) -> State | None:
         return s
     E = s.E
     lo, hi = wide(s)
+    _, pub, mixed = _owners(s)
     with np.errstate(all="ignore"):
         width = hi - lo
-        pub = s.owner == PUBLIC
         L = np.where(pub, 0.0, np.minimum(s.L + 2 * E, width))
         G = np.where(s.G > 0, np.minimum(s.G + 2 * E, width), 0.0)
-        mixed = s.owner == MIXED
         if np.any(mixed):
             L = np.where(mixed, np.maximum(L, G), L)
             G = np.where(mixed, np.maximum(L, G), G)
@@ -387,15 +394,15 @@ def _fold_owned(s: State) -> State:
     sum over many owners counts each subject's error once, not every row's."""
     assert s.E is not None and s.clo is not None and s.chi is not None
     with np.errstate(invalid="ignore"):
-        owned = (s.owner >= 0) & (s.G == 0) & (s.E > 0)
+        owned = _owners(s)[0] & (s.G == 0) & (s.E > 0)
     if not np.any(owned):
         return s
-    folded = fold(s)
-    assert folded is not None
-    E = np.where(owned, 0.0, s.E)
-    lo = np.where(owned, folded.lo, s.lo)
-    hi = np.where(owned, folded.hi, s.hi)
-    L = np.where(owned, folded.L, s.L)
+    wlo, whi = wide(s)
+    with np.errstate(all="ignore"):
+        E = np.where(owned, 0.0, s.E)
+        lo = np.where(owned, wlo, s.lo)
+        hi = np.where(owned, whi, s.hi)
+        L = np.where(owned, np.minimum(s.L + 2 * s.E, whi - wlo), s.L)
     rest = bool(np.any(E > 0))
     return replace(
         s,

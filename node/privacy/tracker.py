@@ -67,13 +67,6 @@ class OutputSensitivity:
     rounding_l1: float
     rounding_l2: float
 
-    @property
-    def magnitude(self) -> float:
-        """Largest absolute value any element can take (for rounding-error slack)."""
-        if not self.lower.size:
-            return 0.0
-        return float(max(np.abs(self.lower).max(), np.abs(self.upper).max()))
-
 
 @dataclass(frozen=True)
 class PrivacyReport:

@@ -54,7 +54,7 @@ def _matmul_flops(c: Call) -> int:
 
 
 #: contraction length widened to float64 at once by an accurate float32 product
-_WIDEN_CHUNK = 1 << 15
+_WIDEN_CHUNK = 1 << 11
 #: the shortest contraction an accurate product widens (shorter ones round little)
 WIDEN_MIN_K = 256
 
