@@ -110,8 +110,10 @@ def test_float32_contraction_over_many_rows_accumulates_in_float64() -> None:
     # what is left is the float32 result's own last bit (an ulp of 1e5 is 2**-7)
     assert out.rounding_l1 < 1e-2 * out.exact_l1
     rng = np.random.default_rng(0)
-    data = {"X": rng.uniform(-1, 1, (n, k)).astype(np.float32), "y": rng.uniform(-1, 1, n)}
-    data["y"] = data["y"].astype(np.float32)
+    data = {
+        "X": rng.uniform(-1, 1, (n, k)).astype(np.float32),
+        "y": rng.uniform(-1, 1, n).astype(np.float32),
+    }
     values, _ = evaluate_tracked(graph, data, specs)
     exact = data["X"].astype(np.float64).T @ data["y"].astype(np.float64)
     assert np.array_equal(values[0], exact.astype(np.float32))  # one rounding, at the end
