@@ -123,7 +123,8 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
         lifespan=lifespan,
     )
     app.state.context = ctx
-    routers = (auth, users, datasets, models, search, approvals, publish, budget, policy)
+    # Routes are matched in order: publish first, as a training loop calls it most.
+    routers = (publish, auth, users, datasets, models, search, approvals, budget, policy)
     for module in (*routers, meta, audit):
         app.include_router(module.router, prefix=API_PREFIX)
     install_error_handlers(app)

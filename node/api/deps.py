@@ -18,7 +18,9 @@ from node.settings import Settings
 from node.storage import BlobStore
 
 
-def get_context(request: Request) -> NodeContext:
+# Dependencies that do no I/O are ``async``: FastAPI runs a plain ``def`` dependency in the
+# thread pool, a hand-off that costs more than the dependency itself.
+async def get_context(request: Request) -> NodeContext:
     context: NodeContext = request.app.state.context
     return context
 
@@ -31,15 +33,15 @@ def get_session(context: ContextDep) -> Iterator[Session]:
         yield session
 
 
-def get_settings(context: ContextDep) -> Settings:
+async def get_settings(context: ContextDep) -> Settings:
     return context.settings
 
 
-def get_store(context: ContextDep) -> BlobStore:
+async def get_store(context: ContextDep) -> BlobStore:
     return context.store
 
 
-def get_hasher(context: ContextDep) -> PasswordHasher:
+async def get_hasher(context: ContextDep) -> PasswordHasher:
     return context.hasher
 
 
@@ -51,26 +53,55 @@ HasherDep = Annotated[PasswordHasher, Depends(get_hasher)]
 _bearer = HTTPBearer(auto_error=False, description="the access token from /api/v1/auth/login")
 
 
-def get_current_user(
-    session: SessionDep,
-    settings: SettingsDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> User:
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def _token_user_id(settings: Settings, credentials: HTTPAuthorizationCredentials | None) -> int:
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise AuthenticationError("not logged in: send 'Authorization: Bearer <token>'")
-    user = session.get(User, read_token(settings, credentials.credentials))
+    return read_token(settings, credentials.credentials)
+
+
+def _active(user: User | None) -> User:
     if user is None or not user.is_active:
         raise AuthenticationError("this account no longer exists or is deactivated")
+    return user
+
+
+def get_current_user(session: SessionDep, settings: SettingsDep, credentials: Credentials) -> User:
+    user = _active(session.get(User, _token_user_id(settings, credentials)))
     # End the read: on SQLite a transaction holds the write lock, and a request may
     # compute for a while (a publish) after authenticating.
     session.commit()
     return user
 
 
+#: The caller, in the request's session (routes that change users need it attached there).
 CurrentUser = Annotated[User, Depends(get_current_user)]
 
 
-def get_admin(user: CurrentUser) -> User:
+async def get_token_user_id(settings: SettingsDep, credentials: Credentials) -> int:
+    return _token_user_id(settings, credentials)
+
+
+#: The user id of a valid token (signature and expiry checked, no database read): for routes
+#: that run their work in one worker thread, reading the user there with
+#: :func:`active_user` instead of in a thread hand-off and session of its own.
+TokenUserId = Annotated[int, Depends(get_token_user_id)]
+
+
+def active_user(context: NodeContext, user_id: int) -> User:
+    """The account a token names, if it still exists and is active (blocking: call it from a
+    worker thread).
+
+    Raises:
+        AuthenticationError: no such account, or it was deactivated.
+    """
+    with context.sessions() as session:
+        return _active(session.get(User, user_id))
+
+
+async def get_admin(user: CurrentUser) -> User:
     if user.role is not Role.ADMIN:
         raise PermissionDeniedError("only admins may do this")
     return user

@@ -182,6 +182,10 @@ def test_deactivated_user_is_refused_at_login_and_with_an_existing_token(
 
     detail = refused(http.get(f"{USERS}/me", headers=token), 401, "unauthenticated")
     assert detail == "this account no longer exists or is deactivated"
+    # Publishing reads the account in its worker thread: the same refusal, before any work.
+    for path in ("/api/v1/publish?epsilon=0.1", "/api/v1/sensitivity"):
+        response = http.post(path, content=b"not a graph", headers=token)
+        assert refused(response, 401, "unauthenticated") == detail
     detail = refused(
         http.post("/api/v1/auth/login", json={"email": scientist.email, "password": PASSWORD}),
         401,
