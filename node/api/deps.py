@@ -19,10 +19,16 @@ from node.storage import BlobStore
 
 
 # Dependencies that do no I/O are ``async``: FastAPI runs a plain ``def`` dependency in the
-# thread pool, a hand-off that costs more than the dependency itself.
-async def get_context(request: Request) -> NodeContext:
+# thread pool, a hand-off that costs more than the dependency itself. Those on every publish
+# read the context from the request rather than through a chain of sub-dependencies, which
+# FastAPI solves again on every request.
+def _context_of(request: Request) -> NodeContext:
     context: NodeContext = request.app.state.context
     return context
+
+
+async def get_context(request: Request) -> NodeContext:
+    return _context_of(request)
 
 
 ContextDep = Annotated[NodeContext, Depends(get_context)]
@@ -80,8 +86,8 @@ def get_current_user(session: SessionDep, settings: SettingsDep, credentials: Cr
 CurrentUser = Annotated[User, Depends(get_current_user)]
 
 
-async def get_token_user_id(settings: SettingsDep, credentials: Credentials) -> int:
-    return _token_user_id(settings, credentials)
+async def get_token_user_id(request: Request, credentials: Credentials) -> int:
+    return _token_user_id(_context_of(request).settings, credentials)
 
 
 #: The user id of a valid token (signature and expiry checked, no database read): for routes
@@ -110,9 +116,9 @@ async def get_admin(user: CurrentUser) -> User:
 AdminUser = Annotated[User, Depends(get_admin)]
 
 
-async def read_limited_body(request: Request, settings: SettingsDep) -> bytes:
+async def read_limited_body(request: Request) -> bytes:
     """The request body, refused as soon as it grows past ``max_upload_bytes``."""
-    limit = settings.max_upload_bytes
+    limit = _context_of(request).settings.max_upload_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLargeError(
