@@ -4,11 +4,13 @@ Hypothesis builds graphs from the prims the tracker supports (elementwise math,
 scalars, comparisons, logic, where, clamp, casts, reductions with dims, shape prims,
 indexing with public indices, matmul with constants and contractions, one-hot codes,
 centred moments), over private inputs with random per-column bounds and random
-subject structures (some subjects own several rows). For each graph the tracker runs
-once; then pairs of neighbouring datasets (one subject's rows replaced, values at the
-lower bounds, the upper bounds, random corners or uniform) are evaluated by the
-engine and every output's measured L1/L2 change must stay within the tracked
-sensitivity. A refusal is sound by definition; the last test checks refusals stay rare.
+subject structures (some subjects own several rows); one column, and casts, may be
+float32, where rounding moves results by more than exact arithmetic would. For each
+graph the tracker runs once; then pairs of neighbouring datasets (one subject's rows
+replaced, values at the lower bounds, the upper bounds, random corners or uniform) are
+evaluated as a publish evaluates them, and every output's measured L1/L2 change must
+stay within the tracked sensitivity, with no tolerance. A refusal is sound by
+definition; the last test checks refusals stay rare.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ PAIRS_PER_GRAPH = 6
 class Val:
     ref: Ref
     shape: tuple[int, ...]
-    kind: str  # "f" float64, "b" bool, "i" int64
+    kind: str  # "f" float64 or float32, "b" bool, "i" int64
 
 
 class Builder:
@@ -56,7 +58,7 @@ class Builder:
             self.b.nodes.pop()
             return None
         kind = "b" if meta.dtype.is_bool else ("i" if meta.dtype.is_int else "f")
-        if meta.dtype.name not in ("float64", "bool", "int64"):
+        if meta.dtype.name not in ("float64", "float32", "bool", "int64"):
             self.b.nodes.pop()
             return None
         v = Val(ref, meta.shape, kind)
@@ -75,6 +77,13 @@ def op_unary(g: Builder) -> None:
     x = g.pick()
     if x is not None:
         g.add(g.draw(st.sampled_from(UNARY)), x.ref)
+
+
+def op_float32(g: Builder) -> None:
+    """A cast to float32, whose rounding the rest of the graph then carries."""
+    x = g.pick("fi")
+    if x is not None:
+        g.add("convert_element_type", x.ref, dtype="float32")
 
 
 def op_positive(g: Builder) -> None:
@@ -256,6 +265,7 @@ def op_moment(g: Builder) -> None:
 
 OPS: list[Callable[[Builder], None]] = [
     op_unary,
+    op_float32,
     op_positive,
     op_scalar,
     op_binary,
@@ -283,9 +293,13 @@ def columns(draw: st.DrawFn) -> dict[str, Column]:
     lo = np.array(draw(st.lists(st.floats(-3, 3), min_size=d, max_size=d)))
     width = np.array(draw(st.lists(st.floats(0, 3), min_size=d, max_size=d)))
     ylo = draw(st.floats(-2, 2))
+    yhi = ylo + draw(st.floats(0, 2))
+    ydt = draw(st.sampled_from(["float64", "float32"]))  # float32: rounding that matters
+    if ydt == "float32":  # bounds a float32 column can hold exactly
+        ylo, yhi = float(np.float32(ylo)), float(np.float32(yhi))
     return {
         "x": Column("float64", (n, d), lo, lo + width, subjects),
-        "y": Column("float64", (n,), ylo, ylo + draw(st.floats(0, 2)), subjects),
+        "y": Column(ydt, (n,), ylo, yhi, subjects),
         "u": Column("int64", (n,), 0, 3, subjects),
         "w": Column("int64", (n,), -500, 500, subjects),  # too wide for a table
     }
