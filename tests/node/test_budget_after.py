@@ -8,7 +8,7 @@ import pytest
 
 import policies
 from node.context import NodeContext
-from node.db.models import User
+from node.db.models import BudgetGrant, User
 from node.errors import PolicyRefusedError
 from node.services import budget, datasets
 from node.services import policy as policy_service
@@ -40,9 +40,12 @@ def test_the_budget_after_a_charge_is_the_ledger_s(
     context: NodeContext, owner: User, scientist: User, toml: str | None
 ) -> None:
     visits = _dataset(context, owner, "visits")
-    if toml is not None:
-        with context.sessions() as session:
+    with context.sessions() as session:
+        if toml is not None:
             policy_service.apply(session, None, policies.load_policy(toml), reason="test")
+        grant = BudgetGrant(user_id=scientist.id, epsilon_units=TENTH, granted_by="admin@x")
+        session.add(grant)
+        session.commit()
     costs = [
         Cost("laplace", TENTH, tv_units=7 * 10**11, dataset_ids=[visits]),
         Cost("gaussian", rho_units=3 * 10**6, tv_units=10**12, asked_epsilon_units=TENTH),
