@@ -37,6 +37,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from node.engine.accurate import depth
 from node.engine.dtypes import DType, accumulation, opmath
 from node.engine.prims.linalg import matmul_accumulation
 from node.privacy.arrays import fit, reduce_array
@@ -195,23 +196,23 @@ def _accumulated(c: Ctx, args: Sequence[State | None], mag_out: Array) -> Array:
     if op == "matmul":
         a, b = args[0], args[1]
         assert a is not None and b is not None
-        acc = matmul_accumulation(c.call)
-        n = a.shape[-1]
-        terms = _contraction(a, b, n)
+        acc, rounds = matmul_accumulation(c.call)
+        terms = _contraction(a, b, a.shape[-1])
     else:
         x = args[0]
         assert x is not None
         acc = accumulation(out, c.call.accurate)
         dims = dims_of(c, len(x.shape)) if x.shape else ()
         n = math.prod(x.shape[d] for d in dims)
+        rounds = depth(n) if c.call.accurate and out.is_float else n
         with np.errstate(invalid="ignore"):
             terms = reduce_array(_magnitude(*wide(x)), x.shape, dims)
         if not c.call.attrs.get("keepdim") and dims:
             terms = np.squeeze(terms, axis=dims)
         if op == "mean":
             terms = terms / max(n, 1)
-    # n products or conversions, n - 1 additions; a mean divides once more
-    e = gamma(n + 2, unit(acc)) * terms
+    # a product or conversion per term, its additions; a mean divides once more
+    e = gamma(rounds + 2, unit(acc)) * terms
     if acc.name != out.name:
         e = e + unit(out) * mag_out
     return np.asarray(e + _TINY.get(out.name, 0.0))
@@ -307,7 +308,7 @@ def _exact_integers(c: Ctx, args: Sequence[State | None], mag: Array) -> bool:
             a, b = args[0], args[1]
             assert a is not None and b is not None
             terms = _contraction(a, b, a.shape[-1])
-            limit = min(limit, _EXACT_INT[matmul_accumulation(c.call).name])
+            limit = min(limit, _EXACT_INT[matmul_accumulation(c.call)[0].name])
         elif op == "sum":
             x = args[0]
             assert x is not None

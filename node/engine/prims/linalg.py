@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from node.engine.accurate import BLOCK, depth
 from node.engine.dtypes import DType, accumulation, opmath
 from node.engine.prims.registry import Array, AttrSpec, Call, TensorMeta, broadcast, prim
 
@@ -53,17 +54,18 @@ def _matmul_flops(c: Call) -> int:
     return 2 * math.prod(batch) * m * k * n + 1
 
 
-#: contraction length widened to float64 at once by an accurate float32 product
-_WIDEN_CHUNK = 1 << 11
-#: the shortest contraction an accurate product widens (shorter ones round little)
+#: the shortest contraction an accurate product accumulates in blocks, in float64
 WIDEN_MIN_K = 256
 
 
-def matmul_accumulation(c: Call) -> DType:
-    """The dtype ``matmul`` accumulates in: torch's opmath, or float64 for an accurate call
-    whose contraction has at least ``WIDEN_MIN_K`` terms."""
+def matmul_accumulation(c: Call) -> tuple[DType, int]:
+    """The dtype ``matmul`` accumulates in, and the most roundings a product goes through
+    in that dtype (``node.engine.accurate``): torch's opmath and the contraction length,
+    or float64 in blocks for an accurate call with at least ``WIDEN_MIN_K`` terms."""
     k = c.tensor(0).shape[-1]
-    return accumulation(c.out().dtype, c.accurate and k >= WIDEN_MIN_K)
+    if c.accurate and k >= WIDEN_MIN_K and c.out().dtype.is_float:
+        return accumulation(c.out().dtype, True), depth(k)
+    return opmath(c.out().dtype), k
 
 
 @prim("matmul", args=2, infer=_matmul_infer, flops=_matmul_flops)
@@ -71,19 +73,22 @@ def _matmul(c: Call, args: list[Any], out: Array | None) -> Array:
     """torch.matmul: dot, matrix-vector, matrix and broadcast batched products."""
     a, b = args
     res = c.out().dtype
-    cd = matmul_accumulation(c).np
-    if cd == opmath(res).np:
+    acc, rounds = matmul_accumulation(c)
+    cd = acc.np
+    k = a.shape[-1]
+    if rounds == k:
         r = np.matmul(a.astype(cd, copy=False), b.astype(cd, copy=False))
         return np.asarray(r).astype(res.np, copy=False)
-    # widened to float64 a slice of the contraction at a time: a float32 operand is not
-    # copied whole, and the partial products add up in float64
+    # a block of the contraction at a time, widened to float64 (a float32 operand is not
+    # copied whole), the blocks' products added up in float64
     left = a if a.ndim > 1 else a[None, :]
     right = b if b.ndim > 1 else b[:, None]
-    k = left.shape[-1]
     total: Array | None = None
-    for s in range(0, k, _WIDEN_CHUNK):
-        piece = slice(s, s + _WIDEN_CHUNK)
-        part = np.matmul(left[..., piece].astype(cd), right[..., piece, :].astype(cd))
+    for s in range(0, k, BLOCK):
+        piece = slice(s, s + BLOCK)
+        part = np.matmul(
+            left[..., piece].astype(cd, copy=False), right[..., piece, :].astype(cd, copy=False)
+        )
         total = part if total is None else np.add(total, part, out=total)
     assert total is not None
     if b.ndim == 1:

@@ -8,10 +8,12 @@ which stays uint8 (a torch legacy that we reproduce).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
+from node.engine.accurate import blocked_sum
 from node.engine.dtypes import BOOL, DTYPES, INT64, DType, accumulation, dtype, opmath
 from node.engine.prims.registry import Array, AttrSpec, Call, TensorMeta, prim
 
@@ -80,8 +82,14 @@ def _reduction(name: str, rule: str) -> None:
         ax = dims if meta.ndim else None
         if rule in ("accumulate", "mean"):
             acc: DType = accumulation(res, c.accurate)
-            fn: Any = {"sum": np.sum, "prod": np.prod, "mean": np.mean}[name]
-            r = fn(x, axis=ax, dtype=acc.np, keepdims=keep)
+            if c.accurate and res.is_float and name != "prod":
+                axes = dims if meta.ndim else ()
+                r = blocked_sum(x, axes, acc.np, keep)
+                if name == "mean":
+                    r = r / math.prod(meta.shape[d] for d in axes)
+            else:
+                fn: Any = {"sum": np.sum, "prod": np.prod, "mean": np.mean}[name]
+                r = fn(x, axis=ax, dtype=acc.np, keepdims=keep)
         elif rule == "extreme":
             src = x.astype(np.float32) if x.dtype.kind == "V" else x
             r = (np.max if name == "amax" else np.min)(src, axis=ax, keepdims=keep)
