@@ -15,9 +15,9 @@ survives an application crash whatever ``synchronous`` is (a SIGKILLed node lose
 ledger row either way), but with NORMAL the last commits "might roll back following a
 power loss or system crash", because the WAL is synced only at checkpoints. A ledger
 row forgotten after a power loss would let its epsilon be spent again on results
-already released, so the ledger commit pays one fsync of the WAL (~2.5 ms on the dev
-box) before the publish releases anything; reads (authentication, resolving inputs)
-write nothing and sync nothing.
+already released, so the ledger commit pays one fsync of the WAL (~0.2 ms on the dev
+box's disk, busy or not; slower disks pay more) before the publish releases anything;
+reads (authentication, resolving inputs) write nothing and sync nothing.
 
 Transactions that must be serialised (the budget check and its ledger row) use
 ``serial_engine``: on SQLite their ``BEGIN IMMEDIATE`` takes the write lock up
