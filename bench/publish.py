@@ -47,7 +47,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sdk
 from bench import noise as noise_bench
 from bench.timing import interleaved_best
-from node.api.routes import publish as route
 from node.app import create_app
 from node.context import NodeContext
 from node.db.migrate import upgrade
@@ -73,7 +72,7 @@ def stage_timers() -> Iterator[dict[str, list[float]]]:
         (PrivacyReport, "clip", "clip to bounds"),
         (service, "_noise", "noise"),
         (budget, "charge", "budget check + ledger commit"),
-        (route, "active_user", "authenticate (read the account)"),
+        (users, "active", "read the account"),
     ]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
     saved.append((FastAPI, "__call__", FastAPI.__call__))
@@ -119,7 +118,7 @@ def print_stages(name: str, run: Callable[[], Any], repeat: int) -> None:
     print(f"\n{name}: median of {repeat} publishes, {total:.1f} ms end to end")
     print("| stage | ms | share |")
     print("|---|---|---|")
-    outside = ("service total", "app", "authenticate (read the account)")
+    outside = ("service total", "app")
 
     def row(label: str, ms: float) -> None:
         print(f"| {label} | {ms:.2f} | {ms / total:.0%} |")

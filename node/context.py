@@ -12,7 +12,7 @@ from pydantic import SecretStr
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from node.db.session import make_engine, make_sessionmaker, serial_engine
+from node.db.session import make_engine, make_sessionmaker, read_engine, serial_engine
 from node.services.security import password_hasher
 from node.services.structures import StructureCache
 from node.settings import PLACEHOLDER_SECRET, Settings
@@ -26,6 +26,8 @@ class NodeContext:
     sessions: sessionmaker[Session]
     #: Sessions whose transactions are serialised (budget checks and ledger rows).
     serial_sessions: sessionmaker[Session]
+    #: Sessions that only read (see node.db.session.read_engine).
+    read_sessions: sessionmaker[Session]
     store: BlobStore
     hasher: PasswordHasher
     #: Graph headers each user already sent (see node.services.structures).
@@ -44,6 +46,7 @@ class NodeContext:
             engine=engine,
             sessions=make_sessionmaker(engine),
             serial_sessions=make_sessionmaker(serial_engine(engine)),
+            read_sessions=make_sessionmaker(read_engine(engine)),
             store=FileBlobStore(settings.blob_dir, cache_bytes=settings.blob_cache_bytes),
             hasher=password_hasher(settings),
             structures=StructureCache(settings.structure_cache_bytes),

@@ -8,12 +8,12 @@ from typing import Annotated
 from argon2 import PasswordHasher
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from node.context import NodeContext
 from node.db.models import Role, User
 from node.errors import AuthenticationError, PayloadTooLargeError, PermissionDeniedError
+from node.services import users
 from node.services.security import read_token
 from node.settings import Settings
 from node.storage import BlobStore
@@ -69,14 +69,8 @@ def _token_user_id(settings: Settings, credentials: HTTPAuthorizationCredentials
     return read_token(settings, credentials.credentials)
 
 
-def _active(user: User | None) -> User:
-    if user is None or not user.is_active:
-        raise AuthenticationError("this account no longer exists or is deactivated")
-    return user
-
-
 def get_current_user(session: SessionDep, settings: SettingsDep, credentials: Credentials) -> User:
-    user = _active(session.get(User, _token_user_id(settings, credentials)))
+    user = users.active(session, _token_user_id(settings, credentials))
     # End the read: on SQLite a transaction holds the write lock, and a request may
     # compute for a while (a publish) after authenticating.
     session.commit()
@@ -92,24 +86,10 @@ async def get_token_user_id(request: Request, credentials: Credentials) -> int:
 
 
 #: The user id of a valid token (signature and expiry checked, no database read): for routes
-#: that run their work in one worker thread and read the account there with
-#: :func:`active_user`, rather than in a thread hand-off of its own.
+#: whose service reads the account itself (``node.services.users.active``) in the
+#: transaction it reads its inputs in, rather than in a thread hand-off and a transaction of
+#: their own. A deactivated account is refused there, before any work.
 TokenUserId = Annotated[int, Depends(get_token_user_id)]
-
-
-#: Built once (a select by primary key costs less than ``Session.get`` in a new session).
-_USER = select(User).where(User.id == bindparam("user_id"))
-
-
-def active_user(context: NodeContext, user_id: int) -> User:
-    """The account a token names, if it still exists and is active (blocking: call it from a
-    worker thread).
-
-    Raises:
-        AuthenticationError: no such account, or it was deactivated.
-    """
-    with context.sessions() as session:
-        return _active(session.scalar(_USER, {"user_id": user_id}))
 
 
 async def get_admin(user: CurrentUser) -> User:

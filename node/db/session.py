@@ -7,7 +7,9 @@ writer has committed since its read: SQLite fails it at once with "database is
 locked", so a burst of logins or uploads turned into 500s. Taking the lock first
 makes concurrent requests queue behind ``busy_timeout`` instead; the price is that
 SQLite runs one transaction at a time, so nothing slow (a computation) should run
-while a session holds a transaction open. PostgreSQL is unaffected.
+while a session holds a transaction open. Transactions that only read (a publish's
+account and inputs) use ``read_engine`` and begin deferred: they take no lock.
+PostgreSQL is unaffected.
 
 Durability: WAL with ``synchronous=FULL``, set explicitly (some SQLite builds default
 WAL databases to NORMAL). SQLite's documentation: in WAL mode a committed transaction
@@ -72,6 +74,16 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def read_engine(engine: Engine) -> Engine:
+    """The same pool, for transactions that only read: on SQLite they begin ``DEFERRED``, so
+    they take no lock (in WAL mode a reader neither waits for the writer nor holds it up),
+    and may stay open while the caller computes between reads. A transaction that writes must
+    not use it (a deferred one cannot always take the write lock later)."""
+    if engine.dialect.name == "sqlite":
+        return engine.execution_options(**{SQLITE_BEGIN: "DEFERRED"})
+    return engine
 
 
 def serial_engine(engine: Engine) -> Engine:

@@ -2,17 +2,20 @@
 
 Order of events, each for a reason:
 
-1. decode and plan the graph (quotas refuse it before anything is read or allocated);
-2. resolve its inputs — dataset columns with their declared bounds and subject
+1. read the caller's account (a deactivated one is refused before any work) and check
+   the epsilon and delta asked for;
+2. decode and plan the graph (quotas refuse it before any data is read or allocated);
+3. resolve its inputs — dataset columns with their declared bounds and subject
    structure, public model weights — and check that the caller may use each;
-3. evaluate and track sensitivity in one engine pass (the sensitivity comes from
+4. evaluate and track sensitivity in one engine pass (the sensitivity comes from
    public metadata only, so the price never depends on the data);
-4. clip every output to the bounds the tracker derived (public) and noise it with the
+5. clip every output to the bounds the tracker derived (public) and noise it with the
    mechanism calibrated to exactly the epsilon that will be charged;
-5. charge the budget in one serialised transaction with its ledger row;
-6. only then return the noised values. A refusal at 5 releases nothing.
+6. charge the budget in one serialised transaction with its ledger row;
+7. only then return the noised values. A refusal at 6 releases nothing.
 
-No database transaction is open during 3 and 4 (on SQLite it would hold the write lock).
+1 to 3 share one read-only transaction (on SQLite a deferred one, which locks nothing).
+No database transaction is open during 4 and 5.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from sqlalchemy.orm import Session
 
 from node.context import NodeContext
 from node.db.models import Dataset, Role, User
@@ -43,7 +47,7 @@ from node.engine import (
 from node.errors import GraphError, InvalidRequestError, NotFoundError, PermissionDeniedError
 from node.privacy import InputSpec, PrivacyReport, Subjects, evaluate_tracked, track
 from node.privacy.subjects import first_rows
-from node.services import budget, datasets, models
+from node.services import budget, datasets, models, users
 from node.services.budget import EPSILON_UNIT, RHO_UNIT, TV_UNIT, Cost
 from node.storage import array_from_bytes
 
@@ -70,57 +74,58 @@ class _Inputs:
     dataset_ids: list[int]
 
 
-def _resolve(context: NodeContext, actor: User, graph: Graph, *, with_values: bool) -> _Inputs:
+def _resolve(
+    context: NodeContext, session: Session, actor: User, graph: Graph, *, with_values: bool
+) -> _Inputs:
     """Public metadata (and, to evaluate, the values) of every input the graph names."""
     specs: dict[str, InputSpec] = {}
     values: dict[str, npt.NDArray[Any]] = {}
     dataset_ids: set[int] = set()
     subjects: dict[int, npt.NDArray[np.int64] | None] = {}
     structures: dict[int, Subjects] = {}
-    loaded: dict[int, Dataset] = {}
-    with context.sessions() as session:  # one session, one query per dataset
-        for name in graph.input_names():
-            match = _INPUT.match(name)
-            if match is None:
-                raise GraphError(
-                    f"input {name!r} names no data on this node: inputs are "
-                    "'dataset:<id>/<column>' or 'model:<id>/<tensor>'"
-                )
-            kind, ident, part = match.group(1), int(match.group(2)), match.group(3)
-            if kind == "dataset":
-                if ident not in loaded:
-                    loaded[ident] = datasets.get_dataset_columns(session, ident)
-                dataset = loaded[ident]
-                column = next((c for c in dataset.columns if c.name == part), None)
-                if dataset.id not in subjects:  # one read per dataset, not per column
-                    subjects[dataset.id] = datasets.read_subjects(context.store, dataset)
-                    structures[dataset.id] = datasets.subject_structure(context.store, dataset)
-                if column is None and part == "@subject":  # public: DP-SGD's clipping groups
-                    values[name] = first_rows(subjects[dataset.id], dataset.row_count)
-                    specs[name] = InputSpec.public(values[name])
-                    dataset_ids.add(dataset.id)
-                    continue
-                if column is None:
-                    raise NotFoundError(f"dataset {dataset.name!r} has no column {part!r}")
-                specs[name] = InputSpec.private(column.lower, column.upper, structures[dataset.id])
-                dataset_ids.add(dataset.id)
-                if with_values:
-                    values[name] = datasets.read_column(context.store, dataset, column)
-                continue
-            model = models.get_model(session, ident)
-            tensor = next((t for t in model.tensors if t.name == part), None)
-            if tensor is None:
-                raise NotFoundError(f"model {model.name!r} has no tensor {part!r}")
-            if not model.is_public and actor.role is not Role.ADMIN and actor.id != model.owner_id:
-                raise PermissionDeniedError(
-                    f"model {model.name!r} is private: publishing results computed from its "
-                    "weights is not supported yet; ask its owner to make it public"
-                )
-            weights = array_from_bytes(
-                context.store.get(tensor.blob), tensor.dtype, tuple(tensor.shape)
+    loaded: dict[int, Dataset] = {}  # one query per dataset
+    for name in graph.input_names():
+        match = _INPUT.match(name)
+        if match is None:
+            raise GraphError(
+                f"input {name!r} names no data on this node: inputs are "
+                "'dataset:<id>/<column>' or 'model:<id>/<tensor>'"
             )
-            specs[name] = InputSpec.public(weights)
-            values[name] = weights
+        kind, ident, part = match.group(1), int(match.group(2)), match.group(3)
+        if kind == "dataset":
+            if ident not in loaded:
+                loaded[ident] = datasets.get_dataset_columns(session, ident)
+            dataset = loaded[ident]
+            column = next((c for c in dataset.columns if c.name == part), None)
+            if dataset.id not in subjects:  # one read per dataset, not per column
+                subjects[dataset.id] = datasets.read_subjects(context.store, dataset)
+                structures[dataset.id] = datasets.subject_structure(context.store, dataset)
+            if column is None and part == "@subject":  # public: DP-SGD's clipping groups
+                values[name] = first_rows(subjects[dataset.id], dataset.row_count)
+                specs[name] = InputSpec.public(values[name])
+                dataset_ids.add(dataset.id)
+                continue
+            if column is None:
+                raise NotFoundError(f"dataset {dataset.name!r} has no column {part!r}")
+            specs[name] = InputSpec.private(column.lower, column.upper, structures[dataset.id])
+            dataset_ids.add(dataset.id)
+            if with_values:
+                values[name] = datasets.read_column(context.store, dataset, column)
+            continue
+        model = models.get_model(session, ident)
+        tensor = next((t for t in model.tensors if t.name == part), None)
+        if tensor is None:
+            raise NotFoundError(f"model {model.name!r} has no tensor {part!r}")
+        if not model.is_public and actor.role is not Role.ADMIN and actor.id != model.owner_id:
+            raise PermissionDeniedError(
+                f"model {model.name!r} is private: publishing results computed from its "
+                "weights is not supported yet; ask its owner to make it public"
+            )
+        weights = array_from_bytes(
+            context.store.get(tensor.blob), tensor.dtype, tuple(tensor.shape)
+        )
+        specs[name] = InputSpec.public(weights)
+        values[name] = weights
     return _Inputs(specs, values, sorted(dataset_ids))
 
 
@@ -143,10 +148,16 @@ def _quotas(context: NodeContext) -> Quotas:
     )
 
 
-def sensitivity(context: NodeContext, actor: User, frame: bytes) -> PrivacyReport:
-    """The sensitivity of a graph's outputs, from public metadata only: free, no data read."""
-    graph = _decode(context, actor, frame)
-    inputs = _resolve(context, actor, graph, with_values=False)
+def sensitivity(context: NodeContext, actor_id: int, frame: bytes) -> PrivacyReport:
+    """The sensitivity of a graph's outputs, from public metadata only: free, no data read.
+
+    Raises:
+        AuthenticationError: the account no longer exists or was deactivated.
+    """
+    with context.read_sessions() as session:
+        actor = users.active(session, actor_id)
+        graph = _decode(context, actor, frame)
+        inputs = _resolve(context, session, actor, graph, with_values=False)
     return track(graph, inputs.specs, _quotas(context))
 
 
@@ -182,20 +193,27 @@ def _noise(
     return release, Cost(cost.mechanism, cost.epsilon_units, cost.rho_units, tv_units)
 
 
-def publish(context: NodeContext, actor: User, frame: bytes, request: PublishRequest) -> Published:
+def publish(
+    context: NodeContext, actor_id: int, frame: bytes, request: PublishRequest
+) -> Published:
     """Evaluate, noise, charge and release, in that order (see the module docstring).
 
+    ``actor_id`` comes from a verified token; the account is read with the inputs.
+
     Raises:
+        AuthenticationError: the account no longer exists or was deactivated; nothing is done.
         GraphError, QuotaExceededError: a graph the engine refuses, before any data is read.
         PrivacyTrackingError: a graph whose sensitivity cannot be bounded.
         InvalidRequestError: a bad epsilon or delta.
         BudgetExceededError: the release does not fit the budget; nothing is released.
     """
-    budget.quantize_epsilon(request.epsilon)  # refuse a bad epsilon or delta before any work
-    if request.delta is not None:
-        _check_delta(request.delta)
-    graph = _decode(context, actor, frame)
-    inputs = _resolve(context, actor, graph, with_values=True)
+    with context.read_sessions() as session:  # the account, then the inputs: one read
+        actor = users.active(session, actor_id)
+        budget.quantize_epsilon(request.epsilon)  # refuse a bad epsilon or delta before work
+        if request.delta is not None:
+            _check_delta(request.delta)
+        graph = _decode(context, actor, frame)
+        inputs = _resolve(context, session, actor, graph, with_values=True)
     outputs, report = evaluate_tracked(graph, inputs.values, inputs.specs, _quotas(context))
     release, cost = _noise(report.clip(outputs), report, request)
     cost = Cost(

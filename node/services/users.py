@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from argon2 import PasswordHasher
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -127,6 +127,22 @@ def authenticate(session: Session, hasher: PasswordHasher, email: str, password:
         raise AuthenticationError("wrong email or password, or the account is deactivated")
     audit.record(session, user, "auth.login", target_type="user", target_id=user.id)
     session.commit()
+    return user
+
+
+#: Built once: every request with a token reads its account.
+_BY_ID = select(User).where(User.id == bindparam("user_id"))
+
+
+def active(session: Session, user_id: int) -> User:
+    """The account a valid token names, if it still exists and is active.
+
+    Raises:
+        AuthenticationError: no such account, or it was deactivated.
+    """
+    user = session.scalar(_BY_ID, {"user_id": user_id})
+    if user is None or not user.is_active:
+        raise AuthenticationError("this account no longer exists or is deactivated")
     return user
 
 

@@ -6,9 +6,8 @@ from fastapi import APIRouter, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from node.api import frames
-from node.api.deps import ContextDep, LimitedBody, TokenUserId, active_user
+from node.api.deps import ContextDep, LimitedBody, TokenUserId
 from node.api.schemas import OutputSensitivityPublic, SensitivityPublic
-from node.privacy import PrivacyReport
 from node.services import publish as service
 
 router = APIRouter(tags=["publish"])
@@ -34,11 +33,7 @@ async def publish(
     in the manifest.
     """
     request = service.PublishRequest(epsilon=epsilon, delta=delta)
-
-    def run() -> service.Published:  # one hand-off to a worker thread, authentication included
-        return service.publish(context, active_user(context, user_id), body, request)
-
-    done = await run_in_threadpool(run)
+    done = await run_in_threadpool(service.publish, context, user_id, body, request)
     arrays = {f"output/{i}": v for i, v in enumerate(done.values)}
     return Response(frames.encode(arrays, {"receipt": done.receipt}), media_type=frames.MEDIA_TYPE)
 
@@ -52,11 +47,7 @@ async def sensitivity(
     delta: Delta = None,
 ) -> SensitivityPublic:
     """Sensitivity of a graph's outputs (and the noise scale for ``epsilon``): free."""
-
-    def run() -> PrivacyReport:
-        return service.sensitivity(context, active_user(context, user_id), body)
-
-    report = await run_in_threadpool(run)
+    report = await run_in_threadpool(service.sensitivity, context, user_id, body)
     scale = None
     if epsilon is not None:
         scale = service.noise_scale(report, service.PublishRequest(epsilon, delta))
