@@ -129,12 +129,8 @@ def print_stages(name: str, run: Callable[[], Any], repeat: int) -> None:
             inner += ms
             row(label, ms)
     row("rest of the service (receipt, hashes)", med["service total"] - inner)
-    auth = med["authenticate (read the account)"]
-    row("authenticate (read the account)", auth)
-    row(
-        "HTTP in the node (routing, body, thread hand-off)",
-        med["app"] - med["service total"] - auth,
-    )
+    http = med["app"] - med["service total"]
+    row("HTTP in the node (routing, token, body, thread hand-off)", http)
     row("SDK and in-process transport (httpx, starlette)", total - med["app"])
 
 
