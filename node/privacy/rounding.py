@@ -261,7 +261,7 @@ def _own(c: Ctx, args: Sequence[State | None], lo: Array, hi: Array) -> Array | 
     mag = _magnitude(lo, hi)
     if _exact_integers(c, args, mag):
         return None
-    u = unit(out) + unit(opmath(out))
+    u = _relative(c, args)
     tiny = _TINY[out.name]
     if op in STEPS:
         step = STEPS[op]
@@ -277,10 +277,8 @@ def _own(c: Ctx, args: Sequence[State | None], lo: Array, hi: Array) -> Array | 
         if not src.dtype.is_float:  # integers convert exactly up to 2**p
             e = np.where(mag <= _EXACT_INT[out.name], 0.0, e)
         return np.asarray(e)
-    if op in ONCE:
+    if op in ONCE or op in LIBM:
         return np.asarray(u * mag + tiny)
-    if op in LIBM:
-        return np.asarray(LIBM_ULPS * 2 * u * mag + tiny)
     if op in ACCUMULATE:
         return _accumulated(c, args, mag)
     if op in RESETS:
@@ -288,6 +286,22 @@ def _own(c: Ctx, args: Sequence[State | None], lo: Array, hi: Array) -> Array | 
         assert x is not None
         return _clip_error(c, x, mag)
     raise AssertionError(f"prim {op!r} has a privacy rule but no rounding class")
+
+
+def _relative(c: Ctx, args: Sequence[State | None]) -> float:
+    """``k`` with ``|computed - exact| <= k |exact| + tiny`` for a prim rounded once or
+    within ``LIBM_ULPS`` (the rounding in the operation dtype, then to the result dtype);
+    nan for a prim whose error is not relative to its own result (sums, clipping)."""
+    out = c.meta.dtype
+    op = c.node.op
+    if op == "convert_element_type":
+        return unit(out)
+    a, b = unit(opmath(out)), unit(out)
+    if op in ONCE or op in STEPS:
+        return a + b + a * b
+    if op in LIBM:
+        return LIBM_ULPS * 2 * (a + b + a * b)
+    return math.nan
 
 
 def integral(s: State | None) -> bool:
@@ -369,10 +383,19 @@ def apply(c: Ctx, rule: Rule) -> State:
         return replace(s, integral=_integral_result(c, c.args, own))
     if op in STEPS:  # computed arguments already: the result's own error is folded now
         return replace(_fold_own(s, e), integral=True)
-    z = np.zeros(()) if own is None else own
+    # the computed values: the exact results of the computed arguments, each moved by at
+    # most the prim's own rounding; an error relative to the result widens each end by
+    # its own magnitude (``1 + exp(-z)`` stays >= 1 - u however large it can be)
+    if own is None:
+        zlo = zhi = np.zeros(())
+    elif math.isnan(k := _relative(c, args)):
+        zlo = zhi = own
+    else:
+        tiny = _TINY[c.meta.dtype.name]
+        zlo, zhi = k * np.abs(base_lo) + tiny, k * np.abs(base_hi) + tiny
     with np.errstate(invalid="ignore"):
-        clo = np.maximum(base_lo - z, s.lo - e)
-        chi = np.minimum(base_hi + z, s.hi + e)
+        clo = np.maximum(base_lo - zlo, s.lo - e)
+        chi = np.minimum(base_hi + zhi, s.hi + e)
         nonneg = _nonneg(c, args, base_lo)
         clo = np.where(nonneg, np.maximum(clo, 0.0), clo)
         chi = np.where(np.asarray(base_hi <= 0) & (op in ONCE), np.minimum(chi, 0.0), chi)

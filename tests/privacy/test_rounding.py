@@ -118,3 +118,22 @@ def test_float32_contraction_over_many_rows_accumulates_in_float64() -> None:
     values, _ = evaluate_tracked(graph, data, specs)
     exact = data["X"].astype(np.float64).T @ data["y"].astype(np.float64)
     assert np.array_equal(values[0], exact.astype(np.float32))  # one rounding, at the end
+
+
+def test_float32_sigmoid_of_wide_logits_stays_bounded() -> None:
+    # 1 / (1 + exp(-z)) with |z| up to 17: 1 + exp(-z) reaches 2e7, whose float32 ulp is 2;
+    # the rounding of that sum is relative to each result, so its lower end stays near 1
+    # and the reciprocal stays in (0, 1] (an error of ulp(2e7) everywhere would have
+    # reached 0 and made every gradient unbounded)
+    k = 20
+    w = np.full(k, 0.85, dtype=np.float32)
+    b = GraphBuilder()
+    xs = b.input("X", "float32", (1000, k))
+    z = b.op("matmul", xs, b.constant(w))
+    p = b.op("reciprocal", b.op("add", b.op("exp", b.op("neg", z)), 1.0))
+    graph = b.build([p, b.op("mean", p)])
+    report = track(graph, {"X": InputSpec.private(-1.0, 1.0)})
+    rows, mean = report.outputs
+    assert rows.lower.min() > 0 and rows.upper.max() < 1 + 1e-6
+    assert mean.exact_l1 == pytest.approx(1 / 1000, rel=1e-3)
+    assert mean.rounding_l1 < 1e-3 * mean.exact_l1
