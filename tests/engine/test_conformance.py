@@ -44,12 +44,15 @@ DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "uint8"
 #: op -> (predicate on (sample, dtype name), reason): samples that differ from
 #: torch on purpose or by a known limitation. Each is listed in docs/prims.md.
 KNOWN: dict[str, tuple[Callable[[Any, str], bool], str]] = {
-    "nn.functional.conv_transpose2d": (
-        lambda s, d: d in ("float16", "bfloat16"),
-        "torch's CPU float16/bfloat16 transposed convolution rounds partial sums to the "
-        "low precision; the engine"
-        " accumulates in float32 and rounds once (test_conv_transpose_float16_accuracy)",
-    ),
+    **{
+        f"nn.functional.conv_transpose{dims}d": (
+            lambda s, d: d in ("float16", "bfloat16"),
+            "torch's CPU float16/bfloat16 transposed convolution rounds partial sums to the "
+            "low precision (which samples differ depends on the CPU's kernels); the engine"
+            " accumulates in float32 and rounds once (test_conv_transpose_float16_accuracy)",
+        )
+        for dims in (1, 2)
+    },
     "gather": (
         lambda s, d: s.args[1].dtype == torch.uint8,
         "torch accepts a uint8 index when it is empty; the engine always requires int64/int32",

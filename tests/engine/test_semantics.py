@@ -269,32 +269,43 @@ def test_convolution_backward_matches_autograd(
         torch.testing.assert_close(torch.from_numpy(g_), t_.detach())
 
 
-def test_conv_transpose_float16_accuracy() -> None:
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "kw"),
+    [
+        (
+            (2, 2, 4, 4),
+            (2, 2, 4, 5),
+            dict(stride=[3, 2], padding=[1, 2], output_padding=[2, 3], groups=2, dilation=[4, 4]),
+        ),
+        (
+            (2, 4, 6),
+            (4, 2, 3),
+            dict(stride=[3], padding=[1], output_padding=[2], groups=2, dilation=[4]),
+        ),
+        (
+            (1, 4, 5),
+            (4, 8, 3),
+            dict(stride=[1], padding=[0], output_padding=[0], groups=1, dilation=[1]),
+        ),
+    ],
+)
+def test_conv_transpose_float16_accuracy(
+    x_shape: tuple[int, ...], w_shape: tuple[int, ...], kw: dict[str, Any]
+) -> None:
     """The documented float16 exception: the engine is at least as close to float64 as torch."""
     torch.manual_seed(0)
-    x = torch.randn(2, 2, 4, 4, dtype=torch.float16)
-    w = torch.randn(2, 2, 4, 5, dtype=torch.float16)
-    kw = dict(stride=(3, 2), padding=(1, 2), output_padding=(2, 3), groups=2, dilation=(4, 4))
-    ref = torch.nn.functional.conv_transpose2d(x.double(), w.double(), **kw)  # type: ignore[arg-type]
-    th = torch.nn.functional.conv_transpose2d(x, w, **kw)  # type: ignore[arg-type]
-    b = GraphBuilder()
-    xi, wi = b.input("x", "float16", (2, 2, 4, 4)), b.input("w", "float16", (2, 2, 4, 5))
-    g = b.build(
-        [
-            b.op(
-                "convolution",
-                xi,
-                wi,
-                None,
-                stride=[3, 2],
-                padding=[1, 2],
-                dilation=[4, 4],
-                groups=2,
-                transposed=True,
-                output_padding=[2, 3],
-            )
-        ]
+    x = torch.randn(*x_shape, dtype=torch.float16)
+    w = torch.randn(*w_shape, dtype=torch.float16)
+    conv = (
+        torch.nn.functional.conv_transpose1d
+        if len(x_shape) == 3
+        else torch.nn.functional.conv_transpose2d
     )
+    ref = conv(x.double(), w.double(), **kw)
+    th = conv(x, w, **kw)
+    b = GraphBuilder()
+    xi, wi = b.input("x", "float16", x_shape), b.input("w", "float16", w_shape)
+    g = b.build([b.op("convolution", xi, wi, None, transposed=True, **kw)])
     got = torch.from_numpy(evaluate(g, {"x": to_numpy(x), "w": to_numpy(w)})[0]).double()
     assert (got - ref).abs().max() <= (th.double() - ref).abs().max()
 
