@@ -53,6 +53,9 @@ V = TypeVar("V")
 _REGISTRY: weakref.WeakValueDictionary[int, Subjects] = weakref.WeakValueDictionary()
 _LOCK = threading.Lock()
 _DISABLED = threading.local()
+#: owners recognised lately, by id (a state's owner is asked about many times per prim);
+#: weak, so the cache keeps no array alive
+_FOUND: dict[int, tuple[weakref.ref[Any], tuple[int, ...], Rows]] = {}
 
 
 @dataclass(frozen=True, eq=False)
@@ -241,7 +244,12 @@ def rows_of(owner: Array, shape: Sequence[int]) -> Rows | None:
     if getattr(_DISABLED, "on", False) or not isinstance(owner, np.ndarray):
         return None
     shape = tuple(shape)
-    if not shape or math.prod(shape) == 0 or owner.ndim != len(shape):
+    if owner.ndim != len(shape) or owner.size <= 1:  # a one-element owner is no column
+        return None
+    seen = _FOUND.get(id(owner))
+    if seen is not None and seen[0]() is owner and seen[1] == shape:
+        return seen[2]
+    if math.prod(shape) == 0:
         return None
     base: Any = owner
     found: Subjects | None = None
@@ -270,7 +278,11 @@ def rows_of(owner: Array, shape: Sequence[int]) -> Rows | None:
         axis = d
     if axis is None:  # a one-row column: the general path is cheap
         return None
-    return Rows(found, axis)
+    rows = Rows(found, axis)
+    if len(_FOUND) >= 1024:
+        _FOUND.clear()
+    _FOUND[id(owner)] = (weakref.ref(owner), shape, rows)
+    return rows
 
 
 #: Arrays of distinct ids (a table's root ids): id of the array -> weak reference to it.
