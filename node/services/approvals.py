@@ -69,7 +69,7 @@ def answer_of(row: PublishApproval) -> policies.Approval | None:
 
 def queue(
     session: Session,
-    user: User,
+    user: audit.Actor,
     cost: Cost,
     decision: policies.Decision,
     revision: int | None,

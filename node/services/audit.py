@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from node.db.models import AuditEvent, User
+from node.db.models import AuditEvent
+
+
+class Actor(Protocol):
+    """Who acted: a ``User``, or a plain row with the same fields (the publish transaction's)."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def email(self) -> str: ...
 
 
 def record(
     session: Session,
-    actor: User | None,
+    actor: Actor | None,
     action: str,
     *,
     target_type: str | None = None,
@@ -37,7 +47,7 @@ _INSERT = insert(AuditEvent)
 
 def append(
     session: Session,
-    actor: User | None,
+    actor: Actor | None,
     action: str,
     *,
     target_type: str | None = None,

@@ -3,17 +3,18 @@
 Applying a policy validates it with :mod:`policies` and appends a revision; nothing is ever
 edited or deleted (triggers refuse it), so the revision that decided any past publish can be
 read back. The publish transaction reads the revision in force each time, so a change takes
-effect at the next publish without a restart; parsed revisions are cached by id and hash.
+effect at the next publish without a restart. It reads only the newest revision's id and hash:
+revisions are immutable, so the parsed policy is kept by both and the document is read and
+parsed once per revision (tests/node/test_policy_cache.py).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 import policies
@@ -45,9 +46,17 @@ class InForce:
         return self.policy.name
 
 
-@lru_cache(maxsize=64)
-def _parsed(revision: int, content_hash: str, canonical: str) -> policies.Policy:
-    return policies.Policy.from_dict(json.loads(canonical))
+#: Parsed revisions by (id, content hash). Revisions are never edited (triggers refuse it), so
+#: an entry never goes stale; the hash keeps two databases in one process (tests) apart.
+_PARSED: dict[tuple[int, str], policies.Policy] = {}
+_PARSED_MAX = 64
+
+_REVISIONS = PolicyRevision.__table__
+# Built once: every publish runs them.
+_NEWEST = (
+    select(_REVISIONS.c.id, _REVISIONS.c.content_hash).order_by(_REVISIONS.c.id.desc()).limit(1)
+)
+_DOCUMENT = select(_REVISIONS.c.document).where(_REVISIONS.c.id == bindparam("id"))
 
 
 @lru_cache(maxsize=1)
@@ -56,12 +65,25 @@ def _builtin() -> policies.Policy:
 
 
 def current(session: Session) -> InForce:
-    """The policy in force: the newest revision, else the built-in default."""
-    row = session.scalar(select(PolicyRevision).order_by(PolicyRevision.id.desc()).limit(1))
-    if row is None:
+    """The policy in force: the newest revision, else the built-in default.
+
+    Reads the newest revision's id in ``session``'s transaction (so the publish that calls
+    it is decided by the revision in force at that instant) and its document only when that
+    revision was not parsed before.
+    """
+    connection = session.connection()
+    newest = connection.execute(_NEWEST).first()
+    if newest is None:
         return InForce(_builtin(), None)
-    canonical = json.dumps(row.document, sort_keys=True)
-    return InForce(_parsed(row.id, row.content_hash, canonical), row.id)
+    key = (int(newest[0]), str(newest[1]))
+    policy = _PARSED.get(key)
+    if policy is None:
+        document = connection.execute(_DOCUMENT, {"id": key[0]}).scalar_one()
+        policy = policies.Policy.from_dict(document)
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.clear()  # rare: 64 revisions applied while the node runs
+        _PARSED[key] = policy
+    return InForce(policy, key[0])
 
 
 def parse(source: str | None = None, document: Any = None) -> policies.Policy:
