@@ -64,11 +64,18 @@ class Receipt:
 
 @dataclass(frozen=True)
 class Sensitivity:
-    """How far the outputs can move when one data subject's records change."""
+    """How far the outputs can move when one data subject's records change.
+
+    ``rounding_l1``/``rounding_l2``: how much of ``l1``/``l2`` pays for the node's
+    floating-point rounding rather than for the query itself (at most; see
+    docs/sensitivity.md, "Floating-point rounding").
+    """
 
     l1: float
     l2: float
     subjects: int
+    rounding_l1: float = 0.0
+    rounding_l2: float = 0.0
 
 
 def _remote(tensors: RemoteTensor | Sequence[torch.Tensor], what: str) -> list[RemoteTensor]:
@@ -167,7 +174,14 @@ def sensitivity(
     _not_in_mock_mode("sensitivity()")
     items = _remote(tensors, "sensitivity")
     body = _client(client, items).sensitivity_of_frame(_frame(items))
-    return Sensitivity(l1=body["l1"], l2=body["l2"], subjects=body["subjects"])
+    outputs = body["outputs"]
+    return Sensitivity(
+        l1=body["l1"],
+        l2=body["l2"],
+        subjects=body["subjects"],
+        rounding_l1=min(sum(o["rounding_l1"] for o in outputs), body["l1"]),
+        rounding_l2=min(math.hypot(*(o["rounding_l2"] for o in outputs)), body["l2"]),
+    )
 
 
 def noise_scale(

@@ -217,6 +217,12 @@ class OutputSensitivityPublic(Schema):
     l2: float
     lower: float = Field(description="smallest value any element can take")
     upper: float = Field(description="largest value any element can take")
+    rounding_l1: float = Field(
+        description="the part of l1 that pays for the engine's floating-point rounding"
+    )
+    rounding_l2: float = Field(
+        description="the part of l2 that pays for the engine's floating-point rounding"
+    )
 
 
 class SensitivityPublic(Schema):

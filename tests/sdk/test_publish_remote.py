@@ -31,7 +31,10 @@ def test_mean_of_a_column_with_a_receipt(owner_client: sdk.Client, ds_client: sd
     assert isinstance(ds, sdk.DatasetHandle)
     mean = ds["age"].float().mean()
     # the bounds over the rows, plus the float32 mean's last bit (2 x 2**-24 x 120)
-    assert mean.sensitivity().l1 == pytest.approx(120 / 2000 + 2 * 2.0**-24 * 120, rel=1e-6)
+    sensitivity = mean.sensitivity()
+    assert sensitivity.l1 == pytest.approx(120 / 2000 + 2 * 2.0**-24 * 120, rel=1e-6)
+    assert sensitivity.rounding_l1 == pytest.approx(2 * 2.0**-24 * 120, rel=1e-4)
+    assert ds["age"].sum().sensitivity().rounding_l1 == 0.0  # integers add exactly
     assert mean.noise_scale(epsilon=0.5) == pytest.approx(120 / 2000 / 0.5, rel=2e-3)
     released = mean.publish(epsilon=0.5)
     assert type(released) is torch.Tensor and released.dtype == torch.float32

@@ -62,6 +62,8 @@ async def sensitivity(
                 l2=o.l2,
                 lower=float(o.lower.min()) if o.lower.size else 0.0,
                 upper=float(o.upper.max()) if o.upper.size else 0.0,
+                rounding_l1=o.rounding_l1,
+                rounding_l2=o.rounding_l2,
             )
             for o in report.outputs
         ],
