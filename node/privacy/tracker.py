@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from node.engine import REGISTRY, Graph, Quotas, plan, run
+from node.engine import REGISTRY, Graph, Plan, Quotas, plan, run
 from node.engine.dtypes import dtype, from_numpy
 from node.engine.graph import Node, Ref
 from node.engine.prims import Call, Scalar, TensorMeta
@@ -289,17 +289,30 @@ def _specs_with_values(
     return out
 
 
+def _accurate(graph: Graph | Plan, quotas: Quotas | None) -> Plan:
+    """The plan a tracked evaluation runs: ``graph`` planned with ``accurate=True``, or a
+    plan made so already (a caller that planned to check quotas need not plan twice)."""
+    if not isinstance(graph, Plan):
+        return plan(graph, quotas, accurate=True)
+    if not all(c is None or c.accurate for c in graph.calls):
+        raise ValueError("tracking needs a plan made with plan(..., accurate=True)")
+    return graph
+
+
 def track(
-    graph: Graph, input_specs: Mapping[str, InputSpec], quotas: Quotas | None = None
+    graph: Graph | Plan, input_specs: Mapping[str, InputSpec], quotas: Quotas | None = None
 ) -> PrivacyReport:
     """Sensitivity of every output of ``graph``, without any data.
+
+    ``graph`` may be a plan from ``plan(graph, quotas, accurate=True)``; ``quotas`` are
+    then those it was made with.
 
     Raises:
         GraphError, QuotaExceededError: the graph itself is invalid or too big.
         PrivacyTrackingError: a prim without a privacy rule touches private data, an
             input lacks metadata, or an output's sensitivity is unbounded.
     """
-    p = plan(graph, quotas, accurate=True)
+    p = _accurate(graph, quotas)
     tracker = PrivacyTracker(input_specs)
     tracker.prepare(p.graph)
     states: list[State | None] = [None] * len(p.graph.nodes)
@@ -313,7 +326,7 @@ def track(
 
 
 def evaluate_tracked(
-    graph: Graph,
+    graph: Graph | Plan,
     inputs: Mapping[str, Array],
     input_specs: Mapping[str, InputSpec],
     quotas: Quotas | None = None,
@@ -323,12 +336,12 @@ def evaluate_tracked(
     """Evaluate ``graph`` and track its sensitivity in the same pass.
 
     Public inputs' values are handed to the tracker (they are public by declaration);
-    private ones never are.
+    private ones never are. ``graph`` may be a plan, as for :func:`track`.
 
     Raises:
         everything :func:`node.engine.run` and :func:`track` raise.
     """
-    p = plan(graph, quotas, accurate=True)
+    p = _accurate(graph, quotas)
     tracker = PrivacyTracker(_specs_with_values(p.graph, input_specs, inputs))
     tracker.prepare(p.graph)
     ev = run(p, inputs, rng=rng, trackers=[tracker])

@@ -36,6 +36,7 @@ from node.dp import gaussian, laplace
 from node.dp.mechanisms import Release, gaussian_scale, laplace_scale
 from node.engine import (
     Graph,
+    Plan,
     Quotas,
     WireLimits,
     content_hash,
@@ -129,14 +130,15 @@ def _resolve(
     return _Inputs(specs, values, sorted(dataset_ids))
 
 
-def _decode(context: NodeContext, actor: User, body: bytes) -> Graph:
+def _decode(context: NodeContext, actor: User, body: bytes) -> tuple[Graph, Plan]:
+    """The graph, and its plan for a tracked evaluation (the quotas checked on it)."""
     s = context.settings
     limits = WireLimits(max_frame_bytes=s.max_upload_bytes, max_nodes=s.max_graph_nodes)
     frame = context.structures.expand(actor.id, body)  # a reference to a header sent before
     graph = decode(frame, limits)
-    plan(graph, _quotas(context))
+    planned = plan(graph, _quotas(context), accurate=True)
     context.structures.remember(actor.id, frame)
-    return graph
+    return graph, planned
 
 
 def _quotas(context: NodeContext) -> Quotas:
@@ -156,9 +158,9 @@ def sensitivity(context: NodeContext, actor_id: int, frame: bytes) -> PrivacyRep
     """
     with context.read_sessions() as session:
         actor = users.active(session, actor_id)
-        graph = _decode(context, actor, frame)
+        graph, planned = _decode(context, actor, frame)
         inputs = _resolve(context, session, actor, graph, with_values=False)
-    return track(graph, inputs.specs, _quotas(context))
+    return track(planned, inputs.specs)
 
 
 def _float_at_most(x: Fraction) -> float:
@@ -212,9 +214,9 @@ def publish(
         budget.quantize_epsilon(request.epsilon)  # refuse a bad epsilon or delta before work
         if request.delta is not None:
             _check_delta(request.delta)
-        graph = _decode(context, actor, frame)
+        graph, planned = _decode(context, actor, frame)
         inputs = _resolve(context, session, actor, graph, with_values=True)
-    outputs, report = evaluate_tracked(graph, inputs.values, inputs.specs, _quotas(context))
+    outputs, report = evaluate_tracked(planned, inputs.values, inputs.specs)
     release, cost = _noise(report.clip(outputs), report, request)
     cost = Cost(
         cost.mechanism,

@@ -137,3 +137,22 @@ def test_float32_sigmoid_of_wide_logits_stays_bounded() -> None:
     assert rows.lower.min() > 0 and rows.upper.max() < 1 + 1e-6
     assert mean.exact_l1 == pytest.approx(1 / 1000, rel=1e-3)
     assert mean.rounding_l1 < 1e-3 * mean.exact_l1
+
+
+def test_tracking_takes_an_accurate_plan_and_refuses_a_plain_one() -> None:
+    # a publish plans once (to check quotas) and tracks on that plan; the rounding bounds
+    # hold only for float64 accumulation, so a plan of the plain engine is refused
+    b = GraphBuilder()
+    x = b.input("x", "float32", (5000,))
+    graph = b.build([b.op("mean", x)])
+    specs = {"x": InputSpec.private(0.0, 1.0)}
+    data = {"x": np.random.default_rng(3).uniform(0, 1, 5000).astype(np.float32)}
+    planned = plan(graph, accurate=True)
+    assert track(planned, specs).l1 == track(graph, specs).l1 > 1 / 5000
+    assert (
+        evaluate_tracked(planned, data, specs)[0][0] == evaluate_tracked(graph, data, specs)[0][0]
+    )
+    with pytest.raises(ValueError, match="accurate=True"):
+        track(plan(graph), specs)
+    with pytest.raises(ValueError, match="accurate=True"):
+        evaluate_tracked(plan(graph), data, specs)
