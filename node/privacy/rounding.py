@@ -261,8 +261,7 @@ def _own(c: Ctx, args: Sequence[State | None], lo: Array, hi: Array) -> Array | 
     mag = _magnitude(lo, hi)
     if _exact_integers(c, args, mag):
         return None
-    u = _relative(c, args)
-    tiny = _TINY[out.name]
+    u, tiny = _relative(c)
     if op in STEPS:
         step = STEPS[op]
         if step == 0.0:
@@ -273,7 +272,7 @@ def _own(c: Ctx, args: Sequence[State | None], lo: Array, hi: Array) -> Array | 
         assert src is not None
         if src.dtype.name == out.name or (src.dtype.name, out.name) in _WIDENING:
             return None
-        e = unit(out) * mag + tiny
+        e = u * mag + tiny
         if not src.dtype.is_float:  # integers convert exactly up to 2**p
             e = np.where(mag <= _EXACT_INT[out.name], 0.0, e)
         return np.asarray(e)
@@ -288,20 +287,22 @@ def _own(c: Ctx, args: Sequence[State | None], lo: Array, hi: Array) -> Array | 
     raise AssertionError(f"prim {op!r} has a privacy rule but no rounding class")
 
 
-def _relative(c: Ctx, args: Sequence[State | None]) -> float:
-    """``k`` with ``|computed - exact| <= k |exact| + tiny`` for a prim rounded once or
-    within ``LIBM_ULPS`` (the rounding in the operation dtype, then to the result dtype);
-    nan for a prim whose error is not relative to its own result (sums, clipping)."""
+def _relative(c: Ctx) -> tuple[float, float]:
+    """``(k, t)`` with ``|computed - exact| <= k |exact| + t`` for a prim rounded once or
+    within ``LIBM_ULPS`` (in the operation dtype, then rounded to the result dtype; ``t``
+    for results in the subnormal range, where an ulp is absolute); ``k`` is nan for a
+    prim whose error is not relative to its own result (sums, clipping)."""
     out = c.meta.dtype
     op = c.node.op
+    tiny = _TINY.get(out.name, 0.0)
     if op == "convert_element_type":
-        return unit(out)
+        return unit(out), tiny
     a, b = unit(opmath(out)), unit(out)
     if op in ONCE or op in STEPS:
-        return a + b + a * b
+        return a + b + a * b, tiny
     if op in LIBM:
-        return LIBM_ULPS * 2 * (a + b + a * b)
-    return math.nan
+        return LIBM_ULPS * 2 * (a + b + a * b), LIBM_ULPS * tiny
+    return math.nan, tiny
 
 
 def integral(s: State | None) -> bool:
@@ -388,11 +389,11 @@ def apply(c: Ctx, rule: Rule) -> State:
     # its own magnitude (``1 + exp(-z)`` stays >= 1 - u however large it can be)
     if own is None:
         zlo = zhi = np.zeros(())
-    elif math.isnan(k := _relative(c, args)):
+    elif math.isnan((rel := _relative(c))[0]):
         zlo = zhi = own
     else:
-        tiny = _TINY[c.meta.dtype.name]
-        zlo, zhi = k * np.abs(base_lo) + tiny, k * np.abs(base_hi) + tiny
+        k, t = rel
+        zlo, zhi = k * np.abs(base_lo) + t, k * np.abs(base_hi) + t
     with np.errstate(invalid="ignore"):
         clo = np.maximum(base_lo - zlo, s.lo - e)
         chi = np.minimum(base_hi + zhi, s.hi + e)
