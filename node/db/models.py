@@ -175,6 +175,25 @@ class LedgerEntry(Base):
     policy_revision: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
+class LedgerTotal(Base):
+    """Every ledger row of one user, summed: kept by a database trigger on each ledger INSERT.
+
+    The trigger adds each row in the transaction that inserts it, and the ledger is
+    append-only, so a user's total always equals the sum of their rows (a user without rows
+    has none). A budget check reads it instead of summing the rows when it needs all of them
+    (a policy without renewal): one row whatever the ledger's length.
+    """
+
+    __tablename__ = "ledger_totals"
+
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), primary_key=True)
+    epsilon_units: Mapped[int] = mapped_column(BigInteger)
+    rho_units: Mapped[int] = mapped_column(BigInteger)
+    tv_units: Mapped[int] = mapped_column(BigInteger)
+    #: The newest ``at`` of the user's rows.
+    newest_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 class LedgerEntryDataset(Base):
     """Which datasets a ledger row read, one row per dataset, for dataset caps (append-only).
 

@@ -19,9 +19,11 @@ every dataset the release reads, in id order, so that a dataset's cap across all
 holds under concurrency. A result may leave the node only after that commit.
 
 That transaction is on every publish's path, so it reads the ledger as a few sums with
-statements built once, writes its three rows (ledger, datasets read, audit) as plain
-INSERTs, and derives the budget after the charge from the sums it read plus the new row
-instead of reading them again (tests/node/test_budget_after.py checks they agree).
+statements built once (all of a user's rows, under a policy without renewal, as the one-row
+total the database keeps: ``node.db.models.LedgerTotal``), writes its three rows (ledger,
+datasets read, audit) as plain INSERTs, and derives the budget after the charge from the
+sums it read plus the new row instead of reading them again (tests/node/test_budget_after.py
+checks they agree).
 """
 
 from __future__ import annotations
@@ -39,7 +41,15 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import policies
 from node.db.base import utcnow
-from node.db.models import BudgetGrant, Dataset, LedgerEntry, LedgerEntryDataset, Role, User
+from node.db.models import (
+    BudgetGrant,
+    Dataset,
+    LedgerEntry,
+    LedgerEntryDataset,
+    LedgerTotal,
+    Role,
+    User,
+)
 from node.errors import (
     ApprovalRequiredError,
     BudgetExceededError,
@@ -251,6 +261,11 @@ _SUMS = (
 )
 _MINE = select(*_SUMS).where(_LEDGER.c.user_id == bindparam("user_id"))
 _MINE_SINCE = _MINE.where(_LEDGER.c.at >= bindparam("since"))
+_TOTALS = LedgerTotal.__table__
+#: The same as ``_MINE``, kept up to date by the database (see ``node.db.models.LedgerTotal``).
+_TOTAL = select(
+    _TOTALS.c.epsilon_units, _TOTALS.c.rho_units, _TOTALS.c.tv_units, _TOTALS.c.newest_at
+).where(_TOTALS.c.user_id == bindparam("user_id"))
 _USERS = User.__table__
 #: The account as a charge needs it (a plain row: no ORM object is built).
 _USER = select(_USERS.c.id, _USERS.c.email, _USERS.c.role).where(
@@ -335,7 +350,9 @@ def _load(
     and for each capped dataset everyone's rows on it in the cap's window except those
     passed one by one (counted against the dataset, user 0: nobody). A sum's deviation is
     converted once, rounded up, as the node's filter always did. Decisions on these equal
-    decisions on the whole ledger (tests/node/test_budget_scope.py).
+    decisions on the whole ledger (tests/node/test_budget_scope.py). All the user's rows (no
+    renewal, none passed one by one) are read as their total, which the database keeps equal
+    to their sum (tests/node/test_ledger_totals.py).
     """
 
     def charge(
@@ -388,11 +405,20 @@ def _load(
             extra = count - len(recent)  # in the window, summed below: counted by markers
             if recent:
                 extra_at = recent[-1].at
-    rest = _MINE if since is None else _MINE_SINCE
-    if listed:
-        rest = rest.where(_LEDGER.c.id.not_in(listed))
-    row = session.connection().execute(rest, {"user_id": user_id, "since": since}).one()
-    mine = (int(row[0]), int(row[1]), int(row[2]), row[3])
+    connection = session.connection()
+    if since is None and not listed:  # all the user's rows: their total, one row
+        total = connection.execute(_TOTAL, {"user_id": user_id}).first()
+        mine = (
+            (0, 0, 0, None)
+            if total is None
+            else (int(total[0]), int(total[1]), int(total[2]), total[3])
+        )
+    else:
+        rest = _MINE if since is None else _MINE_SINCE
+        if listed:
+            rest = rest.where(_LEDGER.c.id.not_in(listed))
+        row = connection.execute(rest, {"user_id": user_id, "since": since}).one()
+        mine = (int(row[0]), int(row[1]), int(row[2]), row[3])
     newest_at = mine[3]
     if newest_at is not None:
         found.append(charge(newest_at, user_id, (), *mine[:3]))

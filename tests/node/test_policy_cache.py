@@ -91,7 +91,7 @@ def test_two_databases_with_a_revision_1_each_are_decided_by_their_own(
     """Revision ids repeat across databases (two nodes in one process, as in these tests):
     the parsed policy is kept by id and content, so neither decides for the other."""
     other_settings = context.settings.model_copy(
-        update={"data_dir": tmp_path / "other", "database_url": None}
+        update={"data_dir": tmp_path / "other", "database_url": ""}
     )
     other_settings.data_dir.mkdir()
     upgrade(other_settings.resolved_database_url)
