@@ -4,7 +4,7 @@
 
 For each graph: ``evaluate`` on random data (the computation itself), ``track`` without
 data (the free sensitivity query) and ``evaluate_tracked`` (both in one pass, what a
-publish runs), best of ``--repeat``. The ratio is ``evaluate_tracked / evaluate``: what
+publish runs, with the engine's accurate float64 accumulation), best of ``--repeat``. The ratio is ``evaluate_tracked / evaluate``: what
 tracking costs on top of computing. Quoted in ``docs/sensitivity.md``.
 """
 
