@@ -13,6 +13,7 @@ travels with the graph as raw bytes).
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
@@ -115,15 +116,24 @@ def _check_shape(where: str, shape: Any) -> tuple[int, ...]:
     return shape
 
 
+#: graphs :func:`validate_structure` returned, by id, weakly: a graph is immutable, so one
+#: decoded, planned and hashed is validated once, not three times
+_VALID: dict[int, weakref.ref[Graph]] = {}
+
+
 def validate_structure(graph: Graph) -> Graph:
     """Check everything that needs no shape inference, returning a normalised graph.
 
     Known prims and versions, argument counts and kinds, references to earlier
-    nodes only, attribute schemas, input/constant declarations, outputs.
+    nodes only, attribute schemas, input/constant declarations, outputs. A graph this
+    function returned is returned as it is.
 
     Raises:
         GraphError: naming the node, the prim and the offending argument.
     """
+    seen = _VALID.get(id(graph))
+    if seen is not None and seen() is graph:
+        return graph
     if graph.version != PRIM_VERSION:
         raise GraphError(
             f"graph uses prim vocabulary version {graph.version!r}; "
@@ -205,7 +215,11 @@ def validate_structure(graph: Graph) -> Graph:
     for o in graph.outputs:
         if not isinstance(o, int) or not 0 <= o < len(nodes):
             raise GraphError(f"output refers to node {o!r}, which does not exist")
-    return Graph(tuple(nodes), tuple(graph.outputs), graph.version)
+    valid = Graph(tuple(nodes), tuple(graph.outputs), graph.version)
+    if len(_VALID) >= 4096:
+        _VALID.clear()
+    _VALID[id(valid)] = weakref.ref(valid)
+    return valid
 
 
 def _check_scalar(where: str, v: Any) -> None:

@@ -85,6 +85,10 @@ def fit(a: npt.ArrayLike, shape: Sequence[int]) -> Array:
                 break
         else:  # already fitted (the common case): no broadcast view to build and slice
             return a
+    elif np.ndim(a) == 0 and 0 not in shape:  # a scalar: one element in every axis
+        one = np.asarray(a).reshape((1,) * len(shape))
+        one.flags.writeable = False
+        return one
     b = np.broadcast_to(np.asarray(a), tuple(shape))
     idx = tuple(
         slice(0, 1) if (n > 1 and st == 0) else slice(None)

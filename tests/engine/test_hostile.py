@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from node.engine import GraphBuilder, Quotas, WireLimits, decode, encode, evaluate, infer, plan
-from node.engine.graph import Graph, Node, Ref
+from node.engine.graph import Graph, Node, Ref, validate_structure
 from node.engine.prims.registry import Scalar
 from node.engine.wire import MAGIC
 from node.errors import GraphError, PayloadTooLargeError, QuotaExceededError, UnsupportedDTypeError
@@ -65,6 +65,18 @@ def test_dangling_reference_and_output() -> None:
         infer(g)
     with pytest.raises(GraphError, match="output refers to node 7"):
         infer(Graph(_small().nodes, (7,)))
+
+
+def test_validation_is_remembered_only_for_the_graph_it_returned() -> None:
+    # a publish decodes, plans and hashes one graph: validated once; a graph made from a
+    # validated one's parts is still checked
+    g = decode(encode(_small()), WireLimits())
+    assert validate_structure(g) is g
+    with pytest.raises(GraphError, match="output refers to node 7"):
+        validate_structure(Graph(g.nodes, (7,)))
+    bad = Graph((*g.nodes, Node("neg", (Ref(99),))), (len(g.nodes),))
+    with pytest.raises(GraphError, match=r"refers to node 99"):
+        plan(bad)
 
 
 def test_huge_shape_refused_before_allocation() -> None:
