@@ -4,8 +4,9 @@
 
 For each graph: ``evaluate`` on random data (the computation itself), ``track`` without
 data (the free sensitivity query) and ``evaluate_tracked`` (both in one pass, what a
-publish runs, with the engine's accurate float64 accumulation), best of ``--repeat``. The ratio is ``evaluate_tracked / evaluate``: what
-tracking costs on top of computing. Quoted in ``docs/sensitivity.md``.
+publish runs, with the engine's accurate float64 accumulation), best of ``--repeat``.
+The ratio is ``evaluate_tracked / evaluate``: what tracking costs on top of computing.
+Quoted in ``docs/sensitivity.md``.
 """
 
 from __future__ import annotations
