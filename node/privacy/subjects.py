@@ -53,9 +53,9 @@ V = TypeVar("V")
 _REGISTRY: weakref.WeakValueDictionary[int, Subjects] = weakref.WeakValueDictionary()
 _LOCK = threading.Lock()
 _DISABLED = threading.local()
-#: owners recognised lately, by id (a state's owner is asked about many times per prim);
-#: weak, so the cache keeps no array alive
-_FOUND: dict[int, tuple[weakref.ref[Any], tuple[int, ...], Rows]] = {}
+#: owners recognised lately, by id (a state's owner is asked about many times per prim):
+#: the owner, its shape, its subjects and axis; weak, so it keeps no array alive
+_FOUND: dict[int, tuple[weakref.ref[Any], tuple[int, ...], weakref.ref[Subjects], int]] = {}
 
 
 @dataclass(frozen=True, eq=False)
@@ -248,7 +248,9 @@ def rows_of(owner: Array, shape: Sequence[int]) -> Rows | None:
         return None
     seen = _FOUND.get(id(owner))
     if seen is not None and seen[0]() is owner and seen[1] == shape:
-        return seen[2]
+        subjects = seen[2]()
+        if subjects is not None:
+            return Rows(subjects, seen[3])
     if math.prod(shape) == 0:
         return None
     base: Any = owner
@@ -278,11 +280,10 @@ def rows_of(owner: Array, shape: Sequence[int]) -> Rows | None:
         axis = d
     if axis is None:  # a one-row column: the general path is cheap
         return None
-    rows = Rows(found, axis)
     if len(_FOUND) >= 1024:
         _FOUND.clear()
-    _FOUND[id(owner)] = (weakref.ref(owner), shape, rows)
-    return rows
+    _FOUND[id(owner)] = (weakref.ref(owner), shape, weakref.ref(found), axis)
+    return Rows(found, axis)
 
 
 #: Arrays of distinct ids (a table's root ids): id of the array -> weak reference to it.
