@@ -13,7 +13,6 @@ travels with the graph as raw bytes).
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
@@ -22,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from node.engine.dtypes import dtype, from_numpy
+from node.engine.identity import ByIdentity
 from node.engine.prims import PRIM_VERSION, REGISTRY
 from node.engine.prims.registry import AttrSpec, AttrValue, Scalar
 from node.errors import GraphError
@@ -116,9 +116,9 @@ def _check_shape(where: str, shape: Any) -> tuple[int, ...]:
     return shape
 
 
-#: graphs :func:`validate_structure` returned, by id, weakly: a graph is immutable, so one
-#: decoded, planned and hashed is validated once, not three times
-_VALID: dict[int, weakref.ref[Graph]] = {}
+#: graphs :func:`validate_structure` returned: a graph is immutable, so one decoded,
+#: planned and hashed is validated once, not three times
+_VALID: ByIdentity[bool] = ByIdentity()
 
 
 def validate_structure(graph: Graph) -> Graph:
@@ -131,8 +131,7 @@ def validate_structure(graph: Graph) -> Graph:
     Raises:
         GraphError: naming the node, the prim and the offending argument.
     """
-    seen = _VALID.get(id(graph))
-    if seen is not None and seen() is graph:
+    if _VALID.get(graph):
         return graph
     if graph.version != PRIM_VERSION:
         raise GraphError(
@@ -216,9 +215,7 @@ def validate_structure(graph: Graph) -> Graph:
         if not isinstance(o, int) or not 0 <= o < len(nodes):
             raise GraphError(f"output refers to node {o!r}, which does not exist")
     valid = Graph(tuple(nodes), tuple(graph.outputs), graph.version)
-    if len(_VALID) >= 4096:
-        _VALID.clear()
-    _VALID[id(valid)] = weakref.ref(valid)
+    _VALID.put(valid, True)
     return valid
 
 

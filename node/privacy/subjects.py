@@ -32,6 +32,8 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from node.engine.identity import ByIdentity
+
 __all__ = [
     "KeptByBytes",
     "Rows",
@@ -53,9 +55,9 @@ V = TypeVar("V")
 _REGISTRY: weakref.WeakValueDictionary[int, Subjects] = weakref.WeakValueDictionary()
 _LOCK = threading.Lock()
 _DISABLED = threading.local()
-#: owners recognised lately, by id (a state's owner is asked about many times per prim):
-#: the owner, its shape, its subjects and axis; weak, so it keeps no array alive
-_FOUND: dict[int, tuple[weakref.ref[Any], tuple[int, ...], weakref.ref[Subjects], int]] = {}
+#: owners recognised as subject columns (a state's owner is asked about many times per
+#: prim): the shape asked about, the subjects (weakly) and the axis
+_FOUND: ByIdentity[tuple[tuple[int, ...], weakref.ReferenceType[Subjects], int]] = ByIdentity()
 
 
 @dataclass(frozen=True, eq=False)
@@ -246,11 +248,11 @@ def rows_of(owner: Array, shape: Sequence[int]) -> Rows | None:
     shape = tuple(shape)
     if owner.ndim != len(shape) or owner.size <= 1:  # a one-element owner is no column
         return None
-    seen = _FOUND.get(id(owner))
-    if seen is not None and seen[0]() is owner and seen[1] == shape:
-        subjects = seen[2]()
+    seen = _FOUND.get(owner)
+    if seen is not None and seen[0] == shape:
+        subjects = seen[1]()
         if subjects is not None:
-            return Rows(subjects, seen[3])
+            return Rows(subjects, seen[2])
     if math.prod(shape) == 0:
         return None
     base: Any = owner
@@ -280,14 +282,12 @@ def rows_of(owner: Array, shape: Sequence[int]) -> Rows | None:
         axis = d
     if axis is None:  # a one-row column: the general path is cheap
         return None
-    if len(_FOUND) >= 1024:
-        _FOUND.clear()
-    _FOUND[id(owner)] = (weakref.ref(owner), shape, weakref.ref(found), axis)
+    _FOUND.put(owner, (shape, weakref.ref(found), axis))
     return Rows(found, axis)
 
 
 #: Arrays of distinct ids (a table's root ids): id of the array -> weak reference to it.
-_DISTINCT: dict[int, weakref.ReferenceType[Array]] = {}
+_DISTINCT: ByIdentity[bool] = ByIdentity()
 
 
 def register_distinct(ids: Array) -> Array:
@@ -296,16 +296,7 @@ def register_distinct(ids: Array) -> Array:
     if not ids.flags.c_contiguous:
         raise ValueError("distinct ids must be C-contiguous")
     ids.setflags(write=False)
-    key = id(ids)
-
-    def drop(ref: weakref.ReferenceType[Array], key: int = key) -> None:
-        # no lock: this may run in a garbage collection inside a locked section; losing a
-        # newer entry of a reused id only sends that array down the general path
-        if _DISTINCT.get(key) is ref:
-            _DISTINCT.pop(key, None)
-
-    with _LOCK:
-        _DISTINCT[key] = weakref.ref(ids, drop)
+    _DISTINCT.put(ids, True)
     return ids
 
 
@@ -314,8 +305,7 @@ def _distinct_base(a: Array) -> Array | None:
         return None
     base: Any = a
     while isinstance(base, np.ndarray):
-        ref = _DISTINCT.get(id(base))
-        if ref is not None and ref() is base:
+        if _DISTINCT.get(base):
             return base
         base = base.base
     return None
