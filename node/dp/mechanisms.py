@@ -33,7 +33,17 @@ from node.dp import grid, samplers
 from node.dp.accounting import Charge, calibrate_rho
 from node.errors import InvalidRequestError
 
-__all__ = ["Release", "gaussian", "gaussian_scale", "laplace", "laplace_scale"]
+__all__ = [
+    "NoisePlan",
+    "Release",
+    "apply_noise",
+    "gaussian",
+    "gaussian_scale",
+    "laplace",
+    "laplace_scale",
+    "plan_gaussian",
+    "plan_laplace",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,19 +129,156 @@ def _sqrt_at_least(n: int) -> Fraction:
     return Fraction(f)
 
 
-def _noised(
-    values: npt.NDArray[np.float64],
-    k: int,
-    plan: samplers.LaplacePlan | samplers.GaussianPlan,
-    source: samplers.Source,
-) -> npt.NDArray[np.float64]:
-    if plan.max_abs >= 1 << 53:  # the planners keep scales far below this
-        raise AssertionError("noise would not be exact in float64")
-    indices = grid.round_to_grid(values.reshape(-1), k)
-    noise = samplers.sample(plan, indices.size, source=source)
-    # Exact integers in float64: the sum is the correctly rounded exact integer sum.
-    indices += noise.astype(np.float64)
-    return grid.to_values(indices, k).reshape(values.shape)
+@dataclass(frozen=True, eq=False)
+class NoisePlan:
+    """Everything about a release that is decided before any value is seen.
+
+    Made by :func:`plan_laplace` or :func:`plan_gaussian` from the sensitivity, the privacy
+    parameters and the number of values only, so that what a release costs (``epsilon``,
+    ``rho``, ``sampler_tv``) and whether it is possible at all are settled from public
+    metadata; :func:`apply_noise` then noises the values.
+
+    Attributes:
+        mechanism: ``"laplace"`` or ``"gaussian"``.
+        count: number of values the plan noises.
+        grid_exponent: ``k``, or ``None`` when no noise is needed (sensitivity 0 or no values).
+        scale, sensitivity, epsilon, rho, sampler_tv: as in :class:`Release`.
+        sampler: the sampler's plan (``None`` without noise).
+    """
+
+    mechanism: Literal["laplace", "gaussian"]
+    count: int
+    grid_exponent: int | None
+    scale: float
+    sensitivity: float
+    epsilon: float
+    rho: float
+    sampler_tv: float
+    sampler: samplers.LaplacePlan | samplers.GaussianPlan | None
+
+    def fits_grid(self, largest: float) -> bool:
+        """Whether values of magnitude up to ``largest`` have grid indices a double holds."""
+        if self.grid_exponent is None:
+            return math.isfinite(largest)
+        with np.errstate(over="ignore"):
+            index = float(np.ldexp(largest, -self.grid_exponent))
+        return math.isfinite(index) and index < 2.0**1000
+
+
+def apply_noise(
+    values: npt.ArrayLike, plan: NoisePlan, *, source: samplers.Source = "pcg"
+) -> Release:
+    """Noise ``values`` as ``plan`` says: the data-dependent half of a release.
+
+    Without noise (``plan.grid_exponent is None``) the values are returned as they are,
+    with ``-0.0`` as ``0.0``.
+
+    Raises:
+        InvalidRequestError: ``values`` is not numeric or has another count than the plan.
+        EvaluationError: a value is NaN, infinite, or too large for the grid (a caller
+            that must not fail on values clips them to public bounds first).
+    """
+    x = _as_values(values)
+    if x.size != plan.count:
+        raise InvalidRequestError(f"the plan noises {plan.count} values, got {x.size}")
+    if plan.sampler is None or plan.grid_exponent is None:
+        grid.round_to_grid(x.reshape(-1), 0)  # refuse NaN/inf all the same
+        noised = x + 0.0  # -0.0 + 0.0 == +0.0: the sign of a zero is not released
+    else:
+        k = plan.grid_exponent
+        if plan.sampler.max_abs >= 1 << 53:  # the planners keep scales far below this
+            raise AssertionError("noise would not be exact in float64")
+        indices = grid.round_to_grid(x.reshape(-1), k)
+        noise = samplers.sample(plan.sampler, indices.size, source=source)
+        # Exact integers in float64: the sum is the correctly rounded exact integer sum.
+        indices += noise.astype(np.float64)
+        noised = grid.to_values(indices, k).reshape(x.shape)
+    return Release(
+        values=noised,
+        mechanism=plan.mechanism,
+        grid_exponent=plan.grid_exponent,
+        scale=plan.scale,
+        sensitivity=plan.sensitivity,
+        epsilon=plan.epsilon,
+        rho=plan.rho,
+        sampler_tv=plan.sampler_tv,
+    )
+
+
+def plan_laplace(*, sensitivity_l1: float, epsilon: float, count: int) -> NoisePlan:
+    """Plan discrete Laplace noise on a 2^k grid for ``count`` values: epsilon-DP.
+
+    Args:
+        sensitivity_l1: L1 sensitivity of the values over neighbouring datasets.
+        epsilon: privacy parameter, finite and > 0.
+        count: number of values released (>= 0).
+
+    Raises:
+        InvalidRequestError: on a bad epsilon or sensitivity, or an epsilon so small that
+            the noise would exceed 2^44 grid steps (``n / epsilon`` alone).
+
+    >>> p = plan_laplace(sensitivity_l1=1.0, epsilon=1.0, count=2)
+    >>> p.grid_exponent, p.scale, p.epsilon
+    (-11, 1.0009765625, 1.0)
+    """
+    eps = _positive("epsilon", epsilon)
+    sens = _sensitivity("sensitivity_l1", sensitivity_l1)
+    if sens == 0 or count <= 0:
+        return NoisePlan("laplace", max(count, 0), None, 0.0, 0.0, eps, 0.0, 0.0, None)
+    k, t, d_int = _laplace_grid(sens, eps, count)
+    sampler = samplers.laplace_plan(t)
+    return NoisePlan(
+        mechanism="laplace",
+        count=count,
+        grid_exponent=k,
+        scale=math.ldexp(t, k),
+        sensitivity=math.ldexp(float(d_int), k),
+        epsilon=eps,
+        rho=0.0,
+        sampler_tv=count * sampler.tv_bound,
+        sampler=sampler,
+    )
+
+
+def plan_gaussian(
+    *,
+    sensitivity_l2: float,
+    count: int,
+    rho: float | None = None,
+    epsilon: float | None = None,
+    delta: float | None = None,
+) -> NoisePlan:
+    """Plan discrete Gaussian noise on a 2^k grid for ``count`` values: rho-zCDP.
+
+    Give either ``rho`` or both ``epsilon`` and ``delta``; the latter is calibrated to the
+    largest rho whose zCDP guarantee implies (epsilon, delta)-DP (CKS 2020, Corollary 13), and
+    the release charges that rho.
+
+    Raises:
+        InvalidRequestError: on bad or inconsistent privacy parameters or sensitivity, or a rho
+            so small that the noise would exceed 2^44 grid steps (``sqrt(n / 2 rho)`` alone).
+
+    >>> p = plan_gaussian(sensitivity_l2=2.0, count=4, rho=0.5)
+    >>> p.grid_exponent, p.rho, p.scale > 2.0
+    (-10, 0.5, True)
+    """
+    target = _gaussian_rho(rho, epsilon, delta)
+    sens = _sensitivity("sensitivity_l2", sensitivity_l2)
+    if sens == 0 or count <= 0:
+        return NoisePlan("gaussian", max(count, 0), None, 0.0, 0.0, 0.0, target, 0.0, None)
+    k, s, d2 = _gaussian_grid(sens, target, count)
+    sampler = samplers.gaussian_plan(s)
+    return NoisePlan(
+        mechanism="gaussian",
+        count=count,
+        grid_exponent=k,
+        scale=math.ldexp(s, k),
+        sensitivity=math.ldexp(d2, k),
+        epsilon=0.0,
+        rho=target,
+        sampler_tv=count * sampler.tv_bound,
+        sampler=sampler,
+    )
 
 
 def laplace(
@@ -143,41 +290,19 @@ def laplace(
 ) -> Release:
     """Release ``values`` with discrete Laplace noise on a 2^k grid: epsilon-DP.
 
-    Args:
-        values: the exact result (any shape), converted to float64.
-        sensitivity_l1: L1 sensitivity of ``values`` over neighbouring datasets.
-        epsilon: privacy parameter, finite and > 0.
-        source: randomness source (see :func:`node.dp.samplers.word_source`).
+    :func:`plan_laplace` for the values' count, then :func:`apply_noise`.
 
     Raises:
-        InvalidRequestError: on a bad epsilon or sensitivity, non-numeric values, or an epsilon
-            so small that the noise would exceed 2^44 grid steps (``n / epsilon`` alone).
+        InvalidRequestError: as :func:`plan_laplace`, or non-numeric values.
         EvaluationError: if a value is NaN, infinite, or too large for the grid.
 
     >>> r = laplace([10.0, 20.0], sensitivity_l1=1.0, epsilon=1.0)
     >>> r.grid_exponent, r.scale, r.epsilon
     (-11, 1.0009765625, 1.0)
     """
-    eps = _positive("epsilon", epsilon)
-    sens = _sensitivity("sensitivity_l1", sensitivity_l1)
     x = _as_values(values)
-    n = x.size
-    if sens == 0 or n == 0:
-        grid.round_to_grid(x.reshape(-1), 0)  # refuse NaN/inf all the same
-        return Release(x, "laplace", None, 0.0, 0.0, eps, 0.0, 0.0)
-    k, t, d_int = _laplace_grid(sens, eps, n)
-    plan = samplers.laplace_plan(t)
-    noised = _noised(x, k, plan, source)
-    return Release(
-        values=noised,
-        mechanism="laplace",
-        grid_exponent=k,
-        scale=math.ldexp(t, k),
-        sensitivity=math.ldexp(float(d_int), k),
-        epsilon=eps,
-        rho=0.0,
-        sampler_tv=n * plan.tv_bound,
-    )
+    plan = plan_laplace(sensitivity_l1=sensitivity_l1, epsilon=epsilon, count=x.size)
+    return apply_noise(x, plan, source=source)
 
 
 def gaussian(
@@ -191,47 +316,21 @@ def gaussian(
 ) -> Release:
     """Release ``values`` with discrete Gaussian noise on a 2^k grid: rho-zCDP.
 
-    Give either ``rho`` or both ``epsilon`` and ``delta``; the latter is calibrated to the
-    largest rho whose zCDP guarantee implies (epsilon, delta)-DP (CKS 2020, Corollary 13), and
-    the release charges that rho.
-
-    Args:
-        values: the exact result (any shape), converted to float64.
-        sensitivity_l2: L2 sensitivity of ``values`` over neighbouring datasets.
-        rho: zCDP parameter, finite and > 0.
-        epsilon: target epsilon, finite and > 0 (with ``delta``).
-        delta: target delta, in (0, 1) (with ``epsilon``).
-        source: randomness source (see :func:`node.dp.samplers.word_source`).
+    :func:`plan_gaussian` for the values' count, then :func:`apply_noise`.
 
     Raises:
-        InvalidRequestError: on bad or inconsistent privacy parameters or sensitivity, or a rho
-            so small that the noise would exceed 2^44 grid steps (``sqrt(n / 2 rho)`` alone).
+        InvalidRequestError: as :func:`plan_gaussian`, or non-numeric values.
         EvaluationError: if a value is NaN, infinite, or too large for the grid.
 
     >>> r = gaussian([1.0, 2.0, 3.0, 4.0], sensitivity_l2=2.0, rho=0.5)
     >>> r.grid_exponent, r.rho, r.scale > 2.0
     (-10, 0.5, True)
     """
-    target = _gaussian_rho(rho, epsilon, delta)
-    sens = _sensitivity("sensitivity_l2", sensitivity_l2)
     x = _as_values(values)
-    n = x.size
-    if sens == 0 or n == 0:
-        grid.round_to_grid(x.reshape(-1), 0)
-        return Release(x, "gaussian", None, 0.0, 0.0, 0.0, target, 0.0)
-    k, s, d2 = _gaussian_grid(sens, target, n)
-    plan = samplers.gaussian_plan(s)
-    noised = _noised(x, k, plan, source)
-    return Release(
-        values=noised,
-        mechanism="gaussian",
-        grid_exponent=k,
-        scale=math.ldexp(s, k),
-        sensitivity=math.ldexp(d2, k),
-        epsilon=0.0,
-        rho=target,
-        sampler_tv=n * plan.tv_bound,
+    plan = plan_gaussian(
+        sensitivity_l2=sensitivity_l2, count=x.size, rho=rho, epsilon=epsilon, delta=delta
     )
+    return apply_noise(x, plan, source=source)
 
 
 def _laplace_grid(sens: float, eps: float, n: int) -> tuple[int, float, int]:
@@ -272,23 +371,13 @@ def laplace_scale(*, sensitivity_l1: float, epsilon: float, count: int) -> float
 
     Includes the grid's inflation of the sensitivity, so it is exactly ``Release.scale``.
 
-    Args:
-        sensitivity_l1: L1 sensitivity of the ``count`` values.
-        epsilon: privacy parameter, finite and > 0.
-        count: number of values released.
-
     Raises:
-        InvalidRequestError: as :func:`laplace`.
+        InvalidRequestError: as :func:`plan_laplace`.
 
     >>> laplace_scale(sensitivity_l1=1.0, epsilon=1.0, count=2)
     1.0009765625
     """
-    eps = _positive("epsilon", epsilon)
-    sens = _sensitivity("sensitivity_l1", sensitivity_l1)
-    if sens == 0 or count <= 0:
-        return 0.0
-    k, t, _ = _laplace_grid(sens, eps, count)
-    return math.ldexp(t, k)
+    return plan_laplace(sensitivity_l1=sensitivity_l1, epsilon=epsilon, count=count).scale
 
 
 def gaussian_scale(
@@ -303,25 +392,16 @@ def gaussian_scale(
 
     Includes the grid's inflation of the sensitivity, so it is exactly ``Release.scale``.
 
-    Args:
-        sensitivity_l2: L2 sensitivity of the ``count`` values.
-        count: number of values released.
-        rho: zCDP parameter; or ``epsilon`` and ``delta``, as for :func:`gaussian`.
-        epsilon: target epsilon (with ``delta``).
-        delta: target delta (with ``epsilon``).
-
     Raises:
-        InvalidRequestError: as :func:`gaussian`.
+        InvalidRequestError: as :func:`plan_gaussian`.
 
     >>> round(gaussian_scale(sensitivity_l2=1.0, count=1, rho=0.5), 4)
     1.001
     """
-    target = _gaussian_rho(rho, epsilon, delta)
-    sens = _sensitivity("sensitivity_l2", sensitivity_l2)
-    if sens == 0 or count <= 0:
-        return 0.0
-    k, s, _ = _gaussian_grid(sens, target, count)
-    return math.ldexp(s, k)
+    plan = plan_gaussian(
+        sensitivity_l2=sensitivity_l2, count=count, rho=rho, epsilon=epsilon, delta=delta
+    )
+    return plan.scale
 
 
 def _too_small(name: str, value: float, n: int) -> str:

@@ -80,8 +80,10 @@ class Evaluation:
 def plan(graph: Graph, quotas: Quotas | None = None, *, accurate: bool = False) -> Plan:
     """Validate ``graph`` and infer every node's shape and dtype, without data.
 
-    ``accurate``: float sums, means and matrix products accumulate in float64 whatever
-    the dtype (torch accumulates float32 in float32); the result keeps torch's dtype.
+    ``accurate``: the plan of a computation on private data. Float sums, means and matrix
+    products accumulate in float64 whatever the dtype (torch accumulates float32 in
+    float32; the result keeps torch's dtype), and kernels are total: no value makes one
+    fail (:attr:`Call.total`), so an evaluation's outcome never depends on the data.
 
     Raises:
         GraphError: the graph is malformed, names the node, prim and argument.
@@ -105,7 +107,7 @@ def plan(graph: Graph, quotas: Quotas | None = None, *, accurate: bool = False) 
         else:
             args: list[ArgMeta] = [metas[a.index] if isinstance(a, Ref) else a for a in node.args]
             call = Call(i, node.op, args, node.attrs)
-            call.accurate = accurate
+            call.accurate = call.total = accurate
             p = REGISTRY[node.op]
             try:
                 meta = p.infer(call)

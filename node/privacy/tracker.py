@@ -11,7 +11,7 @@ evaluation, in one pass.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,16 +87,8 @@ class PrivacyReport:
         sq = functools.reduce(np.add, [o.per_subject_l2**2 for o in self.outputs], np.zeros(1))
         return float(np.sqrt(sq.max(initial=0.0)))
 
-    def clip(self, values: Sequence[Array]) -> npt.NDArray[np.float64]:
-        """All outputs as one float64 vector, each element clipped to its public bounds."""
-        parts = [
-            np.clip(np.asarray(v, dtype=np.float64), out.lower, out.upper).ravel()
-            for v, out in zip(values, self.outputs, strict=True)
-        ]
-        return np.concatenate(parts) if parts else np.zeros(0)
-
     def split(self, flat: npt.NDArray[np.float64]) -> list[npt.NDArray[np.float64]]:
-        """The inverse of :meth:`clip`'s flattening: one array per output, in its shape."""
+        """All outputs' elements, flattened one after the other, back in their shapes."""
         pieces, start = [], 0
         for out in self.outputs:
             size = int(np.prod(out.shape, dtype=np.int64))

@@ -1,28 +1,35 @@
-"""Publishing: evaluate a graph on private data, noise it, charge the budget, release.
+"""Publishing: decide from public metadata, charge, then evaluate, noise and release.
 
 Order of events, each for a reason:
 
 1. read the caller's account (a deactivated one is refused before any work) and check
    the epsilon and delta asked for;
 2. decode and plan the graph (quotas refuse it before any data is read or allocated);
-3. resolve its inputs — dataset columns with their declared bounds and subject
+3. resolve its inputs' public metadata — dataset columns' declared bounds and subject
    structure, public model weights — and check that the caller may use each;
-4. evaluate and track sensitivity in one engine pass (the sensitivity comes from
-   public metadata only, so the price never depends on the data);
-5. clip every output to the bounds the tracker derived (public) and noise it with the
-   mechanism calibrated to exactly the epsilon that will be charged;
-6. charge the budget in one serialised transaction with its ledger row;
-7. only then return the noised values. A refusal at 6 releases nothing.
+4. track the sensitivity and plan the noise (:func:`node.privacy.release.plan_release`):
+   a graph the tracker cannot bound is refused here, without being evaluated;
+5. charge the budget in one serialised transaction with its ledger row: the policy, the
+   rate limit, approvals and the budget decide here;
+6. only then read the private columns, evaluate with total kernels, clip every output to
+   its public bounds and noise it (:func:`node.privacy.release.run_release`);
+7. return the noised values.
+
+Every refusal (1 to 5) happens before a private value is read, so what a refused
+publish shows — its error type, code, message and time — cannot depend on the data.
+After 5, a publish is always answered with a noised result: a failure there still
+costs the charge, is recorded in the audit log for the operator, and is not reported to
+the analyst (docs/privacy.md, the threat model).
 
 1 to 3 share one read-only transaction (on SQLite a deferred one, which locks nothing).
-No database transaction is open during 4 and 5.
+No database transaction is open during 4 and 6.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
@@ -31,9 +38,8 @@ import numpy.typing as npt
 from sqlalchemy.orm import Session
 
 from node.context import NodeContext
-from node.db.models import Dataset, Role, User
-from node.dp import gaussian, laplace
-from node.dp.mechanisms import Release, gaussian_scale, laplace_scale
+from node.db.models import Dataset, DatasetColumn, Role, User
+from node.dp.mechanisms import gaussian_scale, laplace_scale
 from node.engine import (
     Graph,
     Plan,
@@ -46,9 +52,10 @@ from node.engine import (
     structure_hash,
 )
 from node.errors import GraphError, InvalidRequestError, NotFoundError, PermissionDeniedError
-from node.privacy import InputSpec, PrivacyReport, Subjects, evaluate_tracked, track
+from node.privacy import InputSpec, PrivacyReport, Subjects, track
+from node.privacy.release import ReleasePlan, plan_release, run_release
 from node.privacy.subjects import first_rows
-from node.services import budget, datasets, models, users
+from node.services import audit, budget, datasets, models, users
 from node.services.budget import EPSILON_UNIT, RHO_UNIT, TV_UNIT, Cost
 from node.storage import array_from_bytes
 
@@ -66,21 +73,31 @@ class PublishRequest:
 class Published:
     values: list[npt.NDArray[np.float64]]
     receipt: dict[str, Any]
+    #: for the operator's audit log only (see :func:`record_failure`): never shown
+    failure: str | None = None
 
 
 @dataclass(frozen=True)
 class _Inputs:
     specs: dict[str, InputSpec]
-    values: dict[str, npt.NDArray[Any]]
+    #: public values (model weights, subject groups), read while resolving
+    public: dict[str, npt.NDArray[Any]]
+    #: private columns, read only once a release has been charged
+    private: dict[str, tuple[Dataset, DatasetColumn]]
     dataset_ids: list[int]
 
+    def values(self, context: NodeContext) -> dict[str, npt.NDArray[Any]]:
+        out = dict(self.public)
+        for name, (dataset, column) in self.private.items():
+            out[name] = datasets.read_column(context.store, dataset, column)
+        return out
 
-def _resolve(
-    context: NodeContext, session: Session, actor: User, graph: Graph, *, with_values: bool
-) -> _Inputs:
-    """Public metadata (and, to evaluate, the values) of every input the graph names."""
+
+def _resolve(context: NodeContext, session: Session, actor: User, graph: Graph) -> _Inputs:
+    """Public metadata of every input the graph names (and where its values are)."""
     specs: dict[str, InputSpec] = {}
-    values: dict[str, npt.NDArray[Any]] = {}
+    public: dict[str, npt.NDArray[Any]] = {}
+    private: dict[str, tuple[Dataset, DatasetColumn]] = {}
     dataset_ids: set[int] = set()
     subjects: dict[int, npt.NDArray[np.int64] | None] = {}
     structures: dict[int, Subjects] = {}
@@ -102,16 +119,15 @@ def _resolve(
                 subjects[dataset.id] = datasets.read_subjects(context.store, dataset)
                 structures[dataset.id] = datasets.subject_structure(context.store, dataset)
             if column is None and part == "@subject":  # public: DP-SGD's clipping groups
-                values[name] = first_rows(subjects[dataset.id], dataset.row_count)
-                specs[name] = InputSpec.public(values[name])
+                public[name] = first_rows(subjects[dataset.id], dataset.row_count)
+                specs[name] = InputSpec.public(public[name])
                 dataset_ids.add(dataset.id)
                 continue
             if column is None:
                 raise NotFoundError(f"dataset {dataset.name!r} has no column {part!r}")
             specs[name] = InputSpec.private(column.lower, column.upper, structures[dataset.id])
+            private[name] = (dataset, column)
             dataset_ids.add(dataset.id)
-            if with_values:
-                values[name] = datasets.read_column(context.store, dataset, column)
             continue
         model = models.get_model(session, ident)
         tensor = next((t for t in model.tensors if t.name == part), None)
@@ -126,8 +142,8 @@ def _resolve(
             context.store.get(tensor.blob), tensor.dtype, tuple(tensor.shape)
         )
         specs[name] = InputSpec.public(weights)
-        values[name] = weights
-    return _Inputs(specs, values, sorted(dataset_ids))
+        public[name] = weights
+    return _Inputs(specs, public, private, sorted(dataset_ids))
 
 
 def _decode(context: NodeContext, actor: User, body: bytes) -> tuple[Graph, Plan]:
@@ -159,7 +175,7 @@ def sensitivity(context: NodeContext, actor_id: int, frame: bytes) -> PrivacyRep
     with context.read_sessions() as session:
         actor = users.active(session, actor_id)
         graph, planned = _decode(context, actor, frame)
-        inputs = _resolve(context, session, actor, graph, with_values=False)
+        inputs = _resolve(context, session, actor, graph)
     return track(planned, inputs.specs)
 
 
@@ -179,56 +195,24 @@ def _check_delta(delta: float) -> float:
     return delta
 
 
-def _noise(
-    values: npt.NDArray[np.float64], report: PrivacyReport, request: PublishRequest
-) -> tuple[Release, Cost]:
-    charged = budget.quantize_epsilon(request.epsilon)
-    epsilon = _float_at_most(charged)
-    if request.delta is None:
-        release = laplace(values, sensitivity_l1=report.l1, epsilon=epsilon)
-        cost = Cost("laplace", epsilon_units=int(charged / EPSILON_UNIT))
+def _cost(rp: ReleasePlan, request: PublishRequest, inputs: _Inputs, graph: Graph) -> Cost:
+    """What the planned release costs, in ledger units: from the plan, never the values."""
+    noise = rp.noise
+    if noise.mechanism == "laplace":
+        cost = Cost(
+            "laplace", epsilon_units=int(budget.quantize_epsilon(request.epsilon) / EPSILON_UNIT)
+        )
     else:
-        delta = _check_delta(request.delta)
-        release = gaussian(values, sensitivity_l2=report.l2, epsilon=epsilon, delta=delta)
-        cost = Cost("gaussian", rho_units=budget.units_up(release.rho, RHO_UNIT, "rho"))
-    tv_units = budget.units_up(release.sampler_tv, TV_UNIT, "sampler deviation")
-    return release, Cost(cost.mechanism, cost.epsilon_units, cost.rho_units, tv_units)
-
-
-def publish(
-    context: NodeContext, actor_id: int, frame: bytes, request: PublishRequest
-) -> Published:
-    """Evaluate, noise, charge and release, in that order (see the module docstring).
-
-    ``actor_id`` comes from a verified token; the account is read with the inputs.
-
-    Raises:
-        AuthenticationError: the account no longer exists or was deactivated; nothing is done.
-        GraphError, QuotaExceededError: a graph the engine refuses, before any data is read.
-        PrivacyTrackingError: a graph whose sensitivity cannot be bounded.
-        InvalidRequestError: a bad epsilon or delta.
-        BudgetExceededError: the release does not fit the budget; nothing is released.
-    """
-    with context.read_sessions() as session:  # the account, then the inputs: one read
-        actor = users.active(session, actor_id)
-        budget.quantize_epsilon(request.epsilon)  # refuse a bad epsilon or delta before work
-        if request.delta is not None:
-            _check_delta(request.delta)
-        graph, planned = _decode(context, actor, frame)
-        inputs = _resolve(context, session, actor, graph, with_values=True)
-    outputs, report = evaluate_tracked(planned, inputs.values, inputs.specs)
-    release, cost = _noise(report.clip(outputs), report, request)
-    cost = Cost(
-        cost.mechanism,
-        cost.epsilon_units,
-        cost.rho_units,
-        cost.tv_units,
+        cost = Cost("gaussian", rho_units=budget.units_up(noise.rho, RHO_UNIT, "rho"))
+    return replace(
+        cost,
+        tv_units=budget.units_up(noise.sampler_tv, TV_UNIT, "sampler deviation"),
         dataset_ids=inputs.dataset_ids,
         graph_hash=structure_hash(graph),
         detail={
-            "sensitivity": release.sensitivity,
-            "scale": release.scale,
-            "outputs": [list(o.shape) for o in report.outputs],
+            "sensitivity": noise.sensitivity,
+            "scale": noise.scale,
+            "outputs": [list(o.shape) for o in rp.report.outputs],
         },
         # What the policy's per-publish caps and approval thresholds compare against, and
         # the exact computation (constants included) an admin's approval covers, computed
@@ -239,18 +223,46 @@ def publish(
         else budget.units_down(request.delta, budget.DELTA_UNIT, "delta"),
         frame_hash=lambda: content_hash(encode(graph)),
     )
+
+
+def publish(
+    context: NodeContext, actor_id: int, frame: bytes, request: PublishRequest
+) -> Published:
+    """Decide, charge, then evaluate, noise and release (see the module docstring).
+
+    ``actor_id`` comes from a verified token; the account is read with the inputs.
+
+    Raises (each before any private value is read):
+        AuthenticationError: the account no longer exists or was deactivated; nothing is done.
+        GraphError, QuotaExceededError: a graph the engine refuses.
+        PrivacyTrackingError: a graph whose sensitivity cannot be bounded.
+        InvalidRequestError: a bad epsilon or delta.
+        PolicyRefusedError, BudgetExceededError, ApprovalRequiredError: the policy or the
+            budget refuses the charge; nothing is released.
+    """
+    with context.read_sessions() as session:  # the account, then the inputs: one read
+        actor = users.active(session, actor_id)
+        charged = budget.quantize_epsilon(request.epsilon)  # a bad epsilon, before any work
+        if request.delta is not None:
+            _check_delta(request.delta)
+        graph, planned = _decode(context, actor, frame)
+        inputs = _resolve(context, session, actor, graph)
+    rp = plan_release(planned, inputs.specs, epsilon=_float_at_most(charged), delta=request.delta)
+    cost = _cost(rp, request, inputs, graph)
     entry, after = budget.charge(context.serial_sessions, context.settings, actor.id, cost)
-    pieces = report.split(release.values)
+    # Charged: from here on the data is read, and the publish is always answered.
+    done = run_release(rp, lambda: inputs.values(context))
+    release = done.release
     spent_epsilon, _ = after.spent()
     receipt = {
         "ledger_id": entry.id,
         "mechanism": release.mechanism,
-        "epsilon": float(budget.quantize_epsilon(request.epsilon)),
+        "epsilon": float(charged),
         "delta": request.delta,
         "rho": float(cost.rho_units * RHO_UNIT),
         "sensitivity": release.sensitivity,
-        "sensitivity_l1": report.l1,
-        "sensitivity_l2": report.l2,
+        "sensitivity_l1": rp.report.l1,
+        "sensitivity_l2": rp.report.l2,
         "noise_scale": release.scale,
         "grid_exponent": release.grid_exponent,
         "sampler_tv": release.sampler_tv,
@@ -259,7 +271,25 @@ def publish(
         "policy": after.in_force.name,
         "policy_revision": entry.policy_revision,
     }
-    return Published(pieces, receipt)
+    return Published(done.values, receipt, done.failure)
+
+
+def record_failure(context: NodeContext, actor_id: int, published: Published) -> None:
+    """Tell the operator, in the audit log, that a charged publish was answered with its
+    public stand-ins. Called after the answer has gone (its time must not show)."""
+    if published.failure is None:
+        return
+    with context.sessions() as session:
+        actor = session.get(User, actor_id)
+        audit.record(
+            session,
+            actor,
+            "publish.evaluation_failed",
+            target_type="ledger",
+            target_id=published.receipt["ledger_id"],
+            error=published.failure,
+        )
+        session.commit()
 
 
 def noise_scale(report: PrivacyReport, request: PublishRequest) -> float:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, BackgroundTasks, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from node.api import frames
@@ -24,6 +24,7 @@ async def publish(
     context: ContextDep,
     user_id: TokenUserId,
     epsilon: Epsilon,
+    background: BackgroundTasks,
     delta: Delta = None,
 ) -> Response:
     """Evaluate a graph (engine wire frame as the body) on private data and release its
@@ -34,6 +35,8 @@ async def publish(
     """
     request = service.PublishRequest(epsilon=epsilon, delta=delta)
     done = await run_in_threadpool(service.publish, context, user_id, body, request)
+    if done.failure is not None:  # after the response: its time must not depend on it
+        background.add_task(service.record_failure, context, user_id, done)
     arrays = {f"output/{i}": v for i, v in enumerate(done.values)}
     return Response(frames.encode(arrays, {"receipt": done.receipt}), media_type=frames.MEDIA_TYPE)
 

@@ -23,9 +23,21 @@ def _check_index_dtype(c: Call, i: int, allow_bool: bool = False) -> TensorMeta:
     return t
 
 
-def _range_check(c: Call, idx: Array, n: int, arg: int) -> None:
-    if idx.size and (idx.min() < 0 or idx.max() >= n):
+def _in_range(c: Call, idx: Array, n: int, arg: int, *, negative: bool = False) -> Array:
+    """``idx`` checked against a dimension of size ``n`` (``negative``: ``-n .. -1`` count
+    from the end, like torch's indexing).
+
+    Out of range, a total kernel clamps the index into the dimension (wrapping negatives
+    first) rather than fail; otherwise it is refused like torch refuses it.
+    """
+    if c.total:
+        if negative:
+            idx = np.where(idx < 0, idx + n, idx)
+        return np.clip(idx, 0, max(n - 1, 0)) if idx.size else idx
+    low = -n if negative else 0
+    if idx.size and (idx.min() < low or idx.max() >= n):
         raise c.eval_error(f"index out of range for a dimension of size {n}", arg)
+    return idx
 
 
 def _gather_infer(c: Call) -> TensorMeta:
@@ -51,10 +63,10 @@ def _gather(c: Call, args: list[Any], out: Array | None) -> Array:
     """out[i][j] = x[index[i][j]][j] (for dim 0)."""
     x, idx = args
     if x.ndim == 0:
-        _range_check(c, idx, 1, 1)
+        idx = _in_range(c, idx, 1, 1)
         return np.broadcast_to(x, idx.shape).copy()
     d = c.attr("dim") % x.ndim
-    _range_check(c, idx, x.shape[d], 1)
+    idx = _in_range(c, idx, x.shape[d], 1)
     return np.asarray(x[_grid(idx.shape, d, idx)])
 
 
@@ -74,10 +86,10 @@ def _index_select(c: Call, args: list[Any], out: Array | None) -> Array:
     """Select entries of ``index`` along ``dim``."""
     x, idx = args
     if x.ndim == 0:
-        _range_check(c, idx, 1, 1)
+        idx = _in_range(c, idx, 1, 1)
         return np.array(x, copy=True)
     d = c.attr("dim") % x.ndim
-    _range_check(c, idx, x.shape[d], 1)
+    idx = _in_range(c, idx, x.shape[d], 1)
     return np.asarray(np.take(x, idx.reshape(-1), axis=d))
 
 
@@ -108,7 +120,7 @@ def _scatter_kernel(c: Call, args: list[Any], out: Array | None) -> Array:
         return r
     shape = idx.shape
     if r.ndim == 0:
-        _range_check(c, idx, 1, 1)
+        idx = _in_range(c, idx, 1, 1)
         r2 = r.reshape(1)
         sv = as_np(src, c.out().dtype).reshape(-1)[: idx.size]
         if c.op == "scatter_add":
@@ -117,7 +129,7 @@ def _scatter_kernel(c: Call, args: list[Any], out: Array | None) -> Array:
             r2[idx.reshape(-1)] = sv
         return r
     d = c.attr("dim") % r.ndim
-    _range_check(c, idx, r.shape[d], 1)
+    idx = _in_range(c, idx, r.shape[d], 1)
     if isinstance(src, np.ndarray):
         sv = src[tuple(slice(0, s) for s in shape)] if src.ndim else src
     else:
@@ -182,7 +194,7 @@ def _scatter_reduce(c: Call, args: list[Any], out: Array | None) -> Array:
         return r.reshape(x.shape).astype(out_np, copy=False)
     i2 = idx.reshape(idx.shape or (1,))
     d = c.attr("dim") % r.ndim
-    _range_check(c, i2, r.shape[d], 1)
+    i2 = _in_range(c, i2, r.shape[d], 1)
     s2 = src.reshape(src.shape or (1,))
     sv = s2[tuple(slice(0, n) for n in i2.shape)]
     where = _grid(i2.shape, d, i2)
@@ -295,10 +307,9 @@ def _index_infer(c: Call) -> TensorMeta:
 def _index(c: Call, args: list[Any], out: Array | None) -> Array:
     """x[idx1, idx2, ...] with integer index tensors (null stands for ':'), like aten.index."""
     x, *idx = args
-    for d, i in enumerate(idx):
-        if i is not None:
-            n = x.shape[d]
-            if i.size and (i.min() < -n or i.max() >= n):
-                raise c.eval_error(f"index out of range for dim {d} of size {n}", d + 1)
+    idx = [
+        i if i is None else _in_range(c, i, x.shape[d], d + 1, negative=True)
+        for d, i in enumerate(idx)
+    ]
     key: Any = tuple(slice(None) if i is None else i for i in idx)
     return np.asarray(x[key])

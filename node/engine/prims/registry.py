@@ -2,9 +2,10 @@
 
 A prim bundles everything the node knows about one operation: its argument and
 attribute schema, a rule giving the output's shape and dtype from the inputs'
-(no data needed), a NumPy kernel, a compute-cost estimate, and an empty slot
-(``rules``) where later layers such as privacy tracking hang their own
-per-prim rule. The evaluator is the only interpreter; it looks prims up here.
+(no data needed), a NumPy kernel, a compute-cost estimate, whether it may touch
+private data (``privacy``: the privacy layer has a rule for it, or it is public-only),
+and an empty slot (``rules``) where later layers such as privacy tracking hang their
+own per-prim rule. The evaluator is the only interpreter; it looks prims up here.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ __all__ = [
     "AttrSpec",
     "Call",
     "Kernel",
+    "PRIVACY_KINDS",
     "PrimDef",
+    "Privacy",
     "Scalar",
     "TensorMeta",
     "prim",
@@ -36,6 +39,13 @@ Array: TypeAlias = npt.NDArray[Any]
 Shape: TypeAlias = tuple[int, ...]
 AttrValue: TypeAlias = bool | int | float | str | tuple[int, ...] | None
 AttrKind = Literal["int", "ints", "bool", "float", "dtype", "str", "shape"]
+#: Whether a prim may touch private data. ``"rule"``: the privacy layer has a rule for it
+#: (``node.privacy.rules.RULES``), so it may take private arguments; ``"public_only"``: no
+#: rule, so it runs on public arguments only and a graph applying it to private data is
+#: refused (the SDK refuses it as it records the op). Every prim declares one of the two;
+#: a test checks the declarations against the rules, both ways.
+Privacy = Literal["rule", "public_only"]
+PRIVACY_KINDS: tuple[Privacy, ...] = ("rule", "public_only")
 
 
 @dataclass(frozen=True)
@@ -90,7 +100,7 @@ class Call:
     every error names the node index, the prim and the argument.
     """
 
-    __slots__ = ("accurate", "args", "attrs", "index", "meta", "op", "rng")
+    __slots__ = ("accurate", "args", "attrs", "index", "meta", "op", "rng", "total")
 
     def __init__(
         self, index: int, op: str, args: Sequence[ArgMeta], attrs: Mapping[str, AttrValue]
@@ -106,6 +116,10 @@ class Call:
         #: accumulate float sums and contractions in float64 (tracked evaluations: the
         #: privacy tracker bounds the rounding of exactly this computation)
         self.accurate = False
+        #: never fail on a value: out-of-range indices are clamped, integer division by
+        #: zero gives 0 (evaluations on private data, where a value-dependent error would
+        #: tell the caller something about the data; see docs/privacy.md, the threat model)
+        self.total = False
 
     def where(self, arg: int | str | None = None) -> str:
         loc = f"node {self.index} ({self.op})"
@@ -120,7 +134,10 @@ class Call:
         return GraphError(f"{self.where(arg)}: {msg}")
 
     def eval_error(self, msg: str, arg: int | str | None = None) -> EvaluationError:
-        """An EvaluationError naming this node (for value-dependent failures)."""
+        """An EvaluationError naming this node (for value-dependent failures).
+
+        Kernels raise it only when ``total`` is false: public values, or a user's mock data.
+        """
         return EvaluationError(f"{self.where(arg)}: {msg}")
 
     def tensor(self, i: int) -> TensorMeta:
@@ -177,6 +194,8 @@ class PrimDef:
     attrs: dict[str, AttrSpec]
     infer: InferFn
     kernel: Kernel
+    #: may it touch private data (it has a privacy rule), or is it public-only; see Privacy
+    privacy: Privacy
     flops: FlopsFn = _default_flops
     #: bytes of temporaries the kernel allocates beyond its output (counted in the peak)
     workspace: FlopsFn = _default_workspace
@@ -201,6 +220,7 @@ REGISTRY: dict[str, PrimDef] = {}
 def prim(
     name: str,
     *,
+    privacy: Privacy,
     args: int | tuple[int, int | None],
     attrs: Mapping[str, AttrSpec] | None = None,
     infer: InferFn,
@@ -213,8 +233,14 @@ def prim(
     random: bool = False,
     doc: str = "",
 ) -> Callable[[Kernel], Kernel]:
-    """Register the decorated function as the NumPy kernel of prim ``name``."""
+    """Register the decorated function as the NumPy kernel of prim ``name``.
+
+    ``privacy`` is required: ``"rule"`` for a prim the privacy layer has a rule for,
+    ``"public_only"`` for one that may only ever see public data (see :data:`Privacy`).
+    """
     lo, hi = (args, args) if isinstance(args, int) else args
+    if privacy not in PRIVACY_KINDS:
+        raise AssertionError(f"prim {name!r}: privacy must be one of {PRIVACY_KINDS}")
 
     def deco(kernel: Kernel) -> Kernel:
         if name in REGISTRY:
@@ -226,6 +252,7 @@ def prim(
             attrs=dict(attrs or {}),
             infer=infer,
             kernel=kernel,
+            privacy=privacy,
             flops=flops or _default_flops,
             workspace=workspace or _default_workspace,
             inplace=inplace,

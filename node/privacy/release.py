@@ -1,0 +1,168 @@
+"""A release in two halves: what public metadata decides, then what the values give.
+
+A refused publish must not tell the analyst anything about the data: not in its message,
+not in its error type, not in its timing. So everything that can refuse a release is
+decided *before* any private value is read, from the graph, the inputs' public metadata
+and the request only:
+
+1. :func:`plan_release` tracks the graph's sensitivity (:func:`~node.privacy.track`: a
+   graph the tracker cannot bound is refused without being evaluated) and plans the noise
+   (:func:`~node.dp.mechanisms.plan_laplace` / ``plan_gaussian``), which fixes the cost.
+   The caller then charges the budget: policy, rate limits and budget refuse here too.
+2. :func:`run_release` evaluates the plan on the values, with total kernels (no value
+   makes a prim fail: :attr:`~node.engine.prims.Call.total`), clips every output to its
+   public bounds, replaces a NaN by a public constant, and noises. It does not raise
+   because of a value: once charged, always answered. Should the evaluation fail all the
+   same (a bug, or memory), the answer is the public constants, noised as any other, and
+   the failure is returned separately for the operator's log: never to the analyst.
+
+The bits of the answer carry nothing beyond the noised value: NaN never leaves (1.), a
+``-0.0`` becomes ``0.0`` (:func:`~node.dp.mechanisms.apply_noise`), and values on the
+noise grid are the exact post-processing of an integer mechanism (:mod:`node.dp.grid`).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from node.dp.mechanisms import NoisePlan, Release, apply_noise, plan_gaussian, plan_laplace
+from node.dp.samplers import Source
+from node.engine import Plan, run
+from node.privacy.spec import InputSpec
+from node.privacy.tracker import PrivacyReport, track
+
+__all__ = ["ReleasePlan", "Released", "plan_release", "run_release"]
+
+#: The largest magnitude a grid index may have (the grid check in node.dp.grid allows more).
+_GRID_INDEX_LIMIT = 2.0**1000
+
+
+@dataclass(frozen=True, eq=False)
+class ReleasePlan:
+    """Everything about a release that is known before its values: public by construction.
+
+    Attributes:
+        plan: the engine plan (made with ``accurate=True``: accurate and total kernels).
+        report: the tracked sensitivity and bounds of every output.
+        noise: the mechanism, its grid, scale and cost.
+        lower, upper: per released element (flattened), the bounds values are clipped to:
+            the tracked bounds, narrowed to what the noise grid can hold.
+        fallback: per released element, the public value that stands for a NaN.
+    """
+
+    plan: Plan
+    report: PrivacyReport
+    noise: NoisePlan
+    lower: npt.NDArray[np.float64]
+    upper: npt.NDArray[np.float64]
+    fallback: npt.NDArray[np.float64]
+
+    @property
+    def count(self) -> int:
+        return self.noise.count
+
+
+@dataclass(frozen=True, eq=False)
+class Released:
+    """The outputs of a release, in their shapes, and how they were noised.
+
+    ``failure`` is for the node's operator only (an audit record): the analyst's answer
+    is the same whether or not it is set.
+    """
+
+    values: list[npt.NDArray[np.float64]]
+    release: Release
+    failure: str | None
+
+
+def plan_release(
+    planned: Plan,
+    specs: Mapping[str, InputSpec],
+    *,
+    epsilon: float,
+    delta: float | None,
+) -> ReleasePlan:
+    """Track ``planned`` and plan its noise, from public metadata only.
+
+    Args:
+        planned: from ``plan(graph, quotas, accurate=True)``.
+        specs: every input's public metadata (a public input may carry its value).
+        epsilon: the epsilon the mechanism is calibrated to (> 0).
+        delta: None for Laplace (pure epsilon), else the Gaussian's delta.
+
+    Raises:
+        PrivacyTrackingError: the graph cannot be bounded (a prim without a privacy rule
+            on private data, an unbounded output).
+        InvalidRequestError: the privacy parameters are invalid or too small for the count.
+    """
+    report = track(planned, specs)
+    count = sum(math.prod(o.shape) for o in report.outputs)
+    if delta is None:
+        noise = plan_laplace(sensitivity_l1=report.l1, epsilon=epsilon, count=count)
+    else:
+        noise = plan_gaussian(sensitivity_l2=report.l2, count=count, epsilon=epsilon, delta=delta)
+    lower = _flat([o.lower for o in report.outputs], report)
+    upper = _flat([o.upper for o in report.outputs], report)
+    # Narrowing the clip to what the grid holds is post-processing (clipping never widens
+    # a difference); only absurd magnitudes (beyond 2^1000 grid steps) are touched.
+    limit = sys.float_info.max
+    if noise.grid_exponent is not None:
+        limit = min(limit, math.ldexp(_GRID_INDEX_LIMIT, noise.grid_exponent))
+    np.clip(lower, -limit, limit, out=lower)
+    np.clip(upper, -limit, limit, out=upper)
+    fallback = np.clip(np.zeros(count), lower, upper)
+    return ReleasePlan(planned, report, noise, lower, upper, fallback)
+
+
+def _flat(parts: list[npt.NDArray[Any]], report: PrivacyReport) -> npt.NDArray[np.float64]:
+    arrays = [
+        np.broadcast_to(np.asarray(p, dtype=np.float64), o.shape).ravel()
+        for p, o in zip(parts, report.outputs, strict=True)
+    ]
+    return np.concatenate(arrays) if arrays else np.zeros(0)
+
+
+def run_release(
+    rp: ReleasePlan,
+    inputs: Mapping[str, npt.NDArray[Any]] | Callable[[], Mapping[str, npt.NDArray[Any]]],
+    *,
+    rng: np.random.Generator | None = None,
+    source: Source = "pcg",
+) -> Released:
+    """Evaluate, clip, and noise: never raises because of a value (see the module docstring).
+
+    Args:
+        rp: from :func:`plan_release`.
+        inputs: one array per graph input, or a function reading them (called inside,
+            so that a failure to read is answered like any other).
+        rng: the generator of random prims (a fresh OS-seeded one if None).
+        source: the noise's randomness source.
+    """
+    failure: str | None = None
+    flat = np.empty(rp.count)
+    try:
+        values = inputs() if callable(inputs) else inputs
+        outputs = run(rp.plan, values, rng=rng).outputs
+        start = 0
+        for v in outputs:
+            size = v.size
+            flat[start : start + size] = np.asarray(v, dtype=np.float64).reshape(-1)
+            start += size
+    except Exception as exc:  # once charged, always answered
+        failure = f"{type(exc).__name__}: {exc}"
+        flat[:] = rp.fallback
+    # the same work whatever the values: clip, then a NaN becomes its public stand-in
+    np.clip(flat, rp.lower, rp.upper, out=flat)
+    nan = np.isnan(flat)
+    np.copyto(flat, rp.fallback, where=nan)
+    if failure is None and nan.any():  # a tracker that missed a NaN: the operator hears of it
+        failure = f"{int(nan.sum())} NaN values replaced by their public stand-ins"
+    release = apply_noise(flat, rp.noise, source=source)
+    return Released(rp.report.split(release.values), release, failure)
