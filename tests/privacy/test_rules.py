@@ -25,7 +25,9 @@ def test_every_rule_is_keyed_by_a_prim_name() -> None:
     assert set(RULES) - set(REGISTRY) == set()
 
 
-@pytest.mark.parametrize("name", sorted(set(REGISTRY) - set(RULES)))
+@pytest.mark.parametrize(
+    "name", sorted(n for n, d in REGISTRY.items() if d.privacy == "public_only")
+)
 def test_a_prim_without_a_rule_is_refused_on_private_data(name: str) -> None:
     tracker = PrivacyTracker({"x": Spec.private(0.0, 1.0)})
     meta = TensorMeta((3,), dtype("float32"))
@@ -197,3 +199,28 @@ def test_joint_report_of_several_outputs() -> None:
     r = track(b.build([b.op("sum", x), b.op("mean", x)]), {"x": InputSpec.private(0, 1)})
     assert r.l1 == pytest.approx(1.1) and r.l2 == pytest.approx(np.hypot(1.0, 0.1))
     assert r.subjects == 10
+
+
+def test_every_prim_declares_whether_it_may_touch_private_data() -> None:
+    # the declaration lives in the engine (which cannot import the privacy layer); it must
+    # agree with the rules exactly, both ways, and no prim may leave it out
+    declared = {name: d.privacy for name, d in REGISTRY.items()}
+    assert set(declared.values()) <= {"rule", "public_only"}
+    with_rule = {name for name, kind in declared.items() if kind == "rule"}
+    missing_rule = sorted(with_rule - set(RULES))
+    assert not missing_rule, f"declared privacy='rule' but have no rule: {missing_rule}"
+    undeclared = sorted(set(RULES) - with_rule)
+    assert not undeclared, f"have a privacy rule but are declared public_only: {undeclared}"
+
+
+def test_a_registration_without_a_privacy_declaration_is_refused() -> None:
+    from node.engine.prims.registry import prim
+
+    def infer(c: Call) -> TensorMeta:
+        return c.tensor(0)
+
+    with pytest.raises(TypeError, match="privacy"):
+        prim("not_a_prim", args=1, infer=infer)  # type: ignore[call-arg]
+    with pytest.raises(AssertionError, match="privacy must be one of"):
+        prim("not_a_prim", args=1, infer=infer, privacy="maybe")  # type: ignore[arg-type]
+    assert "not_a_prim" not in REGISTRY

@@ -59,6 +59,7 @@ def _workspace(c: Call) -> int:
 
 @prim(
     "clip_by_subject_norm",
+    privacy="rule",
     args=2,
     attrs={"max_norm": AttrSpec("float")},
     infer=_infer,

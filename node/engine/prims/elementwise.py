@@ -20,6 +20,7 @@ from node.engine.prims.registry import (
     Array,
     AttrSpec,
     Call,
+    Privacy,
     Scalar,
     TensorMeta,
     broadcast,
@@ -77,6 +78,8 @@ def _unary(
     family: str,
     refused: frozenset[str] = frozenset(),
     int_identity: bool = False,
+    *,
+    privacy: Privacy,
 ) -> None:
     """Register a unary prim.
 
@@ -118,6 +121,7 @@ def _unary(
 
     prim(
         name,
+        privacy=privacy,
         args=1,
         infer=infer,
         inplace=family in ("same", "float", "bitwise"),
@@ -165,7 +169,6 @@ for _name, _fn in {
     "reciprocal": _reciprocal,
     "sin": np.sin,
     "cos": np.cos,
-    "tan": np.tan,
     "asin": np.arcsin,
     "acos": np.arccos,
     "atan": np.arctan,
@@ -179,19 +182,20 @@ for _name, _fn in {
     "erfc": scipy.special.erfc,
     "erfinv": scipy.special.erfinv,
 }.items():
-    _unary(_name, _fn, "float")
+    _unary(_name, _fn, "float", privacy="rule")
+_unary("tan", np.tan, "float", privacy="public_only")
 
-_unary("neg", np.negative, "same", refused=_F)
-_unary("abs", np.abs, "same", refused=_F)
-_unary("sign", _sign, "same")
+_unary("neg", np.negative, "same", refused=_F, privacy="rule")
+_unary("abs", np.abs, "same", refused=_F, privacy="rule")
+_unary("sign", _sign, "same", privacy="rule")
 for _name, _fn in {"floor": np.floor, "ceil": np.ceil, "round": np.rint, "trunc": np.trunc}.items():
-    _unary(_name, _fn, "same", refused=_F, int_identity=True)
-_unary("bitwise_not", np.invert, "bitwise")
-_unary("isnan", np.isnan, "bool")
-_unary("isinf", np.isinf, "bool")
-_unary("isfinite", np.isfinite, "bool")
-_unary("signbit", np.signbit, "bool")
-_unary("logical_not", np.logical_not, "bool")
+    _unary(_name, _fn, "same", refused=_F, int_identity=True, privacy="rule")
+_unary("bitwise_not", np.invert, "bitwise", privacy="rule")
+_unary("isnan", np.isnan, "bool", privacy="rule")
+_unary("isinf", np.isinf, "bool", privacy="rule")
+_unary("isfinite", np.isfinite, "bool", privacy="rule")
+_unary("signbit", np.signbit, "bool", privacy="rule")
+_unary("logical_not", np.logical_not, "bool", privacy="rule")
 
 
 # -- binary ------------------------------------------------------------------
@@ -239,6 +243,8 @@ def _binary(
     family: str,
     refused: frozenset[str] = frozenset(),
     zero_check: bool = False,
+    *,
+    privacy: Privacy,
 ) -> None:
     """Register a binary prim.
 
@@ -304,6 +310,7 @@ def _binary(
 
     prim(
         name,
+        privacy=privacy,
         args=2,
         infer=infer,
         inplace=family not in ("compare", "logical"),
@@ -312,21 +319,21 @@ def _binary(
     )(kernel)
 
 
-_binary("add", np.add, "same")
-_binary("sub", np.subtract, "same")
-_binary("mul", np.multiply, "same")
-_binary("div", np.true_divide, "float")
-_binary("floor_divide", np.floor_divide, "same", refused=_F, zero_check=True)
-_binary("trunc_divide", _trunc_div, "same", refused=_F, zero_check=True)
+_binary("add", np.add, "same", privacy="rule")
+_binary("sub", np.subtract, "same", privacy="rule")
+_binary("mul", np.multiply, "same", privacy="rule")
+_binary("div", np.true_divide, "float", privacy="rule")
+_binary("floor_divide", np.floor_divide, "same", refused=_F, zero_check=True, privacy="rule")
+_binary("trunc_divide", _trunc_div, "same", refused=_F, zero_check=True, privacy="rule")
 # NumPy's remainder takes the divisor's sign, like torch's (Python's %)
-_binary("remainder", np.remainder, "same", refused=_F, zero_check=True)
-_binary("fmod", np.fmod, "same", refused=_F, zero_check=True)
-_binary("pow", np.power, "same", refused=_F)
-_binary("maximum", np.maximum, "same")
-_binary("minimum", np.minimum, "same")
-_binary("atan2", np.arctan2, "float")
-_binary("hypot", np.hypot, "same")
-_binary("copysign", np.copysign, "float")
+_binary("remainder", np.remainder, "same", refused=_F, zero_check=True, privacy="rule")
+_binary("fmod", np.fmod, "same", refused=_F, zero_check=True, privacy="rule")
+_binary("pow", np.power, "same", refused=_F, privacy="rule")
+_binary("maximum", np.maximum, "same", privacy="rule")
+_binary("minimum", np.minimum, "same", privacy="rule")
+_binary("atan2", np.arctan2, "float", privacy="public_only")
+_binary("hypot", np.hypot, "same", privacy="rule")
+_binary("copysign", np.copysign, "float", privacy="public_only")
 for _name, _fn in {
     "eq": np.equal,
     "ne": np.not_equal,
@@ -335,21 +342,21 @@ for _name, _fn in {
     "gt": np.greater,
     "ge": np.greater_equal,
 }.items():
-    _binary(_name, _fn, "compare")
+    _binary(_name, _fn, "compare", privacy="rule")
 for _name, _fn in {
     "logical_and": np.logical_and,
     "logical_or": np.logical_or,
     "logical_xor": np.logical_xor,
 }.items():
-    _binary(_name, _fn, "logical")
+    _binary(_name, _fn, "logical", privacy="rule")
 for _name, _fn in {
     "bitwise_and": np.bitwise_and,
     "bitwise_or": np.bitwise_or,
     "bitwise_xor": np.bitwise_xor,
 }.items():
-    _binary(_name, _fn, "bitwise")
-_binary("bitwise_left_shift", np.left_shift, "bitwise", refused=_F)
-_binary("bitwise_right_shift", np.right_shift, "bitwise", refused=_F)
+    _binary(_name, _fn, "bitwise", privacy="rule")
+_binary("bitwise_left_shift", np.left_shift, "bitwise", refused=_F, privacy="public_only")
+_binary("bitwise_right_shift", np.right_shift, "bitwise", refused=_F, privacy="public_only")
 
 
 # -- where, clamp, convert ---------------------------------------------------
@@ -366,7 +373,7 @@ def _where_infer(c: Call) -> TensorMeta:
     return TensorMeta(_shape(c), d)
 
 
-@prim("where", args=3, infer=_where_infer, scalar_args=frozenset({1, 2}))
+@prim("where", privacy="rule", args=3, infer=_where_infer, scalar_args=frozenset({1, 2}))
 def _where(c: Call, args: list[Any], out: Array | None) -> Array:
     """where(cond, a, b): a where cond else b; a and b promote like torch.where."""
     cond, a, b = args
@@ -391,6 +398,7 @@ def _clamp_infer(c: Call) -> TensorMeta:
 
 @prim(
     "clamp",
+    privacy="rule",
     args=3,
     infer=_clamp_infer,
     inplace=True,
@@ -420,7 +428,13 @@ def _convert_infer(c: Call) -> TensorMeta:
     return TensorMeta(x.shape, dtype(c.attr("dtype")))
 
 
-@prim("convert_element_type", args=1, attrs={"dtype": AttrSpec("dtype")}, infer=_convert_infer)
+@prim(
+    "convert_element_type",
+    privacy="rule",
+    args=1,
+    attrs={"dtype": AttrSpec("dtype")},
+    infer=_convert_infer,
+)
 def _convert(c: Call, args: list[Any], out: Array | None) -> Array:
     """Cast to ``dtype`` (float to int truncates toward zero, like torch's C cast)."""
     (x,) = args

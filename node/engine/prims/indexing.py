@@ -58,7 +58,7 @@ def _grid(shape: tuple[int, ...], dim: int, idx: Array) -> tuple[Array, ...]:
     return tuple(g)
 
 
-@prim("gather", args=2, attrs={"dim": AttrSpec("int")}, infer=_gather_infer)
+@prim("gather", privacy="rule", args=2, attrs={"dim": AttrSpec("int")}, infer=_gather_infer)
 def _gather(c: Call, args: list[Any], out: Array | None) -> Array:
     """out[i][j] = x[index[i][j]][j] (for dim 0)."""
     x, idx = args
@@ -81,7 +81,13 @@ def _index_select_infer(c: Call) -> TensorMeta:
     return TensorMeta((*x.shape[:d], idx.numel, *x.shape[d + 1 :]), x.dtype)
 
 
-@prim("index_select", args=2, attrs={"dim": AttrSpec("int")}, infer=_index_select_infer)
+@prim(
+    "index_select",
+    privacy="rule",
+    args=2,
+    attrs={"dim": AttrSpec("int")},
+    infer=_index_select_infer,
+)
 def _index_select(c: Call, args: list[Any], out: Array | None) -> Array:
     """Select entries of ``index`` along ``dim``."""
     x, idx = args
@@ -144,12 +150,19 @@ def _scatter_kernel(c: Call, args: list[Any], out: Array | None) -> Array:
 
 prim(
     "scatter",
+    privacy="public_only",
     args=3,
     attrs={"dim": AttrSpec("int")},
     infer=_scatter_infer,
     scalar_args=frozenset({2}),
 )(_scatter_kernel)
-prim("scatter_add", args=3, attrs={"dim": AttrSpec("int")}, infer=_scatter_infer)(_scatter_kernel)
+prim(
+    "scatter_add",
+    privacy="public_only",
+    args=3,
+    attrs={"dim": AttrSpec("int")},
+    infer=_scatter_infer,
+)(_scatter_kernel)
 
 _REDUCE = {"sum": np.add, "prod": np.multiply, "mean": np.add, "amax": np.fmax, "amin": np.fmin}
 
@@ -168,6 +181,7 @@ def _scatter_reduce_infer(c: Call) -> TensorMeta:
 
 @prim(
     "scatter_reduce",
+    privacy="public_only",
     args=3,
     attrs={
         "dim": AttrSpec("int"),
@@ -259,6 +273,7 @@ def _index_put_infer(c: Call) -> TensorMeta:
 
 @prim(
     "index_put",
+    privacy="public_only",
     args=(3, None),
     attrs={"accumulate": AttrSpec("bool", optional=True, default=False)},
     infer=_index_put_infer,
@@ -303,7 +318,13 @@ def _index_infer(c: Call) -> TensorMeta:
     return TensorMeta((*bshape, *rest), x.dtype)
 
 
-@prim("index", args=(2, None), infer=_index_infer, optional_args=frozenset(range(1, 64)))
+@prim(
+    "index",
+    privacy="rule",
+    args=(2, None),
+    infer=_index_infer,
+    optional_args=frozenset(range(1, 64)),
+)
 def _index(c: Call, args: list[Any], out: Array | None) -> Array:
     """x[idx1, idx2, ...] with integer index tensors (null stands for ':'), like aten.index."""
     x, *idx = args

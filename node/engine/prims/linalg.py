@@ -68,7 +68,7 @@ def matmul_accumulation(c: Call) -> tuple[DType, int]:
     return opmath(c.out().dtype), k
 
 
-@prim("matmul", args=2, infer=_matmul_infer, flops=_matmul_flops)
+@prim("matmul", privacy="rule", args=2, infer=_matmul_infer, flops=_matmul_flops)
 def _matmul(c: Call, args: list[Any], out: Array | None) -> Array:
     """torch.matmul: dot, matrix-vector, matrix and broadcast batched products."""
     a, b = args
@@ -295,6 +295,7 @@ def _conv_transposed(x: Array, w: Array, geo: dict[str, Any]) -> Array:
 
 @prim(
     "convolution",
+    privacy="public_only",
     args=(2, 3),
     attrs=_CONV,
     infer=_conv_infer,
@@ -367,6 +368,7 @@ def _wgrad_flops(c: Call) -> int:
 
 @prim(
     "convolution_weight_grad",
+    privacy="public_only",
     args=2,
     attrs={
         "kernel_size": AttrSpec("ints"),

@@ -22,7 +22,15 @@ import numpy as np
 import scipy.linalg  # type: ignore[import-untyped,unused-ignore]
 
 from node.engine.dtypes import DTYPES
-from node.engine.prims.registry import Array, AttrSpec, Call, TensorMeta, broadcast, prim
+from node.engine.prims.registry import (
+    Array,
+    AttrSpec,
+    Call,
+    Privacy,
+    TensorMeta,
+    broadcast,
+    prim,
+)
 
 __all__: list[str] = []
 
@@ -72,13 +80,20 @@ def _unary_matrix(
     attrs: dict[str, AttrSpec] | None = None,
     out_int32: bool = False,
     square: bool = True,
+    privacy: Privacy,
 ) -> Callable[[Callable[[Call, list[Any], Array | None], Array]], Any]:
     def infer(c: Call) -> TensorMeta:
         a = _matrix(c, 0, square)
         return TensorMeta(shape(c, a), _INT32 if out_int32 else a.dtype)
 
     return prim(
-        name, args=1, attrs=attrs or {}, infer=infer, flops=_cubic, workspace=_copy_of_input
+        name,
+        privacy=privacy,
+        args=1,
+        attrs=attrs or {},
+        infer=infer,
+        flops=_cubic,
+        workspace=_copy_of_input,
     )
 
 
@@ -93,6 +108,7 @@ def _fail(c: Call, what: str) -> Exception:
     "cholesky",
     lambda c, a: a.shape,
     attrs={"upper": AttrSpec("bool", optional=True, default=False)},
+    privacy="public_only",
 )
 def _cholesky(c: Call, args: list[Any], out: Array | None) -> Array:
     """Cholesky factor L (A = L L^T), or U = L^T with ``upper``."""
@@ -115,7 +131,7 @@ def _lu(c: Call, a: Array) -> tuple[Array, Array]:
     return lu, piv
 
 
-@_unary_matrix("lu_factor", lambda c, a: a.shape, square=False)
+@_unary_matrix("lu_factor", lambda c, a: a.shape, square=False, privacy="public_only")
 def _lu_factor(c: Call, args: list[Any], out: Array | None) -> Array:
     """LU with partial pivoting (LAPACK getrf), L and U packed in one matrix, like torch."""
     (a,) = args
@@ -123,7 +139,11 @@ def _lu_factor(c: Call, args: list[Any], out: Array | None) -> Array:
 
 
 @_unary_matrix(
-    "lu_pivots", lambda c, a: (*a.shape[:-2], min(a.shape[-2:])), out_int32=True, square=False
+    "lu_pivots",
+    lambda c, a: (*a.shape[:-2], min(a.shape[-2:])),
+    out_int32=True,
+    square=False,
+    privacy="public_only",
 )
 def _lu_pivots(c: Call, args: list[Any], out: Array | None) -> Array:
     """The row swaps of ``lu_factor``: int32, 1-based (LAPACK's and torch's convention)."""
@@ -149,6 +169,7 @@ def _lu_solve_infer(c: Call) -> TensorMeta:
 
 @prim(
     "lu_solve",
+    privacy="public_only",
     args=3,
     attrs={
         "left": AttrSpec("bool", optional=True, default=True),
@@ -197,13 +218,25 @@ def _qr(c: Call, a: Array, part: str) -> Array:
     return np.ascontiguousarray(q if part == "q" else r)
 
 
-@_unary_matrix("qr_q", lambda c, a: _qr_shape(c, a, "q"), attrs=_QR_ATTRS, square=False)
+@_unary_matrix(
+    "qr_q",
+    lambda c, a: _qr_shape(c, a, "q"),
+    attrs=_QR_ATTRS,
+    square=False,
+    privacy="public_only",
+)
 def _qr_q(c: Call, args: list[Any], out: Array | None) -> Array:
     """Q of the Householder QR (LAPACK geqrf + orgqr); ``mode`` as in torch.linalg.qr."""
     return _qr(c, args[0], "q")
 
 
-@_unary_matrix("qr_r", lambda c, a: _qr_shape(c, a, "r"), attrs=_QR_ATTRS, square=False)
+@_unary_matrix(
+    "qr_r",
+    lambda c, a: _qr_shape(c, a, "r"),
+    attrs=_QR_ATTRS,
+    square=False,
+    privacy="public_only",
+)
 def _qr_r(c: Call, args: list[Any], out: Array | None) -> Array:
     """R of the Householder QR (upper triangular)."""
     return _qr(c, args[0], "r")
@@ -218,14 +251,14 @@ def _sym(c: Call, a: Array) -> Literal["L", "U"]:
     return "U" if c.attrs.get("upper") else "L"
 
 
-@_unary_matrix("eigvalsh", lambda c, a: a.shape[:-1], attrs=_UPLO)
+@_unary_matrix("eigvalsh", lambda c, a: a.shape[:-1], attrs=_UPLO, privacy="public_only")
 def _eigvalsh(c: Call, args: list[Any], out: Array | None) -> Array:
     """Eigenvalues of a symmetric matrix (one triangle read), ascending."""
     (a,) = args
     return np.asarray(np.linalg.eigvalsh(a, UPLO=_sym(c, a)))
 
 
-@_unary_matrix("eigh_vectors", lambda c, a: a.shape, attrs=_UPLO)
+@_unary_matrix("eigh_vectors", lambda c, a: a.shape, attrs=_UPLO, privacy="public_only")
 def _eigh_vectors(c: Call, args: list[Any], out: Array | None) -> Array:
     """Eigenvectors (columns) of a symmetric matrix, in the order of ``eigvalsh``."""
     (a,) = args
@@ -246,7 +279,7 @@ def _svd_shape(c: Call, a: TensorMeta, part: str) -> tuple[int, ...]:
 _FULL = {"full_matrices": AttrSpec("bool", optional=True, default=False)}
 
 
-@_unary_matrix("svdvals", lambda c, a: _svd_shape(c, a, "s"), square=False)
+@_unary_matrix("svdvals", lambda c, a: _svd_shape(c, a, "s"), square=False, privacy="public_only")
 def _svdvals(c: Call, args: list[Any], out: Array | None) -> Array:
     """Singular values, descending."""
     (a,) = args
@@ -265,13 +298,25 @@ def _svd_part(c: Call, a: Array, part: str) -> Array:
     return np.ascontiguousarray(u if part == "u" else vh)
 
 
-@_unary_matrix("svd_u", lambda c, a: _svd_shape(c, a, "u"), attrs=_FULL, square=False)
+@_unary_matrix(
+    "svd_u",
+    lambda c, a: _svd_shape(c, a, "u"),
+    attrs=_FULL,
+    square=False,
+    privacy="public_only",
+)
 def _svd_u(c: Call, args: list[Any], out: Array | None) -> Array:
     """Left singular vectors (LAPACK gesdd), columns in the order of ``svdvals``."""
     return _svd_part(c, args[0], "u")
 
 
-@_unary_matrix("svd_vh", lambda c, a: _svd_shape(c, a, "vh"), attrs=_FULL, square=False)
+@_unary_matrix(
+    "svd_vh",
+    lambda c, a: _svd_shape(c, a, "vh"),
+    attrs=_FULL,
+    square=False,
+    privacy="public_only",
+)
 def _svd_vh(c: Call, args: list[Any], out: Array | None) -> Array:
     """Right singular vectors, as rows (Vh)."""
     return _svd_part(c, args[0], "vh")
@@ -280,7 +325,7 @@ def _svd_vh(c: Call, args: list[Any], out: Array | None) -> Array:
 # -- inverses, determinants, solves -------------------------------------------------------
 
 
-@_unary_matrix("inv", lambda c, a: a.shape)
+@_unary_matrix("inv", lambda c, a: a.shape, privacy="public_only")
 def _inv(c: Call, args: list[Any], out: Array | None) -> Array:
     """Matrix inverse (LAPACK getrf + getri/getrs)."""
     (a,) = args
@@ -290,20 +335,20 @@ def _inv(c: Call, args: list[Any], out: Array | None) -> Array:
         raise _fail(c, "the matrix is singular") from None
 
 
-@_unary_matrix("det", lambda c, a: a.shape[:-2])
+@_unary_matrix("det", lambda c, a: a.shape[:-2], privacy="public_only")
 def _det(c: Call, args: list[Any], out: Array | None) -> Array:
     """Determinant (product of the LU diagonal, signed by the pivots)."""
     return np.asarray(np.linalg.det(args[0])).astype(c.out().dtype.np)
 
 
-@_unary_matrix("slogdet", lambda c, a: (*a.shape[:-2], 2))
+@_unary_matrix("slogdet", lambda c, a: (*a.shape[:-2], 2), privacy="public_only")
 def _slogdet(c: Call, args: list[Any], out: Array | None) -> Array:
     """Sign and log of the absolute determinant, stacked in a last dim of size 2."""
     sign, logabs = np.linalg.slogdet(args[0])
     return np.stack([np.asarray(sign), np.asarray(logabs)], axis=-1).astype(c.out().dtype.np)
 
 
-@_unary_matrix("matrix_exp", lambda c, a: a.shape)
+@_unary_matrix("matrix_exp", lambda c, a: a.shape, privacy="public_only")
 def _matrix_exp(c: Call, args: list[Any], out: Array | None) -> Array:
     """exp(A) = sum A^k / k! (SciPy's scaling-and-squaring Pade approximation)."""
     (a,) = args
@@ -333,6 +378,7 @@ def _solve_flops(c: Call) -> int:
 
 @prim(
     "solve",
+    privacy="public_only",
     args=2,
     attrs={"left": AttrSpec("bool", optional=True, default=True)},
     infer=_solve_infer,
@@ -353,6 +399,7 @@ def _solve(c: Call, args: list[Any], out: Array | None) -> Array:
 
 @prim(
     "solve_triangular",
+    privacy="public_only",
     args=2,
     attrs={
         "upper": AttrSpec("bool"),
@@ -401,13 +448,18 @@ def _geqrf(a: Array) -> tuple[Array, Array]:
     return np.asarray(qr), np.asarray(tau)
 
 
-@_unary_matrix("geqrf", lambda c, a: a.shape, square=False)
+@_unary_matrix("geqrf", lambda c, a: a.shape, square=False, privacy="public_only")
 def _geqrf_prim(c: Call, args: list[Any], out: Array | None) -> Array:
     """R and the Householder vectors packed as LAPACK's geqrf leaves them (torch.geqrf's a)."""
     return _loop(c, lambda m: _geqrf(m)[0], [args[0]], 2)
 
 
-@_unary_matrix("geqrf_tau", lambda c, a: (*a.shape[:-2], min(a.shape[-2:])), square=False)
+@_unary_matrix(
+    "geqrf_tau",
+    lambda c, a: (*a.shape[:-2], min(a.shape[-2:])),
+    square=False,
+    privacy="public_only",
+)
 def _geqrf_tau(c: Call, args: list[Any], out: Array | None) -> Array:
     """The Householder scalars of ``geqrf`` (torch.geqrf's tau)."""
     return _loop(c, lambda m: _geqrf(m)[1], [args[0]], 1)
@@ -426,7 +478,7 @@ def _householder_infer(c: Call) -> TensorMeta:
     return TensorMeta(a.shape, a.dtype)
 
 
-@prim("householder_product", args=2, infer=_householder_infer, flops=_cubic)
+@prim("householder_product", privacy="public_only", args=2, infer=_householder_infer, flops=_cubic)
 def _householder_product(c: Call, args: list[Any], out: Array | None) -> Array:
     """The first n columns of the product of Householder reflectors (LAPACK orgqr)."""
     a, tau = args
@@ -460,6 +512,7 @@ def _ormqr_infer(c: Call) -> TensorMeta:
 
 @prim(
     "ormqr",
+    privacy="public_only",
     args=3,
     attrs={
         "left": AttrSpec("bool", optional=True, default=True),
@@ -495,13 +548,13 @@ def _ldl(a: Array) -> tuple[Array, Array]:
     return np.tril(ldu), np.asarray(piv, dtype=np.int32)
 
 
-@_unary_matrix("ldl_factor", lambda c, a: a.shape)
+@_unary_matrix("ldl_factor", lambda c, a: a.shape, privacy="public_only")
 def _ldl_factor(c: Call, args: list[Any], out: Array | None) -> Array:
     """The LDL^T factors of a symmetric matrix (lower triangle read), packed like torch's LD."""
     return _loop(c, lambda m: _ldl(m)[0], [args[0]], 2)
 
 
-@_unary_matrix("ldl_pivots", lambda c, a: a.shape[:-1], out_int32=True)
+@_unary_matrix("ldl_pivots", lambda c, a: a.shape[:-1], out_int32=True, privacy="public_only")
 def _ldl_pivots(c: Call, args: list[Any], out: Array | None) -> Array:
     """sytrf's int32 pivots (1-based; negative pairs mark 2x2 blocks), like torch's."""
     return _loop(c, lambda m: _ldl(m)[1], [args[0]], 1)
@@ -519,7 +572,7 @@ def _ldl_solve_infer(c: Call) -> TensorMeta:
     return TensorMeta((*batch, *b.shape[-2:]), b.dtype)
 
 
-@prim("ldl_solve", args=3, infer=_ldl_solve_infer, flops=_solve_flops)
+@prim("ldl_solve", privacy="public_only", args=3, infer=_ldl_solve_infer, flops=_solve_flops)
 def _ldl_solve(c: Call, args: list[Any], out: Array | None) -> Array:
     """Solve A X = B from ``ldl_factor``/``ldl_pivots`` (LAPACK sytrs)."""
     ld, piv, b = args

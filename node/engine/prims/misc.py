@@ -48,6 +48,7 @@ def _argsort_infer(c: Call) -> TensorMeta:
 
 @prim(
     "argsort",
+    privacy="public_only",
     args=1,
     attrs={"dim": AttrSpec("int"), "descending": AttrSpec("bool", optional=True, default=False)},
     infer=_argsort_infer,
@@ -79,6 +80,7 @@ def _topk_infer(c: Call) -> TensorMeta:
 
 @prim(
     "topk",
+    privacy="public_only",
     args=1,
     attrs={
         "k": AttrSpec("int"),
@@ -110,6 +112,7 @@ def _full_infer(c: Call) -> TensorMeta:
 
 @prim(
     "full",
+    privacy="public_only",
     args=0,
     attrs={
         "shape": AttrSpec("shape"),
@@ -147,6 +150,7 @@ def _arange_infer(c: Call) -> TensorMeta:
 
 @prim(
     "arange",
+    privacy="public_only",
     args=0,
     attrs={
         "start": AttrSpec("float"),
@@ -175,6 +179,7 @@ def _rand_infer(c: Call) -> TensorMeta:
 
 @prim(
     "rand",
+    privacy="rule",
     args=0,
     attrs={"shape": AttrSpec("shape"), "dtype": AttrSpec("dtype")},
     infer=_rand_infer,
@@ -223,6 +228,7 @@ def _searchsorted_flops(c: Call) -> int:
 
 @prim(
     "searchsorted",
+    privacy="public_only",
     args=2,
     attrs={
         "right": AttrSpec("bool", optional=True, default=False),

@@ -15,7 +15,7 @@ import numpy as np
 
 from node.engine.accurate import blocked_sum
 from node.engine.dtypes import BOOL, DTYPES, INT64, DType, accumulation, dtype, opmath
-from node.engine.prims.registry import Array, AttrSpec, Call, TensorMeta, prim
+from node.engine.prims.registry import Array, AttrSpec, Call, Privacy, TensorMeta, prim
 
 _DIMS = {
     "dims": AttrSpec("ints", optional=True),
@@ -50,7 +50,7 @@ def _flops_in(c: Call) -> int:
     return max(x.numel, 1)
 
 
-def _reduction(name: str, rule: str) -> None:
+def _reduction(name: str, rule: str, *, privacy: Privacy) -> None:
     def infer(c: Call) -> TensorMeta:
         x = c.tensor(0)
         dims = _dims(c, x)
@@ -98,21 +98,27 @@ def _reduction(name: str, rule: str) -> None:
         return np.asarray(r).astype(res.np, copy=False)
 
     attrs = {**_DIMS, "dtype": AttrSpec("dtype", optional=True)} if rule == "accumulate" else _DIMS
-    prim(name, args=1, attrs=attrs, infer=infer, flops=_flops_in, doc=f"{name} over dims ({rule})")(
-        kernel
-    )
+    prim(
+        name,
+        privacy=privacy,
+        args=1,
+        attrs=attrs,
+        infer=infer,
+        flops=_flops_in,
+        doc=f"{name} over dims ({rule})",
+    )(kernel)
 
 
 for _n, _r in {
     "sum": "accumulate",
-    "prod": "accumulate",
     "mean": "mean",
     "amax": "extreme",
     "amin": "extreme",
     "any": "logical",
     "all": "logical",
 }.items():
-    _reduction(_n, _r)
+    _reduction(_n, _r, privacy="rule")
+_reduction("prod", "accumulate", privacy="public_only")
 
 
 def _arg_infer(c: Call) -> TensorMeta:
@@ -144,8 +150,8 @@ def _arg_kernel(c: Call, args: list[Any], out: Array | None) -> Array:
     return np.asarray(fn(x, axis=dim, keepdims=keep)).astype(np.int64, copy=False)
 
 
-prim("argmax", args=1, attrs=_DIM, infer=_arg_infer, flops=_flops_in)(_arg_kernel)
-prim("argmin", args=1, attrs=_DIM, infer=_arg_infer, flops=_flops_in)(_arg_kernel)
+prim("argmax", privacy="rule", args=1, attrs=_DIM, infer=_arg_infer, flops=_flops_in)(_arg_kernel)
+prim("argmin", privacy="rule", args=1, attrs=_DIM, infer=_arg_infer, flops=_flops_in)(_arg_kernel)
 
 
 def _cumsum_infer(c: Call) -> TensorMeta:
@@ -159,6 +165,7 @@ def _cumsum_infer(c: Call) -> TensorMeta:
 
 @prim(
     "cumsum",
+    privacy="public_only",
     args=1,
     attrs={"dim": AttrSpec("int"), "dtype": AttrSpec("dtype", optional=True)},
     infer=_cumsum_infer,
@@ -183,7 +190,7 @@ def _scan_infer(c: Call) -> TensorMeta:
     return TensorMeta(x.shape, INT64)
 
 
-@prim("cumargmax", args=1, attrs={"dim": AttrSpec("int")}, infer=_scan_infer)
+@prim("cumargmax", privacy="public_only", args=1, attrs={"dim": AttrSpec("int")}, infer=_scan_infer)
 def _cumargmax(c: Call, args: list[Any], out: Array | None) -> Array:
     """Index of the running maximum along ``dim`` (values: gather with it), like cummax.
 
@@ -193,7 +200,7 @@ def _cumargmax(c: Call, args: list[Any], out: Array | None) -> Array:
     return _cumarg(c, args[0], np.fmax)
 
 
-@prim("cumargmin", args=1, attrs={"dim": AttrSpec("int")}, infer=_scan_infer)
+@prim("cumargmin", privacy="public_only", args=1, attrs={"dim": AttrSpec("int")}, infer=_scan_infer)
 def _cumargmin(c: Call, args: list[Any], out: Array | None) -> Array:
     """Index of the running minimum along ``dim``, like cummin (ties: latest index)."""
     return _cumarg(c, args[0], np.fmin)
@@ -223,7 +230,9 @@ def _cumarg(c: Call, x: Array, fn: Any) -> Array:
     return np.asarray(np.maximum.accumulate(np.where(take, pos, 0), axis=d), dtype=np.int64)
 
 
-@prim("logcumsumexp", args=1, attrs={"dim": AttrSpec("int")}, infer=_scan_infer)
+@prim(
+    "logcumsumexp", privacy="public_only", args=1, attrs={"dim": AttrSpec("int")}, infer=_scan_infer
+)
 def _logcumsumexp(c: Call, args: list[Any], out: Array | None) -> Array:
     """log(cumsum(exp(x))) along ``dim``, accumulated in float64 as torch's CPU kernel does."""
     (x,) = args

@@ -22,12 +22,12 @@ from node.engine.dtypes import DType
 from node.errors import EvaluationError, GraphError
 
 __all__ = [
+    "PRIVACY_KINDS",
     "REGISTRY",
     "ArgMeta",
     "AttrSpec",
     "Call",
     "Kernel",
-    "PRIVACY_KINDS",
     "PrimDef",
     "Privacy",
     "Scalar",

@@ -44,6 +44,7 @@ def _reshape_infer(c: Call) -> TensorMeta:
 
 @prim(
     "reshape",
+    privacy="rule",
     args=1,
     attrs={"shape": AttrSpec("shape")},
     infer=_reshape_infer,
@@ -80,6 +81,7 @@ def _expand_infer(c: Call) -> TensorMeta:
 
 @prim(
     "expand",
+    privacy="rule",
     args=1,
     attrs={"shape": AttrSpec("shape")},
     infer=_expand_infer,
@@ -101,6 +103,7 @@ def _permute_infer(c: Call) -> TensorMeta:
 
 @prim(
     "permute",
+    privacy="rule",
     args=1,
     attrs={"dims": AttrSpec("ints")},
     infer=_permute_infer,
@@ -127,6 +130,7 @@ def _squeeze_infer(c: Call) -> TensorMeta:
 
 @prim(
     "squeeze",
+    privacy="rule",
     args=1,
     attrs={"dims": AttrSpec("ints", optional=True)},
     infer=_squeeze_infer,
@@ -149,6 +153,7 @@ def _unsqueeze_infer(c: Call) -> TensorMeta:
 
 @prim(
     "unsqueeze",
+    privacy="rule",
     args=1,
     attrs={"dim": AttrSpec("int")},
     infer=_unsqueeze_infer,
@@ -185,7 +190,9 @@ def _slice_infer(c: Call) -> TensorMeta:
     return TensorMeta((*x.shape[:d], n, *x.shape[d + 1 :]), x.dtype)
 
 
-@prim("slice", args=1, attrs=_SLICE, infer=_slice_infer, view=True, flops=lambda c: 1)
+@prim(
+    "slice", privacy="rule", args=1, attrs=_SLICE, infer=_slice_infer, view=True, flops=lambda c: 1
+)
 def _slice(c: Call, args: list[Any], out: Array | None) -> Array:
     """x[..., start:end:step, ...] along ``dim`` (step > 0, like torch)."""
     x = args[0]
@@ -205,6 +212,7 @@ def _flip_infer(c: Call) -> TensorMeta:
 
 @prim(
     "flip",
+    privacy="rule",
     args=1,
     attrs={"dims": AttrSpec("ints")},
     infer=_flip_infer,
@@ -249,7 +257,7 @@ def _cat_infer(c: Call) -> TensorMeta:
     return TensorMeta((*first.shape[:d], n, *first.shape[d + 1 :]), dt)
 
 
-@prim("cat", args=(1, None), attrs={"dim": AttrSpec("int")}, infer=_cat_infer)
+@prim("cat", privacy="rule", args=(1, None), attrs={"dim": AttrSpec("int")}, infer=_cat_infer)
 def _cat(c: Call, args: list[Any], out: Array | None) -> Array:
     """Concatenate along ``dim``, promoting dtypes like torch.cat."""
     d = c.out().dtype
@@ -278,6 +286,7 @@ def _pad_infer(c: Call) -> TensorMeta:
 
 @prim(
     "pad",
+    privacy="rule",
     args=1,
     attrs={
         "pad": AttrSpec("ints"),
@@ -320,6 +329,7 @@ def _unfold_infer(c: Call) -> TensorMeta:
 
 @prim(
     "unfold",
+    privacy="rule",
     args=1,
     attrs={"dim": AttrSpec("int"), "size": AttrSpec("int"), "step": AttrSpec("int")},
     infer=_unfold_infer,

@@ -21,7 +21,15 @@ import scipy.special  # type: ignore[import-untyped,unused-ignore]
 
 from node.engine.dtypes import DEFAULT_FLOAT, DTYPES, opmath
 from node.engine.prims.elementwise import _binary, _unary, as_np
-from node.engine.prims.registry import REGISTRY, Array, AttrSpec, Call, TensorMeta, prim
+from node.engine.prims.registry import (
+    REGISTRY,
+    Array,
+    AttrSpec,
+    Call,
+    Privacy,
+    TensorMeta,
+    prim,
+)
 
 __all__ = ["MAX_DEGREE", "POLYNOMIALS"]
 
@@ -51,14 +59,14 @@ def _airy_ai(x: Array) -> Array:
 # -- unary -------------------------------------------------------------------------------
 
 for _name, _fn in {"lgamma": scipy.special.gammaln, "digamma": scipy.special.psi}.items():
-    _unary(_name, _fn, "float")
+    _unary(_name, _fn, "float", privacy="public_only")
 for _name, _fn in {
     "bessel_i0": scipy.special.i0,
     "bessel_i0e": scipy.special.i0e,
     "bessel_i1": scipy.special.i1,
     "bessel_i1e": scipy.special.i1e,
 }.items():
-    _unary(_name, _fn, "float")
+    _unary(_name, _fn, "float", privacy="public_only")
 for _name, _fn in {
     "erfcx": scipy.special.erfcx,
     "ndtri": scipy.special.ndtri,
@@ -74,16 +82,30 @@ for _name, _fn in {
     "spherical_bessel_j0": _with_out(_spherical_j0),
     "airy_ai": _with_out(_airy_ai),
 }.items():
-    _unary(_name, _fn, "float", refused=_NO_LOW)
+    _unary(_name, _fn, "float", refused=_NO_LOW, privacy="public_only")
 
 
 # -- binary ------------------------------------------------------------------------------
 
-_binary("zeta", scipy.special.zeta, "float", refused=_NO_LOW)
-_binary("igamma", scipy.special.gammainc, "same", refused=frozenset({"bool", "int"}))
-_binary("igammac", scipy.special.gammaincc, "same", refused=frozenset({"bool", "int"}))
-_binary("nextafter", np.nextafter, "same", refused=frozenset({"bool", "int"}))
-_binary("gcd", np.gcd, "same", refused=frozenset({"bool", "float"}))
+_binary("zeta", scipy.special.zeta, "float", refused=_NO_LOW, privacy="public_only")
+_binary(
+    "igamma",
+    scipy.special.gammainc,
+    "same",
+    refused=frozenset({"bool", "int"}),
+    privacy="public_only",
+)
+_binary(
+    "igammac",
+    scipy.special.gammaincc,
+    "same",
+    refused=frozenset({"bool", "int"}),
+    privacy="public_only",
+)
+_binary(
+    "nextafter", np.nextafter, "same", refused=frozenset({"bool", "int"}), privacy="public_only"
+)
+_binary("gcd", np.gcd, "same", refused=frozenset({"bool", "float"}), privacy="public_only")
 
 
 def _polygamma_infer(c: Call) -> TensorMeta:
@@ -93,7 +115,9 @@ def _polygamma_infer(c: Call) -> TensorMeta:
     return TensorMeta(x.shape, x.dtype if x.dtype.is_float else DEFAULT_FLOAT)
 
 
-@prim("polygamma", args=1, attrs={"n": AttrSpec("int")}, infer=_polygamma_infer)
+@prim(
+    "polygamma", privacy="public_only", args=1, attrs={"n": AttrSpec("int")}, infer=_polygamma_infer
+)
 def _polygamma(c: Call, args: list[Any], out: Array | None) -> Array:
     """The n-th derivative of digamma (n = 0 is digamma)."""
     (x,) = args
@@ -345,7 +369,9 @@ POLYNOMIALS: dict[str, Callable[[Array, Array], Array]] = {
 }
 
 
-def _register_polynomial(name: str, fn: Callable[[Array, Array], Array]) -> None:
+def _register_polynomial(
+    name: str, fn: Callable[[Array, Array], Array], *, privacy: Privacy
+) -> None:
     def ufunc(x: Array, n: Array, out: Array | None = None) -> Array:
         x, n = np.broadcast_arrays(x, n)
         r = fn(np.array(x, order="C"), _degree(n))
@@ -354,7 +380,7 @@ def _register_polynomial(name: str, fn: Callable[[Array, Array], Array]) -> None
         np.copyto(out, r)
         return out
 
-    _binary(name, ufunc, "float", refused=_NO_LOW)
+    _binary(name, ufunc, "float", refused=_NO_LOW, privacy=privacy)
     d = REGISTRY[name]
     kernel = d.kernel
 
@@ -372,7 +398,7 @@ def _register_polynomial(name: str, fn: Callable[[Array, Array], Array]) -> None
 
 
 for _name, _fn in POLYNOMIALS.items():
-    _register_polynomial(_name, _fn)
+    _register_polynomial(_name, _fn, privacy="public_only")
 
 
 # -- frexp ---------------------------------------------------------------------------------
@@ -385,7 +411,7 @@ def _frexp_infer(c: Call) -> TensorMeta:
     return TensorMeta(x.shape, x.dtype if c.op == "frexp_mantissa" else DTYPES["int32"])
 
 
-@prim("frexp_mantissa", args=1, infer=_frexp_infer)
+@prim("frexp_mantissa", privacy="public_only", args=1, infer=_frexp_infer)
 def _frexp_mantissa(c: Call, args: list[Any], out: Array | None) -> Array:
     """m with x = m * 2**e and 0.5 <= |m| < 1 (0, inf and NaN unchanged), like torch.frexp."""
     (x,) = args
@@ -393,7 +419,7 @@ def _frexp_mantissa(c: Call, args: list[Any], out: Array | None) -> Array:
     return np.asarray(np.frexp(src)[0]).astype(c.out().dtype.np)
 
 
-@prim("frexp_exponent", args=1, infer=_frexp_infer)
+@prim("frexp_exponent", privacy="public_only", args=1, infer=_frexp_infer)
 def _frexp_exponent(c: Call, args: list[Any], out: Array | None) -> Array:
     """The int32 exponent e of torch.frexp (0 for 0, inf and NaN)."""
     (x,) = args
