@@ -212,6 +212,9 @@ def _numeric(
             values = np.where(bad, np.asarray(fill, dtype=values.dtype), values)
     if values.dtype.kind == "f":
         lower, upper = _representable(values.dtype, lower, upper)
+        # -0.0 + 0.0 is +0.0: a zero's sign is a bit the bounds do not speak of, and an
+        # output such as x * 0.0 (sensitivity 0, so released as computed) would carry it
+        values = values + values.dtype.type(0.0)
     if values.dtype.kind in "iu":
         # Integer columns can only hold whole numbers: tighten the bounds to them.
         lower, upper = float(math.ceil(lower)), float(math.floor(upper))

@@ -165,6 +165,13 @@ def _bool_fn() -> Fn:
 
 for _n in _PREDICATES:
     FUNCTIONS[_n] = _bool_fn()
+# Exact arithmetic knows one zero, IEEE two: x * 0.0 moves by 0 (d == 0) and is still
+# -0.0 for a negative x. signbit reads that sign, so wherever the range holds a zero its
+# value may differ between neighbours whatever d says.
+FUNCTIONS["signbit"] = Fn(
+    lambda lo, hi: (np.zeros(np.shape(lo)), np.ones(np.shape(lo))),
+    lambda lo, hi, d: np.where((d > 0) | ((lo <= 0) & (hi >= 0)), 1.0, 0.0),
+)
 FUNCTIONS["logical_not"] = FUNCTIONS["bitwise_not_bool"] = Fn(
     lambda lo, hi: (1 - hi, 1 - lo), lambda lo, hi, d: np.minimum(d, 1.0)
 )
