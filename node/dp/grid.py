@@ -64,7 +64,10 @@ def finest_exponent(sensitivity: float, count: int, *, norm: int) -> int:
     # 2^k <= sensitivity * 2^-F / count^(1/norm), i.e. 2^(norm k) * count <= (s 2^-F)^norm.
     target = Fraction(sensitivity) / (1 << FINENESS_BITS)
     bound = target**norm / count
-    k = math.floor(math.log2(float(target))) - (count.bit_length() // norm) - 2
+    # a start within a few steps of k, from the bit lengths (a float log2 of a subnormal
+    # sensitivity's 2^-F would be log2(0))
+    log2 = target.numerator.bit_length() - target.denominator.bit_length()
+    k = log2 - (count.bit_length() // norm) - 2
     while Fraction(2) ** (norm * (k + 1)) <= bound:
         k += 1
     while Fraction(2) ** (norm * k) > bound:

@@ -40,8 +40,8 @@ from node.privacy.tracker import PrivacyReport, track
 
 __all__ = ["ReleasePlan", "Released", "plan_release", "run_release"]
 
-#: The largest magnitude a grid index may have (the grid check in node.dp.grid allows more).
-_GRID_INDEX_LIMIT = 2.0**1000
+#: Grid indices are kept below 2^this (the grid check in node.dp.grid allows more).
+_GRID_INDEX_BITS = 1000
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,8 +113,8 @@ def plan_release(
     # Narrowing the clip to what the grid holds is post-processing (clipping never widens
     # a difference); only absurd magnitudes (beyond 2^1000 grid steps) are touched.
     limit = sys.float_info.max
-    if noise.grid_exponent is not None:
-        limit = min(limit, math.ldexp(_GRID_INDEX_LIMIT, noise.grid_exponent))
+    if noise.grid_exponent is not None and _GRID_INDEX_BITS + noise.grid_exponent < 1024:
+        limit = math.ldexp(1.0, _GRID_INDEX_BITS + noise.grid_exponent)
     np.clip(lower, -limit, limit, out=lower)
     np.clip(upper, -limit, limit, out=upper)
     fallback = np.clip(np.zeros(count), lower, upper)

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from node.engine import Graph, GraphBuilder, Ref, plan
-from node.errors import EvaluationError, GraphError
+from node.errors import GraphError
 from node.privacy import PrivacyTrackingError, track
 from tests.privacy.helpers import Column, assert_sound, neighbours
 
@@ -336,10 +336,7 @@ def test_tracked_sensitivity_bounds_every_neighbour(
     rng = np.random.default_rng(seed)
     for _ in range(PAIRS_PER_GRAPH):
         d1, d2 = neighbours(cols, rng)
-        try:
-            assert_sound(graph, report, d1, d2)
-        except EvaluationError:  # e.g. integer division by zero: no output to compare
-            return
+        assert_sound(graph, report, d1, d2)  # total kernels: no value makes one fail
         STATS["pairs"] += 1
 
 
