@@ -1,7 +1,7 @@
 """End-to-end publish latency against hand-written NumPy, measured in the same run.
 
     python -m bench.publish [--rows 1000000] [--lr-rows 100000] [--repeat 15] [--stages]
-                            [--server]
+                            [--server] [--compare REV]
 
 Each case runs through the whole node in process — the SDK encodes the graph, the HTTP
 API reads it, the engine evaluates and tracks sensitivity, the mechanism noises, the
@@ -20,6 +20,10 @@ shared; single runs move by tens of percent). ``--stages`` also prints where a p
 time goes: each stage of ``node.services.publish.publish`` timed by wrapping it, and
 the rest of the request (HTTP, authentication, SDK encoding and decoding) as the
 difference. Noise throughput alone (against NumPy and OpenDP) is ``bench/noise.py``.
+
+``--compare REV`` also serves the same publishes from a ``git worktree`` of commit ``REV``
+(a second ``dpnode serve`` process, the current one serving this tree), interleaved in
+the same run, and prints this tree's time over REV's: the regression check of a change.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +56,6 @@ from node.app import create_app
 from node.context import NodeContext
 from node.db.migrate import upgrade
 from node.engine import GraphBuilder, encode
-from node.privacy import PrivacyReport
 from node.services import budget, users
 from node.services import publish as service
 from node.settings import Settings
@@ -68,10 +72,9 @@ def stage_timers() -> Iterator[dict[str, list[float]]]:
         (service, "publish", "service total"),
         (service, "_decode", "decode + plan graph"),
         (service, "_resolve", "resolve inputs (DB + blobs)"),
-        (service, "evaluate_tracked", "evaluate + track sensitivity"),
-        (PrivacyReport, "clip", "clip to bounds"),
-        (service, "_noise", "noise"),
+        (service, "plan_release", "track sensitivity + plan noise"),
         (budget, "charge", "budget check + ledger commit"),
+        (service, "run_release", "read columns, evaluate, clip, noise"),
         (users, "active", "read the account"),
     ]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
@@ -144,6 +147,7 @@ SETTINGS = {
 
 def _prepare(data_dir: Path) -> NodeContext:
     """A node's database with the bench's owner and data scientist."""
+    data_dir.mkdir(parents=True, exist_ok=True)
     settings = Settings(data_dir=data_dir, **{k[7:].lower(): v for k, v in SETTINGS.items()})
     upgrade(settings.resolved_database_url)
     context = NodeContext.from_settings(settings)
@@ -156,8 +160,26 @@ def _prepare(data_dir: Path) -> NodeContext:
 
 
 @contextmanager
-def node(data_dir: Path, server: bool) -> Iterator[Callable[[str], Any]]:
-    """Log in to a node: in process (the app behind starlette's TestClient) or a real server."""
+def worktree(rev: str) -> Iterator[Path]:
+    """A checkout of ``rev`` in a temporary directory (removed on exit)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "tree"
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(path), rev],
+            check=True,
+        )
+        try:
+            yield path
+        finally:
+            subprocess.run(
+                ["git", "-C", str(REPO), "worktree", "remove", "--force", str(path)], check=True
+            )
+
+
+@contextmanager
+def node(data_dir: Path, server: bool, repo: Path = REPO) -> Iterator[Callable[[str], Any]]:
+    """Log in to a node: in process (the app behind starlette's TestClient) or a real server
+    (serving the code of ``repo``)."""
     context = _prepare(data_dir)
     if not server:
         with TestClient(create_app(context=context)) as http:
@@ -170,11 +192,16 @@ def node(data_dir: Path, server: bool) -> Iterator[Callable[[str], Any]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    env = os.environ | SETTINGS | {"DPNODE_DATA_DIR": str(data_dir), "PYTHONPATH": str(REPO)}
+    env = os.environ | SETTINGS | {"DPNODE_DATA_DIR": str(data_dir), "PYTHONPATH": str(repo)}
     command = [sys.executable, "-m", "node", "serve", "--port", str(port), "--log-level", "warning"]
+    # run from the served tree, so that its `node` package is the one imported
+    cwd = str(repo)
     url = f"http://127.0.0.1:{port}"
     log = data_dir / "server.log"
-    with log.open("wb") as out, subprocess.Popen(command, env=env, stdout=out, stderr=out) as p:
+    with (
+        log.open("wb") as out,
+        subprocess.Popen(command, env=env, stdout=out, stderr=out, cwd=cwd) as p,
+    ):
         try:
             for _ in range(300):
                 if p.poll() is not None:
@@ -190,6 +217,59 @@ def node(data_dir: Path, server: bool) -> Iterator[Callable[[str], Any]]:
             p.wait(timeout=30)
 
 
+@dataclass(frozen=True)
+class Data:
+    x: np.ndarray
+    features: np.ndarray
+    labels: np.ndarray
+    w: np.ndarray
+
+
+def publishes(login: Callable[[str], Any], data: Data) -> list[Callable[[], Any]]:
+    """Upload the bench's datasets to a node and return its two publishes (mean, gradient)."""
+    owner, ds = login("o@x.org"), login("d@x.org")
+    rows, (n, k) = data.x.shape[0], data.features.shape
+    big = owner.upload_dataset("big", {"x": data.x}, bounds={"x": (0, 1)})
+    lr = owner.upload_dataset(
+        "lr", {"X": data.features, "y": data.labels}, bounds={"X": (-1, 1), "y": (0, 1)}
+    )
+    b = GraphBuilder()
+    xi = b.input(f"dataset:{big.id}/x", "float64", (rows,))
+    mean_frame = encode(b.build([b.op("mean", xi)]))
+    b = GraphBuilder()
+    xs = b.input(f"dataset:{lr.id}/X", "float32", (n, k))
+    ys = b.input(f"dataset:{lr.id}/y", "float32", (n,))
+    z = b.op("matmul", xs, b.constant(data.w))
+    p = b.op("reciprocal", b.op("add", b.op("exp", b.op("neg", z)), 1.0))
+    residual = b.op("sub", p, ys)
+    grad = b.op("div", b.op("matmul", b.op("permute", xs, dims=[1, 0]), residual), float(n))
+    grad_frame = encode(b.build([grad]))
+    return [
+        lambda: ds.publish_frame(mean_frame, epsilon=0.01),
+        lambda: ds.publish_frame(grad_frame, epsilon=0.01),
+    ]
+
+
+def compare(args: argparse.Namespace, data: Data) -> None:
+    """This tree's publishes against REV's, two servers, interleaved in one run."""
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        worktree(args.compare) as old_tree,
+        node(Path(tmp) / "new", True) as new_login,
+        node(Path(tmp) / "old", True, repo=old_tree) as old_login,
+    ):
+        new, old = publishes(new_login, data), publishes(old_login, data)
+        fns = [fn for pair in zip(new, old, strict=True) for fn in pair]
+        times = interleaved_best(fns, args.repeat)
+    names = [f"mean of {data.x.shape[0]:,} rows", "logistic-regression gradient"]
+    print(f"\n## This tree against {args.compare}, `dpnode serve` each, best of {args.repeat}\n")
+    print(f"| case | this tree ms | {args.compare} ms | ratio |")
+    print("|---|---|---|---|")
+    for i, name in enumerate(names):
+        ours, theirs = times[2 * i] * 1e3, times[2 * i + 1] * 1e3
+        print(f"| {name} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.3f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -203,42 +283,35 @@ def main() -> None:
         action="store_true",
         help="publish to a real `dpnode serve` process on loopback instead of in process",
     )
+    parser.add_argument(
+        "--compare",
+        metavar="REV",
+        help="also time the same publishes served by commit REV (a git worktree)",
+    )
     args = parser.parse_args()
     if not args.no_noise:
         print("## Noise: values per second\n")
         noise_bench.report(repeat=min(args.repeat, 9))
         print("\n## Publish, end to end\n")
     rng = np.random.default_rng(0)
+    n, k = args.lr_rows, args.features
+    data = Data(
+        x=rng.uniform(0, 1, args.rows),
+        features=rng.uniform(-1, 1, (n, k)).astype(np.float32),
+        labels=(rng.random(n) < 0.5).astype(np.float32),
+        w=rng.standard_normal(k).astype(np.float32),
+    )
+    if args.compare:
+        compare(args, data)
+        return
+    x, features, labels, w = data.x, data.features, data.labels, data.w
     with tempfile.TemporaryDirectory() as tmp, node(Path(tmp), args.server) as login:
-        owner, ds = login("o@x.org"), login("d@x.org")
-        x = rng.uniform(0, 1, args.rows)
-        big = owner.upload_dataset("big", {"x": x}, bounds={"x": (0, 1)})
-        n, k = args.lr_rows, args.features
-        features = rng.uniform(-1, 1, (n, k)).astype(np.float32)
-        labels = (rng.random(n) < 0.5).astype(np.float32)
-        lr = owner.upload_dataset(
-            "lr", {"X": features, "y": labels}, bounds={"X": (-1, 1), "y": (0, 1)}
-        )
-        w = rng.standard_normal(k).astype(np.float32)
+        publish_mean, publish_grad = publishes(login, data)
         files = Path(tmp) / "npy"
         files.mkdir()
         np.save(files / "x.npy", x)
         np.save(files / "X.npy", features)
         np.save(files / "y.npy", labels)
-
-        b = GraphBuilder()
-        xi = b.input(f"dataset:{big.id}/x", "float64", (args.rows,))
-        mean_frame = encode(b.build([b.op("mean", xi)]))
-
-        b = GraphBuilder()
-        xs = b.input(f"dataset:{lr.id}/X", "float32", (n, k))
-        ys = b.input(f"dataset:{lr.id}/y", "float32", (n,))
-        z = b.op("matmul", xs, b.constant(w))
-        p = b.op("reciprocal", b.op("add", b.op("exp", b.op("neg", z)), 1.0))
-        residual = b.op("sub", p, ys)
-        grad = b.op("div", b.op("matmul", b.op("permute", xs, dims=[1, 0]), residual), float(n))
-        grad_frame = encode(b.build([grad]))
-
         noise = np.random.default_rng(1)
 
         def numpy_mean(xv: np.ndarray) -> Any:
@@ -251,13 +324,13 @@ def main() -> None:
         cases: list[Case] = [
             (
                 f"publish the mean of {args.rows:,} rows",
-                lambda: ds.publish_frame(mean_frame, epsilon=0.01),
+                publish_mean,
                 lambda: numpy_mean(x),
                 lambda: numpy_mean(np.load(files / "x.npy")),
             ),
             (
                 f"publish a logistic-regression gradient, {n:,} x {k}",
-                lambda: ds.publish_frame(grad_frame, epsilon=0.01),
+                publish_grad,
                 lambda: numpy_grad(features, labels),
                 lambda: numpy_grad(np.load(files / "X.npy"), np.load(files / "y.npy")),
             ),
@@ -275,7 +348,7 @@ def main() -> None:
         if args.stages and not args.server:
             for name, run, *_ in cases:
                 print_stages(name, run, args.repeat)
-        _, receipt = ds.publish_frame(grad_frame, epsilon=0.01)
+        _, receipt = publish_grad()
         print(
             f"\ngradient sensitivity (L1) {receipt['sensitivity_l1']:.4g}, "
             f"noise scale {receipt['noise_scale']:.4g}"
