@@ -6,6 +6,8 @@ DPNodeError                      any error reported by (or about) the node
 │   ├── InvalidPolicyError       invalid_policy: a malformed budget policy (names the keys)
 │   └── GraphError               invalid_graph: the node refused a computation
 │       ├── PrivacyTrackingError   untrackable_graph: sensitivity cannot be bounded
+│       │   └── NotPublishableError  not_publishable, raised locally as an op is recorded:
+│       │                              a prim without a privacy rule applied to private data
 │       └── UnsupportedDTypeError  unsupported_dtype
 ├── EvaluationError              evaluation_error: a computation failed on the node
 ├── QuotaExceededError           quota_exceeded: over a size or compute quota
@@ -41,6 +43,7 @@ __all__ = [
     "InvalidRequestError",
     "NodeUnreachableError",
     "NotFoundError",
+    "NotPublishableError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
     "PolicyRefusedError",
@@ -90,6 +93,26 @@ class PrivacyTrackingError(GraphError):
     """The node cannot bound how much one subject moves this computation: nothing ran."""
 
     code = "untrackable_graph"
+
+
+class NotPublishableError(PrivacyTrackingError):
+    """Raised locally as an op is recorded: it applies a prim that has no privacy rule to
+    private data, so the node would refuse to publish anything computed from the result.
+
+    Private data is a dataset's values and everything computed from them; public are local
+    tensors, model weights and a dataset's subject grouping. Only these public facts and
+    the prim's name decide, never a value. The message names the torch call you wrote
+    (``torch.median``, or ``Tensor.backward()`` for a gradient) and suggests an alternative
+    where one exists; ``docs/prims.md`` lists which prims have a privacy rule.
+
+    Attributes:
+        call: the torch call, as the message names it.
+        prim: the public-only prim it needs.
+    """
+
+    code = "not_publishable"
+    call: str | None = None
+    prim: str | None = None
 
 
 class UnsupportedDTypeError(GraphError):

@@ -5,6 +5,8 @@
 - ``views.py``, ``rules*.py``, ``indexing.py``: the
   ATen -> prim tables.
 - ``graph.py``: recorded nodes, engine graphs and wire encoding.
+- ``privacy.py``: which recorded values are private; a prim without a privacy rule on
+  private data is refused as it is recorded (``sdk.NotPublishableError``).
 - ``handles.py``: the remote tensors of dataset columns and model weights.
 - ``mock.py``: mock mode, evaluated locally by the node's own engine.
 
@@ -55,11 +57,19 @@ def graph_for(tensors: Sequence[RemoteTensor]) -> Graph:
 
 
 def remote_input(
-    name: str, shape: Sequence[int], dtype: torch.dtype, source: str = "", origin: object = None
+    name: str,
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    source: str = "",
+    origin: object = None,
+    private: bool | None = None,
 ) -> RemoteTensor:
     """A remote tensor standing for the named graph input (a dataset column, a model weight).
 
     ``origin``: the client of the node that holds it, where its publishes go.
+    ``private``: whether its values are private (default: from the name, like the node:
+    ``dataset:<id>/<column>`` is, ``dataset:<id>/@subject`` and ``model:...`` are not).
     """
     meta = torch.empty(tuple(shape), dtype=dtype, device="meta")
-    return RemoteTensor(meta, Storage(input_node(name, shape, dtype, origin)), source=source)
+    node = input_node(name, shape, dtype, origin, private)
+    return RemoteTensor(meta, Storage(node), source=source)

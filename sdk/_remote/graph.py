@@ -25,6 +25,7 @@ import torch
 
 from node.engine import Graph, GraphBuilder, Ref
 from node.engine import wire as _wire
+from sdk._remote.privacy import PUBLIC_ONLY, is_private_input, not_publishable
 
 __all__ = [
     "NP_OF",
@@ -75,9 +76,15 @@ class Node:
     ``shape`` and ``dtype`` are set when the value is known to the client (every
     tensor a user holds, and the arguments a rule sees); intermediates made
     inside a rule may leave them unset.
+
+    ``private``: the value is a dataset's or computed from one (see ``privacy.py``).
+    Recording a prim without a privacy rule on a private argument raises
+    :class:`~sdk.NotPublishableError` here, whichever rule or view records it.
     """
 
-    __slots__ = ("args", "attrs", "dtype", "op", "origin", "shape", "value")
+    __slots__ = ("args", "attrs", "dtype", "op", "origin", "private", "shape", "value")
+
+    private: bool
 
     def __init__(
         self,
@@ -89,6 +96,14 @@ class Node:
         dtype: torch.dtype | None = None,
         origin: Any = None,
     ) -> None:
+        private = False
+        for a in args:
+            if type(a) is Node and a.private:
+                private = True
+                break
+        if private and op in PUBLIC_ONLY:
+            raise not_publishable(op)
+        self.private = private
         self.op = op
         self.args = args
         self.attrs = attrs if attrs is not None else {}
@@ -119,14 +134,24 @@ def nan_node(shape: tuple[int, ...] = (), dtype: str = "float32") -> Node:
     return Node("sub", (inf, inf), {})
 
 
-def input_node(name: str, shape: Sequence[int], dtype: torch.dtype, origin: Any = None) -> Node:
+def input_node(
+    name: str,
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    origin: Any = None,
+    private: bool | None = None,
+) -> Node:
     """A named placeholder (e.g. ``"dataset:3/age"``) bound to values where the graph runs.
 
     ``origin``: the client of the node holding the data, so that a publish goes there.
+    ``private``: whether its values are private; by default, from the name as the node
+    decides it (a dataset's columns are, its ``@subject`` grouping and model weights not).
     """
     shape = tuple(shape)
     attrs = {"name": name, "dtype": TORCH_NAMES[dtype], "shape": shape}
-    return Node("input", (), attrs, None, shape, dtype, origin)
+    node = Node("input", (), attrs, None, shape, dtype, origin)
+    node.private = is_private_input(name) if private is None else private
+    return node
 
 
 def constant(t: torch.Tensor) -> Node:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from sdk._remote.graph import Node, count_ops
+from sdk._remote.privacy import CALLS
 from sdk._remote.views import forward, inverse
 
 __all__ = ["RemoteTensor", "Storage", "ViewStep"]
@@ -56,6 +57,8 @@ ViewStep = tuple[Any, ...]
 
 _WHERE = "Choose between values remotely with torch.where(condition, a, b)."
 
+_torch_function = torch._C._disabled_torch_function_impl
+
 
 def _private(what: str, advice: str = "") -> Exception:
     from sdk._remote.dispatch import private_error
@@ -80,7 +83,27 @@ class RemoteTensor(torch.Tensor):
     _source: str
     _meta: torch.Tensor
 
-    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+    @classmethod
+    def __torch_function__(
+        cls,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        """Run ``func`` as a plain tensor would, remembering it as the call being recorded.
+
+        torch disables subclass torch functions while ``func`` runs, so only the outermost
+        call comes here: ``torch.median``, not the ops its decomposition calls. A refusal
+        raised while it records names it (``privacy.not_publishable``).
+        """
+        calls = CALLS
+        outer = calls.func
+        calls.func = func
+        try:
+            return _torch_function(func, types, args, kwargs if kwargs is not None else {})
+        finally:
+            calls.func = outer
 
     @staticmethod
     def __new__(

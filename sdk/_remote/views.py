@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from sdk._exceptions import UnsupportedOperationError
-from sdk._remote.graph import Node, prim
+from sdk._remote.graph import Node, constant, prim
 
 __all__ = ["VIEW_SPECS", "Step", "forward", "inverse"]
 
@@ -65,10 +65,27 @@ def _storage_flat(base: Node, perm: tuple[int, ...]) -> Node:
 
 
 def _scatter_slice(base: Node, value: Node, dim: int, start: int, end: int, step: int) -> Node:
-    # base[..., start:end:step, ...] = value, as index_put with ':' for the leading dims
-    idx = prim("arange", start=float(start), end=float(end), step=float(step), dtype="int64")
-    leading: list[Any] = [None] * dim
-    return prim("index_put", base, value, *leading, idx, accumulate=False)
+    """``base[..., start:end:step, ...] = value`` along ``dim`` (``end`` clipped to the size).
+
+    Recorded with ``slice``, ``cat`` and ``index_select`` at public positions, which have
+    privacy rules, so that writing through a view of private data stays publishable.
+    """
+    k = len(range(start, end, step))
+    if k == 0:
+        return base
+    last = start + (k - 1) * step + 1  # one past the last written position
+    middle = value
+    if step > 1:  # the written span interleaves value with the base's own elements
+        span = last - start
+        idx = [span + i // step if i % step == 0 else i for i in range(span)]
+        both = prim(
+            "cat", prim("slice", base, dim=dim, start=start, end=last, step=1), value, dim=dim
+        )
+        middle = prim("index_select", both, constant(torch.tensor(idx, dtype=torch.int64)), dim=dim)
+    pieces = [middle, prim("slice", base, dim=dim, start=last, end=None, step=1)]
+    if start > 0:
+        pieces.insert(0, prim("slice", base, dim=dim, start=0, end=start, step=1))
+    return prim("cat", *pieces, dim=dim)
 
 
 def inverse(step: Step, base: Node, value: Node) -> Node:

@@ -117,7 +117,8 @@ def test_views_share_storage_and_record_functional_prims_only() -> None:
     assert v._storage is x._storage and v._base is x  # autograd and torch see a real view
     v.mul_(2)
     ops = {n.op for n in x.graph().nodes}
-    assert ops <= {"input", "slice", "squeeze", "mul", "unsqueeze", "arange", "index_put"}, ops
+    # the write goes back into the base as slices and a cat, prims with privacy rules
+    assert ops <= {"input", "slice", "squeeze", "mul", "unsqueeze", "cat"}, ops
 
 
 def test_autograd_through_views_and_inplace_ops() -> None:
