@@ -3,28 +3,38 @@
 All pure functions on floats; storage (the ledger) lives elsewhere.
 
 A release charges a :class:`Charge`: a pure ``epsilon`` (Laplace), a zCDP ``rho`` (Gaussian) and
-the sampler's total-variation deviation ``tv`` (see :mod:`node.dp.samplers`).
+the sampler's deviation ``tv`` (see :mod:`node.dp.samplers`). What that costs the filter is
+worked out for each release *at its own parameters* (:func:`release_terms`), never at the
+budget's: the result does not depend on how large a budget is.
+
+* A Laplace release of epsilon ``ε`` whose noise is within total variation ``tv`` of the ideal
+  is ``(ε, (1 + e^ε) tv)``-DP (:func:`laplace_sampler_delta`).
+* A Gaussian release of rho ``ρ`` on ``n`` values is, up to an event of probability ``δ``, a
+  ``(ρ, ξ)``-zCDP one at every order the filter uses (:func:`gaussian_sampler_terms`): ``ξ`` is
+  charged as pure epsilon and ``δ`` as delta. Its ``tv`` is ``n`` times the fixed
+  :data:`GAUSSIAN_TV`, which is how ``n`` is known.
 
 The filter (:func:`fits`) decides whether a new charge keeps a user within a budget
 ``(epsilon, delta)`` under *fully adaptive* composition, where each charge may depend on earlier
 results. Adding up epsilons and converting the rho total with the best Rényi order chosen after
 the fact is **not** sound under full adaptivity (the order, and the split between the two kinds,
-would depend on the outputs). The rule here is:
+would depend on the outputs). With the terms ``(ε_i, ρ_i, δ_i)`` of each release:
 
-* ``E = Σ epsilon``, ``R = Σ rho``, ``H = Σ tv`` over the history and the new charge;
-* ``(1 + e^epsilon_B) H <= delta_B / 1024`` (sampler deviations; Balle–Barthe–Gaboardi style
-  coupling: a mechanism within TV ``η`` of an ``(ε, δ)``-DP one is ``(ε, δ + (1 + e^ε) η)``-DP);
+* ``E = Σ ε_i``, ``R = Σ ρ_i``, ``D = Σ δ_i`` over the history and the new charge;
+* ``D <= delta_B / 1024`` (:data:`SAMPLER_DELTA_SHARE`);
 * if ``R = 0``: ``E <= epsilon_B``; otherwise ``E + min over α in ORDERS of
   [α R + log(|ORDERS| / δ_z) / (α - 1)] <= epsilon_B`` with ``δ_z = delta_B (1 - 1/1024)``.
 
-Why it holds: for a fixed order α the process ``exp((α-1)(Σ L_i - α Σ rho_i))`` over the
-Gaussian steps' privacy losses ``L_i`` is a supermartingale (each step is ``rho_i``-zCDP given
-the past), so by Ville's inequality its running maximum exceeds ``|ORDERS|/δ_z`` with probability
-at most ``δ_z/|ORDERS|``, whatever the stopping rule; a union bound over the fixed, finite set of
-orders and the pure steps' bounded losses ``L_j <= epsilon_j`` give a total loss above
-``epsilon_B`` with probability at most ``δ_z``. This is the Rényi filter of Feldman & Zrnic
-(2021) read through Whitehouse, Ramdas, Rogers & Wu (2023), with the Bun & Steinke (2016)
-conversion, and pure epsilons add as in Rogers, Roth, Ullman & Vadhan (2016).
+Why it holds: each release splits, for any two neighbouring datasets and any history, into a
+good part of weight ``1 - δ_i`` (the same on both) and a rest. On the good parts the Laplace
+steps lose at most ``ε_i``, and for a fixed order α the process ``exp((α-1)(Σ L_i - Σ (α ρ_i +
+ξ_i)))`` over the Gaussian steps' losses ``L_i`` is a supermartingale, so by Ville's inequality
+its running maximum exceeds ``|ORDERS|/δ_z`` with probability at most ``δ_z/|ORDERS|``, whatever
+the stopping rule; a union bound over the fixed, finite set of orders gives a total loss above
+``epsilon_B`` with probability at most ``δ_z``, and leaving the good parts costs at most ``D``.
+This is the Rényi filter of Feldman & Zrnic (2021) read through Whitehouse, Ramdas, Rogers & Wu
+(2023), with pure epsilons added as in Rogers, Roth, Ullman & Vadhan (2016). The full argument,
+with its lemmas, is in ``docs/privacy.md`` ("The samplers' deviation and the budget").
 """
 
 from __future__ import annotations
@@ -35,14 +45,24 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 __all__ = [
+    "DELTA_PRICE",
+    "GAUSSIAN_BULKS",
+    "GAUSSIAN_ERROR",
+    "GAUSSIAN_GAMMA",
+    "GAUSSIAN_TV",
     "ORDERS",
     "SAMPLER_DELTA_SHARE",
     "Charge",
+    "Terms",
     "calibrate_rho",
     "compose",
     "fits",
+    "gaussian_count",
+    "gaussian_sampler_terms",
     "gaussian_sigma",
+    "laplace_sampler_delta",
     "pure_to_zcdp",
+    "release_terms",
     "spent",
     "zcdp_delta",
     "zcdp_to_dp",
@@ -51,8 +71,23 @@ __all__ = [
 
 #: Rényi orders the filter may use: α - 1 = 2^j for j in -4 .. 16.
 ORDERS: tuple[float, ...] = tuple(1.0 + 2.0**j for j in range(-4, 17))
-#: Share of a budget's delta reserved for the samplers' total-variation deviation.
+#: Share of a budget's delta left for deltas charged directly (the samplers'), the rest
+#: converting the rho total.
 SAMPLER_DELTA_SHARE = 1.0 / 1024
+
+#: The total-variation bound a Gaussian plan reports per value: above every plan's (checked
+#: when the plan is built), and the same for all, so that a release's ``tv`` is ``n`` times it.
+GAUSSIAN_TV = 2.0**-96
+#: Every Gaussian plan's noise pmf ``q`` satisfies ``|q(z) - p(z)| <= GAUSSIAN_GAMMA p(z) +
+#: GAUSSIAN_ERROR p(0)`` for every integer ``z``, ``p`` the ideal discrete Gaussian (checked
+#: when the plan is built; the largest plans reach about 2^-112.2 and 2^-125).
+GAUSSIAN_GAMMA = 2.0**-120
+GAUSSIAN_ERROR = 2.0**-111
+#: α / (α - 1) at the smallest order of :data:`ORDERS`: what conditioning on the good event
+#: costs each order, per unit of log-probability.
+_CONDITIONING = ORDERS[0] / (ORDERS[0] - 1)
+#: Relative margin for the float arithmetic of the per-release terms (rounded up with it).
+_MARGIN = 1.0 + 1e-9
 
 
 @dataclass(frozen=True)
@@ -62,7 +97,8 @@ class Charge:
     Attributes:
         epsilon: pure-DP epsilon (Laplace), 0 if none.
         rho: zCDP rho (Gaussian), 0 if none.
-        tv: total-variation distance of the release's noise from the ideal, upper bound.
+        tv: total-variation distance of the release's noise from the ideal, upper bound. For
+            a Gaussian release it is ``n`` times :data:`GAUSSIAN_TV`, ``n`` the values noised.
     """
 
     epsilon: float = 0.0
@@ -74,6 +110,21 @@ class Charge:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Terms:
+    """What one release costs the filter, at its own parameters (:func:`release_terms`).
+
+    Attributes:
+        epsilon: pure epsilon: a Laplace release's, or a Gaussian sampler's ``ξ``.
+        rho: zCDP rho (a Gaussian release's).
+        delta: the sampler's delta (``inf`` when no delta below 1 covers it).
+    """
+
+    epsilon: float = 0.0
+    rho: float = 0.0
+    delta: float = 0.0
 
 
 def compose(charges: Iterable[Charge]) -> Charge:
@@ -224,6 +275,145 @@ def gaussian_sigma(sensitivity_l2: float, *, epsilon: float, delta: float) -> fl
     return sensitivity_l2 / math.sqrt(2.0 * calibrate_rho(epsilon, delta))
 
 
+def laplace_sampler_delta(epsilon: float, tv: float) -> float:
+    """The delta a Laplace release's sampler costs: ``(1 + e^epsilon) tv``, rounded up.
+
+    A mechanism within total variation ``tv`` of an epsilon-DP one is ``(epsilon, (1 +
+    e^epsilon) tv)``-DP. ``inf`` where that is 1 or more (no budget covers it).
+
+    >>> laplace_sampler_delta(1.0, 1e-30) > 3.718e-30, laplace_sampler_delta(800.0, 1e-30)
+    (True, inf)
+    """
+    if tv == 0:
+        return 0.0
+    log_delta = math.log(tv) + epsilon + math.log1p(math.exp(-epsilon))
+    if log_delta >= 0:
+        return math.inf
+    return min(1.0, math.exp(log_delta) * _MARGIN)
+
+
+def gaussian_count(tv: float) -> int:
+    """How many values a Gaussian release of deviation ``tv`` noised (``tv = n GAUSSIAN_TV``).
+
+    The largest ``n`` with ``n GAUSSIAN_TV <= tv``, and at least 1 for any ``tv > 0``: an upper
+    bound on the count whatever ``tv`` says.
+
+    >>> gaussian_count(0.0), gaussian_count(21 * GAUSSIAN_TV), gaussian_count(1e-40)
+    (0, 21, 1)
+    """
+    if tv == 0:
+        return 0
+    return max(1, math.floor(tv / GAUSSIAN_TV))
+
+
+def _bulk_tail(bulk: float) -> float:
+    # The ideal mass beyond the bulk {z : p(z) >= bulk p(0)}, at most, whatever the scale
+    # (docs/privacy.md, Lemma 4): 2 bulk / (1 - e^-1) covers every s.
+    return 3.17 * bulk
+
+
+def _shifted_tail(tail: float, rho: float, n: float) -> float:
+    """``min over α > 1 of tail^(1 - 1/α) (n - 1 + e^((α-1) rho))``: how likely an output
+    leaves the bulk around the neighbour's values (Rényi probability preservation, per value,
+    with the rhos of the values summing to at most ``rho``)."""
+    log_tail = math.log(tail)
+
+    def log_bound(t: float) -> float:  # t = log(α - 1)
+        a1 = math.exp(t)
+        grow = a1 * rho
+        if grow > 700:
+            return math.inf
+        return (a1 / (1.0 + a1)) * log_tail + math.log(n - 1.0 + math.exp(grow))
+
+    # Any α gives a valid bound: a golden-section search on log(α - 1) finds a good one.
+    lo, hi = -20.0, 20.0
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    for _ in range(48):
+        left, right = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+        if log_bound(left) <= log_bound(right):
+            hi = right
+        else:
+            lo = left
+    best = min(log_bound(lo), log_bound(hi), log_bound((lo + hi) / 2.0))
+    return math.inf if best >= 0 else math.exp(best)
+
+
+def _gaussian_terms_at(rho: float, n: float, bulk: float) -> tuple[float, float]:
+    """``(ξ, δ)`` of Theorem 2 (docs/privacy.md) for the bulk ``{z : p(z) >= bulk p(0)}``."""
+    tail = _bulk_tail(bulk)
+    delta = n * (tail + 2 * GAUSSIAN_TV) + _shifted_tail(tail, rho, n)
+    delta *= _MARGIN
+    if not delta < 1:
+        return math.inf, math.inf
+    g = GAUSSIAN_GAMMA + GAUSSIAN_ERROR / bulk
+    per_value = _CONDITIONING * math.log1p(g) - math.log1p(-g)
+    xi = (n * per_value - _CONDITIONING * math.log1p(-delta)) * _MARGIN
+    return xi, delta
+
+
+#: The bulks a Gaussian release may be analysed with: ``p(z) >= 2^-b p(0)``, b = 56 .. 104.
+GAUSSIAN_BULKS: tuple[float, ...] = tuple(2.0**-b for b in range(56, 105, 2))
+#: Epsilon one unit of delta is worth when choosing among them: a default budget's ratio of
+#: epsilon (10) to the delta left for direct charges (about 1e-9).
+DELTA_PRICE = 1e10
+
+
+@lru_cache(maxsize=1024)
+def gaussian_sampler_terms(rho: float, count: int) -> tuple[float, float]:
+    """``(ξ, δ)``: a Gaussian release of ``rho`` on ``count`` values, as its sampler draws it.
+
+    For any two neighbouring datasets both output laws split as ``(1 - δ) A + δ B`` with
+    ``D_α(A || A') <= α rho + ξ`` at every order of :data:`ORDERS` (``docs/privacy.md``, "The
+    samplers' deviation and the budget", Theorem 2). With ``n = count``, a bulk ``θ`` of
+    :data:`GAUSSIAN_BULKS`, ``τ = 3.17 θ`` and ``γ = GAUSSIAN_GAMMA + GAUSSIAN_ERROR / θ``:
+
+    * ``δ = n (τ + 2 GAUSSIAN_TV) + min over α > 1 of τ^(1 - 1/α) (n - 1 + e^((α-1) rho))``;
+    * ``ξ = n (17 log(1 + γ) + log(1 / (1 - γ))) + 17 log(1 / (1 - δ))``;
+
+    the bulk being the one that minimises ``ξ + DELTA_PRICE δ`` (public quantities only; any
+    bulk is sound). Both are rounded up (a relative margin for the float arithmetic), and are
+    ``inf`` when no bulk gives a delta below 1.
+
+    Raises:
+        ValueError: on a negative or non-finite rho, or a negative count.
+
+    >>> xi, delta = gaussian_sampler_terms(0.5, 1)
+    >>> f"{xi:.3e} {delta:.3e}"
+    '2.095e-09 1.867e-19'
+    """
+    if not (math.isfinite(rho) and rho >= 0):
+        raise ValueError(f"rho must be finite and >= 0, got {rho!r}")
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count!r}")
+    if count == 0:
+        return 0.0, 0.0
+    n = float(count)
+    best = (math.inf, math.inf)
+    for bulk in GAUSSIAN_BULKS:
+        xi, delta = _gaussian_terms_at(rho, n, bulk)
+        if xi + DELTA_PRICE * delta < best[0] + DELTA_PRICE * best[1]:
+            best = (xi, delta)
+    return best
+
+
+def release_terms(charge: Charge) -> Terms:
+    """What ``charge`` (one release) costs the filter, at the release's own parameters.
+
+    A charge with a rho is a Gaussian release (its ``tv`` says how many values it noised);
+    otherwise a Laplace one.
+
+    >>> release_terms(Charge(epsilon=0.5))
+    Terms(epsilon=0.5, rho=0.0, delta=0.0)
+    >>> t = release_terms(Charge(rho=0.5, tv=GAUSSIAN_TV))
+    >>> t.rho, t.epsilon > 0, t.delta > 0
+    (0.5, True, True)
+    """
+    if charge.rho > 0:
+        xi, delta = gaussian_sampler_terms(charge.rho, gaussian_count(charge.tv))
+        return Terms(charge.epsilon + xi, charge.rho, delta)
+    return Terms(charge.epsilon, 0.0, laplace_sampler_delta(charge.epsilon, charge.tv))
+
+
 def _zcdp_filter_epsilon(rho: float, delta_z: float) -> float:
     if rho == 0:
         return 0.0
@@ -231,12 +421,24 @@ def _zcdp_filter_epsilon(rho: float, delta_z: float) -> float:
     return min(a * rho + log_term / (a - 1) for a in ORDERS)
 
 
+def _totals(charges: Iterable[Charge]) -> Terms:
+    terms = [release_terms(c) for c in charges]
+    return Terms(
+        epsilon=math.fsum(t.epsilon for t in terms),
+        rho=math.fsum(t.rho for t in terms),
+        delta=math.fsum(t.delta for t in terms),
+    )
+
+
 def spent(charges: Iterable[Charge], *, epsilon: float, delta: float) -> tuple[float, float]:
     """The (epsilon, delta) a history of charges has used of a budget, as the filter counts it.
 
+    The delta is the samplers' deltas plus, once any rho was charged, the share ``δ_z`` the
+    rho total is converted at. Each charge is one release.
+
     Args:
         charges: the history.
-        epsilon: the budget's epsilon (its delta share for samplers scales with e^epsilon).
+        epsilon: the budget's epsilon (only checked: nothing depends on it).
         delta: the budget's delta, in [0, 1).
 
     Raises:
@@ -246,19 +448,18 @@ def spent(charges: Iterable[Charge], *, epsilon: float, delta: float) -> tuple[f
     (0.75, 0.0)
     """
     _check_budget(epsilon, delta)
-    total = compose(charges)
-    tv_delta = (1.0 + math.exp(epsilon)) * total.tv
+    total = _totals(charges)
     if total.rho == 0:
-        return total.epsilon, tv_delta
+        return total.epsilon, total.delta
     if delta == 0:
         return math.inf, math.inf
     delta_z = delta * (1.0 - SAMPLER_DELTA_SHARE)
-    return total.epsilon + _zcdp_filter_epsilon(total.rho, delta_z), delta_z + tv_delta
+    return total.epsilon + _zcdp_filter_epsilon(total.rho, delta_z), delta_z + total.delta
 
 
 def _check_budget(epsilon: float, delta: float) -> None:
-    if not (math.isfinite(epsilon) and 0.0 <= epsilon <= 700.0):
-        raise ValueError(f"budget epsilon must be in [0, 700], got {epsilon!r}")
+    if not (math.isfinite(epsilon) and epsilon >= 0.0):
+        raise ValueError(f"budget epsilon must be finite and >= 0, got {epsilon!r}")
     if not (0.0 <= delta < 1.0):
         raise ValueError(f"budget delta must be in [0, 1), got {delta!r}")
 
@@ -266,11 +467,12 @@ def _check_budget(epsilon: float, delta: float) -> None:
 def fits(history: Iterable[Charge], new: Charge, *, epsilon: float, delta: float) -> bool:
     """Whether ``new`` may be released after ``history`` within the budget (a privacy filter).
 
-    Sound under fully adaptive composition (see the module docstring). A budget with
-    ``delta == 0`` admits nothing with a sampler deviation or a rho.
+    Sound under fully adaptive composition (see the module docstring); each charge is one
+    release, costed at its own parameters, so any budget epsilon works the same way. A budget
+    with ``delta == 0`` admits nothing with a sampler deviation or a rho.
 
     Args:
-        history: charges already made.
+        history: charges already made, one per release.
         new: the charge asked for.
         epsilon: the budget's epsilon.
         delta: the budget's delta.
@@ -283,10 +485,12 @@ def fits(history: Iterable[Charge], new: Charge, *, epsilon: float, delta: float
     True
     >>> fits([Charge(epsilon=0.6)], Charge(epsilon=0.41), **budget)
     False
+    >>> fits([], Charge(epsilon=0.5, tv=1e-30), epsilon=10_000.0, delta=1e-6)
+    True
     """
     _check_budget(epsilon, delta)
-    total = compose([*history, new])
-    if (1.0 + math.exp(epsilon)) * total.tv > delta * SAMPLER_DELTA_SHARE:
+    total = _totals([*history, new])
+    if not total.delta <= delta * SAMPLER_DELTA_SHARE:
         return False
     if total.rho == 0:
         return total.epsilon <= epsilon

@@ -4,8 +4,8 @@ Why not the exact samplers of Canonne, Kamath & Steinke (2020)? Their rejection 
 but run for a random number of rounds that depends on the noise drawn, and they are scalar.
 Here every sample costs the same fixed sequence of table lookups (:mod:`node.dp.tables`),
 whatever the noise, and a whole array is drawn at once. The price is a deviation from the
-ideal distribution, bounded in total variation (``tv_bound`` per sample, below 2^-95) and
-charged by the caller as an additive delta.
+ideal distribution, bounded (below), which :mod:`node.dp.accounting` charges for each release
+at the release's own parameters.
 
 Large scales do not need large tables:
 
@@ -19,7 +19,7 @@ Large scales do not need large tables:
   ideal one times ``1 ± γ`` with ``γ ≤ 2 Σ_k exp(-2π² k² τ² / m²)`` and
   ``τ² = (s² - s_B²) s_B² / s²`` (the argument of Kairouz, Liu & Steinke 2021 for sums of
   discrete Gaussians); here
-  ``τ / m ≥ 3.4``, so ``γ < 10^-100``. That deviation is charged too.
+  ``τ / m ≥ 3.4``, so ``γ < 10^-100``. That deviation is accounted for too.
 
 Randomness: raw 64-bit words from ``numpy``'s PCG64DXSM seeded with 256 fresh bits from the
 operating system's CSPRNG (:func:`secrets.randbits`) on every call, so two calls or two
@@ -28,10 +28,22 @@ released (only table outcomes added to secret values). ``source="os"`` draws eve
 ``os.urandom`` instead, for a deployment that wants a cryptographic stream at a few times the
 cost.
 
-Within one sample the 128-bit comparisons share a single tie-breaking word; it matters only when
-a lookup's 64-bit part ties its threshold (probability ``2^-(64 - d)`` for a table of ``2^d``
-bins, ``d ≤ 16``), and the draws differ from fully independent tie-breakers only if two lookups of
-one sample tie, which adds ``Σ_{i<j} 2^-(128 - d_i - d_j)`` to the TV bound.
+Within one Laplace sample the 128-bit comparisons share a single tie-breaking word; it matters
+only when a lookup's 64-bit part ties its threshold (probability ``2^-(64 - d)`` for a table of
+``2^d`` bins, ``d ≤ 16``), and the draws differ from fully independent tie-breakers only if two
+lookups of one sample tie, which adds ``Σ_{i<j} 2^-(128 - d_i - d_j)`` to the TV bound. Each
+lookup of a Gaussian sample has a tie-breaking word of its own: its lookups are exactly
+independent, which the pointwise bound below needs.
+
+What the budget needs (``docs/privacy.md``, "The samplers' deviation and the budget"):
+
+* a Laplace plan's ``tv_bound``: the release is charged ``(1 + e^epsilon) n tv_bound`` as delta;
+* a Gaussian plan's noise pmf ``q`` is pointwise close to the ideal ``p``: ``|q(z) - p(z)| <=
+  gamma p(z) + error p(0)`` for every integer ``z`` (``GaussianPlan.gamma``, ``.error``), within
+  the constants :data:`node.dp.accounting.GAUSSIAN_GAMMA` and ``GAUSSIAN_ERROR`` that the
+  accounting uses for every plan; its ``tv_bound`` is the fixed
+  :data:`node.dp.accounting.GAUSSIAN_TV`, above every plan's total-variation distance, so that
+  ``n tv_bound`` also says how many values a release noised.
 """
 
 from __future__ import annotations
@@ -48,8 +60,11 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from node.dp.accounting import GAUSSIAN_ERROR, GAUSSIAN_GAMMA, GAUSSIAN_TV
 from node.dp.tables import (
     DECIMAL_CONTEXT,
+    PRECISION_BITS,
+    TAIL_BITS,
     AliasTable,
     discrete_gaussian_table,
     laplace_top_table,
@@ -111,6 +126,11 @@ class LaplacePlan:
     def tables(self) -> tuple[AliasTable, ...]:
         return (self.top, *(t for t, _ in self.digits))
 
+    @property
+    def word_rows(self) -> int:
+        """Rows of words one sample takes: one per lookup and a shared tie-breaking word."""
+        return len(self.tables) + 1
+
 
 @dataclass(frozen=True, eq=False)
 class GaussianPlan:
@@ -119,14 +139,20 @@ class GaussianPlan:
     ``Z = B_0 + m (B_1 + m (... + m A))`` where ``A`` comes from ``top`` and every ``B_i`` from
     ``low``; ``levels`` is the number of ``B`` terms.
 
+    Every lookup has its own tie-breaking word, so the lookups of one sample are independent.
+
     Attributes:
         scale: ``s``; ``P(z) ∝ exp(-z² / (2 s²))``.
         top: table of the innermost ``A``.
         low: table of each ``B`` (``None`` when ``levels == 0``).
         levels: number of ``m``-steps.
-        tv_bound: TV distance of one sample from the ideal distribution, upper bound.
+        tv_bound: :data:`node.dp.accounting.GAUSSIAN_TV`, the same for every plan: an upper
+            bound on ``tables_tv``, so that ``n tv_bound`` says how many values were noised.
         max_abs: largest ``|Z|`` the plan can produce.
         offset: the value of all-zero outcome indices, ``top.offset m^L + low.offset Σ m^i``.
+        tables_tv: TV distance of one sample from the ideal distribution, upper bound.
+        gamma: ``Γ`` of the pointwise bound ``|q(z) - p(z)| <= Γ p(z) + E p(0)``.
+        error: ``E`` of that bound (an absolute error, as a fraction of the pmf's peak).
     """
 
     scale: float
@@ -136,10 +162,18 @@ class GaussianPlan:
     tv_bound: float
     max_abs: int
     offset: int
+    tables_tv: float = 0.0
+    gamma: float = 0.0
+    error: float = 0.0
 
     @property
     def tables(self) -> tuple[AliasTable, ...]:
         return (self.top,) + ((self.low,) * self.levels if self.low is not None else ())
+
+    @property
+    def word_rows(self) -> int:
+        """Rows of words one sample takes: a word and a tie-breaking word per lookup."""
+        return 2 * len(self.tables)
 
 
 def _tie_bound(tables: tuple[AliasTable, ...]) -> float:
@@ -202,10 +236,67 @@ def _gaussian_low_table() -> AliasTable:
 
 
 def _poisson_gamma(tau_over_m: float) -> float:
-    # 2 Σ_{k≥1} exp(-a k²) ≤ 2 e^-a / (1 - e^-a), a = 2π² (τ/m)²; as a TV bound: 2γ/(1-γ).
+    # g = 2 Σ_{k≥1} exp(-a k²) ≤ 2 e^-a / (1 - e^-a), a = 2π² (τ/m)²; the pmf of m A + B is
+    # the ideal one times a factor in [(1-g)/(1+g), (1+g)/(1-g)]: within 1 ± 2g/(1-g).
     a = 2.0 * math.pi**2 * tau_over_m**2
     gamma = 2.0 * math.exp(-a) / -math.expm1(-a)
     return 2.0 * gamma / (1.0 - gamma)
+
+
+#: A table entry's distance from the ideal pmf normalised over the table's support, at most
+#: (largest-remainder rounding to 2^-128, plus the decimal computation's 10^-60), rounded up.
+_ENTRY_ERROR = math.nextafter(2.0**-PRECISION_BITS + 1e-60, math.inf)
+#: A table's truncated tail, at most (relative to the kept mass: what normalising adds too).
+_TABLE_TAIL = 2.0**-TAIL_BITS
+#: Relative slack for the float arithmetic of the bounds below (each is a few dozen operations).
+_SLACK = 1.0 + 1e-9
+#: The composed variance (computed with 80 digits) differs from s² by a relative 10^-78 at most;
+#: over the bulk that moves the pmf by far less than this, added to Γ per level.
+_VARIANCE_SLACK = 1e-70
+
+
+def _normaliser_bounds(sigma: float) -> tuple[float, float]:
+    """Bounds on ``N = Σ_z exp(-z²/(2σ²))``: at least ``max(1, √(2π) σ)`` (the term z = 0, and
+    Poisson summation, whose cosine terms are all positive), at most ``1 + √(2π) σ`` (a
+    unimodal sum is at most its peak plus its integral)."""
+    root = math.sqrt(2.0 * math.pi) * sigma
+    return max(1.0, root / _SLACK), (1.0 + root) * _SLACK
+
+
+def _pointwise(
+    top_sigma: float, steps: list[tuple[float, float, float]], low_size: int
+) -> tuple[float, float]:
+    """``(Γ, E)`` with ``|q(z) - p(z)| <= Γ p(z) + E p(0)`` for every integer ``z``.
+
+    ``steps`` lists, from the innermost level outwards, ``(σ_A, σ_Z, Γ_P)`` of each
+    ``Z = m A + B``. A table gives ``Γ = 2^-128`` (its normalisation) and an absolute error
+    of one entry's; a level adds, with ``B`` a table of ``low_size`` entries (see
+    ``docs/privacy.md``, "The samplers' deviation and the budget", Lemma 3)::
+
+        Γ_Z = Γ_P + (Γ_A + Γ_B + Γ_A Γ_B)(1 + Γ_P)
+        e_Z = (1 + Γ_A)(u c + t_B) / N_A + e_A (M_B (1 + Γ_B) + u c + t_B)
+
+    (absolute errors ``e``; ``c = |S_B|/m + 1``, ``M_B = 1/N_B + 1/m``, ``u`` an entry's error,
+    ``t_B`` the table's tail), and finally ``E = e N_Z``.
+    """
+    m = float(1 << _GAUSS_M_LOG2)
+    u, tail = _ENTRY_ERROR, _TABLE_TAIL
+    gamma, error = tail, u  # the innermost table, absolute error
+    gamma_b = tail
+    n_b, _ = _normaliser_bounds(float(_GAUSS_B_SCALE))
+    m_b = (1.0 / n_b + 1.0 / m) * _SLACK
+    count = low_size / m + 1.0
+    sigma = top_sigma
+    for sigma_a, sigma_z, poisson in steps:
+        n_a, _ = _normaliser_bounds(sigma_a)
+        new_error = (1.0 + gamma) * (u * count + tail) / n_a + error * (
+            m_b * (1.0 + gamma_b) + u * count + tail
+        )
+        gamma = poisson + _VARIANCE_SLACK + (gamma + gamma_b + gamma * gamma_b) * (1.0 + poisson)
+        error = new_error * _SLACK
+        sigma = sigma_z
+    _, n_z = _normaliser_bounds(sigma)
+    return gamma * _SLACK, error * n_z * _SLACK
 
 
 @lru_cache(maxsize=32)
@@ -216,31 +307,48 @@ def gaussian_plan(scale: float) -> GaussianPlan:
         ValueError: if ``scale`` is not in ``(0, 2^44]``.
 
     >>> plan = gaussian_plan(10_000.0)
-    >>> plan.levels, plan.tv_bound < 2.0**-90
-    (1, True)
+    >>> plan.levels, plan.tables_tv < 2.0**-90, plan.error < 2.0**-110
+    (1, True, True)
     """
     _check_scale(scale)
     m = 1 << _GAUSS_M_LOG2
     tv = 0.0
     levels = 0
+    steps: list[tuple[float, float, float]] = []
     with localcontext(DECIMAL_CONTEXT):
         var = Decimal(scale) ** 2
         b_var = Decimal(_GAUSS_B_SCALE) ** 2
         while var > Decimal(_GAUSS_TOP_MAX) ** 2:
             a_var = var - b_var  # variance of m·A
             tau_over_m = float((a_var * b_var / var).sqrt() / m)
-            tv += _poisson_gamma(tau_over_m)
+            poisson = _poisson_gamma(tau_over_m)
+            tv += poisson
+            steps.append((float((a_var / (m * m)).sqrt()), float(var.sqrt()), poisson))
             var = a_var / (m * m)
             levels += 1
         top = discrete_gaussian_table(var)
+        top_sigma = float(var.sqrt())
     low = _gaussian_low_table() if levels else None
     tables = (top,) + ((low,) * levels if low is not None else ())
-    tv += math.fsum(tb.tv_bound for tb in tables) + _tie_bound(tables)
+    # Independent lookups: no tie term.
+    tv += math.fsum(tb.tv_bound for tb in tables)
+    gamma, error = _pointwise(top_sigma, steps[::-1], low.size if low is not None else 0)
+    if not (tv <= GAUSSIAN_TV and gamma <= GAUSSIAN_GAMMA and error <= GAUSSIAN_ERROR):
+        raise AssertionError(f"gaussian plan {scale!r} exceeds the accounting's constants")
     low_abs = -low.offset if low is not None else 0
     max_abs = -top.offset * m**levels + low_abs * sum(m**i for i in range(levels))
     offset = top.offset * m**levels - low_abs * sum(m**i for i in range(levels))
     return GaussianPlan(
-        scale=scale, top=top, low=low, levels=levels, tv_bound=tv, max_abs=max_abs, offset=offset
+        scale=scale,
+        top=top,
+        low=low,
+        levels=levels,
+        tv_bound=GAUSSIAN_TV,
+        max_abs=max_abs,
+        offset=offset,
+        tables_tv=tv,
+        gamma=gamma,
+        error=error,
     )
 
 
@@ -333,12 +441,12 @@ def _gaussian_chunk(
     plan: GaussianPlan, words: npt.NDArray[np.uint64], s: _Scratch, dest: npt.NDArray[np.int64]
 ) -> None:
     # Z = B_0 + m (B_1 + ... + m A) on outcome indices, then one constant for all the offsets.
-    tie = words[-1]
-    np.copyto(dest, _lookup(plan.top, words[0], tie, s))
-    for i in range(plan.levels):
+    # Lookup i takes word 2i and its own tie-breaking word 2i + 1.
+    np.copyto(dest, _lookup(plan.top, words[0], words[1], s))
+    for i in range(1, plan.levels + 1):
         assert plan.low is not None
         np.left_shift(dest, _GAUSS_M_LOG2, out=dest)
-        dest += _lookup(plan.low, words[1 + i], tie, s)
+        dest += _lookup(plan.low, words[2 * i], words[2 * i + 1], s)
     dest += plan.offset
 
 
@@ -352,15 +460,16 @@ def noise_from_words(
 
     Args:
         plan: from :func:`laplace_plan` or :func:`gaussian_plan`.
-        words: shape ``(len(plan.tables) + 1, count)``, uniform 64-bit words (the last row
-            breaks ties); overwritten.
+        words: shape ``(plan.word_rows, count)``, uniform 64-bit words; overwritten. Laplace:
+            one row per lookup, and a last row that breaks ties. Gaussian: for each lookup a
+            row and its own tie-breaking row.
 
     Raises:
         ValueError: if ``words`` has the wrong shape or dtype.
     """
-    lookups = len(plan.tables)
-    if words.dtype != np.uint64 or words.ndim != 2 or words.shape[0] != lookups + 1:
-        raise ValueError(f"words must be uint64 of shape ({lookups + 1}, count)")
+    rows = plan.word_rows
+    if words.dtype != np.uint64 or words.ndim != 2 or words.shape[0] != rows:
+        raise ValueError(f"words must be uint64 of shape ({rows}, count)")
     count = words.shape[1]
     result = np.empty(count, dtype=np.int64)
     scratch = _Scratch(min(_CHUNK, max(count, 1)))
@@ -402,7 +511,7 @@ def sample(
     if count < 0:
         raise ValueError("count must be >= 0")
     words_of = word_source(source)
-    rows = len(plan.tables) + 1
+    rows = plan.word_rows
     result = np.empty(count, dtype=np.int64)
     scratch = _Scratch(min(_CHUNK, max(count, 1)))
     for start in range(0, count, _CHUNK):

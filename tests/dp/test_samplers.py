@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from decimal import Context, Decimal, localcontext
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 from scipy import stats as sps
 
 from node.dp import samplers
+from node.dp.accounting import GAUSSIAN_ERROR, GAUSSIAN_GAMMA, GAUSSIAN_TV
 from node.dp.samplers import gaussian_plan, laplace_plan, noise_from_words, sample
 from tests.dp.stats import (
     ALPHA,
@@ -21,6 +24,7 @@ from tests.dp.stats import (
     laplace_cdf,
     laplace_edges,
 )
+from tests.dp.test_tables import ONE, implied_weights
 
 N = 400_000
 BINS = 400
@@ -186,3 +190,83 @@ def test_plans_refuse_scales_outside_their_range() -> None:
     with pytest.raises(ValueError, match="count"):
         sample(laplace_plan(1.0), -1)
     assert sample(laplace_plan(1.0), 0).shape == (0,)
+
+
+# --- The pointwise bound the budget relies on (docs/privacy.md, Lemma 3) --------------------
+
+
+def _exact_gaussian_pmf(s: float, zs: range) -> dict[int, Decimal]:
+    """The ideal discrete Gaussian ``exp(-z²/2s²) / N`` at ``zs``, to 60 digits."""
+    with localcontext(Context(prec=60)):
+        two_var = 2 * Decimal(s) ** 2
+        reach = int(40 * s) + 40
+        norm = sum((-(Decimal(z) ** 2) / two_var).exp() for z in range(-reach, reach + 1))
+        return {z: (-(Decimal(z) ** 2) / two_var).exp() / norm for z in zs}
+
+
+def _plan_pmf(plan: samplers.GaussianPlan) -> dict[int, Fraction]:
+    """The sampler's exact pmf, from the tables' implied weights (one level at most)."""
+    top = implied_weights(plan.top)[: plan.top.size]
+    if plan.levels == 0:
+        return {i + plan.top.offset: Fraction(w, ONE) for i, w in enumerate(top) if w}
+    assert plan.levels == 1 and plan.low is not None
+    low = np.array(implied_weights(plan.low)[: plan.low.size], dtype=object)
+    m = 1 << 6
+    width = (len(top) - 1) * m + len(low)
+    total = np.zeros(width, dtype=object)
+    for a, w in enumerate(top):
+        if w:
+            total[a * m : a * m + len(low)] += w * low
+    first = plan.top.offset * m + plan.low.offset
+    return {first + i: Fraction(int(w), ONE * ONE) for i, w in enumerate(total) if w}
+
+
+@pytest.mark.parametrize("s", [0.8, 2.5, 300.0, 700.0])
+def test_gaussian_pmf_is_pointwise_within_the_plan_s_bound(s: float) -> None:
+    # |q(z) - p(z)| <= gamma p(z) + error p(0) at every integer, checked exactly: the tables'
+    # weights convolved in integers, against the ideal pmf to 60 digits.
+    plan = gaussian_plan(s)
+    assert plan.tables_tv <= GAUSSIAN_TV and plan.tv_bound == GAUSSIAN_TV
+    q = _plan_pmf(plan)
+    reach = max(abs(z) for z in q) + 5
+    p = _exact_gaussian_pmf(s, range(-reach, reach + 1))
+    with localcontext(Context(prec=60)):
+        gamma, error = Decimal(plan.gamma), Decimal(plan.error)
+        peak = p[0]
+        worst = max(
+            abs(Decimal(q.get(z, 0).numerator) / Decimal(q.get(z, 0).denominator) - p[z])
+            - gamma * p[z]
+            for z in p
+        )
+    assert worst <= error * peak
+    # The bound is not loose by orders of magnitude: the sampler's rounding shows in it.
+    assert worst > error * peak / 2**20
+
+
+def test_every_gaussian_plan_is_within_the_accounting_s_constants() -> None:
+    scales = [2.0**k + 0.37 for k in range(-6, 44)] + [511.9, 512.0, 512.1, 2.0**44]
+    for s in scales:
+        plan = gaussian_plan(s)
+        assert plan.tables_tv <= GAUSSIAN_TV and plan.tv_bound == GAUSSIAN_TV
+        assert plan.gamma <= GAUSSIAN_GAMMA and plan.error <= GAUSSIAN_ERROR
+
+
+def test_each_gaussian_lookup_has_its_own_tie_breaking_word() -> None:
+    plan = gaussian_plan(700.0)
+    assert plan.word_rows == 2 * len(plan.tables) == 4
+    assert laplace_plan(3000.0).word_rows == len(laplace_plan(3000.0).tables) + 1
+    words = np.zeros((4, 8), dtype=np.uint64)
+    assert noise_from_words(plan, words.copy()).shape == (8,)
+    with pytest.raises(ValueError, match=r"shape \(4, count\)"):
+        noise_from_words(plan, np.zeros((3, 8), dtype=np.uint64))
+    # Two lookups that both tie their thresholds break the ties with different words: the
+    # second lookup's tie-breaking word moves its outcome and nothing else.
+    low = plan.low
+    assert low is not None
+    split = next(b for b in range(1 << low.bits) if int(low.alias[b]) != b and int(low.tl[b]) > 0)
+    words[2] = (np.uint64(split) << np.uint64(64 - low.bits)) | np.uint64(int(low.th[split]))
+    below, above = words.copy(), words.copy()
+    below[3], above[3] = np.uint64(0), np.uint64(2**64 - 1)
+    assert set(noise_from_words(plan, below) - noise_from_words(plan, above)) == {
+        split - int(low.alias[split])
+    }
