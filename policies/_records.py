@@ -119,7 +119,9 @@ class PublishRequest:
         delta_units: the release's own delta, as asked (0 for a pure-epsilon release).
         rho_units: zCDP rho charged *instead of* epsilon and delta (a Gaussian release
             calibrated to the asked (epsilon, delta)); 0 for a pure release.
-        extra_delta_units: delta charged on top, e.g. the samplers' deviation.
+        extra_delta_units: delta charged on top: what the samplers' deviation costs, at the
+            release's own parameters.
+        extra_epsilon_units: epsilon charged on top (a Gaussian sampler's precision term).
     """
 
     at: datetime
@@ -128,19 +130,28 @@ class PublishRequest:
     delta_units: int = 0
     rho_units: int = 0
     extra_delta_units: int = 0
+    extra_epsilon_units: int = 0
 
     def __post_init__(self) -> None:
-        _check_units(self, "epsilon_units", "delta_units", "rho_units", "extra_delta_units")
+        _check_units(
+            self,
+            "epsilon_units",
+            "delta_units",
+            "rho_units",
+            "extra_delta_units",
+            "extra_epsilon_units",
+        )
         _utc(self, "at")
         object.__setattr__(self, "datasets", dict(self.datasets))
 
     def charge(self, user_id: int) -> Charge:
         """The ledger row this publish writes when it runs."""
         ids = tuple(sorted(set(self.datasets.values())))
+        extra = self.extra_epsilon_units
         if self.rho_units:
-            return Charge(self.at, user_id, ids, 0, self.extra_delta_units, self.rho_units)
+            return Charge(self.at, user_id, ids, extra, self.extra_delta_units, self.rho_units)
         delta = self.delta_units + self.extra_delta_units
-        return Charge(self.at, user_id, ids, self.epsilon_units, delta, 0)
+        return Charge(self.at, user_id, ids, self.epsilon_units + extra, delta, 0)
 
 
 @dataclass(frozen=True)

@@ -143,6 +143,18 @@ def _granted(amount: str) -> str:
     return f" (of which {amount} granted on request)"
 
 
+def _sampler_note(ctx: Context) -> str:
+    """Why a release's delta is what it is, when the noise samplers' deviation is in it."""
+    extra = ctx.request.extra_delta_units
+    if not extra:
+        return ""
+    return (
+        f"; of its delta, {format_delta(extra)} is what the noise samplers' finite precision "
+        "costs at this release's own epsilon (or rho), which grows steeply with it: several "
+        "releases at a smaller epsilon (or rho) each cost far less"
+    )
+
+
 @rule("budget")
 def _user_budget(ctx: Context) -> Iterator[Verdict]:
     limit, after, a = ctx.user_limit, ctx.user_spent + ctx.cost, ctx.allocation
@@ -172,7 +184,8 @@ def _user_budget(ctx: Context) -> Iterator[Verdict]:
             a.delta_rule,
             f"this publish costs {describe_cost(ctx.cost)} and does not fit your delta budget "
             f"of {format_delta(a.delta_units)} {scope}"
-            f"{_granted(format_delta(granted_delta)) if granted_delta else ''}; {left}",
+            f"{_granted(format_delta(granted_delta)) if granted_delta else ''}; {left}"
+            f"{_sampler_note(ctx)}",
         )
 
 
@@ -216,7 +229,7 @@ def _dataset_caps(ctx: Context) -> Iterator[Verdict]:
                 f"datasets.{name}.max_delta",
                 f"dataset {name!r} is capped at delta {format_delta(delta or 0)}{implicit} "
                 f"{scope}; {format_delta(left_delta)} is left and this publish costs "
-                f"{describe_cost(ctx.cost)}",
+                f"{describe_cost(ctx.cost)}{_sampler_note(ctx)}",
             )
 
 

@@ -17,11 +17,15 @@ class BudgetStatus:
     """Your allowance under the policy in force and what the privacy filter counts as spent.
 
     ``spent_epsilon`` adds pure (Laplace) charges and converted zCDP (Gaussian) ones;
-    ``pure_epsilon``, ``rho`` and ``sampler_tv`` are the raw sums of the ledger, in the
-    current renewal window (``period_start`` .. ``renews_at``; both ``None`` when budgets never
-    renew). ``epsilon_rule`` says where the allocation comes from (``roles.data_scientist
-    .epsilon``, ``users.EMAIL.epsilon``, ``defaults.epsilon``); ``granted_epsilon`` is the part
-    of it granted on request.
+    ``spent_delta`` adds the deltas the samplers' deviations cost and, once any Gaussian release
+    was made, the share of ``delta`` the zCDP total is converted at. ``remaining_epsilon`` and
+    ``remaining_delta`` are what is left of ``epsilon`` and ``delta`` after exactly those, so
+    spent and remaining add up to the allowance. ``pure_epsilon`` and ``rho`` are the raw sums
+    of the ledger and ``sampler_tv`` the samplers' deltas, in the current renewal window
+    (``period_start`` .. ``renews_at``; both ``None`` when budgets never renew).
+    ``epsilon_rule`` says where the allocation comes from (``roles.data_scientist.epsilon``,
+    ``users.EMAIL.epsilon``, ``defaults.epsilon``); ``granted_epsilon`` is the part of it
+    granted on request.
     """
 
     epsilon: float
@@ -62,7 +66,7 @@ class BudgetStatus:
         text = (
             f"epsilon: {self.spent_epsilon:g} of {self.epsilon:g} spent, "
             f"{self.remaining_epsilon:g} remaining; delta: {self.spent_delta:.3g} of "
-            f"{self.delta:.3g} used"
+            f"{self.delta:.3g} used, {self.remaining_delta:.3g} remaining"
         )
         if self.renews_at is not None:
             text += f"; renews at {self.renews_at.isoformat()}"

@@ -1,17 +1,20 @@
 """The privacy budget: an append-only ledger and a check that cannot be raced.
 
-Amounts are kept as whole numbers of small units — epsilon and rho in 1e-9, a
-sampler's total-variation deviation in 1e-30 (about 1e-29 per value noised) — so that sums are exact
-and a budget of 1.0 pays for exactly ten charges of 0.1. A requested amount is
-rounded *down* to the unit grid before the mechanism is calibrated to it
-(``quantize_epsilon``), and amounts the node derives (rho, a sampler's deviation)
-are rounded *up*: the charge is never less than the privacy actually spent.
+Amounts are kept as whole numbers of small units — epsilon and rho in 1e-9, delta in
+1e-18 — so that sums are exact and a budget of 1.0 pays for exactly ten charges of 0.1. A
+requested amount is rounded *down* to the unit grid before the mechanism is calibrated to
+it (``quantize_epsilon``), and amounts the node derives (rho, what a sampler's deviation
+costs) are rounded *up*: the charge is never less than the privacy actually spent.
 
 Whether a release may run is the budget policy's decision (:func:`policies.decide`, pure):
 the node builds the user (with their grants), the request and the relevant ledger rows,
-and writes the ledger row the decision grants. A sampler's deviation is charged as delta,
-``(1 + e^epsilon) tv`` rounded up, with ``epsilon`` the largest guarantee the row counts
-against, which matches the filter of ``node.dp.accounting`` under the default policy.
+and writes the ledger row the decision grants. A sampler's deviation is costed once, at the
+release's own parameters (:func:`sampler_units`, the terms of ``node.dp.accounting``):
+never at the user's allocation or a dataset's cap, so that any allocation works alike. A
+Laplace release pays ``(1 + e^epsilon) tv`` as delta; a Gaussian one a delta and a small
+epsilon. The ledger's ``tv_units`` column holds that delta, in delta units (rows written
+before it did held the raw deviation in units of 1e-30, which reading them as delta units
+over-counts a trillion-fold: the safe direction).
 
 The decision, the ledger row and the decision to release happen in one transaction that is
 serialised: ``BEGIN IMMEDIATE`` on SQLite; on PostgreSQL row locks on the user and then on
@@ -50,6 +53,7 @@ from node.db.models import (
     Role,
     User,
 )
+from node.dp import accounting
 from node.errors import (
     ApprovalRequiredError,
     BudgetExceededError,
@@ -64,7 +68,9 @@ from node.settings import Settings
 
 EPSILON_UNIT = Fraction(1, 10**9)
 RHO_UNIT = Fraction(1, 10**9)
-TV_UNIT = Fraction(1, 10**30)
+#: Unit of the raw deviation a release reports (``Cost.tv_units``): fine enough that a release
+#: of a single value at a large epsilon is not charged for rounding.
+TV_UNIT = Fraction(1, 10**40)
 DELTA_UNIT = Fraction(1, 10**18)
 
 
@@ -84,7 +90,7 @@ def units_down(value: float, unit: Fraction, what: str) -> int:
 def units_up(value: float, unit: Fraction, what: str) -> int:
     """``value`` in whole units, rounded up (for amounts the node derives).
 
-    >>> units_up(1e-35, TV_UNIT, "sampler deviation")
+    >>> units_up(1e-45, TV_UNIT, "sampler deviation")
     1
     """
     _check_amount(value, what)
@@ -136,8 +142,10 @@ class Cost:
     ``asked_epsilon_units`` / ``asked_delta_units`` are the release's own guarantee, which
     per-publish caps and approval thresholds compare against (for a Laplace release the
     epsilon charged; for a Gaussian one the (epsilon, delta) it was calibrated to, while
-    ``rho_units`` is what is charged). ``frame_hash`` identifies the exact computation, so
-    that an approval covers that computation and no other.
+    ``rho_units`` is what is charged). ``tv_units`` is the noise's raw deviation
+    (``Release.sampler_tv`` in :data:`TV_UNIT`, rounded up), which :func:`sampler_units`
+    turns into what the release is charged for it. ``frame_hash`` identifies the exact
+    computation, so that an approval covers that computation and no other.
     """
 
     mechanism: str
@@ -163,8 +171,12 @@ class Cost:
 class Status:
     """A user's budget under the policy in force, at one instant (after a charge, or now).
 
-    ``spent()`` and ``remaining_epsilon`` read as before policies existed: the epsilon used
-    (pure plus converted zCDP) and the delta used, of the current window.
+    ``spent()`` is the epsilon used (pure plus converted zCDP) and the delta used of the
+    current window, as the privacy filter counts them: the deltas charged directly (the
+    samplers') and, once any rho was charged, the share ``delta_z`` the rho total is
+    converted at. ``remaining_epsilon`` and ``remaining_delta`` are what is left of the
+    allocation after exactly that, so spent and remaining add up to the allocation.
+    ``spent_tv_units`` is the samplers' delta in :data:`TV_UNIT` (the API's ``sampler_tv``).
     """
 
     in_force: InForce
@@ -180,14 +192,21 @@ class Status:
     def delta(self) -> float:
         return float(self.status.allocation.delta_units * DELTA_UNIT)
 
+    def used_units(self, used: policies.Spent | None = None) -> tuple[int | None, int]:
+        """(epsilon, delta) units ``used`` (default: this window's) counts for, as the filter
+        counts them; epsilon ``None`` where a rho cannot be converted at all."""
+        used = self.status.spent if used is None else used
+        a = self.status.allocation
+        limit = policies.Limit.for_policy(self.in_force.policy, None, a.delta_units)
+        reserved = self.conversion_delta_units if used.rho_units else 0
+        return limit.epsilon_used(used, policies.filter_epsilon), used.delta_units + reserved
+
     def spent(self) -> tuple[float, float]:
         """(epsilon, delta) used in the current window, as the privacy filter counts them."""
-        a, used = self.status.allocation, self.status.spent
-        limit = policies.Limit.for_policy(self.in_force.policy, None, a.delta_units)
-        converted = limit.epsilon_used(used, policies.filter_epsilon)
-        epsilon = math.inf if converted is None else float(converted * EPSILON_UNIT)
-        reserved = self.conversion_delta_units if used.rho_units else 0
-        return epsilon, float((used.delta_units + reserved) * DELTA_UNIT)
+        epsilon, delta = self.used_units()
+        return math.inf if epsilon is None else float(epsilon * EPSILON_UNIT), float(
+            delta * DELTA_UNIT
+        )
 
     @property
     def remaining_epsilon(self) -> float:
@@ -195,48 +214,134 @@ class Status:
 
     @property
     def remaining_delta(self) -> float:
-        return float(self.status.remaining.delta_units * DELTA_UNIT)
+        """The allocation's delta less what :meth:`spent` counts (never negative)."""
+        _, delta = self.used_units()
+        return float(max(0, self.status.allocation.delta_units - delta) * DELTA_UNIT)
+
+    @property
+    def sampler_delta(self) -> float:
+        """The samplers' deltas in the current window (part of :meth:`spent`'s delta)."""
+        return float(self.status.spent.delta_units * DELTA_UNIT)
 
     def describe(self) -> str:
         return self.status.remaining.describe()
 
 
-#: Sampler-deviation units in one delta unit.
+#: Raw-deviation units in one delta unit.
 _TV_PER_DELTA = int(DELTA_UNIT / TV_UNIT)
+#: A delta of 1 in units: more than any budget has, so a charge this large never fits.
+_WHOLE_DELTA = int(1 / DELTA_UNIT)
 
 
 def _tv_delta_units(tv_units: int, epsilon_units: int) -> int:
-    """A sampler deviation as delta, ``(1 + e^epsilon) tv`` rounded up to a delta unit.
+    """A Laplace release's deviation as delta, ``(1 + e^epsilon) tv`` rounded up to a delta
+    unit, at the release's own ``epsilon``; at most a whole delta (which no budget has).
 
-    A mechanism within total variation ``tv`` of an (epsilon, delta)-DP one is
-    (epsilon, delta + (1 + e^epsilon) tv)-DP; ``epsilon`` must be at least the epsilon of
-    every guarantee the charge counts against (the user's allocation, the dataset caps).
+    A mechanism within total variation ``tv`` of an epsilon-DP one is
+    (epsilon, (1 + e^epsilon) tv)-DP.
 
-    >>> _tv_delta_units(1, 10 * 10**9), _tv_delta_units(10**15, 10**9)  # 1e-30 at 10; 1e-15 at 1
+    >>> _tv_delta_units(10**10, 10**9), _tv_delta_units(10**25, 10**9)  # 1e-30, 1e-15 at 1
     (1, 3719)
     """
     if tv_units == 0:
         return 0
     epsilon = float(epsilon_units * EPSILON_UNIT)
-    if epsilon > 700:  # e^epsilon overflows; such a guarantee admits no deviation at all
-        return tv_units * 10**40
+    if epsilon > 700:  # e^epsilon overflows: far beyond any budget's delta
+        return _WHOLE_DELTA
     factor = math.nextafter(math.exp(math.nextafter(epsilon, math.inf)), math.inf)
     # ceil((1 + p/q) tv TV_UNIT / DELTA_UNIT) in integers: exact, and a tenth of the time of
     # Fractions on every publish (tests/node/test_budget_units.py compares the two).
     p, q = factor.as_integer_ratio()
-    return -(-(q + p) * tv_units // (q * _TV_PER_DELTA))
+    return min(_WHOLE_DELTA, -(-(q + p) * tv_units // (q * _TV_PER_DELTA)))
 
 
-def _conversion_epsilon(
-    in_force: InForce, allocation: policies.Allocation, names: list[str]
-) -> int:
-    """The largest epsilon any guarantee a charge counts against promises (in units)."""
-    epsilon = allocation.epsilon_units
-    for name in names:
-        cap = in_force.policy.datasets.get(name)
-        if cap is not None and cap.max_epsilon is not None:
-            epsilon = max(epsilon, policies.epsilon_units(cap.max_epsilon))
-    return epsilon
+def gaussian_count(tv_units: int) -> int:
+    """How many values a Gaussian release noised, from its deviation: every Gaussian plan
+    reports :data:`node.dp.accounting.GAUSSIAN_TV` per value (at least 1 if ``tv_units``).
+
+    >>> gaussian_count(units_up(21 * accounting.GAUSSIAN_TV, TV_UNIT, "tv")), gaussian_count(0)
+    (21, 0)
+    """
+    if tv_units == 0:
+        return 0
+    per_value = Fraction(accounting.GAUSSIAN_TV) / TV_UNIT
+    return max(1, math.floor(tv_units / per_value))
+
+
+def _float_at_least(x: Fraction) -> float:
+    f = float(x)
+    return f if Fraction(f) >= x else math.nextafter(f, math.inf)
+
+
+def _units_capped(value: float, unit: Fraction) -> int:
+    if not value < float(_WHOLE_DELTA * DELTA_UNIT):  # inf, or a delta of 1 or more
+        return math.ceil(Fraction(1) / unit)
+    return units_up(value, unit, "sampler cost")
+
+
+def sampler_units(cost: Cost) -> tuple[int, int]:
+    """(epsilon, delta) units a release's sampler deviation costs, at its own parameters.
+
+    A Laplace release (no rho): delta ``(1 + e^epsilon) tv`` (:func:`_tv_delta_units`). A
+    Gaussian release: ``node.dp.accounting.gaussian_sampler_terms`` for its rho and the number
+    of values its ``tv`` says, ``ξ`` as epsilon and ``δ`` as delta. Each rounded up; a cost no
+    budget could cover comes out as a whole delta (1), which no allocation holds.
+
+    >>> sampler_units(Cost("laplace", 10**9, tv_units=10**10))
+    (0, 1)
+    >>> rho_half = Cost("gaussian", rho_units=5 * 10**8, tv_units=units_up(2.0**-96, TV_UNIT, "tv"))
+    >>> sampler_units(rho_half)
+    (3, 1)
+    """
+    if cost.tv_units == 0:
+        return 0, 0
+    if cost.rho_units == 0:
+        return 0, _tv_delta_units(cost.tv_units, cost.epsilon_units)
+    rho = _float_at_least(cost.rho_units * RHO_UNIT)
+    xi, delta = accounting.gaussian_sampler_terms(rho, gaussian_count(cost.tv_units))
+    return _units_capped(xi, EPSILON_UNIT), _units_capped(delta, DELTA_UNIT)
+
+
+def receipt_terms(
+    entry: LedgerEntry, after: Status, *, asked_epsilon: float, asked_delta: float | None
+) -> dict[str, Any]:
+    """The budget fields of a publish's receipt, from what :func:`charge` returned.
+
+    ``epsilon`` and ``delta`` are what this release took from the user's budget, in the
+    user's own terms: how much the spent epsilon and delta of :meth:`Status.spent` grew with
+    this row, under the filter's own conversion (so the remaining epsilon fell by exactly
+    ``epsilon``). For a Laplace release that is the epsilon asked and its sampler's delta;
+    for a Gaussian one the growth of the converted rho total (the first one also commits the
+    delta ``delta_z`` the rho total is converted at). ``asked_epsilon`` / ``asked_delta`` are
+    what the publish asked for (epsilon as the mechanism used it, rounded down to the
+    ledger's unit), ``rho`` the zCDP charged, ``sampler_delta`` and ``sampler_epsilon`` what
+    the sampler's deviation cost (part of ``delta`` and ``epsilon``); ``spent_*`` and
+    ``remaining_*`` are the budget after the release, as ``client.budget()`` reads it.
+    """
+    used = after.status.spent
+    before = policies.Spent(
+        used.epsilon_units - entry.epsilon_units,
+        used.delta_units - entry.tv_units,
+        used.rho_units - entry.rho_units,
+    )
+    eps_before, delta_before = after.used_units(before)
+    eps_after, delta_after = after.used_units(used)
+    charged = None if eps_after is None or eps_before is None else eps_after - eps_before
+    spent_epsilon, spent_delta = after.spent()
+    sampler_epsilon = entry.epsilon_units if entry.rho_units else 0
+    return {
+        "epsilon": math.inf if charged is None else float(charged * EPSILON_UNIT),
+        "delta": float((delta_after - delta_before) * DELTA_UNIT),
+        "asked_epsilon": float(quantize_epsilon(asked_epsilon)),
+        "asked_delta": asked_delta,
+        "rho": float(entry.rho_units * RHO_UNIT),
+        "sampler_epsilon": float(sampler_epsilon * EPSILON_UNIT),
+        "sampler_delta": float(entry.tv_units * DELTA_UNIT),
+        "spent_epsilon": spent_epsilon,
+        "spent_delta": spent_delta,
+        "remaining_epsilon": after.remaining_epsilon,
+        "remaining_delta": after.remaining_delta,
+    }
 
 
 def _defaults(settings: Settings) -> policies.Allowance:
@@ -324,13 +429,12 @@ def _charges(
     policy: policies.Policy,
     request: policies.PublishRequest,
     user: policies.User,
-    conversion_epsilon: int,
 ) -> list[policies.Charge]:
     """The ledger as :func:`policies.decide` needs it, in a few rows whatever its length.
 
     See :func:`_load`.
     """
-    return _load(session, policy, request, user, conversion_epsilon).charges
+    return _load(session, policy, request, user).charges
 
 
 def _load(
@@ -338,7 +442,6 @@ def _load(
     policy: policies.Policy,
     request: policies.PublishRequest,
     user: policies.User,
-    conversion_epsilon: int,
 ) -> _Ledger:
     """The ledger as :func:`policies.decide` needs it, in a few rows whatever its length.
 
@@ -348,17 +451,17 @@ def _load(
     renewal window: the user's rows of the current window (counted against the user, no
     dataset), plus zero-cost markers so that the rate limit counts every row of its window,
     and for each capped dataset everyone's rows on it in the cap's window except those
-    passed one by one (counted against the dataset, user 0: nobody). A sum's deviation is
-    converted once, rounded up, as the node's filter always did. Decisions on these equal
-    decisions on the whole ledger (tests/node/test_budget_scope.py). All the user's rows (no
-    renewal, none passed one by one) are read as their total, which the database keeps equal
-    to their sum (tests/node/test_ledger_totals.py).
+    passed one by one (counted against the dataset, user 0: nobody). Each row's samplers'
+    delta is in ``tv_units`` already (costed when it was charged), so sums add up exactly.
+    Decisions on these equal decisions on the whole ledger (tests/node/test_budget_scope.py).
+    All the user's rows (no renewal, none passed one by one) are read as their total, which
+    the database keeps equal to their sum (tests/node/test_ledger_totals.py).
     """
 
     def charge(
-        at: datetime, who: int, ids: tuple[int, ...], e: int, r: int, tv: int
+        at: datetime, who: int, ids: tuple[int, ...], e: int, r: int, delta: int
     ) -> policies.Charge:
-        return policies.Charge(at, who, ids, e, _tv_delta_units(tv, conversion_epsilon), r)
+        return policies.Charge(at, who, ids, e, delta, r)
 
     user_id = user.id
     scope = policies.ledger_scope(policy, user, request)
@@ -476,18 +579,8 @@ def _status(
     at: datetime,
 ) -> Status:
     defaults = _defaults(settings)
-    allocation = policies.allocation_for(in_force.policy, user, defaults=defaults, at=at)
-    conversion = _conversion_epsilon(in_force, allocation, [])
-    ledger = _load(session, in_force.policy, policies.PublishRequest(at), user, conversion)
-    status = _status_of(in_force, user, ledger.charges, at, defaults, ledger.mine[2])
-    if not ledger.listed:
-        return status
-    # The sums leave out the rows passed one by one: count the deviation of all of them.
-    mine = select(func.coalesce(func.sum(_LEDGER.c.tv_units), 0))
-    mine = mine.where(_LEDGER.c.user_id == user.id)
-    if status.status.period_start is not None:
-        mine = mine.where(_LEDGER.c.at >= status.status.period_start)
-    return replace(status, spent_tv_units=int(session.scalar(mine) or 0))
+    ledger = _load(session, in_force.policy, policies.PublishRequest(at), user)
+    return _status_of(in_force, user, ledger.charges, at, defaults)
 
 
 def _status_of(
@@ -496,11 +589,12 @@ def _status_of(
     charges: list[policies.Charge],
     at: datetime,
     defaults: policies.Allowance,
-    tv_units: int,
 ) -> Status:
     status = policies.budget_status(in_force.policy, user, charges, at=at, defaults=defaults)
     limit = policies.Limit.for_policy(in_force.policy, None, status.allocation.delta_units)
-    return Status(in_force, status, limit.conversion_delta_units, tv_units)
+    # The user's rows of the window carry the samplers' deltas (and nothing else of delta).
+    samplers = status.spent.delta_units * _TV_PER_DELTA
+    return Status(in_force, status, limit.conversion_delta_units, samplers)
 
 
 def _after(
@@ -509,28 +603,24 @@ def _after(
     user: policies.User,
     ledger: _Ledger,
     row: policies.Charge,
-    tv_units: int,
 ) -> Status | None:
-    """The budget once ``row`` (with deviation ``tv_units``) is in the ledger, exactly as
-    :func:`_status` would read it, from the sums read for the decision; ``None`` where
-    :func:`_status` passes rows one by one (a rate limit reached), which must read them."""
+    """The budget once ``row`` is in the ledger, exactly as :func:`_status` would read it,
+    from the sums read for the decision; ``None`` where :func:`_status` passes rows one by
+    one (a rate limit reached), which must read them."""
     limit = in_force.policy.rate_limit
     if ledger.listed or (limit is not None and ledger.in_rate_window + 1 >= limit.max_publishes):
         return None
     at = row.at
-    allocation = policies.allocation_for(in_force.policy, user, defaults=defaults, at=at)
-    conversion = _conversion_epsilon(in_force, allocation, [])
-    epsilon, rho, tv, newest = ledger.mine
-    epsilon, rho, tv = epsilon + row.epsilon_units, rho + row.rho_units, tv + tv_units
+    epsilon, rho, delta, newest = ledger.mine
     summed = policies.Charge(
         at if newest is None else max(newest, at),
         user.id,
         (),
-        epsilon,
-        _tv_delta_units(tv, conversion),
-        rho,
+        epsilon + row.epsilon_units,
+        delta + row.delta_units,
+        rho + row.rho_units,
     )
-    return _status_of(in_force, user, [summed], at, defaults, tv)
+    return _status_of(in_force, user, [summed], at, defaults)
 
 
 def budget_of(session: Session, settings: Settings, user_id: int) -> Status:
@@ -597,6 +687,8 @@ def charge(
         ApprovalRequiredError: the publish waits for an admin; a pending request is stored.
         NotFoundError: no such user, or a dataset read was deleted meanwhile.
     """
+    # Pure arithmetic on public quantities: done before the serialised transaction.
+    sampler_epsilon, sampler_delta = sampler_units(cost)
     with serial_sessions() as session:
         user, found = _lock(session, user_id, cost.dataset_ids)
         at = utcnow()
@@ -609,17 +701,16 @@ def charge(
         puser = policy_user(session, user)
         defaults = _defaults(settings)
         names = {name: ident for ident, name in found.items()}
-        allocation = policies.allocation_for(in_force.policy, puser, defaults=defaults, at=at)
-        conversion = _conversion_epsilon(in_force, allocation, list(names))
         request = policies.PublishRequest(
             at=at,
             datasets=names,
             epsilon_units=cost.asked_epsilon,
             delta_units=cost.asked_delta_units,
             rho_units=cost.rho_units,
-            extra_delta_units=_tv_delta_units(cost.tv_units, conversion),
+            extra_delta_units=sampler_delta,
+            extra_epsilon_units=sampler_epsilon,
         )
-        ledger = _load(session, in_force.policy, request, puser, conversion)
+        ledger = _load(session, in_force.policy, request, puser)
         charges = ledger.charges
         gate = in_force.policy.approval
         gated = gate.epsilon_above is not None or gate.delta_above is not None
@@ -689,7 +780,8 @@ def charge(
             mechanism=cost.mechanism,
             epsilon_units=decision.granted.epsilon_units,
             rho_units=decision.granted.rho_units,
-            tv_units=cost.tv_units,
+            # The samplers' delta, in delta units (see the module docstring).
+            tv_units=decision.granted.delta_units,
             dataset_ids=sorted(set(cost.dataset_ids)),
             graph_hash=cost.graph_hash,
             detail=cost.detail,
@@ -719,10 +811,12 @@ def charge(
             target_id=entry.id,
             epsilon_charged_units=entry.epsilon_units,
             rho_units=entry.rho_units,
-            tv_units=entry.tv_units,
+            tv_units=cost.tv_units,
+            sampler_epsilon_units=sampler_epsilon,
+            sampler_delta_units=sampler_delta,
             **summary,
         )
-        after = _after(in_force, defaults, puser, ledger, decision.granted, cost.tv_units)
+        after = _after(in_force, defaults, puser, ledger, decision.granted)
         if after is None:
             session.flush()
             after = _status(session, settings, in_force, puser, at)

@@ -61,19 +61,20 @@ def test_decisions_on_the_sums_equal_decisions_on_the_whole_ledger(
             chosen = [ids[n] for n in ("a", "b") if rng.random() < 0.5]
             eps = int(rng.integers(0, 4)) * 10**8
             rho = int(rng.integers(0, 2)) * 10**6
+            delta = int(rng.integers(0, 3)) * 10**3  # the samplers' delta, in delta units
             entry = LedgerEntry(
                 at=at,
                 user_id=user.id,
                 mechanism="laplace",
                 epsilon_units=eps,
                 rho_units=rho,
-                tv_units=0,
+                tv_units=delta,
                 dataset_ids=sorted(chosen),
             )
             session.add(entry)
             session.flush()
             session.add_all(LedgerEntryDataset(ledger_id=entry.id, dataset_id=d) for d in chosen)
-            full.append(policies.Charge(at, user.id, tuple(sorted(chosen)), eps, 0, rho))
+            full.append(policies.Charge(at, user.id, tuple(sorted(chosen)), eps, delta, rho))
         session.commit()
         for user in users:
             puser = policies.User(user.id, user.email, "data_scientist")
@@ -81,7 +82,7 @@ def test_decisions_on_the_sums_equal_decisions_on_the_whole_ledger(
                 request = policies.PublishRequest(
                     at=now, datasets=ids, epsilon_units=tenths * 10**8
                 )
-                sums = _charges(session, policy, request, puser, 10 * 10**9)
+                sums = _charges(session, policy, request, puser)
                 recent = [c for c in full if c.user_id == user.id and c.at > now - window]
                 assert len(sums) <= len(recent) + 3  # the rate window's rows, three sums
                 on_sums = policies.decide(policy, puser, request, sums, defaults=DEFAULTS)

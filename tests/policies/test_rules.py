@@ -12,6 +12,7 @@ from policies import (
     Charge,
     Grant,
     Outcome,
+    PublishRequest,
     User,
     budget_status,
     decide,
@@ -274,3 +275,37 @@ def test_budget_status_reports_the_period(defaults: Allowance) -> None:
     assert status.spent.epsilon_units == epsilon_units(1.0)
     assert status.remaining.epsilon_units == epsilon_units(9.0)
     assert status.allocation.epsilon_rule == "defaults.epsilon"
+
+
+def test_the_samplers_costs_are_charged_on_top_and_named_when_they_do_not_fit(
+    defaults: Allowance,
+) -> None:
+    # A Gaussian release: its rho, its sampler's epsilon and delta (at its own parameters).
+    gaussian = PublishRequest(
+        at=T0,
+        datasets={"diabetes": 1},
+        epsilon_units=epsilon_units(0.5),
+        delta_units=delta_units(1e-7),
+        rho_units=25_000_000,
+        extra_delta_units=7,
+        extra_epsilon_units=3,
+    )
+    d = decide(load_policy(""), ALICE, gaussian, [], defaults=defaults)
+    assert d.granted == Charge(T0, ALICE.id, (1,), 3, 7, 25_000_000)
+    # A Laplace release: the asked epsilon plus any extra; the asked delta plus the extra.
+    laplace = PublishRequest(
+        at=T0, epsilon_units=epsilon_units(0.5), extra_delta_units=2, extra_epsilon_units=1
+    )
+    assert laplace.charge(ALICE.id) == Charge(T0, ALICE.id, (), epsilon_units(0.5) + 1, 2, 0)
+    # A deviation no budget covers (a single release at a huge epsilon): refused on delta,
+    # and the reason says where the delta comes from.
+    huge = PublishRequest(at=T0, epsilon_units=epsilon_units(5.0), extra_delta_units=10**18)
+    d = decide(load_policy(""), ALICE, huge, [], defaults=defaults)
+    assert d.outcome is Outcome.REFUSE and d.rule == "defaults.delta"
+    assert d.reason.endswith(
+        "of its delta, 1 is what the noise samplers' finite precision costs at this release's "
+        "own epsilon (or rho), which grows steeply with it: several releases at a smaller "
+        "epsilon (or rho) each cost far less"
+    )
+    with pytest.raises(ValueError, match="extra_epsilon_units"):
+        PublishRequest(at=T0, extra_epsilon_units=-1)
