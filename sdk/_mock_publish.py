@@ -95,6 +95,8 @@ def mock_release(
         "mechanism": release.mechanism,
         "epsilon": epsilon,
         "delta": delta,
+        "asked_epsilon": epsilon,
+        "asked_delta": delta,
         "rho": release.rho if delta is not None else 0.0,
         "sensitivity_l1": report.l1,
         "sensitivity_l2": report.l2,

@@ -42,6 +42,11 @@ class Receipt:
     sensitivity_l2: float
     noise_scale: float
     remaining_epsilon: float
+    #: what the publish asked for; ``epsilon``/``delta`` above are what it took from the
+    #: budget (for a Gaussian release, the growth of the converted zCDP total)
+    asked_epsilon: float | None = None
+    asked_delta: float | None = None
+    remaining_delta: float | None = None
     #: the node's policy that allowed the release, and its revision (None: the shipped default)
     policy: str | None = None
     policy_revision: int | None = None
@@ -59,7 +64,13 @@ class Receipt:
         )
         if self.mock:
             return f"{noise}; dry run on mock data, epsilon {self.epsilon:g} not charged"
-        return f"{noise}; charged epsilon {self.epsilon:g}; {self.remaining_epsilon:g} remaining"
+        asked = ""
+        if self.asked_epsilon is not None and self.asked_epsilon != self.epsilon:
+            asked = f" (asked {self.asked_epsilon:g})"
+        return (
+            f"{noise}; charged epsilon {self.epsilon:g}{asked}; "
+            f"{self.remaining_epsilon:g} remaining"
+        )
 
 
 @dataclass(frozen=True)

@@ -180,9 +180,11 @@ class BudgetPublic(Schema):
     remaining_epsilon: float
     pure_epsilon: float = Field(description="sum of pure-epsilon (Laplace) charges")
     rho: float = Field(description="sum of zCDP (Gaussian) charges")
-    sampler_tv: float = Field(description="summed total-variation deviation of the samplers")
+    sampler_tv: float = Field(
+        description="delta charged for the samplers' deviation, summed (each release's own)"
+    )
     remaining_delta: float = Field(
-        default=0.0, description="delta left for direct charges (sampler deviations)"
+        default=0.0, description="delta left: the allocation less spent_delta"
     )
     epsilon_rule: str = Field(default="", description="where the epsilon allocation comes from")
     delta_rule: str = Field(default="", description="where the delta allocation comes from")
@@ -203,7 +205,7 @@ class LedgerEntryPublic(Schema):
     mechanism: str
     epsilon: float
     rho: float
-    sampler_tv: float
+    sampler_tv: float = Field(description="delta charged for this release's samplers")
     dataset_ids: list[int]
     graph_hash: str | None
     detail: dict[str, Any]

@@ -77,15 +77,6 @@ class Release:
         """The charge for the budget filter (:func:`node.dp.accounting.fits`)."""
         return Charge(epsilon=self.epsilon, rho=self.rho, tv=self.sampler_tv)
 
-    @property
-    def delta_cost(self) -> float:
-        """``(1 + e^epsilon) sampler_tv``: a Laplace release alone is (epsilon, delta_cost)-DP.
-
-        For a Gaussian release (epsilon 0) the filter charges ``sampler_tv`` against the
-        budget's delta instead (:func:`node.dp.accounting.fits`).
-        """
-        return (1.0 + math.exp(min(self.epsilon, 700.0))) * self.sampler_tv
-
 
 def _positive(name: str, value: float) -> float:
     try:

@@ -184,11 +184,6 @@ def _unknown_users(session: Session, policy: policies.Policy) -> list[str]:
     return sorted(set(policy.users) - known)
 
 
-#: Above this epsilon the samplers' deviation, charged as (1 + e^epsilon) tv against the
-#: guarantee's direct delta, leaves room for few releases (none at all near 50).
-LARGE_EPSILON = 35.0
-
-
 def _warnings(session: Session, policy: policies.Policy) -> list[str]:
     found = []
     if policy.datasets:
@@ -198,18 +193,6 @@ def _warnings(session: Session, policy: policies.Policy) -> list[str]:
             f"datasets.{name}: no dataset of that name yet; the cap applies once one is uploaded"
             for name in sorted(set(policy.datasets) - known)
         ]
-    epsilons = [(f"datasets.{n}.max_epsilon", c.max_epsilon) for n, c in policy.datasets.items()]
-    epsilons += [(f"users.{e}.epsilon", a.epsilon) for e, a in policy.users.items()]
-    for role in policies.ROLES:
-        amounts = getattr(policy.roles, role)
-        epsilons.append((f"roles.{role}.epsilon", None if amounts is None else amounts.epsilon))
-    found += [
-        f"{key}: epsilon {value:g} is above {LARGE_EPSILON:g}; the samplers' deviation is "
-        "charged as (1 + e^epsilon) times it against the direct delta, so few publishes (or "
-        "none) will fit; see docs/policies.md"
-        for key, value in sorted(epsilons)
-        if value is not None and value > LARGE_EPSILON
-    ]
     return found
 
 

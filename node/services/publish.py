@@ -253,21 +253,19 @@ def publish(
     # Charged: from here on the data is read, and the publish is always answered.
     done = run_release(rp, lambda: inputs.values(context))
     release = done.release
-    spent_epsilon, _ = after.spent()
     receipt = {
         "ledger_id": entry.id,
         "mechanism": release.mechanism,
-        "epsilon": float(charged),
-        "delta": request.delta,
-        "rho": float(cost.rho_units * RHO_UNIT),
+        # what this release took from the budget, as client.budget() and the ledger count it
+        **budget.receipt_terms(
+            entry, after, asked_epsilon=request.epsilon, asked_delta=request.delta
+        ),
         "sensitivity": release.sensitivity,
         "sensitivity_l1": rp.report.l1,
         "sensitivity_l2": rp.report.l2,
         "noise_scale": release.scale,
         "grid_exponent": release.grid_exponent,
         "sampler_tv": release.sampler_tv,
-        "remaining_epsilon": after.remaining_epsilon,
-        "spent_epsilon": spent_epsilon,
         "policy": after.in_force.name,
         "policy_revision": entry.policy_revision,
     }

@@ -208,8 +208,8 @@ def test_the_readme_admin_section_runs(demo_server: Server) -> None:
     assert "policy revision 1\nrefused by publish.max_epsilon\n" in printed
     assert "waiting for approval, request 1\ntensor(" in printed
     assert (
-        "approved epsilon: 0.8 of 12 spent, 11.2 remaining; delta: 1e-18 of 1e-06 used; renews"
-        in printed
+        "approved epsilon: 0.8 of 12 spent, 11.2 remaining; delta: 1e-18 of 1e-06 used, "
+        "1e-06 remaining; renews" in printed
     )
     assert "ds@example.org laplace 0.8 1" in printed
     assert "admin@example.org 1 governance board, March" in printed

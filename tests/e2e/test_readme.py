@@ -39,7 +39,10 @@ def test_readme_walkthrough_runs(demo_server: Server, tmp_path: Path) -> None:
     assert "analyst@example.org data_scientist False" not in printed  # listed before deactivation
     assert "analyst@example.org data_scientist True" in printed
     assert "user.update" in printed
-    assert "gaussian noise of scale 18.57 for sensitivity 1; charged epsilon 0.25;" in printed
+    # the last step's receipt: what it took from the budget, the filter's conversion of the
+    # zCDP total growing by less than the asked 0.25 once the first step paid its log term
+    assert "gaussian noise of scale 18.57 for sensitivity 1; charged epsilon 0.0246" in printed
+    assert "(asked 0.25)" in printed
     accuracy = float(re.search(r"accuracy (\S+)", printed).group(1))  # type: ignore[union-attr]
     assert accuracy > 0.8, printed
     assert "epsilon: 2.79407 of 10 spent, 7.20593 remaining" in printed

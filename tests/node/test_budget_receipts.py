@@ -151,7 +151,19 @@ def test_the_published_receipt_is_the_budget_s(
 ) -> None:
     frame = _sum_frame(http, owner_h)
     receipt = _receipt(_publish(http, ds_h, frame, epsilon=1e-6, delta=0.009))
-    if "asked_epsilon" not in receipt:
-        pytest.xfail("the publish service builds its receipt with budget.receipt_terms")
     terms = _terms(context, scientist, 1e-6, 0.009)
     assert {k: receipt[k] for k in terms} == terms
+
+
+@pytest.mark.parametrize("delta", [None, 1e-7])
+def test_the_ledger_row_says_what_the_receipt_says(
+    http: TestClient, owner_h: dict[str, str], ds_h: dict[str, str], delta: float | None
+) -> None:
+    frame = _sum_frame(http, owner_h)
+    params: dict[str, Any] = {"epsilon": 0.5} | ({} if delta is None else {"delta": delta})
+    receipt = _receipt(_publish(http, ds_h, frame, **params))
+    response = http.get("/api/v1/ledger", headers=ds_h)
+    assert response.status_code == 200, response.text
+    (row,) = [r for r in response.json() if r["id"] == receipt["ledger_id"]]
+    assert row["sampler_tv"] == receipt["sampler_delta"] > 0
+    assert row["rho"] == receipt["rho"]
