@@ -40,6 +40,18 @@ def post_frame(http: TestClient, path: str, headers: dict[str, str], frame: byte
     return http.post(path, content=frame, headers=headers | FRAME)
 
 
+def publish(
+    http: TestClient, headers: dict[str, str], frame: bytes, epsilon: float, **params: Any
+) -> Response:
+    """POST a graph frame to ``/api/v1/publish`` at ``epsilon`` (and ``delta=``, ...)."""
+    return http.post(
+        "/api/v1/publish",
+        params={"epsilon": epsilon, **params},
+        content=frame,
+        headers=headers | {"Content-Type": "application/octet-stream"},
+    )
+
+
 def upload(
     http: TestClient, headers: dict[str, str], name: str, data: dict[str, Any], **manifest: Any
 ) -> Response:

@@ -16,7 +16,7 @@ from httpx import Response
 from starlette.testclient import TestClient
 
 from node.engine import GraphBuilder, encode
-from tests.node.conftest import upload_ok
+from tests.node.conftest import publish, upload_ok
 from tests.node.frames import read_frame
 
 N = 1000  # rows of the dataset, and values of the vector query
@@ -38,17 +38,6 @@ def _vector_frame(dataset_id: int) -> bytes:
     b = GraphBuilder()
     x = b.input(f"dataset:{dataset_id}/x", "float64", (N,))
     return encode(b.build([b.op("mul", x, 1.0)]))
-
-
-def _publish(
-    http: TestClient, headers: dict[str, str], frame: bytes, epsilon: float, **params: Any
-) -> Response:
-    return http.post(
-        "/api/v1/publish",
-        params={"epsilon": epsilon, **params},
-        content=frame,
-        headers=headers | {"Content-Type": "application/octet-stream"},
-    )
 
 
 def _receipt(response: Response) -> dict[str, Any]:
@@ -82,8 +71,8 @@ def test_large_allocations_admit_laplace_and_gaussian_releases(
     dataset = _dataset(http, owner_h)
     _allocate(http, admin_h, allocation)
     for frame in (_sum_frame(dataset), _vector_frame(dataset)):
-        _receipt(_publish(http, ds_h, frame, 1.0))
-        _receipt(_publish(http, ds_h, frame, 1.0, delta=1e-7))
+        _receipt(publish(http, ds_h, frame, 1.0))
+        _receipt(publish(http, ds_h, frame, 1.0, delta=1e-7))
     body = _budget(http, ds_h)
     assert body["epsilon"] == allocation
     assert body["epsilon_rule"] == "roles.data_scientist.epsilon"
@@ -105,11 +94,11 @@ def test_a_grant_of_a_million_admits_releases_and_refuses_only_what_no_delta_cov
     assert _budget(http, ds_h)["epsilon"] == 1e6 + 10
     frame = _sum_frame(dataset)
     for epsilon in (0.5, 20.0, 45.0):
-        assert _receipt(_publish(http, ds_h, frame, epsilon))["mechanism"] == "laplace"
-        _receipt(_publish(http, ds_h, frame, epsilon, delta=1e-9))
+        assert _receipt(publish(http, ds_h, frame, epsilon))["mechanism"] == "laplace"
+        _receipt(publish(http, ds_h, frame, epsilon, delta=1e-9))
     # One value at epsilon 1000: its sampler's deviation costs more delta than any budget has
     # (the tables' precision, not the allocation): refused, saying so.
-    response = _publish(http, ds_h, frame, 1000.0)
+    response = publish(http, ds_h, frame, 1000.0)
     assert response.status_code == 403, response.text
     body = response.json()
     assert body["error"] == "budget_exceeded" and body["rule"] == "defaults.delta"
@@ -125,10 +114,10 @@ def test_a_thousand_values_at_allocation_40_until_the_budget_is_really_spent(
     frame = _vector_frame(dataset)
     # The 11th was refused, after 1.0 of 40; now all 400 releases of 0.1 run, and no more.
     for _ in range(400):
-        _receipt(_publish(http, ds_h, frame, 0.1))
+        _receipt(publish(http, ds_h, frame, 0.1))
     body = _budget(http, ds_h)
     assert body["spent_epsilon"] == 40.0 and body["remaining_epsilon"] == 0.0
-    refused = _publish(http, ds_h, frame, 1e-9)
+    refused = publish(http, ds_h, frame, 1e-9)
     assert refused.status_code == 403 and refused.json()["rule"] == "roles.data_scientist.epsilon"
     # The deltas of those releases of 1,000 values: one unit of 1e-18 each.
     assert body["spent_delta"] == pytest.approx(400e-18)

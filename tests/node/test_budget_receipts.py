@@ -23,7 +23,7 @@ from node.engine import GraphBuilder, encode
 from node.services import budget
 from node.services.budget import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT
 from sdk._budget import BudgetStatus
-from tests.node.conftest import upload_ok
+from tests.node.conftest import publish, upload_ok
 from tests.node.frames import read_frame
 
 #: The default budget's delta, and the share of it the zCDP total is converted at.
@@ -37,15 +37,6 @@ def _sum_frame(http: TestClient, owner_h: dict[str, str]) -> bytes:
     b = GraphBuilder()
     x = b.input(f"dataset:{body['id']}/x", "float64", (50,))
     return encode(b.build([b.op("sum", x)]))
-
-
-def _publish(http: TestClient, headers: dict[str, str], frame: bytes, **params: Any) -> Response:
-    return http.post(
-        "/api/v1/publish",
-        params=params,
-        content=frame,
-        headers=headers | {"Content-Type": "application/octet-stream"},
-    )
 
 
 def _receipt(response: Response) -> dict[str, Any]:
@@ -80,7 +71,7 @@ def test_a_gaussian_receipt_says_what_the_budget_lost(
     frame = _sum_frame(http, owner_h)
     fresh = _budget(http, ds_h)
     assert (fresh["epsilon"], fresh["delta"], fresh["spent_epsilon"]) == (10.0, DELTA_B, 0.0)
-    receipt = _receipt(_publish(http, ds_h, frame, epsilon=1e-6, delta=0.009))
+    receipt = _receipt(publish(http, ds_h, frame, epsilon=1e-6, delta=0.009))
     after = _budget(http, ds_h)
     # The reported numbers: asked epsilon 1e-6, but the rho this calibrates to, converted at
     # the budget's own delta by the filter, takes 0.0894 of the remaining epsilon.
@@ -114,7 +105,7 @@ def test_a_gaussian_receipt_says_what_the_budget_lost(
     spent, left = after["spent_delta"], after["remaining_delta"]
     assert f"delta: {spent:.3g} of 1e-06 used, {left:.3g} remaining" in text
     # A second Gaussian release: its receipt's epsilon is again what the budget lost.
-    _receipt(_publish(http, ds_h, frame, epsilon=0.5, delta=1e-7))
+    _receipt(publish(http, ds_h, frame, epsilon=0.5, delta=1e-7))
     second = _terms(context, scientist, 0.5, 1e-7)
     again = _budget(http, ds_h)
     fell = after["remaining_epsilon"] - again["remaining_epsilon"]
@@ -130,7 +121,7 @@ def test_a_laplace_receipt_and_the_budget_agree_on_delta(
     ds_h: dict[str, str],
 ) -> None:
     frame = _sum_frame(http, owner_h)
-    _receipt(_publish(http, ds_h, frame, epsilon=0.5))
+    _receipt(publish(http, ds_h, frame, epsilon=0.5))
     terms = _terms(context, scientist, 0.5, None)
     body = _budget(http, ds_h)
     # Pure epsilon is charged as asked; the sampler's delta is spent, the rest remains.
@@ -150,7 +141,7 @@ def test_the_published_receipt_is_the_budget_s(
     ds_h: dict[str, str],
 ) -> None:
     frame = _sum_frame(http, owner_h)
-    receipt = _receipt(_publish(http, ds_h, frame, epsilon=1e-6, delta=0.009))
+    receipt = _receipt(publish(http, ds_h, frame, epsilon=1e-6, delta=0.009))
     terms = _terms(context, scientist, 1e-6, 0.009)
     assert {k: receipt[k] for k in terms} == terms
 
@@ -161,7 +152,7 @@ def test_the_ledger_row_says_what_the_receipt_says(
 ) -> None:
     frame = _sum_frame(http, owner_h)
     params: dict[str, Any] = {"epsilon": 0.5} | ({} if delta is None else {"delta": delta})
-    receipt = _receipt(_publish(http, ds_h, frame, **params))
+    receipt = _receipt(publish(http, ds_h, frame, **params))
     response = http.get("/api/v1/ledger", headers=ds_h)
     assert response.status_code == 200, response.text
     (row,) = [r for r in response.json() if r["id"] == receipt["ledger_id"]]

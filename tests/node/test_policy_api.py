@@ -17,7 +17,7 @@ from node.context import NodeContext
 from node.db.models import User
 from node.engine import GraphBuilder, encode
 from tests.conftest import login, make_user
-from tests.node.conftest import refused, upload_ok
+from tests.node.conftest import publish, refused, upload_ok
 from tests.sdk.conftest import connect
 
 POLICY = "/api/v1/policy"
@@ -48,17 +48,6 @@ def _sum_frame(dataset_id: int, n: int = 50, *, scale: float | None = None) -> b
 def _dataset(http: TestClient, headers: dict[str, str], name: str = "visits") -> int:
     body = upload_ok(http, headers, name, {"x": np.linspace(0, 1, 50)}, bounds={"x": (0, 1)})
     return int(body["id"])
-
-
-def _publish(
-    http: TestClient, headers: dict[str, str], frame: bytes, epsilon: float, **params: Any
-) -> Response:
-    return http.post(
-        "/api/v1/publish",
-        params={"epsilon": epsilon, **params},
-        content=frame,
-        headers=headers | {"Content-Type": "application/octet-stream"},
-    )
 
 
 def _apply(http: TestClient, headers: dict[str, str], toml: str, reason: str = "r") -> Response:
@@ -127,31 +116,29 @@ def test_every_rule_refuses_by_name_and_a_change_applies_at_the_next_publish(
 ) -> None:
     frame = _sum_frame(_dataset(http, owner_h))
     assert _apply(http, admin_h, HOSPITAL).status_code == 200
-    body = _policy_refusal(
-        _publish(http, ds_h, frame, 1.5), "policy_refused", "publish.max_epsilon"
-    )
+    body = _policy_refusal(publish(http, ds_h, frame, 1.5), "policy_refused", "publish.max_epsilon")
     assert body["policy"] == "hospital" and body["policy_revision"] == 1
     assert "allows at most 1 per publish" in body["reason"]
     for _ in range(2):
-        assert _publish(http, ds_h, frame, 1.0).status_code == 200
+        assert publish(http, ds_h, frame, 1.0).status_code == 200
     body = _policy_refusal(
-        _publish(http, ds_h, frame, 0.5), "budget_exceeded", "roles.data_scientist.epsilon"
+        publish(http, ds_h, frame, 0.5), "budget_exceeded", "roles.data_scientist.epsilon"
     )
     assert "does not fit your epsilon budget of 2 in total" in body["reason"]
     # A grant lifts the budget; the dataset's cap (3, across users) then refuses.
     grant = {"user": "ds@example.org", "epsilon": 5.0, "reason": "study extended"}
     assert http.post("/api/v1/budget/grants", json=grant, headers=admin_h).status_code == 201
-    assert _publish(http, ds_h, frame, 1.0).status_code == 200
+    assert publish(http, ds_h, frame, 1.0).status_code == 200
     _policy_refusal(
-        _publish(http, ds_h, frame, 0.5), "budget_exceeded", "datasets.visits.max_epsilon"
+        publish(http, ds_h, frame, 0.5), "budget_exceeded", "datasets.visits.max_epsilon"
     )
     # Lift the cap without a restart: the rate limit (5 per hour) decides next.
     lifted = HOSPITAL.replace("max_epsilon = 3.0", "max_epsilon = 30.0")
     assert _apply(http, admin_h, lifted).json()["revision"] == 2
-    assert _publish(http, ds_h, frame, 0.5).status_code == 200
-    assert _publish(http, ds_h, frame, 0.5).status_code == 200
+    assert publish(http, ds_h, frame, 0.5).status_code == 200
+    assert publish(http, ds_h, frame, 0.5).status_code == 200
     body = _policy_refusal(
-        _publish(http, ds_h, frame, 0.5), "policy_refused", "rate_limit.max_publishes"
+        publish(http, ds_h, frame, 0.5), "policy_refused", "rate_limit.max_publishes"
     )
     assert body["policy_revision"] == 2 and "the next one is possible at" in body["reason"]
     ledger = http.get("/api/v1/ledger", headers=ds_h).json()
@@ -410,7 +397,7 @@ def test_a_large_epsilon_is_usable(
     ).json()
     assert applied["warnings"] == []
     for _ in range(3):
-        assert _publish(http, ds_h, frame, 0.5).status_code == 200
+        assert publish(http, ds_h, frame, 0.5).status_code == 200
 
 
 def test_the_sdk_applies_a_policy_from_a_file_or_a_mapping(
@@ -441,21 +428,21 @@ def test_a_dataset_uploaded_again_under_its_name_keeps_its_cap(
     )
     first = _dataset(http, owner_h)
     _dataset(http, owner_h, "other")  # so that SQLite does not give the old id again
-    assert _publish(http, ds_h, _sum_frame(first), 0.75).status_code == 200
+    assert publish(http, ds_h, _sum_frame(first), 0.75).status_code == 200
     assert http.delete(f"/api/v1/datasets/{first}", headers=owner_h).status_code == 204
     again = _dataset(http, owner_h)
     assert again != first
     body = _policy_refusal(
-        _publish(http, ds_h, _sum_frame(again), 0.5),
+        publish(http, ds_h, _sum_frame(again), 0.5),
         "budget_exceeded",
         "datasets.visits.max_epsilon",
     )
     assert "0.25 is left" in body["reason"]
-    assert _publish(http, ds_h, _sum_frame(again), 0.25).status_code == 200
+    assert publish(http, ds_h, _sum_frame(again), 0.25).status_code == 200
     # Without a rate limit the rows enter as sums: the same answer.
     _apply(http, admin_h, "[datasets.visits]\nmax_epsilon = 1.0")
     _policy_refusal(
-        _publish(http, ds_h, _sum_frame(again), 0.1),
+        publish(http, ds_h, _sum_frame(again), 0.1),
         "budget_exceeded",
         "datasets.visits.max_epsilon",
     )
