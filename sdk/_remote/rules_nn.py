@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from sdk._exceptions import UnsupportedOperationError
-from sdk._remote.graph import Node, prim
+from sdk._remote.graph import Node, constant, prim
 from sdk._remote.rules import dtype_name, implements
 from sdk._remote.rules_pool import avg_pool
 
@@ -357,3 +357,69 @@ def _max_pool2d_backward(
     idx = prim("reshape", indices, shape=(*lead, -1))
     summed = prim("scatter_add", zeros, idx, src, dim=len(flat) - 1)
     return prim("reshape", summed, shape=tuple(x.shape))
+
+
+# -- negative log-likelihood: one-hot codes against the class indices -------------------------
+# torch's decomposition picks each row's class with gather (forward) and scatter (backward);
+# on private labels neither has a privacy rule (an index chosen by a private value). A
+# comparison of the label with the public class list is a one-hot code whose rows change
+# only with their own label, and it records the same values.
+
+
+def _one_hot(target: Node, classes: int, dtype: torch.dtype, weight: Node | None) -> Node:
+    """``[target_i == c] * weight_c`` as ``dtype``, shape ``(N, C)``; a label outside
+    ``0 .. C-1`` (the ignored one) gives a row of zeros."""
+    hot = prim("eq", prim("unsqueeze", target, dim=-1), constant(torch.arange(classes)))
+    code = prim("convert_element_type", hot, dtype=dtype_name(dtype))
+    return code if weight is None else prim("mul", code, weight)
+
+
+def _nll_parts(
+    x: Node, target: Node, weight: Node | None, ignore_index: int, dtype: torch.dtype
+) -> tuple[Node, Node, bool]:
+    """The weighted one-hot code of the targets (rows of zeros where ignored), its row sums
+    (each row's weight), and whether ``x`` was one sample (1-d)."""
+    single = len(x.shape or ()) == 1
+    classes = int((x.shape or (1,))[-1])
+    t = prim("unsqueeze", target, dim=0) if single else target
+    valid = prim("ne", t, ignore_index)
+    t = prim("where", valid, t, -1)  # an ignored label may lie inside 0 .. C-1
+    code = _one_hot(t, classes, dtype, weight)
+    return code, prim("sum", code, dims=(1,), keepdim=False), single
+
+
+@implements(aten.nll_loss_forward.default)
+def _nll_loss_forward(
+    out: Any, x: Node, target: Node, weight: Node | None, reduction: int, ignore_index: int
+) -> tuple[Node, Node]:
+    dtype = out[0].dtype
+    code, row_weight, single = _nll_parts(x, target, weight, ignore_index, dtype)
+    xs = prim("unsqueeze", x, dim=0) if single else x
+    loss = prim("neg", prim("sum", prim("mul", xs, code), dims=(1,), keepdim=False))
+    total = prim("sum", row_weight, dims=(0,), keepdim=False)
+    if reduction == 0:  # none
+        return (prim("squeeze", loss, dims=(0,)) if single else loss), total
+    summed = prim("sum", loss, dims=(0,), keepdim=False)
+    return (summed if reduction == 2 else prim("div", summed, total)), total
+
+
+@implements(aten.nll_loss_backward.default)
+def _nll_loss_backward(
+    out: torch.Tensor,
+    grad: Node,
+    x: Node,
+    target: Node,
+    weight: Node | None,
+    reduction: int,
+    ignore_index: int,
+    total_weight: Node,
+) -> Node:
+    code, _, single = _nll_parts(x, target, weight, ignore_index, out.dtype)
+    if reduction == 0 and not single:
+        g = prim("unsqueeze", grad, dim=1)
+    elif reduction == 1:
+        g = prim("div", grad, total_weight)
+    else:
+        g = grad
+    result = prim("neg", prim("mul", code, g))
+    return prim("squeeze", result, dims=(0,)) if single else result

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from sdk._remote.graph import Node, count_ops
+from sdk._remote.losses import OVERRIDES
 from sdk._remote.privacy import CALLS
 from sdk._remote.views import forward, inverse
 
@@ -100,8 +101,14 @@ class RemoteTensor(torch.Tensor):
         calls = CALLS
         outer = calls.func
         calls.func = func
+        kwargs = kwargs if kwargs is not None else {}
         try:
-            return _torch_function(func, types, args, kwargs if kwargs is not None else {})
+            override = OVERRIDES.get(func)
+            if override is not None:
+                done = override(*args, **kwargs)
+                if done is not NotImplemented:
+                    return done
+            return _torch_function(func, types, args, kwargs)
         finally:
             calls.func = outer
 
