@@ -22,7 +22,7 @@ from node.engine import REGISTRY, Graph, Plan, Quotas, plan, run
 from node.engine.dtypes import dtype, from_numpy
 from node.engine.graph import Node, Ref
 from node.engine.prims import Call, Scalar, TensorMeta
-from node.privacy import rounding
+from node.privacy import relations, rounding
 from node.privacy.rules import RULES, Ctx
 from node.privacy.spec import InputSpec
 from node.privacy.state import (
@@ -173,7 +173,7 @@ class PrivacyTracker:
                 f"node {index}: prim {node.op!r} has no privacy rule, so it cannot be "
                 "applied to private data; the graph is refused"
             )
-        state = rounding.apply(ctx, rule)
+        state = relations.narrow(ctx, rounding.apply(ctx, rule))
         if state.shape != meta.shape:  # pragma: no cover - a rule bug, never silently
             raise AssertionError(f"privacy rule of {node.op} gave shape {state.shape}")
         return state

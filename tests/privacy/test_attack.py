@@ -3,9 +3,9 @@
 Hypothesis builds graphs from the prims the tracker supports (elementwise math,
 scalars, comparisons, logic, where, clamp, casts, reductions with dims, shape prims,
 indexing with public indices, matmul with constants and contractions, one-hot codes,
-centred moments), over private inputs with random per-column bounds and random
-subject structures (some subjects own several rows); one column, and casts, may be
-float32, where rounding moves results by more than exact arithmetic would. For each
+centred moments, softmax and its decoys), over private inputs with random per-column
+bounds and random subject structures (some subjects own several rows); one column, and
+casts, may be float32, where rounding moves results by more than exact arithmetic would. For each
 graph the tracker runs once; then pairs of neighbouring datasets (one subject's rows
 replaced, values at the lower bounds, the upper bounds, random corners or uniform) are
 evaluated as a publish evaluates them, and every output's measured L1/L2 change must
@@ -263,6 +263,37 @@ def op_moment(g: Builder) -> None:
             g.add(g.draw(st.sampled_from(["sum", "mean"])), sq.ref, dims=(0,))
 
 
+def op_softmax(g: Builder) -> None:
+    """softmax / log_softmax as the SDK records them, and decoys the relations must not
+    trust: the max of another tensor, or a sum over other dims."""
+    x = g.pick("f", ndim_min=1)
+    if x is None:
+        return
+    if g.draw(st.booleans()):  # wide logits: exp(x - m) overflows without the relations
+        x = g.add("mul", x.ref, 40.0) or x
+    dim = g.draw(st.integers(0, len(x.shape) - 1))
+    decoy = g.pick("f", ndim_min=1) if g.draw(st.integers(0, 3)) == 0 else x
+    m = g.add("amax", (decoy or x).ref, dims=(dim,), keepdim=True)
+    if m is None:
+        return
+    z = g.add("sub", x.ref, m.ref)
+    if z is None:
+        return
+    e = g.add("exp", z.ref)
+    if e is None:
+        return
+    sdim = dim if g.draw(st.integers(0, 3)) else g.draw(st.integers(0, len(x.shape) - 1))
+    s = g.add("sum", e.ref, dims=(sdim,), keepdim=True)
+    if s is None:
+        return
+    if g.draw(st.booleans()):
+        g.add("div", e.ref, s.ref)
+    else:
+        ls = g.add("log", s.ref)
+        if ls is not None:
+            g.add("sub", z.ref, ls.ref)
+
+
 OPS: list[Callable[[Builder], None]] = [
     op_unary,
     op_float32,
@@ -280,6 +311,7 @@ OPS: list[Callable[[Builder], None]] = [
     op_onehot,
     op_bins,
     op_moment,
+    op_softmax,
 ]
 
 

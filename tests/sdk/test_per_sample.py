@@ -260,3 +260,30 @@ def test_the_recorded_mlp_step_is_tracked_at_2c_and_sound(rng: np.random.Generat
     cols = {"X": Column("float64", (n, d), -1.0, 1.0), "y": Column("float64", (n,), 0.0, 1.0)}
     for _ in range(100):
         assert_sound(graph, report, *neighbours(cols, rng))
+
+
+def test_a_float32_softmax_mlp_step_is_tracked_at_2c_and_sound(rng: np.random.Generator) -> None:
+    """cross_entropy over an MLP's float32 logits: a wide public logit range used to make
+    exp overflow in the tracker's intervals, refusing the step ("finite bounds")."""
+    from node.privacy import InputSpec, track
+    from sdk._remote import graph_for
+    from tests.privacy.helpers import Column, assert_sound, neighbours
+
+    n, d, k = 12, 8, 10
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(d, 16), torch.nn.ReLU(), torch.nn.Linear(16, k))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0)  # logits over a wide range: exp(hi(x) - lo(amax)) > float32's max
+    X, Y = remote_input("X", (n, d), torch.float32), remote_input("y", (n,), torch.int64)
+    F.cross_entropy(model(X), Y).backward()
+    samples = per_sample.per_example_grads(
+        list(model.parameters()), [k for k, _ in model.named_parameters()]
+    )
+    graph = graph_for([per_sample.clipped_sum(samples, max_norm=C, scale=float(n))])
+    specs = {"X": InputSpec.private(0.0, 16.0), "y": InputSpec.private(0, k - 1)}
+    report = track(graph, specs)
+    assert report.outputs[0].exact_l2 == 2 * C
+    cols = {"X": Column("float32", (n, d), 0.0, 16.0), "y": Column("int64", (n,), 0, k - 1)}
+    for _ in range(60):
+        assert_sound(graph, report, *neighbours(cols, rng))

@@ -1,0 +1,105 @@
+"""Softmax's relations, which intervals cannot see: ``x - amax(x) <= 0``, ``sum(exp(.)) >= 1``.
+
+The SDK records ``softmax`` and ``log_softmax`` over ``dim`` as
+
+    m = amax(x, dims=(dim,), keepdim=True);  z = x - m;  e = exp(z);  s = sum(e, dims=(dim,))
+    softmax = e / s;  log_softmax = z - log(s)
+
+Interval arithmetic treats ``m`` as independent of ``x``, so ``z`` gets the upper bound
+``hi(x) - lo(m)``, which is positive and, for logits of a wide public range, large enough
+that ``exp`` overflows float32: a small MLP's ``cross_entropy`` was refused as unbounded.
+But ``z <= 0`` exactly (``m`` is the maximum of the same values, and amax does not round),
+and the element where ``x`` attains ``m`` has ``z = 0``, so ``e = 1`` there and ``s >= 1``.
+That keeps ``log(s)`` in ``[0, log n]``, ``log_softmax`` in ``[lo(z) - log n, 0]`` and
+``softmax`` in ``[0, 1]``.
+
+This pass runs after each prim's rule and rounding (:func:`narrow`), recognises the
+pattern by node identity (the ``sub`` must subtract the ``amax`` of its own first
+argument, the ``sum`` must reduce an ``exp`` of such a difference over the same dims) and
+intersects the bounds: it only ever *narrows* what the rules found, with facts that hold
+of the engine's computed values as much as of exact ones. ``z <= 0`` survives rounding
+(a difference of ``a <= b`` rounds to a value ``<= 0``); for ``s`` only ``s >= 1 - 64 u``
+(``u`` the unit roundoff of its dtype) is claimed: the engine's ``exp(0)`` is within 32 ulps
+of 1 (its library functions are assumed so, docs/sensitivity.md), one more for a cast, and
+a floating-point sum of non-negative terms is at least each of its terms. Each element's
+change is then capped at its narrowed width, as every rule's is
+(:func:`node.privacy.rules.base.finish`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from node.privacy.rounding import unit
+from node.privacy.rules.base import Ctx
+from node.privacy.rules.reductions import dims_of
+from node.privacy.state import Array, State
+
+__all__ = ["narrow"]
+
+#: ``sum(exp(x - amax(x)))`` is at least 1 - this many unit roundoffs, computed or exact
+_SUM_SLACK_UNITS = 64
+
+
+@dataclass(frozen=True)
+class _MaxOf:
+    """The state is ``amax(x, dims, keepdim=True)`` of the tensor at node ``src``."""
+
+    src: int
+    dims: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Shifted:
+    """The state is ``x - amax(x, dims)``, or ``exp`` of it (``exp=True``)."""
+
+    dims: tuple[int, ...]
+    exp: bool = False
+
+
+def narrow(c: Ctx, s: State) -> State:
+    """``s``, the state of prim application ``c``, with softmax's relations applied."""
+    op = c.node.op
+    a = c.args[0] if c.args else None
+    if op == "amax" and c.refs and c.refs[0] is not None and c.call.attrs.get("keepdim"):
+        assert a is not None
+        return s.with_(tag=_MaxOf(c.refs[0], dims_of(c, len(a.shape))))
+    if a is None:
+        return s
+    if op == "sub" and len(c.args) == 2 and c.args[1] is not None:
+        m = c.args[1].tag
+        if isinstance(m, _MaxOf) and c.refs[0] == m.src and a.shape == s.shape:
+            return _bounded(s, hi=0.0).with_(tag=_Shifted(m.dims))
+    elif op == "exp" and isinstance(a.tag, _Shifted) and not a.tag.exp:
+        return s.with_(tag=_Shifted(a.tag.dims, exp=True))
+    elif (
+        op == "sum"
+        and isinstance(a.tag, _Shifted)
+        and a.tag.exp
+        and a.shape
+        and dims_of(c, len(a.shape)) == a.tag.dims
+    ):
+        return _bounded(s, lo=1.0 - _SUM_SLACK_UNITS * unit(c.meta.dtype))
+    return s
+
+
+def _bounded(s: State, *, lo: float = -np.inf, hi: float = np.inf) -> State:
+    """``s`` with its exact and computed bounds intersected with ``[lo, hi]``."""
+
+    def cap(a: Array | None, f: float, upper: bool) -> Array | None:
+        if a is None:
+            return None
+        return np.minimum(a, f) if upper else np.maximum(a, f)
+
+    new_lo, new_hi = np.maximum(s.lo, lo), np.minimum(s.hi, hi)
+    width = np.maximum(new_hi - new_lo, 0.0)  # the exact value moves within it
+    return s.with_(
+        lo=new_lo,
+        hi=new_hi,
+        clo=cap(s.clo, lo, False),
+        chi=cap(s.chi, hi, True),
+        L=np.minimum(s.L, width),
+        G=np.minimum(s.G, width),
+    )
