@@ -126,7 +126,10 @@ def _owners(s: State) -> tuple[Array | bool, Array | bool, Array | bool]:
     """Masks of the owned, public and mixed elements; a subject column stays compact."""
     if rows_of(s.owner, s.shape) is not None:
         return True, False, False
-    return s.owner >= 0, s.owner == PUBLIC, s.owner == MIXED
+    owned = s.owner >= 0
+    if owned.all():  # every element owned (rows moved by a view): masks stay scalars
+        return True, False, False
+    return owned, s.owner == PUBLIC, s.owner == MIXED
 
 
 def spread(s: State, E: Array) -> tuple[float, float]:

@@ -65,7 +65,32 @@ def _view_op(c: Ctx, shape: tuple[int, ...]) -> Callable[[Array], Array] | None:
         d = at["dim"] % nd
         sl = slice(at.get("start"), at.get("end"), at.get("step") or 1)
         return lambda a: a if a.shape[d] == 1 else a[(slice(None),) * d + (sl,)]
+    if op == "reshape":
+        return _reshape_op(shape, c.shape)
     return None
+
+
+def _reshape_op(src: tuple[int, ...], dst: tuple[int, ...]) -> Callable[[Array], Array]:
+    """Reshape on fitted arrays: the leading dims both shapes share are left as they are
+    (a per-row array stays one value per row), only the rest is reshaped, in C order.
+
+    >>> op = _reshape_op((5, 2, 3), (5, 6))
+    >>> op(np.zeros((5, 1, 1))).shape, op(np.zeros((1, 2, 3))).shape
+    ((5, 1), (1, 6))
+    """
+    p = 0
+    while p < min(len(src), len(dst)) and src[p] == dst[p]:
+        p += 1
+    nd, tail = len(src), (1,) * (len(dst) - p)
+
+    def op(a: Array) -> Array:
+        lead, trailing = a.shape[:p], a.shape[nd:]
+        if all(n == 1 for n in a.shape[p:nd]):  # one value across the reshaped dims
+            return a.reshape((*lead, *tail, *trailing))
+        full = np.broadcast_to(a, (*lead, *src[p:], *trailing))
+        return full.reshape((*lead, *dst[p:], *trailing))
+
+    return op
 
 
 def move(c: Ctx, x: State, idx: Array | None, mult: float) -> State:
@@ -113,7 +138,7 @@ def view(c: Ctx) -> State:
     # reshape/permute/squeeze/unsqueeze/flip are bijections, slice a selection;
     # expand copies every element the same number of times
     mult = float(n_out // n_in) if c.node.op == "expand" and n_in and n_out else 1.0
-    if c.node.op != "reshape" and x.shape:
+    if x.shape and c.shape:
         return move(c, x, None, mult)
     idx = np.asarray(REGISTRY[c.node.op].kernel(c.call, [_source(x)], None))
     return move(c, x, idx, mult)
@@ -154,8 +179,20 @@ def cat(c: Ctx) -> State:
     d = c.call.attrs["dim"] % len(c.shape)
 
     def join(arrays: list[Array], trailing: tuple[int, ...] = ()) -> Array:
+        fitted = [fit(a, (*p.shape, *trailing)) for a, p in zip(arrays, parts, strict=True)]
+        full = (*c.shape, *trailing)
+        # an axis other than d stays compact where every part is compact along it
+        shape = [1 if all(f.shape[ax] == 1 for f in fitted) else n for ax, n in enumerate(full)]
+        if all(f.shape[d] == 1 for f in fitted):  # one value along d in every part:
+            shape[d] = 1  # if they agree, the whole concatenation is that value
+            first = np.broadcast_to(fitted[0], shape)
+            if all(np.array_equal(first, np.broadcast_to(f, shape)) for f in fitted[1:]):
+                return first
         joined = np.concatenate(
-            [np.broadcast_to(a, (*p.shape, *trailing)) for a, p in zip(arrays, parts, strict=True)],
+            [
+                np.broadcast_to(f, (*shape[:d], p.shape[d], *shape[d + 1 :]))
+                for f, p in zip(fitted, parts, strict=True)
+            ],
             axis=d,
         )
         return recompact(joined)  # e.g. columns stacked side by side share their row owners
