@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from node.privacy.arrays import varying_axes
+from node.privacy.arrays import fit, reduce_array, varying_axes
 from node.privacy.rules.base import Ctx, finish, rule
 from node.privacy.state import MIXED, PUBLIC, State
 
@@ -53,7 +53,10 @@ def clip_by_subject_norm(c: Ctx) -> State:
         raise c.fail("the rows to clip must have finite bounds")
     if any(varying_axes(x.owner, x.shape, exact=True)[1:]) or not np.all(x.G == 0):
         raise c.fail("every row must depend on one subject only (its owner)")
-    rows = np.broadcast_to(x.owner, x.shape).reshape(x.shape[0], -1)[:, 0]
+    # one owner per row (checked above): the first element of each row, without
+    # broadcasting the owners to every feature
+    owners = fit(x.owner, x.shape)
+    rows = np.broadcast_to(owners[(slice(None),) + (0,) * (owners.ndim - 1)], x.shape[:1])
     if (rows == MIXED).any():
         raise c.fail("every row must depend on one subject only (its owner)")
     nsub = max(c.nsub, 1)
@@ -70,10 +73,11 @@ def clip_by_subject_norm(c: Ctx) -> State:
         raise c.fail("the grouping of rows must be public")
     feat = math.prod(c.shape)
     per = 2 * bound * float(touched.max(initial=0.0))
-    lo_rows = np.broadcast_to(x.lo, x.shape).reshape(x.shape[0], -1)
-    hi_rows = np.broadcast_to(x.hi, x.shape).reshape(x.shape[0], -1)
-    lo = np.maximum(np.minimum(lo_rows, 0).sum(axis=0), -ngroups * bound).reshape(c.shape)
-    hi = np.minimum(np.maximum(hi_rows, 0).sum(axis=0), ngroups * bound).reshape(c.shape)
+    # each output element: a sum over rows of terms within [min(lo, 0), max(hi, 0)]
+    lo_sum = reduce_array(np.minimum(fit(x.lo, x.shape), 0.0), x.shape, (0,))[0]
+    hi_sum = reduce_array(np.maximum(fit(x.hi, x.shape), 0.0), x.shape, (0,))[0]
+    lo = np.maximum(lo_sum, -ngroups * bound)
+    hi = np.minimum(hi_sum, ngroups * bound)
     owner = np.full(c.shape, MIXED, dtype=np.int64)
     s = finish(c.meta, lo, hi, owner, np.full(c.shape, per), np.full(c.shape, per))
     t2 = 2 * bound * touched
