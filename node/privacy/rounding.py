@@ -39,9 +39,10 @@ import numpy as np
 
 from node.engine.accurate import depth
 from node.engine.dtypes import DType, accumulation, opmath
-from node.engine.prims.linalg import matmul_accumulation
+from node.engine.prims.linalg import conv_geometry, matmul_accumulation
 from node.privacy.arrays import fit, reduce_array
 from node.privacy.rules.base import Ctx, Rule
+from node.privacy.rules.conv import magnitude_terms
 from node.privacy.rules.reductions import dims_of
 from node.privacy.state import MIXED, PUBLIC, Array, State
 from node.privacy.subjects import rows_of
@@ -254,6 +255,25 @@ def _clip_error(c: Ctx, x: State, mag_out: Array) -> Array:
     return np.asarray(e + unit(c.meta.dtype) * mag_out + _TINY.get(c.meta.dtype.name, 0.0))
 
 
+def _conv_error(c: Ctx, args: Sequence[State | None], mag_out: Array) -> Array:
+    """Rounding of a convolution in its operation dtype: per output, a dot product over
+    ``cg * taps`` terms (or ``taps`` dot products over ``cg`` added up, transposed), the
+    bias, and the cast to the result dtype: ``gamma(cg * taps + taps + 2)`` times the
+    terms' magnitudes ``|w| * |x| + |b|``."""
+    x = args[0]
+    assert x is not None
+    out = c.meta.dtype
+    geo = conv_geometry(c.call)
+    taps = math.prod(geo["k"])
+    rounds = (geo["cin"] // geo["g"]) * taps + taps + 2
+    with np.errstate(invalid="ignore"):
+        terms = magnitude_terms(c, _magnitude(*wide(x)), x)
+        e = gamma(rounds, unit(opmath(out))) * terms
+    if opmath(out).name != out.name:
+        e = e + unit(out) * mag_out
+    return np.asarray(e + _TINY.get(out.name, 0.0))
+
+
 def _own(c: Ctx, args: Sequence[State | None], lo: Array, hi: Array) -> Array | None:
     """Bound on how far this prim's computed result is from its exact result on the same
     (computed) arguments, per element; None when it is exact."""
@@ -287,6 +307,8 @@ def _own(c: Ctx, args: Sequence[State | None], lo: Array, hi: Array) -> Array | 
         x = args[0]
         assert x is not None
         return _clip_error(c, x, mag)
+    if op == "convolution":
+        return _conv_error(c, args, mag)
     raise AssertionError(f"prim {op!r} has a privacy rule but no rounding class")
 
 

@@ -129,17 +129,20 @@ def test_images_train_in_mock_mode_on_a_node(
         mock=fake,
     )
     ds = ds_client.dataset("images")
-    # a convolution has no privacy rule: a CNN on the private images is refused as it is
-    # recorded, in mock mode exactly as against the node (its training on public inputs is
-    # test_training_steps_match_torch)
+    # a CNN's forward pass on the private images records (a convolution with public
+    # weights is a linear map with a privacy rule); its backward needs the gradient of a
+    # convolution's weight, a product of two private tensors without a rule: refused as it
+    # is recorded, in mock mode exactly as against the node
     refusals = []
     for mocked in (False, True):
         with sdk.mock(ds) if mocked else contextlib.nullcontext():
+            out = _seeded(cnn)(ds.tensors("image"))
+            assert out.shape == ((20 if mocked else 40), 3)
             with pytest.raises(sdk.NotPublishableError) as info:
-                _seeded(cnn)(ds.tensors("image"))
+                out.sum().backward()
             refusals.append(str(info.value))
     assert refusals[0] == refusals[1]
-    assert refusals[0].startswith("torch.nn.functional.conv2d on private data")
+    assert refusals[0].startswith("Tensor.backward() on private data cannot be published")
     remote, local = _seeded(image_mlp), _seeded(image_mlp)
     opt_r, opt_l = OPTIMIZERS["adam"](remote), OPTIMIZERS["adam"](local)
     xl, yl = torch.from_numpy(fake["image"]), torch.from_numpy(fake["sex"]).float()

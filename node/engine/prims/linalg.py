@@ -293,9 +293,20 @@ def _conv_transposed(x: Array, w: Array, geo: dict[str, Any]) -> Array:
     return acc[(slice(None), slice(None), *crop)]
 
 
+def conv_geometry(c: Call) -> dict[str, Any]:
+    """The convolution's geometry (shapes, taps, stride, ...), as its kernel uses it."""
+    return _conv_geometry(c)
+
+
+def conv_map(x: Array, w: Array, geo: dict[str, Any]) -> Array:
+    """The convolution of a batched ``x`` with ``w`` (no bias), in their own dtype: the
+    linear map the privacy rule applies to bounds, with ``|w|`` for their widths."""
+    return _conv_transposed(x, w, geo) if geo["transposed"] else _conv_forward(x, w, geo)
+
+
 @prim(
     "convolution",
-    privacy="public_only",
+    privacy="rule",
     args=(2, 3),
     attrs=_CONV,
     infer=_conv_infer,
@@ -314,7 +325,7 @@ def _convolution(c: Call, args: list[Any], out: Array | None) -> Array:
     w = w.astype(cd, copy=False)
     if not geo["batched"]:
         x = x[None]
-    r = _conv_transposed(x, w, geo) if geo["transposed"] else _conv_forward(x, w, geo)
+    r = conv_map(x, w, geo)
     if b is not None:
         r = r + b.astype(cd, copy=False).reshape((-1,) + (1,) * geo["nsp"])
     if not geo["batched"]:

@@ -1,6 +1,7 @@
 """Per-prim privacy rules; importing this package registers every rule in :data:`RULES`."""
 
 from node.privacy.rules import (  # noqa: F401
+    conv,
     elementwise,
     linalg,
     misc,
