@@ -34,6 +34,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from sdk._exceptions import DPNodeError
 from sdk._remote import RemoteTensor, Storage
+from sdk._remote.conv_grads import per_example_weight_grad
 from sdk._remote.dispatch import node_of
 from sdk._remote.graph import Node, prim
 
@@ -53,6 +54,9 @@ class _Samples:
     #: backward pass (graph task id) -> (how it starts, its contributions so far)
     pending: dict[int, tuple[str | None, list[torch.Tensor | None]]] = field(default_factory=dict)
     watched: bool = False
+
+
+_UNSUPPORTED = "its gradient does not come from an nn.Linear or nn.Conv1d/2d/3d layer"
 
 
 #: parameter -> its per-example gradients (weakly keyed by identity: tensors have no ==)
@@ -104,13 +108,13 @@ def _accumulated(p: torch.Tensor) -> None:
     st.pending.clear()
     st.after = p.grad.node if isinstance(p.grad, RemoteTensor) else None
     if not parts:
-        st.total, st.broken = None, "its gradient does not come from an nn.Linear layer"
+        st.total, st.broken = None, _UNSUPPORTED
         return
     if start is not None and start != "":
         st.total, st.broken = None, start
         return
     if any(t is None for t in parts):
-        st.total, st.broken = None, "an nn.Linear layer saw an input without a row dimension"
+        st.total, st.broken = None, "a layer saw an input without a row dimension"
         return
     rows = {int(t.shape[0]) for t in parts if t is not None}
     if st.total is not None and start is None:
@@ -156,7 +160,55 @@ def _linear_hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) ->
     output.register_hook(on_grad)  # type: ignore[no-untyped-call]
 
 
+_CONVS = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+
+
+def _conv_hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    """After a convolution layer's call on remote images: its per-example gradients in backward.
+
+    The geometry and the input are the recorded convolution's own (so padding modes and
+    ``padding="same"`` need no special case): the weight's per-example gradient is a sum over
+    output positions of the output's gradient times the input window it saw.
+    """
+    if not isinstance(module, _CONVS) or not isinstance(output, RemoteTensor):
+        return
+    conv = output.node
+    weight = module.weight if module.weight.requires_grad else None
+    bias = module.bias if module.bias is not None and module.bias.requires_grad else None
+    if not output.requires_grad or (weight is None and bias is None):
+        return
+    for p in (weight, bias):
+        if p is not None:
+            _state(p)
+    nsp = module.weight.dim() - 2
+    batched = output.dim() == nsp + 2 and conv.op == "convolution"
+
+    def on_grad(g: torch.Tensor) -> None:
+        if not batched or not isinstance(g, RemoteTensor):  # no row dimension
+            for p in (weight, bias):
+                if p is not None:
+                    _contribute(p, None)
+            return
+        if weight is not None:
+            node = per_example_weight_grad(
+                conv.args[0],
+                g.node,
+                kernel=tuple(module.weight.shape[2:]),
+                stride=conv.attrs["stride"],
+                padding=conv.attrs["padding"],
+                dilation=conv.attrs["dilation"],
+                groups=int(conv.attrs.get("groups") or 1),
+            )
+            meta = torch.empty((g.shape[0], *module.weight.shape), dtype=g.dtype, device="meta")
+            _contribute(weight, RemoteTensor(meta, Storage(node), source=g._source))
+        if bias is not None:
+            _contribute(bias, g.sum(dim=tuple(range(2, 2 + nsp))))
+
+    output.register_hook(on_grad)  # type: ignore[no-untyped-call]
+
+
 torch.nn.modules.module.register_module_forward_hook(_linear_hook)
+torch.nn.modules.module.register_module_forward_hook(_conv_hook)
 
 
 def per_example_grads(params: Sequence[torch.Tensor], names: Sequence[str]) -> list[torch.Tensor]:
@@ -170,7 +222,7 @@ def per_example_grads(params: Sequence[torch.Tensor], names: Sequence[str]) -> l
         st = _lookup(p)
         why = None
         if st is None:
-            why = "its gradient does not come from an nn.Linear layer"
+            why = _UNSUPPORTED
         elif st.total is None or st.broken is not None:
             why = st.broken or "no backward pass recorded them"
         elif not (isinstance(p.grad, RemoteTensor) and p.grad.node is st.after):
@@ -179,7 +231,8 @@ def per_example_grads(params: Sequence[torch.Tensor], names: Sequence[str]) -> l
             raise DPNodeError(
                 f"no per-example gradients for parameter {name!r}: {why}. Per-example "
                 "clipping (max_grad_norm=) supports models whose parameters are those of "
-                "nn.Linear layers, trained with loss.backward() on remote rows; see "
+                "nn.Linear and nn.Conv1d/2d/3d layers, trained with loss.backward() on "
+                "remote rows; see "
                 "docs/remote-tensors.md"
             )
         assert st is not None and st.total is not None

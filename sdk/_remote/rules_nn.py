@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from sdk._exceptions import UnsupportedOperationError
+from sdk._remote.conv_grads import per_example_weight_grad
 from sdk._remote.graph import Node, constant, prim
 from sdk._remote.rules import dtype_name, implements
 from sdk._remote.rules_pool import avg_pool
@@ -125,7 +126,13 @@ def _convolution_backward(
             transposed=True,
             output_padding=op,
         )
-    if output_mask[1]:
+    if output_mask[1] and (x.private or grad.private) and len(grad.shape) == nsp + 2:
+        # a product of private tensors: per example, with prims that have privacy rules
+        pe = per_example_weight_grad(
+            x, grad, kernel=w.shape[2:], stride=st, padding=pd, dilation=dl, groups=groups
+        )
+        gw = prim("sum", pe, dims=(0,), keepdim=False)
+    elif output_mask[1]:
         gw = prim(
             "convolution_weight_grad",
             x,

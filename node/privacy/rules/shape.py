@@ -17,7 +17,7 @@ from dataclasses import replace
 import numpy as np
 
 from node.engine.prims import REGISTRY
-from node.privacy.arrays import fit, recompact
+from node.privacy.arrays import fit, recompact, varying_axes
 from node.privacy.rules.base import Ctx, rule
 from node.privacy.state import PUBLIC, Array, State, has_joint, has_t, joint
 from node.privacy.tables import LazyIds, Table
@@ -33,6 +33,26 @@ def _gather(a: Array, shape: tuple[int, ...], idx: Array, trailing: tuple[int, .
         return comp.reshape((1,) * idx.ndim + comp.shape[len(shape) :])
     flat = np.broadcast_to(a, full_shape).reshape(-1, *trailing)
     return recompact(flat[idx.reshape(-1)].reshape(*idx.shape, *trailing))
+
+
+def _gather_rows(
+    a: Array, shape: tuple[int, ...], idx1: Array, trailing: tuple[int, ...] = ()
+) -> Array:
+    """As :func:`_gather` for a map that keeps every row in place and moves elements within
+    rows alike: ``idx1`` is the map of one row, so a per-row array stays one value per row
+    and an array alike in every row is gathered once."""
+    nd, n = len(shape), shape[0]
+    comp = fit(a, (*shape, *trailing))
+    rest = idx1.shape[1:]
+    if all(m == 1 for m in comp.shape[1:nd]):
+        return comp.reshape((comp.shape[0],) + (1,) * len(rest) + comp.shape[nd:])
+    if comp.shape[0] == 1:
+        one = np.broadcast_to(comp, (1, *shape[1:], *trailing)).reshape(-1, *trailing)
+        return one[idx1.reshape(-1)].reshape(1, *rest, *trailing)
+    inner = math.prod(shape[1:])
+    every = (idx1.reshape(1, -1) + inner * np.arange(n).reshape(-1, 1)).reshape(-1)
+    flat = np.broadcast_to(comp, (*shape, *trailing)).reshape(-1, *trailing)
+    return recompact(flat[every].reshape(n, *rest, *trailing))
 
 
 def _view_op(c: Ctx, shape: tuple[int, ...]) -> Callable[[Array], Array] | None:
@@ -93,10 +113,11 @@ def _reshape_op(src: tuple[int, ...], dst: tuple[int, ...]) -> Callable[[Array],
     return op
 
 
-def move(c: Ctx, x: State, idx: Array | None, mult: float) -> State:
+def move(c: Ctx, x: State, idx: Array | None, mult: float, rowwise: bool = False) -> State:
     """The state of ``out.flat[i] = x.flat[idx.flat[i]]`` (inputs used ``mult`` times at most).
 
-    With ``idx`` None the prim is applied directly to the fitted state arrays.
+    With ``idx`` None the prim is applied directly to the fitted state arrays; with
+    ``rowwise``, ``idx`` is the map of the first row, and every row moves alike.
     """
     shape = x.shape
     view = _view_op(c, shape) if idx is None else None
@@ -105,6 +126,8 @@ def move(c: Ctx, x: State, idx: Array | None, mult: float) -> State:
         if view is not None:
             return view(fit(a, (*shape, *trailing)))
         assert idx is not None
+        if rowwise:
+            return _gather_rows(a, shape, idx, trailing)
         return _gather(a, shape, idx, trailing)
 
     table = None
@@ -145,10 +168,17 @@ def view(c: Ctx) -> State:
 
 
 def _mapped(c: Ctx, x: State, extra: list[object]) -> State:
-    """Move ``x`` by the prim's own kernel applied to element numbers (copies counted)."""
-    idx = np.asarray(REGISTRY[c.node.op].kernel(c.call, [_source(x), *extra], None))
+    """Move ``x`` by the prim's own kernel applied to element numbers (copies counted).
+
+    Windows along a dim other than the rows (``unfold``) move every row alike: the map
+    is made for one row only.
+    """
+    rowwise = c.node.op == "unfold" and len(x.shape) > 1 and c.call.attrs["dim"] % len(x.shape) != 0
+    row = (1, *x.shape[1:])
+    src = np.arange(math.prod(row), dtype=np.int64).reshape(row) if rowwise else _source(x)
+    idx = np.asarray(REGISTRY[c.node.op].kernel(c.call, [src, *extra], None))
     counts = np.bincount(idx.reshape(-1), minlength=1)
-    return move(c, x, idx, float(counts.max()) if idx.size else 0.0)
+    return move(c, x, idx, float(counts.max()) if idx.size else 0.0, rowwise)
 
 
 @rule("gather", "index_select", "index")
@@ -240,6 +270,13 @@ def _pad_map(c: Ctx, shape: tuple[int, ...]) -> Array:
     return np.pad(src[tuple(index)], widths, constant_values=-1)
 
 
+def _pads_rows(c: Ctx, x: State) -> bool:
+    """Whether the pad adds or removes rows (it pads the first dim)."""
+    pad = list(c.call.attrs["pad"])
+    k = len(x.shape) - 1  # the pair of widths of dim 0, counted from the last dim
+    return len(pad) > 2 * k and (pad[2 * k] != 0 or pad[2 * k + 1] != 0)
+
+
 @rule("pad")
 def pad(c: Ctx) -> State:
     """Constant padding: the filled positions are public constants."""
@@ -252,12 +289,19 @@ def pad(c: Ctx) -> State:
     def take(a: Array, filler: float) -> Array:
         return recompact(np.where(inside, np.broadcast_to(a, x.shape).reshape(-1)[safe], filler))
 
+    owner = fit(x.owner, x.shape)
+    if x.shape and not any(varying_axes(owner, x.shape, exact=True)[1:]) and not _pads_rows(c, x):
+        # one owner per row (an image per subject): the filled positions, constants that
+        # move by L = G = 0, are given the row's owner too, so owners stay one per row
+        owner = owner[(slice(None),) + (slice(0, 1),) * (owner.ndim - 1)]
+    else:
+        owner = take(x.owner, PUBLIC).astype(np.int64)
     s = State(
         c.shape,
         c.meta.dtype,
         take(x.lo, fill),
         take(x.hi, fill),
-        take(x.owner, PUBLIC).astype(np.int64),
+        owner,
         take(x.L, 0.0),
         take(x.G, 0.0),
     )
