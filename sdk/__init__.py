@@ -49,6 +49,7 @@ from sdk._exceptions import (
 from sdk._handles import AuditEvent, ColumnInfo, DatasetHandle, ModelHandle, TensorInfo, User
 from sdk._publish import Receipt, Sensitivity, noise_scale, publish, publish_grads, sensitivity
 from sdk._remote import MockSession, RemoteTensor, mock
+from sdk._steps import StepBudget, step_budget
 
 __all__ = [
     "ApprovalRequiredError",
@@ -85,6 +86,7 @@ __all__ = [
     "RemoteTensor",
     "Sensitivity",
     "ServerError",
+    "StepBudget",
     "TensorInfo",
     "UnsupportedDTypeError",
     "UnsupportedOperationError",
@@ -98,6 +100,7 @@ __all__ = [
     "publish_grads",
     "search",
     "sensitivity",
+    "step_budget",
 ]
 
 _last_client: Client | None = None

@@ -1,0 +1,278 @@
+"""Private training against Opacus: test accuracy at the same (epsilon, delta), and wall time.
+
+    python -m bench.utility [--seeds 5] [--rows logistic,mlp] [--quick]
+
+Each row trains one model on a scikit-learn dataset (80% of it, split by the seed; the other
+20% is the local test set) to a total ``epsilon`` at ``delta = 1e-5``, twice in the same run:
+
+* **dpnode**: the training split is uploaded to an in-process node (the real app, SQLite, the
+  SDK over its transport); a fresh data scientist, whose policy allocation is exactly
+  ``(epsilon, 1e-5)``, trains with ordinary torch code and ``sdk.publish_grads(model,
+  max_grad_norm=C)``: full-batch DP-GD (every step clips each row's gradient and adds
+  Gaussian noise for ``2C``), ``steps`` steps at the per-step epsilon that the node's filter
+  lets ``steps`` releases fit (``node.dp.accounting.spent``). The epsilon reported is the
+  node's ledger (``client.budget()``), not this script's arithmetic.
+* **Opacus** (1.6, local): ``make_private_with_epsilon`` with Poisson sampling and its RDP
+  accountant, the same model and initialisation, ``epochs`` epochs of expected batch size
+  ``batch``.
+
+Features are scaled into [0, 1] by public bounds (breast cancer: each column's range over the
+whole dataset, declared as the contract; digits: grey levels 0-16) for both. Neighbouring
+datasets differ for dpnode by *replacing* a row (the node's privacy unit) and for Opacus by
+adding or removing one (its default): dpnode's guarantee is the stronger one at the same
+numbers. Time is the whole training run (for dpnode: recording, HTTP, tracking, evaluation
+and noise of every step; for Opacus: its data loader, hooks and optimizer), without the
+upload and the accuracy check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from starlette.testclient import TestClient
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import sdk
+from node.app import create_app
+from node.context import NodeContext
+from node.db.migrate import upgrade
+from node.services import users
+from node.settings import Settings
+
+DELTA = 1e-5
+PASSWORD = "bench password"
+
+
+@dataclass(frozen=True)
+class Row:
+    data: str  # "breast_cancer" or "digits"
+    model: str  # "logistic", "softmax", "mlp", "cnn"
+    epsilon: float
+    #: dpnode: full-batch steps, Adam's learning rate, the clipping bound
+    steps: int
+    lr: float
+    clip: float
+    #: Opacus: epochs, expected batch size, SGD's learning rate
+    epochs: int = 30
+    batch: int = 128
+    opacus_lr: float = 0.5
+
+    @property
+    def name(self) -> str:
+        return f"{self.data} {self.model}, epsilon {self.epsilon:g}"
+
+
+ROWS = [
+    Row("breast_cancer", "logistic", 1.0, steps=20, lr=0.3, clip=1.0, epochs=20, batch=64),
+    Row("breast_cancer", "logistic", 4.0, steps=30, lr=0.3, clip=1.0, epochs=20, batch=64),
+    Row("digits", "softmax", 1.0, steps=40, lr=0.1, clip=1.0),
+    Row("digits", "mlp", 1.0, steps=40, lr=0.05, clip=1.0),
+    Row("digits", "mlp", 8.0, steps=80, lr=0.03, clip=1.0),
+    Row("digits", "cnn", 1.0, steps=40, lr=0.05, clip=1.0),
+    Row("digits", "cnn", 8.0, steps=80, lr=0.03, clip=1.0),
+]
+
+
+def load(name: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    """Features scaled into [0, 1] by public bounds, labels, and one example's shape."""
+    from sklearn.datasets import load_breast_cancer, load_digits
+
+    if name == "digits":
+        d = load_digits()
+        return (d.images / 16.0).astype(np.float32), d.target.astype(np.int64), (1, 8, 8)
+    d = load_breast_cancer()
+    lo, hi = d.data.min(axis=0), d.data.max(axis=0)
+    x = ((d.data - lo) / (hi - lo)).astype(np.float32)
+    return x, d.target.astype(np.int64), (x.shape[1],)
+
+
+def make_model(kind: str, features: tuple[int, ...]) -> torch.nn.Module:
+    flat = math.prod(features)
+    if kind == "logistic":
+        return torch.nn.Linear(flat, 1)
+    if kind == "softmax":
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(flat, 10))
+    if kind == "mlp":
+        return torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Linear(flat, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
+        )
+    return torch.nn.Sequential(  # a small CNN: average pooling (max pooling has no rule)
+        torch.nn.Conv2d(1, 8, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AvgPool2d(2),
+        torch.nn.Conv2d(8, 8, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AvgPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(32, 10),
+    )
+
+
+def loss_of(kind: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if kind == "logistic":
+        return F.binary_cross_entropy_with_logits(out.squeeze(1), y.float())
+    return F.cross_entropy(out, y)
+
+
+def accuracy(kind: str, model: torch.nn.Module, x: np.ndarray, y: np.ndarray) -> float:
+    with torch.no_grad():
+        out = model(torch.from_numpy(x))
+    pred = (out.squeeze(1) > 0).long() if kind == "logistic" else out.argmax(1)
+    return float((pred.numpy() == y).mean())
+
+
+@contextmanager
+def in_process_node(data_dir: Path) -> Iterator[Callable[[str], sdk.Client]]:
+    """A node with an admin, in process; yields a login function."""
+    settings = Settings(
+        data_dir=data_dir, argon2_memory_kib=8192, argon2_time_cost=1, max_upload_bytes=1 << 30
+    )
+    upgrade(settings.resolved_database_url)
+    context = NodeContext.from_settings(settings)
+    with context.sessions() as session:
+        for email, role in (("admin@x.org", "admin"), ("owner@x.org", "data_owner")):
+            users.create_user(
+                session, context.hasher, None, email=email, password=PASSWORD, role=role
+            )
+    with TestClient(create_app(context=context)) as http:
+        yield lambda email: sdk.login(
+            "http://bench", email=email, password=PASSWORD, transport=http._transport
+        )
+    context.close()
+
+
+def train_dpnode(
+    login: Callable[[str], sdk.Client], row: Row, x: np.ndarray, y: np.ndarray, seed: int, run: str
+) -> tuple[torch.nn.Module, float, float]:
+    """Upload, allocate, train; returns the model, the seconds and the ledger's epsilon."""
+    admin, owner = login("admin@x.org"), login("owner@x.org")
+    column = "image" if row.data == "digits" else "features"
+    owner.upload_dataset(
+        run, {column: x, "label": y}, bounds={column: (0.0, 1.0), "label": (0, int(y.max()))}
+    )
+    admin.set_policy(
+        f"[roles.data_scientist]\nepsilon = {row.epsilon!r}\ndelta = {DELTA!r}\n", reason=run
+    )
+    admin.create_user(f"{run}@x.org", PASSWORD)
+    client = login(f"{run}@x.org")
+    ds = client.dataset(run)
+    xr, yr = ds.tensors(column, "label")
+    if row.data == "digits":
+        xr = xr.float().unsqueeze(1)
+    torch.manual_seed(seed)
+    model = make_model(row.model, tuple(x.shape[1:]) if row.data != "digits" else (1, 8, 8))
+    count = sum(p.numel() for p in model.parameters())
+    step = sdk.step_budget(epsilon=row.epsilon, steps=row.steps, budget_delta=DELTA, values=count)
+    opt = torch.optim.Adam(model.parameters(), lr=row.lr)
+    start = time.perf_counter()
+    for _ in range(row.steps):
+        loss_of(row.model, model(xr), yr).backward()
+        sdk.publish_grads(model, epsilon=step.epsilon, delta=step.delta, max_grad_norm=row.clip)
+        opt.step()
+        opt.zero_grad()
+    seconds = time.perf_counter() - start
+    return model, seconds, client.budget().spent_epsilon
+
+
+def train_opacus(
+    row: Row, x: np.ndarray, y: np.ndarray, seed: int
+) -> tuple[torch.nn.Module, float, float]:
+    from opacus import PrivacyEngine
+
+    torch.manual_seed(seed)
+    features = tuple(x.shape[1:]) if row.data != "digits" else (1, 8, 8)
+    model = make_model(row.model, features)
+    xt = torch.from_numpy(x if row.data != "digits" else x[:, None])
+    data = torch.utils.data.TensorDataset(xt, torch.from_numpy(y))
+    loader = torch.utils.data.DataLoader(data, batch_size=row.batch)
+    opt = torch.optim.SGD(model.parameters(), lr=row.opacus_lr)
+    generator = torch.Generator().manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "secure RNG turned off": its default, as benchmarked
+        engine = PrivacyEngine(accountant="rdp")
+        model, opt, loader = engine.make_private_with_epsilon(
+            module=model,
+            optimizer=opt,
+            data_loader=loader,
+            target_epsilon=row.epsilon,
+            target_delta=DELTA,
+            epochs=row.epochs,
+            max_grad_norm=row.clip,
+            noise_generator=generator,
+        )
+        start = time.perf_counter()
+        for _ in range(row.epochs):
+            for xb, yb in loader:
+                if len(yb) == 0:
+                    continue
+                opt.zero_grad()
+                loss_of(row.model, model(xb), yb).backward()
+                opt.step()
+        seconds = time.perf_counter() - start
+    return model._module, seconds, float(engine.get_epsilon(DELTA))
+
+
+def _mean_sd(v: list[float]) -> str:
+    sd = statistics.stdev(v) if len(v) > 1 else 0.0
+    return f"{statistics.mean(v):.3f} ± {sd:.3f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--rows", default="", help="comma-separated models to run (default all)")
+    parser.add_argument("--quick", action="store_true", help="one seed, a quarter of the steps")
+    args = parser.parse_args()
+    rows = [r for r in ROWS if not args.rows or r.model in args.rows.split(",")]
+    seeds = 1 if args.quick else args.seeds
+    torch.set_num_threads(1)  # both sides on one core: the machine is shared
+    print(f"{seeds} seeds; delta {DELTA:g}; accuracy mean ± sd on the held-out 20%\n")
+    print(
+        "| row | dpnode accuracy | Opacus accuracy | dpnode epsilon (ledger) | "
+        "Opacus epsilon | dpnode s | Opacus s | time ratio |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp, in_process_node(Path(tmp)) as login:
+        for k, row in enumerate(rows):
+            if args.quick:
+                row = Row(**{**row.__dict__, "steps": max(row.steps // 4, 2), "epochs": 5})
+            acc_d, acc_o, eps_d, eps_o, t_d, t_o = [], [], [], [], [], []
+            for seed in range(seeds):
+                x, y, _ = load(row.data)
+                perm = np.random.default_rng(seed).permutation(len(y))
+                cut = int(0.8 * len(y))
+                tr, te = perm[:cut], perm[cut:]
+                model, seconds, spent = train_dpnode(login, row, x[tr], y[tr], seed, f"r{k}s{seed}")
+                test_x = x[te] if row.data != "digits" else x[te][:, None]
+                acc_d.append(accuracy(row.model, model, test_x, y[te]))
+                t_d.append(seconds)
+                eps_d.append(spent)
+                model, seconds, spent = train_opacus(row, x[tr], y[tr], seed)
+                acc_o.append(accuracy(row.model, model, test_x, y[te]))
+                t_o.append(seconds)
+                eps_o.append(spent)
+            ratio = statistics.mean(t_d) / statistics.mean(t_o)
+            print(
+                f"| {row.name} | {_mean_sd(acc_d)} | {_mean_sd(acc_o)} | {max(eps_d):.3f} | "
+                f"{max(eps_o):.3f} | {statistics.mean(t_d):.2f} | {statistics.mean(t_o):.2f} | "
+                f"{ratio:.1f}x |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

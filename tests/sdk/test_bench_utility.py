@@ -1,0 +1,34 @@
+"""The private-training benchmark runs both sides and keeps within the target epsilon.
+
+No time or accuracy ratio is asserted (those are the benchmark's to print); what is checked
+is that the run completes, that the epsilon the node's ledger reports and the one Opacus's
+accountant reports are within the row's target, and that the models learned something.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_utility_bench_trains_both_sides_within_the_target() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.utility", "--quick", "--rows", "logistic"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    ).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| breast_cancer")]
+    assert len(rows) == 2, out
+    for line in rows:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        target = float(cells[0].rsplit("epsilon ", 1)[1])
+        ledger, opacus = float(cells[3]), float(cells[4])
+        assert 0.9 * target <= ledger <= target and opacus <= target, line
+        for acc in (cells[1], cells[2]):
+            assert 0.6 < float(acc.split(" ")[0]) <= 1.0, line
