@@ -38,6 +38,7 @@ bench: install
 	$(PY) -m bench.sdk
 	$(PY) -m bench.tracking
 	$(PY) -m bench.dpsgd
+	$(PY) -m bench.utility
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
