@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
 from sdk._exceptions import DPNodeError
@@ -56,7 +57,10 @@ class _Samples:
     watched: bool = False
 
 
-_UNSUPPORTED = "its gradient does not come from an nn.Linear or nn.Conv1d/2d/3d layer"
+_UNSUPPORTED = (
+    "its gradient does not come from an nn.Linear, Conv1d/2d/3d, LayerNorm, GroupNorm or "
+    "InstanceNorm layer"
+)
 
 
 #: parameter -> its per-example gradients (weakly keyed by identity: tensors have no ==)
@@ -207,8 +211,70 @@ def _conv_hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> N
     output.register_hook(on_grad)  # type: ignore[no-untyped-call]
 
 
+_INSTANCE_NORMS = (torch.nn.InstanceNorm1d, torch.nn.InstanceNorm2d, torch.nn.InstanceNorm3d)
+
+
+def _standardised(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The normalisation layer's input standardised as the layer does it, without affine."""
+    if isinstance(module, torch.nn.LayerNorm):
+        return F.layer_norm(x, module.normalized_shape, eps=module.eps)
+    if isinstance(module, torch.nn.GroupNorm):
+        return F.group_norm(x, module.num_groups, eps=module.eps)
+    assert isinstance(module, _INSTANCE_NORMS)
+    return F.instance_norm(x, eps=module.eps)
+
+
+def _summed_dims(module: torch.nn.Module, x: torch.Tensor) -> tuple[int, ...]:
+    """The dims an affine parameter's per-example gradient sums over (between the rows and
+    the normalised dims for LayerNorm; the positions after the channels otherwise)."""
+    if isinstance(module, torch.nn.LayerNorm):
+        return tuple(range(1, x.dim() - len(module.normalized_shape)))
+    return tuple(range(2, x.dim()))
+
+
+def _norm_hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    """After a LayerNorm, GroupNorm or InstanceNorm call on remote rows: per-example
+    gradients of its affine parameters, ``sum(grad * x_hat)`` and ``sum(grad)`` per example,
+    with ``x_hat`` the input standardised again (recorded lazily, computed only if published).
+    """
+    norms = (torch.nn.LayerNorm, torch.nn.GroupNorm, *_INSTANCE_NORMS)
+    if not isinstance(module, norms) or not isinstance(output, RemoteTensor):
+        return
+    weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+    weight = weight if weight is not None and weight.requires_grad else None
+    bias = bias if bias is not None and bias.requires_grad else None
+    if not output.requires_grad or (weight is None and bias is None):
+        return
+    for p in (weight, bias):
+        if p is not None:
+            _state(p)
+    x = args[0].detach()
+    if isinstance(module, torch.nn.LayerNorm):
+        rows = x.dim() > len(module.normalized_shape)
+    else:  # (N, C, ...): an unbatched instance norm has no row dimension
+        rows = x.dim() >= 2 and not (
+            isinstance(module, _INSTANCE_NORMS) and x.dim() == module._get_no_batch_dim()
+        )
+
+    def on_grad(g: torch.Tensor) -> None:
+        if not rows:
+            for p in (weight, bias):
+                if p is not None:
+                    _contribute(p, None)
+            return
+        dims = _summed_dims(module, x)
+        if weight is not None:
+            w = g * _standardised(module, x)
+            _contribute(weight, w.sum(dim=dims) if dims else w)
+        if bias is not None:
+            _contribute(bias, g.sum(dim=dims) if dims else g)
+
+    output.register_hook(on_grad)  # type: ignore[no-untyped-call]
+
+
 torch.nn.modules.module.register_module_forward_hook(_linear_hook)
 torch.nn.modules.module.register_module_forward_hook(_conv_hook)
+torch.nn.modules.module.register_module_forward_hook(_norm_hook)
 
 
 def per_example_grads(params: Sequence[torch.Tensor], names: Sequence[str]) -> list[torch.Tensor]:
@@ -231,8 +297,8 @@ def per_example_grads(params: Sequence[torch.Tensor], names: Sequence[str]) -> l
             raise DPNodeError(
                 f"no per-example gradients for parameter {name!r}: {why}. Per-example "
                 "clipping (max_grad_norm=) supports models whose parameters are those of "
-                "nn.Linear and nn.Conv1d/2d/3d layers, trained with loss.backward() on "
-                "remote rows; see "
+                "nn.Linear, Conv, LayerNorm, GroupNorm and InstanceNorm layers, trained with "
+                "loss.backward() on remote rows; see "
                 "docs/remote-tensors.md"
             )
         assert st is not None and st.total is not None

@@ -387,3 +387,56 @@ def test_a_cnn_step_is_tracked_at_2c_and_sound(rng: np.random.Generator) -> None
     cols = {"X": Column("float32", shape, 0.0, 1.0), "y": Column("int64", (n,), 0, 2)}
     for _ in range(40):
         assert_sound(graph, report, *neighbours(cols, rng))
+
+
+def _normed(kind: str) -> tuple[torch.nn.Module, tuple[int, ...]]:
+    n = 6
+    if kind == "layernorm":  # over (sequence, features) rows: a middle dim summed
+        return torch.nn.Sequential(
+            torch.nn.Linear(4, 8),
+            torch.nn.LayerNorm(8),
+            torch.nn.Tanh(),
+            torch.nn.Flatten(),
+            torch.nn.Linear(24, 3),
+        ), (n, 3, 4)
+    norm = (
+        torch.nn.GroupNorm(2, 4) if kind == "groupnorm" else torch.nn.InstanceNorm2d(4, affine=True)
+    )
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3, padding=1),
+        norm,
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(64, 3),
+    ), (n, 1, 4, 4)
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "groupnorm", "instancenorm"])
+def test_normalisation_layers_match_torch_func(rng: np.random.Generator, kind: str) -> None:
+    torch.manual_seed(5)
+    model, shape = _normed(kind)
+    with torch.no_grad():  # affine parameters away from their initial 1 and 0
+        for p in model[1].parameters():
+            p.add_(torch.randn(p.shape) * 0.3)
+    n = shape[0]
+    x = rng.uniform(0, 1, shape).astype(np.float32)
+    y = rng.integers(0, 3, n)
+    X, Y = remote_input("X", shape, torch.float32), remote_input("y", (n,), torch.int64)
+    F.cross_entropy(model(X), Y).backward()
+    got = _remote_clipped(model, {"X": x, "y": y}, rows=n)
+    want = _reference(model, F.cross_entropy, torch.from_numpy(x), torch.from_numpy(y))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    # and the node can bound the step: 2C, sound on neighbours at the bounds
+    from node.privacy import InputSpec, track
+    from sdk._remote import graph_for
+    from tests.privacy.helpers import Column, assert_sound, neighbours
+
+    samples = per_sample.per_example_grads(
+        list(model.parameters()), [k for k, _ in model.named_parameters()]
+    )
+    graph = graph_for([per_sample.clipped_sum(samples, max_norm=C, scale=float(n))])
+    report = track(graph, {"X": InputSpec.private(0.0, 1.0), "y": InputSpec.private(0, 2)})
+    assert report.outputs[0].exact_l2 == 2 * C
+    cols = {"X": Column("float32", shape, 0.0, 1.0), "y": Column("int64", (n,), 0, 2)}
+    for _ in range(20):
+        assert_sound(graph, report, *neighbours(cols, rng))
