@@ -58,8 +58,8 @@ class _Samples:
 
 
 _UNSUPPORTED = (
-    "its gradient does not come from an nn.Linear, Conv1d/2d/3d, LayerNorm, GroupNorm or "
-    "InstanceNorm layer"
+    "its gradient does not come from an nn.Linear, Conv1d/2d/3d, Embedding, LayerNorm, "
+    "GroupNorm or InstanceNorm layer"
 )
 
 
@@ -272,7 +272,41 @@ def _norm_hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> N
     output.register_hook(on_grad)  # type: ignore[no-untyped-call]
 
 
+def _embedding_hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    """After an ``nn.Embedding`` call on remote token ids: per-example gradients of its
+    table, the one-hot codes of each example's ids times their output gradients, summed over
+    the example's positions (``[rows, num_embeddings, dim]``; ``padding_idx`` gets none).
+
+    ``max_norm`` (which rewrites the table where the ids point) and ``scale_grad_by_freq``
+    (which scales by how often ids occur) depend on the ids: such layers get none.
+    """
+    if not isinstance(module, torch.nn.Embedding) or not isinstance(output, RemoteTensor):
+        return
+    weight = module.weight
+    if not (output.requires_grad and weight.requires_grad):
+        return
+    if module.max_norm is not None or module.scale_grad_by_freq:
+        return
+    _state(weight)
+    ids = args[0].detach() if args and isinstance(args[0], torch.Tensor) else None
+    codes = torch.ones(module.num_embeddings, dtype=weight.dtype)
+    if module.padding_idx is not None:
+        codes[module.padding_idx] = 0.0
+
+    def on_grad(g: torch.Tensor) -> None:
+        if ids is None or ids.dim() < 1:
+            _contribute(weight, None)
+            return
+        hot = (ids.unsqueeze(-1) == torch.arange(module.num_embeddings)).to(g.dtype) * codes
+        per = hot.unsqueeze(-1) * g.unsqueeze(-2)  # [n, *positions, num_embeddings, dim]
+        positions = tuple(range(1, ids.dim()))
+        _contribute(weight, per.sum(dim=positions) if positions else per)
+
+    output.register_hook(on_grad)  # type: ignore[no-untyped-call]
+
+
 torch.nn.modules.module.register_module_forward_hook(_linear_hook)
+torch.nn.modules.module.register_module_forward_hook(_embedding_hook)
 torch.nn.modules.module.register_module_forward_hook(_conv_hook)
 torch.nn.modules.module.register_module_forward_hook(_norm_hook)
 
@@ -297,8 +331,8 @@ def per_example_grads(params: Sequence[torch.Tensor], names: Sequence[str]) -> l
             raise DPNodeError(
                 f"no per-example gradients for parameter {name!r}: {why}. Per-example "
                 "clipping (max_grad_norm=) supports models whose parameters are those of "
-                "nn.Linear, Conv, LayerNorm, GroupNorm and InstanceNorm layers, trained with "
-                "loss.backward() on remote rows; see "
+                "nn.Linear, Conv, Embedding, LayerNorm, GroupNorm and InstanceNorm layers, "
+                "trained with loss.backward() on remote rows; see "
                 "docs/remote-tensors.md"
             )
         assert st is not None and st.total is not None

@@ -440,3 +440,36 @@ def test_normalisation_layers_match_torch_func(rng: np.random.Generator, kind: s
     cols = {"X": Column("float32", shape, 0.0, 1.0), "y": Column("int64", (n,), 0, 2)}
     for _ in range(20):
         assert_sound(graph, report, *neighbours(cols, rng))
+
+
+@pytest.mark.parametrize("padding_idx", [None, 0])
+def test_an_embedding_matches_torch_func(rng: np.random.Generator, padding_idx: int | None) -> None:
+    """Token ids are private: the table is read at private positions (a lookup rule) and
+    its per-example gradients are one-hot codes times the output gradients."""
+    n, t, vocab = 6, 5, 7
+    torch.manual_seed(6)
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(vocab, 3, padding_idx=padding_idx),
+        torch.nn.Flatten(),
+        torch.nn.Linear(t * 3, 2),
+    )
+    x = rng.integers(0, vocab, (n, t))
+    y = rng.integers(0, 2, n)
+    X, Y = remote_input("X", (n, t), torch.int64), remote_input("y", (n,), torch.int64)
+    F.cross_entropy(model(X), Y).backward()
+    got = _remote_clipped(model, {"X": x, "y": y}, rows=n)
+    want = _reference(model, F.cross_entropy, torch.from_numpy(x), torch.from_numpy(y))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    from node.privacy import InputSpec, track
+    from sdk._remote import graph_for
+    from tests.privacy.helpers import Column, assert_sound, neighbours
+
+    samples = per_sample.per_example_grads(
+        list(model.parameters()), [k for k, _ in model.named_parameters()]
+    )
+    graph = graph_for([per_sample.clipped_sum(samples, max_norm=C, scale=float(n))])
+    report = track(graph, {"X": InputSpec.private(0, vocab - 1), "y": InputSpec.private(0, 1)})
+    assert report.outputs[0].exact_l2 == 2 * C
+    cols = {"X": Column("int64", (n, t), 0, vocab - 1), "y": Column("int64", (n,), 0, 1)}
+    for _ in range(20):
+        assert_sound(graph, report, *neighbours(cols, rng))

@@ -18,7 +18,7 @@ import numpy as np
 
 from node.engine.prims import REGISTRY
 from node.privacy.arrays import fit, recompact, varying_axes
-from node.privacy.rules.base import Ctx, rule
+from node.privacy.rules.base import Ctx, finish, rule
 from node.privacy.state import PUBLIC, Array, State, has_joint, has_t, joint
 from node.privacy.tables import LazyIds, Table
 
@@ -183,14 +183,48 @@ def _mapped(c: Ctx, x: State, extra: list[object]) -> State:
 
 @rule("gather", "index_select", "index")
 def index(c: Ctx) -> State:
-    """Indexing with public, known indices (a private index could point anywhere)."""
+    """Indexing with public, known indices; a private index only into a public table."""
     x = c.arg(0)
     extra: list[object] = []
     for st in c.args[1:]:
         if st is not None and (not st.is_public or st.value is None):
-            raise c.fail("the index must be public and known (a private index has no privacy rule)")
+            if c.node.op != "index" and x.is_public and x.shape:
+                return _lookup(c, x, st)
+            raise c.fail(
+                "the index must be public and known, or index a public table with "
+                "index_select or gather (torch.nn.Embedding, torch.gather)"
+            )
         extra.append(None if st is None else st.value)
     return _mapped(c, x, extra)
+
+
+def _lookup(c: Ctx, table: State, idx: State) -> State:
+    """A public table read at private positions (an embedding, a lookup): each output is
+    some entry of the table along ``dim`` (a total kernel clamps an index out of range into
+    it), so it lies between that dim's least and greatest entry, and it moves, anywhere in
+    between, with its index: the index element's owner, and a jump wherever the index's
+    ``L`` or ``G`` is not 0."""
+    d = c.call.attrs["dim"] % len(table.shape)
+    lo_t, hi_t = fit(table.lo, table.shape), fit(table.hi, table.shape)
+    if c.node.op == "index_select":  # out[..., j, ...] = table[..., idx[j], ...]
+        lo, hi = lo_t.min(axis=d, keepdims=True), hi_t.max(axis=d, keepdims=True)
+        along = [1] * len(c.shape)
+        along[d] = -1
+
+        def placed(a: Array) -> Array:
+            return np.reshape(np.broadcast_to(a, idx.shape).reshape(-1), along)
+
+    else:  # gather: out has the index's shape
+        lo, hi = lo_t.min(), hi_t.max()
+
+        def placed(a: Array) -> Array:
+            return fit(a, idx.shape)
+
+    jump = np.asarray(np.inf)
+    owner = placed(idx.owner)
+    L = np.where(placed(idx.L) > 0, jump, 0.0)
+    G = np.where(placed(idx.G) > 0, jump, 0.0)
+    return finish(c.meta, lo, hi, owner, L, G)
 
 
 @rule("unfold")
