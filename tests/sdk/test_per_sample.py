@@ -18,8 +18,11 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 import sdk
+from node.privacy import InputSpec, PrivacyReport, Subjects, track
+from node.privacy import tracker as tracker_module
 from sdk import _per_sample as per_sample
-from sdk._remote import evaluate, remote_input
+from sdk._remote import evaluate, graph_for, remote_input
+from tests.privacy.helpers import Column, assert_sound, neighbours
 
 C = 0.5
 
@@ -64,6 +67,23 @@ def _remote_clipped(
     total = per_sample.clipped_sum(samples, max_norm=C, groups=groups, scale=float(rows))
     (value,) = evaluate([total], inputs)
     return value.double()
+
+
+def _assert_tracked_at_2c_and_sound(
+    model: torch.nn.Module, cols: dict[str, Column], rng: np.random.Generator, rounds: int
+) -> PrivacyReport:
+    """The graph publish_grads sends after ``model``'s backward pass: the node tracks it at
+    exactly 2C (plus rounding), and neighbours at the bounds stay within what it tracked."""
+    n = next(iter(cols.values())).shape[0]
+    samples = per_sample.per_example_grads(
+        list(model.parameters()), [k for k, _ in model.named_parameters()]
+    )
+    graph = graph_for([per_sample.clipped_sum(samples, max_norm=C, scale=float(n))])
+    report = track(graph, {name: col.spec() for name, col in cols.items()})
+    assert report.outputs[0].exact_l2 == 2 * C
+    for _ in range(rounds):
+        assert_sound(graph, report, *neighbours(cols, rng))
+    return report
 
 
 def _data(rng: np.random.Generator, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -237,36 +257,20 @@ def test_a_linear_without_rows_is_refused() -> None:
 
 def test_the_recorded_mlp_step_is_tracked_at_2c_and_sound(rng: np.random.Generator) -> None:
     """The graph publish_grads sends for an MLP: 2C for the node, on neighbours at the bounds."""
-    from node.privacy import InputSpec, track
-    from sdk._remote import graph_for
-    from tests.privacy.helpers import Column, assert_sound, neighbours
-
     n, d = 16, 3
     torch.manual_seed(4)
     model = torch.nn.Sequential(torch.nn.Linear(d, 5), torch.nn.ReLU(), torch.nn.Linear(5, 1))
     X, Y = remote_input("X", (n, d), torch.float64), remote_input("y", (n,), torch.float64)
     model.double()
     F.binary_cross_entropy_with_logits(model(X).squeeze(1), Y).backward()
-    samples = per_sample.per_example_grads(
-        list(model.parameters()), [k for k, _ in model.named_parameters()]
-    )
-    graph = graph_for([per_sample.clipped_sum(samples, max_norm=C, scale=float(n))])
-    specs = {"X": InputSpec.private(-1.0, 1.0), "y": InputSpec.private(0.0, 1.0)}
-    report = track(graph, specs)
-    assert report.outputs[0].exact_l2 == 2 * C
-    assert report.l2 == pytest.approx(2 * C, rel=1e-9)  # and float64 rounding
     cols = {"X": Column("float64", (n, d), -1.0, 1.0), "y": Column("float64", (n,), 0.0, 1.0)}
-    for _ in range(100):
-        assert_sound(graph, report, *neighbours(cols, rng))
+    report = _assert_tracked_at_2c_and_sound(model, cols, rng, 100)
+    assert report.l2 == pytest.approx(2 * C, rel=1e-9)  # and float64 rounding
 
 
 def test_a_float32_softmax_mlp_step_is_tracked_at_2c_and_sound(rng: np.random.Generator) -> None:
     """cross_entropy over an MLP's float32 logits: a wide public logit range used to make
     exp overflow in the tracker's intervals, refusing the step ("finite bounds")."""
-    from node.privacy import InputSpec, track
-    from sdk._remote import graph_for
-    from tests.privacy.helpers import Column, assert_sound, neighbours
-
     n, d, k = 12, 8, 10
     torch.manual_seed(5)
     model = torch.nn.Sequential(torch.nn.Linear(d, 16), torch.nn.ReLU(), torch.nn.Linear(16, k))
@@ -275,16 +279,8 @@ def test_a_float32_softmax_mlp_step_is_tracked_at_2c_and_sound(rng: np.random.Ge
             p.mul_(4.0)  # logits over a wide range: exp(hi(x) - lo(amax)) > float32's max
     X, Y = remote_input("X", (n, d), torch.float32), remote_input("y", (n,), torch.int64)
     F.cross_entropy(model(X), Y).backward()
-    samples = per_sample.per_example_grads(
-        list(model.parameters()), [k for k, _ in model.named_parameters()]
-    )
-    graph = graph_for([per_sample.clipped_sum(samples, max_norm=C, scale=float(n))])
-    specs = {"X": InputSpec.private(0.0, 16.0), "y": InputSpec.private(0, k - 1)}
-    report = track(graph, specs)
-    assert report.outputs[0].exact_l2 == 2 * C
     cols = {"X": Column("float32", (n, d), 0.0, 16.0), "y": Column("int64", (n,), 0, k - 1)}
-    for _ in range(60):
-        assert_sound(graph, report, *neighbours(cols, rng))
+    _assert_tracked_at_2c_and_sound(model, cols, rng, 60)
 
 
 def test_tracking_an_mlp_step_keeps_per_row_states_compact(
@@ -293,10 +289,6 @@ def test_tracking_an_mlp_step_keeps_per_row_states_compact(
     """Per-example gradients are rows x parameters, but every row has the same bounds: the
     tracker's states must hold about rows + parameters numbers, not their product (which
     made tracking a digits MLP step take ~0.5 s, 95% of a publish)."""
-    from node.privacy import InputSpec, Subjects, track
-    from node.privacy import tracker as tracker_module
-    from sdk._remote import graph_for
-
     n = 300
     torch.manual_seed(6)
     model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
@@ -369,24 +361,13 @@ def test_convolutions_match_torch_func(rng: np.random.Generator, kind: str) -> N
 
 def test_a_cnn_step_is_tracked_at_2c_and_sound(rng: np.random.Generator) -> None:
     """The graph publish_grads sends for a CNN: 2C for the node, on neighbours at the bounds."""
-    from node.privacy import InputSpec, track
-    from sdk._remote import graph_for
-    from tests.privacy.helpers import Column, assert_sound, neighbours
-
     n, shape = 6, (6, 2, 4, 4)
     torch.manual_seed(4)
     model = _cnn("conv2d")
     X, Y = remote_input("X", shape, torch.float32), remote_input("y", (n,), torch.int64)
     F.cross_entropy(model(X), Y).backward()
-    samples = per_sample.per_example_grads(
-        list(model.parameters()), [k for k, _ in model.named_parameters()]
-    )
-    graph = graph_for([per_sample.clipped_sum(samples, max_norm=C, scale=float(n))])
-    report = track(graph, {"X": InputSpec.private(0.0, 1.0), "y": InputSpec.private(0, 2)})
-    assert report.outputs[0].exact_l2 == 2 * C
     cols = {"X": Column("float32", shape, 0.0, 1.0), "y": Column("int64", (n,), 0, 2)}
-    for _ in range(40):
-        assert_sound(graph, report, *neighbours(cols, rng))
+    _assert_tracked_at_2c_and_sound(model, cols, rng, 40)
 
 
 def _normed(kind: str) -> tuple[torch.nn.Module, tuple[int, ...]]:
@@ -426,20 +407,8 @@ def test_normalisation_layers_match_torch_func(rng: np.random.Generator, kind: s
     got = _remote_clipped(model, {"X": x, "y": y}, rows=n)
     want = _reference(model, F.cross_entropy, torch.from_numpy(x), torch.from_numpy(y))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-    # and the node can bound the step: 2C, sound on neighbours at the bounds
-    from node.privacy import InputSpec, track
-    from sdk._remote import graph_for
-    from tests.privacy.helpers import Column, assert_sound, neighbours
-
-    samples = per_sample.per_example_grads(
-        list(model.parameters()), [k for k, _ in model.named_parameters()]
-    )
-    graph = graph_for([per_sample.clipped_sum(samples, max_norm=C, scale=float(n))])
-    report = track(graph, {"X": InputSpec.private(0.0, 1.0), "y": InputSpec.private(0, 2)})
-    assert report.outputs[0].exact_l2 == 2 * C
     cols = {"X": Column("float32", shape, 0.0, 1.0), "y": Column("int64", (n,), 0, 2)}
-    for _ in range(20):
-        assert_sound(graph, report, *neighbours(cols, rng))
+    _assert_tracked_at_2c_and_sound(model, cols, rng, 20)  # the node bounds the step
 
 
 @pytest.mark.parametrize("padding_idx", [None, 0])
@@ -460,16 +429,5 @@ def test_an_embedding_matches_torch_func(rng: np.random.Generator, padding_idx: 
     got = _remote_clipped(model, {"X": x, "y": y}, rows=n)
     want = _reference(model, F.cross_entropy, torch.from_numpy(x), torch.from_numpy(y))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-    from node.privacy import InputSpec, track
-    from sdk._remote import graph_for
-    from tests.privacy.helpers import Column, assert_sound, neighbours
-
-    samples = per_sample.per_example_grads(
-        list(model.parameters()), [k for k, _ in model.named_parameters()]
-    )
-    graph = graph_for([per_sample.clipped_sum(samples, max_norm=C, scale=float(n))])
-    report = track(graph, {"X": InputSpec.private(0, vocab - 1), "y": InputSpec.private(0, 1)})
-    assert report.outputs[0].exact_l2 == 2 * C
     cols = {"X": Column("int64", (n, t), 0, vocab - 1), "y": Column("int64", (n,), 0, 1)}
-    for _ in range(20):
-        assert_sound(graph, report, *neighbours(cols, rng))
+    _assert_tracked_at_2c_and_sound(model, cols, rng, 20)
