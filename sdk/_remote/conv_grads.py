@@ -7,11 +7,12 @@ times the input window that position saw,
 
     pe[n, o, c, t] = sum_p go[n, o, p] * win[n, c, p, t]      (c within o's group)
 
-recorded with ``pad``, ``unfold``, ``slice``, ``mul`` and ``sum``. Each example's term
-depends on that example's row only, so DP-SGD can clip it (``sdk._per_sample``), and the
-ordinary ``.grad`` is its sum over examples. The price is an intermediate of rows x output
-channels x input channels per group x positions x taps values, where the engine's prim
-holds none: it is used only where the input or the gradient is private.
+recorded with ``pad``, ``unfold`` and ``slice`` (the windows) and a ``matmul`` batched over
+examples and groups (``[og, positions] @ [positions, cg * taps]``, whose rule bounds products
+of one example's own values). Each example's term depends on that example's row only, so
+DP-SGD can clip it (``sdk._per_sample``), and the ordinary ``.grad`` is its sum over
+examples. The price is the windows, rows x input channels x positions x taps values, which
+the engine's prim never holds: it is used only where the input or the gradient is private.
 """
 
 from __future__ import annotations
@@ -60,15 +61,18 @@ def per_example_weight_grad(
     weight, from its batched input ``x`` and its output's gradient ``grad``."""
     assert x.shape is not None and grad.shape is not None
     xs, gs = tuple(x.shape), tuple(grad.shape)
-    n, cin, cout, nsp = xs[0], xs[1], gs[1], len(kernel)
+    n, cin, cout = xs[0], xs[1], gs[1]
     out = gs[2:]
     cg, og = cin // groups, cout // groups
-    win = _windows(x, xs, kernel, stride, padding, dilation)
-    win = prim("reshape", win, shape=(n, groups, 1, cg, *out, *kernel))
-    go = prim("reshape", grad, shape=(n, groups, og, 1, *out, *(1,) * nsp))
-    terms = prim("mul", go, win)  # [N, groups, og, cg, *out, *kernel]
-    summed = prim("sum", terms, dims=tuple(range(4, 4 + nsp)), keepdim=False)
-    pe = prim("reshape", summed, shape=(n, cout, cg, *kernel))
+    positions, taps = math.prod(out), math.prod(kernel)
+    win = _windows(x, xs, kernel, stride, padding, dilation)  # [N, C_in, *out, *kernel]
+    win = prim("reshape", win, shape=(n, groups, cg, positions, taps))
+    win = prim("permute", win, dims=(0, 1, 3, 2, 4))  # [N, groups, positions, cg, taps]
+    win = prim("reshape", win, shape=(n, groups, positions, cg * taps))
+    go = prim("reshape", grad, shape=(n, groups, og, positions))
+    # per example and group: [og, positions] @ [positions, cg * taps], batched over both
+    pe = prim("matmul", go, win)
+    pe = prim("reshape", pe, shape=(n, cout, cg, *kernel))
     pe.shape, pe.dtype = (n, cout, cg, *kernel), grad.dtype
     assert math.prod(pe.shape) == n * cout * cg * math.prod(kernel)
     return pe

@@ -1,6 +1,6 @@
 """The rule of matmul: a linear map when one side is public, a sum of products otherwise.
 
-Two layouts are supported (1-d and 2-d operands; batched private products have no rule):
+Three layouts are supported:
 
 - *rows*: the private operand's owner is constant along the contracted axis (``X @ W``
   with one subject per row of ``X`` and public ``W``). Each output keeps its row's
@@ -9,6 +9,9 @@ Two layouts are supported (1-d and 2-d operands; batched private products have n
   ``X.T @ y``, ``w @ X``). Each product term ``a_mk b_kn`` is bounded like a ``mul`` and
   the terms are summed like a ``sum`` over ``k``, in chunks of whole subjects so that
   the per-subject segment sums never straddle two chunks.
+- *batched rows* (3-d and more): ``a[n] @ b[n]`` where batch row ``n`` of both operands
+  belongs to one subject (per-example products): each output interval is the interval
+  product, moved anywhere within it by that subject.
 """
 
 from __future__ import annotations
@@ -255,6 +258,56 @@ def _contract_chunks(
     return lo, hi, sum_l, sum_g, extra
 
 
+def _row_owner(s: State) -> Array | None:
+    """The owner of each batch row (shape ``(rows or 1, 1, ..)``), if it is one per row."""
+    if len(s.shape) < 3 or any(varying_axes(s.owner, s.shape, exact=True)[1:]):
+        return None
+    own = fit(s.owner, s.shape)
+    return own[(slice(None),) + (slice(0, 1),) * (own.ndim - 1)]
+
+
+def _batched_rows(c: Ctx, a: State, b: State) -> State:
+    """``a[n] @ b[n]`` where each batch row ``n`` belongs to one subject in both operands
+    (per-example products, e.g. a convolution's per-example weight gradients).
+
+    Every term of ``out[n]`` is a product of row ``n``'s values, so its interval is the
+    interval product ``mid_a @ mid_b +- (|mid_a| @ rad_b + rad_a @ |mid_b| + rad_a @ rad_b)``,
+    replacing the row's subject moves it anywhere in that interval (``L`` is its width), and
+    another subject moves it by ``|a| @ G_b + G_a @ |b| + G_a @ G_b`` at most.
+    """
+    oa, ob = _row_owner(a), _row_owner(b)
+    same_batch = len(a.shape) == len(b.shape) and a.shape[:-2] == b.shape[:-2]
+    if oa is None or ob is None or not same_batch:
+        raise c.fail(
+            f"batched matmul of {list(a.shape)} by {list(b.shape)}: needs both operands "
+            "batched alike, each batch row belonging to one subject"
+        )
+    pub_a, pub_b = bool(np.all(oa == PUBLIC)), bool(np.all(ob == PUBLIC))
+    rows = np.broadcast_shapes(oa.shape, ob.shape)
+    if not (pub_a or pub_b or np.array_equal(np.broadcast_to(oa, rows), np.broadcast_to(ob, rows))):
+        raise c.fail("batched matmul: the two operands' rows belong to different subjects")
+    owner = ob if pub_a else oa
+    k = a.shape[-1]
+
+    def full_k(x: Array, shape: tuple[int, ...], axis: int) -> Array:
+        f = fit(x, shape)
+        want = list(f.shape)
+        want[axis] = k
+        return np.broadcast_to(f, want)
+
+    alo, ahi, aG = (full_k(x, a.shape, -1) for x in (a.lo, a.hi, a.G))
+    blo, bhi, bG = (full_k(x, b.shape, -2) for x in (b.lo, b.hi, b.G))
+    with np.errstate(all="ignore"):
+        am, ar = (alo + ahi) / 2, (ahi - alo) / 2
+        bm, br = (blo + bhi) / 2, (bhi - blo) / 2
+        centre = am @ bm
+        radius = np.abs(am) @ br + ar @ np.abs(bm) + ar @ br
+        amag, bmag = np.maximum(np.abs(alo), np.abs(ahi)), np.maximum(np.abs(blo), np.abs(bhi))
+        G = mul0(1.0, amag @ bG) + mul0(1.0, aG @ bmag) + mul0(1.0, aG @ bG)
+    L = np.full((1,) * len(c.shape), np.inf)  # anywhere in the interval: finish caps it
+    return finish(c.meta, centre - radius, centre + radius, owner, L, G)
+
+
 @rule("matmul")
 def matmul(c: Ctx) -> State:
     """Matrix products of 1-d and 2-d operands (see the module docstring)."""
@@ -262,7 +315,7 @@ def matmul(c: Ctx) -> State:
     if 0 in a.shape or 0 in b.shape:  # empty sums: zeros whatever the data
         return public_state(np.zeros(c.shape, dtype=c.meta.dtype.np), c.meta.dtype)
     if len(a.shape) > 2 or len(b.shape) > 2:
-        raise c.fail("batched matmul of private tensors has no privacy rule")
+        return _batched_rows(c, a, b)
     ka = varying_axes(a.owner, a.shape, exact=True)
     kb = varying_axes(b.owner, b.shape, exact=True)
     # a's contracted axis is its last, b's its first (for 1-d operands, their only axis)
