@@ -76,8 +76,9 @@ _WRITE = (
     "torch.where over a public mask, or torch.cat of slices."
 )
 _CONV = (
-    "Convolutions of private data have no privacy rule: unfold the input into windows "
-    "(Tensor.unfold) and multiply by the kernel with matmul, both of which have one."
+    "A convolution's weight gradient on private data is recorded per example when the "
+    "input is batched, (N, C, ...): add a batch dimension (x.unsqueeze(0)); a transposed "
+    "convolution's is not."
 )
 
 #: prim -> what to write instead (where an obvious alternative exists)
@@ -99,7 +100,7 @@ ADVICE: dict[str, str] = {
     "copysign": "torch.where(y < 0, -x.abs(), x.abs()) has privacy rules.",
     "bitwise_left_shift": "Multiply by a power of two instead.",
     "bitwise_right_shift": "Floor-divide by a power of two instead.",
-    **dict.fromkeys(("convolution", "convolution_weight_grad"), _CONV),
+    "convolution_weight_grad": _CONV,
     **dict.fromkeys(("index_put", "scatter", "scatter_add", "scatter_reduce"), _WRITE),
     **dict.fromkeys(
         (
