@@ -110,7 +110,7 @@ def make_model(kind: str, features: tuple[int, ...]) -> torch.nn.Module:
         return torch.nn.Sequential(
             torch.nn.Flatten(), torch.nn.Linear(flat, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
         )
-    return torch.nn.Sequential(  # a small CNN: average pooling (max pooling has no rule)
+    return torch.nn.Sequential(  # a small CNN
         torch.nn.Conv2d(1, 8, 3, padding=1),
         torch.nn.ReLU(),
         torch.nn.AvgPool2d(2),

@@ -293,31 +293,49 @@ implements(aten.tanh_backward.default)(
 # (torch's decomposition records the same values with a graph twice as large and slower)
 
 
+def _pool_geometry(
+    kernel: Any, stride: Any, padding: Any, dilation: Any
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    k = _tup(kernel, 2)
+    return k, (_tup(stride, 2) if stride else k), _tup(padding, 2), _tup(dilation, 2)
+
+
+def _tap_positions(
+    x_shape: Sequence[int], out_hw: Sequence[int], kernel: Any, stride: Any, padding: Any,
+    dilation: Any,
+) -> torch.Tensor:  # fmt: skip
+    """The public flat input position each output's taps read, ``[oh, ow, taps]``."""
+    k, s, p, d = _pool_geometry(kernel, stride, padding, dilation)
+    w = x_shape[-1]
+    oh, ow = out_hw
+    pos = []
+    for i in range(k[0]):
+        for j in range(k[1]):
+            rows = torch.arange(oh) * s[0] - p[0] + i * d[0]
+            cols = torch.arange(ow) * s[1] - p[1] + j * d[1]
+            pos.append(rows[:, None] * w + cols[None, :])
+    return torch.stack(pos, -1)
+
+
 def _max_pool_taps(
     out: Any, x: Node, kernel: Any, stride: Any, padding: Any, dilation: Any
 ) -> tuple[Node, torch.Tensor]:
     """(taps stacked on a new last dim, public flat input position of every tap)."""
     assert x.shape is not None and x.dtype is not None
-    k = _tup(kernel, 2)
-    s = _tup(stride, 2) if stride else k
-    p, d = _tup(padding, 2), _tup(dilation, 2)
-    h, w = x.shape[-2:]
+    k, s, p, d = _pool_geometry(kernel, stride, padding, dilation)
     oh, ow = out[0].shape[-2:]
     fill = -math.inf if x.dtype.is_floating_point else torch.iinfo(x.dtype).min
     xp = prim("pad", x, pad=(p[1], p[1], p[0], p[0]), value=float(fill)) if any(p) else x
     nd = len(x.shape)
-    taps, pos = [], []
+    taps = []
     for i in range(k[0]):
         for j in range(k[1]):
             r0, c0 = i * d[0], j * d[1]
             t = prim("slice", xp, dim=nd - 2, start=r0, end=r0 + s[0] * (oh - 1) + 1, step=s[0])
             t = prim("slice", t, dim=nd - 1, start=c0, end=c0 + s[1] * (ow - 1) + 1, step=s[1])
             taps.append(prim("unsqueeze", t, dim=nd))
-            rows = torch.arange(oh) * s[0] - p[0] + r0
-            cols = torch.arange(ow) * s[1] - p[1] + c0
-            pos.append(rows[:, None] * w + cols[None, :])
-    del h
-    return prim("cat", *taps, dim=nd), torch.stack(pos, -1)
+    pos = _tap_positions(x.shape, (oh, ow), kernel, stride, padding, dilation)
+    return prim("cat", *taps, dim=nd), pos
 
 
 @implements(aten.max_pool2d_with_indices.default)
@@ -356,7 +374,9 @@ def _max_pool2d_backward(
     indices: Node,
 ) -> Node:
     # the indices name flat input positions whatever the window geometry, ceil_mode included
-    assert x.shape is not None
+    assert x.shape is not None and grad.shape is not None
+    if (grad.private or indices.private) and not ceil_mode:
+        return _max_pool_backward_by_taps(out, grad, x, indices, kernel, stride, padding, dilation)
     lead, (h, w) = tuple(x.shape[:-2]), x.shape[-2:]
     flat = (*lead, h * w)
     zeros = prim("full", shape=flat, value=0.0, dtype=dtype_name(out.dtype))
@@ -364,6 +384,48 @@ def _max_pool2d_backward(
     idx = prim("reshape", indices, shape=(*lead, -1))
     summed = prim("scatter_add", zeros, idx, src, dim=len(flat) - 1)
     return prim("reshape", summed, shape=tuple(x.shape))
+
+
+def _max_pool_backward_by_taps(
+    out: torch.Tensor,
+    grad: Node,
+    x: Node,
+    indices: Node,
+    kernel: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+) -> Node:
+    """The max pool's gradient without scattering at private positions: for every tap, the
+    output's gradient where that tap was the argmax (``indices == its public position``),
+    placed on the input grid where the tap reads (zeros interleaved by the stride, then
+    shifted and cropped), summed over the taps as scatter_add sums overlapping windows."""
+    from sdk._remote.dispatch import node_of
+
+    assert x.shape is not None and grad.shape is not None
+    k, s, p, d = _pool_geometry(kernel, stride, padding, dilation)
+    nd = len(x.shape)
+    (h, w), (oh, ow) = x.shape[-2:], grad.shape[-2:]
+    hp, wp = h + 2 * p[0], w + 2 * p[1]
+    pos = _tap_positions(x.shape, (oh, ow), kernel, stride, padding, dilation)
+    dtype = dtype_name(out.dtype)
+    total: Node | None = None
+    for t in range(pos.shape[-1]):
+        i, j = divmod(t, k[1])
+        hit = prim("eq", indices, node_of(pos[..., t].contiguous()))
+        part = prim("mul", grad, prim("convert_element_type", hit, dtype=dtype))
+        if s != (1, 1):  # [.., oh, ow] -> [.., oh * s0, ow * s1], each value first in its cell
+            part = prim("reshape", part, shape=(*grad.shape[:-2], oh, 1, ow, 1))
+            part = prim("pad", part, pad=(0, s[1] - 1, 0, 0, 0, s[0] - 1), value=0.0)
+            part = prim("reshape", part, shape=(*grad.shape[:-2], oh * s[0], ow * s[1]))
+        r0, c0 = i * d[0], j * d[1]  # where the tap starts on the padded grid
+        grow = (max(hp - r0 - oh * s[0], 0), max(wp - c0 - ow * s[1], 0))
+        part = prim("pad", part, pad=(c0, grow[1], r0, grow[0]), value=0.0)
+        part = prim("slice", part, dim=nd - 2, start=p[0], end=p[0] + h, step=1)
+        part = prim("slice", part, dim=nd - 1, start=p[1], end=p[1] + w, step=1)
+        total = part if total is None else prim("add", total, part)
+    assert total is not None
+    return total
 
 
 # -- negative log-likelihood: one-hot codes against the class indices -------------------------

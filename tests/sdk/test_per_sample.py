@@ -431,3 +431,45 @@ def test_an_embedding_matches_torch_func(rng: np.random.Generator, padding_idx: 
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     cols = {"X": Column("int64", (n, t), 0, vocab - 1), "y": Column("int64", (n,), 0, 1)}
     _assert_tracked_at_2c_and_sound(model, cols, rng, 20)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "stride", "padding", "dilation"),
+    [(2, 2, 0, 1), (3, 1, 1, 1), (3, 2, 1, 2), (2, 3, 0, 1)],
+)
+def test_max_pool_gradient_on_private_images_matches_torch(
+    rng: np.random.Generator, kernel: int, stride: int, padding: int, dilation: int
+) -> None:
+    """On private images the max pool's gradient is recorded tap by tap (no scatter at a
+    private position); it must equal torch's, ties included (repeated values in [0, 3])."""
+    shape = (3, 2, 7, 6)
+    x = rng.integers(0, 4, shape).astype(np.float32)  # many ties inside windows
+    go_seed = torch.Generator().manual_seed(1)
+    X = remote_input("X", shape, torch.float32, private=True).requires_grad_()
+    pool = torch.nn.MaxPool2d(kernel, stride, padding, dilation)
+    out = pool(X)
+    weights = torch.randn(out.shape, generator=go_seed)
+    (out * weights).sum().backward()
+    (got,) = evaluate([X.grad], {"X": x})  # type: ignore[list-item]
+    local = torch.from_numpy(x).requires_grad_()
+    (pool(local) * weights).sum().backward()
+    assert local.grad is not None
+    torch.testing.assert_close(got, local.grad, rtol=0, atol=1e-6)
+
+
+def test_a_max_pool_cnn_step_is_tracked_at_2c_and_sound(rng: np.random.Generator) -> None:
+    n, shape = 5, (5, 1, 6, 6)
+    torch.manual_seed(7)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 3, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(3, 2, 3),
+        torch.nn.Flatten(),
+        torch.nn.Linear(2, 2),
+    )
+    X = remote_input("X", shape, torch.float32, private=True)
+    Y = remote_input("y", (n,), torch.int64, private=True)
+    F.cross_entropy(model(X), Y).backward()
+    cols = {"X": Column("float32", shape, 0.0, 1.0), "y": Column("int64", (n,), 0, 1)}
+    _assert_tracked_at_2c_and_sound(model, cols, rng, 20)
