@@ -428,6 +428,35 @@ def _max_pool_backward_by_taps(
     return total
 
 
+# -- embedding: the table's gradient on private ids, one-hot codes instead of index_put -------
+
+
+@implements(aten.embedding_dense_backward.default)
+def _embedding_dense_backward(
+    out: torch.Tensor,
+    grad: Node,
+    indices: Node,
+    num_weights: int,
+    padding_idx: int,
+    scale_grad_by_freq: bool,
+) -> Any:  # Node, or NotImplemented
+    """On private ids torch's decomposition adds each position's gradient into the table
+    with index_put at a private row, which has no privacy rule; the same sum is the one-hot
+    codes of the ids times the gradients, summed over the positions (zero at padding_idx).
+    Scaling by the ids' frequency depends on them: left to torch (and refused)."""
+    if not (indices.private or grad.private) or scale_grad_by_freq:
+        return NotImplemented
+    assert indices.shape is not None
+    hot = prim("eq", prim("unsqueeze", indices, dim=-1), constant(torch.arange(num_weights)))
+    code = prim("convert_element_type", hot, dtype=dtype_name(out.dtype))
+    if padding_idx >= 0:
+        keep = torch.ones(num_weights, dtype=out.dtype)
+        keep[padding_idx] = 0
+        code = prim("mul", code, constant(keep))
+    per = prim("mul", prim("unsqueeze", code, dim=-1), prim("unsqueeze", grad, dim=-2))
+    return prim("sum", per, dims=tuple(range(len(indices.shape))), keepdim=False)
+
+
 # -- negative log-likelihood: one-hot codes against the class indices -------------------------
 # torch's decomposition picks each row's class with gather (forward) and scatter (backward);
 # on private labels neither has a privacy rule (an index chosen by a private value). A

@@ -163,8 +163,10 @@ def test_a_gradient_that_needs_a_public_only_prim_names_the_backward_call(
     owner_client: sdk.Client, ds_client: sdk.Client
 ) -> None:
     ds = remote_dataset(owner_client, ds_client)
-    embedding = torch.nn.Embedding(2, 3)
-    loss = embedding(ds["sex"]).sum()  # a lookup has a privacy rule; its gradient does not
+    # a lookup has a privacy rule, and so has its gradient as one-hot codes, but not when
+    # it is scaled by how often each id occurs (a count of private values)
+    embedding = torch.nn.Embedding(2, 3, scale_grad_by_freq=True)
+    loss = embedding(ds["sex"]).sum()
     for run, call in [
         (lambda: loss.backward(retain_graph=True), "Tensor.backward()"),
         (lambda: torch.autograd.grad(loss, [embedding.weight]), "torch.autograd.grad"),
