@@ -13,6 +13,7 @@ from typing import Literal
 
 import httpx
 
+from sdk import _attention  # noqa: F401  (registers attention for remote tensors)
 from sdk._budget import (
     BudgetGrant,
     BudgetRequest,

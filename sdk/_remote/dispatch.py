@@ -179,8 +179,16 @@ def _functional_of(func: OpOverload) -> OpOverload | None:
     packet = getattr(aten, name[:-1], None)
     if packet is None:
         return None
-    overload = func._overloadname
-    return getattr(packet, overload, None) or getattr(packet, "default", None)
+    same = getattr(packet, func._overloadname, None)
+    if same is not None:
+        return same  # type: ignore[no-any-return]
+    # overloads are not always named alike (bernoulli_.float is bernoulli.p): match arguments
+    names = [a.name for a in schema.arguments]
+    for overload in packet.overloads():
+        candidate = getattr(packet, overload)
+        if [a.name for a in candidate._schema.arguments] == names:
+            return candidate  # type: ignore[no-any-return]
+    return getattr(packet, "default", None)
 
 
 _KIND: dict[int, tuple[str, Any]] = {}
@@ -297,6 +305,19 @@ def _multiview(func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     return [_view_result(x, o, s) for o, s in zip(outs, all_steps, strict=True)]
 
 
+def _defaults(
+    func: OpOverload, functional: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """``kwargs`` with the in-place op's defaults for what the call left out, where the
+    functional op takes them without one (``bernoulli_(p=0.5)`` is ``bernoulli.p(p)``)."""
+    takes = {a.name for a in functional._schema.arguments}
+    out = dict(kwargs)
+    for i, a in enumerate(func._schema.arguments):
+        if i >= len(args) and a.name not in out and a.name in takes and a.has_default_value():
+            out[a.name] = a.default_value
+    return out
+
+
 def _inplace(
     func: OpOverload, functional: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
@@ -307,7 +328,7 @@ def _inplace(
             _LOCAL_WRITE_ADVICE,
         )
     func(*[_meta(a) for a in args], **_meta_kwargs(kwargs))  # torch's own checks (casting, shapes)
-    result = dispatch(functional, args, kwargs)
+    result = dispatch(functional, args, _defaults(func, functional, args, kwargs))
     _assign(self, result)
     return self
 

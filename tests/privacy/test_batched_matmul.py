@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from node.engine import GraphBuilder
@@ -17,7 +17,7 @@ from node.privacy import PrivacyTrackingError, track
 from tests.privacy.helpers import Column, assert_sound, neighbours
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     dtype=st.sampled_from(["float32", "float64"]),
     rows=st.integers(1, 4),

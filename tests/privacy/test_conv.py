@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from node.engine import GraphBuilder, Ref
@@ -65,7 +65,7 @@ def _conv(
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     geo=geometries(),
     dtype=st.sampled_from(["float32", "float64"]),

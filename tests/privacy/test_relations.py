@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from node.engine import GraphBuilder, Ref
@@ -93,7 +93,7 @@ def test_a_sum_over_other_dims_is_not_narrowed() -> None:
     assert np.all(o.lower < 1e-40)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     dtype=st.sampled_from(["float32", "float64"]),
     bound=st.sampled_from([0.5, 3.0, 40.0]),

@@ -1,8 +1,9 @@
 """A model zoo trains three DP-SGD steps on a node and in mock mode, one model per layer type.
 
 Each model mixes a layer whose parameters get per-example gradients (Linear, Conv1d/2d/3d,
-Embedding, LayerNorm, GroupNorm, InstanceNorm) with what may sit between them (activations,
-max and average pooling, flattening). Through the real app, each step is one publish
+Embedding, LayerNorm, GroupNorm, InstanceNorm, MultiheadAttention in a transformer layer,
+with its dropout) with what may sit between them (activations, max and average pooling,
+flattening). Through the real app, each step is one publish
 charged at exactly 2C; in mock mode the same script runs against the mock data and charges
 nothing. Per-example gradients against torch.func, and the node's tracking on neighbours,
 are tests/sdk/test_per_sample.py.
@@ -103,6 +104,15 @@ ZOO: dict[str, tuple[str, Callable[[], torch.nn.Module]]] = {
             torch.nn.Linear(16, 3),
         ),
     ),
+    "transformer": (
+        "sequence",
+        lambda: torch.nn.Sequential(
+            torch.nn.Linear(4, 8),
+            torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.1, batch_first=True),
+            torch.nn.Flatten(),
+            torch.nn.Linear(40, 3),
+        ),
+    ),
     "instancenorm": (
         "signal",
         lambda: torch.nn.Sequential(
@@ -121,7 +131,7 @@ def _train(
     torch.manual_seed(0)
     model = make()
     before = [p.detach().clone() for p in model.parameters()]
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = ds.tensors(column, "label")
     if column != "tokens":
         x = x.float()

@@ -473,3 +473,72 @@ def test_a_max_pool_cnn_step_is_tracked_at_2c_and_sound(rng: np.random.Generator
     F.cross_entropy(model(X), Y).backward()
     cols = {"X": Column("float32", shape, 0.0, 1.0), "y": Column("int64", (n,), 0, 1)}
     _assert_tracked_at_2c_and_sound(model, cols, rng, 20)
+
+
+class _Attention(torch.nn.Module):
+    """A projection, multi-head attention (self or over other keys and values), a head."""
+
+    def __init__(self, cross: bool, causal: bool = False) -> None:
+        super().__init__()
+        self.cross, self.causal = cross, causal
+        self.embed = torch.nn.Linear(4, 8)
+        self.attn = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        kv = torch.tanh(h) if self.cross else h
+        mask = torch.ones(5, 5, dtype=torch.bool).triu(1) if self.causal else None
+        out, _ = self.attn(h, kv, kv, need_weights=False, attn_mask=mask, is_causal=self.causal)
+        return self.head(out.mean(dim=1))
+
+
+@pytest.mark.parametrize("kind", ["self", "cross", "causal", "transformer"])
+def test_attention_matches_torch_func(rng: np.random.Generator, kind: str) -> None:
+    """Multi-head attention (and so a transformer layer) on private sequences: recorded with
+    batched matmuls of each example's heads, and its projections' per-example gradients."""
+    n, shape = 6, (6, 5, 4)
+    torch.manual_seed(8)
+    model: torch.nn.Module
+    if kind == "transformer":
+        model = torch.nn.Sequential(
+            torch.nn.Linear(4, 8),
+            torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True),
+            torch.nn.Flatten(),
+            torch.nn.Linear(40, 3),
+        )
+    else:
+        model = _Attention(cross=kind == "cross", causal=kind == "causal")
+    x = rng.uniform(0, 1, shape).astype(np.float32)
+    y = rng.integers(0, 3, n)
+    X = remote_input("X", shape, torch.float32, private=True)
+    Y = remote_input("y", (n,), torch.int64, private=True)
+    F.cross_entropy(model(X), Y).backward()
+    got = _remote_clipped(model, {"X": x, "y": y}, rows=n)
+    want = _reference(model, F.cross_entropy, torch.from_numpy(x), torch.from_numpy(y))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    cols = {"X": Column("float32", shape, 0.0, 1.0), "y": Column("int64", (n,), 0, 2)}
+    _assert_tracked_at_2c_and_sound(model, cols, rng, 20)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_attention_outputs_and_weights_are_torch_s(
+    rng: np.random.Generator, is_causal: bool
+) -> None:
+    torch.manual_seed(9)
+    attn = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    x = rng.uniform(-1, 1, (3, 5, 8)).astype(np.float32)
+    mask = torch.ones(5, 5, dtype=torch.bool).triu(1) if is_causal else None
+    X = remote_input("X", x.shape, torch.float32, private=True)
+    out, weights = attn(X, X, X, attn_mask=None, is_causal=False, need_weights=True)
+    if is_causal:  # is_causal without a mask: attention to earlier positions only
+        out = attn(X, X, X, need_weights=False, is_causal=True, attn_mask=mask)[0]
+    got = evaluate([out] if is_causal else [out, weights], {"X": x})
+    with torch.no_grad():
+        local = torch.from_numpy(x)
+        if is_causal:
+            want = [attn(local, local, local, need_weights=False, attn_mask=mask)[0]]
+        else:
+            want = list(attn(local, local, local, need_weights=True))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)

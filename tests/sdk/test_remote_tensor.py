@@ -10,7 +10,7 @@ from starlette.testclient import TestClient
 
 import sdk
 from node.engine import decode, infer
-from sdk._remote import encode_graph, graph_for
+from sdk._remote import encode_graph, evaluate, graph_for, remote_input
 from sdk._remote.graph import TORCH_OF
 from tests.sdk.conftest import remote_dataset
 
@@ -281,3 +281,17 @@ def test_local_tensors_travel_once_per_version() -> None:
     w.data = torch.zeros(3)  # a new buffer: new values
     (const,) = [n for n in graph_for([x * w]).nodes if n.op == "constant"]
     assert const.value is not None and const.value.tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_dropout_records_torch_s_semantics(inplace: bool) -> None:
+    """In training, dropout zeroes each value with probability p (drawn on the node) and
+    scales the rest by 1 / (1 - p); it used to fail as it was recorded (bernoulli_ with a
+    probability was taken for bernoulli of the tensor's own values)."""
+    x = np.random.default_rng(3).uniform(1, 2, (40, 60)).astype(np.float32)
+    X = remote_input("X", x.shape, torch.float32, private=True)
+    y = torch.nn.Dropout(0.3, inplace=inplace)(X * 1.0)
+    (v,) = evaluate([y], {"X": x})
+    dropped = v.numpy() == 0
+    assert abs(dropped.mean() - 0.3) < 0.05  # 2400 draws: the sd of the fraction is 0.009
+    np.testing.assert_allclose(v.numpy()[~dropped], x[~dropped] / 0.7, rtol=1e-6)
