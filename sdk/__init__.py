@@ -13,7 +13,7 @@ from typing import Literal
 
 import httpx
 
-from sdk import _attention  # noqa: F401  (registers attention for remote tensors)
+from sdk import _attention, _recurrent  # noqa: F401  (register attention and RNNs)
 from sdk._budget import (
     BudgetGrant,
     BudgetRequest,

@@ -1,12 +1,12 @@
 """A model zoo trains three DP-SGD steps on a node and in mock mode, one model per layer type.
 
 Each model mixes a layer whose parameters get per-example gradients (Linear, Conv1d/2d/3d,
-Embedding, LayerNorm, GroupNorm, InstanceNorm, MultiheadAttention in a transformer layer,
-with its dropout) with what may sit between them (activations, max and average pooling,
-flattening). Through the real app, each step is one publish
-charged at exactly 2C; in mock mode the same script runs against the mock data and charges
-nothing. Per-example gradients against torch.func, and the node's tracking on neighbours,
-are tests/sdk/test_per_sample.py.
+Embedding, LayerNorm, GroupNorm, InstanceNorm, GRU, LSTM, MultiheadAttention in a
+transformer layer, with its dropout) with what may sit between them (activations, max and
+average pooling, flattening). Through the real app, each step is one publish charged at
+exactly 2C; in mock mode the same script runs against the mock data and charges nothing.
+Per-example gradients against torch, and the node's tracking on neighbours, are
+tests/sdk/test_per_sample.py.
 """
 
 from __future__ import annotations
@@ -45,7 +45,21 @@ BOUNDS = {
     "label": (0, 2),
 }
 
+
+class _LastStep(torch.nn.Module):
+    """A recurrent layer's last output step into a head."""
+
+    def __init__(self, rnn: torch.nn.Module) -> None:
+        super().__init__()
+        self.rnn, self.head = rnn, torch.nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(x)[0][:, -1])
+
+
 ZOO: dict[str, tuple[str, Callable[[], torch.nn.Module]]] = {
+    "gru": ("sequence", lambda: _LastStep(torch.nn.GRU(4, 6, batch_first=True))),
+    "lstm": ("sequence", lambda: _LastStep(torch.nn.LSTM(4, 6, 2, batch_first=True, dropout=0.1))),
     "linear": ("sequence", lambda: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(20, 3))),
     "conv1d": (
         "signal",

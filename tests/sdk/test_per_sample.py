@@ -542,3 +542,53 @@ def test_attention_outputs_and_weights_are_torch_s(
             want = list(attn(local, local, local, need_weights=True))
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+class _Recurrent(torch.nn.Module):
+    """A recurrent layer over (rows, time, features), its last step into a head."""
+
+    def __init__(self, rnn: torch.nn.Module) -> None:
+        super().__init__()
+        self.rnn, self.head = rnn, torch.nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first = getattr(self.rnn, "batch_first", True)
+        out = self.rnn(x if first else x.transpose(0, 1))[0]
+        return self.head(out[:, -1] if first else out[-1])
+
+
+RECURRENT: dict[str, Callable[[], torch.nn.Module]] = {
+    "rnn": lambda: torch.nn.RNN(4, 8, batch_first=True),
+    "rnn_relu_2_layers": lambda: torch.nn.RNN(4, 8, 2, nonlinearity="relu", batch_first=True),
+    "gru": lambda: torch.nn.GRU(4, 8, batch_first=True),
+    "lstm": lambda: torch.nn.LSTM(4, 8, batch_first=True),
+    "lstm_2_layers_time_first": lambda: torch.nn.LSTM(4, 8, 2, bias=False),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RECURRENT))
+def test_recurrent_layers_match_per_example_backward(rng: np.random.Generator, kind: str) -> None:
+    """RNN, GRU and LSTM on private sequences, unrolled (sdk/_recurrent.py): per-example
+    gradients against one backward pass per example (torch.func cannot vmap them)."""
+    n, shape = 6, (6, 5, 4)
+    torch.manual_seed(10)
+    model = _Recurrent(RECURRENT[kind]())
+    x = rng.uniform(0, 1, shape).astype(np.float32)
+    y = rng.integers(0, 3, n)
+    X = remote_input("X", shape, torch.float32, private=True)
+    Y = remote_input("y", (n,), torch.int64, private=True)
+    F.cross_entropy(model(X), Y).backward()
+    got = _remote_clipped(model, {"X": x, "y": y}, rows=n)
+    rows = []
+    for i in range(n):
+        model.zero_grad()
+        xi, yi = torch.from_numpy(x[i : i + 1]), torch.from_numpy(y[i : i + 1])
+        F.cross_entropy(model(xi), yi).backward()
+        rows.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double())
+    flat = torch.stack(rows)
+    want = (flat * torch.clamp(C / flat.norm(dim=1, keepdim=True), max=1.0)).sum(dim=0)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    model.zero_grad()
+    F.cross_entropy(model(X), Y).backward()
+    cols = {"X": Column("float32", shape, 0.0, 1.0), "y": Column("int64", (n,), 0, 2)}
+    _assert_tracked_at_2c_and_sound(model, cols, rng, 20)
