@@ -13,7 +13,7 @@ from typing import Literal
 
 import httpx
 
-from sdk import _attention, _recurrent  # noqa: F401  (register attention and RNNs)
+from sdk import _attention, _bags, _recurrent  # noqa: F401  (register layers on remote tensors)
 from sdk._budget import (
     BudgetGrant,
     BudgetRequest,

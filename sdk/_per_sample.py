@@ -272,37 +272,42 @@ def _norm_hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> N
     output.register_hook(on_grad)  # type: ignore[no-untyped-call]
 
 
-def _embedding_hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
-    """After an ``nn.Embedding`` call on remote token ids: per-example gradients of its
-    table, the one-hot codes of each example's ids times their output gradients, summed over
-    the example's positions (``[rows, num_embeddings, dim]``; ``padding_idx`` gets none).
-
-    ``max_norm`` (which rewrites the table where the ids point) and ``scale_grad_by_freq``
-    (which scales by how often ids occur) depend on the ids: such layers get none.
-    """
-    if not isinstance(module, torch.nn.Embedding) or not isinstance(output, RemoteTensor):
-        return
-    weight = module.weight
-    if not (output.requires_grad and weight.requires_grad):
-        return
-    if module.max_norm is not None or module.scale_grad_by_freq:
+def watch_lookup(weight: torch.Tensor, ids: Any, output: Any, padding_idx: int | None) -> None:
+    """Record per-example gradients of a table read at ``ids`` into ``output``
+    (``[*ids.shape, dim]``): the one-hot codes of each example's ids times their output
+    gradients, summed over the example's positions (``[rows, num_embeddings, dim]``;
+    ``padding_idx`` gets none)."""
+    if not (isinstance(output, RemoteTensor) and output.requires_grad and weight.requires_grad):
         return
     _state(weight)
-    ids = args[0].detach() if args and isinstance(args[0], torch.Tensor) else None
-    codes = torch.ones(module.num_embeddings, dtype=weight.dtype)
-    if module.padding_idx is not None:
-        codes[module.padding_idx] = 0.0
+    ids = ids.detach() if isinstance(ids, torch.Tensor) else None
+    size = weight.shape[0]
+    codes = torch.ones(size, dtype=weight.dtype)
+    if padding_idx is not None:
+        codes[padding_idx] = 0.0
 
     def on_grad(g: torch.Tensor) -> None:
         if ids is None or ids.dim() < 1:
             _contribute(weight, None)
             return
-        hot = (ids.unsqueeze(-1) == torch.arange(module.num_embeddings)).to(g.dtype) * codes
+        hot = (ids.unsqueeze(-1) == torch.arange(size)).to(g.dtype) * codes
         per = hot.unsqueeze(-1) * g.unsqueeze(-2)  # [n, *positions, num_embeddings, dim]
         positions = tuple(range(1, ids.dim()))
         _contribute(weight, per.sum(dim=positions) if positions else per)
 
     output.register_hook(on_grad)  # type: ignore[no-untyped-call]
+
+
+def _embedding_hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    """After an ``nn.Embedding`` call on remote token ids: per-example gradients of its
+    table (:func:`watch_lookup`). ``max_norm`` (which rewrites the table where the ids
+    point) and ``scale_grad_by_freq`` (which scales by how often ids occur) depend on the
+    ids: such layers get none."""
+    if not isinstance(module, torch.nn.Embedding):
+        return
+    if module.max_norm is not None or module.scale_grad_by_freq:
+        return
+    watch_lookup(module.weight, args[0] if args else None, output, module.padding_idx)
 
 
 torch.nn.modules.module.register_module_forward_hook(_linear_hook)

@@ -1,7 +1,7 @@
 """A model zoo trains three DP-SGD steps on a node and in mock mode, one model per layer type.
 
 Each model mixes a layer whose parameters get per-example gradients (Linear, Conv1d/2d/3d,
-Embedding, LayerNorm, GroupNorm, InstanceNorm, GRU, LSTM, MultiheadAttention in a
+Embedding, EmbeddingBag, LayerNorm, GroupNorm, InstanceNorm, GRU, LSTM, MultiheadAttention in a
 transformer layer, with its dropout) with what may sit between them (activations, max and
 average pooling, flattening). Through the real app, each step is one publish charged at
 exactly 2C; in mock mode the same script runs against the mock data and charges nothing.
@@ -58,6 +58,10 @@ class _LastStep(torch.nn.Module):
 
 
 ZOO: dict[str, tuple[str, Callable[[], torch.nn.Module]]] = {
+    "embedding_bag": (
+        "tokens",
+        lambda: torch.nn.Sequential(torch.nn.EmbeddingBag(7, 4), torch.nn.Linear(4, 3)),
+    ),
     "gru": ("sequence", lambda: _LastStep(torch.nn.GRU(4, 6, batch_first=True))),
     "lstm": ("sequence", lambda: _LastStep(torch.nn.LSTM(4, 6, 2, batch_first=True, dropout=0.1))),
     "linear": ("sequence", lambda: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(20, 3))),

@@ -592,3 +592,35 @@ def test_recurrent_layers_match_per_example_backward(rng: np.random.Generator, k
     F.cross_entropy(model(X), Y).backward()
     cols = {"X": Column("float32", shape, 0.0, 1.0), "y": Column("int64", (n,), 0, 2)}
     _assert_tracked_at_2c_and_sound(model, cols, rng, 20)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_an_embedding_bag_matches_per_example_backward(rng: np.random.Generator, mode: str) -> None:
+    """Bags of private token ids, one per row (sdk/_bags.py): torch's values, and per-example
+    gradients of the table against one backward pass per example."""
+    n, bag, vocab = 6, 5, 7
+    torch.manual_seed(11)
+    model = torch.nn.Sequential(torch.nn.EmbeddingBag(vocab, 4, mode=mode), torch.nn.Linear(4, 2))
+    x = rng.integers(0, vocab, (n, bag))
+    y = rng.integers(0, 2, n)
+    X = remote_input("X", (n, bag), torch.int64, private=True)
+    Y = remote_input("y", (n,), torch.int64, private=True)
+    out = model(X)
+    (values,) = evaluate([out], {"X": x})
+    torch.testing.assert_close(values, model(torch.from_numpy(x)), rtol=1e-6, atol=1e-6)
+    F.cross_entropy(out, Y).backward()
+    got = _remote_clipped(model, {"X": x, "y": y}, rows=n)
+    rows = []
+    for i in range(n):
+        model.zero_grad()
+        F.cross_entropy(
+            model(torch.from_numpy(x[i : i + 1])), torch.from_numpy(y[i : i + 1])
+        ).backward()
+        rows.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double())
+    flat = torch.stack(rows)
+    want = (flat * torch.clamp(C / flat.norm(dim=1, keepdim=True), max=1.0)).sum(dim=0)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    model.zero_grad()
+    F.cross_entropy(model(X), Y).backward()
+    cols = {"X": Column("int64", (n, bag), 0, vocab - 1), "y": Column("int64", (n,), 0, 1)}
+    _assert_tracked_at_2c_and_sound(model, cols, rng, 20)
