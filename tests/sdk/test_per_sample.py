@@ -544,6 +544,19 @@ def test_attention_outputs_and_weights_are_torch_s(
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
 
+def _loop_reference(model: torch.nn.Module, x: np.ndarray, y: np.ndarray) -> torch.Tensor:
+    """Per-example clipped sum from one local backward pass per example (for layers
+    torch.func cannot vmap)."""
+    rows = []
+    for i in range(len(y)):
+        model.zero_grad()
+        xi, yi = torch.from_numpy(x[i : i + 1]), torch.from_numpy(y[i : i + 1])
+        F.cross_entropy(model(xi), yi).backward()
+        rows.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double())
+    flat = torch.stack(rows)
+    return (flat * torch.clamp(C / flat.norm(dim=1, keepdim=True), max=1.0)).sum(dim=0)
+
+
 class _Recurrent(torch.nn.Module):
     """A recurrent layer over (rows, time, features), its last step into a head."""
 
@@ -579,15 +592,7 @@ def test_recurrent_layers_match_per_example_backward(rng: np.random.Generator, k
     Y = remote_input("y", (n,), torch.int64, private=True)
     F.cross_entropy(model(X), Y).backward()
     got = _remote_clipped(model, {"X": x, "y": y}, rows=n)
-    rows = []
-    for i in range(n):
-        model.zero_grad()
-        xi, yi = torch.from_numpy(x[i : i + 1]), torch.from_numpy(y[i : i + 1])
-        F.cross_entropy(model(xi), yi).backward()
-        rows.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double())
-    flat = torch.stack(rows)
-    want = (flat * torch.clamp(C / flat.norm(dim=1, keepdim=True), max=1.0)).sum(dim=0)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got, _loop_reference(model, x, y), rtol=1e-4, atol=1e-5)
     model.zero_grad()
     F.cross_entropy(model(X), Y).backward()
     cols = {"X": Column("float32", shape, 0.0, 1.0), "y": Column("int64", (n,), 0, 2)}
@@ -610,16 +615,7 @@ def test_an_embedding_bag_matches_per_example_backward(rng: np.random.Generator,
     torch.testing.assert_close(values, model(torch.from_numpy(x)), rtol=1e-6, atol=1e-6)
     F.cross_entropy(out, Y).backward()
     got = _remote_clipped(model, {"X": x, "y": y}, rows=n)
-    rows = []
-    for i in range(n):
-        model.zero_grad()
-        F.cross_entropy(
-            model(torch.from_numpy(x[i : i + 1])), torch.from_numpy(y[i : i + 1])
-        ).backward()
-        rows.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double())
-    flat = torch.stack(rows)
-    want = (flat * torch.clamp(C / flat.norm(dim=1, keepdim=True), max=1.0)).sum(dim=0)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got, _loop_reference(model, x, y), rtol=1e-4, atol=1e-5)
     model.zero_grad()
     F.cross_entropy(model(X), Y).backward()
     cols = {"X": Column("int64", (n, bag), 0, vocab - 1), "y": Column("int64", (n,), 0, 1)}
