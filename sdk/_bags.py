@@ -3,12 +3,13 @@
 torch's ``embedding_bag`` reduces each bag with ``scatter_add``/``scatter_reduce`` at
 positions the offsets choose, which have no privacy rule on private ids. For a 2-d input
 (each row one bag, no offsets) the bags are the rows, so the same result is a lookup of
-every id and a sum or mean along the row: a public table read at private positions (the
-node's rule for lookups) and a reduction. The table's per-example gradients are those of
-the lookup (``sdk._per_sample.watch_lookup``). Offsets, ``mode="max"`` (whose gradient
-divides by a count of ties, which the tracker cannot yet bound away from 0), ``padding_idx``
-(whose mean divides by a count of the ids), ``max_norm`` and ``scale_grad_by_freq`` fall
-back to torch's code, and are refused on private data.
+every id and a sum, mean or max along the row: a public table read at private positions
+(the node's rule for lookups) and a reduction. The table's per-example gradients are those
+of the lookup (``sdk._per_sample.watch_lookup``). A max's gradient splits among ties where
+torch's goes to the first; a tie of one id repeated in a bag reads one table row, so the
+table's gradient is torch's, but equal entries of different ids get shares of it.
+Offsets, ``padding_idx`` (whose mean divides by a count of the ids), ``max_norm`` and
+``scale_grad_by_freq`` fall back to torch's code, and are refused on private data.
 """
 
 from __future__ import annotations
@@ -44,14 +45,15 @@ def _embedding_bag(
         or scale_grad_by_freq
         or padding_idx is not None
         or (per_sample_weights is not None and mode != "sum")
-        or mode not in ("sum", "mean")
     ):
         return NotImplemented
     rows = F.embedding(input, weight)  # [bags, ids per bag, dim]
     watch_lookup(weight, input, rows, None)
     if per_sample_weights is not None:
         rows = rows * per_sample_weights.unsqueeze(-1)
-    return rows.sum(dim=1) if mode == "sum" else rows.mean(dim=1)
+    if mode == "sum":
+        return rows.sum(dim=1)
+    return rows.mean(dim=1) if mode == "mean" else rows.amax(dim=1)
 
 
 OVERRIDES[F.embedding_bag] = _embedding_bag

@@ -1,4 +1,5 @@
-"""Softmax's relations, which intervals cannot see: ``x - amax(x) <= 0``, ``sum(exp(.)) >= 1``.
+"""Relations around a max that intervals cannot see: ``x - amax(x) <= 0``,
+``sum(exp(x - amax(x))) >= 1`` (softmax) and ``sum(x == amax(x)) >= 1`` (a max's gradient).
 
 The SDK records ``softmax`` and ``log_softmax`` over ``dim`` as
 
@@ -45,9 +46,19 @@ _SUM_SLACK_UNITS = 64
 
 @dataclass(frozen=True)
 class _MaxOf:
-    """The state is ``amax(x, dims, keepdim=True)`` of the tensor at node ``src``."""
+    """The state is ``amax(x, dims)`` of the tensor at node ``src``, with the reduced dims
+    kept as 1s (``keepdim``: by the amax itself or by a reshape after it)."""
 
     src: int
+    dims: tuple[int, ...]
+    keepdim: bool = True
+
+
+@dataclass(frozen=True)
+class _IsMax:
+    """The state is ``x == amax(x, dims)`` (as bool or cast): some element along the dims
+    is the max itself (amax does not round), so a sum over them is at least 1."""
+
     dims: tuple[int, ...]
 
 
@@ -63,15 +74,36 @@ def narrow(c: Ctx, s: State) -> State:
     """``s``, the state of prim application ``c``, with softmax's relations applied."""
     op = c.node.op
     a = c.args[0] if c.args else None
-    if op == "amax" and c.refs and c.refs[0] is not None and c.call.attrs.get("keepdim"):
+    if op == "amax" and c.refs and c.refs[0] is not None:
         assert a is not None
-        return s.with_(tag=_MaxOf(c.refs[0], dims_of(c, len(a.shape))))
+        keep = bool(c.call.attrs.get("keepdim"))
+        return s.with_(tag=_MaxOf(c.refs[0], dims_of(c, len(a.shape)), keep))
     if a is None:
         return s
-    if op == "sub" and len(c.args) == 2 and c.args[1] is not None:
-        m = c.args[1].tag
-        if isinstance(m, _MaxOf) and c.refs[0] == m.src and a.shape == s.shape:
+    m = c.args[1].tag if len(c.args) == 2 and c.args[1] is not None else None
+    if op == "reshape" and isinstance(a.tag, _MaxOf) and not a.tag.keepdim:
+        # the reduced dims put back as 1s: the shape amax(keepdim=True) would have had
+        kept = [n for i, n in enumerate(s.shape) if i not in a.tag.dims]
+        if all(s.shape[d] == 1 for d in a.tag.dims if d < len(s.shape)) and kept == list(a.shape):
+            return s.with_(tag=_MaxOf(a.tag.src, a.tag.dims))
+    elif op == "sub" and isinstance(m, _MaxOf) and m.keepdim and c.refs[0] == m.src:
+        if a.shape == s.shape:
             return _bounded(s, hi=0.0).with_(tag=_Shifted(m.dims))
+    elif op == "eq" and len(c.args) == 2 and c.args[1] is not None:
+        for x, mx, xref in ((a, m, c.refs[0]), (c.args[1], a.tag, c.refs[1])):
+            if isinstance(mx, _MaxOf) and mx.keepdim and xref == mx.src and x.shape == s.shape:
+                finite = bool(np.all(np.isfinite(x.lo)) and np.all(np.isfinite(x.hi)))
+                if finite:  # no NaN: the max equals one of the elements
+                    return s.with_(tag=_IsMax(mx.dims))
+    elif op == "convert_element_type" and isinstance(a.tag, _IsMax):
+        return s.with_(tag=a.tag)
+    elif (
+        op == "sum"
+        and isinstance(a.tag, _IsMax)
+        and a.shape
+        and dims_of(c, len(a.shape)) == a.tag.dims
+    ):
+        return _bounded(s, lo=1.0)  # a count: exact in any dtype that holds it
     elif op == "exp" and isinstance(a.tag, _Shifted) and not a.tag.exp:
         return s.with_(tag=_Shifted(a.tag.dims, exp=True))
     elif (

@@ -116,3 +116,46 @@ def test_softmax_sensitivity_bounds_every_neighbour(
     for _ in range(4):
         d1, d2 = neighbours(cols, rng)
         assert_sound(graph, report, d1, d2)
+
+
+def _max_gradient(b: GraphBuilder, x: Ref, of: Ref, n: int, d: int) -> Ref:
+    """What a max's backward records: a share 1 / count for each element equal to the max."""
+    m = b.op("reshape", b.op("amax", of, dims=(1,), keepdim=False), shape=(n, 1, d))
+    hit = b.op("eq", m, x)
+    count = b.op("sum", hit, dims=(1,), keepdim=True, dtype="int64")
+    share = b.op("div", b.constant(np.ones((n, 1, d), dtype=np.float32)), count)
+    return b.op("mul", share, hit)
+
+
+def test_a_max_s_gradient_is_bounded_and_its_look_alike_is_not() -> None:
+    # sum(x == amax(x)) >= 1, so 1 / count is at most 1; against another tensor's max the
+    # count may be 0 and the share unbounded
+    n, k, d = 3, 4, 2
+    spec = Column("float32", (n, k, d), 0.0, 1.0).spec()
+    b = GraphBuilder()
+    x = b.input("x", "float32", (n, k, d))
+    (o,) = track(b.build([_max_gradient(b, x, x, n, d)]), {"x": spec}).outputs
+    assert np.all(o.lower >= 0.0) and np.all(o.upper <= 1.0 + 1e-6)  # and a division's last bit
+    b = GraphBuilder()
+    x = b.input("x", "float32", (n, k, d))
+    other = b.op("mul", x, 0.5)
+    with pytest.raises(PrivacyTrackingError, match="unbounded"):
+        track(b.build([_max_gradient(b, x, other, n, d)]), {"x": spec})
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ties=st.booleans(), subjects=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_a_max_s_gradient_bounds_every_neighbour(ties: bool, subjects: bool, seed: int) -> None:
+    n, k, d = 4, 3, 2
+    subj = np.array([0, 0, 1, 2]) if subjects else None
+    # integer-valued inputs in [0, 2] make ties common; uniform ones make them rare
+    col = Column("int64" if ties else "float32", (n, k, d), 0, 2, subj)
+    b = GraphBuilder()
+    x = b.input("x", col.dtype, (n, k, d))
+    xf = b.op("convert_element_type", x, dtype="float32") if ties else x
+    out = _max_gradient(b, xf, xf, n, d)
+    graph = b.build([out, b.op("sum", out)])
+    report = track(graph, {"x": col.spec()})
+    rng = np.random.default_rng(seed)
+    for _ in range(4):
+        assert_sound(graph, report, *neighbours({"x": col}, rng))

@@ -599,7 +599,7 @@ def test_recurrent_layers_match_per_example_backward(rng: np.random.Generator, k
     _assert_tracked_at_2c_and_sound(model, cols, rng, 20)
 
 
-@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
 def test_an_embedding_bag_matches_per_example_backward(rng: np.random.Generator, mode: str) -> None:
     """Bags of private token ids, one per row (sdk/_bags.py): torch's values, and per-example
     gradients of the table against one backward pass per example."""
