@@ -24,35 +24,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from sdk._per_sample import _contribute, _state
+from sdk._per_sample import watch_linear
 from sdk._remote import RemoteTensor
 from sdk._remote.losses import OVERRIDES
 
 __all__: list[str] = []
-
-
-def _watch(out: torch.Tensor, x: torch.Tensor, weight: Any, bias: Any, rows: slice) -> None:
-    """Per-example gradients of ``weight[rows]`` and ``bias[rows]`` from ``out = x W^T + b``
-    (``x`` and ``out`` of shape ``(L, N, .)``), padded to the parameters' full rows."""
-    w = weight if isinstance(weight, torch.Tensor) and weight.requires_grad else None
-    b = bias if isinstance(bias, torch.Tensor) and bias.requires_grad else None
-    if not (isinstance(out, RemoteTensor) and out.requires_grad) or (w is None and b is None):
-        return
-    for p in (w, b):
-        if p is not None:
-            _state(p)
-    x = x.detach()
-    total = (w if w is not None else b).shape[0]  # type: ignore[union-attr]
-    before, after = rows.start, total - rows.stop
-
-    def on_grad(g: torch.Tensor) -> None:
-        if w is not None:
-            per = (g.unsqueeze(-1) * x.unsqueeze(-2)).sum(dim=0)  # [N, rows, in]
-            _contribute(w, F.pad(per, (0, 0, before, after)))
-        if b is not None:
-            _contribute(b, F.pad(g.sum(dim=0), (before, after)))
-
-    out.register_hook(on_grad)  # type: ignore[no-untyped-call]
 
 
 def _linear(x: torch.Tensor, weight: Any, bias: Any, rows: slice) -> torch.Tensor:
@@ -60,7 +36,8 @@ def _linear(x: torch.Tensor, weight: Any, bias: Any, rows: slice) -> torch.Tenso
     w = weight if whole else weight[rows]
     b = None if bias is None else (bias if whole else bias[rows])
     out = F.linear(x, w, b)
-    _watch(out, x, weight, bias, rows)
+    if isinstance(out, RemoteTensor):
+        watch_linear(out, x, weight, bias, rows_at=1, part=rows)
     return out
 
 

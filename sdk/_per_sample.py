@@ -133,35 +133,62 @@ def _accumulated(p: torch.Tensor) -> None:
     st.total, st.broken = (total if start == "" or st.total is None else st.total + total), None
 
 
-def _linear_hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
-    """After an ``nn.Linear`` call on remote rows: record its per-example gradients in backward."""
-    if not isinstance(module, torch.nn.Linear):
+def watch_linear(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    weight: Any,
+    bias: Any,
+    *,
+    rows_at: int = 0,
+    part: slice | None = None,
+) -> None:
+    """Record the per-example gradients of ``weight`` and ``bias`` from
+    ``out = x @ weight[part].T + bias[part]`` (all of them without ``part``): per example,
+    the output's gradient times the input, summed over every dim but the rows'
+    (``rows_at``) and the features; the parameters' rows outside ``part`` get zeros.
+
+    A local ``out`` is watched too (public rows, e.g. a recurrent layer's first hidden
+    state, whose gradient arrives remote); a public gradient gives nothing per example.
+    """
+    w = weight if isinstance(weight, torch.Tensor) and weight.requires_grad else None
+    b = bias if isinstance(bias, torch.Tensor) and bias.requires_grad else None
+    if not out.requires_grad or (w is None and b is None):
         return
-    if not (isinstance(output, RemoteTensor) and output.requires_grad):
-        return
-    weight = module.weight if module.weight.requires_grad else None
-    bias = module.bias if module.bias is not None and module.bias.requires_grad else None
-    if (weight is None and bias is None) or not args or not isinstance(args[0], torch.Tensor):
-        return
-    x = args[0].detach()
-    for p in (weight, bias):
+    for p in (w, b):
         if p is not None:
             _state(p)
+    x = x.detach()
+    summed = tuple(d for d in range(x.dim() - 1) if d != rows_at)
+    total = (w if w is not None else b).shape[0]  # type: ignore[union-attr]
+    part = part or slice(0, total)
+    before, after = part.start, total - part.stop
 
     def on_grad(g: torch.Tensor) -> None:
+        if not isinstance(g, RemoteTensor):  # a public gradient: nothing per example
+            return
         if x.dim() < 2:  # no row dimension: nothing is per example
-            for p in (weight, bias):
+            for p in (w, b):
                 if p is not None:
                     _contribute(p, None)
             return
-        mid = tuple(range(1, x.dim() - 1))  # dims between the rows and the features
-        if weight is not None:
-            w = g.unsqueeze(-1) * x.unsqueeze(-2)  # [n, *mid, out, in]
-            _contribute(weight, w.sum(dim=mid) if mid else w)
-        if bias is not None:
-            _contribute(bias, g.sum(dim=mid) if mid else g)
+        if w is not None:
+            per = g.unsqueeze(-1) * x.unsqueeze(-2)  # [.., rows, .., out, in]
+            per = per.sum(dim=summed) if summed else per
+            _contribute(w, F.pad(per, (0, 0, before, after)) if before or after else per)
+        if b is not None:
+            per = g.sum(dim=summed) if summed else g
+            _contribute(b, F.pad(per, (before, after)) if before or after else per)
 
-    output.register_hook(on_grad)  # type: ignore[no-untyped-call]
+    out.register_hook(on_grad)  # type: ignore[no-untyped-call]
+
+
+def _linear_hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    """After an ``nn.Linear`` call on remote rows: record its per-example gradients in backward."""
+    if not isinstance(module, torch.nn.Linear) or not isinstance(output, RemoteTensor):
+        return
+    if not args or not isinstance(args[0], torch.Tensor):
+        return
+    watch_linear(output, args[0], module.weight, module.bias)
 
 
 _CONVS = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)

@@ -20,35 +20,18 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from sdk._per_sample import _contribute, _state
-from sdk._remote import RemoteTensor
+from sdk._per_sample import watch_linear
 from sdk._remote.losses import OVERRIDES
 
 __all__: list[str] = []
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Any) -> torch.Tensor:
-    """``x W^T + b`` for rows ``x`` ``(N, in)``, with per-example gradients of ``W`` and ``b``."""
+    """``x W^T + b`` for rows ``x`` ``(N, in)``, with per-example gradients of ``W`` and
+    ``b`` (also where ``out`` is local: the first step's ``h0 @ W_hh + b_hh``, whose bias
+    still gets each example's gradient)."""
     out = F.linear(x, weight, bias)
-    w = weight if weight.requires_grad else None
-    b = bias if isinstance(bias, torch.Tensor) and bias.requires_grad else None
-    # also where ``out`` is local (the first step's ``h0 @ W_hh + b_hh``): its bias still
-    # gets each example's gradient, which arrives remote
-    if out.requires_grad and (w is not None or b is not None):
-        for p in (w, b):
-            if p is not None:
-                _state(p)
-        rows = x.detach()
-
-        def on_grad(g: torch.Tensor) -> None:
-            if not isinstance(g, RemoteTensor):  # a public gradient: nothing per example
-                return
-            if w is not None:
-                _contribute(w, g.unsqueeze(-1) * rows.unsqueeze(-2))
-            if b is not None:
-                _contribute(b, g)
-
-        out.register_hook(on_grad)  # type: ignore[no-untyped-call]
+    watch_linear(out, x, weight, bias)
     return out
 
 
