@@ -51,6 +51,7 @@ from sdk._handles import AuditEvent, ColumnInfo, DatasetHandle, ModelHandle, Ten
 from sdk._publish import Receipt, Sensitivity, noise_scale, publish, publish_grads, sensitivity
 from sdk._remote import MockSession, RemoteTensor, mock
 from sdk._steps import StepBudget, step_budget
+from sdk._training import PrivateTraining, TrainingStep, private_training
 
 __all__ = [
     "ApprovalRequiredError",
@@ -80,6 +81,7 @@ __all__ = [
     "PolicyRefusedError",
     "PolicyRevision",
     "PrivacyTrackingError",
+    "PrivateTraining",
     "PrivateValueError",
     "PublishApproval",
     "QuotaExceededError",
@@ -89,6 +91,7 @@ __all__ = [
     "ServerError",
     "StepBudget",
     "TensorInfo",
+    "TrainingStep",
     "UnsupportedDTypeError",
     "UnsupportedOperationError",
     "UploadRejectedError",
@@ -97,6 +100,7 @@ __all__ = [
     "login",
     "mock",
     "noise_scale",
+    "private_training",
     "publish",
     "publish_grads",
     "search",

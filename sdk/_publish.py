@@ -256,6 +256,33 @@ def publish_grads(
             ``max_grad_norm`` without ``delta``.
         BudgetExceededError, GraphError: as for :func:`publish`.
     """
+    receipt, _ = publish_grads_with(
+        model,
+        (),
+        epsilon=epsilon,
+        delta=delta,
+        max_grad_norm=max_grad_norm,
+        subjects=subjects,
+        loss_reduction=loss_reduction,
+        client=client,
+    )
+    return receipt
+
+
+def publish_grads_with(
+    model: torch.nn.Module | Iterable[torch.Tensor],
+    extra: Sequence[RemoteTensor],
+    *,
+    epsilon: float,
+    delta: float | None = None,
+    max_grad_norm: float | None = None,
+    subjects: DatasetHandle | torch.Tensor | None = None,
+    loss_reduction: Literal["mean", "sum"] = "mean",
+    client: Any = None,
+) -> tuple[Receipt, list[torch.Tensor]]:
+    """:func:`publish_grads`, releasing the remote tensors ``extra`` in the same publish (one
+    request, one charge, the noise calibrated to all of it together); returns the receipt
+    and ``extra``'s noised values."""
     params = list(model.parameters()) if isinstance(model, torch.nn.Module) else list(model)
     names = (
         [n for n, _ in model.named_parameters()]
@@ -267,16 +294,12 @@ def publish_grads(
         raise DPNodeError("no remote gradients to publish: call loss.backward() first")
     held = [p for p, _ in with_grads]
     if max_grad_norm is None:
-        grads = publish(
-            [p.grad for p in held if p.grad is not None],
-            epsilon=epsilon,
-            delta=delta,
-            client=client,
-        )
+        grads = [p.grad for p in held if p.grad is not None]
+        released = publish([*grads, *extra], epsilon=epsilon, delta=delta, client=client)
         per_sample.reset(held)
-        for p, g in zip(held, grads, strict=True):
+        for p, g in zip(held, released, strict=False):
             p.grad = g.to(p.dtype)
-        return grads[0].receipt  # type: ignore[no-any-return]
+        return released[0].receipt, released[len(grads) :]
     bound = float(max_grad_norm)
     if not (math.isfinite(bound) and bound > 0):
         raise DPNodeError(f"max_grad_norm must be a finite number > 0, got {max_grad_norm!r}")
@@ -293,14 +316,14 @@ def publish_grads(
     total = per_sample.clipped_sum(
         samples, max_norm=bound, groups=_groups(subjects, rows), scale=scale
     )
-    released = publish(total, epsilon=epsilon, delta=delta, client=client)
+    released, *rest = publish([total, *extra], epsilon=epsilon, delta=delta, client=client)
     per_sample.reset(held)
     flat = released / scale if scale != 1.0 else released
     start = 0
     for p in held:
         p.grad = flat[start : start + p.numel()].reshape(p.shape).to(p.dtype).clone()
         start += p.numel()
-    return released.receipt  # type: ignore[no-any-return]
+    return released.receipt, rest
 
 
 def _remote_grad(p: torch.Tensor) -> bool:

@@ -1,0 +1,227 @@
+"""``sdk.private_training``: a run planned to a target epsilon, refused before any step when it
+does not fit, with the training loss released alongside the gradients."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sdk
+
+N, MOCK = 200, 20
+C = 1.0
+
+
+def _columns(n: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0, 1, (n, 4)).astype(np.float32)
+    return {"x": x, "label": (x[:, 0] + x[:, 1] > 1).astype(np.int64) + (x[:, 2] > 0.8)}
+
+
+@pytest.fixture
+def data(owner_client: sdk.Client, ds_client: sdk.Client) -> tuple[sdk.DatasetHandle, dict]:
+    columns = _columns(N, 0)
+    owner_client.upload_dataset(
+        "points", columns, bounds={"x": (0.0, 1.0), "label": (0, 2)}, mock=_columns(MOCK, 1)
+    )
+    return ds_client.dataset("points"), columns
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def test_a_run_spends_its_target_on_the_ledger_and_trains(
+    data: tuple[sdk.DatasetHandle, dict], ds_client: sdk.Client, sqlite_only: None
+) -> None:
+    ds, _ = data
+    model = _model()
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = ds.tensors("x", "label")
+    run = sdk.private_training(
+        model,
+        torch.optim.Adam(model.parameters(), lr=0.05),
+        (x, y),
+        loss_fn=F.cross_entropy,
+        target_epsilon=2.0,
+        steps=6,
+        max_grad_norm=C,
+        progress=False,
+    )
+    history = run.fit()
+    assert [h.step for h in history] == list(range(1, 7))
+    spent = ds_client.budget().spent_epsilon
+    # the ledger's count, which the run reports, is at most the target and nearly all of it
+    assert 2.0 * 0.995 <= spent <= 2.0
+    assert run.epsilon == pytest.approx(spent, abs=1e-6)
+    assert all(0 < a.epsilon < b.epsilon for a, b in itertools.pairwise(history))
+    assert len(ds_client.ledger()) == 6
+    for p, q in zip(model.parameters(), before, strict=True):
+        assert not torch.equal(p.detach(), q)
+    with pytest.raises(sdk.DPNodeError, match="all of its 6 steps"):
+        run.step()
+
+
+def test_the_released_loss_is_the_clipped_mean_loss_plus_its_noise(
+    data: tuple[sdk.DatasetHandle, dict], ds_client: sdk.Client, sqlite_only: None
+) -> None:
+    ds, columns = data
+    model = _model()
+    local = _model()  # the same weights, to compute the true loss before the step
+    x, y = ds.tensors("x", "label")
+    bound, weight = 2.0, 0.25
+    run = sdk.private_training(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        (x, y),
+        loss_fn=F.cross_entropy,
+        target_epsilon=8.0,
+        steps=1,
+        max_grad_norm=C,
+        loss_bound=bound,
+        loss_weight=weight,
+        progress=False,
+    )
+    record = run.step()
+    with torch.no_grad():
+        losses = F.cross_entropy(
+            local(torch.from_numpy(columns["x"])),
+            torch.from_numpy(columns["label"]),
+            reduction="none",
+        )
+    true = float(losses.clamp(0, bound).mean())
+    scale = 2 * weight * C / bound
+    sd = record.receipt.noise_scale / (scale * N)
+    assert sd < 0.1 * true  # small enough that a wrong scale would show
+    assert record.loss is not None and abs(record.loss - true) < 5 * sd
+    # one release for the gradients (2C) and the loss (2C * weight), calibrated together
+    joint = 2 * C * math.hypot(1.0, weight)
+    assert joint <= record.receipt.sensitivity_l2 <= joint * 1.01
+
+
+def test_a_run_that_does_not_fit_is_refused_before_any_step(
+    data: tuple[sdk.DatasetHandle, dict], ds_client: sdk.Client, sqlite_only: None
+) -> None:
+    ds, _ = data
+    model = _model()
+    remaining = ds_client.budget().remaining_epsilon
+    x, y = ds.tensors("x", "label")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(sdk.BudgetExceededError, match="nothing was run or charged") as info:
+        sdk.private_training(
+            model,
+            opt,
+            (x, y),
+            loss_fn=F.cross_entropy,
+            target_epsilon=remaining * 1.5,
+            steps=3,
+            max_grad_norm=C,
+        )
+    assert info.value.rule is not None
+    assert ds_client.ledger() == []
+    delta = ds_client.budget().delta
+    with pytest.raises(sdk.DPNodeError, match="allowance's delta"):
+        sdk.private_training(
+            model,
+            opt,
+            (x, y),
+            loss_fn=F.cross_entropy,
+            target_epsilon=1.0,
+            steps=3,
+            max_grad_norm=C,
+            target_delta=delta / 10,
+        )
+    bad = [
+        ({"steps": 0}, "steps must be a positive integer"),
+        ({"max_grad_norm": math.nan}, "max_grad_norm"),
+        ({"loss_bound": -1.0}, "loss_bound"),
+        ({"loss_weight": 0.0}, "loss_weight"),
+        ({"target_epsilon": 1e-12, "steps": 50}, "cannot pay for 50"),
+    ]
+    for change, message in bad:
+        kwargs = {
+            "loss_fn": F.cross_entropy,
+            "target_epsilon": 1.0,
+            "steps": 3,
+            "max_grad_norm": C,
+            **change,
+        }
+        with pytest.raises(sdk.DPNodeError, match=message):
+            sdk.private_training(model, opt, (x, y), **kwargs)
+    with pytest.raises(sdk.DPNodeError, match="two remote tensors"):
+        sdk.private_training(
+            model,
+            opt,
+            (torch.zeros(3, 4), y),
+            loss_fn=F.cross_entropy,
+            target_epsilon=1.0,
+            steps=3,
+            max_grad_norm=C,
+        )
+    assert ds_client.ledger() == []
+
+
+def test_a_loss_that_is_not_per_row_is_refused_before_anything_is_published(
+    data: tuple[sdk.DatasetHandle, dict], ds_client: sdk.Client, sqlite_only: None
+) -> None:
+    ds, _ = data
+    model = _model()
+    x, y = ds.tensors("x", "label")
+    run = sdk.private_training(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        (x, y),
+        loss_fn=lambda out, target, reduction: F.cross_entropy(out, target),
+        target_epsilon=1.0,
+        steps=2,
+        max_grad_norm=C,
+        progress=False,
+    )
+    with pytest.raises(sdk.DPNodeError, match="one loss per row"):
+        run.step()
+    assert ds_client.ledger() == []
+
+
+def test_the_progress_bar_shows_step_epsilon_and_loss_and_mock_mode_charges_nothing(
+    data: tuple[sdk.DatasetHandle, dict],
+    ds_client: sdk.Client,
+    sqlite_only: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ds, _ = data
+    model = _model()
+    x, y = ds.tensors("x", "label")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = sdk.private_training(
+        model,
+        opt,
+        (x, y),
+        loss_fn=F.cross_entropy,
+        target_epsilon=1.0,
+        steps=2,
+        max_grad_norm=C,
+    )
+    run.fit()
+    err = capsys.readouterr().err
+    assert "private training" in err and "2/2" in err
+    assert f"epsilon={run.epsilon:.3f}" in err and "loss=" in err
+    with sdk.mock(ds):
+        mx, my = ds.tensors("x", "label")  # the mock's rows stand in inside the block
+        mocked = sdk.private_training(
+            model,
+            opt,
+            (mx, my),
+            loss_fn=F.cross_entropy,
+            target_epsilon=1.0,
+            steps=2,
+            max_grad_norm=C,
+            progress=False,
+        ).fit()
+    assert all(h.receipt.mock for h in mocked) and len(mocked) == 2
+    assert len(ds_client.ledger()) == 2
