@@ -225,3 +225,65 @@ def test_the_progress_bar_shows_step_epsilon_and_loss_and_mock_mode_charges_noth
         ).fit()
     assert all(h.receipt.mock for h in mocked) and len(mocked) == 2
     assert len(ds_client.ledger()) == 2
+
+
+LOSSES = {
+    "cross_entropy": (lambda out, y, reduction: F.cross_entropy(out, y, reduction=reduction), 3),
+    "cross_entropy_weighted_smoothed": (
+        lambda out, y, reduction: F.cross_entropy(
+            out, y, weight=torch.tensor([1.0, 2.0, 0.5]), label_smoothing=0.1, reduction=reduction
+        ),
+        3,
+    ),
+    "nll_loss": (
+        lambda out, y, reduction: F.nll_loss(F.log_softmax(out, 1), y, reduction=reduction),
+        3,
+    ),
+    "bce_with_logits": (
+        lambda out, y, reduction: F.binary_cross_entropy_with_logits(
+            out.squeeze(1), (y > 0).float(), pos_weight=torch.tensor(2.0), reduction=reduction
+        ),
+        1,
+    ),
+    "binary_cross_entropy": (
+        lambda out, y, reduction: F.binary_cross_entropy(
+            torch.sigmoid(out.squeeze(1)), (y > 0).float(), reduction=reduction
+        ),
+        1,
+    ),
+    "mse_loss": (
+        lambda out, y, reduction: F.mse_loss(out.squeeze(1), y.float(), reduction=reduction),
+        1,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_each_standard_loss_trains_on_private_labels(
+    data: tuple[sdk.DatasetHandle, dict], ds_client: sdk.Client, sqlite_only: None, name: str
+) -> None:
+    ds, _ = data
+    loss_fn, outputs = LOSSES[name]
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, outputs)
+    before = model.weight.detach().clone()
+    x, y = ds.tensors("x", "label")
+    run = sdk.private_training(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        (x, y),
+        loss_fn=loss_fn,
+        target_epsilon=2.0,
+        steps=2,
+        max_grad_norm=C,
+        progress=False,
+    )
+    history = run.fit()
+    assert all(h.loss is not None and math.isfinite(h.loss) for h in history)
+    # the gradients' 2C, and at most the loss's 2C * 0.25 besides (less where the public
+    # weights and bounds keep every row's loss inside a narrower range than [0, 10])
+    joint = 2 * C * math.hypot(1.0, 0.25)
+    assert all(2 * C <= h.receipt.sensitivity_l2 <= joint * 1.01 for h in history), [
+        h.receipt.sensitivity_l2 for h in history
+    ]
+    assert not torch.equal(model.weight.detach(), before)
