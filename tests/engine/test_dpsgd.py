@@ -33,7 +33,9 @@ def clip(x: Any, groups: Any, bound: float, *, x_dtype: str | None = None) -> An
     return evaluate(graph, {"x": x, "g": groups})[0]
 
 
-@pytest.mark.parametrize("shape", [(40, 7), (25, 3, 4), (9,), (1, 5)])
+@pytest.mark.parametrize(
+    "shape", [(40, 7), (25, 3, 4), (9,), (1, 5), (300, 6)]
+)  # 300: blocks of rows
 @pytest.mark.parametrize("groups_of", ["rows", "few", "shuffled", "one"])
 def test_kernel_matches_the_per_group_loop(
     rng: np.random.Generator, shape: tuple[int, ...], groups_of: str

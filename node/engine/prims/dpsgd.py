@@ -73,14 +73,32 @@ def _clip_by_subject_norm(c: Call, args: list[Any], out: Array | None) -> Array:
     n = x.shape[0]
     if n == 0:
         return np.zeros(m.shape, dtype=m.dtype.np)
-    rows = np.asarray(x).astype(np.float64).reshape(n, -1)
+    flat = np.asarray(x).reshape(n, -1)
     order = np.argsort(groups, kind="stable")
     sorted_groups = np.asarray(groups)[order]
     starts = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
-    # every row its own group (the usual case): the rows are the group sums already
-    sums = rows if len(starts) == n else np.add.reduceat(rows[order], starts, axis=0)
+    max_norm = c.attr("max_norm")
+    if len(starts) == n:
+        # every row its own group (the usual case): the rows are the group sums already.
+        # Taken in blocks of rows, so that each float64 copy stays in cache (a sixth of the
+        # time of one copy of the whole); the sum's rounding bound holds in any order
+        # (node.privacy.rounding._clip_error).
+        total = np.zeros(flat.shape[1])
+        for start in range(0, n, _BLOCK_ROWS):
+            total += _clipped_sum(flat[start : start + _BLOCK_ROWS].astype(np.float64), max_norm)
+    else:
+        rows = flat.astype(np.float64)
+        total = _clipped_sum(np.add.reduceat(rows[order], starts, axis=0), max_norm)
+    return np.asarray(total.reshape(m.shape)).astype(m.dtype.np)
+
+
+#: rows of the per-example gradients clipped at a time
+_BLOCK_ROWS = 128
+
+
+def _clipped_sum(sums: Array, max_norm: float) -> Array:
+    """The sum of the rows of ``sums`` (float64), each scaled down to L2 norm ``max_norm``."""
     norms = np.sqrt(np.einsum("ij,ij->i", sums, sums))
     with np.errstate(divide="ignore", invalid="ignore"):
-        scale = np.where(norms > c.attr("max_norm"), c.attr("max_norm") / norms, 1.0)
-    total = scale @ sums
-    return np.asarray(total.reshape(m.shape)).astype(m.dtype.np)
+        scale = np.where(norms > max_norm, max_norm / norms, 1.0)
+    return np.asarray(scale @ sums)
