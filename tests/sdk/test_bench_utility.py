@@ -28,7 +28,7 @@ def test_utility_bench_trains_both_sides_within_the_target() -> None:
     for line in rows:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         target = float(cells[0].rsplit("epsilon ", 1)[1])
-        ledger, opacus = float(cells[3]), float(cells[4])
+        ledger, opacus = float(cells[4]), float(cells[5])
         assert 0.9 * target <= ledger <= target and opacus <= target, line
-        for acc in (cells[1], cells[2]):
+        for acc in (cells[1], cells[2], cells[3]):
             assert 0.6 < float(acc.split(" ")[0]) <= 1.0, line
