@@ -219,7 +219,7 @@ def test_gaussian_charges_convert_at_the_reserved_delta(defaults: Allowance) -> 
     d = decide(policy, ALICE, gaussian, [], defaults=defaults)
     assert d.allowed and d.granted is not None
     assert (d.granted.rho_units, d.granted.epsilon_units) == (rho, 0)
-    assert 0 < d.remaining.epsilon_units < epsilon_units(0.2)  # 0.01 rho costs ~0.86 epsilon
+    assert 0 < d.remaining.epsilon_units < epsilon_units(0.3)  # 0.01 rho costs ~0.72 epsilon
     d = decide(policy, ALICE, gaussian, [d.granted], defaults=defaults)
     assert d.rule == "roles.data_scientist.epsilon"
     assert "rho 0.01 (zCDP)" in d.reason
