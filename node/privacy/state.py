@@ -44,6 +44,7 @@ __all__ = [
     "Array",
     "PrivacyTrackingError",
     "State",
+    "compact_repeats",
     "fit",
     "joint",
     "mul0",
@@ -127,7 +128,27 @@ def public_state(value: Array, dt: DType) -> State:
     f = v.astype(np.float64) if v.dtype.kind != "V" else v.astype(np.float32).astype(np.float64)
     shape = tuple(int(s) for s in v.shape)
     zero = fit(0.0, shape)
+    f = compact_repeats(f)
     return State(shape, dt, f, f, fit(np.int64(PUBLIC), shape), zero, zero, value=v)
+
+
+def compact_repeats(f: Array) -> Array:
+    """``f`` with every axis along which its values repeat reduced to length 1 (a
+    broadcastable stand-in for the bounds): a public constant such as a mean's gradient,
+    ``1/n`` for every row, then keeps the states it meets compact instead of one bound per
+    row. The value itself is kept whole.
+
+    >>> compact_repeats(np.full((3, 2), 0.5)).shape
+    (1, 1)
+    >>> compact_repeats(np.array([[1.0, 2.0], [1.0, 2.0]])).tolist()
+    [[1.0, 2.0]]
+    """
+    for axis in range(f.ndim):
+        if f.shape[axis] > 1:
+            first = np.take(f, [0], axis=axis)
+            if np.array_equal(f, np.broadcast_to(first, f.shape)):  # NaN never repeats
+                f = first
+    return f
 
 
 def _fallback(s: State, nsub: int) -> tuple[Array, Array]:

@@ -22,7 +22,7 @@ from node.privacy.arrays import pad_left
 from node.privacy.rules.base import Ctx, combine, finish, rule
 from node.privacy.rules.moments import centred_tag
 from node.privacy.rules.unary import tighten, widen
-from node.privacy.state import Array, State
+from node.privacy.state import Array, State, compact_repeats
 from node.privacy.tables import Table, make_root
 from node.privacy.thresholds import refine_all, threshold_table
 
@@ -194,7 +194,10 @@ def kernel_on_tables(c: Ctx, tables: list[Table | None]) -> Table | None:
                 return None
             args.append(pad_left(t.vals, nd + 1))
         elif st.value is not None and st.is_public:
-            args.append(c.raw[i] if c.raw[i] is not None else pad_left(st.value, nd)[..., None])
+            # a value that repeats along an axis (a mean's gradient, 1/n on every row) enters
+            # once along it: the kernel broadcasts it alike, and the table stays compact
+            value = compact_repeats(np.asarray(st.value))
+            args.append(c.raw[i] if c.raw[i] is not None else pad_left(value, nd)[..., None])
         else:
             return None
     if root is None:
