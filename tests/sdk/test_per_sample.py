@@ -283,18 +283,25 @@ def test_a_float32_softmax_mlp_step_is_tracked_at_2c_and_sound(rng: np.random.Ge
     _assert_tracked_at_2c_and_sound(model, cols, rng, 60)
 
 
+@pytest.mark.parametrize("per_row", [False, True])
 def test_tracking_an_mlp_step_keeps_per_row_states_compact(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, per_row: bool
 ) -> None:
     """Per-example gradients are rows x parameters, but every row has the same bounds: the
     tracker's states must hold about rows + parameters numbers, not their product (which
-    made tracking a digits MLP step take ~0.5 s, 95% of a publish)."""
+    made tracking a digits MLP step take ~0.5 s, 95% of a publish). ``per_row``: the loss
+    is ``reduction="none"`` and then ``.mean()`` (as ``sdk.private_training`` computes it),
+    whose gradient is a public ``1/n`` on every row."""
     n = 300
     torch.manual_seed(6)
     model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
     X = remote_input("X", (n, 8, 8), torch.float32)
     Y = remote_input("y", (n,), torch.int64)
-    F.cross_entropy(model(X.reshape(n, 64) / 16), Y).backward()
+    logits = model(X.reshape(n, 64) / 16)
+    if per_row:
+        F.cross_entropy(logits, Y, reduction="none").mean().backward()
+    else:
+        F.cross_entropy(logits, Y).backward()
     names = [k for k, _ in model.named_parameters()]
     samples = per_sample.per_example_grads(list(model.parameters()), names)
     graph = graph_for([per_sample.clipped_sum(samples, max_norm=C, scale=float(n))])
