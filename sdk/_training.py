@@ -53,11 +53,43 @@ class TrainingStep:
 
 
 class PrivateTraining:
-    """A planned private training run; see :func:`private_training`.
+    """A private training run of ``model`` on remote ``data`` to ``target_epsilon``.
+
+    Each step is full-batch DP gradient descent: the loss on every row, each subject's
+    gradient clipped to ``max_grad_norm``, their sum released with Gaussian noise, then an
+    ordinary ``optimizer.step()`` on the noised gradient. Call ``.fit()`` to take every
+    step with a progress bar, or iterate over the run (one :class:`TrainingStep` each).
+
+    Args:
+        model, optimizer: ordinary torch objects; the model's layers need per-example
+            gradients (every layer Opacus supports has them: ``docs/remote-tensors.md``).
+        data: ``(inputs, targets)``, remote tensors with one row per example.
+        loss_fn: a torch loss taking ``reduction=`` (``F.cross_entropy``,
+            ``F.binary_cross_entropy_with_logits``, ``F.mse_loss``, ...), called as
+            ``loss_fn(model(inputs), targets, reduction="none")``.
+        target_epsilon: what the whole run may cost, as the node's ledger counts it.
+        steps: how many steps (each one uses every row: a step is an epoch).
+        max_grad_norm: ``C``, the clipping bound of each subject's gradient.
+        target_delta: your allowance's delta, where the node counts every release; leave it
+            out to use it, a different value is refused.
+        loss_bound: each row's loss is clipped to ``[0, loss_bound]`` for the released
+            training loss; ``None`` releases no loss.
+        loss_weight: the loss's share of the noise, as a fraction of the gradients'
+            sensitivity.
+        subjects: which rows belong to one subject (see :func:`sdk.publish_grads`).
+        progress: show a progress bar (step, epsilon, loss).
+        client: the node session (default: the one the data came from).
+
+    Raises:
+        BudgetExceededError: the run does not fit what is left of your allowance; nothing
+            is run or charged.
+        DPNodeError: invalid arguments, or too many steps for ``target_epsilon``.
 
     Attributes:
         plan: the per-step privacy parameters (``epsilon``, ``delta``) each publish uses.
         history: the steps taken so far.
+
+    Nothing is computed or charged until the run steps.
     """
 
     def __init__(
@@ -70,13 +102,15 @@ class PrivateTraining:
         target_epsilon: float,
         steps: int,
         max_grad_norm: float,
-        target_delta: float | None,
-        loss_bound: float | None,
-        loss_weight: float,
-        subjects: Any,
-        progress: bool,
-        client: Any,
+        target_delta: float | None = None,
+        loss_bound: float | None = 10.0,
+        loss_weight: float = 0.25,
+        subjects: Any = None,
+        progress: bool = True,
+        client: Any = None,
     ) -> None:
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise DPNodeError(f"steps must be a positive integer, got {steps!r}")
         inputs, targets = data if len(data) == 2 else (None, None)
         if not (isinstance(inputs, RemoteTensor) and isinstance(targets, RemoteTensor)):
             raise DPNodeError(
@@ -233,71 +267,5 @@ class PrivateTraining:
         return self.history
 
 
-def private_training(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    data: Sequence[torch.Tensor],
-    *,
-    loss_fn: Callable[..., torch.Tensor],
-    target_epsilon: float,
-    steps: int,
-    max_grad_norm: float,
-    target_delta: float | None = None,
-    loss_bound: float | None = 10.0,
-    loss_weight: float = 0.25,
-    subjects: Any = None,
-    progress: bool = True,
-    client: Any = None,
-) -> PrivateTraining:
-    """Plan a private training run of ``model`` on remote ``data`` to ``target_epsilon``.
-
-    Each step is full-batch DP gradient descent: the loss on every row, each subject's
-    gradient clipped to ``max_grad_norm``, their sum released with Gaussian noise, then an
-    ordinary ``optimizer.step()`` on the noised gradient. Call ``.fit()`` to take every
-    step with a progress bar, or iterate over the run (one :class:`TrainingStep` each).
-
-    Args:
-        model, optimizer: ordinary torch objects; the model's layers need per-example
-            gradients (every layer Opacus supports has them; see ``docs/sdk.md``).
-        data: ``(inputs, targets)``, remote tensors with one row per example.
-        loss_fn: a torch loss taking ``reduction=`` (``F.cross_entropy``,
-            ``F.binary_cross_entropy_with_logits``, ``F.mse_loss``, ...), called as
-            ``loss_fn(model(inputs), targets, reduction="none")``.
-        target_epsilon: what the whole run may cost, as the node's ledger counts it.
-        steps: how many steps (each one uses every row: a step is an epoch).
-        max_grad_norm: ``C``, the clipping bound of each subject's gradient.
-        target_delta: your allowance's delta, where the node counts every release; leave it
-            out to use it, a different value is refused.
-        loss_bound: each row's loss is clipped to ``[0, loss_bound]`` for the released
-            training loss; ``None`` releases no loss.
-        loss_weight: the loss's share of the noise, as a fraction of the gradients'
-            sensitivity.
-        subjects: which rows belong to one subject (see :func:`sdk.publish_grads`).
-        progress: show a progress bar (step, epsilon, loss).
-        client: the node session (default: the one the data came from).
-
-    Raises:
-        BudgetExceededError: the run does not fit what is left of your allowance; nothing
-            is run or charged.
-        DPNodeError: invalid arguments, or too many steps for ``target_epsilon``.
-
-    Returns:
-        The planned run; nothing is computed or charged until it steps.
-    """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise DPNodeError(f"steps must be a positive integer, got {steps!r}")
-    return PrivateTraining(
-        model,
-        optimizer,
-        data,
-        loss_fn=loss_fn,
-        target_epsilon=target_epsilon,
-        steps=steps,
-        max_grad_norm=max_grad_norm,
-        target_delta=target_delta,
-        loss_bound=loss_bound,
-        loss_weight=loss_weight,
-        subjects=subjects,
-        progress=progress,
-        client=client,
-    )
+#: ``sdk.private_training(...)`` plans a run: see :class:`PrivateTraining`.
+private_training = PrivateTraining

@@ -95,7 +95,9 @@ def _even(f: F, deriv: F) -> Fn:
 
 
 def _periodic(lo: Array, hi: Array) -> tuple[Array, Array]:
-    return np.full(np.shape(lo), -1.0), np.full(np.shape(lo), 1.0)
+    # sin and cos of an infinite argument are NaN: no range (refused) unless it is finite
+    finite = np.isfinite(lo) & np.isfinite(hi)
+    return np.where(finite, -1.0, np.nan), np.where(finite, 1.0, np.nan)
 
 
 _SQRT_PI = float(np.sqrt(np.pi))
