@@ -102,6 +102,7 @@ def mock_release(
         "sensitivity_l2": report.l2,
         "noise_scale": release.scale,
         "remaining_epsilon": math.nan,
+        "clipped": done.clipped,
         "mock": True,
     }
     return done.values, receipt

@@ -52,6 +52,10 @@ class Receipt:
     policy_revision: int | None = None
     #: computed locally on mock data inside ``sdk.mock(...)``: nothing was charged
     mock: bool = False
+    #: how many noised values lay outside their public range (a count in ``[0, n]``, a
+    #: standard deviation ``>= 0``, ...) and were moved to its nearer end: free
+    #: post-processing, never further from the true value
+    clipped: int = 0
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> Receipt:

@@ -11,7 +11,10 @@ and the request only:
    The caller then charges the budget: policy, rate limits and budget refuse here too.
 2. :func:`run_release` evaluates the plan on the values, with total kernels (no value
    makes a prim fail: :attr:`~node.engine.prims.Call.total`), clips every output to its
-   public bounds, replaces a NaN by a public constant, and noises. It does not raise
+   public bounds, replaces a NaN by a public constant, noises, and clips the noised values
+   to the same bounds (post-processing: a count stays in ``[0, n]``, a standard deviation
+   stays ``>= 0``; the tracker caps each output's sensitivity at its range's width for
+   the same reason). It does not raise
    because of a value: once charged, always answered. Should the evaluation fail all the
    same (a bug, or memory), the answer is the public constants, noised as any other, and
    the failure is returned separately for the operator's log: never to the analyst.
@@ -34,7 +37,7 @@ import numpy.typing as npt
 
 from node.dp.mechanisms import NoisePlan, Release, apply_noise, plan_gaussian, plan_laplace
 from node.dp.samplers import Source
-from node.engine import Plan, run
+from node.engine import Plan, TensorMeta, run
 from node.privacy.spec import InputSpec
 from node.privacy.tracker import PrivacyReport, track
 
@@ -80,6 +83,9 @@ class Released:
     values: list[npt.NDArray[np.float64]]
     release: Release
     failure: str | None
+    #: how many noised values were outside their public range and moved to its end (a
+    #: function of the answer and public bounds: the analyst could count them too)
+    clipped: int = 0
 
 
 def plan_release(
@@ -108,8 +114,18 @@ def plan_release(
         noise = plan_laplace(sensitivity_l1=report.l1, epsilon=epsilon, count=count)
     else:
         noise = plan_gaussian(sensitivity_l2=report.l2, count=count, epsilon=epsilon, delta=delta)
-    lower = _flat([o.lower for o in report.outputs], report)
-    upper = _flat([o.upper for o in report.outputs], report)
+    # an integer output's values are integers: its range's ends are too
+    lower = _flat(
+        [o.lower if m.dtype.is_float else np.ceil(o.lower) for o, m in _with_meta(report, planned)],
+        report,
+    )
+    upper = _flat(
+        [
+            o.upper if m.dtype.is_float else np.floor(o.upper)
+            for o, m in _with_meta(report, planned)
+        ],
+        report,
+    )
     # Narrowing the clip to what the grid holds is post-processing (clipping never widens
     # a difference); only absurd magnitudes (beyond 2^1000 grid steps) are touched.
     limit = sys.float_info.max
@@ -119,6 +135,10 @@ def plan_release(
     np.clip(upper, -limit, limit, out=upper)
     fallback = np.clip(np.zeros(count), lower, upper)
     return ReleasePlan(planned, report, noise, lower, upper, fallback)
+
+
+def _with_meta(report: PrivacyReport, planned: Plan) -> list[tuple[Any, TensorMeta]]:
+    return list(zip(report.outputs, planned.outputs, strict=True))
 
 
 def _flat(parts: list[npt.NDArray[Any]], report: PrivacyReport) -> npt.NDArray[np.float64]:
@@ -165,4 +185,9 @@ def run_release(
     if failure is None and nan.any():  # a tracker that missed a NaN: the operator hears of it
         failure = f"{int(nan.sum())} NaN values replaced by their public stand-ins"
     release = apply_noise(flat, rp.noise, source=source)
-    return Released(rp.report.split(release.values), release, failure)
+    # Free post-processing: a noised value outside its public range is moved to the range's
+    # nearer end (never further from the true value, which lies inside); + 0.0 keeps a
+    # bound of -0.0 from showing as a sign.
+    public = np.clip(release.values, rp.lower, rp.upper) + 0.0
+    clipped = int(np.count_nonzero(public != release.values))
+    return Released(rp.report.split(public), release, failure, clipped)

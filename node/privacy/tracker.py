@@ -11,6 +11,7 @@ evaluation, in one pass.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -244,6 +245,9 @@ class PrivacyTracker:
                 r1, r2 = (2 * r for r in rounding.spread(s, s.E))
                 t1, t2 = t1 + r1, t2 + r2
             t1, t2 = t1 * (1 + slack), t2 * (1 + slack)
+            if not s.is_public:  # no subject moves a value beyond its public range
+                w1, w2 = _range_widths(lo, hi)
+                t1, t2 = np.minimum(t1, w1), np.minimum(t2, w2)
             l1 = float(t1.max(initial=0.0))
             l2 = float(t2.max(initial=0.0))
             if not (np.isfinite(r1) and np.isfinite(r2)):
@@ -255,6 +259,30 @@ class PrivacyTracker:
                 raise PrivacyTrackingError(f"output {k}: its sensitivity is unbounded")
             outs.append(OutputSensitivity(s.shape, l1, l2, lo, hi, t1, t2, exact1, exact2, r1, r2))
         return PrivacyReport(tuple(outs), self.nsub)
+
+
+def _range_widths(lo: Array, hi: Array) -> tuple[float, float]:
+    """L1 and L2 norms of ``hi - lo``, rounded up: however one subject moves an output whose
+    computed values lie in ``[lo, hi]``, and the release clips them there before the noise
+    (:func:`node.privacy.release.run_release`), it moves it by at most these.
+
+    >>> [round(w, 9) for w in _range_widths(np.array([0.0, -1.0]), np.array([3.0, 3.0]))]
+    [7.0, 5.0]
+    """
+    with np.errstate(all="ignore"):
+        w = np.asarray(hi, dtype=np.float64) - np.asarray(lo, dtype=np.float64)
+    if w.size == 0:
+        return 0.0, 0.0
+    if not np.isfinite(w).all():
+        return math.inf, math.inf
+    top = float(w.max())
+    if top == 0:
+        return 0.0, 0.0
+    # fsum rounds to nearest, the squares and the root add ulps, and scaling by the widest
+    # keeps tiny widths from vanishing in their squares (and huge ones from overflowing)
+    margin = 1 + 1e-12
+    scaled = w.ravel() / top
+    return math.fsum(w.ravel()) * margin, top * math.sqrt(math.fsum(scaled * scaled)) * margin
 
 
 def _unknown_public(meta: TensorMeta) -> State:

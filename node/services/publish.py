@@ -266,6 +266,8 @@ def publish(
         "noise_scale": release.scale,
         "grid_exponent": release.grid_exponent,
         "sampler_tv": release.sampler_tv,
+        # post-processing: noised values moved to the nearer end of their public range
+        "clipped": done.clipped,
         "policy": after.in_force.name,
         "policy_revision": entry.policy_revision,
     }
