@@ -134,9 +134,10 @@ ADVICE: dict[str, str] = {
     **dict.fromkeys((n for n in REGISTRY if "_polynomial_" in n), _POLYNOMIAL),
 }
 _HISTOGRAM = (
-    "A histogram over public bins is one comparison per bin: "
-    "((x.unsqueeze(-1) >= edges[:-1]) & (x.unsqueeze(-1) < edges[1:])).sum(0), whose ops "
-    "have privacy rules."
+    "A histogram over public bins is one comparison per bin: give the range, "
+    "torch.histc(x, bins, min=lo, max=hi) or torch.histogram(x, bins, range=(lo, hi)), or "
+    "write ((x.unsqueeze(-1) >= edges[:-1]) & (x.unsqueeze(-1) < edges[1:])).sum(0); without "
+    "a range the edges come from the data's own minimum and maximum, which are private."
 )
 #: torch call -> what to write instead, where it says more than the prim's advice
 CALL_ADVICE: dict[str, str] = dict.fromkeys(

@@ -1,10 +1,15 @@
 """Histograms on remote tensors: ``histc``, ``histogram`` and ``histogramdd``.
 
-The counts are private values of a public shape (one per bin): each value finds its
-bin by a searchsorted among the edges (or torch's linear formula for ``histc``) and
-a ``scatter_add`` of ones (or weights) fills the bins; values outside the range land
-in an extra bin that is dropped. Edges come from the given range or from the data's
-own range, as in torch; they are private values too.
+The counts are private values of a public shape (one per bin). Each value finds its bin by
+comparisons with the edges (the number of edges at or below it, which is
+``searchsorted(edges, x, right=True)`` for sorted edges; torch's linear formula for
+``histc``), and the bins are filled by a one-hot comparison of that bin with the public bin
+numbers, summed over the values: values outside the range (and NaN) get a bin number past the
+last and are counted nowhere. Comparisons and sums have privacy rules, so a histogram of a
+private column over a public range publishes, at the sensitivity of a partition (one row moves
+one count from a bin to another: L1 2). Edges from the data's own range (no range given) are
+private values too, and their ``histc`` still fills its bins with ``scatter_add``, which has no
+privacy rule on private data.
 """
 
 from __future__ import annotations
@@ -12,10 +17,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from sdk._remote.dispatch import SPECIAL
-from sdk._remote.graph import Node, prim
+from sdk._remote.graph import Node, constant, prim
 from sdk._remote.rules import dtype_name, implements
 
 __all__: list[str] = []
@@ -23,11 +29,30 @@ __all__: list[str] = []
 aten = torch.ops.aten
 
 
+def _fill(index: Node, weight: Node | None, bins: int, name: str) -> Node:
+    """Per bin ``0 .. bins - 1``, the count (or the weights' sum) of the values whose bin
+    ``index`` is it: a one-hot comparison with the public bin numbers, summed."""
+    numbers = prim("arange", start=0, end=bins, step=1, dtype="int64")
+    onehot = prim(
+        "convert_element_type", prim("eq", prim("unsqueeze", index, dim=-1), numbers), dtype=name
+    )
+    if weight is not None:
+        onehot = prim("mul", onehot, prim("unsqueeze", weight, dim=-1))
+    return prim("sum", onehot, dims=(0,))
+
+
+def _at_or_below(edges: Node, x: Node) -> Node:
+    """How many of ``edges`` (1-d, sorted) are at or below each of ``x`` (1-d): for sorted
+    edges, ``searchsorted(edges, x, right=True)``; by comparisons, which have privacy rules."""
+    return prim("sum", prim("le", edges, prim("unsqueeze", x, dim=-1)), dims=(-1,), dtype="int64")
+
+
 @implements(aten.histc.default)
 def _histc(out: torch.Tensor, x: Node, bins: int = 100, min: Any = 0, max: Any = 0) -> Node:
     """torch.histc: counts in ``bins`` equal bins over [min, max] (the data's range if equal).
 
-    bin = trunc((x - min) * bins / (max - min)), x == max in the last bin, values
+    bin = trunc((x - min) * bins / (max - min)) in x's dtype (min and max cast to it first,
+    as torch's kernel does), x == max in the last bin, values
     outside the range (and NaN) counted nowhere: they land in a discarded extra bin.
     """
     name = dtype_name(out.dtype)
@@ -43,10 +68,18 @@ def _histc(out: torch.Tensor, x: Node, bins: int = 100, min: Any = 0, max: Any =
             lo, hi = float(min) - 1, float(max) + 1
     else:
         lo, hi = float(min), float(max)
-    width = hi - lo if isinstance(hi, float) and isinstance(lo, float) else prim("sub", hi, lo)
+    if isinstance(hi, float) and isinstance(lo, float):  # the ends' difference in the dtype
+        width: Any = float(torch.tensor(hi, dtype=out.dtype) - torch.tensor(lo, dtype=out.dtype))
+    else:
+        width = prim("sub", hi, lo)
+    inside = prim("logical_and", prim("ge", flat, lo), prim("le", flat, hi))
+    if isinstance(lo, float) and isinstance(hi, float) and out.dtype in _FLOAT_BITS:
+        # a public range: each bin's first value by torch's formula, and comparisons
+        thresholds = constant(torch.from_numpy(_histc_thresholds(lo, hi, bins, out.dtype)))
+        index = prim("where", inside, _at_or_below(thresholds, flat), bins)
+        return _fill(index, None, bins, name)
     scaled = prim("div", prim("mul", prim("sub", flat, lo), bins), width)
     pos = prim("clamp", prim("convert_element_type", scaled, dtype="int64"), 0, bins - 1)
-    inside = prim("logical_and", prim("ge", flat, lo), prim("le", flat, hi))
     index = prim("where", inside, pos, bins)
     n = math.prod(x.shape or ())
     ones = prim("full", shape=(n,), value=1.0, dtype=name)
@@ -54,6 +87,50 @@ def _histc(out: torch.Tensor, x: Node, bins: int = 100, min: Any = 0, max: Any =
         "scatter_add", prim("full", shape=(bins + 1,), value=0.0, dtype=name), index, ones, dim=0
     )
     return prim("slice", hist, dim=0, start=0, end=bins, step=1)
+
+
+#: float dtype -> (NumPy dtype, the unsigned integer of its bits, its sign bit)
+_FLOAT_BITS: dict[torch.dtype, tuple[Any, Any, int]] = {
+    torch.float32: (np.float32, np.uint32, 1 << 31),
+    torch.float64: (np.float64, np.uint64, 1 << 63),
+}
+
+
+def _histc_thresholds(lo: float, hi: float, bins: int, dtype: torch.dtype) -> Any:
+    """For k = 1 .. bins - 1, the smallest value ``x`` of ``dtype`` in ``[lo, hi]`` whose bin by
+    ``histc``'s formula, ``trunc((x - lo) * bins / (hi - lo))`` with every operand and step in
+    ``dtype`` (the range's ends too), is at least k
+    (``inf`` if none): a value's bin is then the number of thresholds at or below it. The
+    formula is monotone in ``x``, so a bisection over the dtype's values in order finds each.
+    """
+    ftype, utype, sign = _FLOAT_BITS[dtype]
+    flo, scale = ftype(lo), ftype(bins)
+    width = ftype(hi) - flo  # in the dtype, as torch's kernel takes it
+
+    def key(v: Any) -> Any:  # the values of the dtype, in order, as integers
+        bits = np.asarray(v, dtype=ftype).view(utype).astype(object)
+        return np.where(bits >= sign, -(bits - sign), bits)
+
+    def value(k: Any) -> Any:
+        bits = np.array([int(b) if b >= 0 else sign - int(b) for b in k], dtype=utype)
+        return bits.view(ftype)
+
+    targets = np.arange(1, bins, dtype=np.float64)
+    first, last = int(key(ftype(lo))), int(key(ftype(hi)))
+    low = np.full(bins - 1, first, dtype=object)  # f(low) < k, or low is the answer
+    high = np.full(bins - 1, last + 1, dtype=object)  # f(high) >= k (last + 1: none yet)
+    while bool(np.any(high - low > 1)):
+        mid = (low + high) // 2
+        with np.errstate(all="ignore"):
+            f = ((value(mid) - flo) * scale) / width
+        reached = f.astype(np.float64) >= targets
+        high = np.where(reached, mid, high)
+        low = np.where(reached, low, mid)
+    with np.errstate(all="ignore"):
+        at_first = ((ftype(lo) - flo) * scale) / width >= targets
+    found = np.where(at_first, first, high)
+    edges = value(np.minimum(found, last)).astype(ftype)
+    return np.where(found > last, ftype(np.inf), edges).astype(ftype)
 
 
 def _linspace(lo: Any, hi: Any, steps: int, name: str) -> Node:
@@ -74,22 +151,14 @@ def _histogram(
     """Counts (or weights) per bin: bin = searchsorted(edges, x, right) - 1, x == last edge in
     the last bin, values outside the edges (and NaN) counted nowhere (a dropped extra bin)."""
     flat = prim("reshape", x, shape=(-1,))
-    n = math.prod(x.shape or ())
-    pos = prim("sub", prim("searchsorted", edges, flat, right=True), 1)
+    pos = prim("sub", _at_or_below(edges, flat), 1)
     first = prim("slice", edges, dim=0, start=0, end=1, step=1)
     last = prim("slice", edges, dim=0, start=nbins, end=nbins + 1, step=1)
     pos = prim("where", prim("eq", flat, last), nbins - 1, pos)
     inside = prim("logical_and", prim("ge", flat, first), prim("le", flat, last))
     index = prim("where", inside, pos, nbins)
-    w = (
-        prim("full", shape=(n,), value=1.0, dtype=name)
-        if weight is None
-        else prim("reshape", weight, shape=(-1,))
-    )
-    zeros = prim("full", shape=(nbins + 1,), value=0.0, dtype=name)
-    hist = prim(
-        "slice", prim("scatter_add", zeros, index, w, dim=0), dim=0, start=0, end=nbins, step=1
-    )
+    w = None if weight is None else prim("reshape", weight, shape=(-1,))
+    hist = _fill(index, w, nbins, name)
     if density:
         widths = prim(
             "sub",
@@ -204,13 +273,13 @@ def _columns(x: Node) -> tuple[list[Node], int, int]:
 def _histogramdd_counts(
     x: Node, edges: list[Node], counts: list[int], weight: Node | None, density: bool, name: str
 ) -> Node:
-    cols, n, dims = _columns(x)
+    cols, _, dims = _columns(x)
     total_cells = math.prod(counts)
     cell: Any = None
     valid: Any = None
     for k in range(dims):
         e, b = edges[k], counts[k]
-        pos = prim("sub", prim("searchsorted", e, cols[k], right=True), 1)
+        pos = prim("sub", _at_or_below(e, cols[k]), 1)
         first = prim("slice", e, dim=0, start=0, end=1, step=1)
         last = prim("slice", e, dim=0, start=b, end=b + 1, step=1)
         pos = prim("where", prim("eq", cols[k], last), b - 1, pos)
@@ -220,21 +289,8 @@ def _histogramdd_counts(
         term = prim("mul", pos, stride)
         cell = term if cell is None else prim("add", cell, term)
     index = prim("where", valid, cell, total_cells)
-    w = (
-        prim("full", shape=(n,), value=1.0, dtype=name)
-        if weight is None
-        else prim("reshape", weight, shape=(-1,))
-    )
-    zeros = prim("full", shape=(total_cells + 1,), value=0.0, dtype=name)
-    hist = prim(
-        "slice",
-        prim("scatter_add", zeros, index, w, dim=0),
-        dim=0,
-        start=0,
-        end=total_cells,
-        step=1,
-    )
-    hist = prim("reshape", hist, shape=tuple(counts))
+    w = None if weight is None else prim("reshape", weight, shape=(-1,))
+    hist = prim("reshape", _fill(index, w, total_cells, name), shape=tuple(counts))
     if density:
         hist = prim("div", hist, prim("sum", hist))
         for k in range(dims):
