@@ -85,8 +85,9 @@ _CONV = (
 ADVICE: dict[str, str] = {
     **dict.fromkeys(("argsort", "topk", "cumargmax", "cumargmin"), _ORDER),
     "searchsorted": (
-        "Place private values against public boundaries with a comparison instead, e.g. "
-        "(x.unsqueeze(-1) >= boundaries).sum(-1) is torch.bucketize(x, boundaries, right=True)."
+        "torch.bucketize and torch.searchsorted against one sorted row of boundaries record "
+        "as comparisons, which have privacy rules; for several rows, compare row by row: "
+        "(x.unsqueeze(-1) >= row).sum(-1) is torch.bucketize(x, row, right=True)."
     ),
     "cumsum": (
         "A cumulative sum along the last dim is a product with a public triangular matrix: "

@@ -250,7 +250,7 @@ def _searchsorted(
         right = side == "right"
     if sorter is not None:
         seq = prim("gather", seq, sorter, dim=-1)
-    return prim("searchsorted", seq, values, right=bool(right), out_int32=bool(out_int32))
+    return _placed(seq, values, bool(right), bool(out_int32))
 
 
 implements(aten.searchsorted.Tensor, aten.searchsorted.Scalar)(_searchsorted)
@@ -260,7 +260,19 @@ implements(aten.searchsorted.Tensor, aten.searchsorted.Scalar)(_searchsorted)
 def _bucketize(
     out: torch.Tensor, x: Any, boundaries: Node, *, out_int32: bool = False, right: bool = False
 ) -> Node:
-    return prim("searchsorted", boundaries, x, right=bool(right), out_int32=bool(out_int32))
+    return _placed(boundaries, x, bool(right), bool(out_int32))
+
+
+def _placed(seq: Node, values: Any, right: bool, out_int32: bool) -> Node:
+    """Where ``values`` fall among the sorted ``seq``: for one sorted row and a tensor of
+    values, the number of its entries below each value (at or below with ``right``), by
+    comparisons, which have privacy rules on private values (``searchsorted`` has none). As
+    torch's binary search, a NaN value counts every entry (``!(entry >= NaN)`` holds)."""
+    if not isinstance(values, Node) or len(seq.shape or ()) != 1:
+        return prim("searchsorted", seq, values, right=right, out_int32=out_int32)
+    beyond = prim("gt" if right else "ge", seq, prim("unsqueeze", values, dim=-1))
+    below = prim("logical_not", beyond)
+    return prim("sum", below, dims=(-1,), dtype="int32" if out_int32 else "int64")
 
 
 @implements(aten.masked_scatter.default)

@@ -66,9 +66,11 @@ def test_a_histogram_of_a_private_column_publishes_at_l1_2(
 ) -> None:
     ds = remote_dataset(owner_client, ds_client)
     bmi = ds["bmi"]
+    edges = torch.tensor([20.0, 30.0, 40.0])
     for hist in (
         torch.histc(bmi, bins=6, min=10, max=70),
         torch.histogram(bmi, bins=6, range=(10.0, 70.0)).hist,
+        (torch.bucketize(bmi, edges).unsqueeze(-1) == torch.arange(4)).sum(0),
     ):
         ops = {n.op for n in graph_for([hist]).nodes}
         assert not ops & {"scatter_add", "searchsorted"}, ops
@@ -81,3 +83,22 @@ def test_a_histogram_of_a_private_column_publishes_at_l1_2(
     # the data's own range (no min and max) makes private edges: still refused, with advice
     with pytest.raises(sdk.NotPublishableError, match="one comparison per bin"):
         torch.histc(bmi, bins=4)
+
+
+def test_bucketize_and_searchsorted_on_one_sorted_row_match_torch_by_comparisons() -> None:
+    boundaries = torch.tensor([-1.0, 0.5, 2.0, 2.0, 3.0, math.inf])
+    v = torch.tensor(
+        [[-5.0, -1.0, 0.5, 2.0], [2.5, 3.0, math.inf, -math.inf], [math.nan, 0.0, 7, 1]]
+    )
+    x = remote_input("x", tuple(v.shape), torch.float32)
+    cases = [
+        lambda t: torch.bucketize(t, boundaries),
+        lambda t: torch.bucketize(t, boundaries, right=True, out_int32=True),
+        lambda t: torch.searchsorted(boundaries, t),
+        lambda t: torch.searchsorted(boundaries, t, side="right"),
+    ]
+    for fn in cases:
+        out = fn(x)
+        assert "searchsorted" not in {n.op for n in graph_for([out]).nodes}
+        (got,) = evaluate([out], {"x": v.numpy()})
+        torch.testing.assert_close(got, fn(v), rtol=0, atol=0)
