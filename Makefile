@@ -39,6 +39,8 @@ bench: install
 	$(PY) -m bench.tracking
 	$(PY) -m bench.dpsgd
 	$(PY) -m bench.utility
+	$(PY) -m bench.utility_stats
+	$(PY) -m bench.amplification
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
