@@ -122,12 +122,10 @@ class PrivateTraining:
                 f"inputs have {inputs.shape[0]} rows but targets {targets.shape[0]}: "
                 "each row is one example"
             )
-        if not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
-            raise DPNodeError(f"max_grad_norm must be a finite number > 0, got {max_grad_norm!r}")
-        if loss_bound is not None and not (math.isfinite(loss_bound) and loss_bound > 0):
-            raise DPNodeError(f"loss_bound must be a finite number > 0 or None, got {loss_bound!r}")
-        if not (math.isfinite(loss_weight) and loss_weight > 0):
-            raise DPNodeError(f"loss_weight must be a finite number > 0, got {loss_weight!r}")
+        _check_positive("max_grad_norm", max_grad_norm)
+        _check_positive("loss_weight", loss_weight)
+        if loss_bound is not None:
+            _check_positive("loss_bound", loss_bound, " or None")
         self.model, self.optimizer = model, optimizer
         self.inputs, self.targets = inputs, targets
         self.loss_fn = loss_fn
@@ -265,6 +263,12 @@ class PrivateTraining:
         for _ in self:
             pass
         return self.history
+
+
+def _check_positive(name: str, value: Any, alternative: str = "") -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (ok and math.isfinite(value) and value > 0):
+        raise DPNodeError(f"{name} must be a finite number > 0{alternative}, got {value!r}")
 
 
 #: ``sdk.private_training(...)`` plans a run: see :class:`PrivateTraining`.

@@ -142,6 +142,8 @@ def test_a_run_that_does_not_fit_is_refused_before_any_step(
         ({"max_grad_norm": math.nan}, "max_grad_norm"),
         ({"loss_bound": -1.0}, "loss_bound"),
         ({"loss_weight": 0.0}, "loss_weight"),
+        ({"max_grad_norm": None}, "max_grad_norm"),
+        ({"loss_bound": "10"}, "loss_bound"),
         ({"target_epsilon": 1e-12, "steps": 50}, "cannot pay for 50"),
     ]
     for change, message in bad:
