@@ -10,6 +10,7 @@ import numpy.typing as npt
 
 if TYPE_CHECKING:
     from sdk._client import Client
+    from sdk._groupby import Grouped
     from sdk._remote import RemoteTensor
 
 
@@ -151,6 +152,21 @@ class DatasetHandle:
         from sdk._remote.handles import dataset_tensors
 
         return dataset_tensors(self, columns, stack)
+
+    def groupby(self, column: str, categories: Any = None) -> Grouped:
+        """Statistics per group of a public key, each released in one publish:
+        ``ds.groupby("sex").mean("bmi", epsilon=1.0)`` (also ``count`` and ``sum``).
+
+        The groups are a categorical column's categories, the integers of an integer
+        column's bounds, or ``categories``. See ``sdk/_groupby.py``.
+
+        Raises:
+            KeyError: no such column.
+            DPNodeError: a column without public groups (pass ``categories=``).
+        """
+        from sdk._groupby import Grouped
+
+        return Grouped(self, column, categories)
 
     def download(self) -> dict[str, npt.NDArray[Any]]:
         """Real values — only for the dataset's owner and admins.

@@ -1,0 +1,99 @@
+"""``ds.groupby(key)``: counts, sums and means per public group, each in one publish.
+
+A row moves from one group to another when it is replaced, so the statistics of all the
+groups are released together at the sensitivity of that move; a mean is the noised sum over
+the noised count (both released, divided locally) and stays within the column's bounds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import sdk
+
+N = 300
+
+
+def _data(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    sex = rng.integers(0, 2, N)
+    return {
+        "sex": sex,
+        "region": rng.integers(0, 10, N),
+        "bmi": np.where(sex == 1, rng.uniform(25, 40, N), rng.uniform(15, 30, N)),
+    }
+
+
+@pytest.fixture
+def ds(owner_client: sdk.Client, ds_client: sdk.Client) -> tuple[sdk.DatasetHandle, dict]:
+    data = _data(0)
+    owner_client.upload_dataset(
+        "cohort",
+        data,
+        bounds={"sex": (0, 1), "region": (0, 9), "bmi": (10, 70)},
+        mock=_data(1),
+    )
+    return ds_client.dataset("cohort"), data
+
+
+@pytest.mark.usefixtures("sqlite_only")
+def test_group_means_counts_and_sums_come_from_one_publish_each(
+    ds: tuple[sdk.DatasetHandle, dict], ds_client: sdk.Client
+) -> None:
+    handle, data = ds
+    by_sex = handle.groupby("sex")
+    assert by_sex.keys == [0, 1]
+    means = by_sex.mean("bmi", epsilon=3.0)
+    counts = by_sex.count(epsilon=3.0)
+    sums = handle.groupby("region").sum("bmi", epsilon=3.0, delta=1e-7)
+    assert len(ds_client.ledger()) == 3
+    for g in (0, 1):
+        rows = data["sex"] == g
+        # Laplace of scale 60 on the centred sums of ~150 rows, 20 on the counts times 30
+        assert means[g] == pytest.approx(data["bmi"][rows].mean(), abs=3.0)
+        assert counts[g] == pytest.approx(rows.sum(), abs=8.0)
+    for g in range(10):  # Gaussian of sigma ~140 on each sum, ~4.7 on each count times 40
+        assert sums[g] == pytest.approx(data["bmi"][data["region"] == g].sum(), abs=1000.0)
+    # Laplace: each group's centred sum moves by up to 60 and the counts (a partition, scaled
+    # by 30) by 60 together
+    assert means.receipt.sensitivity_l1 == pytest.approx(2 * 60.0 + 60.0, rel=1e-6)
+    assert counts.receipt.sensitivity_l1 == pytest.approx(2.0, rel=1e-6)
+    # Gaussian: a row's contribution is one vector of norm 30 sqrt(2), whatever the groups
+    assert sums.receipt.sensitivity_l2 == pytest.approx(2 * 30.0 * math.sqrt(2), rel=1e-6)
+
+
+@pytest.mark.usefixtures("sqlite_only")
+def test_a_gaussian_group_by_costs_the_same_for_2_or_10_groups(
+    ds: tuple[sdk.DatasetHandle, dict],
+) -> None:
+    handle, _ = ds
+    few = handle.groupby("sex").mean("bmi", epsilon=1.0, delta=1e-7)
+    many = handle.groupby("region").mean("bmi", epsilon=1.0, delta=1e-7)
+    assert few.receipt.sensitivity_l2 == pytest.approx(many.receipt.sensitivity_l2, rel=1e-6)
+    assert all(10.0 <= v <= 70.0 for v in many.values())
+
+
+@pytest.mark.usefixtures("sqlite_only")
+def test_a_mean_stays_within_the_bounds_even_at_a_tiny_epsilon(
+    ds: tuple[sdk.DatasetHandle, dict],
+) -> None:
+    handle, _ = ds
+    for _ in range(5):
+        means = handle.groupby("region").mean("bmi", epsilon=0.01)
+        assert all(10.0 <= v <= 70.0 for v in means.values())
+
+
+@pytest.mark.usefixtures("sqlite_only")
+def test_groupby_needs_public_groups(ds: tuple[sdk.DatasetHandle, dict]) -> None:
+    handle, _ = ds
+    with pytest.raises(KeyError, match="no column 'nope'"):
+        handle.groupby("nope")
+    with pytest.raises(sdk.DPNodeError, match="float64: group by a categorical or integer"):
+        handle.groupby("bmi")
+    grouped = handle.groupby("bmi", categories=[20.0, 30.0])  # explicit keys work for floats
+    assert grouped.keys == [20.0, 30.0]
+    with pytest.raises(KeyError, match="no column 'weight'"):
+        handle.groupby("sex").mean("weight", epsilon=1.0)
