@@ -53,3 +53,7 @@ def test_readme_walkthrough_runs(demo_server: Server, tmp_path: Path) -> None:
     assert cnn > 0.3, printed
     spent = [float(e) for e in re.findall(r"epsilon: (\S+) of 10 spent", printed)]
     assert 2.55637 + 2.5 < spent[-1] <= 2.55637 + 4.5, spent
+    # statistics: a histogram at the sensitivity of a partition, and means per group
+    assert re.search(r"patients per 20 years \[[-\d, ]+\] 2\.0000", printed), printed
+    bmi = re.search(r"bmi by sex \{1\.0: (\S+), 2\.0: (\S+)\}", printed)
+    assert bmi is not None and all(20 < float(m) < 33 for m in bmi.groups()), printed
