@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -37,6 +38,20 @@ def _model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
 
 
+def _plan(model: torch.nn.Module, data: tuple, opt: Any = None, **options: Any) -> Any:
+    """``sdk.private_training`` with this file's defaults (cross-entropy, epsilon 1, 3 steps,
+    C, no bar), any of them overridden."""
+    defaults = {
+        "loss_fn": F.cross_entropy,
+        "target_epsilon": 1.0,
+        "steps": 3,
+        "max_grad_norm": C,
+        "progress": False,
+    }
+    opt = opt if opt is not None else torch.optim.SGD(model.parameters(), lr=0.1)
+    return sdk.private_training(model, opt, data, **{**defaults, **options})
+
+
 def test_a_run_spends_its_target_on_the_ledger_and_trains(
     data: tuple[sdk.DatasetHandle, dict], ds_client: sdk.Client, sqlite_only: None
 ) -> None:
@@ -44,16 +59,8 @@ def test_a_run_spends_its_target_on_the_ledger_and_trains(
     model = _model()
     before = [p.detach().clone() for p in model.parameters()]
     x, y = ds.tensors("x", "label")
-    run = sdk.private_training(
-        model,
-        torch.optim.Adam(model.parameters(), lr=0.05),
-        (x, y),
-        loss_fn=F.cross_entropy,
-        target_epsilon=2.0,
-        steps=6,
-        max_grad_norm=C,
-        progress=False,
-    )
+    adam = torch.optim.Adam(model.parameters(), lr=0.05)
+    run = _plan(model, (x, y), adam, target_epsilon=2.0, steps=6)
     history = run.fit()
     assert [h.step for h in history] == list(range(1, 7))
     spent = ds_client.budget().spent_epsilon
@@ -114,29 +121,12 @@ def test_a_run_that_does_not_fit_is_refused_before_any_step(
     x, y = ds.tensors("x", "label")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(sdk.BudgetExceededError, match="nothing was run or charged") as info:
-        sdk.private_training(
-            model,
-            opt,
-            (x, y),
-            loss_fn=F.cross_entropy,
-            target_epsilon=remaining * 1.5,
-            steps=3,
-            max_grad_norm=C,
-        )
+        _plan(model, (x, y), opt, target_epsilon=remaining * 1.5, progress=True)
     assert info.value.rule is not None
     assert ds_client.ledger() == []
     delta = ds_client.budget().delta
     with pytest.raises(sdk.DPNodeError, match="allowance's delta"):
-        sdk.private_training(
-            model,
-            opt,
-            (x, y),
-            loss_fn=F.cross_entropy,
-            target_epsilon=1.0,
-            steps=3,
-            max_grad_norm=C,
-            target_delta=delta / 10,
-        )
+        _plan(model, (x, y), opt, target_delta=delta / 10)
     bad = [
         ({"steps": 0}, "steps must be a positive integer"),
         ({"max_grad_norm": math.nan}, "max_grad_norm"),
@@ -157,15 +147,7 @@ def test_a_run_that_does_not_fit_is_refused_before_any_step(
         with pytest.raises(sdk.DPNodeError, match=message):
             sdk.private_training(model, opt, (x, y), **kwargs)
     with pytest.raises(sdk.DPNodeError, match="two remote tensors"):
-        sdk.private_training(
-            model,
-            opt,
-            (torch.zeros(3, 4), y),
-            loss_fn=F.cross_entropy,
-            target_epsilon=1.0,
-            steps=3,
-            max_grad_norm=C,
-        )
+        _plan(model, (torch.zeros(3, 4), y), opt)
     assert ds_client.ledger() == []
 
 
@@ -175,16 +157,7 @@ def test_a_loss_that_is_not_per_row_is_refused_before_anything_is_published(
     ds, _ = data
     model = _model()
     x, y = ds.tensors("x", "label")
-    run = sdk.private_training(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        (x, y),
-        loss_fn=lambda out, target, reduction: F.cross_entropy(out, target),
-        target_epsilon=1.0,
-        steps=2,
-        max_grad_norm=C,
-        progress=False,
-    )
+    run = _plan(model, (x, y), loss_fn=lambda out, target, reduction: F.cross_entropy(out, target))
     with pytest.raises(sdk.DPNodeError, match="one loss per row"):
         run.step()
     assert ds_client.ledger() == []
@@ -200,31 +173,14 @@ def test_the_progress_bar_shows_step_epsilon_and_loss_and_mock_mode_charges_noth
     model = _model()
     x, y = ds.tensors("x", "label")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    run = sdk.private_training(
-        model,
-        opt,
-        (x, y),
-        loss_fn=F.cross_entropy,
-        target_epsilon=1.0,
-        steps=2,
-        max_grad_norm=C,
-    )
+    run = _plan(model, (x, y), opt, steps=2, progress=True)
     run.fit()
     err = capsys.readouterr().err
     assert "private training" in err and "2/2" in err
     assert f"epsilon={run.epsilon:.3f}" in err and "loss=" in err
     with sdk.mock(ds):
         mx, my = ds.tensors("x", "label")  # the mock's rows stand in inside the block
-        mocked = sdk.private_training(
-            model,
-            opt,
-            (mx, my),
-            loss_fn=F.cross_entropy,
-            target_epsilon=1.0,
-            steps=2,
-            max_grad_norm=C,
-            progress=False,
-        ).fit()
+        mocked = _plan(model, (mx, my), opt, steps=2).fit()
     assert all(h.receipt.mock for h in mocked) and len(mocked) == 2
     assert len(ds_client.ledger()) == 2
 
@@ -270,16 +226,8 @@ def test_each_standard_loss_trains_on_private_labels(
     model = torch.nn.Linear(4, outputs)
     before = model.weight.detach().clone()
     x, y = ds.tensors("x", "label")
-    run = sdk.private_training(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.5),
-        (x, y),
-        loss_fn=loss_fn,
-        target_epsilon=2.0,
-        steps=2,
-        max_grad_norm=C,
-        progress=False,
-    )
+    sgd = torch.optim.SGD(model.parameters(), lr=0.5)
+    run = _plan(model, (x, y), sgd, loss_fn=loss_fn, target_epsilon=2.0, steps=2)
     history = run.fit()
     assert all(h.loss is not None and math.isfinite(h.loss) for h in history)
     # the gradients' 2C, and at most the loss's 2C * 0.25 besides (less where the public
