@@ -49,6 +49,7 @@ from sdk._exceptions import (
 )
 from sdk._handles import AuditEvent, ColumnInfo, DatasetHandle, ModelHandle, TensorInfo, User
 from sdk._publish import Receipt, Sensitivity, noise_scale, publish, publish_grads, sensitivity
+from sdk._regression import LinearRegression, linear_regression
 from sdk._remote import MockSession, RemoteTensor, mock
 from sdk._steps import StepBudget, step_budget
 from sdk._training import PrivateTraining, TrainingStep, private_training
@@ -71,6 +72,7 @@ __all__ = [
     "InvalidPolicyError",
     "InvalidRequestError",
     "LedgerEntry",
+    "LinearRegression",
     "MockSession",
     "ModelHandle",
     "NodeUnreachableError",
@@ -97,6 +99,7 @@ __all__ = [
     "UploadRejectedError",
     "User",
     "current_client",
+    "linear_regression",
     "login",
     "mock",
     "noise_scale",

@@ -34,11 +34,12 @@ def test_utility_stats_bench_releases_every_row_on_both_sides() -> None:
         "histogram (age, 10 bins)",
         "mean BMI per sex (2 groups, Gaussian)",
         "mean BMI per age_group (10 groups, Gaussian)",
+        "regression coefficients (2 + intercept, Gaussian)",
     ], out
     for line in rows[1:6]:
         ours, theirs, ratio = (float(c) for c in line.strip().strip("|").split("|")[1:])
         assert 0 < ours < 1000 and 0 < theirs < 1000 and math.isfinite(ratio), line
-    for line in rows[6:]:  # dpnode only; a mean's error is within the bounds' width, 60
+    for line in rows[6:]:  # dpnode only: a mean's error is within the bounds' width, 60
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         assert 0 < float(cells[1]) < 60 and cells[2:] == ["-", "-"], line
     # the count's noise has scale 1 on both sides: an error far from 1 is a wrong query
