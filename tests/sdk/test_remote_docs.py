@@ -29,3 +29,7 @@ def test_docs_examples_run(
         "RemoteTensor(shape=(40,), dtype=torch.int64, source=dataset 'cohort'"
     )
     assert repr(namespace["mean_age"]).endswith("ops=2)")
+    # the statistics example: a histogram of 4 bins, a mean per sex, a fitted line
+    assert namespace["ages"].shape == (4,)  # type: ignore[attr-defined]
+    assert sorted(namespace["bmi_by_sex"]) == [0, 1]  # type: ignore[call-overload]
+    assert namespace["fit"].coef.shape == (1,)  # type: ignore[attr-defined]
