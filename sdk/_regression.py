@@ -3,8 +3,9 @@
 ``sdk.linear_regression(X, y, epsilon=1.0)`` releases ``X^T X``, ``X^T y`` and the sums of
 ``X`` and ``y`` in one publish, charged once, assembles ``Z^T Z`` and ``Z^T y`` (``Z`` is
 ``X`` with a column of ones for the intercept: its block of ``Z^T Z`` is the public row
-count) and solves the normal equations here: post-processing, free. The noised ``Z^T Z`` is made symmetric (the average
-with its transpose, which only removes noise) and, where the noise has made it indefinite,
+count) and solves the normal equations here: post-processing, free. The noised ``Z^T Z``
+is made symmetric (the average with its transpose, which only removes noise) and, where the
+noise has made it indefinite,
 shifted by the smallest ridge that makes it positive definite plus the noise's scale, so that
 the solve is stable; pass ``ridge=`` to choose it yourself.
 """
