@@ -8,20 +8,21 @@ comes back from one publish, charged once.
 
 * ``count``: the rows per group (sensitivity L1 2).
 * ``sum(column)``: the column's sum per group, from the sum of each value less the middle
-  of its bounds (half the sensitivity of summing the values themselves), plus the middle
-  times the count, released together.
+  of its bounds over half their width (in ``[-1, 1]``: half the sensitivity of summing the
+  values themselves, and the same size as a count), released with the counts and rescaled.
 * ``mean(column)``: the ratio of the noised sum to the noised count per group, done the
   standard way: numerator and denominator are released, noised together, and divided here
-  (post-processing). The counts are released scaled by half the bounds' width, so that both
-  carry the same share of the noise; a mean is clipped to the column's bounds, and a group
-  whose noised count is below 1 gets the middle of the bounds.
+  (post-processing). A mean is clipped to the column's bounds, and a group whose noised count
+  is below 1 gets the middle of the bounds.
+* ``agg(bmi="mean", age="sum", ...)``: several columns' statistics and the counts in one
+  publish, each normalised so that they carry the same share of the noise.
 
-With ``delta`` (Gaussian), a row's contribution to all the sums and counts is one vector of
-L2 norm at most ``sqrt(2)`` times half the bounds' width (it lies in one group), clipped per
-subject by the node's ``clip_by_subject_norm``: the sensitivity is twice that, whatever the
-number of groups. With Laplace the node bounds each group's change on its own, which grows
-with the number of groups (for the sums; the counts are a partition, L1 2): prefer a
-``delta`` for many groups.
+With ``delta`` (Gaussian), a row's contribution to all the sums and counts lies in one group,
+each part of norm at most 1: one vector of norm at most ``sqrt(parts)``, clipped per subject by
+the node's ``clip_by_subject_norm``, so the sensitivity is twice that, whatever the number of
+groups. With Laplace the node bounds each group's change on its own, which grows with the
+number of groups (for the sums; the counts are a partition, L1 2): prefer a ``delta`` for
+many groups.
 """
 
 from __future__ import annotations
@@ -112,48 +113,84 @@ class Grouped:
         out.receipt = receipt
         return out
 
+    def _release(
+        self, columns: list[str], epsilon: float, delta: float | None
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, Receipt]:
+        """Per group, each column's sum of its values less the middle of its bounds, over half
+        the bounds' width (in [-1, 1] per row), and the count: noised together, one publish.
+        Returns the noised normalised sums by column, the noised counts and the receipt."""
+        members = self._members()
+        parts = []
+        for column in columns:
+            lo, hi = self._bounds(column)
+            middle, half = (lo + hi) / 2, max((hi - lo) / 2, 1e-12)
+            value = (self.ds[column].to(torch.float64) - middle) / half
+            parts.append(value.unsqueeze(-1) * members)
+        parts.append(members)
+        if delta is None:  # Laplace: the node bounds each group's change separately
+            released = self._publish([p.sum(0) for p in parts], epsilon, delta)
+            receipt = released[0].receipt
+        else:
+            # Gaussian: a row's contribution to every part lies in one group, each of norm at
+            # most 1, so the whole is a vector of norm at most sqrt(parts); a subject's rows
+            # are summed before that bound is applied (a no-op for one row per subject)
+            from sdk._per_sample import clipped_sum
+            from sdk._publish import publish
+
+            bound = math.sqrt(len(parts)) * (1 + 1e-9)
+            both = clipped_sum(parts, max_norm=bound, groups=self.ds.subjects)
+            flat = publish(both, epsilon=epsilon, delta=delta)
+            k = len(self.keys)
+            released = [flat[i * k : (i + 1) * k] for i in range(len(parts))]
+            receipt = flat.receipt
+        return dict(zip(columns, released[:-1], strict=True)), released[-1], receipt
+
+    def _statistic(
+        self, how: str, column: str, sums: dict[str, torch.Tensor], counts: torch.Tensor
+    ) -> torch.Tensor:
+        lo, hi = self._bounds(column)
+        middle, half = (lo + hi) / 2, max((hi - lo) / 2, 1e-12)
+        if how == "sum":
+            return half * sums[column] + middle * counts
+        mean = middle + half * sums[column] / counts.clamp(min=1)
+        return torch.where(counts >= 1, mean, torch.full_like(counts, middle)).clamp(lo, hi)
+
     def count(self, *, epsilon: float, delta: float | None = None) -> GroupStatistics:
         """Rows per group, noised (Laplace; Gaussian with ``delta``)."""
-        (counts,) = self._publish([self._members().sum(0)], epsilon, delta)
-        return self._result(counts, counts.receipt)
-
-    def _sums_and_counts(
-        self, column: str, epsilon: float, delta: float | None
-    ) -> tuple[torch.Tensor, torch.Tensor, float, float, Receipt]:
-        """Centred sums and scaled counts per group, noised together: ``(s, c, middle,
-        scale, receipt)`` with ``c / scale`` the counts."""
-        lo, hi = self._bounds(column)
-        middle, scale = (lo + hi) / 2, max((hi - lo) / 2, 1e-12)
-        members = self._members()
-        value = self.ds[column].to(torch.float64)
-        # each row's contribution: its centred value in its group's sum, and the scale
-        # (half the bounds' width: the same size) in its group's count
-        sums = (value - middle).unsqueeze(-1) * members
-        counts = members * scale
-        if delta is None:  # Laplace: the node bounds each group's change separately
-            s, c = self._publish([sums.sum(0), counts.sum(0)], epsilon, delta)
-            return s, c, middle, scale, s.receipt
-        # Gaussian: a row's contribution is a vector of L2 norm at most scale * sqrt(2),
-        # whatever the number of groups, and a subject's rows are summed before that bound
-        # is applied (a no-op for one row per subject): the sum moves by twice it
-        from sdk._per_sample import clipped_sum
-        from sdk._publish import publish
-
-        bound = scale * math.sqrt(2) * (1 + 1e-9)
-        both = clipped_sum([sums, counts], max_norm=bound, groups=self.ds.subjects)
-        released = publish(both, epsilon=epsilon, delta=delta)
-        k = len(self.keys)
-        return released[:k], released[k:], middle, scale, released.receipt
+        _, counts, receipt = self._release([], epsilon, delta)
+        return self._result(counts, receipt)
 
     def sum(self, column: str, *, epsilon: float, delta: float | None = None) -> GroupStatistics:
         """The column's sum per group, noised."""
-        s, c, middle, scale, receipt = self._sums_and_counts(column, epsilon, delta)
-        return self._result(s + middle * c / scale, receipt)
+        sums, counts, receipt = self._release([column], epsilon, delta)
+        return self._result(self._statistic("sum", column, sums, counts), receipt)
 
     def mean(self, column: str, *, epsilon: float, delta: float | None = None) -> GroupStatistics:
         """The column's mean per group: noised sum over noised count, within the bounds."""
-        lo, hi = self._bounds(column)
-        s, c, middle, scale, receipt = self._sums_and_counts(column, epsilon, delta)
-        n = c / scale
-        mean = torch.where(n >= 1, middle + s / n.clamp(min=1), torch.full_like(n, middle))
-        return self._result(mean.clamp(lo, hi), receipt)
+        sums, counts, receipt = self._release([column], epsilon, delta)
+        return self._result(self._statistic("mean", column, sums, counts), receipt)
+
+    def agg(
+        self, *, epsilon: float, delta: float | None = None, **statistics: str
+    ) -> dict[str, GroupStatistics]:
+        """Several statistics per group in one publish, charged once:
+        ``agg(bmi="mean", age="sum", epsilon=1.0)``; the result also has ``"count"``.
+
+        Each column's part of the release is normalised by its bounds, so every statistic
+        and the counts carry the same share of the noise.
+
+        Raises:
+            DPNodeError: a statistic other than ``"mean"`` or ``"sum"``, or none asked.
+        """
+        if not statistics:
+            raise DPNodeError('agg needs at least one column="mean" or column="sum"')
+        for column, how in statistics.items():
+            if how not in ("mean", "sum"):
+                raise DPNodeError(f'{column}={how!r}: a statistic is "mean" or "sum"')
+        sums, counts, receipt = self._release(list(statistics), epsilon, delta)
+        out = {
+            column: self._result(self._statistic(how, column, sums, counts), receipt)
+            for column, how in statistics.items()
+        }
+        out["count"] = self._result(counts, receipt)
+        return out

@@ -56,4 +56,4 @@ def test_readme_walkthrough_runs(demo_server: Server, tmp_path: Path) -> None:
     # statistics: a histogram at the sensitivity of a partition, and means per group
     assert re.search(r"patients per 20 years \[[-\d, ]+\] 2\.0000", printed), printed
     bmi = re.search(r"bmi by sex \{1\.0: (\S+), 2\.0: (\S+)\}", printed)
-    assert bmi is not None and all(20 < float(m) < 33 for m in bmi.groups()), printed
+    assert bmi is not None and all(18 < float(m) < 35 for m in bmi.groups()), printed

@@ -52,17 +52,17 @@ def test_group_means_counts_and_sums_come_from_one_publish_each(
     assert len(ds_client.ledger()) == 3
     for g in (0, 1):
         rows = data["sex"] == g
-        # Laplace of scale 60 on the centred sums of ~150 rows, 20 on the counts times 30
-        assert means[g] == pytest.approx(data["bmi"][rows].mean(), abs=3.0)
+        # Laplace of scale 2 on the normalised sums (60 in BMI) of ~150 rows, 2 on the counts
+        assert means[g] == pytest.approx(data["bmi"][rows].mean(), abs=8.0)
         assert counts[g] == pytest.approx(rows.sum(), abs=8.0)
-    for g in range(10):  # Gaussian of sigma ~140 on each sum, ~4.7 on each count times 40
-        assert sums[g] == pytest.approx(data["bmi"][data["region"] == g].sum(), abs=1000.0)
-    # Laplace: each group's centred sum moves by up to 60 and the counts (a partition, scaled
-    # by 30) by 60 together
-    assert means.receipt.sensitivity_l1 == pytest.approx(2 * 60.0 + 60.0, rel=1e-6)
+    for g in range(10):  # Gaussian: sigma ~4.7 on each normalised sum (~140 in BMI) and count
+        assert sums[g] == pytest.approx(data["bmi"][data["region"] == g].sum(), abs=1600.0)
+    # Laplace: each group's normalised sum (in [-1, 1] per row) moves by up to 2, and the
+    # counts (a partition) by 2 together
+    assert means.receipt.sensitivity_l1 == pytest.approx(2 * 2.0 + 2.0, rel=1e-6)
     assert counts.receipt.sensitivity_l1 == pytest.approx(2.0, rel=1e-6)
-    # Gaussian: a row's contribution is one vector of norm 30 sqrt(2), whatever the groups
-    assert sums.receipt.sensitivity_l2 == pytest.approx(2 * 30.0 * math.sqrt(2), rel=1e-6)
+    # Gaussian: a row's contribution is one vector of norm sqrt(2), whatever the groups
+    assert sums.receipt.sensitivity_l2 == pytest.approx(2 * math.sqrt(2), rel=1e-6)
 
 
 @pytest.mark.usefixtures("sqlite_only")
@@ -97,3 +97,23 @@ def test_groupby_needs_public_groups(ds: tuple[sdk.DatasetHandle, dict]) -> None
     assert grouped.keys == [20.0, 30.0]
     with pytest.raises(KeyError, match="no column 'weight'"):
         handle.groupby("sex").mean("weight", epsilon=1.0)
+
+
+@pytest.mark.usefixtures("sqlite_only")
+def test_several_statistics_in_one_publish(
+    ds: tuple[sdk.DatasetHandle, dict], ds_client: sdk.Client
+) -> None:
+    handle, data = ds
+    out = handle.groupby("sex").agg(bmi="mean", region="sum", epsilon=3.0, delta=1e-7)
+    assert len(ds_client.ledger()) == 1 and sorted(out) == ["bmi", "count", "region"]
+    for g in (0, 1):  # Gaussian of sigma ~7 on each normalised part: at most 5 sigma off
+        rows = data["sex"] == g
+        assert out["bmi"][g] == pytest.approx(data["bmi"][rows].mean(), abs=6.0)
+        assert out["region"][g] == pytest.approx(data["region"][rows].sum(), abs=300.0)
+        assert out["count"][g] == pytest.approx(rows.sum(), abs=35.0)
+    # three parts of norm at most 1 per row: sqrt(3), twice
+    assert out["bmi"].receipt.sensitivity_l2 == pytest.approx(2 * math.sqrt(3), rel=1e-6)
+    with pytest.raises(sdk.DPNodeError, match='a statistic is "mean" or "sum"'):
+        handle.groupby("sex").agg(bmi="median", epsilon=1.0)
+    with pytest.raises(sdk.DPNodeError, match="at least one"):
+        handle.groupby("sex").agg(epsilon=1.0)
