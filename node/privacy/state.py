@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from node.engine.dtypes import DType
 from node.errors import GraphError
-from node.privacy.arrays import fit, reduce_array
+from node.privacy.arrays import fit, recompact, reduce_array
 from node.privacy.subjects import Subjects, rows_of
 
 if TYPE_CHECKING:
@@ -44,7 +44,6 @@ __all__ = [
     "Array",
     "PrivacyTrackingError",
     "State",
-    "compact_repeats",
     "fit",
     "joint",
     "mul0",
@@ -128,27 +127,10 @@ def public_state(value: Array, dt: DType) -> State:
     f = v.astype(np.float64) if v.dtype.kind != "V" else v.astype(np.float32).astype(np.float64)
     shape = tuple(int(s) for s in v.shape)
     zero = fit(0.0, shape)
-    f = compact_repeats(f)
+    # bounds that repeat along an axis (a mean's gradient, 1/n on every row) kept once along
+    # it, so that the states this constant meets stay compact; the value itself is whole
+    f = recompact(f)
     return State(shape, dt, f, f, fit(np.int64(PUBLIC), shape), zero, zero, value=v)
-
-
-def compact_repeats(f: Array) -> Array:
-    """``f`` with every axis along which its values repeat reduced to length 1 (a
-    broadcastable stand-in for the bounds): a public constant such as a mean's gradient,
-    ``1/n`` for every row, then keeps the states it meets compact instead of one bound per
-    row. The value itself is kept whole.
-
-    >>> compact_repeats(np.full((3, 2), 0.5)).shape
-    (1, 1)
-    >>> compact_repeats(np.array([[1.0, 2.0], [1.0, 2.0]])).tolist()
-    [[1.0, 2.0]]
-    """
-    for axis in range(f.ndim):
-        if f.shape[axis] > 1:
-            first = np.take(f, [0], axis=axis)
-            if np.array_equal(f, np.broadcast_to(first, f.shape)):  # NaN never repeats
-                f = first
-    return f
 
 
 def _fallback(s: State, nsub: int) -> tuple[Array, Array]:

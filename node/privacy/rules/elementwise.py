@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 
 from node.engine.prims import REGISTRY
-from node.privacy.arrays import pad_left
+from node.privacy.arrays import pad_left, recompact
 from node.privacy.rules.base import Ctx, combine, finish, rule
 from node.privacy.rules.moments import centred_tag
 from node.privacy.rules.unary import tighten, widen
-from node.privacy.state import Array, State, compact_repeats
+from node.privacy.state import Array, State
 from node.privacy.tables import Table, make_root
 from node.privacy.thresholds import refine_all, threshold_table
 
@@ -196,7 +196,7 @@ def kernel_on_tables(c: Ctx, tables: list[Table | None]) -> Table | None:
         elif st.value is not None and st.is_public:
             # a value that repeats along an axis (a mean's gradient, 1/n on every row) enters
             # once along it: the kernel broadcasts it alike, and the table stays compact
-            value = compact_repeats(np.asarray(st.value))
+            value = recompact(np.asarray(st.value))
             args.append(c.raw[i] if c.raw[i] is not None else pad_left(value, nd)[..., None])
         else:
             return None
