@@ -139,3 +139,19 @@ def test_sin_and_cos_of_a_product_that_overflows_are_refused() -> None:
     w = b.input("w", "int64", (2,))
     graph = b.build([b.op("sin", b.op("mul", w, 0.5))])
     assert _seen(graph, cols, {"w": np.array([500, -500])}) == ("answered",)
+
+
+def test_a_scalar_that_overflows_the_compute_dtype_is_tracked_as_infinite() -> None:
+    # Found by test_neighbours_are_refused_alike: zeros times 1e300, which is infinity in
+    # the float32 the kernel computes in, are NaN there, while the rule took 0 * 1e300 = 0
+    cols = {"u": Column("int64", (2,), 0, 3, None)}
+    b = GraphBuilder()
+    u = b.input("u", "int64", (2,))
+    graph = b.build([b.op("exp", b.op("mul", b.op("mul", u, 0.0), 1e300))])
+    seen = _seen(graph, cols, {"u": np.array([3, 2])})
+    assert seen[0] == "PrivacyTrackingError" and "unbounded" in seen[2], seen
+    b = GraphBuilder()  # in float64 the same scalar is finite: zeros stay zeros
+    u = b.input("u", "int64", (2,))
+    zero = b.op("mul", b.op("convert_element_type", u, dtype="float64"), 0.0)
+    graph = b.build([b.op("exp", b.op("mul", zero, 1e300))])
+    assert _seen(graph, cols, {"u": np.array([3, 2])}) == ("answered",)

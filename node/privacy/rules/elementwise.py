@@ -17,12 +17,15 @@ from typing import Any
 
 import numpy as np
 
+from node.engine.dtypes import opmath
 from node.engine.prims import REGISTRY
+from node.engine.prims.elementwise import BINARY_PRIMS, operands_of
+from node.engine.promotion import result_type
 from node.privacy.arrays import pad_left, recompact
 from node.privacy.rules.base import Ctx, combine, finish, rule
 from node.privacy.rules.moments import centred_tag
 from node.privacy.rules.unary import tighten, widen
-from node.privacy.state import Array, State
+from node.privacy.state import Array, State, public_state
 from node.privacy.tables import Table, make_root
 from node.privacy.thresholds import refine_all, threshold_table
 
@@ -217,9 +220,30 @@ def _finish_tables(c: Ctx, s: State) -> State:
     return tighten(s, t) if t is not None else s
 
 
+def _as_computed(c: Ctx) -> Ctx:
+    """``c`` with each Python scalar argument as the kernel computes with it: cast to the
+    prim's compute dtype (``1e300`` is infinite in float32, and ``0 * inf`` is NaN there)."""
+    if all(r is None for r in c.raw):
+        return c
+    family = BINARY_PRIMS[c.node.op]
+    if family == "float":
+        computed = opmath(c.meta.dtype)
+    elif family == "logical":
+        return c
+    else:
+        computed = opmath(result_type(operands_of(c.call)))
+    args = list(c.args)
+    for i, raw in enumerate(c.raw):
+        if raw is not None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                args[i] = public_state(np.asarray(raw).astype(computed.np), computed)
+    return replace(c, args=args)
+
+
 @rule(*_BINARY)
 def binary(c: Ctx) -> State:
     """Binary elementwise prims: interval result and per-argument change factors."""
+    c = _as_computed(c)
     a, b = c.arg(0), c.arg(1)
     with np.errstate(all="ignore"):
         lo, hi, ka, kb = _BINARY[c.node.op](c, a, b)
