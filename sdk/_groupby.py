@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sdk._exceptions import DPNodeError
+from sdk._remote.handles import column_info
 
 if TYPE_CHECKING:
     from sdk._handles import DatasetHandle
@@ -54,9 +55,7 @@ class Grouped:
     """The rows of a dataset grouped by a public key; see the module docstring."""
 
     def __init__(self, ds: DatasetHandle, by: str, categories: Any = None) -> None:
-        if by not in ds.columns:
-            raise KeyError(f"no column {by!r}; the columns are {sorted(ds.columns)}")
-        info = ds.columns[by]
+        info = column_info(ds, by)
         if info.shape:
             raise DPNodeError(
                 f"groupby needs a column with one key per row; {by!r} is {info.shape}"
@@ -71,7 +70,7 @@ class Grouped:
             if not (math.isfinite(lo) and math.isfinite(hi)) or hi - lo + 1 > _MAX_GROUPS:
                 raise DPNodeError(
                     f"column {by!r} has bounds [{lo:g}, {hi:g}]: pass categories= (the keys to "
-                    "group by), at most 10,000"
+                    f"group by), at most {_MAX_GROUPS:,}"
                 )
             keys = list(range(math.ceil(lo), math.floor(hi) + 1))
             codes = keys
@@ -81,7 +80,7 @@ class Grouped:
                 "pass categories= (the values to group by)"
             )
         if not keys or len(keys) > _MAX_GROUPS:
-            raise DPNodeError(f"groupby needs 1 to 10,000 groups, got {len(keys)}")
+            raise DPNodeError(f"groupby needs 1 to {_MAX_GROUPS:,} groups, got {len(keys)}")
         self.ds, self.by, self.keys = ds, by, keys
         self._codes = torch.tensor(codes)
 
@@ -90,10 +89,14 @@ class Grouped:
         key = self.ds[self.by]
         return (key.unsqueeze(-1) == self._codes.to(key.dtype)).to(torch.float64)
 
-    def _bounds(self, column: str) -> tuple[float, float]:
-        if column not in self.ds.columns:
-            raise KeyError(f"no column {column!r}; the columns are {sorted(self.ds.columns)}")
-        info = self.ds.columns[column]
+    def _scale(self, column: str) -> tuple[float, float, float, float]:
+        """The column's bounds, their middle and half their width: ``(lo, hi, middle, half)``.
+
+        Raises:
+            KeyError: no such column.
+            DPNodeError: not a numeric column with finite bounds.
+        """
+        info = column_info(self.ds, column)
         lo, hi = info.bounds
         if (
             info.shape
@@ -101,12 +104,7 @@ class Grouped:
             or not (math.isfinite(lo) and math.isfinite(hi))
         ):
             raise DPNodeError(f"column {column!r} is not a numeric column with finite bounds")
-        return float(lo), float(hi)
-
-    def _publish(self, parts: list[torch.Tensor], epsilon: float, delta: float | None) -> Any:
-        from sdk._publish import publish
-
-        return publish(parts, epsilon=epsilon, delta=delta)
+        return float(lo), float(hi), (lo + hi) / 2, max((hi - lo) / 2, 1e-12)
 
     def _result(self, values: torch.Tensor, receipt: Receipt) -> GroupStatistics:
         out = GroupStatistics(zip(self.keys, (float(v) for v in values), strict=True))
@@ -119,24 +117,23 @@ class Grouped:
         """Per group, each column's sum of its values less the middle of its bounds, over half
         the bounds' width (in [-1, 1] per row), and the count: noised together, one publish.
         Returns the noised normalised sums by column, the noised counts and the receipt."""
+        from sdk._per_sample import clipped_sum
+        from sdk._publish import publish
+
         members = self._members()
         parts = []
         for column in columns:
-            lo, hi = self._bounds(column)
-            middle, half = (lo + hi) / 2, max((hi - lo) / 2, 1e-12)
+            _, _, middle, half = self._scale(column)
             value = (self.ds[column].to(torch.float64) - middle) / half
             parts.append(value.unsqueeze(-1) * members)
         parts.append(members)
         if delta is None:  # Laplace: the node bounds each group's change separately
-            released = self._publish([p.sum(0) for p in parts], epsilon, delta)
+            released = publish([p.sum(0) for p in parts], epsilon=epsilon, delta=delta)
             receipt = released[0].receipt
         else:
             # Gaussian: a row's contribution to every part lies in one group, each of norm at
             # most 1, so the whole is a vector of norm at most sqrt(parts); a subject's rows
             # are summed before that bound is applied (a no-op for one row per subject)
-            from sdk._per_sample import clipped_sum
-            from sdk._publish import publish
-
             bound = math.sqrt(len(parts)) * (1 + 1e-9)
             both = clipped_sum(parts, max_norm=bound, groups=self.ds.subjects)
             flat = publish(both, epsilon=epsilon, delta=delta)
@@ -148,8 +145,7 @@ class Grouped:
     def _statistic(
         self, how: str, column: str, sums: dict[str, torch.Tensor], counts: torch.Tensor
     ) -> torch.Tensor:
-        lo, hi = self._bounds(column)
-        middle, half = (lo + hi) / 2, max((hi - lo) / 2, 1e-12)
+        lo, hi, middle, half = self._scale(column)
         if how == "sum":
             return half * sums[column] + middle * counts
         mean = middle + half * sums[column] / counts.clamp(min=1)

@@ -37,7 +37,7 @@ import numpy.typing as npt
 
 from node.dp.mechanisms import NoisePlan, Release, apply_noise, plan_gaussian, plan_laplace
 from node.dp.samplers import Source
-from node.engine import Plan, TensorMeta, run
+from node.engine import Plan, run
 from node.privacy.spec import InputSpec
 from node.privacy.tracker import PrivacyReport, track
 
@@ -115,17 +115,12 @@ def plan_release(
     else:
         noise = plan_gaussian(sensitivity_l2=report.l2, count=count, epsilon=epsilon, delta=delta)
     # an integer output's values are integers: its range's ends are too
-    lower = _flat(
-        [o.lower if m.dtype.is_float else np.ceil(o.lower) for o, m in _with_meta(report, planned)],
-        report,
-    )
-    upper = _flat(
-        [
-            o.upper if m.dtype.is_float else np.floor(o.upper)
-            for o, m in _with_meta(report, planned)
-        ],
-        report,
-    )
+    ends = [
+        (o.lower, o.upper) if m.dtype.is_float else (np.ceil(o.lower), np.floor(o.upper))
+        for o, m in zip(report.outputs, planned.outputs, strict=True)
+    ]
+    lower = _flat([lo for lo, _ in ends], report)
+    upper = _flat([hi for _, hi in ends], report)
     # Narrowing the clip to what the grid holds is post-processing (clipping never widens
     # a difference); only absurd magnitudes (beyond 2^1000 grid steps) are touched.
     limit = sys.float_info.max
@@ -135,10 +130,6 @@ def plan_release(
     np.clip(upper, -limit, limit, out=upper)
     fallback = np.clip(np.zeros(count), lower, upper)
     return ReleasePlan(planned, report, noise, lower, upper, fallback)
-
-
-def _with_meta(report: PrivacyReport, planned: Plan) -> list[tuple[Any, TensorMeta]]:
-    return list(zip(report.outputs, planned.outputs, strict=True))
 
 
 def _flat(parts: list[npt.NDArray[Any]], report: PrivacyReport) -> npt.NDArray[np.float64]:

@@ -13,18 +13,28 @@ from sdk._remote.mock import active_session
 from sdk._remote.tensor import RemoteTensor
 
 if TYPE_CHECKING:
-    from sdk._handles import DatasetHandle, ModelHandle
+    from sdk._handles import ColumnInfo, DatasetHandle, ModelHandle
 
-__all__ = ["column_tensor", "dataset_tensors", "model_state"]
+__all__ = ["column_info", "column_tensor", "dataset_tensors", "model_state"]
 
 
-def column_tensor(ds: DatasetHandle, column: str) -> RemoteTensor:
-    """``ds[column]``."""
+def column_info(ds: DatasetHandle, column: str) -> ColumnInfo:
+    """The column's public facts.
+
+    Raises:
+        KeyError: no such column (the message lists the columns).
+    """
     info = ds.columns.get(column)
     if info is None:
         raise KeyError(
             f"dataset {ds.name!r} has no column {column!r}; its columns are {sorted(ds.columns)}"
         )
+    return info
+
+
+def column_tensor(ds: DatasetHandle, column: str) -> RemoteTensor:
+    """``ds[column]``."""
+    info = column_info(ds, column)
     rows = ds.row_count
     session = active_session()
     if session is not None and session.covers(ds):
