@@ -62,10 +62,16 @@ class Receipt:
         return cls(**{k: body[k] for k in cls.__dataclass_fields__ if k in body})
 
     def __str__(self) -> str:
-        noise = (
-            f"{self.mechanism} noise of scale {self.noise_scale:.4g} for sensitivity "
-            f"{self.sensitivity_l1 if self.mechanism == 'laplace' else self.sensitivity_l2:.4g}"
-        )
+        if self.mechanism == "exponential":  # a quantile: selected, not noised
+            noise = (
+                "exponential mechanism over the public range (scale "
+                f"{self.noise_scale:.4g} for a rank sensitivity of {self.sensitivity_l1:g})"
+            )
+        else:
+            noise = (
+                f"{self.mechanism} noise of scale {self.noise_scale:.4g} for sensitivity "
+                f"{self.sensitivity_l1 if self.mechanism == 'laplace' else self.sensitivity_l2:.4g}"
+            )
         if self.mock:
             return f"{noise}; dry run on mock data, epsilon {self.epsilon:g} not charged"
         asked = ""

@@ -52,7 +52,7 @@ class Release:
 
     Attributes:
         values: the noised float64 values (same shape as the input), on the grid ``2^k``.
-        mechanism: ``"laplace"`` or ``"gaussian"``.
+        mechanism: ``"laplace"``, ``"gaussian"`` or ``"exponential"`` (a selection).
         grid_exponent: ``k``, or ``None`` when no noise was needed (sensitivity 0 or no values).
         scale: the noise scale in value units: Laplace ``b`` (pmf ∝ exp(-|z|/b) on the grid),
             Gaussian ``sigma`` (pmf ∝ exp(-z²/(2 sigma²)) on the grid); 0 without noise.
@@ -64,7 +64,7 @@ class Release:
     """
 
     values: npt.NDArray[np.float64]
-    mechanism: Literal["laplace", "gaussian"]
+    mechanism: Literal["laplace", "gaussian", "exponential"]
     grid_exponent: int | None
     scale: float
     sensitivity: float
@@ -130,14 +130,14 @@ class NoisePlan:
     metadata; :func:`apply_noise` then noises the values.
 
     Attributes:
-        mechanism: ``"laplace"`` or ``"gaussian"``.
+        mechanism: ``"laplace"``, ``"gaussian"`` or ``"exponential"`` (a selection).
         count: number of values the plan noises.
         grid_exponent: ``k``, or ``None`` when no noise is needed (sensitivity 0 or no values).
         scale, sensitivity, epsilon, rho, sampler_tv: as in :class:`Release`.
         sampler: the sampler's plan (``None`` without noise).
     """
 
-    mechanism: Literal["laplace", "gaussian"]
+    mechanism: Literal["laplace", "gaussian", "exponential"]
     count: int
     grid_exponent: int | None
     scale: float

@@ -19,6 +19,12 @@ and the request only:
    same (a bug, or memory), the answer is the public constants, noised as any other, and
    the failure is returned separately for the operator's log: never to the analyst.
 
+A quantile (``torch.median``, ``torch.quantile``) of private values is not noised but
+*selected* by the exponential mechanism over a public grid (:mod:`node.dp.selection`):
+a publish whose outputs are all quantiles plans that instead (:func:`_plan_selection`),
+from the same public metadata (the values' tracked range, and how many of them one
+subject can move), and evaluates only what the quantiles are taken of.
+
 The bits of the answer carry nothing beyond the noised value: NaN never leaves (1.), a
 ``-0.0`` becomes ``0.0`` (:func:`~node.dp.mechanisms.apply_noise`), and values on the
 noise grid are the exact post-processing of an integer mechanism (:mod:`node.dp.grid`).
@@ -35,11 +41,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from node.dp import selection
 from node.dp.mechanisms import NoisePlan, Release, apply_noise, plan_gaussian, plan_laplace
-from node.dp.samplers import Source
-from node.engine import Plan, run
+from node.dp.samplers import Source, word_source
+from node.engine import Graph, Plan, plan, run
+from node.engine.graph import Ref
+from node.errors import InvalidRequestError
 from node.privacy.spec import InputSpec
-from node.privacy.tracker import PrivacyReport, track
+from node.privacy.state import PrivacyTrackingError
+from node.privacy.tracker import OutputSensitivity, PrivacyReport, selection_inputs, track
 
 __all__ = ["ReleasePlan", "Released", "plan_release", "run_release"]
 
@@ -58,6 +68,8 @@ class ReleasePlan:
         lower, upper: per released element (flattened), the bounds values are clipped to:
             the tracked bounds, narrowed to what the noise grid can hold.
         fallback: per released element, the public value that stands for a NaN.
+        selection: for a release of quantiles, their selections; ``plan`` then computes
+            what they are taken of (one output per quantile output).
     """
 
     plan: Plan
@@ -66,6 +78,7 @@ class ReleasePlan:
     lower: npt.NDArray[np.float64]
     upper: npt.NDArray[np.float64]
     fallback: npt.NDArray[np.float64]
+    selection: selection.SelectionPlan | None = None
 
     @property
     def count(self) -> int:
@@ -108,6 +121,9 @@ def plan_release(
             on private data, an unbounded output).
         InvalidRequestError: the privacy parameters are invalid or too small for the count.
     """
+    chosen = _plan_selection(planned, specs, epsilon=epsilon, delta=delta)
+    if chosen is not None:
+        return chosen
     report = track(planned, specs)
     count = sum(math.prod(o.shape) for o in report.outputs)
     if delta is None:
@@ -130,6 +146,144 @@ def plan_release(
     np.clip(upper, -limit, limit, out=upper)
     fallback = np.clip(np.zeros(count), lower, upper)
     return ReleasePlan(planned, report, noise, lower, upper, fallback)
+
+
+def _plan_selection(
+    planned: Plan, specs: Mapping[str, InputSpec], *, epsilon: float, delta: float | None
+) -> ReleasePlan | None:
+    """The plan of a release of quantiles of private values; None if there are none.
+
+    Every output must then be such a quantile, of public quantiles ``q`` (a constant).
+    """
+    nodes, outputs = planned.graph.nodes, planned.graph.outputs
+    quantiles = [o for o in outputs if nodes[o].op == "quantile"]
+    if not quantiles:
+        return None
+    taken = [_ref(nodes[o].args[0]) for o in quantiles]
+    of = plan(Graph(nodes, tuple(taken)), accurate=True)
+    report, moves = selection_inputs(of, specs)
+    if all(k is None for k in moves):
+        return None  # quantiles of public values: computed exactly, like any public value
+    if len(quantiles) != len(outputs):
+        raise PrivacyTrackingError(
+            "a quantile (median) of private values is released by the exponential mechanism, "
+            "on its own: publish the quantiles and the other results separately"
+        )
+    if delta is not None:
+        raise InvalidRequestError(
+            "a quantile (median) is selected by the exponential mechanism, which is pure "
+            "epsilon-DP: publish it without delta"
+        )
+    grids, alphas, sens = [], [], []
+    for i, o in enumerate(quantiles):
+        q = nodes[_ref(nodes[o].args[1])]
+        if q.op != "constant" or q.value is None:
+            raise PrivacyTrackingError(f"node {o} (quantile): the quantiles must be constants")
+        out = report.outputs[i]
+        integral = not of.metas[taken[i]].dtype.is_float
+        grids.append(
+            selection.candidates(float(np.min(out.lower)), float(np.max(out.upper)), integral)
+        )
+        alphas.append(np.asarray(q.value, dtype=np.float64))
+        sens.append(moves[i] or 0)
+    sel = selection.plan_selection(
+        epsilon=epsilon,
+        sensitivity=[k for k, a in zip(sens, alphas, strict=True) for _ in range(a.size)],
+        grids=[g for g, a in zip(grids, alphas, strict=True) for _ in range(a.size)],
+        alphas=[float(v) for a in alphas for v in a.reshape(-1)],
+    )
+    # what the receipt shows: per output, the score's sensitivity and the candidates' range
+    selected = PrivacyReport(
+        tuple(
+            OutputSensitivity(
+                a.shape,
+                k,
+                k,
+                np.full(a.shape, g[0]),
+                np.full(a.shape, g[-1]),
+                np.full(1, float(k)),
+                np.full(1, float(k)),
+                k,
+                k,
+                0.0,
+                0.0,
+            )
+            for a, k, g in zip(alphas, sens, grids, strict=True)
+        ),
+        report.subjects,
+    )
+    biggest = max(max(sens), 1)
+    noise = NoisePlan(
+        mechanism="exponential",
+        count=sel.count,
+        grid_exponent=None,
+        scale=2 * biggest / sel.epsilon_each,
+        sensitivity=float(biggest),
+        epsilon=epsilon,
+        rho=0.0,
+        sampler_tv=sel.sampler_tv,
+        sampler=None,
+    )
+    lower = _flat([g[0] for g in grids], selected)
+    upper = _flat([g[-1] for g in grids], selected)
+    return ReleasePlan(of, selected, noise, lower, upper, lower.copy(), sel)
+
+
+def _ref(arg: object) -> int:
+    if not isinstance(arg, Ref):
+        raise PrivacyTrackingError("a quantile's arguments must be tensors")
+    return arg.index
+
+
+def _run_selection(
+    rp: ReleasePlan,
+    inputs: Mapping[str, npt.NDArray[Any]] | Callable[[], Mapping[str, npt.NDArray[Any]]],
+    *,
+    rng: np.random.Generator | None,
+    source: Source,
+) -> Released:
+    """:func:`run_release` for quantiles: evaluate what they are taken of, then select."""
+    sel = rp.selection
+    assert sel is not None
+    failure: str | None = None
+    metas = rp.plan.outputs
+    try:
+        values = inputs() if callable(inputs) else inputs
+        taken = [np.asarray(v) for v in run(rp.plan, values, rng=rng).outputs]
+    except Exception as exc:  # once charged, always answered: public stand-ins
+        failure = f"{type(exc).__name__}: {exc}"
+        taken = [np.zeros(m.shape) for m in metas]
+    words = word_source(source)
+    chosen = np.empty(sel.count)
+    j = 0
+    for x, out, meta in zip(taken, rp.report.outputs, metas, strict=True):
+        lo, hi = float(np.min(out.lower)), float(np.max(out.upper))
+        flat = np.asarray(x, dtype=np.float64).reshape(-1)
+        # the same work whatever the values: clip to the public range, NaN to its low end
+        flat = np.where(np.isnan(flat), lo, np.clip(flat, lo, hi))
+        for _ in range(math.prod(out.shape)):
+            pick = selection.select_quantile(
+                flat,
+                sel.grids[j],
+                sel.alphas[j],
+                epsilon=sel.epsilon_each,
+                sensitivity=sel.sensitivity[j],
+                words=words,
+            )
+            # an integer quantile is an integer (post-processing of a public candidate)
+            chosen[j] = pick if meta.dtype.is_float else float(np.round(pick))
+            j += 1
+    release = Release(
+        values=chosen,
+        mechanism="exponential",
+        grid_exponent=None,
+        scale=rp.noise.scale,
+        sensitivity=rp.noise.sensitivity,
+        epsilon=rp.noise.epsilon,
+        rho=0.0,
+        sampler_tv=rp.noise.sampler_tv,
+    )
+    return Released(rp.report.split(chosen + 0.0), release, failure)
 
 
 def _flat(parts: list[npt.NDArray[Any]], report: PrivacyReport) -> npt.NDArray[np.float64]:
@@ -156,6 +310,8 @@ def run_release(
         rng: the generator of random prims (a fresh OS-seeded one if None).
         source: the noise's randomness source.
     """
+    if rp.selection is not None:
+        return _run_selection(rp, inputs, rng=rng, source=source)
     failure: str | None = None
     flat = np.empty(rp.count)
     try:

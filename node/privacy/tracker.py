@@ -38,7 +38,14 @@ from node.privacy.state import (
 from node.privacy.subjects import Subjects
 from node.privacy.tables import lazy_root_ids, make_root
 
-__all__ = ["OutputSensitivity", "PrivacyReport", "PrivacyTracker", "evaluate_tracked", "track"]
+__all__ = [
+    "OutputSensitivity",
+    "PrivacyReport",
+    "PrivacyTracker",
+    "evaluate_tracked",
+    "selection_inputs",
+    "track",
+]
 
 
 @dataclass(frozen=True)
@@ -332,7 +339,11 @@ def track(
         PrivacyTrackingError: a prim without a privacy rule touches private data, an
             input lacks metadata, or an output's sensitivity is unbounded.
     """
-    p = _accurate(graph, quotas)
+    tracker, outs = _track(_accurate(graph, quotas), input_specs)
+    return tracker.report(outs)
+
+
+def _track(p: Plan, input_specs: Mapping[str, InputSpec]) -> tuple[PrivacyTracker, list[State]]:
     tracker = PrivacyTracker(input_specs)
     tracker.prepare(p.graph)
     states: list[State | None] = [None] * len(p.graph.nodes)
@@ -342,7 +353,34 @@ def track(
         args = [states[a.index] if isinstance(a, Ref) else None for a in node.args]
         states[i] = tracker.visit(i, node, p.calls[i], p.metas[i], args)
     outs = [states[o] for o in p.graph.outputs]
-    return tracker.report([s for s in outs if s is not None])
+    return tracker, [s for s in outs if s is not None]
+
+
+def selection_inputs(
+    graph: Graph | Plan, input_specs: Mapping[str, InputSpec]
+) -> tuple[PrivacyReport, list[int | None]]:
+    """What the exponential mechanism needs of each output of ``graph``, from public
+    metadata only: its report (bounds; an output that may be unbounded or NaN is refused)
+    and the most elements of it that replacing one subject can change (None: public).
+
+    An element moves when one subject is replaced if the subject owns it and its ``L`` is
+    not 0, or if its ``G`` is not 0, or if its computed value may differ from the exact one
+    (``E``: rounding can follow any input); a public element never moves.
+    """
+    tracker, outs = _track(_accurate(graph, None), input_specs)
+    report = tracker.report(outs)
+    counts: list[int | None] = []
+    for s in outs:
+        if s.is_public:
+            counts.append(None)
+            continue
+        rounding_moves = np.asarray(False) if s.E is None else np.asarray(s.E) > 0
+        own = np.where((np.asarray(s.L) > 0) | rounding_moves, 1.0, 0.0)
+        other = np.where((np.asarray(s.G) > 0) | rounding_moves, 1.0, 0.0)
+        unit = s.with_(L=own, G=other, t1=None, t2=None, table=None)
+        t1, _ = joint(unit, tracker.nsub)
+        counts.append(math.ceil(float(t1.max(initial=0.0))))
+    return report, counts
 
 
 def evaluate_tracked(

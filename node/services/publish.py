@@ -198,9 +198,10 @@ def _check_delta(delta: float) -> float:
 def _cost(rp: ReleasePlan, request: PublishRequest, inputs: _Inputs, graph: Graph) -> Cost:
     """What the planned release costs, in ledger units: from the plan, never the values."""
     noise = rp.noise
-    if noise.mechanism == "laplace":
+    if noise.mechanism != "gaussian":  # Laplace noise or a selection: pure epsilon
         cost = Cost(
-            "laplace", epsilon_units=int(budget.quantize_epsilon(request.epsilon) / EPSILON_UNIT)
+            noise.mechanism,
+            epsilon_units=int(budget.quantize_epsilon(request.epsilon) / EPSILON_UNIT),
         )
     else:
         cost = Cost("gaussian", rho_units=budget.units_up(noise.rho, RHO_UNIT, "rho"))

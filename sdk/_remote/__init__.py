@@ -20,6 +20,7 @@ import torch
 from node.engine import Graph
 from sdk._remote import (  # noqa: F401
     indexing,
+    quantiles,
     rules,
     rules_extra,
     rules_histogram,

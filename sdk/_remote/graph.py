@@ -25,7 +25,7 @@ import torch
 
 from node.engine import Graph, GraphBuilder, Ref
 from node.engine import wire as _wire
-from sdk._remote.privacy import PUBLIC_ONLY, is_private_input, not_publishable
+from sdk._remote.privacy import PUBLIC_ONLY, is_private_input, not_publishable, not_selectable
 
 __all__ = [
     "NP_OF",
@@ -103,6 +103,8 @@ class Node:
                 break
         if private and op in PUBLIC_ONLY:
             raise not_publishable(op)
+        if private and any(_selected(a) for a in args):
+            raise not_selectable()
         self.private = private
         self.op = op
         self.args = args
@@ -115,6 +117,11 @@ class Node:
 
     def __repr__(self) -> str:
         return f"<Node {self.op} {self.shape} {self.dtype}>"
+
+
+def _selected(a: Arg) -> bool:
+    """Whether ``a`` is a quantile of private values (released only on its own)."""
+    return type(a) is Node and a.private and a.op == "quantile"
 
 
 def prim(op: str, *args: Arg, **attrs: Any) -> Node:

@@ -33,7 +33,7 @@ import torch
 from node.engine import REGISTRY
 from sdk._exceptions import NotPublishableError
 
-__all__ = ["CALLS", "PUBLIC_ONLY", "is_private_input", "not_publishable"]
+__all__ = ["CALLS", "PUBLIC_ONLY", "is_private_input", "not_publishable", "not_selectable"]
 
 #: prims without a privacy rule: they may only ever see public values
 PUBLIC_ONLY: frozenset[str] = frozenset(
@@ -58,9 +58,10 @@ CALLS = _Calls()
 _DOCS = "docs/prims.md lists the prims with and without a privacy rule"
 
 _ORDER = (
-    "Order statistics of private values (sort, median, quantiles, top-k, running max/min) "
-    "have no sensitivity bound; compare against public thresholds instead, e.g. "
-    "(x <= t).float().mean() is a point of the distribution for a public t."
+    "Sorts, top-k and running max/min of private values have no sensitivity bound. A median "
+    "or quantiles of all of a tensor's elements publish by the exponential mechanism: "
+    "torch.median(x) or torch.quantile(x, q) (along a dim: one column at a time, x[:, j]); "
+    "or compare against public thresholds, e.g. (x <= t).float().mean() for a public t."
 )
 _MATRIX = (
     "Decompositions, inverses and solves of a private matrix have no privacy rule: publish "
@@ -192,4 +193,16 @@ def not_publishable(prim: str) -> NotPublishableError:
         f"{what}, so the node would refuse any result computed from it. {advice} ({_DOCS}.)"
     )
     error.call, error.prim = call, prim
+    return error
+
+
+def not_selectable() -> NotPublishableError:
+    """The refusal of an op on a quantile of private values (released only on its own)."""
+    call = _display(CALLS.func) if CALLS.func is not None else "this op"
+    error = NotPublishableError(
+        f"{call} on a quantile (median) of private data cannot be published: such a quantile "
+        "is released on its own, by the exponential mechanism. Publish it by itself "
+        "(torch.median(x).publish(epsilon=...)) and compute with the published value."
+    )
+    error.call, error.prim = call, "quantile"
     return error

@@ -15,6 +15,7 @@ import torch
 
 from sdk._exceptions import UnsupportedOperationError
 from sdk._remote.graph import Node, nan_node, prim
+from sdk._remote.quantiles import selected_quantile
 from sdk._remote.rules import dtype_name, implements
 
 __all__: list[str] = []
@@ -76,6 +77,8 @@ def _median(out: torch.Tensor, x: Node) -> Node:
     n = _numel(x)
     if n == 0:
         raise UnsupportedOperationError("median of an empty tensor")
+    if x.private:  # selected on the node (sdk/_remote/quantiles.py)
+        return selected_quantile(x, torch.tensor(0.5, dtype=torch.float64), "lower", False)
     val, _ = _nth(_flat(x), (n - 1) // 2, 0, False)
     return _nan_propagating(x, val, None, False)
 
@@ -162,6 +165,8 @@ implements(aten.logcumsumexp.default)(lambda out, x, dim: prim("logcumsumexp", x
 def _nanmedian(out: torch.Tensor, x: Node) -> Node:
     if not x.shape:
         return x
+    if x.private:
+        return selected_quantile(x, torch.tensor(0.5, dtype=torch.float64), "lower", True)
     val, _ = _nan_skipping_median(_flat(x), 0, False)
     return val
 

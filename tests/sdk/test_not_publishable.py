@@ -1,8 +1,8 @@
 """Prims without a privacy rule are refused on private data as the op is recorded.
 
 The node refuses to publish anything that applies a public-only prim to private data;
-the SDK refuses it as the torch call is recorded, naming that call (``torch.median``,
-not the ``argsort`` it decomposes into), in mock mode exactly as against the node, and
+the SDK refuses it as the torch call is recorded, naming that call (``torch.median`` along
+a dim, not the ``argsort`` it decomposes into), in mock mode exactly as against the node, and
 from public metadata only. The same calls on public values record and evaluate.
 """
 
@@ -26,8 +26,8 @@ from tests.sdk.conftest import cohort, remote_dataset
 #: matrix M, both private or both public)
 Case = tuple[str, str, Callable[[torch.Tensor, torch.Tensor], Any]]
 CASES: list[Case] = [
-    ("torch.median", "argsort", lambda v, M: torch.median(v)),
-    ("Tensor.median", "argsort", lambda v, M: v.median()),
+    ("torch.median", "argsort", lambda v, M: torch.median(M, dim=0).values),
+    ("Tensor.median", "argsort", lambda v, M: M.median(1).values),
     ("torch.sort", "argsort", lambda v, M: torch.sort(v).values),
     ("torch.cumsum", "cumsum", lambda v, M: torch.cumsum(v, 0)),
     ("Tensor.cumsum_", "cumsum", lambda v, M: v.clone().cumsum_(0)),

@@ -1,4 +1,5 @@
-"""Sorting (argsort, topk, searchsorted), constants (full, arange) and the random prim.
+"""Sorting (argsort, topk, searchsorted, quantile), constants (full, arange) and the random
+prim.
 
 Sorting returns indices; the sorted values are ``gather(x, dim, indices)``,
 which keeps every prim single-output. Sorts are always stable, and NaN sorts
@@ -100,6 +101,80 @@ def _topk(c: Call, args: list[Any], out: Array | None) -> Array:
     largest = c.attrs.get("largest")
     idx = _argsort_along(x, d, bool(True if largest is None else largest))
     return np.ascontiguousarray(np.take(idx, np.arange(c.attr("k")), axis=d)).astype(np.int64)
+
+
+_INTERPOLATIONS = ("linear", "lower", "higher", "midpoint", "nearest")
+
+
+def _quantile_infer(c: Call) -> TensorMeta:
+    x, q = c.tensor(0), c.tensor(1)
+    if x.dtype.is_bool:
+        raise c.fail(f"quantile needs a real dtype, got {x.dtype.name}", 0)
+    if not q.dtype.is_float:
+        raise c.fail(f"the quantiles must be floating point, got {q.dtype.name}", 1)
+    if q.ndim > 1:
+        raise c.fail(f"the quantiles must be a scalar or 1-d, got {q.ndim} dims", 1)
+    if x.numel == 0:
+        raise c.fail("quantile of an empty tensor", 0)
+    if c.attr("interpolation") not in _INTERPOLATIONS:
+        raise c.fail(f"interpolation must be one of {', '.join(_INTERPOLATIONS)}", "interpolation")
+    if not x.dtype.is_float and c.attr("interpolation") in ("linear", "midpoint"):
+        raise c.fail("linear and midpoint interpolation need a floating-point input", 0)
+    return TensorMeta(q.shape, x.dtype)
+
+
+@prim(
+    "quantile",
+    privacy="rule",
+    args=2,
+    attrs={
+        "interpolation": AttrSpec("str", optional=True, default="linear"),
+        "ignore_nan": AttrSpec("bool", optional=True, default=False),
+    },
+    infer=_quantile_infer,
+    flops=_sort_flops,
+    workspace=_sort_workspace,
+)
+def _quantile(c: Call, args: list[Any], out: Array | None) -> Array:
+    """The ``q`` quantiles of all of ``x``'s elements, as torch.quantile computes them
+    (``ignore_nan``: torch.nanquantile; median is ``q = 0.5``, interpolation ``lower``).
+
+    On private data a quantile is only ever a publish's output, released by the exponential
+    mechanism over the public range (``node.dp.selection``): this kernel then never runs.
+    """
+    x, q = args
+    m = c.out()
+    flat = np.asarray(x).reshape(-1)
+    if flat.dtype.kind == "V":  # bfloat16: float32 holds it exactly
+        flat = flat.astype(np.float32)
+    qs = np.asarray(q).reshape(-1).astype(np.float64)
+    if np.any((qs < 0) | (qs > 1) | np.isnan(qs)):
+        raise c.eval_error("quantiles must be in [0, 1]", 1)
+    nan = np.isnan(flat) if flat.dtype.kind == "f" else np.zeros(flat.shape, dtype=bool)
+    values = np.sort(flat[~nan])
+    result = np.empty(qs.shape, dtype=np.float64)
+    if values.size == 0 or (nan.any() and not c.attr("ignore_nan")):
+        result[:] = np.nan
+        return result.reshape(m.shape).astype(m.dtype.np)
+    compute: Any = m.dtype.np.type if m.dtype.name in ("float32", "float64") else np.float32
+    ranks = qs.astype(compute) * compute(values.size - 1)
+    how = c.attr("interpolation")
+    if how == "lower":
+        ranks = np.floor(ranks)
+    elif how == "higher":
+        ranks = np.ceil(ranks)
+    elif how == "nearest":
+        ranks = np.round(ranks)  # half to even, as torch's round
+    below = np.minimum(ranks.astype(np.int64), values.size - 1)
+    low = values[below]
+    if how in ("linear", "midpoint"):
+        above = np.minimum(np.ceil(ranks).astype(np.int64), values.size - 1)
+        high = values[above].astype(compute)
+        low = low.astype(compute)
+        w = np.full_like(ranks, 0.5) if how == "midpoint" else ranks - below.astype(compute)
+        # torch's lerp: from the nearer end
+        low = np.where(w < 0.5, low + w * (high - low), high - (high - low) * (1 - w))
+    return np.asarray(low).reshape(m.shape).astype(m.dtype.np)
 
 
 def _full_infer(c: Call) -> TensorMeta:

@@ -30,7 +30,7 @@ from node.privacy.arrays import fit, reduce_array, varying_axes
 from node.privacy.rules.base import Ctx, finish, rule
 from node.privacy.state import MIXED, PUBLIC, State
 
-__all__ = ["clip_by_subject_norm", "rand"]
+__all__ = ["clip_by_subject_norm", "quantile", "rand"]
 
 
 @rule("rand")
@@ -38,6 +38,18 @@ def rand(c: Ctx) -> State:
     """Uniform [0, 1) noise from the node's generator: public, value unknown."""
     z = np.zeros(())
     return finish(c.meta, 0.0, 1.0, np.asarray(PUBLIC, dtype=np.int64), z, z)
+
+
+@rule("quantile")
+def quantile(c: Ctx) -> State:
+    """A quantile of private values is not bounded by noise: it is selected, by the
+    exponential mechanism, when it is a publish's output (``node.dp.selection``); as the
+    argument of anything else it is refused."""
+    raise c.fail(
+        "a quantile (median) of private values is released on its own, by the exponential "
+        "mechanism: publish it as a result by itself (torch.median(x).publish(epsilon=...)) "
+        "and compute with the published value"
+    )
 
 
 @rule("clip_by_subject_norm")

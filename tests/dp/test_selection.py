@@ -1,0 +1,142 @@
+"""The exponential mechanism for quantiles (node.dp.selection): its distribution, its
+privacy on adversarial neighbours, and how close its sampler is to the exact mechanism."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import mpmath
+import numpy as np
+import pytest
+from scipy import stats
+
+from node.dp import selection
+from node.dp.samplers import word_source
+
+mpmath.mp.dps = 60
+
+
+def _exact(values: np.ndarray, grid: np.ndarray, alpha: float, eps: float, k: int) -> list:
+    """The exponential mechanism's probabilities, in 60-digit arithmetic, from the
+    definition: u(c) = -|(1 - a) #{x < c} - a #{x > c}|, weight exp(eps u / (2 k))."""
+    a = Fraction(round(alpha * 2**selection.ALPHA_BITS), 2**selection.ALPHA_BITS)
+    scores = [-abs((1 - a) * int(np.sum(values < c)) - a * int(np.sum(values > c))) for c in grid]
+    weights = [
+        mpmath.exp(mpmath.mpf(eps) * mpmath.mpf(s.numerator) / s.denominator / (2 * k))
+        for s in scores
+    ]
+    total = mpmath.fsum(weights)
+    return [w / total for w in weights]
+
+
+def _draws(values: np.ndarray, grid: np.ndarray, alpha: float, eps: float, k: int, n: int):
+    units = round(alpha * 2**selection.ALPHA_BITS)
+    words = word_source("pcg")
+    picks = [
+        selection.select_quantile(values, grid, units, epsilon=eps, sensitivity=k, words=words)
+        for _ in range(n)
+    ]
+    return np.searchsorted(grid, picks)
+
+
+@pytest.mark.parametrize(
+    ("alpha", "eps", "k"), [(0.5, 1.0, 1), (0.25, 2.0, 1), (0.9, 0.5, 2), (0.5, 8.0, 1)]
+)
+def test_the_selection_follows_the_exponential_mechanism(alpha: float, eps: float, k: int) -> None:
+    rng = np.random.default_rng(7)
+    values = np.round(rng.normal(5, 2, 40).clip(0, 10), 1)
+    grid = selection.candidates(0.0, 10.0, True)  # 11 integers
+    probs = np.array([float(p) for p in _exact(values, grid, alpha, eps, k)])
+    counts = np.bincount(_draws(values, grid, alpha, eps, k, 6000), minlength=grid.size)
+    keep = probs * 6000 >= 5  # chi-square on the cells with enough mass, the rest pooled
+    observed = np.append(counts[keep], counts[~keep].sum())
+    expected = np.append(probs[keep], probs[~keep].sum()) * 6000
+    if expected[-1] < 5:
+        observed[-2] += observed[-1]
+        expected[-2] += expected[-1]
+        observed, expected = observed[:-1], expected[:-1]
+    if expected.size == 1:  # all the mass on one candidate (a large epsilon)
+        assert observed.tolist() == [6000]
+    else:
+        assert stats.chisquare(observed, expected).pvalue > 1e-4
+
+
+def test_ties_choose_the_tied_value() -> None:
+    # 60% of the values are 3: the median is 3, and at a large epsilon it is always chosen
+    values = np.array([1.0] * 20 + [3.0] * 60 + [7.0] * 20)
+    grid = selection.candidates(0.0, 10.0, True)
+    picks = _draws(values, grid, 0.5, 20.0, 1, 200)
+    assert set(grid[picks]) == {3.0}
+
+
+def test_adversarial_neighbours_stay_within_e_to_the_epsilon() -> None:
+    """Replace one value by the other end of the range (the largest move of every count),
+    or k values of one subject: every candidate's probability moves by at most e^eps."""
+    rng = np.random.default_rng(3)
+    grid = selection.candidates(0.0, 20.0, True)
+    for alpha in (0.1, 0.5, 0.75):
+        for k in (1, 3):
+            for _ in range(5):
+                d1 = rng.integers(0, 21, 30).astype(np.float64)
+                d2 = d1.copy()
+                rows = rng.choice(30, k, replace=False)
+                d2[rows] = np.where(d1[rows] < 10, 20.0, 0.0)
+                p1, p2 = _exact(d1, grid, alpha, 1.0, k), _exact(d2, grid, alpha, 1.0, k)
+                worst = max(max(a / b, b / a) for a, b in zip(p1, p2, strict=True))
+                assert worst <= mpmath.e**1.0 * (1 + mpmath.mpf(10) ** -40)
+
+
+def test_the_sampler_is_within_its_charged_distance_of_the_exact_mechanism() -> None:
+    """The integer weights the sampler draws from, against the 60-digit distribution."""
+    rng = np.random.default_rng(5)
+    values = rng.uniform(0, 1, 500)
+    grid = selection.candidates(0.0, 1.0, False)
+    for alpha, eps in ((0.5, 1.0), (0.3, 0.01), (0.95, 50.0)):
+        exact = _exact(values, grid, alpha, eps, 1)
+        # the sampler's integer weights, exactly as select_quantile forms them
+        units, whole = round(alpha * 2**selection.ALPHA_BITS), 2**selection.ALPHA_BITS
+        less = np.array([np.sum(values < c) for c in grid])
+        greater = np.array([np.sum(values > c) for c in grid])
+        scores = [
+            abs((whole - units) * int(a) - units * int(b))
+            for a, b in zip(less, greater, strict=True)
+        ]
+        gaps = np.array([float(s - min(scores)) for s in scores])
+        w = np.floor(np.ldexp(np.exp(-(eps / (2.0 * whole)) * gaps), 50)).astype(np.int64)
+        total = int(w.sum())
+        tv = (
+            mpmath.fsum(abs(mpmath.mpf(int(x)) / total - p) for x, p in zip(w, exact, strict=True))
+            / 2
+        )
+        assert tv <= selection.sampler_tv(grid.size)
+
+
+def test_the_counts_match_a_direct_count() -> None:
+    rng = np.random.default_rng(11)
+    values = np.round(rng.uniform(-3, 3, 300), 1)
+    grid = selection.candidates(-3.0, 3.0, False)
+    less, greater = selection._counts(values, grid)
+    assert less.tolist() == [int(np.sum(values < c)) for c in grid]
+    assert greater.tolist() == [int(np.sum(values > c)) for c in grid]
+
+
+def test_candidates() -> None:
+    assert selection.candidates(2.0, 2.0, False).tolist() == [2.0]
+    assert selection.candidates(0.5, 0.7, True).tolist() == [0.5, 0.7]  # no integer inside
+    wide = selection.candidates(0, 10**6, True)
+    assert wide.size == selection.CANDIDATES and wide[0] == 0 and wide[-1] == 10**6
+    huge = selection.candidates(-1e308, 1e308, False)
+    assert np.all(np.isfinite(huge)) and np.all(np.diff(huge) >= 0)
+    with pytest.raises(Exception, match="finite public range"):
+        selection.candidates(0.0, math.inf, False)
+
+
+def test_bad_parameters_are_refused() -> None:
+    grid = [selection.candidates(0.0, 1.0, False)]
+    with pytest.raises(Exception, match="epsilon"):
+        selection.plan_selection(epsilon=-1.0, sensitivity=[1], grids=grid, alphas=[0.5])
+    with pytest.raises(Exception, match="epsilon"):
+        selection.plan_selection(epsilon=math.nan, sensitivity=[1], grids=grid, alphas=[0.5])
+    with pytest.raises(Exception, match=r"\[0, 1\]"):
+        selection.plan_selection(epsilon=1.0, sensitivity=[1], grids=grid, alphas=[1.5])

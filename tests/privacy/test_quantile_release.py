@@ -1,0 +1,215 @@
+"""Quantiles of private values through a publish's two halves (plan_release, run_release):
+what the exponential mechanism is planned with, from public metadata only, and attacks on
+its one privacy claim (how many values one subject can move)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from node.dp import selection
+from node.engine import Graph, GraphBuilder, plan, run
+from node.errors import DPNodeError, InvalidRequestError
+from node.privacy import InputSpec
+from node.privacy.release import plan_release, run_release
+from node.privacy.state import PrivacyTrackingError
+from tests.privacy.helpers import Column, neighbours
+from tests.privacy.test_attack import OPS, Builder, Val, columns
+
+AGE = "dataset:1/age"
+
+
+def _graph(n: int, *, q: Any = 0.5, how: str = "lower", scale: float | None = None) -> Graph:
+    b = GraphBuilder()
+    x = b.input(AGE, "float64", (n,))
+    if scale is not None:
+        x = b.op("mul", x, scale)
+    return b.build([b.op("quantile", x, b.constant(np.asarray(q)), interpolation=how)])
+
+
+def _plan(graph: Graph, specs: dict[str, InputSpec], delta: float | None = None) -> Any:
+    return plan_release(plan(graph, accurate=True), specs, epsilon=1.0, delta=delta)
+
+
+def test_a_median_is_selected_on_a_grid_over_the_public_range() -> None:
+    rp = _plan(_graph(200, scale=2.0), {AGE: InputSpec.private(0.0, 120.0, None)})
+    assert rp.noise.mechanism == "exponential" and rp.selection.sensitivity == (1,)
+    grid = rp.selection.grids[0]
+    assert grid[0] == 0.0 and abs(grid[-1] - 240.0) < 1e-6 and grid.size == selection.CANDIDATES
+    values = np.random.default_rng(0).uniform(40, 60, 200)
+    done = run_release(rp, {AGE: values})
+    (got,) = done.values
+    assert got.shape == () and got in grid and done.failure is None
+    assert abs(float(got) - 2 * np.median(values)) < 30  # epsilon 1, 200 values: close
+
+
+def test_a_subject_with_several_rows_moves_that_many_values() -> None:
+    subjects = np.array([0, 0, 0, 1, 2, 2, 3, 4])  # subject 0 has 3 rows
+    rp = _plan(_graph(8), {AGE: InputSpec.private(0.0, 120.0, subjects)})
+    assert rp.selection.sensitivity == (3,)
+
+
+def test_a_value_computed_from_every_row_moves_with_any_subject() -> None:
+    b = GraphBuilder()
+    x = b.input(AGE, "float64", (10,))
+    centred = b.op("sub", x, b.op("mean", x, dims=(0,), keepdim=True))
+    g = b.build([b.op("quantile", centred, b.constant(np.asarray(0.5)), interpolation="lower")])
+    rp = _plan(g, {AGE: InputSpec.private(0.0, 120.0, None)})
+    assert rp.selection.sensitivity == (10,)
+
+
+def test_several_quantiles_share_the_epsilon() -> None:
+    rp = _plan(_graph(50, q=[0.25, 0.5, 0.75], how="linear"), {AGE: InputSpec.private(0, 9, None)})
+    sel = rp.selection
+    assert sel.count == 3 and sel.epsilon_each == pytest.approx(1 / 3)
+    assert sel.grids[0].tolist() == list(range(10)) or sel.grids[0].size == selection.CANDIDATES
+    (got,) = run_release(rp, {AGE: np.arange(50.0) % 10}).values
+    assert got.shape == (3,)
+
+
+def test_integer_values_give_integer_candidates() -> None:
+    b = GraphBuilder()
+    x = b.input("dataset:1/n", "int64", (30,))
+    g = b.build([b.op("quantile", x, b.constant(np.asarray(0.5)), interpolation="lower")])
+    rp = _plan(g, {"dataset:1/n": InputSpec.private(0, 20, None)})
+    assert rp.selection.grids[0].tolist() == [float(v) for v in range(21)]
+    (got,) = run_release(rp, {"dataset:1/n": np.arange(30) % 21}).values
+    assert float(got).is_integer()
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "match"),
+    [
+        (  # a quantile that feeds further computation
+            lambda b, x, q: [b.op("mul", b.op("quantile", x, q, interpolation="lower"), 2.0)],
+            PrivacyTrackingError,
+            "released on its own",
+        ),
+        (  # a quantile published with another result
+            lambda b, x, q: [
+                b.op("quantile", x, q, interpolation="lower"),
+                b.op("sum", x, dims=(0,)),
+            ],
+            PrivacyTrackingError,
+            "separately",
+        ),
+        (  # quantiles computed from the data
+            lambda b, x, q: [b.op("quantile", x, b.op("div", b.op("amax", x, dims=(0,)), 200.0))],
+            PrivacyTrackingError,
+            "constants",
+        ),
+        (  # values that may be infinite: no public range to select from
+            lambda b, x, q: [b.op("quantile", b.op("log", x), q, interpolation="lower")],
+            PrivacyTrackingError,
+            "unbounded",
+        ),
+    ],
+)
+def test_what_cannot_be_selected_is_refused_before_any_value(
+    build: Any, error: type, match: str
+) -> None:
+    b = GraphBuilder()
+    x = b.input(AGE, "float64", (20,))
+    g = b.build(build(b, x, b.constant(np.asarray(0.5))))
+    with pytest.raises(error, match=match):
+        _plan(g, {AGE: InputSpec.private(0.0, 120.0, None)})
+
+
+def test_a_quantile_with_delta_is_refused() -> None:
+    with pytest.raises(InvalidRequestError, match="without delta"):
+        _plan(_graph(20), {AGE: InputSpec.private(0.0, 120.0, None)}, delta=1e-6)
+
+
+def test_a_quantile_of_public_values_is_their_exact_quantile() -> None:
+    b = GraphBuilder()
+    x = b.input("model:1/w", "float64", (7,))
+    g = b.build([b.op("quantile", x, b.constant(np.asarray(0.5)), interpolation="lower")])
+    w = np.array([5.0, 1.0, 4.0, 2.0, 3.0, 7.0, 6.0])
+    rp = _plan(g, {"model:1/w": InputSpec.public(w)})
+    assert rp.selection is None and rp.noise.grid_exponent is None
+    assert run_release(rp, {"model:1/w": w}).values[0] == 4.0
+
+
+def test_a_failed_evaluation_still_answers_with_a_candidate() -> None:
+    rp = _plan(_graph(20), {AGE: InputSpec.private(0.0, 120.0, None)})
+
+    def unreadable() -> dict[str, Any]:
+        raise OSError("the column's blob is gone")
+
+    done = run_release(rp, unreadable)
+    assert done.failure is not None and done.values[0] in rp.selection.grids[0]
+
+
+# -- the attack: random computations, then a quantile of their result ---------------------
+
+
+def _quantile_graph(cols: dict[str, Column], data: st.DataObject) -> Graph:
+    g = Builder(data)
+    for name, col in cols.items():
+        ref = g.b.input(name, col.dtype, col.shape)
+        g.pool.append(Val(ref, col.shape, "i" if col.dtype == "int64" else "f"))
+    for _ in range(data.draw(st.integers(0, 5))):
+        data.draw(st.sampled_from(OPS))(g)
+    top = data.draw(st.sampled_from(g.pool))
+    q = g.b.constant(np.asarray(data.draw(st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0]))))
+    return g.b.build([g.b.op("quantile", top.ref, q, interpolation="lower")])
+
+
+STATS = {"selected": 0, "refused": 0}
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(cols=columns(), data=st.data(), seed=st.integers(0, 2**32 - 1))
+def test_no_neighbour_moves_a_score_by_more_than_its_sensitivity(
+    cols: dict[str, Column], data: st.DataObject, seed: int
+) -> None:
+    """Every candidate's score moves by at most the planned sensitivity between any two
+    neighbouring datasets (the exponential mechanism's one claim), and neighbours are
+    refused alike."""
+    graph = _quantile_graph(cols, data)
+    specs = {name: col.spec() for name, col in cols.items()}
+    rng = np.random.default_rng(seed)
+    d1, d2 = neighbours(cols, rng)
+    try:
+        rp = plan_release(plan(graph, accurate=True), specs, epsilon=1.0, delta=None)
+    except DPNodeError as first:
+        with pytest.raises(type(first)) as second:  # decided without the values
+            plan_release(plan(graph, accurate=True), specs, epsilon=1.0, delta=None)
+        assert str(second.value) == str(first)
+        STATS["refused"] += 1
+        return
+    if rp.selection is None:  # nothing private reached the quantile
+        return
+    STATS["selected"] += 1
+    grid, k = rp.selection.grids[0], rp.selection.sensitivity[0]
+    lo, hi = grid[0], grid[-1]
+    a = rp.selection.alphas[0]
+    whole = 2**selection.ALPHA_BITS
+    scores = []
+    for d in (d1, d2):
+        (x,) = run(rp.plan, d).outputs
+        flat = np.asarray(x, dtype=np.float64).reshape(-1)
+        assert np.all(np.isfinite(flat)) and np.all((flat >= lo) & (flat <= hi))
+        less, greater = selection._counts(flat, grid)
+        scores.append(
+            [(whole - a) * int(u) - a * int(v) for u, v in zip(less, greater, strict=True)]
+        )
+    moved = max(abs(s - t) for s, t in zip(*scores, strict=True))
+    assert moved <= k * whole
+    for d in (d1, d2):
+        (got,) = run_release(rp, d).values
+        assert np.isfinite(got).all() and lo <= float(got) <= hi
+
+
+def test_the_attack_reaches_selections() -> None:
+    if sum(STATS.values()) < 100:  # ran alone: nothing to judge
+        return
+    assert STATS["selected"] >= 0.3 * sum(STATS.values()), STATS
