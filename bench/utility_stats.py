@@ -23,10 +23,11 @@ scale found by ``binary_search``). A vector's error is the mean over its element
   units), so both sides choose from the same grid. Ages are whole years, so every candidate
   between two neighbouring ages scores alike: about half a year of error remains at any
   epsilon.
-* Per-group means (``ds.groupby(key).mean("bmi", epsilon=, delta=1e-6)``) and linear
-  regression coefficients (``sdk.linear_regression``, of the disease progression on age and
-  BMI, all scaled into [0, 1] by their bounds; the error against least squares on the data)
-  are Gaussian in dpnode. OpenDP's framework API has no partition combinator outside its
+* Per-group means (``ds.groupby(key).mean("bmi", epsilon=)``: Laplace, each row one vector
+  of its centred value and count, clipped in L1 by the node) and linear regression
+  coefficients (``sdk.linear_regression``, of the disease progression on age and BMI, all
+  scaled into [0, 1] by their bounds; the error against least squares on the data; Gaussian
+  at delta 1e-6 in dpnode). OpenDP's framework API has no partition combinator outside its
   polars front end (not installed here), and its DP ``LinearRegression`` (Theil-Sen, in
   ``opendp.extras.sklearn``) takes a single feature, so both are built from its numpy
   constructors the way dpnode builds them: each row becomes one vector (its per-group
@@ -36,8 +37,8 @@ scale found by ``binary_search``). A vector's error is the mean over its element
   one group and into another inside that one vector. OpenDP's side uses Laplace noise on the
   L1 norm, pure epsilon-DP and so also (epsilon, 1e-6)-DP: at this delta it is less noise
   than its Gaussian on the L2 norm (for the group means at epsilon 1, scale 4 against a
-  standard deviation of 12.8). Means and the normal equations are solved as dpnode does
-  (post-processing).
+  standard deviation of 12.8), and so is dpnode's for the group means. Means and the normal
+  equations are solved as dpnode does (post-processing).
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def truths(data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             for name, column, _, alpha in quantile_rows()
         },
         **{
-            f"mean BMI per {key} ({k} groups, Gaussian)": np.array(
+            f"mean BMI per {key} ({k} groups)": np.array(
                 [bmi[data[key] == g].mean() for g in range(k)]
             )
             for key, k in GROUPS
@@ -133,8 +134,7 @@ def _least_squares(data: dict[str, np.ndarray]) -> np.ndarray:
 
 #: group-by rows: the key column and its number of groups
 GROUPS = (("sex", 2), ("age_group", 10))
-#: the group-by rows' delta (a row is one vector in all the groups' sums and counts: the
-#: Gaussian's L2 sensitivity does not grow with the number of groups)
+#: the regression's delta (dpnode's linear regression is Gaussian)
 GROUP_DELTA = 1e-6
 
 
@@ -148,6 +148,11 @@ def dpnode_queries(ds: object) -> dict[str, Callable[[], torch.Tensor]]:
         f"histogram (age, {BINS} bins)": lambda: torch.histc(
             age, bins=BINS, min=AGE[0], max=AGE[1]
         ),
+        # the exponential mechanism over the column's public range (node.dp.selection)
+        **{
+            name: (lambda column=column, alpha=alpha: torch.quantile(ds[column], alpha))  # type: ignore[index]
+            for name, column, _, alpha in quantile_rows()
+        },
     }
 
 
@@ -155,7 +160,7 @@ def dpnode_group_means(ds: object, epsilon: float) -> dict[str, Callable[[], np.
     def mean_by(key: str) -> Callable[[], np.ndarray]:
         def release() -> np.ndarray:
             grouped = ds.groupby(key)  # type: ignore[attr-defined]
-            means = grouped.mean("bmi", epsilon=epsilon, delta=GROUP_DELTA)
+            means = grouped.mean("bmi", epsilon=epsilon)
             return np.array(list(means.values()))
 
         return release
@@ -166,7 +171,7 @@ def dpnode_group_means(ds: object, epsilon: float) -> dict[str, Callable[[], np.
         model = sdk.linear_regression(x, target / TARGET[1], epsilon=epsilon, delta=GROUP_DELTA)
         return np.r_[model.coef.numpy(), model.intercept]
 
-    releases = {f"mean BMI per {key} ({k} groups, Gaussian)": mean_by(key) for key, k in GROUPS}
+    releases = {f"mean BMI per {key} ({k} groups)": mean_by(key) for key, k in GROUPS}
     return {**releases, REGRESSION: regression}
 
 
@@ -287,7 +292,7 @@ def opendp_group_means(data: dict[str, np.ndarray], epsilon: float) -> dict[str,
             mean = middle + half * sums / np.maximum(counts, 1)
             return np.clip(np.where(counts >= 1, mean, middle), lo, hi)
 
-        out[f"mean BMI per {key} ({k} groups, Gaussian)"] = OpenDPRelease(measurement, rows, means)
+        out[f"mean BMI per {key} ({k} groups)"] = OpenDPRelease(measurement, rows, means)
     return out
 
 
@@ -358,8 +363,8 @@ def main() -> None:
         for name, release in dpnode_group_means(ds, args.epsilon).items():
             ours[name] = [release() for _ in range(args.repeat)]
     print(
-        f"diabetes, n = {len(data['age'])}, epsilon {args.epsilon:g} (dpnode's group means and "
-        f"regression: delta {GROUP_DELTA:g}), {args.repeat} releases each; mean absolute error\n"
+        f"diabetes, n = {len(data['age'])}, epsilon {args.epsilon:g} (dpnode's regression: "
+        f"delta {GROUP_DELTA:g}), {args.repeat} releases each; mean absolute error\n"
     )
     print("| statistic | dpnode | OpenDP | dpnode / OpenDP |")
     print("|---|---|---|---|")

@@ -17,12 +17,11 @@ comes back from one publish, charged once.
 * ``agg(bmi="mean", age="sum", ...)``: several columns' statistics and the counts in one
   publish, each normalised so that they carry the same share of the noise.
 
-With ``delta`` (Gaussian), a row's contribution to all the sums and counts lies in one group,
-each part of norm at most 1: one vector of norm at most ``sqrt(parts)``, clipped per subject by
-the node's ``clip_by_subject_norm``, so the sensitivity is twice that, whatever the number of
-groups. With Laplace the node bounds each group's change on its own, which grows with the
-number of groups (for the sums; the counts are a partition, L1 2): prefer a ``delta`` for
-many groups.
+A row's contribution to all the sums and counts lies in one group, each part at most 1 in
+size: one vector of L1 norm at most ``parts`` (the columns and the count), or L2 norm at
+most ``sqrt(parts)``, clipped per subject by the node's ``clip_by_subject_norm`` in the norm
+of the mechanism (L1 for Laplace, L2 for Gaussian with ``delta``), so the sensitivity is
+twice that whatever the number of groups: a mean per group at L1 4, as one mean.
 """
 
 from __future__ import annotations
@@ -127,19 +126,17 @@ class Grouped:
             value = (self.ds[column].to(torch.float64) - middle) / half
             parts.append(value.unsqueeze(-1) * members)
         parts.append(members)
-        if delta is None:  # Laplace: the node bounds each group's change separately
-            released = publish([p.sum(0) for p in parts], epsilon=epsilon, delta=delta)
-            receipt = released[0].receipt
-        else:
-            # Gaussian: a row's contribution to every part lies in one group, each of norm at
-            # most 1, so the whole is a vector of norm at most sqrt(parts); a subject's rows
-            # are summed before that bound is applied (a no-op for one row per subject)
-            bound = math.sqrt(len(parts)) * (1 + 1e-9)
-            both = clipped_sum(parts, max_norm=bound, groups=self.ds.subjects)
-            flat = publish(both, epsilon=epsilon, delta=delta)
-            k = len(self.keys)
-            released = [flat[i * k : (i + 1) * k] for i in range(len(parts))]
-            receipt = flat.receipt
+        # A row's contribution to every part lies in one group, each part at most 1 in
+        # size: one vector of L1 norm at most ``parts`` (Laplace) or L2 norm at most
+        # ``sqrt(parts)`` (Gaussian); a subject's rows are summed before that bound is
+        # applied (a no-op for one row per subject), so the node's sensitivity is twice it
+        order = 1 if delta is None else 2
+        bound = len(parts) ** (1 / order) * (1 + 1e-9)
+        both = clipped_sum(parts, max_norm=bound, groups=self.ds.subjects, ord=order)
+        flat = publish(both, epsilon=epsilon, delta=delta)
+        k = len(self.keys)
+        released = [flat[i * k : (i + 1) * k] for i in range(len(parts))]
+        receipt = flat.receipt
         return dict(zip(columns, released[:-1], strict=True)), released[-1], receipt
 
     def _statistic(

@@ -393,6 +393,7 @@ def clipped_sum(
     max_norm: float,
     groups: torch.Tensor | None = None,
     scale: float = 1.0,
+    ord: int = 2,
 ) -> RemoteTensor:
     """Clip each group's gradient (all parameters jointly) to L2 norm ``max_norm`` and sum.
 
@@ -404,6 +405,8 @@ def clipped_sum(
             None: every row on its own.
         scale: multiplies every row before clipping (the row count, when the loss is a
             mean over rows, so that each row is one example's own gradient).
+        ord: 1 to clip to the L1 norm instead (the sum then moves by at most ``2C`` in L1:
+            what a Laplace release needs).
 
     Returns:
         A remote ``[sum of the parameters' sizes]`` vector: the parameters' gradients,
@@ -417,6 +420,9 @@ def clipped_sum(
         groups = torch.arange(rows, dtype=torch.int64)
     if not isinstance(flat, RemoteTensor):
         raise DPNodeError("per-example gradients of local tensors have nothing private to clip")
-    node = prim("clip_by_subject_norm", flat.node, node_of(groups), max_norm=float(max_norm))
+    attrs: dict[str, Any] = {"max_norm": float(max_norm)}
+    if ord != 2:
+        attrs["ord"] = int(ord)
+    node = prim("clip_by_subject_norm", flat.node, node_of(groups), **attrs)
     meta = torch.empty((int(flat.shape[1]),), dtype=flat.dtype, device="meta")
     return RemoteTensor(meta, Storage(node), source=flat._source)

@@ -253,13 +253,17 @@ def _clip_error(c: Ctx, x: State, mag_out: Array) -> Array:
         and groups.value is not None
         and np.unique(np.asarray(groups.value)).size == rows
     )
+    # the group sums' rounding passes through the clip into the sum: an L2 clip is the
+    # projection onto a ball (1-Lipschitz); an L1 clip scales radially, 2-Lipschitz in L1,
+    # which bounds every element's change
+    lipschitz = 2.0 if c.call.attrs.get("ord", 2) == 1 else 1.0
     with np.errstate(all="ignore"):
-        # the group sums' rounding passes through the clip (a projection onto a ball, so
-        # 1-Lipschitz) into the sum; the float64 copy of the rows is exact
+        # the float64 copy of the rows is exact
         before = (
             0.0
             if alone
-            else gamma(rows + 1, u)
+            else lipschitz
+            * gamma(rows + 1, u)
             * float(reduce_array(_magnitude(*wide(x)), x.shape, tuple(range(len(x.shape)))).sum())
         )
         e = before + rows * bound * (gamma(feat + 4, u) + gamma(rows + 1, u))

@@ -156,3 +156,26 @@ def test_several_parameters_clipped_jointly_stay_at_2c(rng: np.random.Generator)
     cols = {"X": Column("float64", (n, d), -1.0, 1.0), "y": Column("float64", (n,), 0.0, 1.0)}
     for _ in range(200):
         assert_sound(graph, report, *neighbours(cols, rng))
+
+
+@pytest.mark.parametrize("subjects", [None, np.repeat(np.arange(10), 3)])
+def test_clipping_in_l1_gives_2c_in_l1(rng: np.random.Generator, subjects: Any) -> None:
+    """``ord=1``: each group's sum is clipped to L1 norm C, and the output moves by 2C in L1
+    (a Laplace release's sensitivity), checked on neighbours at the corners."""
+    n, d = 30, 4
+    groups = np.arange(n) if subjects is None else subjects
+    b = GraphBuilder()
+    x = b.input("X", "float64", (n, d))
+    graph = b.build([b.op("clip_by_subject_norm", x, b.constant(groups), max_norm=C, ord=1)])
+    specs = {"X": InputSpec.private(-1.0, 1.0, subjects)}
+    r = track(graph, specs)
+    assert r.outputs[0].exact_l2 == 2 * C and r.outputs[0].l1 == pytest.approx(2 * C, rel=1e-9)
+    cols = {"X": Column("float64", (n, d), -1.0, 1.0, subjects)}
+    for _ in range(200):
+        assert_sound(graph, r, *neighbours(cols, rng))
+    values = rng.uniform(-1, 1, (n, d))
+    (got,) = evaluate(graph, {"X": values})
+    sums = np.stack([values[groups == g].sum(0) for g in np.unique(groups)])
+    l1 = np.abs(sums).sum(1, keepdims=True)
+    want = (sums * np.minimum(1.0, C / l1)).sum(0)
+    np.testing.assert_allclose(got, want, rtol=1e-12)

@@ -31,8 +31,8 @@ from bench.utility_stats import (
 REPO = Path(__file__).resolve().parents[2]
 QUANTILE_ROWS = [name for name, *_ in quantile_rows()]
 GROUP_ROWS = [
-    "mean BMI per sex (2 groups, Gaussian)",
-    "mean BMI per age_group (10 groups, Gaussian)",
+    "mean BMI per sex (2 groups)",
+    "mean BMI per age_group (10 groups)",
 ]
 
 

@@ -2,13 +2,16 @@
 
     clip_by_subject_norm(x: float[n, *f], groups: int[n]; max_norm) -> float[*f]
       = sum over distinct g in groups of clip(sum_{i: groups[i] = g} x[i]),
-        clip(v) = v * min(1, max_norm / ||v||_2)        (v = 0 stays 0)
+        clip(v) = v * min(1, max_norm / ||v||)        (v = 0 stays 0)
+
+with ``||v||`` the L2 norm, or the L1 norm when ``ord`` is 1 (a Laplace release's: a row of
+statistics per group, for instance, whose L1 norm a group-by bounds).
 
 Rows of ``x`` are per-example gradients (flattened and concatenated over all the
 parameters of a model, so one subject's whole gradient is clipped jointly); ``groups``
 says which rows belong together (the subject index, or one group per row). With the
 groups equal to the subjects, replacing one subject moves one clipped vector by at
-most ``2 * max_norm`` in L2, which is what the privacy rule (``node/privacy/rules/
+most ``2 * max_norm`` in that norm, which is what the privacy rule (``node/privacy/rules/
 misc.py``) charges. The kernel sorts the rows by group once and sums each group with
 ``np.add.reduceat``: no Python loop over groups, and nothing to sort when every row is
 its own group. It computes in float64 and rounds once to ``x``'s dtype.
@@ -41,6 +44,8 @@ def _infer(c: Call) -> TensorMeta:
     bound = c.attr("max_norm")
     if not (math.isfinite(bound) and bound > 0):
         raise c.fail(f"max_norm must be finite and positive, got {bound}", "max_norm")
+    if c.attr("ord") not in (1, 2):
+        raise c.fail(f"ord must be 1 or 2, got {c.attr('ord')}", "ord")
     return TensorMeta(x.shape[1:], x.dtype)
 
 
@@ -61,13 +66,13 @@ def _workspace(c: Call) -> int:
     "clip_by_subject_norm",
     privacy="rule",
     args=2,
-    attrs={"max_norm": AttrSpec("float")},
+    attrs={"max_norm": AttrSpec("float"), "ord": AttrSpec("int", optional=True, default=2)},
     infer=_infer,
     flops=_flops,
     workspace=_workspace,
 )
 def _clip_by_subject_norm(c: Call, args: list[Any], out: Array | None) -> Array:
-    """Sum over groups of each group's row sum, clipped to L2 norm ``max_norm``."""
+    """Sum over groups of each group's row sum, clipped to L2 (or L1) norm ``max_norm``."""
     x, groups = args
     m = c.out()
     n = x.shape[0]
@@ -77,7 +82,7 @@ def _clip_by_subject_norm(c: Call, args: list[Any], out: Array | None) -> Array:
     order = np.argsort(groups, kind="stable")
     sorted_groups = np.asarray(groups)[order]
     starts = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
-    max_norm = c.attr("max_norm")
+    max_norm, norm_ord = c.attr("max_norm"), c.attr("ord")
     if len(starts) == n:
         # every row its own group (the usual case): the rows are the group sums already.
         # Taken in blocks of rows, so that each float64 copy stays in cache (a sixth of the
@@ -85,10 +90,11 @@ def _clip_by_subject_norm(c: Call, args: list[Any], out: Array | None) -> Array:
         # (node.privacy.rounding._clip_error).
         total = np.zeros(flat.shape[1])
         for start in range(0, n, _BLOCK_ROWS):
-            total += _clipped_sum(flat[start : start + _BLOCK_ROWS].astype(np.float64), max_norm)
+            block = flat[start : start + _BLOCK_ROWS].astype(np.float64)
+            total += _clipped_sum(block, max_norm, norm_ord)
     else:
         rows = flat.astype(np.float64)
-        total = _clipped_sum(np.add.reduceat(rows[order], starts, axis=0), max_norm)
+        total = _clipped_sum(np.add.reduceat(rows[order], starts, axis=0), max_norm, norm_ord)
     return np.asarray(total.reshape(m.shape)).astype(m.dtype.np)
 
 
@@ -96,9 +102,11 @@ def _clip_by_subject_norm(c: Call, args: list[Any], out: Array | None) -> Array:
 _BLOCK_ROWS = 128
 
 
-def _clipped_sum(sums: Array, max_norm: float) -> Array:
-    """The sum of the rows of ``sums`` (float64), each scaled down to L2 norm ``max_norm``."""
-    norms = np.sqrt(np.einsum("ij,ij->i", sums, sums))
+def _clipped_sum(sums: Array, max_norm: float, order: int) -> Array:
+    """The sum of the rows of ``sums`` (float64), each scaled down to norm ``max_norm``
+    (L2, or L1 for ``order`` 1)."""
+    l1 = order == 1
+    norms = np.abs(sums).sum(axis=1) if l1 else np.sqrt(np.einsum("ij,ij->i", sums, sums))
     with np.errstate(divide="ignore", invalid="ignore"):
         scale = np.where(norms > max_norm, max_norm / norms, 1.0)
     return np.asarray(scale @ sums)

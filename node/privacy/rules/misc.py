@@ -14,10 +14,14 @@ docs/sensitivity.md) is DP-SGD's clipping:
 When subject ``s``'s rows fall into ``k_s`` groups, replacing ``s`` changes at most
 ``k_s`` clipped vectors, each by at most ``2 * max_norm`` in L2: the output's L2
 sensitivity is ``2 * max_norm * max_s k_s``, which is ``2C`` when the groups are the
-subjects (or every subject has one row). ``groups`` must be public: a constant, or
-the dataset's subject index, which the node binds to ``dataset:<id>/@subject`` as a
-public input with its value; with a public value the tracker does not know, every row
-counts as its own group. Private groups (computed from data) are refused.
+subjects (or every subject has one row); its L1 sensitivity is ``sqrt(features)`` times
+that. With ``ord = 1`` the vectors are clipped to L1 norm ``max_norm`` instead, and the L1
+sensitivity is ``2 * max_norm * max_s k_s`` (so is the L2, which is at most the L1).
+
+``groups`` must be public: a constant, or the dataset's subject index, which the node binds
+to ``dataset:<id>/@subject`` as a public input with its value; with a public value the
+tracker does not know, every row counts as its own group. Private groups (computed from
+data) are refused.
 """
 
 from __future__ import annotations
@@ -93,4 +97,6 @@ def clip_by_subject_norm(c: Ctx) -> State:
     owner = np.full(c.shape, MIXED, dtype=np.int64)
     s = finish(c.meta, lo, hi, owner, np.full(c.shape, per), np.full(c.shape, per))
     t2 = 2 * bound * touched
+    if c.call.attrs.get("ord", 2) == 1:  # clipped in L1: each vector moves 2C in L1
+        return s.with_(t1=t2, t2=t2)
     return s.with_(t1=t2 * math.sqrt(feat), t2=t2)
