@@ -103,6 +103,7 @@ def mock_release(
         "noise_scale": release.scale,
         "remaining_epsilon": math.nan,
         "clipped": done.clipped,
+        "symmetrized": done.symmetrized,
         "mock": True,
     }
     return done.values, receipt

@@ -56,6 +56,9 @@ class Receipt:
     #: standard deviation ``>= 0``, ...) and were moved to its nearer end: free
     #: post-processing, never further from the true value
     clipped: int = 0
+    #: how many outputs are symmetric matrices (``X.T @ X``, a covariance) whose noised
+    #: values were averaged with their transpose: free post-processing, less noise
+    symmetrized: int = 0
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> Receipt:

@@ -79,6 +79,8 @@ class ReleasePlan:
     upper: npt.NDArray[np.float64]
     fallback: npt.NDArray[np.float64]
     selection: selection.SelectionPlan | None = None
+    #: per output: whether it is a symmetric matrix in exact arithmetic (``X.T @ X``)
+    symmetric: tuple[bool, ...] = ()
 
     @property
     def count(self) -> int:
@@ -99,6 +101,8 @@ class Released:
     #: how many noised values were outside their public range and moved to its end (a
     #: function of the answer and public bounds: the analyst could count them too)
     clipped: int = 0
+    #: how many outputs, symmetric matrices, were made symmetric again after the noise
+    symmetrized: int = 0
 
 
 def plan_release(
@@ -145,7 +149,74 @@ def plan_release(
     np.clip(lower, -limit, limit, out=lower)
     np.clip(upper, -limit, limit, out=upper)
     fallback = np.clip(np.zeros(count), lower, upper)
-    return ReleasePlan(planned, report, noise, lower, upper, fallback)
+    symmetric = tuple(_symmetric(planned.graph, o) for o in planned.graph.outputs)
+    return ReleasePlan(planned, report, noise, lower, upper, fallback, symmetric=symmetric)
+
+
+#: prims that keep a symmetric matrix symmetric when their other arguments are scalars
+_ELEMENTWISE = frozenset(
+    {
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "neg",
+        "abs",
+        "sqrt",
+        "exp",
+        "log",
+        "clamp",
+        "convert_element_type",
+        "true_divide",
+        "pow",
+        "square",
+        "reciprocal",
+    }
+)
+
+
+def _symmetric(graph: Graph, index: int) -> bool:
+    """Whether node ``index`` is a square matrix equal to its transpose in exact arithmetic,
+    from the graph's structure alone: ``A.T @ A`` or ``A @ A.T``, and elementwise functions of
+    symmetric matrices and scalars (``(X.T @ X) / n``, a covariance). False when unsure."""
+    nodes = graph.nodes
+    seen: dict[int, bool] = {}
+
+    def transposed(i: int, j: int) -> bool:  # node i is node j transposed
+        n = nodes[i]
+        return (
+            n.op == "permute"
+            and tuple(n.attrs.get("dims", ())) == (1, 0)  # type: ignore[arg-type]
+            and isinstance(n.args[0], Ref)
+            and n.args[0].index == j
+        )
+
+    def check(i: int, depth: int) -> bool:
+        if i in seen:
+            return seen[i]
+        n = nodes[i]
+        ok = False
+        if depth < 64 and n.op == "matmul" and len(n.args) == 2:
+            a, b = n.args
+            if isinstance(a, Ref) and isinstance(b, Ref):
+                ok = transposed(a.index, b.index) or transposed(b.index, a.index)
+        elif depth < 64 and n.op in _ELEMENTWISE:
+            refs = [a for a in n.args if isinstance(a, Ref)]
+            ok = (
+                bool(refs)
+                and all(check(r.index, depth + 1) or _scalar(nodes[r.index]) for r in refs)
+                and any(not _scalar(nodes[r.index]) for r in refs)
+            )
+        seen[i] = ok
+        return ok
+
+    return check(index, 0)
+
+
+def _scalar(node: object) -> bool:
+    """A 0-dim constant (a Python scalar recorded as a tensor)."""
+    value = getattr(node, "value", None)
+    return getattr(node, "op", None) == "constant" and value is not None and value.ndim == 0
 
 
 def _plan_selection(
@@ -335,6 +406,16 @@ def run_release(
     # Free post-processing: a noised value outside its public range is moved to the range's
     # nearer end (never further from the true value, which lies inside); + 0.0 keeps a
     # bound of -0.0 from showing as a sign.
-    public = np.clip(release.values, rp.lower, rp.upper) + 0.0
-    clipped = int(np.count_nonzero(public != release.values))
-    return Released(rp.report.split(public), release, failure, clipped)
+    noised = release.values
+    symmetrized = 0
+    if any(rp.symmetric):  # free post-processing: the mean of a matrix and its transpose
+        pieces = rp.report.split(noised.copy())
+        for k, sym in enumerate(rp.symmetric):
+            m = pieces[k]
+            if sym and m.ndim == 2 and m.shape[0] == m.shape[1]:
+                pieces[k] = (m + m.T) / 2
+                symmetrized += 1
+        noised = np.concatenate([p.reshape(-1) for p in pieces]) if pieces else noised
+    public = np.clip(noised, rp.lower, rp.upper) + 0.0
+    clipped = int(np.count_nonzero(public != noised))
+    return Released(rp.report.split(public), release, failure, clipped, symmetrized)

@@ -269,6 +269,8 @@ def publish(
         "sampler_tv": release.sampler_tv,
         # post-processing: noised values moved to the nearer end of their public range
         "clipped": done.clipped,
+        # post-processing: symmetric matrices (X.T @ X) made symmetric again after the noise
+        "symmetrized": done.symmetrized,
         "policy": after.in_force.name,
         "policy_revision": entry.policy_revision,
     }

@@ -82,3 +82,32 @@ def test_the_sensitivity_never_exceeds_the_range_s_width(delta: float | None) ->
     total = b.op("sum", b.op("sin", b.op("mul", x, 1000.0)), dims=(0,))
     rp = _release(b.build([total]), cols, 1.0, delta)
     assert rp.report.l1 == pytest.approx(2.0)  # one row's element moves it by at most 2
+
+
+def _gram(b: GraphBuilder, x: Any, y: Any) -> Any:
+    return b.op("matmul", b.op("permute", x, dims=(1, 0)), y)
+
+
+def test_a_symmetric_matrix_is_averaged_with_its_transpose_after_the_noise() -> None:
+    """``X.T @ X`` (and a covariance, divided by a scalar) come back symmetric, and the
+    averaging halves the off-diagonal noise's variance; ``X.T @ Y`` is left alone."""
+    d = 4
+    cols = {"x": Column("float64", (N, d), 0.0, 1.0), "y": Column("float64", (N, d), 0.0, 1.0)}
+    b = GraphBuilder()
+    x, y = b.input("x", "float64", (N, d)), b.input("y", "float64", (N, d))
+    cov = b.op("div", _gram(b, x, x), b.constant(np.asarray(float(N - 1))))
+    graph = b.build([_gram(b, x, x), cov, _gram(b, x, y), b.op("mul", _gram(b, y, y), 3.0)])
+    rp = _release(graph, cols, 1e3)  # a small noise: nothing reaches the ends of the range
+    assert rp.symmetric == (True, True, False, True)
+    values = {k: np.random.default_rng(1).uniform(0, 1, (N, d)) for k in cols}
+    first = run_release(rp, values)
+    assert first.symmetrized == 3
+    gram, covariance, cross, scaled = first.values
+    for m in (gram, covariance, scaled):
+        assert np.array_equal(m, m.T)
+    assert not np.array_equal(cross, cross.T)
+    # the off-diagonal noise: variance 2 b^2 for a Laplace of scale b, halved by averaging
+    draws = np.stack([run_release(rp, values).values[0] for _ in range(300)])
+    off = draws[:, np.triu_indices(d, 1)[0], np.triu_indices(d, 1)[1]]
+    var = float(off.var(axis=0, ddof=1).mean())
+    assert 0.8 < var / rp.noise.scale**2 < 1.25, var / rp.noise.scale**2

@@ -3,6 +3,8 @@ values were moved to the end of their public range."""
 
 from __future__ import annotations
 
+import torch
+
 import sdk
 from tests.sdk.conftest import remote_dataset
 
@@ -22,3 +24,19 @@ def test_a_count_is_released_in_its_range_and_the_receipt_says_when_it_was_clipp
             assert value in (0.0, float(n))
         clipped += receipt.clipped
     assert clipped >= 3  # most draws of that noise leave [0, 40]
+
+
+def test_symmetric_matrices_come_back_symmetric(
+    owner_client: sdk.Client, ds_client: sdk.Client, sqlite_only: None
+) -> None:
+    ds = remote_dataset(owner_client, ds_client)
+    X = ds["scan"].reshape(40, 6)
+    gram = (X.T @ X).publish(epsilon=1.0)
+    assert torch.equal(gram, gram.T) and gram.receipt.symmetrized == 1
+    cov = torch.cov(X.T).publish(epsilon=1.0, delta=1e-6)  # (X - mean).T @ (X - mean) / (n - 1)
+    assert torch.equal(cov, cov.T) and cov.receipt.symmetrized == 1
+    # not symmetric: X.T @ Y, and a square matrix that merely has the shape
+    Y = ds["scan"].reshape(40, 6) * 2
+    other = (X.T @ Y).publish(epsilon=1.0)
+    assert other.receipt.symmetrized == 0 and not torch.equal(other, other.T)
+    assert (X[:6] * 1.0).publish(epsilon=1.0).receipt.symmetrized == 0
