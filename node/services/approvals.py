@@ -210,11 +210,12 @@ def use(row: PublishApproval, ledger_id: int | None) -> None:
 
 
 def list_approvals(
-    session: Session, actor: User, *, status: str | None = None, limit: int = 100
+    session: Session, actor: User | None, *, status: str | None = None, limit: int = 100
 ) -> list[PublishApproval]:
-    """Requests, newest first: an admin sees everyone's, anyone else their own."""
+    """Requests, newest first: an admin (or the operator's command line, ``None``) sees
+    everyone's, anyone else their own."""
     query = select(PublishApproval).order_by(PublishApproval.id.desc()).limit(limit)
-    if actor.role is not Role.ADMIN:
+    if actor is not None and actor.role is not Role.ADMIN:
         query = query.where(PublishApproval.user_id == actor.id)
     if status is not None:
         query = query.where(PublishApproval.status == _status(status))
