@@ -23,6 +23,7 @@ from node.api.routes import (
     models,
     policy,
     publish,
+    runs,
     search,
     users,
 )
@@ -124,7 +125,7 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
     )
     app.state.context = ctx
     # Routes are matched in order: publish first, as a training loop calls it most.
-    routers = (publish, auth, users, datasets, models, search, approvals, budget, policy)
+    routers = (publish, auth, users, datasets, models, search, approvals, runs, budget, policy)
     for module in (*routers, meta, audit):
         app.include_router(module.router, prefix=API_PREFIX)
     install_error_handlers(app)

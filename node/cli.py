@@ -23,7 +23,7 @@ from node.context import NodeContext
 from node.db import migrate
 from node.db.models import PolicyRevision, Role, User
 from node.errors import DPNodeError
-from node.services import audit, budget, budget_requests, datasets, users
+from node.services import approvals, audit, budget, budget_requests, datasets, users
 from node.services import policy as policy_service
 from node.services.datasets import DatasetUpload
 from node.services.tabular import ColumnSpec
@@ -335,6 +335,25 @@ def cmd_ledger(args: argparse.Namespace) -> None:
             )
 
 
+def cmd_approval_list(args: argparse.Namespace) -> None:
+    context = _migrated_context(get_settings())
+    with context.sessions() as session:
+        rows = approvals.list_approvals(session, None, status=args.status, limit=args.limit)
+        for a in rows:
+            what = f"{a.mechanism} publish"
+            if a.kind == approvals.RUN:
+                what = f"run of {a.steps} steps ({a.steps_used} used)"
+            answer = f" by {a.decided_by}: {a.decision_reason}" if a.decided_by else ""
+            print(
+                f"{a.id:>6}  {a.created_at.isoformat()}  {a.user.email:<28} {a.status.value:<8} "
+                f"{what}, epsilon {_fmt(a.epsilon_units, budget.EPSILON_UNIT)} delta "
+                f"{_fmt(a.delta_units, budget.DELTA_UNIT)} datasets {a.dataset_ids} "
+                f"[{a.rule}]{' ' + repr(a.description) if a.description else ''}{answer}"
+            )
+        if not rows:
+            print("no publish approvals")
+
+
 def cmd_audit(args: argparse.Namespace) -> None:
     context = _migrated_context(get_settings())
     with context.sessions() as session:
@@ -441,6 +460,13 @@ def build_parser() -> argparse.ArgumentParser:
     led.add_argument("--dataset", help="name or id")
     led.add_argument("--limit", type=int, default=100)
     led.set_defaults(func=cmd_ledger)
+
+    appr = sub.add_parser("approval", help="publishes and training runs waiting for an admin")
+    appr_sub = appr.add_subparsers(dest="approval_command", required=True, metavar="ACTION")
+    alist = appr_sub.add_parser("list", help="requests, newest first (runs show their steps)")
+    alist.add_argument("--status", help="pending, approved, denied or used")
+    alist.add_argument("--limit", type=int, default=100)
+    alist.set_defaults(func=cmd_approval_list)
 
     aud = sub.add_parser("audit", help="the audit log, newest first")
     aud.add_argument("--action", help="e.g. privacy.charge, policy.apply, budget.grant")

@@ -36,7 +36,9 @@ from policies._evaluate import (
     budget_status,
     decide,
     decide_approved,
+    decide_run,
     ledger_scope,
+    run_total,
 )
 from policies._periods import Period, format_period, parse_period
 from policies._records import (
@@ -48,6 +50,7 @@ from policies._records import (
     Outcome,
     PublishRequest,
     Remaining,
+    RunRequest,
     User,
 )
 from policies._rules import RULES
@@ -92,6 +95,7 @@ __all__ = [
     "Renewal",
     "RhoToEpsilon",
     "Roles",
+    "RunRequest",
     "Spent",
     "User",
     "allocation_for",
@@ -100,6 +104,7 @@ __all__ = [
     "bun_steinke",
     "decide",
     "decide_approved",
+    "decide_run",
     "default_policy",
     "delta_units",
     "epsilon_units",
@@ -109,6 +114,7 @@ __all__ = [
     "load_policy",
     "load_policy_file",
     "parse_period",
+    "run_total",
     "units_down",
     "units_up",
 ]

@@ -1,4 +1,5 @@
-"""Deciding a publish, re-deciding it after an admin's answer, and reading a user's budget.
+"""Deciding a publish, re-deciding it after an admin's answer, judging a training run as a
+whole before its first step, and reading a user's budget.
 
 These are the functions the node calls inside its publish transaction. They are pure: the
 same policy, user, request and ledger always give the same decision, so a decision can be
@@ -11,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from policies._budget import Allocation, Spent, allocation_for
+from policies._budget import Allocation, Limit, Spent, allocation_for
 from policies._conversion import RhoToEpsilon, filter_epsilon
 from policies._document import Policy
 from policies._periods import as_utc, parse_period
@@ -23,6 +24,7 @@ from policies._records import (
     Outcome,
     PublishRequest,
     Remaining,
+    RunRequest,
     User,
 )
 from policies._rules import RULES, Context
@@ -33,7 +35,9 @@ __all__ = [
     "budget_status",
     "decide",
     "decide_approved",
+    "decide_run",
     "ledger_scope",
+    "run_total",
 ]
 
 
@@ -45,6 +49,9 @@ def _context(
     defaults: Allowance,
     convert: RhoToEpsilon,
     approval: Approval | None,
+    *,
+    what: str = "this publish",
+    run_steps: int | None = None,
 ) -> Context:
     cost = request.charge(user.id)
     return Context(
@@ -58,6 +65,8 @@ def _context(
         allocation=allocation_for(policy, user, defaults=defaults, at=request.at),
         period=None if policy.renewal is None else policy.renewal.period(),
         cost=Spent(cost.epsilon_units, cost.delta_units, cost.rho_units),
+        what=what,
+        run_steps=run_steps,
     )
 
 
@@ -145,6 +154,112 @@ def decide_approved(
         defaults=defaults,
         rho_to_epsilon=rho_to_epsilon,
         approval=approval,
+    )
+
+
+def run_total(
+    policy: Policy,
+    user: User,
+    run: RunRequest,
+    *,
+    defaults: Allowance,
+    rho_to_epsilon: RhoToEpsilon = filter_epsilon,
+) -> tuple[int | None, int]:
+    """The run's (epsilon, delta) units as the user's privacy filter counts its ``steps``
+    charges alone: their rho summed and converted at the allowance's delta share, plus the
+    samplers' epsilon; their samplers' deltas plus that share. Epsilon ``None`` where the
+    allowance has no delta to convert rho at.
+
+    >>> from datetime import UTC, datetime
+    >>> from policies._document import default_policy
+    >>> step = PublishRequest(datetime(2026, 1, 1, tzinfo=UTC), rho_units=10**7)
+    >>> one, two = (
+    ...     run_total(default_policy(), User(1, "a@x", "data_scientist"), RunRequest(n, step),
+    ...               defaults=Allowance(10**10, 10**12))
+    ...     for n in (1, 2)
+    ... )
+    >>> one[0] < two[0] < 2 * one[0], one[1] == two[1]  # zCDP totals compose sublinearly
+    (True, True)
+    """
+    allocation = allocation_for(policy, user, defaults=defaults, at=run.step.at)
+    limit = Limit.for_policy(policy, None, allocation.delta_units)
+    one = run.step.charge(user.id)
+    n = run.steps
+    spent = Spent(one.epsilon_units * n, one.delta_units * n, one.rho_units * n)
+    return limit.epsilon_used(spent, rho_to_epsilon), spent.delta_units + (
+        limit.conversion_delta_units if spent.rho_units else 0
+    )
+
+
+def decide_run(
+    policy: Policy,
+    user: User,
+    run: RunRequest,
+    ledger: Iterable[Charge],
+    *,
+    defaults: Allowance,
+    rho_to_epsilon: RhoToEpsilon = filter_epsilon,
+    approval: Approval | None = None,
+) -> Decision:
+    """Whether ``user`` may start the training run ``run``, judged as a whole.
+
+    Each step must pass the per-publish caps; the run's total (:func:`run_total`: every step
+    charged on top of the ledger) must fit the user's budget and every dataset cap; and it
+    waits for an admin when its total, or one step on its own, is above an approval
+    threshold. The rate limit is not checked here: a plan is not a publish, and each step
+    is rate-limited as it runs (as every cap and the budget are, step by step).
+
+    Args:
+        approval: the admin's answer to this exact plan, if it waited. A denial refuses it
+            (rule ``"approval"``, with the admin's reason); an approval lifts the thresholds
+            only.
+
+    Returns:
+        The first objection, or ``allow`` with ``granted`` ``None`` (a plan writes no ledger
+        row) and ``remaining`` the budget once every step has run.
+    """
+    n = run.steps
+    whole = f"this run of {n} step{'s' if n != 1 else ''}"
+    epsilon, delta = run_total(policy, user, run, defaults=defaults, rho_to_epsilon=rho_to_epsilon)
+    total = run.total(0 if epsilon is None else epsilon, delta)
+    ctx = _context(
+        policy, user, total, ledger, defaults, rho_to_epsilon, None, what=whole, run_steps=n
+    )
+    step = _context(
+        policy, user, run.step, ctx.charges, defaults, rho_to_epsilon, None,
+        what="each step of this run",
+    )  # fmt: skip
+    if approval is not None and not approval.approved:
+        why = f": {approval.reason}" if approval.reason else ""
+        return Decision(
+            Outcome.REFUSE,
+            "approval",
+            f"an admin ({approval.by}) denied {whole}{why}",
+            None,
+            ctx.user_remaining(ctx.user_spent),
+        )
+    for family, check in RULES:
+        if family == "rate_limit":
+            continue
+        judged = [step] if family == "publish" else [ctx]
+        if family == "approval":
+            judged = [] if approval is not None else [ctx, step]
+        for one in judged:
+            for verdict in check(one):
+                return Decision(
+                    verdict.outcome,
+                    verdict.rule,
+                    verdict.reason,
+                    None,
+                    ctx.user_remaining(ctx.user_spent),
+                )
+    label = f"policy {policy.name!r}" if policy.name else "the policy"
+    return Decision(
+        Outcome.ALLOW,
+        "allow",
+        f"{whole} is within every rule of {label}",
+        None,
+        ctx.user_remaining(ctx.user_spent + ctx.cost),
     )
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "Outcome",
     "PublishRequest",
     "Remaining",
+    "RunRequest",
     "User",
 ]
 
@@ -155,6 +156,41 @@ class PublishRequest:
 
 
 @dataclass(frozen=True)
+class RunRequest:
+    """A training run planned as a whole, before its first step: ``steps`` publishes, each
+    asking for exactly ``step`` (a Gaussian release: its asked epsilon and delta, the rho it
+    is charged, its samplers' terms). ``step.at`` is the planning time and ``step.datasets``
+    every dataset the run reads.
+
+    The run is judged by :func:`policies.decide_run`: per-publish caps on one step, the
+    budget, dataset caps and approval thresholds on the run's total.
+    """
+
+    steps: int
+    step: PublishRequest
+
+    def __post_init__(self) -> None:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"steps must be a whole number >= 1, got {self.steps!r}")
+        if self.step.rho_units <= 0:  # its total is then the zCDP sum, converted once
+            raise ValueError("a run's steps are Gaussian releases: step.rho_units must be > 0")
+
+    def total(self, epsilon_units: int, delta_units: int) -> PublishRequest:
+        """The whole run as one request: every step's charges summed, asking for
+        ``(epsilon_units, delta_units)``, the run's total as the privacy filter counts it."""
+        s, n = self.step, self.steps
+        return PublishRequest(
+            at=s.at,
+            datasets=s.datasets,
+            epsilon_units=epsilon_units,
+            delta_units=delta_units,
+            rho_units=s.rho_units * n,
+            extra_delta_units=s.extra_delta_units * n,
+            extra_epsilon_units=s.extra_epsilon_units * n,
+        )
+
+
+@dataclass(frozen=True)
 class Approval:
     """An admin's answer to a publish that waited for approval.
 
@@ -226,7 +262,8 @@ class Decision:
             ``"datasets.diabetes.max_epsilon"``, ``"roles.data_scientist.epsilon"``;
             ``"allow"`` when no rule objected.
         reason: a sentence a person can read.
-        granted: the ledger row to write, when allowed (never a reduced amount); else ``None``.
+        granted: the ledger row to write, when allowed (never a reduced amount); else ``None``
+            (and ``None`` for a run's plan, which writes no ledger row).
         remaining: the user's budget in the current period: after ``granted`` when allowed,
             as it stands when refused or waiting.
     """

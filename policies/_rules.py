@@ -44,6 +44,10 @@ class Context:
     allocation: Allocation
     period: Period | None
     cost: Spent
+    #: How the messages name what is judged ("this publish", "this run of 40 steps", ...).
+    what: str = "this publish"
+    #: The number of steps, when what is judged is a training run as a whole.
+    run_steps: int | None = None
 
     @property
     def user_limit(self) -> Limit:
@@ -102,14 +106,14 @@ def _publish_caps(ctx: Context) -> Iterator[Verdict]:
         yield Verdict(
             Outcome.REFUSE,
             "publish.max_epsilon",
-            f"this publish asks for epsilon {format_epsilon(req.epsilon_units)}; the policy "
+            f"{ctx.what} asks for epsilon {format_epsilon(req.epsilon_units)}; the policy "
             f"allows at most {format_epsilon(epsilon_units(caps.max_epsilon))} per publish",
         )
     if caps.max_delta is not None and req.delta_units > delta_units(caps.max_delta):
         yield Verdict(
             Outcome.REFUSE,
             "publish.max_delta",
-            f"this publish asks for delta {format_delta(req.delta_units)}; the policy "
+            f"{ctx.what} asks for delta {format_delta(req.delta_units)}; the policy "
             f"allows at most {format_delta(delta_units(caps.max_delta))} per publish",
         )
 
@@ -167,14 +171,14 @@ def _user_budget(ctx: Context) -> Iterator[Verdict]:
         yield Verdict(
             Outcome.REFUSE,
             a.delta_rule,
-            f"this publish costs {describe_cost(ctx.cost)}, which needs a delta budget to "
+            f"{ctx.what} costs {describe_cost(ctx.cost)}, which needs a delta budget to "
             f"convert to epsilon, and your delta budget is {format_delta(a.delta_units)}",
         )
     if not limit.epsilon_fits(after, ctx.convert):
         yield Verdict(
             Outcome.REFUSE,
             a.epsilon_rule,
-            f"this publish costs {describe_cost(ctx.cost)} and does not fit your epsilon budget "
+            f"{ctx.what} costs {describe_cost(ctx.cost)} and does not fit your epsilon budget "
             f"of {format_epsilon(a.epsilon_units)} {scope}"
             f"{_granted(format_epsilon(granted_eps)) if granted_eps else ''}; {left}",
         )
@@ -182,7 +186,7 @@ def _user_budget(ctx: Context) -> Iterator[Verdict]:
         yield Verdict(
             Outcome.REFUSE,
             a.delta_rule,
-            f"this publish costs {describe_cost(ctx.cost)} and does not fit your delta budget "
+            f"{ctx.what} costs {describe_cost(ctx.cost)} and does not fit your delta budget "
             f"of {format_delta(a.delta_units)} {scope}"
             f"{_granted(format_delta(granted_delta)) if granted_delta else ''}; {left}"
             f"{_sampler_note(ctx)}",
@@ -220,7 +224,7 @@ def _dataset_caps(ctx: Context) -> Iterator[Verdict]:
                 Outcome.REFUSE,
                 f"datasets.{name}.max_epsilon",
                 f"dataset {name!r} is capped at epsilon {format_epsilon(epsilon or 0)} {scope}; "
-                f"{format_epsilon(left_eps)} is left and this publish costs "
+                f"{format_epsilon(left_eps)} is left and {ctx.what} costs "
                 f"{describe_cost(ctx.cost)}",
             )
         if not limit.delta_fits(after):
@@ -228,9 +232,20 @@ def _dataset_caps(ctx: Context) -> Iterator[Verdict]:
                 Outcome.REFUSE,
                 f"datasets.{name}.max_delta",
                 f"dataset {name!r} is capped at delta {format_delta(delta or 0)}{implicit} "
-                f"{scope}; {format_delta(left_delta)} is left and this publish costs "
+                f"{scope}; {format_delta(left_delta)} is left and {ctx.what} costs "
                 f"{describe_cost(ctx.cost)}{_sampler_note(ctx)}",
             )
+
+
+def _gated(ctx: Context) -> str:
+    return "publishes" if ctx.run_steps is None else "training runs (in total)"
+
+
+def _asks(ctx: Context) -> str:
+    """Who asks for how much: a publish, or a run's total as the privacy filter counts it."""
+    if ctx.run_steps is not None:
+        return f"{ctx.what} totals"
+    return "this one asks for" if ctx.what == "this publish" else f"{ctx.what} asks for"
 
 
 @rule("approval")
@@ -244,8 +259,8 @@ def _approval(ctx: Context) -> Iterator[Verdict]:
             yield Verdict(
                 Outcome.NEEDS_APPROVAL,
                 "approval.epsilon_above",
-                f"publishes above epsilon {format_epsilon(above)} wait for an admin's approval; "
-                f"this one asks for {format_epsilon(req.epsilon_units)}",
+                f"{_gated(ctx)} above epsilon {format_epsilon(above)} wait for an admin's "
+                f"approval; {_asks(ctx)} {format_epsilon(req.epsilon_units)}",
             )
     if gate.delta_above is not None:
         above = delta_units(gate.delta_above)
@@ -253,6 +268,6 @@ def _approval(ctx: Context) -> Iterator[Verdict]:
             yield Verdict(
                 Outcome.NEEDS_APPROVAL,
                 "approval.delta_above",
-                f"publishes above delta {format_delta(above)} wait for an admin's approval; "
-                f"this one asks for {format_delta(req.delta_units)}",
+                f"{_gated(ctx)} above delta {format_delta(above)} wait for an admin's "
+                f"approval; {_asks(ctx)} {format_delta(req.delta_units)}",
             )

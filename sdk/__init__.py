@@ -21,6 +21,7 @@ from sdk._budget import (
     LedgerEntry,
     PolicyRevision,
     PublishApproval,
+    TrainingRunPlan,
 )
 from sdk._client import Client
 from sdk._exceptions import (
@@ -93,6 +94,7 @@ __all__ = [
     "ServerError",
     "StepBudget",
     "TensorInfo",
+    "TrainingRunPlan",
     "TrainingStep",
     "UnsupportedDTypeError",
     "UnsupportedOperationError",

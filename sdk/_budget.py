@@ -162,7 +162,12 @@ class BudgetGrant:
 @dataclass(frozen=True)
 class PublishApproval:
     """A publish that waited for an admin: ``pending``, ``approved``, ``denied``, or ``used``
-    (an approved publish ran, ``ledger_id`` is its charge; a denial was reported)."""
+    (an approved publish ran, ``ledger_id`` is its charge; a denial was reported).
+
+    ``kind`` ``"run"``: a whole training run (``description``), ``epsilon`` and ``delta``
+    its total; once approved its ``steps`` publishes of ``step_epsilon`` / ``step_delta``
+    each run under it (``steps_used`` so far), and the last one uses it up.
+    """
 
     id: int
     user_id: int
@@ -181,6 +186,12 @@ class PublishApproval:
     decided_by: str | None
     decision_reason: str
     ledger_id: int | None
+    kind: str = "publish"
+    description: str = ""
+    steps: int | None = None
+    steps_used: int = 0
+    step_epsilon: float | None = None
+    step_delta: float | None = None
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> PublishApproval:
@@ -192,6 +203,32 @@ class PublishApproval:
                 "dataset_ids": tuple(body["dataset_ids"]),
             }
         )
+
+
+@dataclass(frozen=True)
+class TrainingRunPlan:
+    """A training run the node's policy lets start (``client.plan_run``).
+
+    ``run_id`` names the admin's approval each step's publish carries (``None``: the run
+    needed none, its steps are ordinary publishes); ``epsilon`` and ``delta`` are the run's
+    total as the ledger will count it; ``remaining_epsilon`` what your budget keeps once
+    every step has run; ``steps_used`` the steps already published under the approval.
+    """
+
+    run_id: int | None
+    steps: int
+    steps_used: int
+    epsilon: float
+    delta: float
+    step_epsilon: float
+    step_delta: float
+    remaining_epsilon: float
+    policy: str
+    policy_revision: int | None
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> TrainingRunPlan:
+        return cls(**body)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from sdk._budget import (
     LedgerEntry,
     PolicyRevision,
     PublishApproval,
+    TrainingRunPlan,
 )
 from sdk._exceptions import DPNodeError, NodeUnreachableError, UnknownStructureError, error_for
 from sdk._handles import AuditEvent, DatasetHandle, ModelHandle, User
@@ -271,11 +272,17 @@ class Client:
     # -- publishing -------------------------------------------------------------------------
 
     def publish_frame(
-        self, frame: bytes, *, epsilon: float, delta: float | None = None
+        self,
+        frame: bytes,
+        *,
+        epsilon: float,
+        delta: float | None = None,
+        run_id: int | None = None,
     ) -> tuple[list[npt.NDArray[Any]], dict[str, Any]]:
         """Send one graph (engine wire frame) and get its noised outputs and the receipt.
 
         This is the one request behind ``RemoteTensor.publish``; most code never calls it.
+        ``run_id``: the planned training run this publish is a step of (:meth:`plan_run`).
 
         Raises:
             BudgetExceededError: the release does not fit your budget (nothing released).
@@ -284,6 +291,8 @@ class Client:
         params: dict[str, Any] = {"epsilon": epsilon}
         if delta is not None:
             params["delta"] = delta
+        if run_id is not None:
+            params["run"] = run_id
         response = self._post_graph("/publish", frame, params)
         manifest, arrays = _read_frame(response.content)
         outputs = [arrays[f"output/{i}"] for i in range(len(arrays))]
@@ -421,10 +430,46 @@ class Client:
             BudgetGrant.from_json(g) for g in self._json("GET", "/budget/grants", params=params)
         ]
 
+    def plan_run(
+        self,
+        *,
+        steps: int,
+        epsilon: float,
+        delta: float,
+        values: int,
+        dataset_ids: Sequence[int] = (),
+        description: str = "",
+    ) -> TrainingRunPlan:
+        """Plan a training run on the node before its first step; the policy judges it whole.
+
+        ``steps`` Gaussian publishes at ``(epsilon, delta)`` each, each noising at most
+        ``values`` values and reading only ``dataset_ids``. ``sdk.private_training`` calls
+        this for you. Nothing is charged: each step is, when it is published with the
+        returned ``run_id``.
+
+        Raises:
+            BudgetExceededError: the run's total does not fit your budget or a dataset's cap.
+            PolicyRefusedError: a step is over a per-publish cap, or an admin denied the run
+                (``rule`` ``"approval"``; the message quotes the admin's reason).
+            ApprovalRequiredError: the run's total is above the policy's approval threshold:
+                request ``approval_id`` waits for an admin; plan the same run again once it
+                is approved.
+        """
+        body = {
+            "steps": steps,
+            "epsilon": epsilon,
+            "delta": delta,
+            "values": values,
+            "dataset_ids": list(dataset_ids),
+            "description": description,
+        }
+        return TrainingRunPlan.from_json(self._json("POST", "/publish/runs", json=body))
+
     def publish_approvals(
         self, *, status: str | None = None, limit: int = 100
     ) -> list[PublishApproval]:
-        """Publishes that waited for an admin, newest first (yours; admins: everyone's)."""
+        """Publishes and training runs that waited for an admin, newest first (yours;
+        admins: everyone's)."""
         params: dict[str, Any] = {"limit": limit}
         if status is not None:
             params["status"] = status

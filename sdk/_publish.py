@@ -157,6 +157,7 @@ def publish(
     epsilon: float,
     delta: float | None = None,
     client: Any = None,
+    run_id: int | None = None,
 ) -> Any:
     """Publish remote tensors jointly: one request, one charge, noised plain tensors back.
 
@@ -166,6 +167,8 @@ def publish(
         delta: leave out for the Laplace mechanism (pure epsilon); set it for the Gaussian
             mechanism, (epsilon, delta)-DP through zCDP.
         client: the node session (default: the last ``sdk.login``).
+        run_id: the planned training run this publish is a step of (``client.plan_run``):
+            its admin's approval covers the publish when it is one of the planned steps.
 
     Returns:
         A torch tensor (or a list), each with a ``receipt`` attribute.
@@ -180,7 +183,7 @@ def publish(
         values, body = mock_release(session, items, epsilon=epsilon, delta=delta)
     else:
         values, body = _client(client, items).publish_frame(
-            _frame(items), epsilon=epsilon, delta=delta
+            _frame(items), epsilon=epsilon, delta=delta, run_id=run_id
         )
     receipt = Receipt.from_json(body)
     results = []
@@ -292,10 +295,11 @@ def publish_grads_with(
     subjects: DatasetHandle | torch.Tensor | None = None,
     loss_reduction: Literal["mean", "sum"] = "mean",
     client: Any = None,
+    run_id: int | None = None,
 ) -> tuple[Receipt, list[torch.Tensor]]:
     """:func:`publish_grads`, releasing the remote tensors ``extra`` in the same publish (one
     request, one charge, the noise calibrated to all of it together); returns the receipt
-    and ``extra``'s noised values."""
+    and ``extra``'s noised values. ``run_id``: as for :func:`publish`."""
     params = list(model.parameters()) if isinstance(model, torch.nn.Module) else list(model)
     names = (
         [n for n, _ in model.named_parameters()]
@@ -308,7 +312,9 @@ def publish_grads_with(
     held = [p for p, _ in with_grads]
     if max_grad_norm is None:
         grads = [p.grad for p in held if p.grad is not None]
-        released = publish([*grads, *extra], epsilon=epsilon, delta=delta, client=client)
+        released = publish(
+            [*grads, *extra], epsilon=epsilon, delta=delta, client=client, run_id=run_id
+        )
         per_sample.reset(held)
         for p, g in zip(held, released, strict=False):
             p.grad = g.to(p.dtype)
@@ -329,7 +335,9 @@ def publish_grads_with(
     total = per_sample.clipped_sum(
         samples, max_norm=bound, groups=_groups(subjects, rows), scale=scale
     )
-    released, *rest = publish([total, *extra], epsilon=epsilon, delta=delta, client=client)
+    released, *rest = publish(
+        [total, *extra], epsilon=epsilon, delta=delta, client=client, run_id=run_id
+    )
     per_sample.reset(held)
     flat = released / scale if scale != 1.0 else released
     start = 0

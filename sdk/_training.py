@@ -12,6 +12,14 @@ privacy filter counts as at most ``target_epsilon``, and the run is refused *bef
 step* when that does not fit what is left of your allowance. A run therefore never stops
 half-way for want of budget (a concurrent publish of yours, or a policy change, aside).
 
+The plan is then sent to the node (``client.plan_run``), whose policy judges the run as a
+whole: its total against your budget and every dataset's cap, each step against the
+per-publish caps, and its total against the admins' approval thresholds. A run above a
+threshold waits for one admin approval of the whole run, raised as
+:class:`~sdk.ApprovalRequiredError` before any step; once approved, the same call plans it
+again and each step's publish names the run, so that its steps go through under that one
+approval (and no more than its steps).
+
 The bar shows the step, the run's epsilon as the ledger counts it (read from each step's
 receipt) and the training loss. The loss is private too: each step releases it with the
 gradients, in the same publish, as the mean of each row's loss clipped to ``[0,
@@ -24,21 +32,30 @@ releases no loss. The loss shown is a moving average of the released values.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from sdk._exceptions import BudgetExceededError, DPNodeError
+from sdk._budget import TrainingRunPlan
+from sdk._exceptions import (
+    ApprovalRequiredError,
+    BudgetExceededError,
+    DPNodeError,
+    PolicyRefusedError,
+)
 from sdk._publish import Receipt, publish_grads_with
-from sdk._remote import RemoteTensor, active_session
+from sdk._remote import RemoteTensor, active_session, graph_for
 from sdk._steps import step_budget
 
 __all__ = ["PrivateTraining", "TrainingStep", "private_training"]
 
 #: weight of the last released loss in the bar's moving average
 _SMOOTHING = 0.3
+#: a graph input holding a dataset's column (or its subjects): ``dataset:<id>/...``
+_DATASET = re.compile(r"^dataset:(\d+)/")
 
 
 @dataclass(frozen=True)
@@ -81,12 +98,19 @@ class PrivateTraining:
         client: the node session (default: the one the data came from).
 
     Raises:
-        BudgetExceededError: the run does not fit what is left of your allowance; nothing
-            is run or charged.
+        BudgetExceededError: the run does not fit what is left of your allowance (or a
+            dataset's cap); nothing is run or charged.
+        ApprovalRequiredError: the run's total is above the policy's approval threshold;
+            ``approval_id`` names the request an admin answers. Nothing is run or charged:
+            call ``private_training`` again with the same arguments once it is approved.
+        PolicyRefusedError: a step is over the per-publish cap, or an admin denied the run
+            (the message quotes the admin's reason).
         DPNodeError: invalid arguments, or too many steps for ``target_epsilon``.
 
     Attributes:
         plan: the per-step privacy parameters (``epsilon``, ``delta``) each publish uses.
+        run: the run as the node planned it (its total, its ``run_id``); ``None`` in mock
+            mode.
         history: the steps taken so far.
 
     Nothing is computed or charged until the run steps.
@@ -135,6 +159,7 @@ class PrivateTraining:
         self.history: list[TrainingStep] = []
         self._smoothed: float | None = None
         self._start_remaining: float | None = None
+        self.run: TrainingRunPlan | None = None
         values = sum(p.numel() for p in model.parameters()) + (loss_bound is not None)
         if active_session() is not None:  # mock mode: nothing is charged, no allowance to read
             self.plan = step_budget(
@@ -163,7 +188,43 @@ class PrivateTraining:
             )
             refusal.rule = budget.epsilon_rule or None
             raise refusal
+        self.run = self._plan_on_node(target_epsilon, values)
         self._start_remaining = budget.remaining_epsilon
+
+    def _plan_on_node(self, target_epsilon: float, values: int) -> TrainingRunPlan:
+        """The node's policy judges the whole run now, before any step (see the module)."""
+        what = f"private_training: {self.steps} steps, target epsilon {target_epsilon:g}"
+        try:
+            planned: TrainingRunPlan = self._client().plan_run(
+                steps=self.steps,
+                epsilon=self.plan.epsilon,
+                delta=self.plan.delta,
+                values=values,
+                dataset_ids=self._dataset_ids(),
+                description=what,
+            )
+        except ApprovalRequiredError as waiting:
+            ask = (
+                f"{waiting.detail}\nThis training run ({what}) needs one admin approval for "
+                f"all its steps: ask an admin to approve request {waiting.approval_id} "
+                "(client.publish_approvals() shows its state), then call "
+                "sdk.private_training(...) again with the same arguments. Nothing was run "
+                "or charged."
+            )
+            raise _retold(waiting, ask) from waiting
+        return planned
+
+    def _dataset_ids(self) -> list[int]:
+        """The datasets the run's steps read: those of its inputs, targets and subjects."""
+        tensors = [self.inputs, self.targets]
+        if isinstance(self.subjects, RemoteTensor):
+            tensors.append(self.subjects)
+        names = graph_for(tensors).input_names()
+        found = {int(m.group(1)) for n in names if (m := _DATASET.match(n))}
+        ident = getattr(self.subjects, "id", None)  # a DatasetHandle: its @subject column
+        if isinstance(ident, int):
+            found.add(ident)
+        return sorted(found)
 
     def _client(self) -> Any:
         if self.client is not None:
@@ -214,6 +275,7 @@ class PrivateTraining:
             max_grad_norm=self.max_grad_norm,
             subjects=self.subjects,
             client=self.client,
+            run_id=None if self.run is None else self.run.run_id,
         )
         self.optimizer.step()
         self.optimizer.zero_grad()
@@ -263,6 +325,14 @@ class PrivateTraining:
         for _ in self:
             pass
         return self.history
+
+
+def _retold(error: PolicyRefusedError, detail: str) -> PolicyRefusedError:
+    """``error`` with ``detail`` as its message, its other fields kept."""
+    again = type(error)(detail, status=error.status, code=error.code)
+    again.__dict__.update({k: v for k, v in vars(error).items() if k != "detail"})
+    again.detail = detail
+    return again
 
 
 def _check_positive(name: str, value: Any, alternative: str = "") -> None:

@@ -329,6 +329,41 @@ class PublishApprovalPublic(Schema):
     decided_by: str | None
     decision_reason: str
     ledger_id: int | None
+    kind: str = Field(default="publish", description="publish, or run (a training run's steps)")
+    description: str = ""
+    steps: int | None = Field(default=None, description="a run's planned steps")
+    steps_used: int = Field(default=0, description="a run's steps published under it so far")
+    step_epsilon: float | None = Field(default=None, description="what each step asks for")
+    step_delta: float | None = None
+
+
+class RunPlanCreate(Schema):
+    """A training run's public plan: ``steps`` Gaussian publishes at ``(epsilon, delta)``
+    each, noising at most ``values`` values each, reading ``dataset_ids``."""
+
+    steps: int = Field(ge=1, strict=True)
+    epsilon: float = Field(gt=0, allow_inf_nan=False, description="each step's epsilon")
+    delta: float = Field(gt=0, lt=1, allow_inf_nan=False, description="each step's delta")
+    values: int = Field(
+        ge=1, strict=True, description="the most values one step publishes (its parameters)"
+    )
+    dataset_ids: list[int] = Field(default_factory=list, max_length=1000)
+    description: str = Field(default="", max_length=500)
+
+
+class RunPlanPublic(Schema):
+    run_id: int | None = Field(
+        description="the approval each step's publish names (run=); null: none was needed"
+    )
+    steps: int
+    steps_used: int
+    epsilon: float = Field(description="the run's total epsilon, as the ledger counts it")
+    delta: float = Field(description="the run's total delta, as the ledger counts it")
+    step_epsilon: float
+    step_delta: float
+    remaining_epsilon: float = Field(description="what the budget keeps once every step ran")
+    policy: str
+    policy_revision: int | None
 
 
 class ApprovalAnswer(Schema):

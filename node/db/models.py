@@ -293,6 +293,11 @@ class PublishApproval(Timestamped, Base):
 
     The node keeps no data or result: the user re-submits the same computation (same frame
     hash, epsilon and delta) once approved, and the approval is used up by that publish.
+
+    A training run (``kind`` ``"run"``) is one request for all its steps: ``frame_hash`` is
+    the hash of its plan, ``epsilon_units`` / ``delta_units`` its total, ``step_*`` what each
+    step asks for; an approval lets ``steps`` such publishes through (``steps_used`` counts
+    them) and is used up by the last.
     """
 
     __tablename__ = "publish_approvals"
@@ -314,5 +319,13 @@ class PublishApproval(Timestamped, Base):
     decided_by: Mapped[str | None] = mapped_column(String(320), nullable=True)
     decision_reason: Mapped[str] = mapped_column(Text, default="")
     ledger_id: Mapped[int | None] = mapped_column(ForeignKey("ledger_entries.id"), nullable=True)
+    kind: Mapped[str] = mapped_column(String(16), default="publish", server_default="publish")
+    description: Mapped[str] = mapped_column(Text, default="", server_default="")
+    steps: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    steps_used: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    step_epsilon_units: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    step_delta_units: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    #: The most values one step may noise (its samplers' cost grows with them).
+    step_values: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
     user: Mapped[User] = relationship(foreign_keys=[user_id])

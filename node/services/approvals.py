@@ -7,6 +7,15 @@ frame bytes, epsilon and delta), and the publish transaction decides it with the
 answer (:func:`policies.decide_approved`: every cap and budget still applies at that time).
 An approval covers one execution: it is used up by the publish it lets through, so a second
 run of the same computation waits again. A denial is reported once, to the next attempt.
+
+A training run is judged once, as a whole, before its first step (``node.services.runs``):
+when its total is above a threshold, its plan is queued here as one request (``kind``
+``"run"``, identified by the hash of the plan). Once approved, planning the same run again
+names the request as the run's id; each step's publish carries it, and the publish
+transaction lets up to ``steps`` publishes of exactly the planned per-step amount through
+under it (:func:`run_step`, counted by :func:`use` in that same serialised transaction),
+every cap and the budget still applying to each. A step beyond the plan, or asking for
+anything else, is judged as an ordinary publish.
 """
 
 from __future__ import annotations
@@ -25,9 +34,23 @@ from node.services import audit
 if TYPE_CHECKING:
     from node.services.budget import Cost
 
-__all__ = ["answer", "answer_of", "find", "list_approvals", "queue", "use"]
+__all__ = [
+    "PUBLISH",
+    "RUN",
+    "answer",
+    "answer_of",
+    "find",
+    "find_run",
+    "list_approvals",
+    "queue",
+    "queue_run",
+    "run_step",
+    "use",
+]
 
 _OPEN = (RequestStatus.PENDING, RequestStatus.APPROVED, RequestStatus.DENIED)
+#: ``PublishApproval.kind``: one publish, or a training run's steps together.
+PUBLISH, RUN = "publish", "run"
 
 
 def _key(cost: Cost) -> str:
@@ -41,6 +64,7 @@ def find(session: Session, user_id: int, cost: Cost) -> PublishApproval | None:
         select(PublishApproval)
         .where(
             PublishApproval.user_id == user_id,
+            PublishApproval.kind == PUBLISH,
             PublishApproval.frame_hash == _key(cost),
             PublishApproval.mechanism == cost.mechanism,
             PublishApproval.epsilon_units == cost.asked_epsilon,
@@ -57,13 +81,14 @@ def answer_of(row: PublishApproval) -> policies.Approval | None:
     """The admin's answer as the policies read it; ``None`` while pending."""
     if row.status is RequestStatus.PENDING or row.decided_at is None:
         return None
+    run = row.kind == RUN  # covers each step's amount (its total was judged at planning)
     return policies.Approval(
         approved=row.status is RequestStatus.APPROVED,
         by=row.decided_by or "",
         at=row.decided_at,
         reason=row.decision_reason,
-        epsilon_units=row.epsilon_units,
-        delta_units=row.delta_units,
+        epsilon_units=row.step_epsilon_units if run else row.epsilon_units,
+        delta_units=row.step_delta_units if run else row.delta_units,
     )
 
 
@@ -92,18 +117,105 @@ def queue(
     return row
 
 
+def find_run(session: Session, user_id: int, plan_hash: str) -> PublishApproval | None:
+    """The newest open request for exactly this run's plan, if any."""
+    query = (
+        select(PublishApproval)
+        .where(
+            PublishApproval.user_id == user_id,
+            PublishApproval.kind == RUN,
+            PublishApproval.frame_hash == plan_hash,
+            PublishApproval.status.in_(_OPEN),
+        )
+        .order_by(PublishApproval.id.desc())
+        .limit(1)
+    )
+    return session.scalar(query)
+
+
+def queue_run(
+    session: Session,
+    user: audit.Actor,
+    plan: policies.RunRequest,
+    *,
+    plan_hash: str,
+    values: int,
+    dataset_ids: list[int],
+    description: str,
+    total: tuple[int, int],
+    decision: policies.Decision,
+    revision: int | None,
+) -> PublishApproval:
+    """Store a pending request for a whole run (in the caller's transaction)."""
+    row = PublishApproval(
+        user_id=user.id,
+        kind=RUN,
+        frame_hash=plan_hash,
+        graph_hash=None,
+        mechanism="gaussian",
+        epsilon_units=total[0],
+        delta_units=total[1],
+        dataset_ids=sorted(set(dataset_ids)),
+        rule=decision.rule,
+        reason=decision.reason,
+        policy_revision=revision,
+        description=description,
+        steps=plan.steps,
+        steps_used=0,
+        step_epsilon_units=plan.step.epsilon_units,
+        step_delta_units=plan.step.delta_units,
+        step_values=values,
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+def run_step(session: Session, user_id: int, cost: Cost, *, values: int) -> PublishApproval | None:
+    """The approved run ``cost.run_id`` when this publish is one of its planned steps: the
+    user's, steps left, a Gaussian release of exactly the planned epsilon and delta, of at
+    most the planned number of ``values``, reading only datasets the plan named. ``None``
+    otherwise (the publish is then judged as any other)."""
+    if cost.run_id is None:
+        return None
+    row = session.get(PublishApproval, cost.run_id)
+    if (
+        row is None
+        or row.kind != RUN
+        or row.user_id != user_id
+        or row.status is not RequestStatus.APPROVED
+        or row.steps is None
+        or row.steps_used >= row.steps
+    ):
+        return None
+    same = (
+        cost.mechanism == "gaussian"
+        and cost.asked_epsilon == row.step_epsilon_units
+        and cost.asked_delta_units == row.step_delta_units
+        and values <= (row.step_values or 0)
+        and set(cost.dataset_ids) <= set(row.dataset_ids)
+    )
+    return row if same else None
+
+
 def use(row: PublishApproval, ledger_id: int | None) -> None:
-    """Mark an answered request as used by the publish that read it."""
-    row.status = RequestStatus.USED
+    """Mark an answered request as used by the publish that read it (a run's approval: one
+    more of its steps used, and used up by the last)."""
     row.ledger_id = ledger_id
+    if row.kind == RUN and ledger_id is not None:
+        row.steps_used += 1
+        if row.steps is not None and row.steps_used < row.steps:
+            return
+    row.status = RequestStatus.USED
 
 
 def list_approvals(
-    session: Session, actor: User, *, status: str | None = None, limit: int = 100
+    session: Session, actor: User | None, *, status: str | None = None, limit: int = 100
 ) -> list[PublishApproval]:
-    """Requests, newest first: an admin sees everyone's, anyone else their own."""
+    """Requests, newest first: an admin (or the operator's command line, ``None``) sees
+    everyone's, anyone else their own."""
     query = select(PublishApproval).order_by(PublishApproval.id.desc()).limit(limit)
-    if actor.role is not Role.ADMIN:
+    if actor is not None and actor.role is not Role.ADMIN:
         query = query.where(PublishApproval.user_id == actor.id)
     if status is not None:
         query = query.where(PublishApproval.status == _status(status))
@@ -155,6 +267,8 @@ def answer(
         "publish.approved" if approve else "publish.denied",
         target_type="publish_approval",
         target_id=row.id,
+        kind=row.kind,
+        steps=row.steps,
         user_id=row.user_id,
         epsilon_units=row.epsilon_units,
         delta_units=row.delta_units,

@@ -159,6 +159,8 @@ class Cost:
     asked_delta_units: int = 0
     #: The hash, or a function computing it: only a policy with approval thresholds asks.
     frame_hash: str | Callable[[], str] | None = None
+    #: The approved training run this publish says it is a step of (``node.services.runs``).
+    run_id: int | None = None
 
     @property
     def asked_epsilon(self) -> int:
@@ -716,7 +718,12 @@ def charge(
         gated = gate.epsilon_above is not None or gate.delta_above is not None
         if gated and callable(cost.frame_hash):
             cost = replace(cost, frame_hash=cost.frame_hash())  # once, for find and queue
-        waiting = approvals.find(session, user.id, cost) if gated else None
+        waiting = None
+        if gated and cost.run_id is not None:  # a planned step: under its run's approval
+            count = gaussian_count(cost.tv_units)
+            waiting = approvals.run_step(session, user.id, cost, values=count)
+        if gated and waiting is None:
+            waiting = approvals.find(session, user.id, cost)
         answer = None if waiting is None else approvals.answer_of(waiting)
         if answer is not None:
             decision = policies.decide_approved(
@@ -803,6 +810,9 @@ def charge(
         if waiting is not None:
             approvals.use(waiting, entry.id)
             summary["approval_id"] = waiting.id
+            if waiting.kind == approvals.RUN:
+                summary["run_id"] = waiting.id
+                summary["run_step"] = waiting.steps_used
         audit.append(
             session,
             user,

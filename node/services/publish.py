@@ -39,7 +39,7 @@ from sqlalchemy.orm import Session
 
 from node.context import NodeContext
 from node.db.models import Dataset, DatasetColumn, Role, User
-from node.dp.mechanisms import gaussian_scale, laplace_scale
+from node.dp.mechanisms import gaussian_scale, laplace_scale, plan_gaussian
 from node.engine import (
     Graph,
     Plan,
@@ -67,6 +67,8 @@ class PublishRequest:
     epsilon: float
     #: None: Laplace (pure epsilon); a number: Gaussian, calibrated to (epsilon, delta).
     delta: float | None = None
+    #: The approved training run this publish is a step of (``node.services.runs``).
+    run_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -223,6 +225,35 @@ def _cost(rp: ReleasePlan, request: PublishRequest, inputs: _Inputs, graph: Grap
         if request.delta is None
         else budget.units_down(request.delta, budget.DELTA_UNIT, "delta"),
         frame_hash=lambda: content_hash(encode(graph)),
+        run_id=request.run_id,
+    )
+
+
+def gaussian_cost(epsilon: float, delta: float, values: int) -> Cost:
+    """What a Gaussian publish of ``values`` values at ``(epsilon, delta)`` is charged, as
+    :func:`publish` computes it from its release plan (the same calibration, the same
+    rounding): what each step of a training run costs, known before the run starts.
+
+    Raises:
+        InvalidRequestError: a bad epsilon, delta or number of values.
+
+    >>> c = gaussian_cost(0.5, 1e-6, 10)
+    >>> c.mechanism, c.rho_units > 0, budget.gaussian_count(c.tv_units)
+    ('gaussian', True, 10)
+    """
+    charged = budget.quantize_epsilon(epsilon)
+    _check_delta(delta)
+    if isinstance(values, bool) or not isinstance(values, int) or values < 1:
+        raise InvalidRequestError(f"values must be a whole number >= 1, got {values!r}")
+    noise = plan_gaussian(
+        sensitivity_l2=1.0, count=values, epsilon=_float_at_most(charged), delta=delta
+    )
+    return Cost(
+        "gaussian",
+        rho_units=budget.units_up(noise.rho, RHO_UNIT, "rho"),
+        tv_units=budget.units_up(noise.sampler_tv, TV_UNIT, "sampler deviation"),
+        asked_epsilon_units=budget.units_down(epsilon, EPSILON_UNIT, "epsilon"),
+        asked_delta_units=budget.units_down(delta, budget.DELTA_UNIT, "delta"),
     )
 
 

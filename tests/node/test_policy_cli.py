@@ -1,4 +1,5 @@
-"""``dpnode policy``, ``budget``, ``ledger`` and ``audit``, in process, on each backend."""
+"""``dpnode policy``, ``budget``, ``ledger``, ``approval`` and ``audit``, in process, on each
+backend."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from node.context import NodeContext
-from node.services import budget
+from node.errors import ApprovalRequiredError
+from node.services import budget, runs
 from node.services.budget import Cost
 from node.settings import Settings
 from tests.node.test_cli import cli_env, run  # noqa: F401  (the fixture)
@@ -81,3 +83,35 @@ def test_policy_budget_ledger_and_audit_commands(
     code, out, _ = run(capsys, "audit", "--action", "budget.grant")
     (line,) = out.splitlines()
     assert "command line" in line and '"reason": "x"' in line and '"operator":' in line
+
+
+def test_approval_list_shows_runs_with_their_steps(
+    cli_env: Settings,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    _users(capsys)
+    gate = tmp_path / "gate.toml"
+    gate.write_text("[approval]\nepsilon_above = 0.05\n")
+    assert run(capsys, "policy", "apply", str(gate), "--reason", "gate runs")[0] == 0
+    code, out, _ = run(capsys, "approval", "list")
+    assert (code, out) == (0, "no publish approvals\n")
+    context = NodeContext.from_settings(cli_env)
+    plan = runs.RunPlan(30, 0.1, 1e-6, 10, description="private_training: 30 steps")
+    try:
+        with pytest.raises(ApprovalRequiredError):
+            runs.plan(context.serial_sessions, cli_env, 2, plan)
+        with pytest.raises(ApprovalRequiredError):
+            budget.charge(
+                context.serial_sessions, cli_env, 2, Cost("laplace", 10**8, frame_hash="f" * 64)
+            )
+    finally:
+        context.close()
+    code, out, _ = run(capsys, "approval", "list", "--status", "pending")
+    publish, planned = out.splitlines()  # newest first
+    assert "ds@example.org" in planned and "pending" in planned
+    assert "run of 30 steps (0 used)" in planned and "'private_training: 30 steps'" in planned
+    assert "[approval.epsilon_above]" in planned
+    assert "laplace publish, epsilon 0.1 delta 0" in publish
+    code, _, err = run(capsys, "approval", "list", "--status", "nonsense")
+    assert code == 2 and "unknown status" in err

@@ -237,3 +237,68 @@ def test_each_standard_loss_trains_on_private_labels(
         h.receipt.sensitivity_l2 for h in history
     ]
     assert not torch.equal(model.weight.detach(), before)
+
+
+def test_a_run_above_the_approval_threshold_waits_once_for_all_its_steps(
+    data: tuple[sdk.DatasetHandle, dict],
+    ds_client: sdk.Client,
+    admin_client: sdk.Client,
+    sqlite_only: None,
+) -> None:
+    ds, _ = data
+    admin_client.set_policy("[approval]\nepsilon_above = 0.5\n", reason="runs need a look")
+    model = _model()
+    x, y = ds.tensors("x", "label")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(sdk.ApprovalRequiredError) as waiting:
+        _plan(model, (x, y), opt, target_epsilon=2.0, steps=4)
+    approval_id = waiting.value.approval_id
+    assert approval_id is not None and waiting.value.rule == "approval.epsilon_above"
+    message = str(waiting.value)
+    assert f"approve request {approval_id}" in message and "Nothing was run" in message
+    assert ds_client.ledger() == []
+    (pending,) = admin_client.publish_approvals(status="pending")
+    assert (pending.id, pending.kind, pending.steps, pending.steps_used) == (
+        approval_id,
+        "run",
+        4,
+        0,
+    )
+    assert pending.description == "private_training: 4 steps, target epsilon 2"
+    assert pending.dataset_ids == (ds.id,)
+    assert 2.0 * 0.99 <= pending.epsilon <= 2.0  # the run's total, as the ledger counts it
+    admin_client.approve_publish(approval_id, reason="a reviewed model")
+
+    run = _plan(model, (x, y), opt, target_epsilon=2.0, steps=4)
+    assert run.run is not None and run.run.run_id == approval_id
+    run.fit()
+    assert len(ds_client.ledger()) == 4
+    assert 2.0 * 0.99 <= ds_client.budget().spent_epsilon <= 2.0
+    (used,) = admin_client.publish_approvals()
+    assert (used.status, used.steps_used) == ("used", 4)
+    # A plain publish of one step's size is judged alone, and waits.
+    assert run.plan.epsilon > 0.5
+    model.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    with pytest.raises(sdk.ApprovalRequiredError):
+        sdk.publish_grads(model, epsilon=run.plan.epsilon, delta=run.plan.delta, max_grad_norm=C)
+
+
+def test_a_denied_run_reports_the_admins_reason(
+    data: tuple[sdk.DatasetHandle, dict],
+    ds_client: sdk.Client,
+    admin_client: sdk.Client,
+    sqlite_only: None,
+) -> None:
+    ds, _ = data
+    admin_client.set_policy("[approval]\nepsilon_above = 0.5\n", reason="runs need a look")
+    x, y = ds.tensors("x", "label")
+    model = _model()
+    with pytest.raises(sdk.ApprovalRequiredError) as waiting:
+        _plan(model, (x, y), target_epsilon=2.0)
+    assert waiting.value.approval_id is not None
+    admin_client.deny_publish(waiting.value.approval_id, reason="try the mock data first")
+    with pytest.raises(sdk.PolicyRefusedError, match="try the mock data first") as denied:
+        _plan(model, (x, y), target_epsilon=2.0)
+    assert denied.value.rule == "approval"
+    assert ds_client.ledger() == []

@@ -32,6 +32,14 @@ def approval_public(a: PublishApproval) -> PublishApprovalPublic:
         decided_by=a.decided_by,
         decision_reason=a.decision_reason,
         ledger_id=a.ledger_id,
+        kind=a.kind,
+        description=a.description,
+        steps=a.steps,
+        steps_used=a.steps_used,
+        step_epsilon=None
+        if a.step_epsilon_units is None
+        else float(a.step_epsilon_units * EPSILON_UNIT),
+        step_delta=None if a.step_delta_units is None else float(a.step_delta_units * DELTA_UNIT),
     )
 
 
@@ -42,7 +50,8 @@ def list_publish_approvals(
     status: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[PublishApprovalPublic]:
-    """Publishes waiting for (or answered by) an admin: admins see all, others their own."""
+    """Publishes and training runs waiting for (or answered by) an admin: admins see all,
+    others their own."""
     rows = approvals.list_approvals(session, user, status=status, limit=limit)
     return [approval_public(a) for a in rows]
 
@@ -51,7 +60,8 @@ def list_publish_approvals(
 def approve_publish(
     session: SessionDep, admin: AdminUser, approval_id: int, body: ApprovalAnswer
 ) -> PublishApprovalPublic:
-    """Approve a waiting publish: the user's next identical publish runs, once (admins)."""
+    """Approve a waiting publish: the user's next identical publish runs, once; or a
+    training run: its planned steps run (admins)."""
     row = approvals.answer(session, admin, approval_id, approve=True, reason=body.reason)
     return approval_public(row)
 

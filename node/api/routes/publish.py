@@ -26,6 +26,10 @@ async def publish(
     epsilon: Epsilon,
     background: BackgroundTasks,
     delta: Delta = None,
+    run: Annotated[
+        int | None,
+        Query(description="the training run this publish is a step of (POST /publish/runs)"),
+    ] = None,
 ) -> Response:
     """Evaluate a graph (engine wire frame as the body) on private data and release its
     outputs with noise, charging ``epsilon`` (and ``delta``) to your budget.
@@ -33,7 +37,7 @@ async def publish(
     The response is a tensor frame: ``output/<i>`` for each graph output, and the receipt
     in the manifest.
     """
-    request = service.PublishRequest(epsilon=epsilon, delta=delta)
+    request = service.PublishRequest(epsilon=epsilon, delta=delta, run_id=run)
     done = await run_in_threadpool(service.publish, context, user_id, body, request)
     if done.failure is not None:  # after the response: its time must not depend on it
         background.add_task(service.record_failure, context, user_id, done)
