@@ -1,6 +1,6 @@
 """The analyst's statistics against OpenDP: mean absolute error at the same epsilon.
 
-    python -m bench.utility_stats [--repeat 200] [--epsilon 1.0]
+    python -m bench.utility_stats [--repeat 1000] [--epsilon 1.0]
 
 The diabetes data (scikit-learn, unscaled: 442 patients, age 19-79, BMI 18-42) is uploaded to
 an in-process node with public bounds (age [0, 120], BMI [10, 70]); each statistic is
@@ -44,6 +44,7 @@ scale found by ``binary_search``). A vector's error is the mean over its element
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 from collections.abc import Callable
@@ -319,24 +320,41 @@ def opendp_regression(data: dict[str, np.ndarray], epsilon: float) -> OpenDPRele
     return OpenDPRelease(measurement, rows, solve)
 
 
-def _mae(values: list[np.ndarray], truth: np.ndarray) -> float:
-    return float(np.mean([np.mean(np.abs(np.asarray(v, dtype=float) - truth)) for v in values]))
+def _errors(values: list[np.ndarray], truth: np.ndarray) -> np.ndarray:
+    """Each release's absolute error (a vector's: the mean over its elements)."""
+    return np.array([np.mean(np.abs(np.asarray(v, dtype=float) - truth)) for v in values])
 
 
-def _row(name: str, ours: float | None, theirs: float | None) -> str:
-    """One line of the table; a side with no release prints "-".
+def _row(name: str, ours: np.ndarray | None, theirs: np.ndarray | None) -> str:
+    """One line of the table: each side's mean absolute error, and their ratio with its
+    standard error (the delta method over the releases); a side with no release prints "-".
 
-    >>> _row("median (age)", None, 0.51234)
+    >>> _row("median (age)", None, np.array([0.51234]))
     '| median (age) | - | 0.5123 | - |'
+    >>> _row("sum", np.array([1.0, 3.0]), np.array([2.0, 2.0]))
+    '| sum | 2 | 2 | 1.00 ± 0.50 |'
     """
-    cells = [f"{e:.4g}" if e is not None else "-" for e in (ours, theirs)]
-    ratio = f"{ours / theirs:.2f}" if ours is not None and theirs else "-"
+    means = [float(e.mean()) if e is not None else None for e in (ours, theirs)]
+    cells = [f"{m:.4g}" if m is not None else "-" for m in means]
+    ratio = "-"
+    if ours is not None and theirs is not None and means[1]:
+        a, b = means
+        assert a is not None and b is not None
+        relative = (
+            [
+                e.std(ddof=1) / (m * math.sqrt(e.size)) if m else 0.0
+                for e, m in ((ours, a), (theirs, b))
+            ]
+            if min(ours.size, theirs.size) > 1
+            else [0.0, 0.0]
+        )
+        ratio = f"{a / b:.2f} ± {a / b * math.hypot(*relative):.2f}"
     return f"| {name} | {cells[0]} | {cells[1]} | {ratio} |"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=1000)
     parser.add_argument("--epsilon", type=float, default=1.0)
     args = parser.parse_args()
     data = load()
@@ -366,11 +384,11 @@ def main() -> None:
         f"diabetes, n = {len(data['age'])}, epsilon {args.epsilon:g} (dpnode's regression: "
         f"delta {GROUP_DELTA:g}), {args.repeat} releases each; mean absolute error\n"
     )
-    print("| statistic | dpnode | OpenDP | dpnode / OpenDP |")
+    print("| statistic | dpnode | OpenDP | dpnode / OpenDP (± standard error) |")
     print("|---|---|---|---|")
     for name, t in truth.items():
-        a = _mae(ours[name], t) if name in ours else None
-        b = _mae(theirs[name], t) if name in theirs else None
+        a = _errors(ours[name], t) if name in ours else None
+        b = _errors(theirs[name], t) if name in theirs else None
         print(_row(name, a, b))
 
 
