@@ -66,7 +66,8 @@ _ORDER = (
 _MATRIX = (
     "Decompositions, inverses and solves of a private matrix have no privacy rule: publish "
     "the matrix they start from (e.g. (X.T @ X).publish(epsilon=...)) and factor, invert or "
-    "solve the published, public matrix locally."
+    "solve the published, public matrix locally; for least squares, "
+    "sdk.linear_regression(X, y, epsilon=...) does exactly that."
 )
 _POLYNOMIAL = (
     "For a public degree, write its three-term recurrence with mul and sub, which have "

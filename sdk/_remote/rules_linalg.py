@@ -379,3 +379,78 @@ def _ldl_factor_ex(
 implements(aten.linalg_ldl_solve.default)(
     lambda out, ld, pivots, b, *, hermitian=False: prim("ldl_solve", ld, pivots, b)
 )
+
+
+# -- least squares: torch.linalg.lstsq on public matrices ----------------------------------
+
+
+def _lstsq_metas(a: torch.Tensor, b: torch.Tensor, driver: str) -> tuple[torch.Tensor, ...]:
+    """The four outputs' metadata, as torch's CPU kernel shapes them (it has no meta kernel)."""
+    *batch_a, m, n = a.shape
+    vector = b.ndim == 1
+    *batch_b, _, k = (*b.shape, 1) if vector else b.shape
+    batch = tuple(torch.broadcast_shapes(tuple(batch_a), tuple(batch_b)))
+    dt = a.dtype
+    solution = (*batch, n) if vector else (*batch, n, k)
+    residuals = (*batch, k) if driver == "gels" and m > n else (0,)
+    rank = batch if driver != "gels" else (0,)
+
+    def meta(shape: tuple[int, ...], dtype: torch.dtype = dt) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    return meta(solution), meta(residuals), meta(rank, torch.int64), meta((0,))
+
+
+def _lstsq(a: Node, b: Node, metas: tuple[torch.Tensor, ...], rcond: Any) -> tuple[Node, ...]:
+    """The minimum-norm least-squares solution ``pinv(A) @ B`` (singular values at or below
+    ``rcond`` times the largest dropped), and the rank and residuals torch reports."""
+    solution, residuals, rank, singular = metas
+    m, n = (a.shape or (0, 0))[-2:]
+    vector = _nd(b) == 1
+    rhs = prim("unsqueeze", b, dim=-1) if vector else b
+    inverse_meta = torch.empty((*(a.shape or ())[:-2], n, m), dtype=solution.dtype, device="meta")
+    x = prim("matmul", _pinv(inverse_meta, a, rtol=rcond), rhs)
+    outs = [prim("squeeze", x, dims=(-1,)) if vector else x]
+    if residuals.numel():  # 'gels', m > n: the squared residuals per column
+        fitted = prim("sub", prim("matmul", a, x), rhs)
+        outs.append(prim("sum", prim("mul", fitted, fitted), dims=(-2,)))
+    else:
+        outs.append(_zeros(residuals))
+    if rank.numel():
+        s = prim("svdvals", a)
+        largest = prim("amax", s, dims=(-1,), keepdim=True)
+        tol = prim("mul", largest, _lift(rcond if rcond is not None else _default_rcond(a, m, n)))
+        outs.append(prim("sum", prim("gt", s, tol), dims=(-1,), dtype="int64"))
+    else:
+        outs.append(_zeros(rank))
+    outs.append(_zeros(singular))
+    return tuple(outs)
+
+
+def _default_rcond(a: Node, m: int, n: int) -> float:
+    return torch.finfo(a.dtype or torch.float32).eps * max(m, n)
+
+
+def _lstsq_special(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    from sdk._exceptions import UnsupportedOperationError
+    from sdk._remote.dispatch import _to_nodes, _wrap
+    from sdk._remote.tensor import RemoteTensor
+
+    a, b = args[0], args[1] if len(args) > 1 else kwargs["b"]
+    rcond = args[2] if len(args) > 2 else kwargs.get("rcond")
+    driver = kwargs.get("driver") or "gelsy"
+    tensors = [t for t in (a, b) if isinstance(t, torch.Tensor)]
+    if not any(isinstance(t, RemoteTensor) for t in tensors):
+        return aten.linalg_lstsq.default(*args, **kwargs)
+    if driver not in ("gelsy", "gels"):
+        raise UnsupportedOperationError(
+            f"torch.linalg.lstsq with driver={driver!r}: its residuals' shape depends on the "
+            "matrix's rank (a value); use the default driver ('gelsy') or 'gels'"
+        )
+    metas = _lstsq_metas(a, b, driver)
+    nodes = _lstsq(_to_nodes(a), _to_nodes(b), metas, rcond)
+    source = next(t._source for t in tensors if isinstance(t, RemoteTensor))
+    return torch.return_types.linalg_lstsq(_wrap(metas, nodes, source))
+
+
+SPECIAL[aten.linalg_lstsq.default] = _lstsq_special

@@ -119,8 +119,10 @@ def test_neighbours_are_refused_alike(
 def test_the_attack_reaches_both_outcomes() -> None:
     if sum(STATS.values()) < 100:  # ran alone: nothing to judge
         return
+    # hypothesis explores in runs of similar graphs: the refused share of 900 pairs has
+    # been seen from 8% to 19%, so the floor is a fraction of that
     assert STATS["answered"] >= 0.2 * sum(STATS.values()), STATS
-    assert STATS["refused"] >= 0.1 * sum(STATS.values()), STATS
+    assert STATS["refused"] >= 0.04 * sum(STATS.values()), STATS
 
 
 def test_sin_and_cos_of_a_product_that_overflows_are_refused() -> None:
