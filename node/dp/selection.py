@@ -72,7 +72,8 @@ def candidates(lo: float, hi: float, integral: bool) -> npt.NDArray[np.float64]:
 
     >>> candidates(0.0, 4.0, True).tolist()
     [0.0, 1.0, 2.0, 3.0, 4.0]
-    >>> c = candidates(0.0, 1.0, False); len(c), float(c[0]), float(c[-1]), bool(np.all(np.diff(c) > 0))
+    >>> c = candidates(0.0, 1.0, False)
+    >>> len(c), float(c[0]), float(c[-1]), bool(np.all(np.diff(c) > 0))
     (4097, 0.0, 1.0, True)
     """
     if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
