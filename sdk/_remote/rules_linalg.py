@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from sdk._remote.dispatch import SPECIAL
@@ -389,7 +390,7 @@ def _lstsq_metas(a: torch.Tensor, b: torch.Tensor, driver: str) -> tuple[torch.T
     *batch_a, m, n = a.shape
     vector = b.ndim == 1
     *batch_b, _, k = (*b.shape, 1) if vector else b.shape
-    batch = tuple(torch.broadcast_shapes(tuple(batch_a), tuple(batch_b)))
+    batch = tuple(int(d) for d in np.broadcast_shapes(tuple(batch_a), tuple(batch_b)))
     dt = a.dtype
     solution = (*batch, n) if vector else (*batch, n, k)
     residuals = (*batch, k) if driver == "gels" and m > n else (0,)
@@ -450,7 +451,7 @@ def _lstsq_special(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     metas = _lstsq_metas(a, b, driver)
     nodes = _lstsq(_to_nodes(a), _to_nodes(b), metas, rcond)
     source = next(t._source for t in tensors if isinstance(t, RemoteTensor))
-    return torch.return_types.linalg_lstsq(_wrap(metas, nodes, source))
+    return torch.return_types.linalg_lstsq(_wrap(metas, nodes, source))  # type: ignore[attr-defined]
 
 
 SPECIAL[aten.linalg_lstsq.default] = _lstsq_special
