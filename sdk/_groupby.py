@@ -16,6 +16,11 @@ comes back from one publish, charged once.
   is below 1 gets the middle of the bounds.
 * ``agg(bmi="mean", age="sum", ...)``: several columns' statistics and the counts in one
   publish, each normalised so that they carry the same share of the noise.
+* ``median(column)`` and ``quantile(column, q)``: per group, selected by the exponential
+  mechanism over the column's public range (node.dp.selection), in one publish: a replaced
+  row leaves one group and enters another, which moves two groups' scores by ``alpha`` or
+  ``1 - alpha`` each, and every group's selection is calibrated to that sum (for the median,
+  to one row's move).
 
 A row's contribution to all the sums and counts lies in one group, each part at most 1 in
 size: one vector of L1 norm at most ``parts`` (the columns and the count), or L2 norm at
@@ -163,6 +168,49 @@ class Grouped:
         sums, counts, receipt = self._release([column], epsilon, delta)
         return self._result(self._statistic("mean", column, sums, counts), receipt)
 
+    def quantile(self, column: str, q: Any, *, epsilon: float) -> GroupStatistics:
+        """The column's ``q`` quantile per group (a number, or several: a list per group),
+        selected by the exponential mechanism over the column's public range (pure epsilon).
+
+        A replaced row leaves one group and enters another, so two groups' selections move
+        and each is calibrated to that; several quantiles share ``epsilon`` equally. An empty
+        group's answer is a candidate chosen uniformly from the range.
+        """
+        return self._selected(column, q, "linear", epsilon)
+
+    def median(self, column: str, *, epsilon: float) -> GroupStatistics:
+        """The column's (lower) median per group, as :meth:`quantile` with ``q = 0.5``."""
+        return self._selected(column, 0.5, "lower", epsilon)
+
+    def _selected(self, column: str, q: Any, interpolation: str, epsilon: float) -> GroupStatistics:
+        from sdk._publish import publish
+        from sdk._remote.dispatch import _wrap, node_of
+        from sdk._remote.quantiles import selected_quantile
+
+        self._scale(column)  # a numeric column with finite bounds
+        x: torch.Tensor = self.ds[column]
+        qs = torch.as_tensor(q, dtype=torch.float64)
+        if qs.ndim > 1 or not bool(((qs >= 0) & (qs <= 1)).all()):
+            raise DPNodeError(f"q must be a number or a list of numbers in [0, 1], got {q!r}")
+        if interpolation == "linear" and not x.dtype.is_floating_point:
+            x = x.to(torch.float64)
+        numbers = torch.arange(1, len(self.keys) + 1, dtype=torch.float64)
+        index = ((self._members() @ numbers) - 1).to(torch.int64)  # -1: in no group
+        node = selected_quantile(
+            node_of(x),
+            qs.to(x.dtype),
+            interpolation,
+            False,
+            index=node_of(index),
+            groups=len(self.keys),
+        )
+        meta = torch.empty((len(self.keys), *qs.shape), dtype=x.dtype, device="meta")
+        released = publish(_wrap(meta, node, getattr(x, "_source", "")), epsilon=epsilon)
+        values = released.tolist()
+        out = GroupStatistics(zip(self.keys, values, strict=True))
+        out.receipt = released.receipt
+        return out
+
     def agg(
         self, *, epsilon: float, delta: float | None = None, **statistics: str
     ) -> dict[str, GroupStatistics]:
@@ -179,7 +227,10 @@ class Grouped:
             raise DPNodeError('agg needs at least one column="mean" or column="sum"')
         for column, how in statistics.items():
             if how not in ("mean", "sum"):
-                raise DPNodeError(f'{column}={how!r}: a statistic is "mean" or "sum"')
+                raise DPNodeError(
+                    f'{column}={how!r}: a statistic is "mean" or "sum" (medians and quantiles '
+                    "per group are selected, not noised: .median(column) or .quantile(column, q))"
+                )
         sums, counts, receipt = self._release(list(statistics), epsilon, delta)
         out = {
             column: self._result(self._statistic(how, column, sums, counts), receipt)

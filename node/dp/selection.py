@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import numpy.typing as npt
@@ -49,11 +50,13 @@ from node.errors import InvalidRequestError
 __all__ = [
     "ALPHA_BITS",
     "CANDIDATES",
+    "Selection",
     "SelectionPlan",
     "candidates",
     "plan_selection",
     "sampler_tv",
     "select_quantile",
+    "select_quantiles",
 ]
 
 #: candidates of a range that is not a short run of integers
@@ -86,8 +89,10 @@ def candidates(lo: float, hi: float, integral: bool) -> npt.NDArray[np.float64]:
             return np.arange(a, b + 1, dtype=np.float64)
     if lo == hi:
         return np.array([lo], dtype=np.float64)
-    t = np.arange(CANDIDATES, dtype=np.float64) / (CANDIDATES - 1)
-    grid = lo * (1 - t) + hi * t  # no overflow, whatever the range
+    t = np.arange(CANDIDATES, dtype=np.float64) / (CANDIDATES - 1)  # exact: a power of 2
+    width = hi - lo
+    # lo + width * t is on a binary grid when the width is finite; else, without overflow
+    grid = lo + width * t if math.isfinite(width) else lo * (1 - t) + hi * t
     grid[0], grid[-1] = lo, hi
     return np.maximum.accumulate(np.clip(grid, lo, hi))
 
@@ -100,70 +105,153 @@ def sampler_tv(count: int) -> float:
 
 
 @dataclass(frozen=True)
+class Selection:
+    """One quantile of one output: one selection per group (``groups``; 0: ungrouped, one
+    selection) over ``grid`` at the quantile ``alpha`` (in units of ``2^-ALPHA_BITS``), each
+    with weights ``exp(epsilon u / (2 sensitivity))``."""
+
+    grid: npt.NDArray[np.float64]
+    alpha: int
+    epsilon: float
+    sensitivity: Fraction
+    groups: int = 0
+
+    @property
+    def count(self) -> int:
+        return max(self.groups, 1)
+
+
+@dataclass(frozen=True)
 class SelectionPlan:
     """One release's quantile selections, decided from public metadata only.
 
     Attributes:
-        epsilon: the whole release's epsilon; each of the ``count`` selections gets an equal
-            share (basic composition).
-        sensitivity: per selection, the most elements one subject can move (the score's
-            sensitivity), at least 1.
-        grids: per selection, its candidates.
-        alphas: per selection, the quantile, in units of ``2^-ALPHA_BITS``.
+        epsilon: the whole release's epsilon; each quantile asked for gets an equal share
+            (basic composition), and within one, the groups share it (see
+            :func:`plan_selection`).
+        selections: per output, per quantile, in order.
         sampler_tv: the whole release's deviation from the exact mechanism.
+        grouped: per output, whether it is per group.
     """
 
     epsilon: float
-    sensitivity: tuple[int, ...]
-    grids: tuple[npt.NDArray[np.float64], ...]
-    alphas: tuple[int, ...]
+    selections: tuple[Selection, ...]
     sampler_tv: float
+    grouped: tuple[bool, ...] = ()
 
     @property
     def count(self) -> int:
-        return len(self.alphas)
-
-    @property
-    def epsilon_each(self) -> float:
-        return self.epsilon / self.count if self.count else self.epsilon
+        """How many values the release selects (a quantile per group)."""
+        return sum(s.count for s in self.selections)
 
 
 def plan_selection(
-    *,
-    epsilon: float,
-    sensitivity: list[int],
-    grids: list[npt.NDArray[np.float64]],
-    alphas: list[float],
+    *, epsilon: float, outputs: list[tuple[npt.NDArray[np.float64], list[float], int, int]]
 ) -> SelectionPlan:
-    """Plan ``len(alphas)`` quantile selections at ``epsilon`` in total.
+    """Plan the quantile selections of a release at ``epsilon`` in total.
+
+    ``outputs``: per output, its candidates, its quantiles, the most values one subject can
+    move (``k``), and its number of groups (0: not grouped). Each of the ``M`` quantiles
+    asked for gets ``epsilon / M``. Ungrouped, the score moves by at most ``k``. Grouped, each
+    moved value leaves one group and enters another, moving the two groups' scores by
+    ``1 - alpha`` or ``alpha`` each: ``2 max(alpha, 1 - alpha) k`` together at most (``k``
+    for the median, and ``k`` with a single group), so every group's selection is calibrated
+    to that total, and their privacy losses add up to the quantile's share.
 
     Raises:
         InvalidRequestError: a bad epsilon, or a quantile outside [0, 1].
     """
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise InvalidRequestError(f"epsilon must be finite and > 0, got {epsilon!r}")
-    units = []
-    for alpha in alphas:
-        if not 0 <= alpha <= 1:
-            raise InvalidRequestError(f"a quantile must be in [0, 1], got {alpha!r}")
-        units.append(round(alpha * 2**ALPHA_BITS))
-    tv = sum(sampler_tv(len(g)) for g in grids)
-    return SelectionPlan(
-        epsilon, tuple(max(1, int(k)) for k in sensitivity), tuple(grids), tuple(units), tv
-    )
+    share = epsilon / max(1, sum(len(alphas) for _, alphas, _, _ in outputs))
+    selections, tv = [], 0.0
+    whole = 2**ALPHA_BITS
+    for grid, alphas, k, groups in outputs:
+        for alpha in alphas:
+            if not 0 <= alpha <= 1:
+                raise InvalidRequestError(f"a quantile must be in [0, 1], got {alpha!r}")
+            units = round(alpha * whole)
+            # a value leaving a group moves its score by 1 - alpha or alpha, and so does one
+            # entering: across groups 2 max(alpha, 1 - alpha) per value moved, at least the
+            # 1 of a value that changes within its group
+            spread = Fraction(max(1, k))
+            if groups > 1:
+                spread *= max(Fraction(1), Fraction(2 * max(units, whole - units), whole))
+            selections.append(Selection(grid, units, share, spread, groups))
+            tv += max(groups, 1) * sampler_tv(len(grid))
+    grouped = tuple(groups > 0 for *_, groups in outputs)
+    return SelectionPlan(epsilon, tuple(selections), tv, grouped)
 
 
 def _counts(
-    values: npt.NDArray[np.float64], grid: npt.NDArray[np.float64]
+    values: npt.NDArray[np.float64],
+    grid: npt.NDArray[np.float64],
+    groups: npt.NDArray[np.int64] | None = None,
+    count: int = 1,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """``#{x < c}`` and ``#{x > c}`` for every candidate ``c`` of the sorted ``grid``."""
+    """``#{x < c}`` and ``#{x > c}`` for every candidate ``c`` of the sorted ``grid``: one
+    row per group (values whose group is outside ``[0, count)`` count nowhere)."""
     m = grid.size
+    if groups is None:
+        groups = np.zeros(values.size, dtype=np.int64)
+    inside = (groups >= 0) & (groups < count)
+    row = np.where(inside, groups, count) * (m + 1)  # a discarded row for the rest
     # x < c[j] iff j >= #{c <= x}; x > c[j] iff j < #{c < x}
-    at_or_below = np.searchsorted(grid, values, side="right")
-    below = np.searchsorted(grid, values, side="left")
-    less = np.cumsum(np.bincount(at_or_below, minlength=m + 1)[:m])
-    greater = values.size - np.cumsum(np.bincount(below, minlength=m + 1)[:m])
+    at_or_below = np.searchsorted(grid, values, side="right") + row
+    below = np.searchsorted(grid, values, side="left") + row
+    cells = (count + 1) * (m + 1)
+    ats = np.bincount(at_or_below, minlength=cells).reshape(count + 1, m + 1)[:count, :m]
+    bel = np.bincount(below, minlength=cells).reshape(count + 1, m + 1)[:count]
+    sizes = bel.sum(axis=1, keepdims=True)
+    less = np.cumsum(ats, axis=1)
+    greater = sizes - np.cumsum(bel[:, :m], axis=1)
     return less.astype(np.int64), greater.astype(np.int64)
+
+
+def select_quantiles(
+    values: npt.NDArray[np.float64],
+    selection: Selection,
+    *,
+    words: samplers.WordSource,
+    groups: npt.NDArray[np.int64] | None = None,
+) -> npt.NDArray[np.float64]:
+    """One candidate of the selection's grid per group, by the exponential mechanism (see
+    the module docstring).
+
+    ``values`` must be finite and inside the grid's range (the caller clips them there);
+    ``groups`` gives each value's group (``None``: one group).
+    """
+    grid, count = selection.grid, selection.count
+    if grid.size == 1:
+        return np.full(count, float(grid[0]))
+    less, greater = _counts(values, grid, groups, count)
+    a, whole = selection.alpha, 1 << ALPHA_BITS
+    if values.size < 2**31:  # exact in int64: (2^32 - a) * less < 2^63
+        scores = np.abs((whole - a) * less - a * greater)
+        gaps = (scores - scores.min(axis=1, keepdims=True)).astype(np.float64)
+    else:  # exact integer scores as Python integers (no overflow whatever the count)
+        big = np.abs((whole - a) * less.astype(object) - a * greater.astype(object))
+        low = big.min(axis=1, keepdims=True)
+        gaps = np.vectorize(float, otypes=[np.float64])(big - low)
+    # rounded up: a larger sensitivity only flattens the weights
+    factor = selection.epsilon / (2.0 * _float_at_least(selection.sensitivity) * whole)
+    with np.errstate(under="ignore"):
+        weights = np.exp(-factor * gaps)
+    scaled = np.floor(np.ldexp(weights, _WEIGHT_BITS)).astype(np.int64)
+    running = np.cumsum(scaled, axis=1)  # below CANDIDATES * 2^50 < 2^63
+    words_drawn = words(2 * count)
+    draws = np.empty(count, dtype=np.int64)
+    for g in range(count):  # 128 bits modulo each total (the same work for every group)
+        draw = ((int(words_drawn[2 * g]) << 64) | int(words_drawn[2 * g + 1])) % int(running[g, -1])
+        draws[g] = draw
+    # the first candidate whose running sum exceeds the draw
+    chosen = np.argmax(running > draws[:, None], axis=1)
+    return np.asarray(grid[chosen], dtype=np.float64)
+
+
+def _float_at_least(x: Fraction) -> float:
+    f = float(x)
+    return f if Fraction(f) >= x else math.nextafter(f, math.inf)
 
 
 def select_quantile(
@@ -175,25 +263,6 @@ def select_quantile(
     sensitivity: int,
     words: samplers.WordSource,
 ) -> float:
-    """One candidate of ``grid``, by the exponential mechanism (see the module docstring).
-
-    ``values`` must be finite and inside the grid's range (the caller clips them there).
-    """
-    if grid.size == 1:
-        return float(grid[0])
-    less, greater = _counts(values, grid)
-    a, whole = alpha_units, 1 << ALPHA_BITS
-    # exact integer scores, as Python integers (no overflow whatever the count)
-    scores = np.abs(
-        (whole - a) * less.astype(object) - a * greater.astype(object)
-    )  # object array of ints
-    best = min(scores)
-    gaps = np.array([float(s - best) for s in scores], dtype=np.float64)
-    with np.errstate(under="ignore"):
-        weights = np.exp(-(epsilon / (2.0 * sensitivity * whole)) * gaps)
-    scaled = np.floor(np.ldexp(weights, _WEIGHT_BITS)).astype(np.int64)
-    running = np.cumsum(scaled)  # below CANDIDATES * 2^50 < 2^63
-    total = int(running[-1])
-    hi, lo = (int(w) for w in words(2))
-    draw = ((hi << 64) | lo) % total
-    return float(grid[int(np.searchsorted(running, draw, side="right"))])
+    """One candidate of ``grid`` for all of ``values`` (:func:`select_quantiles`)."""
+    one = Selection(grid, alpha_units, epsilon, Fraction(sensitivity))
+    return float(select_quantiles(values, one, words=words)[0])

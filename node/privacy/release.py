@@ -224,16 +224,24 @@ def _plan_selection(
 ) -> ReleasePlan | None:
     """The plan of a release of quantiles of private values; None if there are none.
 
-    Every output must then be such a quantile, of public quantiles ``q`` (a constant).
+    Every output must then be such a quantile, of public quantiles ``q`` (a constant),
+    possibly per group (a group index per value, ``groups`` attribute).
     """
     nodes, outputs = planned.graph.nodes, planned.graph.outputs
     quantiles = [o for o in outputs if nodes[o].op == "quantile"]
     if not quantiles:
         return None
-    taken = [_ref(nodes[o].args[0]) for o in quantiles]
+    # what the selections read: each quantile's values, and its group index if grouped
+    taken: list[int] = []
+    joined: dict[int, int] = {}
+    for o in quantiles:
+        taken.append(_ref(nodes[o].args[0]))
+        if _groups(nodes[o]):
+            joined[len(taken) - 1] = len(taken)
+            taken.append(_ref(nodes[o].args[2]))
     of = plan(Graph(nodes, tuple(taken)), accurate=True)
-    report, moves = selection_inputs(of, specs)
-    if all(k is None for k in moves):
+    report, moves = selection_inputs(of, specs, joined)
+    if all(moves[i] is None for i in range(len(taken)) if i not in joined.values()):
         return None  # quantiles of public values: computed exactly, like any public value
     if len(quantiles) != len(outputs):
         raise PrivacyTrackingError(
@@ -245,33 +253,36 @@ def _plan_selection(
             "a quantile (median) is selected by the exponential mechanism, which is pure "
             "epsilon-DP: publish it without delta"
         )
-    grids, alphas, sens = [], [], []
-    for i, o in enumerate(quantiles):
+    asked = []
+    parts: list[tuple[npt.NDArray[np.float64], list[float], int, int]] = []
+    shapes, ks = [], []
+    position = 0
+    for o in quantiles:
         q = nodes[_ref(nodes[o].args[1])]
         if q.op != "constant" or q.value is None:
             raise PrivacyTrackingError(f"node {o} (quantile): the quantiles must be constants")
-        out = report.outputs[i]
-        integral = not of.metas[taken[i]].dtype.is_float
-        grids.append(
-            selection.candidates(float(np.min(out.lower)), float(np.max(out.upper)), integral)
-        )
-        alphas.append(np.asarray(q.value, dtype=np.float64))
-        sens.append(moves[i] or 0)
-    sel = selection.plan_selection(
-        epsilon=epsilon,
-        sensitivity=[k for k, a in zip(sens, alphas, strict=True) for _ in range(a.size)],
-        grids=[g for g, a in zip(grids, alphas, strict=True) for _ in range(a.size)],
-        alphas=[float(v) for a in alphas for v in a.reshape(-1)],
-    )
+        out = report.outputs[position]
+        integral = not of.metas[of.graph.outputs[position]].dtype.is_float
+        grid = selection.candidates(float(np.min(out.lower)), float(np.max(out.upper)), integral)
+        groups = _groups(nodes[o])
+        alphas = [float(v) for v in np.asarray(q.value, dtype=np.float64).reshape(-1)]
+        k = moves[position] or 0
+        parts.append((grid, alphas, k, groups))
+        shape = tuple(np.shape(q.value))
+        shapes.append((groups, *shape) if groups else shape)
+        ks.append(k)
+        asked.append(position)
+        position += 2 if groups else 1
+    sel = selection.plan_selection(epsilon=epsilon, outputs=parts)
     # what the receipt shows: per output, the score's sensitivity and the candidates' range
     selected = PrivacyReport(
         tuple(
             OutputSensitivity(
-                a.shape,
+                shape,
                 k,
                 k,
-                np.full(a.shape, g[0]),
-                np.full(a.shape, g[-1]),
+                np.full(shape, grid[0]),
+                np.full(shape, grid[-1]),
                 np.full(1, float(k)),
                 np.full(1, float(k)),
                 k,
@@ -279,25 +290,31 @@ def _plan_selection(
                 0.0,
                 0.0,
             )
-            for a, k, g in zip(alphas, sens, grids, strict=True)
+            for shape, k, (grid, *_) in zip(shapes, ks, parts, strict=True)
         ),
         report.subjects,
     )
-    biggest = max(max(sens), 1)
     noise = NoisePlan(
         mechanism="exponential",
         count=sel.count,
         grid_exponent=None,
-        scale=2 * biggest / sel.epsilon_each,
-        sensitivity=float(biggest),
+        # the largest scale of the selections: 2 * sensitivity / epsilon
+        scale=max((2 * float(x.sensitivity) / x.epsilon for x in sel.selections), default=0.0),
+        sensitivity=float(max(ks, default=0)),
         epsilon=epsilon,
         rho=0.0,
         sampler_tv=sel.sampler_tv,
         sampler=None,
     )
-    lower = _flat([g[0] for g in grids], selected)
-    upper = _flat([g[-1] for g in grids], selected)
+    lower = _flat([grid[0] for grid, *_ in parts], selected)
+    upper = _flat([grid[-1] for grid, *_ in parts], selected)
     return ReleasePlan(of, selected, noise, lower, upper, lower.copy(), sel)
+
+
+def _groups(node: Any) -> int:
+    """A quantile's number of groups (0: not grouped)."""
+    groups = node.attrs.get("groups")
+    return groups if isinstance(groups, int) else 0
 
 
 def _ref(arg: object) -> int:
@@ -323,29 +340,32 @@ def _run_selection(
         taken = [np.asarray(v) for v in run(rp.plan, values, rng=rng).outputs]
     except Exception as exc:  # once charged, always answered: public stand-ins
         failure = f"{type(exc).__name__}: {exc}"
-        taken = [np.zeros(m.shape) for m in metas]
+        taken = [np.zeros(m.shape, dtype=m.dtype.np) for m in metas]
     words = word_source(source)
-    chosen = np.empty(sel.count)
-    j = 0
-    for x, out, meta in zip(taken, rp.report.outputs, metas, strict=True):
+    pieces: list[npt.NDArray[np.float64]] = []
+    position, j = 0, 0
+    for out, grouped in zip(rp.report.outputs, sel.grouped, strict=True):
+        x, meta = taken[position], metas[position]
+        index = np.asarray(taken[position + 1]).reshape(-1).astype(np.int64) if grouped else None
         lo, hi = float(np.min(out.lower)), float(np.max(out.upper))
         flat = np.asarray(x, dtype=np.float64).reshape(-1)
         # the same work whatever the values: clip to the public range, NaN to its low end
         flat = np.where(np.isnan(flat), lo, np.clip(flat, lo, hi))
-        for _ in range(math.prod(out.shape)):
-            pick = selection.select_quantile(
-                flat,
-                sel.grids[j],
-                sel.alphas[j],
-                epsilon=sel.epsilon_each,
-                sensitivity=sel.sensitivity[j],
-                words=words,
+        count = math.prod(out.shape[1:] if grouped else out.shape)
+        picks = []
+        for _ in range(count):
+            picks.append(
+                selection.select_quantiles(flat, sel.selections[j], words=words, groups=index)
             )
-            # an integer quantile is an integer (post-processing of a public candidate)
-            chosen[j] = pick if meta.dtype.is_float else float(np.round(pick))
             j += 1
+        chosen = np.stack(picks, axis=-1) if picks else np.zeros((0,))
+        if not meta.dtype.is_float:  # an integer quantile is an integer (post-processing)
+            chosen = np.round(chosen)
+        pieces.append(chosen.reshape(-1))
+        position += 2 if grouped else 1
+    flat_all = np.concatenate(pieces) if pieces else np.zeros(0)
     release = Release(
-        values=chosen,
+        values=flat_all,
         mechanism="exponential",
         grid_exponent=None,
         scale=rp.noise.scale,
@@ -354,7 +374,7 @@ def _run_selection(
         rho=0.0,
         sampler_tv=rp.noise.sampler_tv,
     )
-    return Released(rp.report.split(chosen + 0.0), release, failure)
+    return Released(rp.report.split(flat_all + 0.0), release, failure)
 
 
 def _flat(parts: list[npt.NDArray[Any]], report: PrivacyReport) -> npt.NDArray[np.float64]:

@@ -35,7 +35,7 @@ from node.privacy.state import (
     joint,
     public_state,
 )
-from node.privacy.subjects import Subjects
+from node.privacy.subjects import Subjects, rows_of
 from node.privacy.tables import lazy_root_ids, make_root
 
 __all__ = [
@@ -357,7 +357,9 @@ def _track(p: Plan, input_specs: Mapping[str, InputSpec]) -> tuple[PrivacyTracke
 
 
 def selection_inputs(
-    graph: Graph | Plan, input_specs: Mapping[str, InputSpec]
+    graph: Graph | Plan,
+    input_specs: Mapping[str, InputSpec],
+    joined: Mapping[int, int] | None = None,
 ) -> tuple[PrivacyReport, list[int | None]]:
     """What the exponential mechanism needs of each output of ``graph``, from public
     metadata only: its report (bounds; an output that may be unbounded or NaN is refused)
@@ -365,22 +367,65 @@ def selection_inputs(
 
     An element moves when one subject is replaced if the subject owns it and its ``L`` is
     not 0, or if its ``G`` is not 0, or if its computed value may differ from the exact one
-    (``E``: rounding can follow any input); a public element never moves.
+    (``E``: rounding can follow any input); a public element never moves. ``joined`` maps
+    an output to another of the same shape read with it (a grouped quantile's values and
+    their group index): an element then moves if it moves in either, counted once where
+    both are owned alike (a subject's rows), else the two counts add up.
     """
     tracker, outs = _track(_accurate(graph, None), input_specs)
     report = tracker.report(outs)
+    units = [_movable(s) for s in outs]
     counts: list[int | None] = []
-    for s in outs:
-        if s.is_public:
-            counts.append(None)
+    for i, s in enumerate(outs):
+        partner = None if joined is None else joined.get(i)
+        if partner is None:
+            counts.append(None if s.is_public else _moved(s, units[i], tracker.nsub))
             continue
-        rounding_moves = np.asarray(False) if s.E is None else np.asarray(s.E) > 0
-        own = np.where((np.asarray(s.L) > 0) | rounding_moves, 1.0, 0.0)
-        other = np.where((np.asarray(s.G) > 0) | rounding_moves, 1.0, 0.0)
-        unit = s.with_(L=own, G=other, t1=None, t2=None, table=None)
-        t1, _ = joint(unit, tracker.nsub)
-        counts.append(math.ceil(float(t1.max(initial=0.0))))
+        t = outs[partner]
+        if s.is_public and t.is_public:
+            counts.append(None)
+        elif _owned_alike(s, t):
+            (own_a, other_a), (own_b, other_b) = units[i], units[partner]
+            both = (np.maximum(own_a, own_b), np.maximum(other_a, other_b))
+            base = s if not s.is_public else t
+            counts.append(_moved(base, both, tracker.nsub))
+        else:
+            counts.append(sum(_moved(u, units[j], tracker.nsub) for j, u in ((i, s), (partner, t))))
     return report, counts
+
+
+def _movable(s: State) -> tuple[Array, Array]:
+    """Per element, 1 where replacing its owner (then any other subject) may move it."""
+    if s.is_public:
+        zero = np.zeros(())
+        return zero, zero
+    rounding_moves = np.asarray(False) if s.E is None else np.asarray(s.E) > 0
+    own = np.where((np.asarray(s.L) > 0) | rounding_moves, 1.0, 0.0)
+    other = np.where((np.asarray(s.G) > 0) | rounding_moves, 1.0, 0.0)
+    return own, other
+
+
+def _moved(s: State, unit: tuple[Array, Array], nsub: int) -> int:
+    """The most elements of ``s`` one subject moves, given the masks of :func:`_movable`."""
+    if s.is_public:
+        return 0
+    t1, _ = joint(s.with_(L=unit[0], G=unit[1], t1=None, t2=None, table=None), nsub)
+    return math.ceil(float(t1.max(initial=0.0)))
+
+
+def _owned_alike(a: State, b: State) -> bool:
+    """Whether every element of ``a`` and ``b`` has the same owner (or one is public)."""
+    if a.is_public or b.is_public:
+        return True
+    if a.shape != b.shape:
+        return False
+    ra, rb = rows_of(fit(a.owner, a.shape), a.shape), rows_of(fit(b.owner, b.shape), b.shape)
+    if ra is not None and rb is not None:
+        return ra.subjects is rb.subjects and ra.axis == rb.axis
+    with np.errstate(all="ignore"):
+        return bool(
+            np.array_equal(np.broadcast_to(a.owner, a.shape), np.broadcast_to(b.owner, b.shape))
+        )
 
 
 def evaluate_tracked(

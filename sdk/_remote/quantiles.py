@@ -26,12 +26,25 @@ from sdk._remote.tensor import RemoteTensor
 __all__ = ["selected_quantile"]
 
 
-def selected_quantile(x: Node, q: torch.Tensor, interpolation: str, ignore_nan: bool) -> Node:
-    """The ``quantile`` prim of all of ``x``'s elements at the public quantiles ``q``."""
-    node = prim(
-        "quantile", x, constant(q), interpolation=interpolation, ignore_nan=bool(ignore_nan)
-    )
-    node.shape, node.dtype = tuple(q.shape), x.dtype
+def selected_quantile(
+    x: Node,
+    q: torch.Tensor,
+    interpolation: str,
+    ignore_nan: bool,
+    *,
+    index: Node | None = None,
+    groups: int = 0,
+) -> Node:
+    """The ``quantile`` prim of all of ``x``'s elements at the public quantiles ``q``; with a
+    group ``index`` per element and ``groups``, of each group's (one row per group)."""
+    attrs: dict[str, Any] = {"interpolation": interpolation, "ignore_nan": bool(ignore_nan)}
+    if index is None:
+        node = prim("quantile", x, constant(q), **attrs)
+        node.shape = tuple(q.shape)
+    else:
+        node = prim("quantile", x, constant(q), index, groups=int(groups), **attrs)
+        node.shape = (int(groups), *q.shape)
+    node.dtype = x.dtype
     return node
 
 

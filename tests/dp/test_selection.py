@@ -13,6 +13,7 @@ from scipy import stats
 
 from node.dp import selection
 from node.dp.samplers import word_source
+from node.errors import InvalidRequestError
 
 mpmath.mp.dps = 60
 
@@ -116,7 +117,7 @@ def test_the_counts_match_a_direct_count() -> None:
     rng = np.random.default_rng(11)
     values = np.round(rng.uniform(-3, 3, 300), 1)
     grid = selection.candidates(-3.0, 3.0, False)
-    less, greater = selection._counts(values, grid)
+    less, greater = (c[0] for c in selection._counts(values, grid))
     assert less.tolist() == [int(np.sum(values < c)) for c in grid]
     assert greater.tolist() == [int(np.sum(values > c)) for c in grid]
 
@@ -133,10 +134,100 @@ def test_candidates() -> None:
 
 
 def test_bad_parameters_are_refused() -> None:
-    grid = [selection.candidates(0.0, 1.0, False)]
-    with pytest.raises(Exception, match="epsilon"):
-        selection.plan_selection(epsilon=-1.0, sensitivity=[1], grids=grid, alphas=[0.5])
-    with pytest.raises(Exception, match="epsilon"):
-        selection.plan_selection(epsilon=math.nan, sensitivity=[1], grids=grid, alphas=[0.5])
-    with pytest.raises(Exception, match=r"\[0, 1\]"):
-        selection.plan_selection(epsilon=1.0, sensitivity=[1], grids=grid, alphas=[1.5])
+    grid = selection.candidates(0.0, 1.0, False)
+    with pytest.raises(InvalidRequestError, match="epsilon"):
+        selection.plan_selection(epsilon=-1.0, outputs=[(grid, [0.5], 1, 0)])
+    with pytest.raises(InvalidRequestError, match="epsilon"):
+        selection.plan_selection(epsilon=math.nan, outputs=[(grid, [0.5], 1, 0)])
+    with pytest.raises(InvalidRequestError, match=r"\[0, 1\]"):
+        selection.plan_selection(epsilon=1.0, outputs=[(grid, [1.5], 1, 0)])
+
+
+def test_the_epsilon_is_shared_by_the_quantiles_and_groups_move_together() -> None:
+    grid = selection.candidates(0.0, 1.0, False)
+    plan = selection.plan_selection(
+        epsilon=1.0,
+        outputs=[(grid, [0.25, 0.75], 1, 0), (grid, [0.5, 0.9], 2, 10), (grid, [0.9], 1, 1)],
+    )
+    assert [x.epsilon for x in plan.selections] == [pytest.approx(0.2)] * 5
+    # a moved value leaves one group (its score moves by alpha or 1 - alpha) and enters
+    # another (the same): 2 max(alpha, 1 - alpha) per value, 1 for the median or one group
+    assert [float(x.sensitivity) for x in plan.selections] == [
+        1,
+        1,
+        2,
+        pytest.approx(2 * 2 * 0.9),
+        1,
+    ]
+    assert plan.count == 1 + 1 + 10 + 10 + 1 and plan.grouped == (False, True, True)
+
+
+def _exact_grouped(values, groups, count, grid, alpha, eps, spread) -> list:
+    """Per group, the exact probabilities of its selection (the groups draw independently)."""
+    return [_exact(values[groups == g], grid, alpha, eps, spread) for g in range(count)]
+
+
+def test_a_grouped_selection_follows_the_exponential_mechanism_per_group() -> None:
+    rng = np.random.default_rng(9)
+    values = np.round(rng.uniform(0, 10, 60))
+    groups = rng.integers(-1, 3, 60)  # -1: in no group
+    grid = selection.candidates(0.0, 10.0, True)
+    one = selection.Selection(
+        grid, round(0.5 * 2**selection.ALPHA_BITS), 2.0, Fraction(2), groups=3
+    )
+    words = word_source("pcg")
+    picks = np.stack(
+        [selection.select_quantiles(values, one, words=words, groups=groups) for _ in range(3000)]
+    )
+    for g, probs in enumerate(_exact_grouped(values, groups, 3, grid, 0.5, 2.0, 2)):
+        p = np.array([float(x) for x in probs])
+        counts = np.bincount(np.searchsorted(grid, picks[:, g]), minlength=grid.size)
+        keep = p * 3000 >= 5
+        observed = np.append(counts[keep], counts[~keep].sum())
+        expected = np.append(p[keep], p[~keep].sum()) * 3000
+        if expected[-1] < 5:
+            observed[-2] += observed[-1]
+            expected[-2] += expected[-1]
+            observed, expected = observed[:-1], expected[:-1]
+        assert stats.chisquare(observed, expected).pvalue > 1e-4, g
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.9])
+def test_moving_a_value_between_groups_stays_within_e_to_the_epsilon(alpha: float) -> None:
+    """A replaced row changes its value and its group: two groups' selections move, and
+    calibrated as planned the joint law of all the groups' answers moves by at most
+    e^epsilon. The claim behind it: the groups' scores move by at most the planned
+    sensitivity together, and some neighbour moves them by exactly that."""
+    rng = np.random.default_rng(4)
+    grid = selection.candidates(0.0, 4.0, True)
+    eps = 4.0
+    plan = selection.plan_selection(epsilon=eps, outputs=[(grid, [alpha], 1, 2)])
+    (one,) = plan.selections
+    moved_most = Fraction(0)
+    for _ in range(300):
+        n = int(rng.integers(2, 7))
+        v1 = rng.integers(0, 5, n).astype(np.float64)
+        g1 = rng.integers(0, 2, n)
+        v2, g2 = v1.copy(), g1.copy()
+        row = rng.integers(n)
+        v2[row], g2[row] = rng.integers(0, 5), rng.integers(0, 2)
+        e1, e2 = one.epsilon, float(one.sensitivity)
+        p1 = _exact_grouped(v1, g1, 2, grid, alpha, e1, e2)
+        p2 = _exact_grouped(v2, g2, 2, grid, alpha, e1, e2)
+        # the joint law is the product: its worst ratio is the product of the worst ratios
+        worst = mpmath.mpf(1)
+        for a, b in zip(p1, p2, strict=True):
+            worst *= max(max(x / y for x, y in zip(a, b, strict=True)), 1)
+        assert worst <= mpmath.e**eps * (1 + mpmath.mpf(10) ** -40)
+        a = Fraction(one.alpha, 2**selection.ALPHA_BITS)
+        moved = sum(
+            max(abs(_score(v1[g1 == g], c, a) - _score(v2[g2 == g], c, a)) for c in grid)
+            for g in range(2)
+        )
+        assert moved <= one.sensitivity
+        moved_most = max(moved_most, moved)
+    assert moved_most == one.sensitivity
+
+
+def _score(values: np.ndarray, c: float, a: Fraction) -> Fraction:
+    return -abs((1 - a) * int(np.sum(values < c)) - a * int(np.sum(values > c)))

@@ -37,8 +37,10 @@ def _plan(graph: Graph, specs: dict[str, InputSpec], delta: float | None = None)
 
 def test_a_median_is_selected_on_a_grid_over_the_public_range() -> None:
     rp = _plan(_graph(200, scale=2.0), {AGE: InputSpec.private(0.0, 120.0, None)})
-    assert rp.noise.mechanism == "exponential" and rp.selection.sensitivity == (1,)
-    grid = rp.selection.grids[0]
+    assert rp.noise.mechanism == "exponential" and [
+        x.sensitivity for x in rp.selection.selections
+    ] == [1]
+    grid = rp.selection.selections[0].grid
     assert grid[0] == 0.0 and abs(grid[-1] - 240.0) < 1e-6 and grid.size == selection.CANDIDATES
     values = np.random.default_rng(0).uniform(40, 60, 200)
     done = run_release(rp, {AGE: values})
@@ -50,7 +52,7 @@ def test_a_median_is_selected_on_a_grid_over_the_public_range() -> None:
 def test_a_subject_with_several_rows_moves_that_many_values() -> None:
     subjects = np.array([0, 0, 0, 1, 2, 2, 3, 4])  # subject 0 has 3 rows
     rp = _plan(_graph(8), {AGE: InputSpec.private(0.0, 120.0, subjects)})
-    assert rp.selection.sensitivity == (3,)
+    assert rp.selection.selections[0].sensitivity == 3
 
 
 def test_a_value_computed_from_every_row_moves_with_any_subject() -> None:
@@ -59,14 +61,14 @@ def test_a_value_computed_from_every_row_moves_with_any_subject() -> None:
     centred = b.op("sub", x, b.op("mean", x, dims=(0,), keepdim=True))
     g = b.build([b.op("quantile", centred, b.constant(np.asarray(0.5)), interpolation="lower")])
     rp = _plan(g, {AGE: InputSpec.private(0.0, 120.0, None)})
-    assert rp.selection.sensitivity == (10,)
+    assert rp.selection.selections[0].sensitivity == 10
 
 
 def test_several_quantiles_share_the_epsilon() -> None:
     rp = _plan(_graph(50, q=[0.25, 0.5, 0.75], how="linear"), {AGE: InputSpec.private(0, 9, None)})
     sel = rp.selection
-    assert sel.count == 3 and sel.epsilon_each == pytest.approx(1 / 3)
-    assert sel.grids[0].tolist() == list(range(10)) or sel.grids[0].size == selection.CANDIDATES
+    assert sel.count == 3 and all(x.epsilon == pytest.approx(1 / 3) for x in sel.selections)
+    assert sel.selections[0].grid.size == selection.CANDIDATES  # float values
     (got,) = run_release(rp, {AGE: np.arange(50.0) % 10}).values
     assert got.shape == (3,)
 
@@ -76,7 +78,7 @@ def test_integer_values_give_integer_candidates() -> None:
     x = b.input("dataset:1/n", "int64", (30,))
     g = b.build([b.op("quantile", x, b.constant(np.asarray(0.5)), interpolation="lower")])
     rp = _plan(g, {"dataset:1/n": InputSpec.private(0, 20, None)})
-    assert rp.selection.grids[0].tolist() == [float(v) for v in range(21)]
+    assert rp.selection.selections[0].grid.tolist() == [float(v) for v in range(21)]
     (got,) = run_release(rp, {"dataset:1/n": np.arange(30) % 21}).values
     assert float(got).is_integer()
 
@@ -141,13 +143,15 @@ def test_a_failed_evaluation_still_answers_with_a_candidate() -> None:
         raise OSError("the column's blob is gone")
 
     done = run_release(rp, unreadable)
-    assert done.failure is not None and done.values[0] in rp.selection.grids[0]
+    assert done.failure is not None and done.values[0] in rp.selection.selections[0].grid
 
 
 # -- the attack: random computations, then a quantile of their result ---------------------
 
 
-def _quantile_graph(cols: dict[str, Column], data: st.DataObject) -> Graph:
+def _quantile_graph(cols: dict[str, Column], data: st.DataObject) -> tuple[Graph, int]:
+    """Random computations, then a quantile of one result: of all of it, or per group of the
+    private integer column ``u`` (4 groups) when the result has one value per row."""
     g = Builder(data)
     for name, col in cols.items():
         ref = g.b.input(name, col.dtype, col.shape)
@@ -156,10 +160,14 @@ def _quantile_graph(cols: dict[str, Column], data: st.DataObject) -> Graph:
         data.draw(st.sampled_from(OPS))(g)
     top = data.draw(st.sampled_from(g.pool))
     q = g.b.constant(np.asarray(data.draw(st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0]))))
-    return g.b.build([g.b.op("quantile", top.ref, q, interpolation="lower")])
+    key = g.pool[2]  # "u", in [0, 3]
+    if top.shape == key.shape and data.draw(st.booleans()):
+        out = g.b.op("quantile", top.ref, q, key.ref, interpolation="lower", groups=4)
+        return g.b.build([out]), 4
+    return g.b.build([g.b.op("quantile", top.ref, q, interpolation="lower")]), 0
 
 
-STATS = {"selected": 0, "refused": 0}
+STATS = {"selected": 0, "grouped": 0, "refused": 0}
 
 
 @settings(
@@ -171,10 +179,10 @@ STATS = {"selected": 0, "refused": 0}
 def test_no_neighbour_moves_a_score_by_more_than_its_sensitivity(
     cols: dict[str, Column], data: st.DataObject, seed: int
 ) -> None:
-    """Every candidate's score moves by at most the planned sensitivity between any two
-    neighbouring datasets (the exponential mechanism's one claim), and neighbours are
-    refused alike."""
-    graph = _quantile_graph(cols, data)
+    """The scores move by at most the planned sensitivity between any two neighbouring
+    datasets (the exponential mechanism's one claim; per group, the groups' moves added up),
+    and neighbours are refused alike."""
+    graph, groups = _quantile_graph(cols, data)
     specs = {name: col.spec() for name, col in cols.items()}
     rng = np.random.default_rng(seed)
     d1, d2 = neighbours(cols, rng)
@@ -188,28 +196,30 @@ def test_no_neighbour_moves_a_score_by_more_than_its_sensitivity(
         return
     if rp.selection is None:  # nothing private reached the quantile
         return
-    STATS["selected"] += 1
-    grid, k = rp.selection.grids[0], rp.selection.sensitivity[0]
+    STATS["grouped" if groups else "selected"] += 1
+    (one,) = rp.selection.selections
+    grid, a, whole = one.grid, one.alpha, 2**selection.ALPHA_BITS
     lo, hi = grid[0], grid[-1]
-    a = rp.selection.alphas[0]
-    whole = 2**selection.ALPHA_BITS
     scores = []
     for d in (d1, d2):
-        (x,) = run(rp.plan, d).outputs
-        flat = np.asarray(x, dtype=np.float64).reshape(-1)
+        outs = run(rp.plan, d).outputs
+        flat = np.asarray(outs[0], dtype=np.float64).reshape(-1)
         assert np.all(np.isfinite(flat)) and np.all((flat >= lo) & (flat <= hi))
-        less, greater = selection._counts(flat, grid)
-        scores.append(
-            [(whole - a) * int(u) - a * int(v) for u, v in zip(less, greater, strict=True)]
-        )
-    moved = max(abs(s - t) for s, t in zip(*scores, strict=True))
-    assert moved <= k * whole
+        index = np.asarray(outs[1]).reshape(-1) if groups else None
+        less, greater = selection._counts(flat, grid, index, max(groups, 1))
+        scores.append((whole - a) * less.astype(object) - a * greater.astype(object))
+    # per group, the most any candidate's score moved; added up over the groups
+    moved = sum(
+        max(abs(s - t) for s, t in zip(r1, r2, strict=True)) for r1, r2 in zip(*scores, strict=True)
+    )
+    assert moved <= one.sensitivity * whole
     for d in (d1, d2):
         (got,) = run_release(rp, d).values
-        assert np.isfinite(got).all() and lo <= float(got) <= hi
+        assert np.isfinite(got).all() and np.all((lo <= got) & (got <= hi))
 
 
 def test_the_attack_reaches_selections() -> None:
     if sum(STATS.values()) < 100:  # ran alone: nothing to judge
         return
     assert STATS["selected"] >= 0.3 * sum(STATS.values()), STATS
+    assert STATS["grouped"] >= 0.05 * sum(STATS.values()), STATS

@@ -121,3 +121,33 @@ def test_several_statistics_in_one_publish(
         handle.groupby("sex").agg(bmi="median", epsilon=1.0)
     with pytest.raises(sdk.DPNodeError, match="at least one"):
         handle.groupby("sex").agg(epsilon=1.0)
+
+
+@pytest.mark.usefixtures("sqlite_only")
+def test_medians_and_quantiles_per_group_are_selected(
+    ds: tuple[sdk.DatasetHandle, dict], ds_client: sdk.Client
+) -> None:
+    handle, data = ds
+    medians = handle.groupby("sex").median("bmi", epsilon=2.0)
+    assert sorted(medians) == [0, 1] and len(ds_client.ledger()) == 1
+    receipt = medians.receipt
+    assert receipt.mechanism == "exponential" and receipt.epsilon == 2.0
+    # the median: a row leaving one group and entering the other moves each score by 1/2
+    assert receipt.sensitivity_l1 == 1 and receipt.noise_scale == pytest.approx(1.0)
+    for g in (0, 1):  # ~150 rows per group, epsilon 2: within a few ranks of the median
+        rows = data["sex"] == g
+        lo, hi = np.quantile(data["bmi"][rows], [0.3, 0.7])
+        assert lo - 1 <= medians[g] <= hi + 1
+    quartiles = handle.groupby("region").quantile("bmi", [0.25, 0.75], epsilon=1.0)
+    assert sorted(quartiles) == list(range(10))
+    assert all(len(v) == 2 and all(10 <= x <= 70 for x in v) for v in quartiles.values())
+    assert quartiles.receipt.noise_scale == pytest.approx(2 * 2 * 0.75 / 0.5)
+    with pytest.raises(sdk.DPNodeError, match=r"q must be"):
+        handle.groupby("sex").quantile("bmi", 1.5, epsilon=1.0)
+    with pytest.raises(sdk.DPNodeError, match=r"\.median\(column\)"):
+        handle.groupby("sex").agg(bmi="median", epsilon=1.0)
+    # in mock mode: the same mechanism on the mock data, nothing charged
+    with sdk.mock(handle):
+        dry = handle.groupby("sex").median("bmi", epsilon=1.0)
+        assert dry.receipt.mock and sorted(dry) == [0, 1]
+    assert len(ds_client.ledger()) == 2

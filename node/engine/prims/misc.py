@@ -120,16 +120,37 @@ def _quantile_infer(c: Call) -> TensorMeta:
         raise c.fail(f"interpolation must be one of {', '.join(_INTERPOLATIONS)}", "interpolation")
     if not x.dtype.is_float and c.attr("interpolation") in ("linear", "midpoint"):
         raise c.fail("linear and midpoint interpolation need a floating-point input", 0)
+    groups = c.attr("groups")
+    has_index = len(c.args) > 2 and c.args[2] is not None
+    if groups < 0 or groups > _MAX_GROUPS:
+        raise c.fail(f"groups must be in [0, {_MAX_GROUPS}], got {groups}", "groups")
+    if has_index != (groups > 0):
+        raise c.fail("a group index (argument 2) goes with groups > 0, and only then", "groups")
+    if has_index:
+        index = c.tensor(2)
+        if not index.dtype.is_int or index.numel != x.numel:
+            raise c.fail(
+                f"the group index must be integers, one per element ({x.numel}), got "
+                f"{index.dtype.name} with {index.numel}",
+                2,
+            )
+        return TensorMeta((groups, *q.shape), x.dtype)
     return TensorMeta(q.shape, x.dtype)
+
+
+#: most groups a grouped quantile selects for
+_MAX_GROUPS = 1000
 
 
 @prim(
     "quantile",
     privacy="rule",
-    args=2,
+    args=(2, 3),
+    optional_args=frozenset({2}),
     attrs={
         "interpolation": AttrSpec("str", optional=True, default="linear"),
         "ignore_nan": AttrSpec("bool", optional=True, default=False),
+        "groups": AttrSpec("int", optional=True, default=0),
     },
     infer=_quantile_infer,
     flops=_sort_flops,
@@ -137,12 +158,14 @@ def _quantile_infer(c: Call) -> TensorMeta:
 )
 def _quantile(c: Call, args: list[Any], out: Array | None) -> Array:
     """The ``q`` quantiles of all of ``x``'s elements, as torch.quantile computes them
-    (``ignore_nan``: torch.nanquantile; median is ``q = 0.5``, interpolation ``lower``).
+    (``ignore_nan``: torch.nanquantile; median is ``q = 0.5``, interpolation ``lower``);
+    with ``groups`` G and a group index per element, those of each group's elements, one
+    row per group (an empty group's are NaN; an index outside ``[0, G)`` is in none).
 
     On private data a quantile is only ever a publish's output, released by the exponential
     mechanism over the public range (``node.dp.selection``): this kernel then never runs.
     """
-    x, q = args
+    x, q = args[0], args[1]
     m = c.out()
     flat = np.asarray(x).reshape(-1)
     if flat.dtype.kind == "V":  # bfloat16: float32 holds it exactly
@@ -150,15 +173,23 @@ def _quantile(c: Call, args: list[Any], out: Array | None) -> Array:
     qs = np.asarray(q).reshape(-1).astype(np.float64)
     if np.any((qs < 0) | (qs > 1) | np.isnan(qs)):
         raise c.eval_error("quantiles must be in [0, 1]", 1)
+    compute: Any = m.dtype.np.type if m.dtype.name in ("float32", "float64") else np.float32
+    how, skip = c.attr("interpolation"), bool(c.attr("ignore_nan"))
+    groups = c.attr("groups")
+    if not groups:
+        return _quantiles_of(flat, qs, how, skip, compute).reshape(m.shape).astype(m.dtype.np)
+    index = np.asarray(args[2]).reshape(-1)
+    rows = [_quantiles_of(flat[index == g], qs, how, skip, compute) for g in range(groups)]
+    return np.stack(rows).reshape(m.shape).astype(m.dtype.np)
+
+
+def _quantiles_of(flat: Array, qs: Array, how: str, skip_nan: bool, compute: Any) -> Array:
+    """torch.quantile's algorithm on one flat array, in float64 (NaN: all NaN)."""
     nan = np.isnan(flat) if flat.dtype.kind == "f" else np.zeros(flat.shape, dtype=bool)
     values = np.sort(flat[~nan])
-    result = np.empty(qs.shape, dtype=np.float64)
-    if values.size == 0 or (nan.any() and not c.attr("ignore_nan")):
-        result[:] = np.nan
-        return result.reshape(m.shape).astype(m.dtype.np)
-    compute: Any = m.dtype.np.type if m.dtype.name in ("float32", "float64") else np.float32
+    if values.size == 0 or (nan.any() and not skip_nan):
+        return np.full(qs.shape, np.nan)
     ranks = qs.astype(compute) * compute(values.size - 1)
-    how = c.attr("interpolation")
     if how == "lower":
         ranks = np.floor(ranks)
     elif how == "higher":
@@ -174,7 +205,7 @@ def _quantile(c: Call, args: list[Any], out: Array | None) -> Array:
         w = np.full_like(ranks, 0.5) if how == "midpoint" else ranks - below.astype(compute)
         # torch's lerp: from the nearer end
         low = np.where(w < 0.5, low + w * (high - low), high - (high - low) * (1 - w))
-    return np.asarray(low).reshape(m.shape).astype(m.dtype.np)
+    return np.asarray(low, dtype=np.float64)
 
 
 def _full_infer(c: Call) -> TensorMeta:
