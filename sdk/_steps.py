@@ -74,5 +74,7 @@ def step_budget(
         )
     for _ in range(64):  # geometric bisection: the step epsilon spans orders of magnitude
         mid = math.sqrt(lo * hi)
+        if mid in (lo, hi):  # converged: further rounds change nothing
+            break
         lo, hi = (mid, hi) if total(mid) <= target else (lo, mid)
     return StepBudget(lo, _STEP_DELTA)

@@ -206,6 +206,8 @@ def zcdp_delta(rho: float, *, epsilon: float) -> float:
     lo, hi = math.log(1e-9), math.log(2.0 + (epsilon + 1.0) / rho)
     for _ in range(100):
         mid = (lo + hi) / 2
+        if mid in (lo, hi):  # converged: further rounds change nothing
+            break
         alpha = 1.0 + math.exp(mid)
         if (2 * alpha - 1) * rho - epsilon + math.log1p(-1 / alpha) < 0:
             lo = mid
@@ -231,6 +233,8 @@ def zcdp_to_dp_cks(rho: float, *, delta: float) -> float:
     lo, hi = 0.0, zcdp_to_dp(rho, delta=delta)
     for _ in range(100):
         mid = (lo + hi) / 2
+        if mid in (lo, hi):  # converged: further rounds change nothing
+            break
         if zcdp_delta(rho, epsilon=mid) <= delta:
             hi = mid
         else:
@@ -258,6 +262,8 @@ def calibrate_rho(epsilon: float, delta: float) -> float:
     lo, hi = 0.0, epsilon + 1.0  # zcdp_delta(eps + 1, eps) > delta for delta < 1
     for _ in range(100):
         mid = (lo + hi) / 2
+        if mid in (lo, hi):  # converged: further rounds change nothing
+            break
         if zcdp_delta(mid, epsilon=epsilon) <= delta:
             lo = mid
         else:

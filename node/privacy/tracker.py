@@ -184,6 +184,10 @@ class PrivacyTracker:
         state = relations.narrow(ctx, rounding.apply(ctx, rule))
         if state.shape != meta.shape:  # pragma: no cover - a rule bug, never silently
             raise AssertionError(f"privacy rule of {node.op} gave shape {state.shape}")
+        if meta.dtype.is_float and any(_may_be_nan(a) for a in present):
+            # a NaN argument makes a NaN (an interval cannot hold it: 1 / (|NaN| + 0.5)
+            # would look bounded); a comparison or isnan of it is a bool, and stays bounded
+            return _nan(state)
         return state
 
     def _context(
@@ -266,6 +270,21 @@ class PrivacyTracker:
                 raise PrivacyTrackingError(f"output {k}: its sensitivity is unbounded")
             outs.append(OutputSensitivity(s.shape, l1, l2, lo, hi, t1, t2, exact1, exact2, r1, r2))
         return PrivacyReport(tuple(outs), self.nsub)
+
+
+def _may_be_nan(s: State) -> bool:
+    """Whether a rule marked ``s`` as possibly NaN (NaN bounds: ``inf - inf``, ``0 * inf``,
+    ``inf / inf``, ``0 / 0``, sin of infinity)."""
+    if not s.dtype.is_float:
+        return False
+    with np.errstate(invalid="ignore"):
+        return bool(np.isnan(s.lo).any() or np.isnan(s.hi).any())
+
+
+def _nan(s: State) -> State:
+    """``s`` as possibly NaN: NaN bounds, which every later rule keeps and the report refuses."""
+    nan = np.full((), np.nan)
+    return s.with_(lo=nan, hi=nan, clo=None, chi=None, E=None, table=None, t1=None, t2=None)
 
 
 def _range_widths(lo: Array, hi: Array) -> tuple[float, float]:

@@ -134,6 +134,62 @@ def _meta_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: (op, the arguments' metadata) -> the outputs' (shape, stride, dtype): torch's meta kernels
+#: read metadata only, so the same metadata gives the same outputs; bounded, cleared when full
+_OUTPUT_METAS: dict[tuple[Any, ...], Any] = {}
+_MAX_OUTPUT_METAS = 8192
+_SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.memory_format, torch.layout)
+
+
+def _signature(a: Any) -> Any:
+    """What torch's meta kernel reads of one argument, hashable; ``...`` when unsure."""
+    if isinstance(a, torch.Tensor):
+        m = a._meta if isinstance(a, RemoteTensor) else a
+        return (tuple(m.shape), m.stride(), m.dtype, m.device.type == "meta", m.requires_grad)
+    if isinstance(a, _SCALARS):
+        return (type(a), a)  # 1, 1.0 and True hash alike but promote differently
+    if isinstance(a, (list, tuple)):
+        parts = tuple(_signature(x) for x in a)
+        return ... if ... in parts else (type(a), parts)
+    return ...
+
+
+def _output_meta(func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``func`` on the arguments' metadata (torch's meta kernel), from a cache when the same
+    op met the same metadata before: fresh meta tensors of the remembered layout."""
+    key_parts = (id(func), _signature(args), _signature(tuple(sorted(kwargs.items()))))
+    if ... in key_parts:
+        return func(*[_meta(a) for a in args], **_meta_kwargs(kwargs))
+    hit = _OUTPUT_METAS.get(key_parts)
+    if hit is not None:
+        return _fresh(hit)
+    out = func(*[_meta(a) for a in args], **_meta_kwargs(kwargs))
+    layout = _layout(out)
+    if layout is not None:
+        if len(_OUTPUT_METAS) >= _MAX_OUTPUT_METAS:
+            _OUTPUT_METAS.clear()
+        _OUTPUT_METAS[key_parts] = layout
+    return out
+
+
+def _layout(out: Any) -> Any:
+    if isinstance(out, torch.Tensor) and out.device.type == "meta" and not out.requires_grad:
+        return (tuple(out.shape), out.stride(), out.dtype)
+    if isinstance(out, tuple) and out and all(isinstance(o, torch.Tensor) for o in out):
+        parts = tuple(_layout(o) for o in out)
+        return None if None in parts else (type(out), parts)
+    return None
+
+
+def _fresh(layout: Any) -> Any:
+    if isinstance(layout[0], type):  # a tuple of outputs (a plain tuple or a named one)
+        kind, parts = layout
+        items = [_fresh(p) for p in parts]
+        return kind(items) if kind is not tuple else tuple(items)
+    shape, stride, dtype = layout
+    return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+
+
 def _source(args: tuple[Any, ...]) -> str:
     for a in args:
         if isinstance(a, RemoteTensor):
@@ -233,7 +289,7 @@ def dispatch(func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         kind = _KIND[id(func)] = _classify(func)
     how, what = kind
     if how == "rule":
-        out = func(*[_meta(a) for a in args], **_meta_kwargs(kwargs))
+        out = _output_meta(func, args, kwargs)
         nodes = what(
             out, *[_to_nodes(a) for a in args], **{k: _to_nodes(v) for k, v in kwargs.items()}
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -157,3 +158,24 @@ def test_a_scalar_that_overflows_the_compute_dtype_is_tracked_as_infinite() -> N
     zero = b.op("mul", b.op("convert_element_type", u, dtype="float64"), 0.0)
     graph = b.build([b.op("exp", b.op("mul", zero, 1e300))])
     assert _seen(graph, cols, {"u": np.array([3, 2])}) == ("answered",)
+
+
+def test_a_nan_is_not_laundered_into_a_bounded_value() -> None:
+    """``exp`` of a wide float32 value overflows to inf on some data, its sum too, and
+    ``inf / inf`` is NaN; ``1 / (|NaN| + 0.5)`` must not look bounded (an interval cannot hold
+    a NaN: it once came out as [0, 2]). Also ``0 / 0`` and ``inf - inf``."""
+    b = GraphBuilder()
+    y = b.input("y", "float32", (2,))
+    e = b.op("exp", b.op("mul", y, 40.0))
+    ratio = b.op("div", e, b.op("sum", e, dims=(0,), keepdim=True))
+    laundered = b.op("reciprocal", b.op("add", b.op("abs", ratio), 0.5))
+    z = b.input("z", "float64", (2,))
+    zero_by_zero = b.op("reciprocal", b.op("add", b.op("abs", b.op("div", z, z)), 0.5))
+    graphs = [b.build([laundered]), b.build([zero_by_zero])]
+    specs = {
+        "y": Column("float32", (2,), 1.0, 3.0).spec(),
+        "z": Column("float64", (2,), -1.0, 1.0).spec(),
+    }
+    for graph in graphs:
+        with pytest.raises(DPNodeError, match="unbounded"):
+            plan_release(plan(graph, accurate=True), specs, epsilon=1.0, delta=None)

@@ -189,11 +189,17 @@ def finish(
     G: Array,
     **extra: Any,
 ) -> State:
-    """A result state: NaN bounds widened, dtype limits applied, changes capped at the width."""
+    """A result state: dtype limits applied, changes capped at the width. NaN bounds (the
+    result may be NaN: ``inf - inf``, ``0 * inf``, ``inf / inf``) stay NaN for a float result,
+    which the tracker carries to everything computed from it and the report refuses; for an
+    integer result (a cast of a NaN) they are the dtype's whole range."""
     shape = meta.shape
     with np.errstate(all="ignore"):
-        lo = np.where(np.isnan(lo), -np.inf, np.asarray(lo, dtype=np.float64))
-        hi = np.where(np.isnan(hi), np.inf, np.asarray(hi, dtype=np.float64))
+        keep_nan = meta.dtype.is_float
+        lo = np.asarray(lo, dtype=np.float64)
+        hi = np.asarray(hi, dtype=np.float64)
+        if not keep_nan:
+            lo, hi = np.where(np.isnan(lo), -np.inf, lo), np.where(np.isnan(hi), np.inf, hi)
         L = np.where(np.isnan(L), np.inf, np.asarray(L, dtype=np.float64))
         G = np.where(np.isnan(G), np.inf, np.asarray(G, dtype=np.float64))
         dmin, dmax = _dtype_limits(meta)

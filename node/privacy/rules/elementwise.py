@@ -70,6 +70,14 @@ def _div(c: Ctx, a: State, b: State) -> Bin:
     safe = np.where(ok, bmin, 1.0)
     lo, hi = _corners(a, 1 / np.where(ok, b.hi, 1.0), 1 / np.where(ok, b.lo, 1.0))
     lo, hi = np.where(ok, lo, -INF), np.where(ok, hi, INF)
+    # inf / inf and 0 / 0 are NaN: possible when both may be infinite, or both may be 0
+    with np.errstate(invalid="ignore"):
+        infinite = ~(np.isfinite(a.lo) & np.isfinite(a.hi)) & ~(
+            np.isfinite(b.lo) & np.isfinite(b.hi)
+        )
+        zeros = (_amin(a) == 0) & ~ok
+    nan = infinite | zeros
+    lo, hi = np.where(nan, np.nan, lo), np.where(nan, np.nan, hi)
     return lo, hi, np.where(ok, 1 / safe, INF), np.where(ok, _amax(a) / safe**2, INF)
 
 
