@@ -277,8 +277,10 @@ def _may_be_nan(s: State) -> bool:
     ``inf / inf``, ``0 / 0``, sin of infinity)."""
     if not s.dtype.is_float:
         return False
-    with np.errstate(invalid="ignore"):
-        return bool(np.isnan(s.lo).any() or np.isnan(s.hi).any())
+    # a min or max is NaN if any element is (one pass, no temporary array)
+    return math.isnan(float(np.min(s.lo, initial=np.inf))) or math.isnan(
+        float(np.max(s.hi, initial=-np.inf))
+    )
 
 
 def _nan(s: State) -> State:
