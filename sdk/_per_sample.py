@@ -25,6 +25,7 @@ this module followed adds to them (gradient accumulation), and anything else (a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -413,16 +414,22 @@ def clipped_sum(
         flattened and concatenated in order.
     """
     rows = int(per_example[0].shape[0])
-    flat = torch.cat([t.reshape(rows, -1) for t in per_example], dim=1)
+    # each parameter's rows flattened (a view); the node joins them into one vector per row
+    # as it clips, without a copy of them all together
+    parts = [t.reshape(rows, -1) for t in per_example]
+    common = functools.reduce(torch.promote_types, [p.dtype for p in parts])
+    parts = [p if p.dtype == common else p.to(common) for p in parts]
     if scale != 1.0:
-        flat = flat * scale
+        parts = [p * scale for p in parts]
     if groups is None:
         groups = torch.arange(rows, dtype=torch.int64)
-    if not isinstance(flat, RemoteTensor):
+    remote = [p for p in parts if isinstance(p, RemoteTensor)]
+    if not remote:
         raise DPNodeError("per-example gradients of local tensors have nothing private to clip")
     attrs: dict[str, Any] = {"max_norm": float(max_norm)}
     if ord != 2:
         attrs["ord"] = int(ord)
-    node = prim("clip_by_subject_norm", flat.node, node_of(groups), **attrs)
-    meta = torch.empty((int(flat.shape[1]),), dtype=flat.dtype, device="meta")
-    return RemoteTensor(meta, Storage(node), source=flat._source)
+    node = prim("clip_by_subject_norm", *[node_of(p) for p in parts], node_of(groups), **attrs)
+    size = sum(int(p.shape[1]) for p in parts)
+    meta = torch.empty((size,), dtype=remote[0].dtype, device="meta")
+    return RemoteTensor(meta, Storage(node), source=remote[0]._source)

@@ -240,14 +240,17 @@ def _contraction(a: State, b: State, n: int) -> Array:
         return np.asarray(np.matmul(ma, mb))
 
 
-def _clip_error(c: Ctx, x: State, mag_out: Array) -> Array:
+def _clip_error(c: Ctx, parts: Sequence[State], mag_out: Array) -> Array:
     """Rounding of ``clip_by_subject_norm`` (float64 inside): group sums, norms, scaling,
-    the sum over groups, and the cast to the result dtype."""
+    the sum over groups, and the cast to the result dtype. Several parts are one vector per
+    row: their features add up (a norm's squares summed part by part are still ``feat``
+    terms added)."""
+    x = parts[0]
     rows = x.shape[0]
-    feat = max(math.prod(x.shape[1:]), 1)
+    feat = max(sum(math.prod(p.shape[1:]) for p in parts), 1)
     bound = float(c.call.attrs["max_norm"])
     u = unit(accumulation(x.dtype, True))
-    groups = c.args[1] if len(c.args) > 1 else None
+    groups = c.args[-1] if len(c.args) > 1 else None
     alone = (  # every row its own group: the kernel sums no rows before clipping
         groups is not None
         and groups.value is not None
@@ -259,13 +262,11 @@ def _clip_error(c: Ctx, x: State, mag_out: Array) -> Array:
     lipschitz = 2.0 if c.call.attrs.get("ord", 2) == 1 else 1.0
     with np.errstate(all="ignore"):
         # the float64 copy of the rows is exact
-        before = (
-            0.0
-            if alone
-            else lipschitz
-            * gamma(rows + 1, u)
-            * float(reduce_array(_magnitude(*wide(x)), x.shape, tuple(range(len(x.shape)))).sum())
+        magnitude = sum(
+            float(reduce_array(_magnitude(*wide(p)), p.shape, tuple(range(len(p.shape)))).sum())
+            for p in parts
         )
+        before = 0.0 if alone else lipschitz * gamma(rows + 1, u) * magnitude
         e = before + rows * bound * (gamma(feat + 4, u) + gamma(rows + 1, u))
     return np.asarray(e + unit(c.meta.dtype) * mag_out + _TINY.get(c.meta.dtype.name, 0.0))
 
@@ -319,9 +320,8 @@ def _own(c: Ctx, args: Sequence[State | None], lo: Array, hi: Array) -> Array | 
     if op in ACCUMULATE:
         return _accumulated(c, args, mag)
     if op in RESETS:
-        x = args[0]
-        assert x is not None
-        return _clip_error(c, x, mag)
+        parts = [a for a in args[:-1] if a is not None]
+        return _clip_error(c, parts, mag)
     if op == "convolution":
         return _conv_error(c, args, mag)
     raise AssertionError(f"prim {op!r} has a privacy rule but no rounding class")

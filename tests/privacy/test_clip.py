@@ -179,3 +179,48 @@ def test_clipping_in_l1_gives_2c_in_l1(rng: np.random.Generator, subjects: Any) 
     l1 = np.abs(sums).sum(1, keepdims=True)
     want = (sums * np.minimum(1.0, C / l1)).sum(0)
     np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("subjects", [None, np.repeat(np.arange(10), 3)])
+def test_several_parts_are_clipped_as_one_vector_per_row(
+    rng: np.random.Generator, subjects: Any
+) -> None:
+    """``clip_by_subject_norm(w, b, groups)`` joins each row of ``w`` and ``b`` (a weight's
+    and a bias's per-example gradients) into one vector, as ``cat`` would, without the copy:
+    the same values as clipping the concatenation, and the same 2C on neighbours."""
+    n = 30
+    groups = np.arange(n) if subjects is None else subjects
+    b = GraphBuilder()
+    w = b.input("w", "float32", (n, 3, 2))
+    bias = b.input("bias", "float32", (n, 4))
+    joined = b.op("clip_by_subject_norm", w, bias, b.constant(groups), max_norm=C)
+    flat = b.op("cat", b.op("reshape", w, shape=(n, 6)), bias, dim=1)
+    single = b.op("clip_by_subject_norm", flat, b.constant(groups), max_norm=C)
+    specs = {
+        "w": InputSpec.private(-1.0, 1.0, subjects),
+        "bias": InputSpec.private(-2.0, 2.0, subjects),
+    }
+    graph = b.build([joined])
+    r = track(graph, specs)
+    assert r.outputs[0].shape == (10,) and r.outputs[0].exact_l2 == 2 * C
+    values = {"w": rng.uniform(-1, 1, (n, 3, 2)), "bias": rng.uniform(-2, 2, (n, 4))}
+    values = {k: v.astype(np.float32) for k, v in values.items()}
+    got, want = evaluate(b.build([joined, single]), values)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    cols = {
+        "w": Column("float32", (n, 3, 2), -1.0, 1.0, subjects),
+        "bias": Column("float32", (n, 4), -2.0, 2.0, subjects),
+    }
+    for _ in range(100):
+        assert_sound(graph, r, *neighbours(cols, rng))
+
+
+def test_parts_of_different_subjects_row_by_row_are_refused() -> None:
+    b = GraphBuilder()
+    w = b.input("w", "float64", (6, 2))
+    other = b.input("other", "float64", (6, 2))
+    flipped = b.op("flip", other, dims=(0,))  # row i holds subject 5 - i's values
+    out = b.op("clip_by_subject_norm", w, flipped, b.constant(np.arange(6)), max_norm=1.0)
+    specs = {"w": InputSpec.private(0.0, 1.0), "other": InputSpec.private(0.0, 1.0)}
+    with pytest.raises(PrivacyTrackingError, match="same subjects"):
+        track(b.build([out]), specs)

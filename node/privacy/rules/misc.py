@@ -32,7 +32,7 @@ import numpy as np
 
 from node.privacy.arrays import fit, reduce_array, varying_axes
 from node.privacy.rules.base import Ctx, finish, rule
-from node.privacy.state import MIXED, PUBLIC, State
+from node.privacy.state import MIXED, PUBLIC, Array, State
 
 __all__ = ["clip_by_subject_norm", "quantile", "rand"]
 
@@ -58,25 +58,35 @@ def quantile(c: Ctx) -> State:
 
 @rule("clip_by_subject_norm")
 def clip_by_subject_norm(c: Ctx) -> State:
-    """Sum of per-group clipped row sums: each subject moves ``2C`` per group it touches."""
-    x, groups = c.arg(0), c.arg(1)
+    """Sum of per-group clipped row sums: each subject moves ``2C`` per group it touches.
+    With several tensors before the groups, their rows are joined into one vector each:
+    every part's row must belong to the same subject (or to none)."""
+    *parts, groups = [c.arg(i) for i in range(len(c.args))]
     bound = float(c.call.attrs.get("max_norm", math.nan))
     if not (math.isfinite(bound) and bound > 0):
         raise c.fail(f"max_norm must be finite and positive, got {bound}")
-    if not x.shape:
-        raise c.fail("needs rows: x must have at least one dim")
-    if not (np.isfinite(x.lo).all() and np.isfinite(x.hi).all()):
-        raise c.fail("the rows to clip must have finite bounds")
-    if any(varying_axes(x.owner, x.shape, exact=True)[1:]) or not np.all(x.G == 0):
-        raise c.fail("every row must depend on one subject only (its owner)")
-    # one owner per row (checked above): the first element of each row, without
-    # broadcasting the owners to every feature
-    owners = fit(x.owner, x.shape)
-    rows = np.broadcast_to(owners[(slice(None),) + (0,) * (owners.ndim - 1)], x.shape[:1])
-    if (rows == MIXED).any():
-        raise c.fail("every row must depend on one subject only (its owner)")
+    rows: Array | None = None
+    for x in parts:
+        if not x.shape:
+            raise c.fail("needs rows: x must have at least one dim")
+        if not (np.isfinite(x.lo).all() and np.isfinite(x.hi).all()):
+            raise c.fail("the rows to clip must have finite bounds")
+        if any(varying_axes(x.owner, x.shape, exact=True)[1:]) or not np.all(x.G == 0):
+            raise c.fail("every row must depend on one subject only (its owner)")
+        # one owner per row (checked above): the first element of each row, without
+        # broadcasting the owners to every feature
+        owners = fit(x.owner, x.shape)
+        mine = np.broadcast_to(owners[(slice(None),) + (0,) * (owners.ndim - 1)], x.shape[:1])
+        if (mine == MIXED).any():
+            raise c.fail("every row must depend on one subject only (its owner)")
+        if rows is None or bool(np.all(rows == PUBLIC)):
+            rows = mine
+        elif not bool(np.all((mine == rows) | (mine == PUBLIC))):
+            raise c.fail("the parts' rows must belong to the same subjects, row by row")
+    assert rows is not None
     nsub = max(c.nsub, 1)
     priv = rows >= 0
+    n = parts[0].shape[0]
     if groups.is_public and groups.value is not None:
         g = np.asarray(groups.value).reshape(-1)
         pairs = np.unique(np.stack([rows[priv], g[priv]]), axis=1)
@@ -84,16 +94,30 @@ def clip_by_subject_norm(c: Ctx) -> State:
         ngroups = len(np.unique(g))
     elif groups.is_public:
         touched = np.bincount(rows[priv], minlength=nsub)[:nsub].astype(np.float64)
-        ngroups = x.shape[0]
+        ngroups = n
     else:
         raise c.fail("the grouping of rows must be public")
     feat = math.prod(c.shape)
     per = 2 * bound * float(touched.max(initial=0.0))
     # each output element: a sum over rows of terms within [min(lo, 0), max(hi, 0)]
-    lo_sum = reduce_array(np.minimum(fit(x.lo, x.shape), 0.0), x.shape, (0,))[0]
-    hi_sum = reduce_array(np.maximum(fit(x.hi, x.shape), 0.0), x.shape, (0,))[0]
-    lo = np.maximum(lo_sum, -ngroups * bound)
-    hi = np.minimum(hi_sum, ngroups * bound)
+    ends = []
+    for x in parts:
+        lo_sum = reduce_array(np.minimum(fit(x.lo, x.shape), 0.0), x.shape, (0,))[0]
+        hi_sum = reduce_array(np.maximum(fit(x.hi, x.shape), 0.0), x.shape, (0,))[0]
+        ends.append(
+            (
+                np.broadcast_to(lo_sum, x.shape[1:]).reshape(-1),
+                np.broadcast_to(hi_sum, x.shape[1:]).reshape(-1),
+            )
+        )
+    if len(parts) == 1:
+        lo_all, hi_all = ends[0]
+        lo_all, hi_all = lo_all.reshape(c.shape), hi_all.reshape(c.shape)
+    else:
+        lo_all = np.concatenate([lo for lo, _ in ends])
+        hi_all = np.concatenate([hi for _, hi in ends])
+    lo = np.maximum(lo_all, -ngroups * bound)
+    hi = np.minimum(hi_all, ngroups * bound)
     owner = np.full(c.shape, MIXED, dtype=np.int64)
     s = finish(c.meta, lo, hi, owner, np.full(c.shape, per), np.full(c.shape, per))
     t2 = 2 * bound * touched
