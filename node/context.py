@@ -13,6 +13,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from node.db.session import make_engine, make_sessionmaker, read_engine, serial_engine
+from node.privacy.cache import TrackingCache
 from node.services.security import password_hasher
 from node.services.structures import StructureCache
 from node.settings import PLACEHOLDER_SECRET, Settings
@@ -32,6 +33,9 @@ class NodeContext:
     hasher: PasswordHasher
     #: Graph headers each user already sent (see node.services.structures).
     structures: StructureCache = field(default_factory=lambda: StructureCache(0))
+    #: Reports of graph structures tracked with their changing constants boxed
+    #: (see node.privacy.cache): a training loop's steps are tracked once every few steps.
+    tracking: TrackingCache = field(default_factory=TrackingCache)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> NodeContext:

@@ -111,6 +111,7 @@ def plan_release(
     *,
     epsilon: float,
     delta: float | None,
+    tracked: Callable[[Plan, Mapping[str, InputSpec]], PrivacyReport] = track,
 ) -> ReleasePlan:
     """Track ``planned`` and plan its noise, from public metadata only.
 
@@ -119,6 +120,8 @@ def plan_release(
         specs: every input's public metadata (a public input may carry its value).
         epsilon: the epsilon the mechanism is calibrated to (> 0).
         delta: None for Laplace (pure epsilon), else the Gaussian's delta.
+        tracked: what tracks the plan (:func:`~node.privacy.track`, or a
+            :class:`~node.privacy.cache.TrackingCache`'s ``report``).
 
     Raises:
         PrivacyTrackingError: the graph cannot be bounded (a prim without a privacy rule
@@ -128,7 +131,7 @@ def plan_release(
     chosen = _plan_selection(planned, specs, epsilon=epsilon, delta=delta)
     if chosen is not None:
         return chosen
-    report = track(planned, specs)
+    report = tracked(planned, specs)
     count = sum(math.prod(o.shape) for o in report.outputs)
     if delta is None:
         noise = plan_laplace(sensitivity_l1=report.l1, epsilon=epsilon, count=count)

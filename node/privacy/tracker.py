@@ -110,8 +110,14 @@ class PrivacyTracker:
 
     name = "privacy"
 
-    def __init__(self, specs: Mapping[str, InputSpec]) -> None:
+    def __init__(
+        self,
+        specs: Mapping[str, InputSpec],
+        boxes: Mapping[int, tuple[Array, Array]] | None = None,
+    ) -> None:
         self.specs = dict(specs)
+        #: constants (by node index) tracked as a public interval instead of their value
+        self.boxes = dict(boxes or {})
         self.nsub = 1
         #: subject structure per input name, computed once per index array
         self.structures: dict[str, Subjects] = {}
@@ -163,6 +169,13 @@ class PrivacyTracker:
             return s
         if node.op == "constant":
             assert node.value is not None
+            box = self.boxes.get(index)
+            if box is not None:  # public, anywhere in the box: the report holds for all
+                z = fit(0.0, meta.shape)
+                lo, hi = (np.asarray(b, dtype=np.float64).reshape(meta.shape) for b in box)
+                return State(
+                    meta.shape, meta.dtype, lo, hi, fit(np.int64(PUBLIC), meta.shape), z, z
+                )
             return public_state(node.value, meta.dtype)
         assert call is not None
         if meta.numel == 0:  # no elements: nothing any subject could move
@@ -348,24 +361,33 @@ def _accurate(graph: Graph | Plan, quotas: Quotas | None) -> Plan:
 
 
 def track(
-    graph: Graph | Plan, input_specs: Mapping[str, InputSpec], quotas: Quotas | None = None
+    graph: Graph | Plan,
+    input_specs: Mapping[str, InputSpec],
+    quotas: Quotas | None = None,
+    *,
+    boxes: Mapping[int, tuple[Array, Array]] | None = None,
 ) -> PrivacyReport:
     """Sensitivity of every output of ``graph``, without any data.
 
     ``graph`` may be a plan from ``plan(graph, quotas, accurate=True)``; ``quotas`` are
-    then those it was made with.
+    then those it was made with. ``boxes`` (node index -> lower and upper arrays) tracks
+    those constants as public values anywhere in their box (``node.privacy.cache``).
 
     Raises:
         GraphError, QuotaExceededError: the graph itself is invalid or too big.
         PrivacyTrackingError: a prim without a privacy rule touches private data, an
             input lacks metadata, or an output's sensitivity is unbounded.
     """
-    tracker, outs = _track(_accurate(graph, quotas), input_specs)
+    tracker, outs = _track(_accurate(graph, quotas), input_specs, boxes)
     return tracker.report(outs)
 
 
-def _track(p: Plan, input_specs: Mapping[str, InputSpec]) -> tuple[PrivacyTracker, list[State]]:
-    tracker = PrivacyTracker(input_specs)
+def _track(
+    p: Plan,
+    input_specs: Mapping[str, InputSpec],
+    boxes: Mapping[int, tuple[Array, Array]] | None = None,
+) -> tuple[PrivacyTracker, list[State]]:
+    tracker = PrivacyTracker(input_specs, boxes)
     tracker.prepare(p.graph)
     states: list[State | None] = [None] * len(p.graph.nodes)
     for i, node in enumerate(p.graph.nodes):

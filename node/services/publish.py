@@ -279,7 +279,13 @@ def publish(
             _check_delta(request.delta)
         graph, planned = _decode(context, actor, frame)
         inputs = _resolve(context, session, actor, graph)
-    rp = plan_release(planned, inputs.specs, epsilon=_float_at_most(charged), delta=request.delta)
+    rp = plan_release(
+        planned,
+        inputs.specs,
+        epsilon=_float_at_most(charged),
+        delta=request.delta,
+        tracked=context.tracking.report,
+    )
     cost = _cost(rp, request, inputs, graph)
     entry, after = budget.charge(context.serial_sessions, context.settings, actor.id, cost)
     # Charged: from here on the data is read, and the publish is always answered.

@@ -1,0 +1,164 @@
+"""Tracking once per structure (node.privacy.cache): a report tracked with the changing
+constants as public boxes holds for every value inside them, and the cache reuses it only
+for such values, with every other constant unchanged."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from node.engine import Graph, GraphBuilder, plan
+from node.engine.graph import Node
+from node.privacy import InputSpec, PrivacyTrackingError, track
+from node.privacy.cache import TrackingCache
+from tests.privacy.helpers import assert_sound, neighbours
+from tests.privacy.test_attack import OPS, Builder, Val, columns
+
+N, D = 40, 5
+
+
+def _dpsgd(w: np.ndarray, mask: np.ndarray | None = None) -> Graph:
+    """Logistic regression's per-example gradients, clipped and summed (a training step)."""
+    b = GraphBuilder()
+    x, y = b.input("x", "float64", (N, D)), b.input("y", "float64", (N,))
+    z = b.op("squeeze", b.op("matmul", x, b.constant(w.reshape(D, 1))), dims=(1,))
+    p = b.op("reciprocal", b.op("add", b.op("exp", b.op("neg", z)), 1.0))
+    r = b.op("unsqueeze", b.op("sub", p, y), dim=1)
+    if mask is not None:
+        r = b.op("mul", r, b.constant(mask))
+    grads = b.op("mul", r, x)
+    return b.build([b.op("clip_by_subject_norm", grads, b.constant(np.arange(N)), max_norm=1.0)])
+
+
+SPECS = {"x": InputSpec.private(-1.0, 1.0), "y": InputSpec.private(0.0, 1.0)}
+
+
+def _planned(graph: Graph) -> Any:
+    return plan(graph, accurate=True)
+
+
+def test_a_training_loop_is_tracked_once_every_few_steps() -> None:
+    cache = TrackingCache()
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=D)
+    reports = []
+    for _ in range(12):
+        reports.append(cache.report(_planned(_dpsgd(w)), SPECS))
+        w = w + rng.uniform(-0.05, 0.05, D)  # an optimizer's step
+    # the first two are tracked (the second learns which constant moves, and boxes it)
+    assert cache.tracked < 6 and cache.hits == 12 - cache.tracked
+    exact = track(_planned(_dpsgd(w)), SPECS)
+    for r in reports:
+        assert r.l2 <= exact.l2 * (1 + 1e-6) and math.isclose(r.l2, 2.0, rel_tol=1e-3)
+
+
+def test_a_constant_outside_its_box_or_another_changed_constant_is_tracked_again() -> None:
+    cache = TrackingCache()
+    w, mask = np.full(D, 0.5), np.ones((N, 1))
+    for step in (0.0, 0.01, 0.02):
+        cache.report(_planned(_dpsgd(w + step, mask)), SPECS)
+    tracked = cache.tracked
+    cache.report(_planned(_dpsgd(w + 0.03, mask)), SPECS)
+    assert cache.tracked == tracked  # inside the box
+    cache.report(_planned(_dpsgd(w + 5.0, mask)), SPECS)
+    assert cache.tracked == tracked + 1  # far outside it
+    half = mask.copy()
+    half[::2] = 0.5
+    cache.report(_planned(_dpsgd(w + 5.0, half)), SPECS)
+    assert cache.tracked == tracked + 2  # a constant that was not boxed changed
+    other = {"x": InputSpec.private(-2.0, 2.0), "y": SPECS["y"]}
+    r = cache.report(_planned(_dpsgd(w + 5.0, half)), other)
+    assert cache.tracked == tracked + 3  # other inputs' metadata: another entry
+    assert r.l2 == pytest.approx(track(_planned(_dpsgd(w + 5.0, half)), other).l2)
+
+
+def test_a_refused_graph_is_refused_every_time() -> None:
+    cache = TrackingCache()
+    b = GraphBuilder()
+    x = b.input("x", "float64", (N, D))
+    bad = b.build([b.op("reciprocal", b.op("sum", x, dims=(0,)))])  # a sum that may be 0
+    for _ in range(3):
+        with pytest.raises(PrivacyTrackingError):
+            cache.report(_planned(bad), SPECS)
+    assert cache.hits == 0
+
+
+def _with_constants(graph: Graph, values: dict[int, np.ndarray]) -> Graph:
+    nodes = [
+        replace(n, value=values[i].astype(n.value.dtype))
+        if i in values and n.value is not None
+        else n
+        for i, n in enumerate(graph.nodes)
+    ]
+    return Graph(tuple(Node(n.op, n.args, n.attrs, n.value) for n in nodes), graph.outputs)
+
+
+STATS = {"no constant": 0, "refused": 0, "checked": 0}
+
+
+def _graph_with_constants(cols: dict[str, Any], data: st.DataObject) -> Graph:
+    """The attack's random ops after a product with a constant matrix and a constant
+    vector (a model's weights), with two outputs."""
+    g = Builder(data)
+    for name, col in cols.items():
+        ref = g.b.input(name, col.dtype, col.shape)
+        g.pool.append(Val(ref, col.shape, "i" if col.dtype == "int64" else "f"))
+    x, y = g.pool[0], g.pool[1]
+    k = data.draw(st.integers(1, 3))
+    w = data.draw(st.lists(st.floats(-2, 2), min_size=x.shape[1] * k, max_size=x.shape[1] * k))
+    g.add("matmul", x.ref, g.b.constant(np.array(w).reshape(x.shape[1], k)))
+    v = data.draw(st.lists(st.floats(-2, 2), min_size=y.shape[0], max_size=y.shape[0]))
+    g.add("mul", y.ref, g.b.constant(np.array(v, dtype=np.float32)))
+    for _ in range(data.draw(st.integers(0, 5))):
+        data.draw(st.sampled_from(OPS))(g)
+    return g.b.build([g.pool[-1].ref, data.draw(st.sampled_from(g.pool)).ref])
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(cols=columns(), data=st.data(), seed=st.integers(0, 2**32 - 1))
+def test_a_boxed_report_bounds_every_neighbour_for_constants_in_the_box(
+    cols: dict[str, Any], data: st.DataObject, seed: int
+) -> None:
+    """Random graphs with their float constants boxed: the report holds (sensitivity and
+    bounds, on adversarial neighbours) for constants drawn anywhere in the boxes."""
+    graph = _graph_with_constants(cols, data)
+    constants = {
+        i: n.value
+        for i, n in enumerate(graph.nodes)
+        if n.op == "constant" and n.value is not None and n.value.dtype.kind == "f"
+    }
+    if not constants:
+        STATS["no constant"] += 1
+        return
+    rng = np.random.default_rng(seed)
+    radius = data.draw(st.sampled_from([0.0, 1e-3, 0.1, 1.0]))
+    boxes = {
+        i: (v.astype(np.float64) - radius, v.astype(np.float64) + radius)
+        for i, v in constants.items()
+    }
+    specs = {name: col.spec() for name, col in cols.items()}
+    try:
+        report = track(graph, specs, boxes=boxes)
+    except PrivacyTrackingError:
+        STATS["refused"] += 1
+        return
+    STATS["checked"] += 1
+    for _ in range(3):
+        moved = {i: rng.uniform(lo, hi) for i, (lo, hi) in boxes.items()}
+        assert_sound(_with_constants(graph, moved), report, *neighbours(cols, rng))
+
+
+def test_the_boxed_attack_checks_graphs_with_constants() -> None:
+    if sum(STATS.values()) < 100:  # ran alone: nothing to judge
+        return
+    assert STATS["checked"] >= 0.2 * sum(STATS.values()), STATS
