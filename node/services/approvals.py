@@ -20,7 +20,7 @@ anything else, is judged as an ordinary publish.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -28,11 +28,18 @@ from sqlalchemy.orm import Session
 import policies
 from node.db.base import utcnow
 from node.db.models import PublishApproval, RequestStatus, Role, User
-from node.errors import ConflictError, InvalidRequestError, NotFoundError, PermissionDeniedError
+from node.errors import (
+    ApprovalRequiredError,
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    PermissionDeniedError,
+)
 from node.services import audit
 
 if TYPE_CHECKING:
     from node.services.budget import Cost
+    from node.services.policy import InForce
 
 __all__ = [
     "PUBLISH",
@@ -46,6 +53,7 @@ __all__ = [
     "queue_run",
     "run_step",
     "use",
+    "waiting",
 ]
 
 _OPEN = (RequestStatus.PENDING, RequestStatus.APPROVED, RequestStatus.DENIED)
@@ -196,6 +204,46 @@ def run_step(session: Session, user_id: int, cost: Cost, *, values: int) -> Publ
         and set(cost.dataset_ids) <= set(row.dataset_ids)
     )
     return row if same else None
+
+
+def waiting(
+    session: Session,
+    user: audit.Actor,
+    row: PublishApproval,
+    *,
+    queued: bool,
+    action: str,
+    decision: policies.Decision,
+    in_force: InForce,
+    summary: dict[str, Any],
+    what: str,
+    again: str,
+) -> ApprovalRequiredError:
+    """The error of a request that waits for an admin (``what``: "this publish"), after
+    auditing it (``action``) and committing when it was just ``queued``; otherwise nothing
+    is written. ``again`` says what to do once it is approved."""
+    if queued:
+        audit.record(
+            session,
+            user,
+            action,
+            target_type="publish_approval",
+            target_id=row.id,
+            reason=decision.reason,
+            **summary,
+        )
+        session.commit()
+    else:
+        session.rollback()
+    return ApprovalRequiredError(
+        f"{what} waits for an admin's approval (request {row.id}): {decision.reason}; "
+        f"{again} [policy {in_force.label}, rule {decision.rule}]",
+        rule=decision.rule,
+        policy=in_force.name,
+        policy_revision=in_force.revision,
+        reason=decision.reason,
+        approval_id=row.id,
+    )
 
 
 def use(row: PublishApproval, ledger_id: int | None) -> None:

@@ -55,7 +55,6 @@ from node.db.models import (
 )
 from node.dp import accounting
 from node.errors import (
-    ApprovalRequiredError,
     BudgetExceededError,
     InvalidRequestError,
     NotFoundError,
@@ -742,29 +741,20 @@ def charge(
             "graph_hash": cost.graph_hash,
         }
         if decision.outcome is policies.Outcome.NEEDS_APPROVAL:
+            queued = waiting is None
             if waiting is None:
                 waiting = approvals.queue(session, user, cost, decision, in_force.revision)
-                audit.record(
-                    session,
-                    user,
-                    "publish.approval_requested",
-                    target_type="publish_approval",
-                    target_id=waiting.id,
-                    reason=decision.reason,
-                    **summary,
-                )
-                session.commit()
-            else:
-                session.rollback()
-            raise ApprovalRequiredError(
-                f"this publish waits for an admin's approval (request {waiting.id}): "
-                f"{decision.reason}; publish the same computation again once it is approved "
-                f"[policy {in_force.label}, rule {decision.rule}]",
-                rule=decision.rule,
-                policy=in_force.name,
-                policy_revision=in_force.revision,
-                reason=decision.reason,
-                approval_id=waiting.id,
+            raise approvals.waiting(
+                session,
+                user,
+                waiting,
+                queued=queued,
+                action="publish.approval_requested",
+                decision=decision,
+                in_force=in_force,
+                summary=summary,
+                what="this publish",
+                again="publish the same computation again once it is approved",
             )
         if not decision.allowed or decision.granted is None:
             if waiting is not None and answer is not None and not answer.approved:

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import policies
 from node.db.base import utcnow
-from node.errors import ApprovalRequiredError, InvalidRequestError, NotFoundError
+from node.errors import InvalidRequestError, NotFoundError
 from node.services import approvals, audit, budget
 from node.services import policy as policy_service
 from node.services.publish import gaussian_cost
@@ -162,6 +162,7 @@ def plan(
             "description": run.description,
         }
         if decision.outcome is policies.Outcome.NEEDS_APPROVAL:
+            queued = waiting is None
             if waiting is None:
                 waiting = approvals.queue_run(
                     session,
@@ -175,27 +176,17 @@ def plan(
                     decision=decision,
                     revision=in_force.revision,
                 )
-                audit.record(
-                    session,
-                    user,
-                    "run.approval_requested",
-                    target_type="publish_approval",
-                    target_id=waiting.id,
-                    reason=decision.reason,
-                    **summary,
-                )
-                session.commit()
-            else:
-                session.rollback()
-            raise ApprovalRequiredError(
-                f"this training run waits for an admin's approval (request {waiting.id}): "
-                f"{decision.reason}; nothing was run or charged: plan the same run again once "
-                f"it is approved [policy {in_force.label}, rule {decision.rule}]",
-                rule=decision.rule,
-                policy=in_force.name,
-                policy_revision=in_force.revision,
-                reason=decision.reason,
-                approval_id=waiting.id,
+            raise approvals.waiting(
+                session,
+                user,
+                waiting,
+                queued=queued,
+                action="run.approval_requested",
+                decision=decision,
+                in_force=in_force,
+                summary=summary,
+                what="this training run",
+                again="nothing was run or charged: plan the same run again once it is approved",
             )
         if not decision.allowed:
             if waiting is not None and answer is not None and not answer.approved:
