@@ -170,7 +170,7 @@ class Grouped:
 
     def quantile(self, column: str, q: Any, *, epsilon: float) -> GroupStatistics:
         """The column's ``q`` quantile per group (a number, or several: a list per group),
-        selected by the exponential mechanism over the column's public range (pure epsilon).
+        selected by permute-and-flip over the column's public range (pure epsilon).
 
         A replaced row leaves one group and enters another, so two groups' selections move
         and each is calibrated to that; several quantiles share ``epsilon`` equally. An empty

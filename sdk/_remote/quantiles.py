@@ -2,10 +2,10 @@
 
 ``torch.median(x)``, ``torch.nanmedian(x)``, ``torch.quantile(x, q)`` and
 ``torch.nanquantile(x, q)`` over all of a private tensor's elements record the prim
-``quantile(x, q)``. The node releases it, as a publish's output, by the exponential mechanism
-over the values' public range (``node.dp.selection``): the answer is a point of a public grid
-(the integers for integer data), chosen with probability that falls off exponentially with
-how many values lie between it and the true quantile. A quantile along a dim, or of public
+``quantile(x, q)``. The node releases it, as a publish's output, by selection over the
+values' public range (permute-and-flip, ``node.dp.selection``): the answer is a point of a
+public grid (the integers for integer data), accepted with probability that falls off
+exponentially with how many values lie between it and the true quantile. A quantile along a dim, or of public
 values, records what torch's own decomposition does (exact on public values, refused on
 private ones as it is recorded).
 

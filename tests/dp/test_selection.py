@@ -1,5 +1,5 @@
-"""The exponential mechanism for quantiles (node.dp.selection): its distribution, its
-privacy on adversarial neighbours, and how close its sampler is to the exact mechanism."""
+"""Selecting quantiles (node.dp.selection, permute-and-flip): its distribution, its privacy
+on adversarial neighbours, and how close its sampler is to the exact mechanism."""
 
 from __future__ import annotations
 
@@ -18,17 +18,39 @@ from node.errors import InvalidRequestError
 mpmath.mp.dps = 60
 
 
-def _exact(values: np.ndarray, grid: np.ndarray, alpha: float, eps: float, k: int) -> list:
-    """The exponential mechanism's probabilities, in 60-digit arithmetic, from the
-    definition: u(c) = -|(1 - a) #{x < c} - a #{x > c}|, weight exp(eps u / (2 k))."""
+def _weights(values: np.ndarray, grid: np.ndarray, alpha: float, eps: float, k: float) -> list:
+    """Each candidate's acceptance probability, in 60-digit arithmetic, from the definition:
+    u(c) = -|(1 - a) #{x < c} - a #{x > c}|, w(c) = exp(eps (u(c) - max u) / (2 k))."""
     a = Fraction(round(alpha * 2**selection.ALPHA_BITS), 2**selection.ALPHA_BITS)
     scores = [-abs((1 - a) * int(np.sum(values < c)) - a * int(np.sum(values > c))) for c in grid]
-    weights = [
-        mpmath.exp(mpmath.mpf(eps) * mpmath.mpf(s.numerator) / s.denominator / (2 * k))
+    best = max(scores)
+    return [
+        mpmath.exp(
+            mpmath.mpf(eps) * mpmath.mpf((s - best).numerator) / (s - best).denominator / (2 * k)
+        )
         for s in scores
     ]
-    total = mpmath.fsum(weights)
-    return [w / total for w in weights]
+
+
+def _permute_and_flip(p: list) -> list:
+    """The law of permute-and-flip with acceptance probabilities ``p``: candidate j comes at
+    a uniform position, after a uniform subset of the others of that size, all rejected:
+    P(j) = p_j * mean over t of e_t(1 - p_others) / C(m - 1, t)."""
+    m = len(p)
+    out = []
+    for j in range(m):
+        e = [mpmath.mpf(1)] + [mpmath.mpf(0)] * (m - 1)  # elementary symmetric polynomials
+        for i in range(m):
+            if i != j:
+                q = 1 - p[i]
+                for t in range(m - 1, 0, -1):
+                    e[t] += e[t - 1] * q
+        out.append(p[j] * mpmath.fsum(e[t] / mpmath.binomial(m - 1, t) for t in range(m)) / m)
+    return out
+
+
+def _exact(values: np.ndarray, grid: np.ndarray, alpha: float, eps: float, k: float) -> list:
+    return _permute_and_flip(_weights(values, grid, alpha, eps, k))
 
 
 def _draws(values: np.ndarray, grid: np.ndarray, alpha: float, eps: float, k: int, n: int):
@@ -89,27 +111,24 @@ def test_adversarial_neighbours_stay_within_e_to_the_epsilon() -> None:
 
 
 def test_the_sampler_is_within_its_charged_distance_of_the_exact_mechanism() -> None:
-    """The integer weights the sampler draws from, against the 60-digit distribution."""
+    """The sampler's exact law (permute-and-flip with its integer coins) against the
+    60-digit one, on a grid of 65 candidates."""
     rng = np.random.default_rng(5)
     values = rng.uniform(0, 1, 500)
-    grid = selection.candidates(0.0, 1.0, False)
+    grid = selection.candidates(0.0, 64.0, True) / 64
+    units, whole = None, 2**selection.ALPHA_BITS
     for alpha, eps in ((0.5, 1.0), (0.3, 0.01), (0.95, 50.0)):
-        exact = _exact(values, grid, alpha, eps, 1)
-        # the sampler's integer weights, exactly as select_quantile forms them
-        units, whole = round(alpha * 2**selection.ALPHA_BITS), 2**selection.ALPHA_BITS
+        exact_p = _weights(values, grid, alpha, eps, 1)
+        # the sampler's coins, exactly as select_quantiles forms them
+        units = round(alpha * whole)
         less = np.array([np.sum(values < c) for c in grid])
         greater = np.array([np.sum(values > c) for c in grid])
-        scores = [
-            abs((whole - units) * int(a) - units * int(b))
-            for a, b in zip(less, greater, strict=True)
-        ]
-        gaps = np.array([float(s - min(scores)) for s in scores])
-        w = np.floor(np.ldexp(np.exp(-(eps / (2.0 * whole)) * gaps), 50)).astype(np.int64)
-        total = int(w.sum())
-        tv = (
-            mpmath.fsum(abs(mpmath.mpf(int(x)) / total - p) for x, p in zip(w, exact, strict=True))
-            / 2
-        )
+        scores = np.abs((whole - units) * less - units * greater)
+        gaps = (scores - scores.min()).astype(np.float64)
+        w = np.exp(-(eps / (2.0 * whole)) * gaps)
+        coins = [mpmath.mpf(int(t)) / 2**62 for t in np.floor(np.ldexp(w, 62)).astype(np.int64)]
+        ideal, sampled = _permute_and_flip(exact_p), _permute_and_flip(coins)
+        tv = mpmath.fsum(abs(a - b) for a, b in zip(ideal, sampled, strict=True)) / 2
         assert tv <= selection.sampler_tv(grid.size)
 
 
