@@ -5,9 +5,9 @@
 ``quantile(x, q)``. The node releases it, as a publish's output, by selection over the
 values' public range (permute-and-flip, ``node.dp.selection``): the answer is a point of a
 public grid (the integers for integer data), accepted with probability that falls off
-exponentially with how many values lie between it and the true quantile. A quantile along a dim, or of public
-values, records what torch's own decomposition does (exact on public values, refused on
-private ones as it is recorded).
+exponentially with how many values lie between it and the true quantile. A quantile along
+a dim, or of public values, records what torch's own decomposition does (exact on public
+values, refused on private ones as it is recorded).
 
 The median is the lower median, as torch's: ``q = 0.5`` with ``interpolation="lower"``.
 """
