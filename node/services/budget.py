@@ -820,6 +820,7 @@ def charge(
         if claim is not None:
             ttl = settings.publish_key_ttl_seconds
             idempotency.record(session, user.id, claim, entry.id, at, ttl)
+            summary["idempotency_key"] = claim.key
         if waiting is not None:
             approvals.use(waiting, entry.id)
             summary["approval_id"] = waiting.id

@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 
 from node.context import NodeContext
 from node.db.base import utcnow
-from node.db.models import LedgerEntry, PublishKey, User
+from node.db.models import AuditEvent, LedgerEntry, PublishKey, User
 from node.engine import GraphBuilder, encode
 from node.services import budget, idempotency
 from node.services import publish as service
@@ -80,6 +80,11 @@ def test_a_retry_with_the_same_key_gets_the_first_answer_charged_once(
     assert budget_now["spent_epsilon"] == 0.5
     (entry,) = http.get("/api/v1/ledger", headers=ds_h).json()
     assert entry["id"] == manifest["receipt"]["ledger_id"]
+    with context.sessions() as session:  # the operator sees which key the charge claimed
+        (charged,) = session.scalars(
+            select(AuditEvent).where(AuditEvent.action == "privacy.charge")
+        )
+    assert charged.target_id == entry["id"] and charged.detail["idempotency_key"] == "key-1"
     # without a key, or with a new one, the same graph is a new publish
     assert _publish(http, ds_h, frame, None).status_code == 200
     assert _publish(http, ds_h, frame, "key-2").content != first.content
