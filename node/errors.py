@@ -21,6 +21,7 @@ the SDK maps each ``code`` back to a typed exception.
     ├── NotFoundError            not_found
     │   └── UnknownStructureError  unknown_structure  a graph reference the node lacks
     └── ConflictError            conflict             e.g. a name already taken
+        └── PublishInProgressError  publish_in_progress  a retried publish still running
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = [
     "PayloadTooLargeError",
     "PermissionDeniedError",
     "PolicyRefusedError",
+    "PublishInProgressError",
     "QuotaExceededError",
     "UnknownStructureError",
     "UnsupportedDTypeError",
@@ -155,3 +157,9 @@ class UnknownStructureError(NotFoundError):
 
 class ConflictError(DPNodeError):
     code = "conflict"
+
+
+class PublishInProgressError(ConflictError):
+    """A publish with this idempotency key was charged and has not been answered yet."""
+
+    code = "publish_in_progress"

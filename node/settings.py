@@ -39,6 +39,8 @@ class Settings(BaseSettings):
     max_graph_flops: int = Field(default=10**12, gt=0)
     #: Memory for graph structures users already sent (a loop then resends only constants).
     structure_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    #: How long a publish's answer is kept for a retry with the same idempotency key.
+    publish_key_ttl_seconds: int = Field(default=24 * 3600, gt=0)
     #: Memory for verified dataset and weight blobs (read and hashed once, LRU); 0: off.
     blob_cache_bytes: int = Field(default=512 * 1024 * 1024, ge=0)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import struct
+import time
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -24,7 +26,13 @@ from sdk._budget import (
     PublishApproval,
     TrainingRunPlan,
 )
-from sdk._exceptions import DPNodeError, NodeUnreachableError, UnknownStructureError, error_for
+from sdk._exceptions import (
+    DPNodeError,
+    NodeUnreachableError,
+    PublishInProgressError,
+    UnknownStructureError,
+    error_for,
+)
 from sdk._handles import AuditEvent, DatasetHandle, ModelHandle, User
 from sdk._tables import columns_of, to_numpy
 
@@ -52,6 +60,10 @@ class Client:
         token: an access token (``login`` fetches one).
         transport: an httpx transport, e.g. to talk to an in-process app in tests.
         timeout: seconds to wait for the node.
+        publish_retries: how many times a publish that got no answer (a network error, a
+            timeout) or was still running on the node is sent again, with the same
+            idempotency key: the node answers a retry with the first answer, charged once.
+        retry_backoff: seconds before the first retry; doubled before each next one.
     """
 
     def __init__(
@@ -61,6 +73,8 @@ class Client:
         token: str | None = None,
         transport: httpx.BaseTransport | None = None,
         timeout: float = 120.0,
+        publish_retries: int = 3,
+        retry_backoff: float = 0.5,
     ) -> None:
         self.url = url.rstrip("/")
         self.token = token
@@ -68,6 +82,8 @@ class Client:
         self._http = httpx.Client(
             base_url=self.url + API_PREFIX, transport=transport, timeout=timeout
         )
+        self.publish_retries = publish_retries
+        self.retry_backoff = retry_backoff
         #: digests of the graph headers this node has accepted from us (see _post_graph)
         self._structures_sent: set[bytes] = set()
 
@@ -278,22 +294,34 @@ class Client:
         epsilon: float,
         delta: float | None = None,
         run_id: int | None = None,
+        idempotency_key: str | None = None,
     ) -> tuple[list[npt.NDArray[Any]], dict[str, Any]]:
         """Send one graph (engine wire frame) and get its noised outputs and the receipt.
 
         This is the one request behind ``RemoteTensor.publish``; most code never calls it.
         ``run_id``: the planned training run this publish is a step of (:meth:`plan_run`).
 
+        Every publish carries an idempotency key (``idempotency_key``, default a fresh
+        random one). Without an answer (a network error, a timeout) it is sent again with
+        the same key, up to ``publish_retries`` times: the node answers a copy of a request
+        it already answered with that answer, charged once.
+
         Raises:
             BudgetExceededError: the release does not fit your budget (nothing released).
             GraphError: the node refused the computation (the message names the op).
+            NodeUnreachableError: no answer after the retries; the publish may or may not
+                have run, and calling again with ``idempotency_key=err.idempotency_key``
+                is safe (its answer, charged once).
+            PublishInProgressError: the node still runs the publish after the retries;
+                call again with the same key later.
         """
         params: dict[str, Any] = {"epsilon": epsilon}
         if delta is not None:
             params["delta"] = delta
         if run_id is not None:
             params["run"] = run_id
-        response = self._post_graph("/publish", frame, params)
+        key = uuid.uuid4().hex if idempotency_key is None else idempotency_key
+        response = self._post_publish(frame, params, key)
         manifest, arrays = _read_frame(response.content)
         outputs = [arrays[f"output/{i}"] for i in range(len(arrays))]
         return outputs, dict(manifest["receipt"])
@@ -310,7 +338,36 @@ class Client:
         result: dict[str, Any] = self._post_graph("/sensitivity", frame, params).json()
         return result
 
-    def _post_graph(self, path: str, frame: bytes, params: dict[str, Any]) -> httpx.Response:
+    def _post_publish(self, frame: bytes, params: dict[str, Any], key: str) -> httpx.Response:
+        """POST a publish, sending it again with the same key while it gets no answer."""
+        headers = {"Idempotency-Key": key}
+        attempts = 1 + max(0, self.publish_retries)
+        for attempt in range(attempts):
+            try:
+                return self._post_graph("/publish", frame, params, headers)
+            except PublishInProgressError as exc:
+                exc.idempotency_key = key
+                if attempt == attempts - 1:
+                    raise
+            except NodeUnreachableError as exc:
+                if attempt == attempts - 1:
+                    raise NodeUnreachableError(
+                        f"no answer from the node at {self.url} after {attempts} attempts "
+                        f"({exc.detail}): the publish may or may not have run; publishing "
+                        f"again with idempotency_key={key!r} is safe: if it ran, you get its "
+                        "answer, charged once",
+                        idempotency_key=key,
+                    ) from exc
+            time.sleep(self.retry_backoff * 2**attempt)
+        raise AssertionError("unreachable")  # the last attempt returns or raises
+
+    def _post_graph(
+        self,
+        path: str,
+        frame: bytes,
+        params: dict[str, Any],
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
         """POST a graph frame; once the node has its structure, send only the constants.
 
         A training loop records the same structure every step: the first request carries
@@ -318,7 +375,7 @@ class Client:
         that lost the structure (restart, eviction) answers ``unknown_structure`` before
         doing anything, and the frame is sent whole again.
         """
-        headers = {"Content-Type": "application/octet-stream"}
+        headers = {"Content-Type": "application/octet-stream", **(extra_headers or {})}
         digest = structures.header_digest(frame)  # None: not a frame, the node says why
         if digest is not None and digest in self._structures_sent:
             body = structures.reference(digest, structures.split(frame)[1])

@@ -20,8 +20,10 @@ DPNodeError                      any error reported by (or about) the node
 ├── NotFoundError                not_found
 │   └── UnknownStructureError    unknown_structure: resent whole, automatically
 ├── ConflictError                conflict: e.g. a name already taken
+│   └── PublishInProgressError   publish_in_progress: the same key's publish still runs
 ├── ServerError                  the node failed (5xx); tell its operator
-├── NodeUnreachableError         no answer from the node (network, wrong URL)
+├── NodeUnreachableError         no answer from the node (network, wrong URL); for a
+│                                  publish, ``idempotency_key`` retries it safely
 ├── PrivateValueError            raised locally: code asked for a remote tensor's values
 └── UnsupportedOperationError    raised locally: an op outside the prim vocabulary
 """
@@ -49,6 +51,7 @@ __all__ = [
     "PolicyRefusedError",
     "PrivacyTrackingError",
     "PrivateValueError",
+    "PublishInProgressError",
     "QuotaExceededError",
     "ServerError",
     "UnknownStructureError",
@@ -190,12 +193,28 @@ class ConflictError(DPNodeError):
     code = "conflict"
 
 
+class PublishInProgressError(ConflictError):
+    """A publish with this idempotency key was charged and is still running on the node:
+    retry it with the same key (``idempotency_key``) to get its answer, charged once."""
+
+    code = "publish_in_progress"
+    idempotency_key: str | None = None
+
+
 class ServerError(DPNodeError):
     code = "internal_error"
 
 
 class NodeUnreachableError(DPNodeError):
+    """No answer from the node. For a publish, ``idempotency_key`` names the request: it may
+    or may not have run, and ``publish_frame(..., idempotency_key=...)`` with that key
+    gets its answer if it did, charged once (for as long as the node keeps answers)."""
+
     code = "unreachable"
+
+    def __init__(self, detail: str, *, idempotency_key: str | None = None) -> None:
+        super().__init__(detail)
+        self.idempotency_key = idempotency_key
 
 
 class PrivateValueError(DPNodeError):
@@ -234,6 +253,7 @@ BY_CODE: dict[str, type[DPNodeError]] = {
         NotFoundError,
         UnknownStructureError,
         ConflictError,
+        PublishInProgressError,
         ServerError,
     )
 }

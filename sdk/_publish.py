@@ -158,6 +158,7 @@ def publish(
     delta: float | None = None,
     client: Any = None,
     run_id: int | None = None,
+    idempotency_key: str | None = None,
 ) -> Any:
     """Publish remote tensors jointly: one request, one charge, noised plain tensors back.
 
@@ -169,6 +170,8 @@ def publish(
         client: the node session (default: the last ``sdk.login``).
         run_id: the planned training run this publish is a step of (``client.plan_run``):
             its admin's approval covers the publish when it is one of the planned steps.
+        idempotency_key: names this publish (default: a fresh random key); the same key
+            again gets the first answer, charged once (see ``Client.publish_frame``).
 
     Returns:
         A torch tensor (or a list), each with a ``receipt`` attribute.
@@ -176,6 +179,8 @@ def publish(
     Raises:
         BudgetExceededError: it does not fit your budget; nothing is released or charged.
         GraphError: the node cannot bound or run the computation (the message says why).
+        NodeUnreachableError: no answer, even after retries: the publish may or may not have
+            run; publishing again with ``idempotency_key=err.idempotency_key`` is safe.
     """
     items = _remote(tensors, "publish")
     session = active_session()
@@ -183,7 +188,11 @@ def publish(
         values, body = mock_release(session, items, epsilon=epsilon, delta=delta)
     else:
         values, body = _client(client, items).publish_frame(
-            _frame(items), epsilon=epsilon, delta=delta, run_id=run_id
+            _frame(items),
+            epsilon=epsilon,
+            delta=delta,
+            run_id=run_id,
+            idempotency_key=idempotency_key,
         )
     receipt = Receipt.from_json(body)
     results = []

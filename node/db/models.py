@@ -14,6 +14,7 @@ from sqlalchemy import (
     Float,
     ForeignKey,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -329,3 +330,26 @@ class PublishApproval(Timestamped, Base):
     step_values: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
     user: Mapped[User] = relationship(foreign_keys=[user_id])
+
+
+class PublishKey(Base):
+    """A publish's idempotency key: the request it names and, once answered, the answer.
+
+    Written in the transaction that charges the publish (``node.services.budget.charge``),
+    so a key is charged at most once; the encoded response is stored once the release is
+    answered and replayed to a retry with the same key (``node.services.idempotency``).
+    A refused publish writes no row. Rows are purged after ``publish_key_ttl_seconds``.
+    """
+
+    __tablename__ = "publish_keys"
+    __table_args__ = (UniqueConstraint("user_id", "key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    key: Mapped[str] = mapped_column(String(128))
+    #: SHA-256 of the request the key names: the full graph frame, epsilon, delta and run.
+    request_hash: Mapped[str] = mapped_column(String(64))
+    ledger_id: Mapped[int] = mapped_column(ForeignKey("ledger_entries.id"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
+    #: The encoded response (values and receipt); ``None`` while the publish runs.
+    response: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)

@@ -60,7 +60,7 @@ from node.errors import (
     NotFoundError,
     PolicyRefusedError,
 )
-from node.services import approvals, audit
+from node.services import approvals, audit, idempotency
 from node.services import policy as policy_service
 from node.services.policy import InForce
 from node.settings import Settings
@@ -674,12 +674,18 @@ def _refusal(decision: policies.Decision, in_force: InForce, **more: Any) -> Pol
 
 
 def charge(
-    serial_sessions: sessionmaker[Session], settings: Settings, user_id: int, cost: Cost
+    serial_sessions: sessionmaker[Session],
+    settings: Settings,
+    user_id: int,
+    cost: Cost,
+    *,
+    claim: idempotency.Claim | None = None,
 ) -> tuple[LedgerEntry, Status]:
     """Decide the cost under the policy in force and record it, atomically.
 
     ``serial_sessions`` must be bound to ``node.db.session.serial_engine``. Returns the
-    committed ledger row and the budget after it.
+    committed ledger row and the budget after it. ``claim``: the publish's idempotency key,
+    recorded with the ledger row (a refused charge records none).
 
     Raises:
         BudgetExceededError: the cost does not fit the user's budget or a dataset's cap;
@@ -687,11 +693,15 @@ def charge(
         PolicyRefusedError: another rule refused it (per-publish cap, rate limit, denial).
         ApprovalRequiredError: the publish waits for an admin; a pending request is stored.
         NotFoundError: no such user, or a dataset read was deleted meanwhile.
+        idempotency.AlreadyClaimed: another request charged ``claim``'s key; nothing is
+            recorded (the caller answers with that request's answer).
     """
     # Pure arithmetic on public quantities: done before the serialised transaction.
     sampler_epsilon, sampler_delta = sampler_units(cost)
     with serial_sessions() as session:
         user, found = _lock(session, user_id, cost.dataset_ids)
+        if claim is not None:  # under the user's lock: a racing copy has committed or waits
+            idempotency.ensure_free(session, user.id, claim)
         at = utcnow()
         in_force = policy_service.current(session)
         missing = sorted(set(cost.dataset_ids) - set(found))
@@ -797,6 +807,10 @@ def charge(
                     for d in entry.dataset_ids
                 ],
             )
+        if claim is not None:
+            ttl = settings.publish_key_ttl_seconds
+            idempotency.record(session, user.id, claim, entry.id, at, ttl)
+            summary["idempotency_key"] = claim.key
         if waiting is not None:
             approvals.use(waiting, entry.id)
             summary["approval_id"] = waiting.id

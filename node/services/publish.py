@@ -23,6 +23,12 @@ the analyst (docs/privacy.md, the threat model).
 
 1 to 3 share one read-only transaction (on SQLite a deferred one, which locks nothing).
 No database transaction is open during 4 and 6.
+
+A publish may come with an idempotency key (``node.services.idempotency``). A retry with a
+key already answered is answered, right after 1, with the stored answer: nothing is
+planned, evaluated or charged. Otherwise 5 claims the key with the ledger row, so that
+copies of one request racing each other are charged once; the caller stores the encoded
+answer (:func:`answered`) before sending it.
 """
 
 from __future__ import annotations
@@ -51,11 +57,17 @@ from node.engine import (
     plan,
     structure_hash,
 )
-from node.errors import GraphError, InvalidRequestError, NotFoundError, PermissionDeniedError
+from node.errors import (
+    GraphError,
+    InvalidRequestError,
+    NotFoundError,
+    PermissionDeniedError,
+    PublishInProgressError,
+)
 from node.privacy import InputSpec, PrivacyReport, Subjects, track
 from node.privacy.release import ReleasePlan, plan_release, run_release
 from node.privacy.subjects import first_rows
-from node.services import audit, budget, datasets, models, users
+from node.services import audit, budget, datasets, idempotency, models, users
 from node.services.budget import EPSILON_UNIT, RHO_UNIT, TV_UNIT, Cost
 from node.storage import array_from_bytes
 
@@ -77,6 +89,13 @@ class Published:
     receipt: dict[str, Any]
     #: for the operator's audit log only (see :func:`record_failure`): never shown
     failure: str | None = None
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """The stored answer of a publish already answered under the same idempotency key."""
+
+    body: bytes
 
 
 @dataclass(frozen=True)
@@ -258,25 +277,45 @@ def gaussian_cost(epsilon: float, delta: float, values: int) -> Cost:
 
 
 def publish(
-    context: NodeContext, actor_id: int, frame: bytes, request: PublishRequest
-) -> Published:
+    context: NodeContext,
+    actor_id: int,
+    frame: bytes,
+    request: PublishRequest,
+    key: str | None = None,
+) -> Published | Replayed:
     """Decide, charge, then evaluate, noise and release (see the module docstring).
 
-    ``actor_id`` comes from a verified token; the account is read with the inputs.
+    ``actor_id`` comes from a verified token; the account is read with the inputs. ``key``:
+    the request's idempotency key; a retry of a request already answered under it gets
+    that answer (:class:`Replayed`), neither evaluated nor charged again.
 
     Raises (each before any private value is read):
         AuthenticationError: the account no longer exists or was deactivated; nothing is done.
+        InvalidRequestError: a malformed idempotency key.
+        PublishInProgressError: the key's publish was charged and is not answered yet.
+        ConflictError: the key names another request of this user.
         GraphError, QuotaExceededError: a graph the engine refuses.
         PrivacyTrackingError: a graph whose sensitivity cannot be bounded.
         InvalidRequestError: a bad epsilon or delta.
         PolicyRefusedError, BudgetExceededError, ApprovalRequiredError: the policy or the
             budget refuses the charge; nothing is released.
     """
+    if key is not None:
+        idempotency.check_key(key)
     with context.read_sessions() as session:  # the account, then the inputs: one read
         actor = users.active(session, actor_id)
         charged = budget.quantize_epsilon(request.epsilon)  # a bad epsilon, before any work
         if request.delta is not None:
             _check_delta(request.delta)
+        claim = None
+        if key is not None:
+            full = context.structures.expand(actor.id, frame)  # a reference names its frame
+            digest = idempotency.request_hash(full, request.epsilon, request.delta, request.run_id)
+            claim = idempotency.Claim(key, digest)
+            stored = idempotency.replay(session, actor.id, claim)
+            if stored is not None:  # answered already: released, nothing new to decide
+                return Replayed(stored)
+            frame = full
         graph, planned = _decode(context, actor, frame)
         inputs = _resolve(context, session, actor, graph)
     rp = plan_release(
@@ -287,7 +326,20 @@ def publish(
         tracked=context.tracking.report,
     )
     cost = _cost(rp, request, inputs, graph)
-    entry, after = budget.charge(context.serial_sessions, context.settings, actor.id, cost)
+    try:
+        entry, after = budget.charge(
+            context.serial_sessions, context.settings, actor.id, cost, claim=claim
+        )
+    except idempotency.AlreadyClaimed:  # a copy of this request was charged meanwhile
+        assert claim is not None
+        with context.read_sessions() as session:
+            stored = idempotency.replay(session, actor.id, claim)
+        if stored is None:  # its key expired between the two reads
+            raise PublishInProgressError(
+                f"the publish with idempotency key {key!r} was just charged by another "
+                "request: retry with the same key to get its answer"
+            ) from None
+        return Replayed(stored)
     # Charged: from here on the data is read, and the publish is always answered.
     done = run_release(rp, lambda: inputs.values(context))
     release = done.release
@@ -312,6 +364,12 @@ def publish(
         "policy_revision": entry.policy_revision,
     }
     return Published(done.values, receipt, done.failure)
+
+
+def answered(context: NodeContext, actor_id: int, key: str, response: bytes) -> None:
+    """Store a publish's encoded answer under its idempotency key, for its retries. Called
+    before the answer is sent, so that a retry after a lost answer finds it."""
+    idempotency.store(context.sessions, actor_id, key, response)
 
 
 def record_failure(context: NodeContext, actor_id: int, published: Published) -> None:

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
-from fastapi import APIRouter, BackgroundTasks, Query, Response
+from fastapi import APIRouter, BackgroundTasks, Header, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from node.api import frames
@@ -11,6 +12,7 @@ from node.api.schemas import OutputSensitivityPublic, SensitivityPublic
 from node.services import publish as service
 
 router = APIRouter(tags=["publish"])
+log = logging.getLogger("dpnode")
 
 Epsilon = Annotated[float, Query(description="privacy loss to spend; > 0", allow_inf_nan=True)]
 Delta = Annotated[
@@ -30,6 +32,14 @@ async def publish(
         int | None,
         Query(description="the training run this publish is a step of (POST /publish/runs)"),
     ] = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="names this request: a retry with the same key gets the first "
+            "answer, charged once (1 to 128 printable ASCII characters, no spaces)",
+        ),
+    ] = None,
 ) -> Response:
     """Evaluate a graph (engine wire frame as the body) on private data and release its
     outputs with noise, charging ``epsilon`` (and ``delta``) to your budget.
@@ -38,11 +48,21 @@ async def publish(
     in the manifest.
     """
     request = service.PublishRequest(epsilon=epsilon, delta=delta, run_id=run)
-    done = await run_in_threadpool(service.publish, context, user_id, body, request)
+    done = await run_in_threadpool(
+        service.publish, context, user_id, body, request, idempotency_key
+    )
+    if isinstance(done, service.Replayed):
+        return Response(done.body, media_type=frames.MEDIA_TYPE)
     if done.failure is not None:  # after the response: its time must not depend on it
         background.add_task(service.record_failure, context, user_id, done)
     arrays = {f"output/{i}": v for i, v in enumerate(done.values)}
-    return Response(frames.encode(arrays, {"receipt": done.receipt}), media_type=frames.MEDIA_TYPE)
+    content = frames.encode(arrays, {"receipt": done.receipt})
+    if idempotency_key is not None:
+        try:
+            await run_in_threadpool(service.answered, context, user_id, idempotency_key, content)
+        except Exception:  # charged: the answer goes out anyway; a retry is told it runs
+            log.exception("could not store the answer of publish %s", done.receipt["ledger_id"])
+    return Response(content, media_type=frames.MEDIA_TYPE)
 
 
 @router.post("/sensitivity")
