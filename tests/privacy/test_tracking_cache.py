@@ -17,7 +17,7 @@ from node.engine import Graph, GraphBuilder, plan
 from node.engine.graph import Node
 from node.privacy import InputSpec, PrivacyTrackingError, track
 from node.privacy.cache import TrackingCache
-from tests.privacy.helpers import assert_sound, neighbours
+from tests.privacy.helpers import Column, assert_sound, neighbours
 from tests.privacy.test_attack import OPS, Builder, Val, columns
 
 N, D = 40, 5
@@ -154,7 +154,7 @@ def test_a_boxed_report_bounds_every_neighbour_for_constants_in_the_box(
         return
     STATS["checked"] += 1
     for _ in range(3):
-        moved = {i: rng.uniform(lo, hi) for i, (lo, hi) in boxes.items()}
+        moved = {i: np.asarray(rng.uniform(lo, hi)) for i, (lo, hi) in boxes.items()}
         assert_sound(_with_constants(graph, moved), report, *neighbours(cols, rng))
 
 
@@ -162,3 +162,30 @@ def test_the_boxed_attack_checks_graphs_with_constants() -> None:
     if sum(STATS.values()) < 100:  # ran alone: nothing to judge
         return
     assert STATS["checked"] >= 0.2 * sum(STATS.values()), STATS
+
+
+@pytest.mark.parametrize("radius", [1e-3, 0.1, 0.5])
+def test_a_convolution_with_a_boxed_weight_bounds_every_neighbour(radius: float) -> None:
+    """A convolution's weight and bias as public boxes (a CNN's training step): the report
+    holds for weights drawn anywhere in them, on neighbours at the corners."""
+    rng = np.random.default_rng(11)
+    shape = (5, 2, 6, 6)
+    b = GraphBuilder()
+    x = b.input("x", "float32", shape)
+    w0 = rng.uniform(-1, 1, (3, 2, 3, 3)).astype(np.float32)
+    bias0 = rng.uniform(-1, 1, 3).astype(np.float32)
+    w, bias = b.constant(w0), b.constant(bias0)
+    y = b.op("convolution", x, w, bias, stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1)
+    relu = b.op("maximum", y, b.constant(np.float32(0.0)))
+    graph = b.build([y, b.op("sum", relu, dims=(1, 2, 3))])
+    specs = {"x": InputSpec.private(0.0, 1.0)}
+    index = {i for i, node in enumerate(graph.nodes) if node.op == "constant"}
+    boxes = {i: (graph.nodes[i].value - radius, graph.nodes[i].value + radius) for i in index}
+    boxes = {i: (lo.astype(np.float64), hi.astype(np.float64)) for i, (lo, hi) in boxes.items()}
+    report = track(graph, specs, boxes=boxes)
+    exact = track(graph, specs)
+    assert report.outputs[0].l1 >= exact.outputs[0].l1  # the box holds the exact weights too
+    cols = {"x": Column("float32", shape, 0.0, 1.0)}
+    for _ in range(20):
+        moved = {i: np.asarray(rng.uniform(lo, hi)) for i, (lo, hi) in boxes.items()}
+        assert_sound(_with_constants(graph, moved), report, *neighbours(cols, rng))

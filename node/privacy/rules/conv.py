@@ -30,13 +30,27 @@ from node.privacy.state import MIXED, PUBLIC, Array, State
 __all__ = ["convolution", "magnitude_terms"]
 
 
-def _public_value(c: Ctx, i: int, what: str) -> Array | None:
+def _public_interval(c: Ctx, i: int, what: str) -> tuple[Array, Array] | None:
+    """A public argument as ``(mid, radius)``: its value (radius 0), or the middle and half
+    width of its bounds when it is public but only bounded (a weight boxed by the tracking
+    cache, ``node.privacy.cache``)."""
     s = c.args[i] if i < len(c.args) else None
     if s is None:
         return None
-    if not s.is_public or s.value is None:
-        raise c.fail(f"the {what} must be public and known (a private {what} has no rule)")
-    return np.asarray(s.value, dtype=np.float64)
+    if s.is_public and s.value is not None:
+        v = np.asarray(s.value, dtype=np.float64)
+        return v, np.zeros(())
+    if s.is_public:
+        lo = np.broadcast_to(np.asarray(s.lo, dtype=np.float64), s.shape)
+        hi = np.broadcast_to(np.asarray(s.hi, dtype=np.float64), s.shape)
+        if np.isfinite(lo).all() and np.isfinite(hi).all():
+            return (lo + hi) / 2, (hi - lo) / 2
+    raise c.fail(f"the {what} must be public and bounded (a private {what} has no rule)")
+
+
+def _magnitude(v: tuple[Array, Array]) -> Array:
+    """The largest ``|value|`` in ``mid +- radius``."""
+    return np.abs(v[0]) + v[1]
 
 
 def _batched(a: Array, x: State, geo: dict[str, Any]) -> Array:
@@ -54,11 +68,12 @@ def _unbatched(r: Array, geo: dict[str, Any]) -> Array:
 def magnitude_terms(c: Ctx, x_mag: Array, x: State) -> Array:
     """``|A| |x|`` plus ``|b|``: the sum of the magnitudes of each output's terms."""
     geo = conv_geometry(c.call)
-    w = np.abs(_public_value(c, 1, "weight"))  # type: ignore[arg-type]
-    r = conv_map(_batched(x_mag, x, geo), w, geo)
-    b = _public_value(c, 2, "bias")
+    w = _public_interval(c, 1, "weight")
+    assert w is not None
+    r = conv_map(_batched(x_mag, x, geo), _magnitude(w), geo)
+    b = _public_interval(c, 2, "bias")
     if b is not None:
-        r = r + np.abs(b).reshape((-1,) + (1,) * geo["nsp"])
+        r = r + np.broadcast_to(_magnitude(b), b[0].shape).reshape((-1,) + (1,) * geo["nsp"])
     return _unbatched(r, geo)
 
 
@@ -66,19 +81,26 @@ def magnitude_terms(c: Ctx, x_mag: Array, x: State) -> Array:
 def convolution(c: Ctx) -> State:
     """Convolution of a private input with a public weight (and bias): a linear map."""
     x = c.arg(0)
-    w = _public_value(c, 1, "weight")
+    w = _public_interval(c, 1, "weight")
     if w is None:  # pragma: no cover - the engine requires a weight
         raise c.fail("needs a weight")
-    b = _public_value(c, 2, "bias")
+    b = _public_interval(c, 2, "bias")
     geo = conv_geometry(c.call)
-    wabs = np.abs(w)
+    wmid, wrad = w
+    wabs = _magnitude(w)
     with np.errstate(all="ignore"):
         lo, hi = _batched(x.lo, x, geo), _batched(x.hi, x, geo)
         mid, rad = (lo + hi) / 2, (hi - lo) / 2
-        centre = conv_map(mid, w, geo)
+        centre = conv_map(mid, wmid, geo)
+        # interval products: |A| rad for the input's width, and |x| wrad for the weight's
+        radius = conv_map(rad, np.abs(wmid), geo)
+        if np.any(wrad > 0):
+            wr = np.broadcast_to(wrad, wmid.shape)
+            radius = radius + conv_map(np.abs(mid) + rad, np.ascontiguousarray(wr), geo)
         if b is not None:
-            centre = centre + b.reshape((-1,) + (1,) * geo["nsp"])
-        radius = conv_map(rad, wabs, geo)
+            shape = (-1,) + (1,) * geo["nsp"]
+            centre = centre + np.broadcast_to(b[0], b[0].shape).reshape(shape)
+            radius = radius + np.broadcast_to(b[1], b[0].shape).reshape(shape)
         rows = geo["batched"] and not any(varying_axes(x.owner, x.shape, exact=True)[1:])
         if rows or not any(varying_axes(x.owner, x.shape, exact=True)):
             owner = fit(x.owner, x.shape)
