@@ -25,20 +25,24 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from node.errors import RateLimitedError
 from node.settings import Settings
 
-#: Keys kept per window before the least recently used are forgotten.
-MAX_KEYS = 100_000
+#: Keys kept per window before the least recently used are forgotten: a full table of
+#: accounts at 10 failures each holds about 30 MB. Evicting a locked account takes this many
+#: other keys touched since, which the per-address limit makes slow to produce.
+MAX_KEYS = 50_000
 
 
 class SlidingWindow:
     """Recent event times per key: at most ``limit`` events in any ``window`` seconds.
 
+    Each key keeps its last ``limit`` times only, in a plain list (a deque costs several
+    times the memory of a short list, and the table may hold ``max_keys`` of them).
     Not thread-safe on its own; :class:`LoginThrottle` holds the lock.
 
     >>> w = SlidingWindow(limit=2, window=10.0, max_keys=8)
@@ -52,20 +56,21 @@ class SlidingWindow:
         self.limit = limit
         self.window = window
         self.max_keys = max_keys
-        self._events: OrderedDict[str, deque[float]] = OrderedDict()
+        self._events: OrderedDict[str, list[float]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._events)
 
-    def _recent(self, key: str, now: float) -> deque[float] | None:
+    def _recent(self, key: str, now: float) -> list[float] | None:
         events = self._events.get(key)
         if events is None:
             return None
-        while events and events[0] <= now - self.window:
-            events.popleft()
-        if not events:
-            del self._events[key]
-            return None
+        cutoff = now - self.window
+        if events[0] <= cutoff:
+            events[:] = [t for t in events if t > cutoff]
+            if not events:
+                del self._events[key]
+                return None
         return events
 
     def wait(self, key: str, now: float) -> float:
@@ -73,18 +78,20 @@ class SlidingWindow:
         events = self._recent(key, now)
         if events is None or len(events) < self.limit:
             return 0.0
-        # The deque holds at most ``limit`` times: the oldest leaving the window frees a slot.
+        # The list holds at most ``limit`` times: the oldest leaving the window frees a slot.
         return events[0] + self.window - now
 
     def add(self, key: str, now: float) -> None:
         events = self._recent(key, now)
         if events is None:
-            events = self._events[key] = deque(maxlen=self.limit)
+            self._events[key] = [now]
             while len(self._events) > self.max_keys:
                 self._events.popitem(last=False)
-        else:
-            self._events.move_to_end(key)
+            return
+        self._events.move_to_end(key)
         events.append(now)
+        if len(events) > self.limit:
+            del events[0]
 
     def forget(self, key: str) -> None:
         self._events.pop(key, None)

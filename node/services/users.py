@@ -129,19 +129,21 @@ def authenticate(
         RateLimitedError: too many failed attempts for this email, or attempts from this
             address, lately (the same answer whether or not the account exists).
     """
+    # A malformed email matches no account but still counts, under its own spelling.
+    account = email.strip().lower()[:320]
     try:
         email = normalise_email(email)
     except InvalidRequestError:
         email = ""
     if throttle is not None:
-        refusal = throttle.admit(email, address)
+        refusal = throttle.admit(account, address)
         if refusal is not None:
             if refusal.first:  # later refusals repeat it: the log is not an attacker's to fill
                 audit.record(
                     session,
                     None,
                     "auth.login_throttled",
-                    email=email,
+                    email=account,
                     address=address,
                     scope=refusal.scope,
                     retry_after=refusal.retry_after,
@@ -155,7 +157,7 @@ def authenticate(
         session.commit()
         raise AuthenticationError("wrong email or password, or the account is deactivated")
     if throttle is not None:
-        throttle.succeeded(email)
+        throttle.succeeded(account)
     audit.record(session, user, "auth.login", target_type="user", target_id=user.id)
     session.commit()
     return user
