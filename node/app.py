@@ -42,6 +42,7 @@ STATUS: dict[type[errors.DPNodeError], int] = {
     errors.QuotaExceededError: 422,
     errors.PayloadTooLargeError: 413,
     errors.AuthenticationError: 401,
+    errors.RateLimitedError: 429,
     errors.PermissionDeniedError: 403,
     errors.NotFoundError: 404,
     errors.ConflictError: 409,
@@ -54,6 +55,7 @@ _HTTP_CODES = {
     404: "not_found",
     405: "method_not_allowed",
     413: "payload_too_large",
+    429: "rate_limited",
 }
 
 
@@ -64,8 +66,15 @@ def status_for(exc: errors.DPNodeError) -> int:
     return 500
 
 
-def _body(code: str, detail: str, status: int, **extra: Any) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+def _body(
+    code: str,
+    detail: str,
+    status: int,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    if status == 401:
+        headers = {"WWW-Authenticate": "Bearer", **(headers or {})}
     body = {"error": code, "detail": detail, **extra}
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -82,7 +91,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(errors.DPNodeError)
     async def _domain(_: Request, exc: errors.DPNodeError) -> JSONResponse:
         extra = exc.extra() if isinstance(exc, errors.PolicyRefusedError) else {}
-        return _body(exc.code, exc.detail, status_for(exc), **extra)
+        headers = None
+        if isinstance(exc, errors.RateLimitedError):
+            headers = {"Retry-After": str(exc.retry_after)}
+        return _body(exc.code, exc.detail, status_for(exc), headers, **extra)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

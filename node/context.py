@@ -1,4 +1,5 @@
-"""Everything a running node holds: settings, database, blob store, password hasher."""
+"""Everything a running node holds: settings, database, blob store, password hasher,
+login throttle."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from node.db.session import make_engine, make_sessionmaker, read_engine, serial_
 from node.privacy.cache import TrackingCache
 from node.services.security import password_hasher
 from node.services.structures import StructureCache
+from node.services.throttle import LoginThrottle
 from node.settings import PLACEHOLDER_SECRET, Settings
 from node.storage import BlobStore, FileBlobStore
 
@@ -36,6 +38,11 @@ class NodeContext:
     #: Reports of graph structures tracked with their changing constants boxed
     #: (see node.privacy.cache): a training loop's steps are tracked once every few steps.
     tracking: TrackingCache = field(default_factory=TrackingCache)
+    #: Recent login attempts and failures, kept in this process (see node.services.throttle).
+    logins: LoginThrottle = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.logins = LoginThrottle.from_settings(self.settings)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> NodeContext:

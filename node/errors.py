@@ -14,6 +14,7 @@ the SDK maps each ``code`` back to a typed exception.
     ├── QuotaExceededError       quota_exceeded       graph/compute/memory over a quota
     ├── PayloadTooLargeError     payload_too_large    a request body over its limit
     ├── AuthenticationError      unauthenticated      missing, bad or expired credentials
+    ├── RateLimitedError         rate_limited         too many attempts (logins); retry later
     ├── PermissionDeniedError    forbidden            authenticated but not allowed
     │   └── PolicyRefusedError   policy_refused       a budget policy rule refused a publish
     │       ├── BudgetExceededError  budget_exceeded  the charge does not fit a budget or cap
@@ -44,6 +45,7 @@ __all__ = [
     "PolicyRefusedError",
     "PublishInProgressError",
     "QuotaExceededError",
+    "RateLimitedError",
     "UnknownStructureError",
     "UnsupportedDTypeError",
     "UploadRejectedError",
@@ -94,6 +96,19 @@ class PayloadTooLargeError(DPNodeError):
 
 class AuthenticationError(DPNodeError):
     code = "unauthenticated"
+
+
+class RateLimitedError(DPNodeError):
+    """Too many attempts (logins, see node.services.throttle): ``retry_after`` seconds to wait.
+
+    The response carries it as a ``Retry-After`` header; the body keeps the usual shape.
+    """
+
+    code = "rate_limited"
+
+    def __init__(self, detail: str, *, retry_after: int) -> None:
+        super().__init__(detail)
+        self.retry_after = retry_after
 
 
 class PermissionDeniedError(DPNodeError):

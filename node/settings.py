@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: The secret a development node starts with; refused in production.
@@ -51,6 +52,30 @@ class Settings(BaseSettings):
     #: Argon2id cost: memory in KiB and passes (RFC 9106's low-memory profile by default).
     argon2_memory_kib: int = Field(default=64 * 1024, ge=8 * 1024)
     argon2_time_cost: int = Field(default=3, ge=1)
+
+    #: Login throttle (node.services.throttle), per worker process: failed logins per
+    #: account (by email, known or not) within a sliding window, checked before the hash.
+    login_max_failures: int = Field(default=10, gt=0)
+    login_failure_window_seconds: int = Field(default=15 * 60, gt=0)
+    #: Login attempts (failed or not) per client address within a sliding window.
+    login_max_attempts_per_address: int = Field(default=60, gt=0)
+    login_address_window_seconds: int = Field(default=60, gt=0)
+    #: Reverse proxies (addresses or networks) whose ``X-Forwarded-For`` names the client;
+    #: empty (the default): the header is ignored and the peer's address counts.
+    trusted_proxies: list[str] = Field(default_factory=list)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxy_networks(cls, proxies: list[str]) -> list[str]:
+        for proxy in proxies:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"DPNODE_TRUSTED_PROXIES: {proxy!r} is not an IP address or network "
+                    '(write a JSON list, e.g. ["10.0.0.0/8"])'
+                ) from None
+        return proxies
 
     @model_validator(mode="after")
     def _refuse_placeholder_secrets(self) -> Settings:

@@ -104,7 +104,7 @@ class Client:
                 code, detail = body.get("error"), str(body.get("detail", response.text))
             except (ValueError, AttributeError):
                 body, code, detail = None, None, response.text or response.reason_phrase
-            raise error_for(response.status_code, code, detail, body)
+            raise error_for(response.status_code, code, detail, body, response.headers)
         return response
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:

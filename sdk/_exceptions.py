@@ -13,6 +13,7 @@ DPNodeError                      any error reported by (or about) the node
 ├── QuotaExceededError           quota_exceeded: over a size or compute quota
 ├── PayloadTooLargeError         payload_too_large
 ├── AuthenticationError          unauthenticated: bad credentials or expired session
+├── RateLimitedError             rate_limited: too many logins lately; ``retry_after`` seconds
 ├── PermissionDeniedError        forbidden: your role may not do this
 │   └── PolicyRefusedError       policy_refused: a budget policy rule refused the publish
 │       ├── BudgetExceededError    budget_exceeded: over your budget or a dataset's cap
@@ -53,6 +54,7 @@ __all__ = [
     "PrivateValueError",
     "PublishInProgressError",
     "QuotaExceededError",
+    "RateLimitedError",
     "ServerError",
     "UnknownStructureError",
     "UnsupportedDTypeError",
@@ -136,6 +138,16 @@ class PayloadTooLargeError(DPNodeError):
 
 class AuthenticationError(DPNodeError):
     code = "unauthenticated"
+
+
+class RateLimitedError(DPNodeError):
+    """Too many login attempts lately, for this email or from this address: the node did not
+    check the password. Wait ``retry_after`` seconds (the node's ``Retry-After``; ``None``
+    if it sent none) and try again; the message says how long too.
+    """
+
+    code = "rate_limited"
+    retry_after: int | None = None
 
 
 class PermissionDeniedError(DPNodeError):
@@ -246,6 +258,7 @@ BY_CODE: dict[str, type[DPNodeError]] = {
         QuotaExceededError,
         PayloadTooLargeError,
         AuthenticationError,
+        RateLimitedError,
         PermissionDeniedError,
         PolicyRefusedError,
         BudgetExceededError,
@@ -264,7 +277,11 @@ _EXTRA = ("rule", "policy", "policy_revision", "reason", "approval_id")
 
 
 def error_for(
-    status: int, code: str | None, detail: str, extra: Mapping[str, Any] | None = None
+    status: int,
+    code: str | None,
+    detail: str,
+    extra: Mapping[str, Any] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> DPNodeError:
     """The exception for a node error response.
 
@@ -272,6 +289,8 @@ def error_for(
     'PermissionDeniedError'
     >>> error_for(503, "weird", "x").code
     'weird'
+    >>> error_for(429, "rate_limited", "wait", headers={"Retry-After": "42"}).retry_after
+    42
     """
     cls = BY_CODE.get(code or "")
     if cls is None:
@@ -280,4 +299,8 @@ def error_for(
     for name in _EXTRA:
         if extra and name in extra and hasattr(cls, name):
             setattr(error, name, extra[name])
+    if isinstance(error, RateLimitedError) and headers is not None:
+        retry_after = headers.get("Retry-After", "").strip()
+        if retry_after.isdigit():  # seconds; the node never sends the date form
+            error.retry_after = int(retry_after)
     return error

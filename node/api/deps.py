@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -15,6 +16,7 @@ from node.db.models import Role, User
 from node.errors import AuthenticationError, PayloadTooLargeError, PermissionDeniedError
 from node.services import users
 from node.services.security import read_token
+from node.services.throttle import LoginThrottle
 from node.settings import Settings
 from node.storage import BlobStore
 
@@ -56,6 +58,55 @@ SessionDep = Annotated[Session, Depends(get_session)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[BlobStore, Depends(get_store)]
 HasherDep = Annotated[PasswordHasher, Depends(get_hasher)]
+
+
+async def get_login_throttle(context: ContextDep) -> LoginThrottle:
+    return context.logins
+
+
+LoginThrottleDep = Annotated[LoginThrottle, Depends(get_login_throttle)]
+
+
+def client_address(peer: str, forwarded_for: str | None, trusted_proxies: list[str]) -> str:
+    """The client's address: the peer's, unless the peer is a trusted proxy.
+
+    Behind trusted proxies, ``X-Forwarded-For`` is read from the right (the entries the
+    proxies appended) and the first address no trusted proxy holds is the client's; entries
+    further left were written by the client and could say anything.
+
+    >>> client_address("10.0.0.2", "1.2.3.4, 10.0.0.1", ["10.0.0.0/8"])
+    '1.2.3.4'
+    >>> client_address("5.6.7.8", "1.2.3.4", [])
+    '5.6.7.8'
+    """
+    networks = [ipaddress.ip_network(p, strict=False) for p in trusted_proxies]
+
+    def trusted(address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in network for network in networks)
+
+    if not forwarded_for or not trusted(peer):
+        return peer
+    hops = [hop.strip() for hop in forwarded_for.split(",") if hop.strip()]
+    for hop in reversed(hops):
+        if not trusted(hop):
+            return hop
+    return hops[0] if hops else peer
+
+
+async def get_client_address(request: Request) -> str:
+    peer = request.client.host if request.client is not None else ""
+    proxies = _context_of(request).settings.trusted_proxies
+    if not proxies:
+        return peer
+    return client_address(peer, request.headers.get("x-forwarded-for"), proxies)
+
+
+#: Where a request comes from, for the login throttle (see ``client_address``).
+ClientAddress = Annotated[str, Depends(get_client_address)]
 
 _bearer = HTTPBearer(auto_error=False, description="the access token from /api/v1/auth/login")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 
 import jwt
 from argon2 import PasswordHasher
@@ -34,9 +35,14 @@ def verify_password(hasher: PasswordHasher, password_hash: str, password: str) -
         return False
 
 
-#: A valid Argon2 hash of a random password: verifying against it when the email is
-#: unknown makes a failed login take as long whether or not the account exists.
+@lru_cache(maxsize=4)  # a node holds one hasher; a few for tests' short-lived nodes
 def dummy_hash(hasher: PasswordHasher) -> str:
+    """A valid Argon2 hash (with ``hasher``'s cost) of a placeholder password.
+
+    Verifying against it when the email is unknown makes a failed login take as long
+    whether or not the account exists. It is made once per hasher: hashing it on every
+    unknown email would make those attempts cost two hashes, and so tell them apart.
+    """
     return hasher.hash("no-such-user-placeholder")
 
 

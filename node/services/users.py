@@ -24,6 +24,7 @@ from node.services.security import (
     hash_password,
     verify_password,
 )
+from node.services.throttle import LoginThrottle, refusal_error
 
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 
@@ -108,23 +109,55 @@ def create_user(
     return user
 
 
-def authenticate(session: Session, hasher: PasswordHasher, email: str, password: str) -> User:
+def authenticate(
+    session: Session,
+    hasher: PasswordHasher,
+    email: str,
+    password: str,
+    *,
+    throttle: LoginThrottle | None = None,
+    address: str = "",
+) -> User:
     """Return the active user with these credentials.
+
+    With a ``throttle``, the attempt is admitted (or refused) for its email and the client
+    ``address`` before the password is hashed.
 
     Raises:
         AuthenticationError: unknown email, wrong password or a deactivated account
             (one message for all three, so it does not reveal which emails exist).
+        RateLimitedError: too many failed attempts for this email, or attempts from this
+            address, lately (the same answer whether or not the account exists).
     """
+    # A malformed email matches no account but still counts, under its own spelling.
+    account = email.strip().lower()[:320]
     try:
         email = normalise_email(email)
     except InvalidRequestError:
         email = ""
+    if throttle is not None:
+        refusal = throttle.admit(account, address)
+        if refusal is not None:
+            if refusal.first:  # later refusals repeat it: the log is not an attacker's to fill
+                audit.record(
+                    session,
+                    None,
+                    "auth.login_throttled",
+                    email=account,
+                    address=address,
+                    scope=refusal.scope,
+                    retry_after=refusal.retry_after,
+                )
+                session.commit()
+            raise refusal_error(refusal)
     user = session.scalar(select(User).where(User.email == email)) if email else None
     ok = verify_password(hasher, user.password_hash if user else dummy_hash(hasher), password)
     if user is None or not ok or not user.is_active:
         audit.record(session, None, "auth.login_failed", email=email)
         session.commit()
         raise AuthenticationError("wrong email or password, or the account is deactivated")
+    if throttle is not None:
+        throttle.succeeded(account)
     audit.record(session, user, "auth.login", target_type="user", target_id=user.id)
     session.commit()
     return user

@@ -2,7 +2,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from node.api.deps import CurrentUser, HasherDep, SessionDep, SettingsDep
+from node.api.deps import (
+    ClientAddress,
+    CurrentUser,
+    HasherDep,
+    LoginThrottleDep,
+    SessionDep,
+    SettingsDep,
+)
 from node.api.schemas import LoginRequest, Token, UserPublic
 from node.services import users
 from node.services.security import issue_token
@@ -12,10 +19,21 @@ router = APIRouter(tags=["auth"])
 
 @router.post("/auth/login")
 def login(
-    body: LoginRequest, session: SessionDep, hasher: HasherDep, settings: SettingsDep
+    body: LoginRequest,
+    session: SessionDep,
+    hasher: HasherDep,
+    settings: SettingsDep,
+    throttle: LoginThrottleDep,
+    address: ClientAddress,
 ) -> Token:
-    """Exchange email and password for an access token that expires."""
-    user = users.authenticate(session, hasher, body.email, body.password)
+    """Exchange email and password for an access token that expires.
+
+    Too many failed attempts for an email, or attempts from one address, are answered 429
+    with ``Retry-After`` before any password is checked (see node.services.throttle).
+    """
+    user = users.authenticate(
+        session, hasher, body.email, body.password, throttle=throttle, address=address
+    )
     issued = issue_token(settings, user.id)
     return Token(access_token=issued.token, expires_at=issued.expires_at)
 
