@@ -149,7 +149,12 @@ def accuracy(kind: str, model: torch.nn.Module, x: np.ndarray, y: np.ndarray) ->
 def in_process_node(data_dir: Path) -> Iterator[Callable[[str], sdk.Client]]:
     """A node with an admin, in process; yields a login function."""
     settings = Settings(
-        data_dir=data_dir, argon2_memory_kib=8192, argon2_time_cost=1, max_upload_bytes=1 << 30
+        data_dir=data_dir,
+        argon2_memory_kib=8192,
+        argon2_time_cost=1,
+        max_upload_bytes=1 << 30,
+        # one client logs in as every row's analyst, from one address, within seconds
+        login_max_attempts_per_address=100_000,
     )
     upgrade(settings.resolved_database_url)
     context = NodeContext.from_settings(settings)
