@@ -9,7 +9,8 @@ The SDK records ``softmax`` and ``log_softmax`` over ``dim`` as
 Interval arithmetic treats ``m`` as independent of ``x``, so ``z`` gets the upper bound
 ``hi(x) - lo(m)``, which is positive and, for logits of a wide public range, large enough
 that ``exp`` overflows float32: a small MLP's ``cross_entropy`` was refused as unbounded.
-But ``z <= 0`` exactly (``m`` is the maximum of the same values, and amax does not round),
+But ``z <= 0`` exactly (``m`` is the maximum of the same values, and amax does not round;
+claimed only where no element may be ``+inf`` or NaN, where ``inf - inf`` is NaN),
 and the element where ``x`` attains ``m`` has ``z = 0``, so ``e = 1`` there and ``s >= 1``.
 That keeps ``log(s)`` in ``[0, log n]``, ``log_softmax`` in ``[lo(z) - log n, 0]`` and
 ``softmax`` in ``[0, 1]``.
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from node.privacy.rounding import unit
+from node.privacy.rounding import unit, wide
 from node.privacy.rules.base import Ctx
 from node.privacy.rules.reductions import dims_of
 from node.privacy.state import Array, State
@@ -87,7 +88,7 @@ def narrow(c: Ctx, s: State) -> State:
         if all(s.shape[d] == 1 for d in a.tag.dims if d < len(s.shape)) and kept == list(a.shape):
             return s.with_(tag=_MaxOf(a.tag.src, a.tag.dims))
     elif op == "sub" and isinstance(m, _MaxOf) and m.keepdim and c.refs[0] == m.src:
-        if a.shape == s.shape:
+        if a.shape == s.shape and _below_infinity(a):
             return _bounded(s, hi=0.0).with_(tag=_Shifted(m.dims))
     elif op == "eq" and len(c.args) == 2 and c.args[1] is not None:
         for x, mx, xref in ((a, m, c.refs[0]), (c.args[1], a.tag, c.refs[1])):
@@ -115,6 +116,15 @@ def narrow(c: Ctx, s: State) -> State:
     ):
         return _bounded(s, lo=1.0 - _SUM_SLACK_UNITS * unit(c.meta.dtype))
     return s
+
+
+def _below_infinity(x: State) -> bool:
+    """Whether no element of ``x`` may be ``+inf`` or NaN, computed or exact: else the max
+    may be ``+inf`` and ``inf - inf`` is NaN, not ``<= 0``. (A slice of ``-inf`` only has the
+    same NaN; the tracker's bounds of a masked fill do not tell it apart, a known gap.)"""
+    lo, hi = wide(x)
+    with np.errstate(invalid="ignore"):
+        return bool(np.all(np.asarray(hi) < np.inf)) and not bool(np.any(np.isnan(lo)))
 
 
 def _bounded(s: State, *, lo: float = -np.inf, hi: float = np.inf) -> State:

@@ -179,3 +179,25 @@ def test_a_nan_is_not_laundered_into_a_bounded_value() -> None:
     for graph in graphs:
         with pytest.raises(DPNodeError, match="unbounded"):
             plan_release(plan(graph, accurate=True), specs, epsilon=1.0, delta=None)
+
+
+def test_a_softmax_of_values_that_may_be_infinite_is_refused() -> None:
+    """``x - amax(x) <= 0`` is the softmax relation's claim; with ``x`` possibly ``+inf``
+    (exp of a wide float32 value overflows) ``inf - inf`` is NaN, so it must not be claimed."""
+    b = GraphBuilder()
+    y = b.input("y", "float32", (3,))
+    x = b.op("exp", b.op("mul", y, 40.0))
+    z = b.op("sub", x, b.op("amax", x, dims=(0,), keepdim=True))
+    e = b.op("exp", z)
+    softmax = b.op("div", e, b.op("sum", e, dims=(0,), keepdim=True))
+    specs = {"y": Column("float32", (3,), 1.0, 3.0).spec()}
+    with pytest.raises(DPNodeError, match="unbounded"):
+        plan_release(plan(b.build([softmax]), accurate=True), specs, epsilon=1.0, delta=None)
+    # finite logits keep the relation: the softmax of y itself is bounded in [0, 1]
+    b2 = GraphBuilder()
+    y2 = b2.input("y", "float32", (3,))
+    z2 = b2.op("sub", y2, b2.op("amax", y2, dims=(0,), keepdim=True))
+    e2 = b2.op("exp", z2)
+    ok = b2.op("div", e2, b2.op("sum", e2, dims=(0,), keepdim=True))
+    rp = plan_release(plan(b2.build([ok]), accurate=True), specs, epsilon=1.0, delta=None)
+    assert rp.upper.max() <= 1.0 + 1e-4  # 1, plus float32 rounding
