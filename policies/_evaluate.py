@@ -70,6 +70,19 @@ def _context(
     )
 
 
+def _objection(ctx: Context, outcome: Outcome, rule: str, reason: str) -> Decision:
+    """A refusal (or a wait): nothing granted, the budget as it stands."""
+    return Decision(outcome, rule, reason, None, ctx.user_remaining(ctx.user_spent))
+
+
+def _denial(ctx: Context, approval: Approval) -> Decision:
+    """An admin's denial of what ``ctx`` judges, with their reason."""
+    why = f": {approval.reason}" if approval.reason else ""
+    return _objection(
+        ctx, Outcome.REFUSE, "approval", f"an admin ({approval.by}) denied {ctx.what}{why}"
+    )
+
+
 def decide(
     policy: Policy,
     user: User,
@@ -102,13 +115,7 @@ def decide(
     ctx = _context(policy, user, request, ledger, defaults, rho_to_epsilon, approval)
     for _family, check in RULES:
         for verdict in check(ctx):
-            return Decision(
-                verdict.outcome,
-                verdict.rule,
-                verdict.reason,
-                None,
-                ctx.user_remaining(ctx.user_spent),
-            )
+            return _objection(ctx, verdict.outcome, verdict.rule, verdict.reason)
     granted = request.charge(user.id)
     label = f"policy {policy.name!r}" if policy.name else "the policy"
     return Decision(
@@ -137,14 +144,8 @@ def decide_approved(
     ``request.at`` (the execution time), so every cap and budget still applies.
     """
     if not approval.approved:
-        why = f": {approval.reason}" if approval.reason else ""
-        ctx = _context(policy, user, request, ledger, defaults, rho_to_epsilon, None)
-        return Decision(
-            Outcome.REFUSE,
-            "approval",
-            f"an admin ({approval.by}) denied this publish{why}",
-            None,
-            ctx.user_remaining(ctx.user_spent),
+        return _denial(
+            _context(policy, user, request, ledger, defaults, rho_to_epsilon, None), approval
         )
     return decide(
         policy,
@@ -230,14 +231,7 @@ def decide_run(
         what="each step of this run",
     )  # fmt: skip
     if approval is not None and not approval.approved:
-        why = f": {approval.reason}" if approval.reason else ""
-        return Decision(
-            Outcome.REFUSE,
-            "approval",
-            f"an admin ({approval.by}) denied {whole}{why}",
-            None,
-            ctx.user_remaining(ctx.user_spent),
-        )
+        return _denial(ctx, approval)
     for family, check in RULES:
         if family == "rate_limit":
             continue
@@ -246,13 +240,7 @@ def decide_run(
             judged = [] if approval is not None else [ctx, step]
         for one in judged:
             for verdict in check(one):
-                return Decision(
-                    verdict.outcome,
-                    verdict.rule,
-                    verdict.reason,
-                    None,
-                    ctx.user_remaining(ctx.user_spent),
-                )
+                return _objection(ctx, verdict.outcome, verdict.rule, verdict.reason)
     label = f"policy {policy.name!r}" if policy.name else "the policy"
     return Decision(
         Outcome.ALLOW,
