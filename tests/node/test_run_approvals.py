@@ -7,11 +7,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-import numpy as np
 import pytest
 from sqlalchemy import func, select
 
-import policies
 from node.context import NodeContext
 from node.db.models import LedgerEntry, PublishApproval, RequestStatus, User
 from node.errors import (
@@ -20,26 +18,12 @@ from node.errors import (
     NotFoundError,
     PolicyRefusedError,
 )
-from node.services import approvals, budget, datasets, runs
-from node.services import policy as policy_service
+from node.services import approvals, budget, runs
 from node.services.budget import Cost
-from node.services.datasets import DatasetUpload
 from node.services.publish import gaussian_cost
-from node.services.tabular import ColumnSpec
+from tests.node.test_policy_concurrency import _apply, _dataset
 
 STEP_EPSILON, STEP_DELTA, VALUES = 0.1, 1e-6, 50
-
-
-def _dataset(context: NodeContext, owner: User, name: str = "points") -> int:
-    spec = ColumnSpec(bounds={"x": (0, 1)}, categories={})
-    upload = DatasetUpload(name, "", [], spec, ["x"], {"x": np.zeros(10)})
-    with context.sessions() as session:
-        return datasets.create_dataset(session, context.store, owner, upload, max_elements=100).id
-
-
-def _apply(context: NodeContext, toml: str) -> None:
-    with context.sessions() as session:
-        policy_service.apply(session, None, policies.load_policy(toml), reason="test")
 
 
 def _plan(context: NodeContext, user: User, steps: int, **change: object) -> runs.Planned:
@@ -78,7 +62,7 @@ def _ledger_rows(context: NodeContext) -> int:
 def test_an_approved_run_lets_its_planned_steps_through_and_no_more(
     context: NodeContext, admin: User, owner: User, scientist: User
 ) -> None:
-    points = _dataset(context, owner)
+    points = _dataset(context, owner, "points")
     # Each step (epsilon 0.1) is above the threshold too: a plain publish of that size waits.
     _apply(context, "[approval]\nepsilon_above = 0.05\n")
     with pytest.raises(ApprovalRequiredError) as waiting:
@@ -129,7 +113,7 @@ def budget_spent(context: NodeContext, user: User) -> float:
 def test_a_plain_publish_or_another_amount_does_not_ride_on_an_approved_run(
     context: NodeContext, admin: User, owner: User, scientist: User
 ) -> None:
-    points = _dataset(context, owner)
+    points = _dataset(context, owner, "points")
     other = _dataset(context, owner, "other")
     _apply(context, "[approval]\nepsilon_above = 0.05\n")
     with pytest.raises(ApprovalRequiredError) as waiting:
@@ -197,7 +181,7 @@ def test_a_run_within_the_thresholds_needs_no_approval(
 def test_a_run_that_does_not_fit_is_refused_at_planning_with_nothing_recorded(
     context: NodeContext, owner: User, scientist: User
 ) -> None:
-    points = _dataset(context, owner)
+    points = _dataset(context, owner, "points")
     _apply(context, "[approval]\nepsilon_above = 0.5\n")
     # 200 steps of epsilon 1 cost far more than the default budget of 10: refused outright,
     # not queued for an admin (no approval could make it fit).
@@ -227,7 +211,7 @@ def test_a_run_that_does_not_fit_is_refused_at_planning_with_nothing_recorded(
 def test_concurrent_steps_cannot_use_more_than_the_planned_steps(
     context: NodeContext, admin: User, owner: User, scientist: User
 ) -> None:
-    points = _dataset(context, owner)
+    points = _dataset(context, owner, "points")
     _apply(context, "[approval]\nepsilon_above = 0.05\n")
     with pytest.raises(ApprovalRequiredError) as waiting:
         _plan(context, scientist, 5, dataset_ids=(points,))
