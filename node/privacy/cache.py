@@ -102,26 +102,23 @@ class TrackingCache:
                     return entry.report
         exact = track(planned, specs)  # refuses as ever: nothing is cached for a refusal
         self.tracked += 1
-        boxed = None
+        boxed, boxes = None, {}
         if entry is not None and not entry.exact_only:
             boxes = _boxes(entry.last, constants)
             if boxes:
                 boxed = _boxed_report(planned, specs, boxes, exact)
-                if boxed is None:
-                    entry.exact_only = True
+                entry.exact_only = boxed is None
+        known = {i: v for i, v in constants.items() if v is not None}
         with self._lock:
             if entry is None:
-                entry = _Entry({i: v for i, v in constants.items() if v is not None})
-                self._entries[key] = entry
+                self._entries[key] = _Entry(known)
                 while len(self._entries) > self._size:
                     self._entries.popitem(last=False)
             else:
-                entry.last = {i: v for i, v in constants.items() if v is not None}
                 # a report is kept only with the constants it was tracked with
-                entry.report, entry.boxes, entry.fixed = None, {}, {}
-                if boxed is not None:
-                    entry.report, entry.boxes = boxed
-                    entry.fixed = {i: v for i, v in entry.last.items() if i not in entry.boxes}
+                entry.last, entry.report = known, boxed
+                entry.boxes = boxes if boxed is not None else {}
+                entry.fixed = {i: v for i, v in known.items() if i not in entry.boxes}
         return exact
 
 
@@ -173,9 +170,7 @@ def _boxed_report(
     specs: Mapping[str, InputSpec],
     boxes: dict[int, tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]],
     exact: PrivacyReport,
-) -> (
-    tuple[PrivacyReport, dict[int, tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]]] | None
-):
+) -> PrivacyReport | None:
     """The report with ``boxes`` for the changing constants, if it is as tight as ``exact``."""
     try:
         boxed = track(planned, specs, boxes=boxes)
@@ -184,7 +179,7 @@ def _boxed_report(
     for b, e in zip(boxed.outputs, exact.outputs, strict=True):
         if not (b.l1 <= e.l1 * (1 + _LOOSER) and b.l2 <= e.l2 * (1 + _LOOSER)):
             return None
-    return boxed, boxes
+    return boxed
 
 
 def _inside(entry: _Entry, constants: dict[int, npt.NDArray[Any] | None]) -> bool:
