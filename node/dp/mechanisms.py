@@ -37,6 +37,7 @@ __all__ = [
     "NoisePlan",
     "Release",
     "apply_noise",
+    "float_at_least",
     "gaussian",
     "gaussian_scale",
     "laplace",
@@ -105,7 +106,8 @@ def _as_values(values: npt.ArrayLike) -> npt.NDArray[np.float64]:
         raise InvalidRequestError(f"values must be numeric: {exc}") from None
 
 
-def _float_at_least(x: Fraction) -> float:
+def float_at_least(x: Fraction) -> float:
+    """The smallest float not below ``x`` (a sensitivity or scale rounded the safe way)."""
     f = float(x)
     return f if Fraction(f) >= x else math.nextafter(f, math.inf)
 
@@ -331,7 +333,7 @@ def _laplace_grid(sens: float, eps: float, n: int) -> tuple[int, float, int]:
         # L1 sensitivity of the rounded query, in grid units: floor(Δ/2^k) + n.
         steps = math.floor(Fraction(sens) / Fraction(2) ** k)
         d_int = steps + n
-        t = _float_at_least(Fraction(d_int) / Fraction(eps))
+        t = float_at_least(Fraction(d_int) / Fraction(eps))
         if t <= samplers.MAX_SCALE:
             return k, t, d_int
         if steps == 0:  # the rounding term n / epsilon alone is too large: no grid helps
@@ -346,7 +348,7 @@ def _gaussian_grid(sens: float, rho: float, n: int) -> tuple[int, float, float]:
     while True:
         # L2 sensitivity of the rounded query, in grid units: at most Δ/2^k + sqrt(n).
         steps = Fraction(sens) / Fraction(2) ** k
-        d2 = _float_at_least(steps + _sqrt_at_least(n))
+        d2 = float_at_least(steps + _sqrt_at_least(n))
         s = math.nextafter(d2 / math.sqrt(2 * rho), math.inf)
         while Fraction(d2) ** 2 > two_rho * Fraction(s) ** 2:
             s = math.nextafter(s, math.inf)

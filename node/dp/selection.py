@@ -58,6 +58,7 @@ import numpy as np
 import numpy.typing as npt
 
 from node.dp import samplers
+from node.dp.mechanisms import float_at_least
 from node.errors import InvalidRequestError
 
 __all__ = [
@@ -68,7 +69,6 @@ __all__ = [
     "candidates",
     "plan_selection",
     "sampler_tv",
-    "select_quantile",
     "select_quantiles",
 ]
 
@@ -250,7 +250,7 @@ def select_quantiles(
         low = big.min(axis=1, keepdims=True)
         gaps = np.vectorize(float, otypes=[np.float64])(big - low)
     # rounded up: a larger sensitivity only flattens the weights
-    factor = selection.epsilon / (2.0 * _float_at_least(selection.sensitivity) * whole)
+    factor = selection.epsilon / (2.0 * float_at_least(selection.sensitivity) * whole)
     with np.errstate(under="ignore"):
         weights = np.exp(-factor * gaps)  # the best is exp(0) = 1 exactly
     thresholds = np.floor(np.ldexp(weights, _COIN_BITS)).astype(np.int64)  # the best: 2^62
@@ -265,22 +265,3 @@ def select_quantiles(
     first = np.argmax(accepted[rows, order], axis=1)
     chosen = order[np.arange(count), first]
     return np.asarray(grid[chosen], dtype=np.float64)
-
-
-def _float_at_least(x: Fraction) -> float:
-    f = float(x)
-    return f if Fraction(f) >= x else math.nextafter(f, math.inf)
-
-
-def select_quantile(
-    values: npt.NDArray[np.float64],
-    grid: npt.NDArray[np.float64],
-    alpha_units: int,
-    *,
-    epsilon: float,
-    sensitivity: int,
-    words: samplers.WordSource,
-) -> float:
-    """One candidate of ``grid`` for all of ``values`` (:func:`select_quantiles`)."""
-    one = Selection(grid, alpha_units, epsilon, Fraction(sensitivity))
-    return float(select_quantiles(values, one, words=words)[0])

@@ -54,6 +54,7 @@ from node.db.models import (
     User,
 )
 from node.dp import accounting
+from node.dp.mechanisms import float_at_least
 from node.errors import (
     BudgetExceededError,
     InvalidRequestError,
@@ -269,11 +270,6 @@ def gaussian_count(tv_units: int) -> int:
     return max(1, math.floor(tv_units / per_value))
 
 
-def _float_at_least(x: Fraction) -> float:
-    f = float(x)
-    return f if Fraction(f) >= x else math.nextafter(f, math.inf)
-
-
 def _units_capped(value: float, unit: Fraction) -> int:
     if not value < float(_WHOLE_DELTA * DELTA_UNIT):  # inf, or a delta of 1 or more
         return math.ceil(Fraction(1) / unit)
@@ -298,7 +294,7 @@ def sampler_units(cost: Cost) -> tuple[int, int]:
         return 0, 0
     if cost.rho_units == 0:
         return 0, _tv_delta_units(cost.tv_units, cost.epsilon_units)
-    rho = _float_at_least(cost.rho_units * RHO_UNIT)
+    rho = float_at_least(cost.rho_units * RHO_UNIT)
     xi, delta = accounting.gaussian_sampler_terms(rho, gaussian_count(cost.tv_units))
     return _units_capped(xi, EPSILON_UNIT), _units_capped(delta, DELTA_UNIT)
 

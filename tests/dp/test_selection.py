@@ -54,12 +54,9 @@ def _exact(values: np.ndarray, grid: np.ndarray, alpha: float, eps: float, k: fl
 
 
 def _draws(values: np.ndarray, grid: np.ndarray, alpha: float, eps: float, k: int, n: int):
-    units = round(alpha * 2**selection.ALPHA_BITS)
+    one = selection.Selection(grid, round(alpha * 2**selection.ALPHA_BITS), eps, Fraction(k))
     words = word_source("pcg")
-    picks = [
-        selection.select_quantile(values, grid, units, epsilon=eps, sensitivity=k, words=words)
-        for _ in range(n)
-    ]
+    picks = [selection.select_quantiles(values, one, words=words)[0] for _ in range(n)]
     return np.searchsorted(grid, picks)
 
 
