@@ -25,30 +25,27 @@ RUN groupadd --system --gid 10001 dpnode \
         --no-create-home --shell /usr/sbin/nologin dpnode \
  && install -d -o dpnode -g dpnode -m 0750 /var/lib/dpnode
 
-# Dependencies first, in their own layer, read from pyproject.toml: editing the node's code
-# does not reinstall them. A virtualenv keeps them apart from the base image's Python (and
-# works the same on bases whose system Python refuses pip installs, PEP 668).
-COPY pyproject.toml /app/pyproject.toml
+# Dependencies first, in their own layer, read from pyproject.toml and pinned by
+# constraints.txt (the versions CI tests): editing the node's code does not reinstall them.
+# A virtualenv keeps them apart from the base image's Python (and works the same on bases
+# whose system Python refuses pip installs, PEP 668).
+COPY pyproject.toml constraints.txt /app/
 RUN python3 -m venv "$VIRTUAL_ENV" \
  && python -c "import tomllib; p = tomllib.load(open('/app/pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['postgres']))" \
         > /tmp/requirements.txt \
  && pip install --upgrade pip \
- && pip install -r /tmp/requirements.txt \
+ && pip install -c /app/constraints.txt -r /tmp/requirements.txt \
  && rm /tmp/requirements.txt
 
-# The node itself, installed in editable mode from /app. Why editable: the Alembic migrations
-# live in the top-level migrations/ folder, not inside a package, and the node finds them
-# next to its source (node/db/migrate.py looks in <source root>/migrations). A regular install
-# would copy `node` into site-packages and lose them; an editable install imports the node from
-# /app, keeps that layout, and still installs the `dpnode` command and the package metadata.
-# /app stays owned by root: the node cannot rewrite its own code. The bytecode is compiled
-# now, because the node's user cannot write it at run time. The last two checks fail the
-# build, rather than the container at start, if torch crept in or a dependency is missing.
+# The node itself: a regular (non-editable) install into the virtualenv, migrations included
+# (they ship inside the package, dpnode/node/migrations). pip compiles the bytecode, because
+# the node's user cannot write it at run time. The last two checks fail the build, rather than
+# the container at start, if torch crept in or a dependency is missing.
 COPY . /app
-RUN pip install -e "/app[postgres]" \
- && python -m compileall -q /app/node /app/sdk /app/policies /app/migrations \
+RUN pip install --no-deps -c /app/constraints.txt "/app[postgres]" \
+ && rm -rf /app \
  && python -c "import importlib.util, sys; sys.exit('torch must not be in the node image' if importlib.util.find_spec('torch') else 0)" \
- && python -c "import node.app, node.cli"
+ && python -c "import dpnode.node.app, dpnode.node.cli, dpnode.node.db.migrate as m; assert (m.MIGRATIONS_DIR / 'env.py').exists()"
 
 # Production by default: the node refuses to start, with a message saying what to set, until
 # DPNODE_TOKEN_SECRET holds a random string of at least 32 characters. Empty

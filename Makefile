@@ -5,18 +5,23 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: demo test check bench install clean
+.PHONY: demo sdk test check bench install clean
 
-$(VENV)/.installed: pyproject.toml constraints.txt
+$(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+
+# One stamp per set of extras: `make demo` installs the node and the demo's datasets only
+# (no torch), `make sdk` adds the data scientist's SDK, `make test` everything.
+$(VENV)/.installed-%: pyproject.toml constraints.txt | $(PY)
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[$*]'
 	touch $@
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed-dev
+sdk: $(VENV)/.installed-sdk
 
 ## Start a node on 127.0.0.1:8000 with demo accounts and datasets.
-demo: install
+demo: $(VENV)/.installed-demo
 	$(VENV)/bin/dpnode serve --demo --host $(HOST) --port $(PORT)
 
 ## Install, then check lint, types and migrations, and run the whole suite

@@ -1,2 +1,2 @@
 # Doctests are collected from the packages too; running the CLI entry point is not a test.
-collect_ignore = ["node/__main__.py"]
+collect_ignore = ["dpnode/node/__main__.py"]

@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.timing import best
-from node.engine import GraphBuilder, evaluate
+from dpnode.core.engine import GraphBuilder, evaluate
 
 Array = np.ndarray[Any, Any]
 C = 1.0

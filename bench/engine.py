@@ -26,7 +26,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.timing import interleaved_best
-from node.engine import Graph, GraphBuilder, Ref, evaluate
+from dpnode.core.engine import Graph, GraphBuilder, Ref, evaluate
 
 Array = np.ndarray[Any, Any]
 

@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.timing import best, interleaved_best
-from node.dp import gaussian, laplace
+from dpnode.core.dp import gaussian, laplace
 
 
 def opendp_seconds_per_value(n: int) -> float | None:

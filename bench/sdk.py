@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from bench.timing import best
-from node.services import structures
-from sdk._remote import build, encode_graph, remote_input
+from dpnode.core import structures
+from dpnode.sdk._remote import build, encode_graph, remote_input
 
 
 def _ops(repeat: int) -> list[tuple[str, float, float]]:
@@ -141,7 +141,7 @@ def main() -> None:
             f"{frame / 1024:>16.1f}{later / 1024:>13.1f}"
         )
     print("\n1st step: the whole frame (structure + constants); later steps of the same")
-    print("structure: a 36-byte reference + the constants (node.services.structures)")
+    print("structure: a 36-byte reference + the constants (dpnode.core.structures)")
 
 
 if __name__ == "__main__":

@@ -21,8 +21,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.timing import best
-from node.engine import Graph, GraphBuilder, evaluate
-from node.privacy import InputSpec, Subjects, evaluate_tracked, track
+from dpnode.core.engine import Graph, GraphBuilder, evaluate
+from dpnode.core.privacy import InputSpec, Subjects, evaluate_tracked, track
 
 Case = tuple[str, Graph, dict[str, InputSpec], dict[str, Any]]
 

@@ -52,12 +52,12 @@ from starlette.testclient import TestClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import sdk
-from node.app import create_app
-from node.context import NodeContext
-from node.db.migrate import upgrade
-from node.services import users
-from node.settings import Settings
+from dpnode import sdk
+from dpnode.node.app import create_app
+from dpnode.node.context import NodeContext
+from dpnode.node.db.migrate import upgrade
+from dpnode.node.services import users
+from dpnode.node.settings import Settings
 
 DELTA = 1e-5
 PASSWORD = "bench password"

@@ -57,8 +57,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import sdk
 from bench.utility import PASSWORD, in_process_node
+from dpnode import sdk
 
 AGE, BMI = (0.0, 120.0), (10.0, 70.0)
 BINS = 10
@@ -149,7 +149,7 @@ def dpnode_queries(ds: object) -> dict[str, Callable[[], torch.Tensor]]:
         f"histogram (age, {BINS} bins)": lambda: torch.histc(
             age, bins=BINS, min=AGE[0], max=AGE[1]
         ),
-        # the exponential mechanism over the column's public range (node.dp.selection)
+        # the exponential mechanism over the column's public range (dpnode.core.dp.selection)
         **{
             name: (lambda column=column, alpha=alpha: torch.quantile(ds[column], alpha))  # type: ignore[index]
             for name, column, _, alpha in quantile_rows()

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.dp import gaussian, laplace
-from node.dp.accounting import (
+from dpnode.core.dp import gaussian, laplace
+from dpnode.core.dp.accounting import (
     GAUSSIAN_TV,
     ORDERS,
     SAMPLER_DELTA_SHARE,

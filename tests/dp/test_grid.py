@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.dp.grid import FINENESS_BITS, finest_exponent, on_grid, round_to_grid, to_values
-from node.errors import EvaluationError
+from dpnode.core.dp.grid import FINENESS_BITS, finest_exponent, on_grid, round_to_grid, to_values
+from dpnode.core.errors import EvaluationError
 
 sensitivities = st.floats(min_value=1e-30, max_value=1e30, allow_nan=False)
 

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.dp import Charge, gaussian, gaussian_scale, laplace, laplace_scale
-from node.dp.accounting import calibrate_rho
-from node.dp.grid import FINENESS_BITS, on_grid, round_to_grid
-from node.dp.samplers import MAX_SCALE
-from node.errors import EvaluationError, InvalidRequestError
+from dpnode.core.dp import Charge, gaussian, gaussian_scale, laplace, laplace_scale
+from dpnode.core.dp.accounting import calibrate_rho
+from dpnode.core.dp.grid import FINENESS_BITS, on_grid, round_to_grid
+from dpnode.core.dp.samplers import MAX_SCALE
+from dpnode.core.errors import EvaluationError, InvalidRequestError
 from tests.dp.stats import (
     ALPHA,
     chi_square_pvalue,

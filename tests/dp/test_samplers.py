@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from node.dp import samplers
-from node.dp.accounting import GAUSSIAN_ERROR, GAUSSIAN_GAMMA, GAUSSIAN_TV
-from node.dp.samplers import gaussian_plan, laplace_plan, noise_from_words, sample
+from dpnode.core.dp import samplers
+from dpnode.core.dp.accounting import GAUSSIAN_ERROR, GAUSSIAN_GAMMA, GAUSSIAN_TV
+from dpnode.core.dp.samplers import gaussian_plan, laplace_plan, noise_from_words, sample
 from tests.dp.stats import (
     ALPHA,
     chi_square_pvalue,
@@ -100,7 +100,7 @@ def test_every_call_draws_a_fresh_stream() -> None:
 
 def test_two_processes_draw_different_streams() -> None:
     code = (
-        "from node.dp.samplers import laplace_plan, sample;"
+        "from dpnode.core.dp.samplers import laplace_plan, sample;"
         "print(sample(laplace_plan(1000.0), 64).tobytes().hex())"
     )
     runs = [

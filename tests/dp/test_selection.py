@@ -1,4 +1,4 @@
-"""Selecting quantiles (node.dp.selection, permute-and-flip): its distribution, its privacy
+"""Selecting quantiles (dpnode.core.dp.selection, permute-and-flip): its distribution, its privacy
 on adversarial neighbours, and how close its sampler is to the exact mechanism."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from node.dp import selection
-from node.dp.samplers import word_source
-from node.errors import InvalidRequestError
+from dpnode.core.dp import selection
+from dpnode.core.dp.samplers import word_source
+from dpnode.core.errors import InvalidRequestError
 
 mpmath.mp.dps = 60
 

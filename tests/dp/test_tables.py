@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.dp.tables import (
+from dpnode.core.dp.tables import (
     AliasTable,
     build_alias_table,
     discrete_gaussian_table,

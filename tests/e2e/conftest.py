@@ -35,7 +35,7 @@ class Server:
     def start(self) -> None:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "node", "serve", "--port", str(self.port), *self.args],
+                [sys.executable, "-m", "dpnode", "serve", "--port", str(self.port), *self.args],
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

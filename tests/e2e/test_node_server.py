@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import sdk
-from node.demo import ACCOUNTS
+from dpnode import sdk
+from dpnode.node.demo import ACCOUNTS
 from tests.e2e.conftest import Server
 
 ADMIN, OWNER, SCIENTIST = ACCOUNTS

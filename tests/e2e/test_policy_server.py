@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import sdk
+from dpnode import sdk
 from tests.e2e.conftest import REPO, Server
 
 ADMIN, OWNER = "admin@example.org", "owner@example.org"
@@ -46,7 +46,7 @@ max_epsilon = 6.0
 
 def _cli(server: Server, *args: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "node", *args],
+        [sys.executable, "-m", "dpnode", *args],
         env=server.env,
         capture_output=True,
         text=True,

@@ -11,8 +11,8 @@ import httpx
 import numpy as np
 import pytest
 
-import sdk
-from node.engine import GraphBuilder, encode
+from dpnode import sdk
+from dpnode.core.engine import GraphBuilder, encode
 from tests.e2e.conftest import Server
 
 
@@ -51,7 +51,7 @@ def _setup(server: Server) -> tuple[sdk.Client, bytes]:
 
 def _run_cli(server: Server, *args: str) -> None:
     subprocess.run(
-        [sys.executable, "-m", "node", *args],
+        [sys.executable, "-m", "dpnode", *args],
         env=server.env,
         check=True,
         capture_output=True,

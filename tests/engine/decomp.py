@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from node.engine import GraphBuilder, Ref
+from dpnode.core.engine import GraphBuilder, Ref
 
 TORCH_TO_NAME = {
     torch.bool: "bool",

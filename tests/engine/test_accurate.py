@@ -13,8 +13,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from node.engine import GraphBuilder, plan, run
-from node.engine.prims.linalg import WIDEN_MIN_K
+from dpnode.core.engine import GraphBuilder, plan, run
+from dpnode.core.engine.prims.linalg import WIDEN_MIN_K
 
 Array = npt.NDArray[Any]
 

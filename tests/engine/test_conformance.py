@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import torch
 
-from node.engine import evaluate
-from node.errors import DPNodeError
+from dpnode.core.engine import evaluate
+from dpnode.core.errors import DPNodeError
 from tests.engine.decomp import (
     NAME_TO_TORCH,
     RECIPES,

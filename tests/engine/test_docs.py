@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from node.engine import PRIM_VERSION, REGISTRY
+from dpnode.core.engine import PRIM_VERSION, REGISTRY
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "prims.md"
 

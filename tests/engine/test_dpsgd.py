@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.engine import GraphBuilder, Quotas, evaluate, plan
-from node.errors import GraphError, QuotaExceededError
+from dpnode.core.engine import GraphBuilder, Quotas, evaluate, plan
+from dpnode.core.errors import GraphError, QuotaExceededError
 
 
 def reference(x: Any, groups: Any, bound: float) -> Any:

@@ -10,11 +10,25 @@ from typing import Any
 import numpy as np
 import pytest
 
-from node.engine import GraphBuilder, Quotas, WireLimits, decode, encode, evaluate, infer, plan
-from node.engine.graph import Graph, Node, Ref, validate_structure
-from node.engine.prims.registry import Scalar
-from node.engine.wire import MAGIC
-from node.errors import GraphError, PayloadTooLargeError, QuotaExceededError, UnsupportedDTypeError
+from dpnode.core.engine import (
+    GraphBuilder,
+    Quotas,
+    WireLimits,
+    decode,
+    encode,
+    evaluate,
+    infer,
+    plan,
+)
+from dpnode.core.engine.graph import Graph, Node, Ref, validate_structure
+from dpnode.core.engine.prims.registry import Scalar
+from dpnode.core.engine.wire import MAGIC
+from dpnode.core.errors import (
+    GraphError,
+    PayloadTooLargeError,
+    QuotaExceededError,
+    UnsupportedDTypeError,
+)
 
 
 def _small() -> Graph:
@@ -210,7 +224,7 @@ def test_wrong_arity_attrs_and_scalar_positions() -> None:
 
 
 def test_input_mismatch_is_an_evaluation_error() -> None:
-    from node.errors import EvaluationError
+    from dpnode.core.errors import EvaluationError
 
     with pytest.raises(EvaluationError, match="declared float32\\[3\\], got float64\\[3\\]"):
         evaluate(_small(), {"x": np.ones(3)})

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-from node.engine import GraphBuilder, evaluate, infer
-from node.engine.prims.elementwise import BINARY_PRIMS
-from node.errors import DPNodeError
+from dpnode.core.engine import GraphBuilder, evaluate, infer
+from dpnode.core.engine.prims.elementwise import BINARY_PRIMS
+from dpnode.core.errors import DPNodeError
 from tests.engine.decomp import NAME_TO_TORCH, TORCH_TO_NAME, to_numpy
 
 DTYPE_NAMES = list(NAME_TO_TORCH)

@@ -14,8 +14,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.engine import GraphBuilder, evaluate
-from node.errors import DPNodeError
+from dpnode.core.engine import GraphBuilder, evaluate
+from dpnode.core.errors import DPNodeError
 from tests.engine.decomp import NAME_TO_TORCH, TORCH_TO_NAME, to_numpy, to_torch
 
 DTYPES = ["bool", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64"]

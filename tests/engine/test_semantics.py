@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from node.engine import (
+from dpnode.core.engine import (
     REGISTRY,
     GraphBuilder,
     Node,
@@ -24,8 +24,8 @@ from node.engine import (
     run,
     structure_hash,
 )
-from node.engine.evaluator import Call
-from node.errors import EvaluationError, GraphError
+from dpnode.core.engine.evaluator import Call
+from dpnode.core.errors import EvaluationError, GraphError
 from tests.engine.decomp import TORCH_TO_NAME, to_numpy
 
 
@@ -362,7 +362,7 @@ def test_bfloat16_roundtrip_and_compute() -> None:
 
 
 def test_engine_import_does_not_import_torch() -> None:
-    code = "import sys, node.engine; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, dpnode.core.engine; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

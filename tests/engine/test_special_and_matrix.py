@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from node.engine import GraphBuilder, evaluate, infer, plan
-from node.engine.prims.special import MAX_DEGREE, POLYNOMIALS
-from node.errors import DPNodeError, EvaluationError, GraphError
+from dpnode.core.engine import GraphBuilder, evaluate, infer, plan
+from dpnode.core.engine.prims.special import MAX_DEGREE, POLYNOMIALS
+from dpnode.core.errors import DPNodeError, EvaluationError, GraphError
 from tests.engine.decomp import TORCH_TO_NAME, to_numpy, to_torch
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.bool]

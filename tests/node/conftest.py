@@ -10,8 +10,8 @@ import pytest
 from httpx import Response
 from starlette.testclient import TestClient
 
-from node.context import NodeContext
-from node.db.models import User
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import User
 from tests.conftest import login
 from tests.node.frames import dataset_frame, model_frame
 

@@ -1,6 +1,6 @@
 """Build and read tensor frames the way a client does: safetensors bytes plus a JSON manifest.
 
-Written independently of ``node.api.frames`` on purpose, so the tests check the wire
+Written independently of ``dpnode.node.api.frames`` on purpose, so the tests check the wire
 format itself rather than the node's own encoder agreeing with its own decoder.
 """
 

@@ -11,8 +11,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from starlette.testclient import TestClient
 
-from node.context import NodeContext
-from node.db.models import User
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import User
 from tests.conftest import PASSWORD, login
 from tests.node.conftest import refused, upload_model, upload_ok
 

@@ -4,9 +4,9 @@ from datetime import UTC, datetime, timedelta
 
 from starlette.testclient import TestClient
 
-from node.context import NodeContext
-from node.db.models import User
-from node.services.security import issue_token
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import User
+from dpnode.node.services.security import issue_token
 from tests.conftest import PASSWORD, login
 
 

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import DBAPIError
 
-from node.context import NodeContext
-from node.db.models import LedgerEntry, User
-from node.errors import BudgetExceededError, InvalidRequestError
-from node.services import budget
-from node.services.budget import EPSILON_UNIT, Cost, quantize_epsilon, units_down
+from dpnode.core.errors import BudgetExceededError, InvalidRequestError
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import LedgerEntry, User
+from dpnode.node.services import budget
+from dpnode.node.services.budget import EPSILON_UNIT, Cost, quantize_epsilon, units_down
 from tests.conftest import REPO_ROOT
 
 
@@ -81,10 +81,10 @@ def test_concurrent_processes_never_overspend(
     script = textwrap.dedent(
         f"""
         import sys
-        from node.context import NodeContext
-        from node.errors import BudgetExceededError
-        from node.services import budget
-        from node.settings import Settings
+        from dpnode.node.context import NodeContext
+        from dpnode.core.errors import BudgetExceededError
+        from dpnode.node.services import budget
+        from dpnode.node.settings import Settings
         settings = Settings(data_dir=sys.argv[1], database_url=sys.argv[2],
                             default_epsilon_budget=1.0)
         context = NodeContext.from_settings(settings)

@@ -6,15 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import policies
-from node.context import NodeContext
-from node.db.models import BudgetGrant, User
-from node.errors import PolicyRefusedError
-from node.services import budget, datasets
-from node.services import policy as policy_service
-from node.services.budget import Cost
-from node.services.datasets import DatasetUpload
-from node.services.tabular import ColumnSpec
+from dpnode import policies
+from dpnode.core.errors import PolicyRefusedError
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import BudgetGrant, User
+from dpnode.node.services import budget, datasets
+from dpnode.node.services import policy as policy_service
+from dpnode.node.services.budget import Cost
+from dpnode.node.services.datasets import DatasetUpload
+from dpnode.node.services.tabular import ColumnSpec
 
 TENTH = 10**8  # epsilon 0.1 in ledger units
 POLICIES = {

@@ -15,7 +15,7 @@ import pytest
 from httpx import Response
 from starlette.testclient import TestClient
 
-from node.engine import GraphBuilder, encode
+from dpnode.core.engine import GraphBuilder, encode
 from tests.node.conftest import publish, upload_ok
 from tests.node.frames import read_frame
 

@@ -15,14 +15,14 @@ import pytest
 from httpx import Response
 from starlette.testclient import TestClient
 
-import policies
-from node.context import NodeContext
-from node.db.models import User
-from node.dp.accounting import calibrate_rho
-from node.engine import GraphBuilder, encode
-from node.services import budget
-from node.services.budget import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT
-from sdk._budget import BudgetStatus
+from dpnode import policies
+from dpnode.core.dp.accounting import calibrate_rho
+from dpnode.core.engine import GraphBuilder, encode
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import User
+from dpnode.node.services import budget
+from dpnode.node.services.budget import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT
+from dpnode.sdk._budget import BudgetStatus
 from tests.node.conftest import publish, upload_ok
 from tests.node.frames import read_frame
 

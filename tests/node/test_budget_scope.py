@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-import policies
-from node.context import NodeContext
-from node.db.models import LedgerEntry, LedgerEntryDataset, User
-from node.services.budget import _charges
+from dpnode import policies
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import LedgerEntry, LedgerEntryDataset, User
+from dpnode.node.services.budget import _charges
 from tests.conftest import make_user
 
 LOOSE = policies.load_policy(

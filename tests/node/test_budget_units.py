@@ -9,8 +9,8 @@ from fractions import Fraction
 from hypothesis import given
 from hypothesis import strategies as st
 
-from node.dp import accounting
-from node.services.budget import (
+from dpnode.core.dp import accounting
+from dpnode.node.services.budget import (
     DELTA_UNIT,
     EPSILON_UNIT,
     RHO_UNIT,

@@ -10,13 +10,13 @@ import numpy as np
 from sqlalchemy import event
 from starlette.testclient import TestClient
 
-from node.context import NodeContext
-from node.db.models import User
-from node.errors import ConflictError
-from node.services import datasets, models, users
-from node.services.datasets import DatasetUpload
-from node.services.models import ModelUpload
-from node.services.tabular import ColumnSpec
+from dpnode.core.errors import ConflictError
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import User
+from dpnode.node.services import datasets, models, users
+from dpnode.node.services.datasets import DatasetUpload
+from dpnode.node.services.models import ModelUpload
+from dpnode.node.services.tabular import ColumnSpec
 from tests.conftest import PASSWORD, login, make_user
 from tests.node.conftest import upload
 

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 from starlette.testclient import TestClient
 
-from node.context import NodeContext
+from dpnode.node.context import NodeContext
 from tests.conftest import login, make_user
 from tests.node.conftest import blob_files, refused, upload, upload_model, upload_ok
 from tests.node.frames import read_frame

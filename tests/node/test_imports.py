@@ -15,13 +15,13 @@ SCRIPT = """
 import sys
 from pathlib import Path
 from starlette.testclient import TestClient
-import node.app
-from node.settings import Settings
+import dpnode.node.app
+from dpnode.node.settings import Settings
 
 data = Path(sys.argv[1])
 data.mkdir(parents=True)
 settings = Settings(data_dir=data, argon2_memory_kib=8192, argon2_time_cost=1)
-with TestClient(node.app.create_app(settings)) as http:
+with TestClient(dpnode.node.app.create_app(settings)) as http:
     assert http.get("/api/v1/health").json()["status"] == "ok"
     assert http.get("/api/v1/version").status_code == 200
 loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))

@@ -14,12 +14,12 @@ from alembic import command
 from sqlalchemy import Connection, func, insert, inspect, select, text
 from sqlalchemy.exc import DBAPIError
 
-from node.context import NodeContext
-from node.db.migrate import alembic_config, check, upgrade
-from node.db.models import LedgerEntry, LedgerTotal, User
-from node.errors import PolicyRefusedError
-from node.services import budget
-from node.services.budget import Cost
+from dpnode.core.errors import PolicyRefusedError
+from dpnode.node.context import NodeContext
+from dpnode.node.db.migrate import alembic_config, check, upgrade
+from dpnode.node.db.models import LedgerEntry, LedgerTotal, User
+from dpnode.node.services import budget
+from dpnode.node.services.budget import Cost
 from tests.conftest import make_user
 
 TENTH = 10**8  # epsilon 0.1 in ledger units

@@ -11,10 +11,10 @@ from argon2 import PasswordHasher
 from httpx import Response
 from starlette.testclient import TestClient
 
-from node.context import NodeContext
-from node.db.models import User
-from node.services.throttle import LoginThrottle, SlidingWindow
-from node.settings import Settings
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import User
+from dpnode.node.services.throttle import LoginThrottle, SlidingWindow
+from dpnode.node.settings import Settings
 from tests.conftest import PASSWORD, login
 from tests.node.conftest import refused
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from starlette.testclient import TestClient
 
-from node.app import create_app
-from node.context import NodeContext
+from dpnode.node.app import create_app
+from dpnode.node.context import NodeContext
 from tests.conftest import login, make_user
 from tests.node.conftest import blob_files, refused, upload_model
 from tests.node.frames import read_frame

@@ -12,10 +12,10 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from starlette.testclient import TestClient
 
-import sdk
-from node.context import NodeContext
-from node.db.models import User
-from node.engine import GraphBuilder, encode
+from dpnode import sdk
+from dpnode.core.engine import GraphBuilder, encode
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import User
 from tests.conftest import login, make_user
 from tests.node.conftest import publish, refused, upload_ok
 from tests.sdk.conftest import connect

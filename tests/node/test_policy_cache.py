@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import insert
 
-import policies
-from node.context import NodeContext
-from node.db.migrate import upgrade
-from node.db.models import PolicyRevision, User
-from node.errors import BudgetExceededError, PolicyRefusedError
-from node.services import budget
-from node.services import policy as policy_service
-from node.services.budget import Cost
+from dpnode import policies
+from dpnode.core.errors import BudgetExceededError, PolicyRefusedError
+from dpnode.node.context import NodeContext
+from dpnode.node.db.migrate import upgrade
+from dpnode.node.db.models import PolicyRevision, User
+from dpnode.node.services import budget
+from dpnode.node.services import policy as policy_service
+from dpnode.node.services.budget import Cost
 from tests.conftest import make_user
 
 TENTH = 10**8  # epsilon 0.1 in ledger units

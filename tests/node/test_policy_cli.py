@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from node.context import NodeContext
-from node.errors import ApprovalRequiredError
-from node.services import budget, runs
-from node.services.budget import Cost
-from node.settings import Settings
+from dpnode.core.errors import ApprovalRequiredError
+from dpnode.node.context import NodeContext
+from dpnode.node.services import budget, runs
+from dpnode.node.services.budget import Cost
+from dpnode.node.settings import Settings
 from tests.node.test_cli import cli_env, run  # noqa: F401  (the fixture)
 
 

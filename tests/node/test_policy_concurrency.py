@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
-import policies
-from node.context import NodeContext
-from node.db.models import LedgerEntry, User
-from node.errors import ApprovalRequiredError, BudgetExceededError, NotFoundError
-from node.services import approvals, budget, datasets
-from node.services import policy as policy_service
-from node.services.budget import Cost
-from node.services.datasets import DatasetUpload
-from node.services.tabular import ColumnSpec
+from dpnode import policies
+from dpnode.core.errors import ApprovalRequiredError, BudgetExceededError, NotFoundError
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import LedgerEntry, User
+from dpnode.node.services import approvals, budget, datasets
+from dpnode.node.services import policy as policy_service
+from dpnode.node.services.budget import Cost
+from dpnode.node.services.datasets import DatasetUpload
+from dpnode.node.services.tabular import ColumnSpec
 from tests.conftest import REPO_ROOT, make_user
 
 TENTH = 10**8  # epsilon 0.1 in ledger units
@@ -90,10 +90,10 @@ def test_processes_racing_for_a_dataset_cap_never_pass_it(
     script = textwrap.dedent(
         f"""
         import sys
-        from node.context import NodeContext
-        from node.errors import BudgetExceededError
-        from node.services import budget
-        from node.settings import Settings
+        from dpnode.node.context import NodeContext
+        from dpnode.core.errors import BudgetExceededError
+        from dpnode.node.services import budget
+        from dpnode.node.settings import Settings
         settings = Settings(data_dir=sys.argv[1], database_url=sys.argv[2])
         context = NodeContext.from_settings(settings)
         wins = 0

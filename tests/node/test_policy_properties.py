@@ -13,15 +13,15 @@ from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-import policies
-from node.context import NodeContext
-from node.db.models import LedgerEntry, PublishApproval, RequestStatus, User
-from node.errors import ApprovalRequiredError, PolicyRefusedError
-from node.services import approvals, budget, datasets
-from node.services import policy as policy_service
-from node.services.budget import Cost
-from node.services.datasets import DatasetUpload
-from node.services.tabular import ColumnSpec
+from dpnode import policies
+from dpnode.core.errors import ApprovalRequiredError, PolicyRefusedError
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import LedgerEntry, PublishApproval, RequestStatus, User
+from dpnode.node.services import approvals, budget, datasets
+from dpnode.node.services import policy as policy_service
+from dpnode.node.services.budget import Cost
+from dpnode.node.services.datasets import DatasetUpload
+from dpnode.node.services.tabular import ColumnSpec
 from tests.conftest import make_user
 
 _runs = itertools.count()

@@ -12,13 +12,13 @@ from httpx import Response
 from sqlalchemy import func, select, update
 from starlette.testclient import TestClient
 
-from node.context import NodeContext
-from node.db.base import utcnow
-from node.db.models import AuditEvent, LedgerEntry, PublishKey, User
-from node.engine import GraphBuilder, encode
-from node.services import budget, idempotency
-from node.services import publish as service
-from node.services.budget import EPSILON_UNIT, Cost, units_down
+from dpnode.core.engine import GraphBuilder, encode
+from dpnode.node.context import NodeContext
+from dpnode.node.db.base import utcnow
+from dpnode.node.db.models import AuditEvent, LedgerEntry, PublishKey, User
+from dpnode.node.services import budget, idempotency
+from dpnode.node.services import publish as service
+from dpnode.node.services.budget import EPSILON_UNIT, Cost, units_down
 from tests.conftest import login, make_user
 from tests.node.conftest import upload_ok
 from tests.node.frames import read_frame

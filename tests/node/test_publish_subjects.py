@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from node.engine import GraphBuilder, encode
+from dpnode.core.engine import GraphBuilder, encode
 from tests.node.conftest import post_frame, upload_ok
 
 

@@ -19,8 +19,8 @@ import pytest
 from scipy import stats
 from starlette.testclient import TestClient
 
-from node.context import NodeContext
-from node.engine import GraphBuilder, Ref, encode
+from dpnode.core.engine import GraphBuilder, Ref, encode
+from dpnode.node.context import NodeContext
 from tests.node.conftest import post_frame, upload_ok
 from tests.node.frames import read_frame
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 from starlette.testclient import TestClient
 
-from node.app import create_app
-from node.context import NodeContext
-from node.db.models import User
-from node.services import datasets, models
-from node.settings import Settings
+from dpnode.node.app import create_app
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import User
+from dpnode.node.services import datasets, models
+from dpnode.node.settings import Settings
 from tests.conftest import login
 from tests.node.conftest import upload_model, upload_ok
 from tests.node.frames import read_frame

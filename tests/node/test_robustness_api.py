@@ -11,8 +11,8 @@ import numpy as np
 from sqlalchemy import text
 from starlette.testclient import TestClient
 
-from node.app import create_app
-from node.context import NodeContext
+from dpnode.node.app import create_app
+from dpnode.node.context import NodeContext
 from tests.node.conftest import FRAME, post_frame, refused, upload_ok
 from tests.node.frames import dataset_frame, model_frame, raw_frame
 

@@ -10,17 +10,17 @@ from dataclasses import replace
 import pytest
 from sqlalchemy import func, select
 
-from node.context import NodeContext
-from node.db.models import LedgerEntry, PublishApproval, RequestStatus, User
-from node.errors import (
+from dpnode.core.errors import (
     ApprovalRequiredError,
     BudgetExceededError,
     NotFoundError,
     PolicyRefusedError,
 )
-from node.services import approvals, budget, runs
-from node.services.budget import Cost
-from node.services.publish import gaussian_cost
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import LedgerEntry, PublishApproval, RequestStatus, User
+from dpnode.node.services import approvals, budget, runs
+from dpnode.node.services.budget import Cost
+from dpnode.node.services.publish import gaussian_cost
 from tests.node.test_policy_concurrency import _apply, _dataset
 
 STEP_EPSILON, STEP_DELTA, VALUES = 0.1, 1e-6, 50

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from node.settings import Settings
+from dpnode.node.settings import Settings
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 

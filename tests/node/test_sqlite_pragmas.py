@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from node.db.session import make_engine
+from dpnode.node.db.session import make_engine
 
 
 def test_every_connection_is_wal_with_durable_commits(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from node.context import NodeContext
-from node.storage import CorruptBlobError, FileBlobStore, array_from_bytes, array_to_bytes
+from dpnode.node.context import NodeContext
+from dpnode.node.storage import CorruptBlobError, FileBlobStore, array_from_bytes, array_to_bytes
 from tests.node.conftest import blob_files, refused, upload_model, upload_ok
 from tests.node.frames import read_frame
 

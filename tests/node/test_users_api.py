@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from starlette.testclient import TestClient
 
-from node.db.models import User
+from dpnode.node.db.models import User
 from tests.conftest import PASSWORD, login
 from tests.node.conftest import refused
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from policies import Allowance, PublishRequest, User, epsilon_units
+from dpnode.policies import Allowance, PublishRequest, User, epsilon_units
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 #: The node's settings defaults (``default_epsilon_budget``, ``default_delta_budget``).

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.db.models import Role
-from policies import (
+from dpnode.node.db.models import Role
+from dpnode.policies import (
     Allowance,
     Grant,
     Limit,

@@ -6,7 +6,7 @@ import contextlib
 import io
 from pathlib import Path
 
-from policies import RULES, load_policy
+from dpnode.policies import RULES, load_policy
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "policies.md"
 

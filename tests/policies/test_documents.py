@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-import policies
-from policies import Policy, PolicyError, default_policy, load_policy, load_policy_file
+from dpnode import policies
+from dpnode.policies import Policy, PolicyError, default_policy, load_policy, load_policy_file
 
 DEFAULT_TOML = Path(policies.__file__).with_name("default.toml")
 

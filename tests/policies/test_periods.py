@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies import Period, format_period, parse_period
+from dpnode.policies import Period, format_period, parse_period
 
 instants = st.datetimes(
     min_value=datetime(1990, 1, 1), max_value=datetime(2090, 1, 1), timezones=st.just(UTC)

@@ -21,7 +21,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies import (
+from dpnode.policies import (
     Approval,
     Charge,
     Decision,

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from policies import (
+from dpnode.policies import (
     Allowance,
     Approval,
     Charge,
@@ -241,7 +241,7 @@ def test_no_rho_without_delta(defaults: Allowance) -> None:
 
 @pytest.mark.parametrize("convert_name", ["filter_epsilon", "bun_steinke"])
 def test_conversion_is_a_parameter(defaults: Allowance, convert_name: str) -> None:
-    import policies
+    from dpnode import policies
 
     convert = getattr(policies, convert_name)
     rho = epsilon_units(0.001)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies import (
+from dpnode.policies import (
     Allowance,
     Approval,
     Charge,

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from node.engine import Graph, plan, run
-from node.privacy import InputSpec, PrivacyReport
+from dpnode.core.engine import Graph, plan, run
+from dpnode.core.privacy import InputSpec, PrivacyReport
 
 Array = npt.NDArray[Any]
 

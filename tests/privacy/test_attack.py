@@ -23,9 +23,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.engine import Graph, GraphBuilder, Ref, plan
-from node.errors import GraphError
-from node.privacy import PrivacyTrackingError, track
+from dpnode.core.engine import Graph, GraphBuilder, Ref, plan
+from dpnode.core.errors import GraphError
+from dpnode.core.privacy import PrivacyTrackingError, track
 from tests.privacy.helpers import Column, assert_sound, neighbours
 
 STATS = {"tracked": 0, "refused": 0, "pairs": 0}

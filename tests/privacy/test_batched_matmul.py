@@ -1,4 +1,4 @@
-"""Batched matmul of per-example operands (node/privacy/rules/linalg.py, ``_batched_rows``).
+"""Batched matmul of per-example operands (dpnode/core/privacy/rules/linalg.py, ``_batched_rows``).
 
 ``a[n] @ b[n]`` where row ``n`` of both operands belongs to one subject: what a
 convolution's per-example weight gradients record. Neighbours at the bounds must stay within
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.engine import GraphBuilder
-from node.privacy import PrivacyTrackingError, track
+from dpnode.core.engine import GraphBuilder
+from dpnode.core.privacy import PrivacyTrackingError, track
 from tests.privacy.helpers import Column, assert_sound, neighbours
 
 

@@ -1,6 +1,6 @@
 """DP-SGD: the rule of ``clip_by_subject_norm`` gives an L2 sensitivity of exactly 2C.
 
-The prim is the engine's own (``node/engine/prims/dpsgd.py``): the rule is exercised
+The prim is the engine's own (``dpnode/core/engine/prims/dpsgd.py``): the rule is exercised
 through real graphs and real evaluations, on neighbouring datasets at the bounds.
 """
 
@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from node.engine import GraphBuilder, evaluate
-from node.privacy import InputSpec, PrivacyTrackingError, evaluate_tracked, track
+from dpnode.core.engine import GraphBuilder, evaluate
+from dpnode.core.privacy import InputSpec, PrivacyTrackingError, evaluate_tracked, track
 from tests.privacy.helpers import Column, assert_sound, neighbours
 
 C = 0.75

@@ -1,4 +1,4 @@
-"""Convolution of private images with public weights (node/privacy/rules/conv.py): sound, tight.
+"""Convolution of private images with public weights (dpnode.core.privacy.rules.conv): sound.
 
 Hypothesis draws the geometry (1-d and 2-d, stride, padding, dilation, groups, transposed,
 bias), the dtype, the bounds and the subject structure; neighbouring datasets at the bounds
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.engine import GraphBuilder, Ref
-from node.privacy import PrivacyTrackingError, track
+from dpnode.core.engine import GraphBuilder, Ref
+from dpnode.core.privacy import PrivacyTrackingError, track
 from tests.privacy.helpers import Column, assert_sound, neighbours
 
 

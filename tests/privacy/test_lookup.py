@@ -1,4 +1,4 @@
-"""A public table read at private positions (node/privacy/rules/shape.py, ``_lookup``).
+"""A public table read at private positions (dpnode/core/privacy/rules/shape.py, ``_lookup``).
 
 An embedding or a lookup reads a public table at private indices: each output is some entry
 of the table, so it lies between the least and the greatest entry along the dim, and moves
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.engine import GraphBuilder
-from node.privacy import PrivacyTrackingError, track
+from dpnode.core.engine import GraphBuilder
+from dpnode.core.privacy import PrivacyTrackingError, track
 from tests.privacy.helpers import Column, assert_sound, neighbours
 
 

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.dp import selection
-from node.engine import Graph, GraphBuilder, plan, run
-from node.errors import DPNodeError, InvalidRequestError
-from node.privacy import InputSpec
-from node.privacy.release import plan_release, run_release
-from node.privacy.state import PrivacyTrackingError
+from dpnode.core.dp import selection
+from dpnode.core.engine import Graph, GraphBuilder, plan, run
+from dpnode.core.errors import DPNodeError, InvalidRequestError
+from dpnode.core.privacy import InputSpec
+from dpnode.core.privacy.release import plan_release, run_release
+from dpnode.core.privacy.state import PrivacyTrackingError
 from tests.privacy.helpers import Column, neighbours
 from tests.privacy.test_attack import OPS, Builder, Val, columns
 

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from node.engine import GraphBuilder, plan
-from node.privacy.release import plan_release, run_release
+from dpnode.core.engine import GraphBuilder, plan
+from dpnode.core.privacy.release import plan_release, run_release
 from tests.privacy.helpers import Column
 
 N = 20

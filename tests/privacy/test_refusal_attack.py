@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.engine import Graph, GraphBuilder, plan
-from node.errors import DPNodeError
-from node.privacy.release import plan_release, run_release
+from dpnode.core.engine import Graph, GraphBuilder, plan
+from dpnode.core.errors import DPNodeError
+from dpnode.core.privacy.release import plan_release, run_release
 from tests.privacy.helpers import Column, neighbours
 from tests.privacy.test_attack import OPS, Builder, Val, columns
 

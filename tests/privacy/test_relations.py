@@ -1,4 +1,4 @@
-"""Softmax's relations (node/privacy/relations.py): bounded where intervals overflow, sound.
+"""Softmax's relations (dpnode/core/privacy/relations.py): bounded where intervals overflow, sound.
 
 Logits of a wide public range used to make ``exp(x - amax(x))`` overflow float32 in the
 tracker's interval arithmetic, so a small MLP's ``cross_entropy`` was refused. These tests
@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.engine import GraphBuilder, Ref
-from node.privacy import PrivacyTrackingError, track
+from dpnode.core.engine import GraphBuilder, Ref
+from dpnode.core.privacy import PrivacyTrackingError, track
 from tests.privacy.helpers import Column, assert_sound, neighbours
 
 N, K = 5, 10

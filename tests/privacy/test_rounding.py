@@ -16,8 +16,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from node.engine import GraphBuilder, Ref, plan, run
-from node.privacy import InputSpec, evaluate_tracked, track
+from dpnode.core.engine import GraphBuilder, Ref, plan, run
+from dpnode.core.privacy import InputSpec, evaluate_tracked, track
 
 N = 7
 TRIES = 3000

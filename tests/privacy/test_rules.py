@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from node.engine import REGISTRY, GraphBuilder, Ref
-from node.engine.dtypes import dtype
-from node.engine.graph import Node
-from node.engine.prims import Call, TensorMeta
-from node.privacy import (
+from dpnode.core.engine import REGISTRY, GraphBuilder, Ref
+from dpnode.core.engine.dtypes import dtype
+from dpnode.core.engine.graph import Node
+from dpnode.core.engine.prims import Call, TensorMeta
+from dpnode.core.privacy import (
     RULES,
     InputSpec,
     PrivacyTracker,
@@ -17,7 +17,7 @@ from node.privacy import (
     evaluate_tracked,
     track,
 )
-from node.privacy.spec import InputSpec as Spec
+from dpnode.core.privacy.spec import InputSpec as Spec
 from tests.privacy.helpers import Column, assert_sound, neighbours
 
 
@@ -214,7 +214,7 @@ def test_every_prim_declares_whether_it_may_touch_private_data() -> None:
 
 
 def test_a_registration_without_a_privacy_declaration_is_refused() -> None:
-    from node.engine.prims.registry import prim
+    from dpnode.core.engine.prims.registry import prim
 
     def infer(c: Call) -> TensorMeta:
         return c.tensor(0)

@@ -1,6 +1,6 @@
 """The subject-structure fast paths give the general paths' sensitivities, and stay sound.
 
-``node.privacy.subjects`` recognises owner arrays that are views of a subject column and
+``dpnode.core.privacy.subjects`` recognises owner arrays that are views of a subject column and
 lets reductions and per-subject bounds use the column's structure. Here the same graphs
 are tracked with the fast paths and with :func:`general_paths` (every owner array
 treated as an arbitrary array): the reports must agree (up to float rounding in sums,
@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.engine import GraphBuilder
-from node.errors import EvaluationError
-from node.privacy import InputSpec, PrivacyReport, PrivacyTrackingError, track
-from node.privacy.arrays import varying_axes
-from node.privacy.subjects import (
+from dpnode.core.engine import GraphBuilder
+from dpnode.core.errors import EvaluationError
+from dpnode.core.privacy import InputSpec, PrivacyReport, PrivacyTrackingError, track
+from dpnode.core.privacy.arrays import varying_axes
+from dpnode.core.privacy.subjects import (
     Subjects,
     distinct_view,
     general_paths,

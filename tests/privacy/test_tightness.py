@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from node.engine import Graph, GraphBuilder, Ref
-from node.privacy import InputSpec, track
+from dpnode.core.engine import Graph, GraphBuilder, Ref
+from dpnode.core.privacy import InputSpec, track
 from tests.privacy.helpers import Column, assert_sound, neighbours
 
 N = 200
@@ -147,7 +147,7 @@ def _var(b: GraphBuilder, x: Ref, y: Ref | None, correction: int) -> Ref:
 
 
 def _brute(graph: Graph, cols: dict[str, Column], trials: int, rng: np.random.Generator) -> float:
-    from node.engine import evaluate
+    from dpnode.core.engine import evaluate
 
     best = 0.0
     for _ in range(trials):
@@ -185,7 +185,7 @@ def test_covariance_is_exact() -> None:
     graph = b.build([_var(b, x, y, 1)])
     d1 = {"x": np.zeros(N), "y": np.full(N, -1.0)}
     d2 = {"x": np.r_[2.0, np.zeros(N - 1)], "y": np.r_[4.0, np.full(N - 1, -1.0)]}
-    from node.engine import evaluate
+    from dpnode.core.engine import evaluate
 
     reached = abs(float(evaluate(graph, d1)[0] - evaluate(graph, d2)[0]))
     assert reached == pytest.approx(analytic, rel=1e-6)

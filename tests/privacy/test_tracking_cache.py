@@ -1,4 +1,4 @@
-"""Tracking once per structure (node.privacy.cache): a report tracked with the changing
+"""Tracking once per structure (dpnode.core.privacy.cache): a report tracked with the changing
 constants as public boxes holds for every value inside them, and the cache reuses it only
 for such values, with every other constant unchanged."""
 
@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.engine import Graph, GraphBuilder, plan
-from node.engine.graph import Node
-from node.privacy import InputSpec, PrivacyTrackingError, track
-from node.privacy.cache import TrackingCache
+from dpnode.core.engine import Graph, GraphBuilder, plan
+from dpnode.core.engine.graph import Node
+from dpnode.core.privacy import InputSpec, PrivacyTrackingError, track
+from dpnode.core.privacy.cache import TrackingCache
 from tests.privacy.helpers import Column, assert_sound, neighbours
 from tests.privacy.test_attack import OPS, Builder, Val, columns
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-import sdk
-from node.db.models import User
+from dpnode import sdk
+from dpnode.node.db.models import User
 from tests.conftest import PASSWORD
 
 URL = "http://testserver"

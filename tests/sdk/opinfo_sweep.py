@@ -33,9 +33,9 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.utils._pytree import tree_flatten, tree_map
 
-import sdk
-from sdk._remote import evaluate, remote_input
-from sdk._remote.graph import TORCH_NAMES
+from dpnode import sdk
+from dpnode.sdk._remote import evaluate, remote_input
+from dpnode.sdk._remote.graph import TORCH_NAMES
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import pytest
 
-import sdk
-from node.context import NodeContext
-from node.db.models import User
-from node.services import budget
-from node.services.budget import Cost
+from dpnode import sdk
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import User
+from dpnode.node.services import budget
+from dpnode.node.services.budget import Cost
 
 
 def test_budget_and_ledger_as_the_ledger_stands(

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 from starlette.testclient import TestClient
 
-import sdk
-from node.app import create_app
-from node.db.models import User
+from dpnode import sdk
+from dpnode.node.app import create_app
+from dpnode.node.db.models import User
 from tests.conftest import PASSWORD
 from tests.sdk.conftest import URL, connect
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import node.errors
-import node.privacy  # registers PrivacyTrackingError, a subclass of GraphError
-import sdk._exceptions as client
+import dpnode.core.errors
+import dpnode.core.privacy  # registers PrivacyTrackingError, a subclass of GraphError
+import dpnode.sdk._exceptions as client
 
 
-def _all(cls: type[node.errors.DPNodeError]) -> list[type[node.errors.DPNodeError]]:
+def _all(cls: type[dpnode.core.errors.DPNodeError]) -> list[type[dpnode.core.errors.DPNodeError]]:
     found = [cls]
     for sub in cls.__subclasses__():
         found += _all(sub)
@@ -15,7 +15,9 @@ def _all(cls: type[node.errors.DPNodeError]) -> list[type[node.errors.DPNodeErro
 
 
 def test_every_node_code_maps_to_a_class_of_the_same_name_and_parent() -> None:
-    node_classes = [c for c in _all(node.errors.DPNodeError) if c is not node.errors.DPNodeError]
+    node_classes = [
+        c for c in _all(dpnode.core.errors.DPNodeError) if c is not dpnode.core.errors.DPNodeError
+    ]
     assert len(node_classes) >= 14
     for cls in node_classes:
         mapped = client.BY_CODE.get(cls.code)

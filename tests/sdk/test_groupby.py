@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-import sdk
+from dpnode import sdk
 
 N = 300
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from starlette.testclient import TestClient
 
-import sdk
-from node.db.models import User
-from node.settings import Settings
+from dpnode import sdk
+from dpnode.node.db.models import User
+from dpnode.node.settings import Settings
 from tests.conftest import PASSWORD
 from tests.sdk.conftest import URL
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import sdk
-from sdk._remote import evaluate, remote_input
+from dpnode import sdk
+from dpnode.sdk._remote import evaluate, remote_input
 from tests.sdk.conftest import remote_dataset
 
 

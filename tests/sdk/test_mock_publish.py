@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import sdk
+from dpnode import sdk
 from tests.sdk.conftest import cohort, remote_dataset
 
 

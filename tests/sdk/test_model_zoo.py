@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import sdk
+from dpnode import sdk
 
 N, MOCK = 12, 8
 C = 1.0

@@ -17,9 +17,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import sdk
-from node.engine import REGISTRY
-from sdk._remote import evaluate, remote_input
+from dpnode import sdk
+from dpnode.core.engine import REGISTRY
+from dpnode.sdk._remote import evaluate, remote_input
 from tests.sdk.conftest import cohort, remote_dataset
 
 #: (the call a refusal names, the prim it needs, the op on a 1-d float vector v and a

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from sdk._remote import dispatch, remote_input
+from dpnode.sdk._remote import dispatch, remote_input
 
 
 def test_scalars_of_other_types_promote_differently_with_the_cache_warm() -> None:

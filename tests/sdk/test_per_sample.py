@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-import sdk
-from node.privacy import InputSpec, PrivacyReport, Subjects, track
-from node.privacy import tracker as tracker_module
-from sdk import _per_sample as per_sample
-from sdk._remote import evaluate, graph_for, remote_input
+from dpnode import sdk
+from dpnode.core.privacy import InputSpec, PrivacyReport, Subjects, track
+from dpnode.core.privacy import tracker as tracker_module
+from dpnode.sdk import _per_sample as per_sample
+from dpnode.sdk._remote import evaluate, graph_for, remote_input
 from tests.privacy.helpers import Column, assert_sound, neighbours
 
 C = 0.5
@@ -588,7 +588,7 @@ RECURRENT: dict[str, Callable[[], torch.nn.Module]] = {
 
 @pytest.mark.parametrize("kind", sorted(RECURRENT))
 def test_recurrent_layers_match_per_example_backward(rng: np.random.Generator, kind: str) -> None:
-    """RNN, GRU and LSTM on private sequences, unrolled (sdk/_recurrent.py): per-example
+    """RNN, GRU and LSTM on private sequences, unrolled (dpnode/sdk/_recurrent.py): per-example
     gradients against one backward pass per example (torch.func cannot vmap them)."""
     n, shape = 6, (6, 5, 4)
     torch.manual_seed(10)
@@ -608,7 +608,7 @@ def test_recurrent_layers_match_per_example_backward(rng: np.random.Generator, k
 
 @pytest.mark.parametrize("mode", ["sum", "mean", "max"])
 def test_an_embedding_bag_matches_per_example_backward(rng: np.random.Generator, mode: str) -> None:
-    """Bags of private token ids, one per row (sdk/_bags.py): torch's values, and per-example
+    """Bags of private token ids, one per row (dpnode/sdk/_bags.py): torch's values, and per-example
     gradients of the table against one backward pass per example."""
     n, bag, vocab = 6, 5, 7
     torch.manual_seed(11)

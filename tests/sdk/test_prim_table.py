@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from node.engine import REGISTRY
+from dpnode.core.engine import REGISTRY
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "prim_table.py"
 

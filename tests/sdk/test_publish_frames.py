@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import sdk
-from node.context import NodeContext
-from node.engine import GraphBuilder, encode
+from dpnode import sdk
+from dpnode.core.engine import GraphBuilder, encode
+from dpnode.node.context import NodeContext
 
 
 def _ages(owner: sdk.Client, n: int = 1000) -> sdk.DatasetHandle:

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from starlette.testclient import TestClient
 
-import sdk
-from node.db.models import User
+from dpnode import sdk
+from dpnode.node.db.models import User
 from tests.sdk.conftest import connect
 
 

@@ -6,8 +6,8 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-import sdk
-from node.db.models import User
+from dpnode import sdk
+from dpnode.node.db.models import User
 from tests.conftest import PASSWORD
 from tests.sdk.conftest import URL, remote_dataset
 from tests.sdk.test_publish_frames import _ages, mean_frame

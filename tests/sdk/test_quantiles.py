@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-import sdk
+from dpnode import sdk
 from tests.sdk.conftest import cohort, remote_dataset
 
 pytestmark = pytest.mark.usefixtures("sqlite_only")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-import sdk
+from dpnode import sdk
 from tests.sdk.conftest import remote_dataset
 
 

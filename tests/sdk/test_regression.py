@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-import sdk
+from dpnode import sdk
 
 N = 2000
 TRUE = np.array([2.0, -1.0, 0.5])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import sdk
+from dpnode import sdk
 from tests.sdk.conftest import remote_dataset
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "remote-tensors.md"

@@ -1,7 +1,7 @@
 """Client-side shape/dtype propagation (torch's meta tensors) agrees with the node's inference.
 
 For random ops, dtypes, shapes and scalar operands, the RemoteTensor's shape
-and dtype (what torch says) must equal what ``node.engine.infer`` derives from
+and dtype (what torch says) must equal what ``dpnode.core.engine.infer`` derives from
 the recorded graph, and evaluating the graph must give torch's values.
 """
 
@@ -14,9 +14,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.engine import infer
-from sdk._remote import evaluate, graph_for, remote_input
-from sdk._remote.graph import TORCH_OF
+from dpnode.core.engine import infer
+from dpnode.sdk._remote import evaluate, graph_for, remote_input
+from dpnode.sdk._remote.graph import TORCH_OF
 
 DTYPES = [
     torch.bool,

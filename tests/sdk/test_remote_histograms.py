@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-import sdk
-from sdk._remote import evaluate, graph_for, remote_input
+from dpnode import sdk
+from dpnode.sdk._remote import evaluate, graph_for, remote_input
 from tests.sdk.conftest import remote_dataset
 
 # values on the edges, at both ends of the range, outside it, and NaN

@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import sdk
-from sdk._remote import evaluate, graph_for, remote_input
+from dpnode import sdk
+from dpnode.sdk._remote import evaluate, graph_for, remote_input
 
 TOL = 1e-5
 CLASSES = 4

@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 from starlette.testclient import TestClient
 
-import sdk
-from node.engine import decode, infer
-from sdk._remote import encode_graph, evaluate, graph_for, remote_input
-from sdk._remote.graph import TORCH_OF
+from dpnode import sdk
+from dpnode.core.engine import decode, infer
+from dpnode.sdk._remote import encode_graph, evaluate, graph_for, remote_input
+from dpnode.sdk._remote.graph import TORCH_OF
 from tests.sdk.conftest import remote_dataset
 
 pytestmark = pytest.mark.usefixtures("sqlite_only")
@@ -210,7 +210,7 @@ def test_graph_encodes_once_and_a_loop_keeps_its_structure(
 def test_dtypes_and_shapes_agree_with_the_engine(
     ds_client: sdk.Client, owner_client: sdk.Client
 ) -> None:
-    from sdk._remote import remote_input
+    from dpnode.sdk._remote import remote_input
 
     ds = remote_dataset(owner_client, ds_client)
     age, bmi, sex, flag = ds["age"], ds["bmi"], ds["sex"], ds["diabetic"]
@@ -268,7 +268,7 @@ def test_search_then_compute_as_in_the_readme(
 
 
 def test_local_tensors_travel_once_per_version() -> None:
-    from sdk._remote import remote_input
+    from dpnode.sdk._remote import remote_input
 
     x = remote_input("x", (3,), torch.float32)
     w = torch.ones(3)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from sdk._remote import evaluate, remote_input
+from dpnode.sdk._remote import evaluate, remote_input
 
 Case = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
 

@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 from starlette.testclient import TestClient
 
-import sdk
-from node.context import NodeContext
-from node.db.models import User
-from node.errors import GraphError, UnknownStructureError
-from node.services.structures import REF_MAGIC, StructureCache, header_digest, reference, split
+from dpnode import sdk
+from dpnode.core.errors import GraphError, UnknownStructureError
+from dpnode.core.structures import REF_MAGIC, StructureCache, header_digest, reference, split
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import User
 from tests.conftest import PASSWORD
 from tests.sdk.conftest import URL
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import sdk
+from dpnode import sdk
 
 N, MOCK = 200, 20
 C = 1.0

@@ -1,0 +1,180 @@
+"""Domain errors of the node, each with a stable ``code``.
+
+Services and the engine raise these; only the app factory (``dpnode.node.app``) maps
+them to HTTP responses of the form ``{"error": code, "detail": message}``, and
+the SDK maps each ``code`` back to a typed exception.
+
+    DPNodeError
+    ├── InvalidRequestError      invalid_request      malformed or inconsistent input
+    │   ├── UploadRejectedError  upload_rejected      data breaks the declared contract
+    │   ├── InvalidPolicyError   invalid_policy       a malformed budget policy document
+    │   └── GraphError           invalid_graph        a graph the engine refuses
+    │       └── UnsupportedDTypeError  unsupported_dtype
+    ├── EvaluationError          evaluation_error     a valid graph failed on its values
+    ├── QuotaExceededError       quota_exceeded       graph/compute/memory over a quota
+    ├── PayloadTooLargeError     payload_too_large    a request body over its limit
+    ├── AuthenticationError      unauthenticated      missing, bad or expired credentials
+    ├── RateLimitedError         rate_limited         too many attempts (logins); retry later
+    ├── PermissionDeniedError    forbidden            authenticated but not allowed
+    │   └── PolicyRefusedError   policy_refused       a budget policy rule refused a publish
+    │       ├── BudgetExceededError  budget_exceeded  the charge does not fit a budget or cap
+    │       └── ApprovalRequiredError  approval_required  the publish waits for an admin
+    ├── NotFoundError            not_found
+    │   └── UnknownStructureError  unknown_structure  a graph reference the node lacks
+    └── ConflictError            conflict             e.g. a name already taken
+        └── PublishInProgressError  publish_in_progress  a retried publish still running
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "ApprovalRequiredError",
+    "AuthenticationError",
+    "BudgetExceededError",
+    "ConflictError",
+    "DPNodeError",
+    "EvaluationError",
+    "GraphError",
+    "InvalidPolicyError",
+    "InvalidRequestError",
+    "NotFoundError",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "PolicyRefusedError",
+    "PublishInProgressError",
+    "QuotaExceededError",
+    "RateLimitedError",
+    "UnknownStructureError",
+    "UnsupportedDTypeError",
+    "UploadRejectedError",
+]
+
+
+class DPNodeError(Exception):
+    """Base of every error the node reports to a client."""
+
+    code: ClassVar[str] = "internal_error"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class InvalidRequestError(DPNodeError):
+    code = "invalid_request"
+
+
+class UploadRejectedError(InvalidRequestError):
+    code = "upload_rejected"
+
+
+class InvalidPolicyError(InvalidRequestError):
+    code = "invalid_policy"
+
+
+class GraphError(InvalidRequestError):
+    code = "invalid_graph"
+
+
+class UnsupportedDTypeError(GraphError):
+    code = "unsupported_dtype"
+
+
+class EvaluationError(DPNodeError):
+    code = "evaluation_error"
+
+
+class QuotaExceededError(DPNodeError):
+    code = "quota_exceeded"
+
+
+class PayloadTooLargeError(DPNodeError):
+    code = "payload_too_large"
+
+
+class AuthenticationError(DPNodeError):
+    code = "unauthenticated"
+
+
+class RateLimitedError(DPNodeError):
+    """Too many attempts (logins, see dpnode.node.services.throttle): wait ``retry_after`` s.
+
+    The response carries it as a ``Retry-After`` header; the body keeps the usual shape.
+    """
+
+    code = "rate_limited"
+
+    def __init__(self, detail: str, *, retry_after: int) -> None:
+        super().__init__(detail)
+        self.retry_after = retry_after
+
+
+class PermissionDeniedError(DPNodeError):
+    code = "forbidden"
+
+
+class PolicyRefusedError(PermissionDeniedError):
+    """A publish refused by a budget policy: names the policy revision and the rule.
+
+    The error body carries them next to ``error`` and ``detail`` (see :meth:`extra`).
+    """
+
+    code = "policy_refused"
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        rule: str | None = None,
+        policy: str | None = None,
+        policy_revision: int | None = None,
+        **more: Any,
+    ) -> None:
+        super().__init__(detail)
+        self.rule = rule
+        self.policy = policy
+        self.policy_revision = policy_revision
+        self.more = more
+
+    def extra(self) -> dict[str, Any]:
+        """Fields the HTTP error body carries besides ``error`` and ``detail``."""
+        if self.rule is None:
+            return {}
+        return {
+            "rule": self.rule,
+            "policy": self.policy,
+            "policy_revision": self.policy_revision,
+            **self.more,
+        }
+
+
+class BudgetExceededError(PolicyRefusedError):
+    code = "budget_exceeded"
+
+
+class ApprovalRequiredError(PolicyRefusedError):
+    """The publish waits for an admin; ``more["approval_id"]`` names the request."""
+
+    code = "approval_required"
+
+
+class NotFoundError(DPNodeError):
+    code = "not_found"
+
+
+class UnknownStructureError(NotFoundError):
+    """A publish referenced a graph structure the node does not hold: resend it whole."""
+
+    code = "unknown_structure"
+
+
+class ConflictError(DPNodeError):
+    code = "conflict"
+
+
+class PublishInProgressError(ConflictError):
+    """A publish with this idempotency key was charged and has not been answered yet."""
+
+    code = "publish_in_progress"

@@ -1,0 +1,126 @@
+"""Rules of the random prim and of per-subject clipping (DP-SGD).
+
+``rand`` draws from the node's generator: its values do not depend on any subject,
+so it is public (``L = G = 0``) with bounds ``[0, 1]``, but its value is unknown to
+the tracker (it never re-draws).
+
+``clip_by_subject_norm`` (the engine's ``dpnode/core/engine/prims/dpsgd.py``; see
+docs/sensitivity.md) is DP-SGD's clipping:
+
+    clip_by_subject_norm(x: float[n, *f], groups: int64[n]; max_norm: float) -> float[*f]
+    = sum over distinct g in groups of clip(sum_{i: groups[i] = g} x[i])
+    where clip(v) = v * min(1, max_norm / ||v||_2)
+
+When subject ``s``'s rows fall into ``k_s`` groups, replacing ``s`` changes at most
+``k_s`` clipped vectors, each by at most ``2 * max_norm`` in L2: the output's L2
+sensitivity is ``2 * max_norm * max_s k_s``, which is ``2C`` when the groups are the
+subjects (or every subject has one row); its L1 sensitivity is ``sqrt(features)`` times
+that. With ``ord = 1`` the vectors are clipped to L1 norm ``max_norm`` instead, and the L1
+sensitivity is ``2 * max_norm * max_s k_s`` (so is the L2, which is at most the L1).
+
+``groups`` must be public: a constant, or the dataset's subject index, which the node binds
+to ``dataset:<id>/@subject`` as a public input with its value; with a public value the
+tracker does not know, every row counts as its own group. Private groups (computed from
+data) are refused.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dpnode.core.privacy.arrays import fit, reduce_array, varying_axes
+from dpnode.core.privacy.rules.base import Ctx, finish, rule
+from dpnode.core.privacy.state import MIXED, PUBLIC, Array, State
+
+__all__ = ["clip_by_subject_norm", "quantile", "rand"]
+
+
+@rule("rand")
+def rand(c: Ctx) -> State:
+    """Uniform [0, 1) noise from the node's generator: public, value unknown."""
+    z = np.zeros(())
+    return finish(c.meta, 0.0, 1.0, np.asarray(PUBLIC, dtype=np.int64), z, z)
+
+
+@rule("quantile")
+def quantile(c: Ctx) -> State:
+    """A quantile of private values is not bounded by noise: it is selected, by the
+    exponential mechanism, when it is a publish's output (``dpnode.core.dp.selection``); as the
+    argument of anything else it is refused."""
+    raise c.fail(
+        "a quantile (median) of private values is released on its own, by the exponential "
+        "mechanism: publish it as a result by itself (torch.median(x).publish(epsilon=...)) "
+        "and compute with the published value"
+    )
+
+
+@rule("clip_by_subject_norm")
+def clip_by_subject_norm(c: Ctx) -> State:
+    """Sum of per-group clipped row sums: each subject moves ``2C`` per group it touches.
+    With several tensors before the groups, their rows are joined into one vector each:
+    every part's row must belong to the same subject (or to none)."""
+    *parts, groups = [c.arg(i) for i in range(len(c.args))]
+    bound = float(c.call.attrs.get("max_norm", math.nan))
+    if not (math.isfinite(bound) and bound > 0):
+        raise c.fail(f"max_norm must be finite and positive, got {bound}")
+    rows: Array | None = None
+    for x in parts:
+        if not x.shape:
+            raise c.fail("needs rows: x must have at least one dim")
+        if not (np.isfinite(x.lo).all() and np.isfinite(x.hi).all()):
+            raise c.fail("the rows to clip must have finite bounds")
+        if any(varying_axes(x.owner, x.shape, exact=True)[1:]) or not np.all(x.G == 0):
+            raise c.fail("every row must depend on one subject only (its owner)")
+        # one owner per row (checked above): the first element of each row, without
+        # broadcasting the owners to every feature
+        owners = fit(x.owner, x.shape)
+        mine = np.broadcast_to(owners[(slice(None),) + (0,) * (owners.ndim - 1)], x.shape[:1])
+        if (mine == MIXED).any():
+            raise c.fail("every row must depend on one subject only (its owner)")
+        if rows is None or bool(np.all(rows == PUBLIC)):
+            rows = mine
+        elif not bool(np.all((mine == rows) | (mine == PUBLIC))):
+            raise c.fail("the parts' rows must belong to the same subjects, row by row")
+    assert rows is not None
+    nsub = max(c.nsub, 1)
+    priv = rows >= 0
+    n = parts[0].shape[0]
+    if groups.is_public and groups.value is not None:
+        g = np.asarray(groups.value).reshape(-1)
+        pairs = np.unique(np.stack([rows[priv], g[priv]]), axis=1)
+        touched = np.bincount(pairs[0], minlength=nsub)[:nsub].astype(np.float64)
+        ngroups = len(np.unique(g))
+    elif groups.is_public:
+        touched = np.bincount(rows[priv], minlength=nsub)[:nsub].astype(np.float64)
+        ngroups = n
+    else:
+        raise c.fail("the grouping of rows must be public")
+    feat = math.prod(c.shape)
+    per = 2 * bound * float(touched.max(initial=0.0))
+    # each output element: a sum over rows of terms within [min(lo, 0), max(hi, 0)]
+    ends = []
+    for x in parts:
+        lo_sum = reduce_array(np.minimum(fit(x.lo, x.shape), 0.0), x.shape, (0,))[0]
+        hi_sum = reduce_array(np.maximum(fit(x.hi, x.shape), 0.0), x.shape, (0,))[0]
+        ends.append(
+            (
+                np.broadcast_to(lo_sum, x.shape[1:]).reshape(-1),
+                np.broadcast_to(hi_sum, x.shape[1:]).reshape(-1),
+            )
+        )
+    if len(parts) == 1:
+        lo_all, hi_all = ends[0]
+        lo_all, hi_all = lo_all.reshape(c.shape), hi_all.reshape(c.shape)
+    else:
+        lo_all = np.concatenate([lo for lo, _ in ends])
+        hi_all = np.concatenate([hi for _, hi in ends])
+    lo = np.maximum(lo_all, -ngroups * bound)
+    hi = np.minimum(hi_all, ngroups * bound)
+    owner = np.full(c.shape, MIXED, dtype=np.int64)
+    s = finish(c.meta, lo, hi, owner, np.full(c.shape, per), np.full(c.shape, per))
+    t2 = 2 * bound * touched
+    if c.call.attrs.get("ord", 2) == 1:  # clipped in L1: each vector moves 2C in L1
+        return s.with_(t1=t2, t2=t2)
+    return s.with_(t1=t2 * math.sqrt(feat), t2=t2)

@@ -1,0 +1,494 @@
+"""The privacy tracker: an engine :class:`~dpnode.core.engine.Tracker` and the public entry points.
+
+:class:`PrivacyTracker` rides along :func:`dpnode.core.engine.run` and gives every node a
+:class:`~dpnode.core.privacy.state.State` from its arguments' states, the node's metadata and
+public constants only: it is never handed a private value, so what it reports (and
+the epsilon charged from it) cannot depend on the data. :func:`track` runs it without
+any data (a free sensitivity query); :func:`evaluate_tracked` runs it alongside the
+evaluation, in one pass.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from dpnode.core.engine import REGISTRY, Graph, Plan, Quotas, plan, run
+from dpnode.core.engine.dtypes import dtype, from_numpy
+from dpnode.core.engine.graph import Node, Ref
+from dpnode.core.engine.prims import Call, Scalar, TensorMeta
+from dpnode.core.privacy import relations, rounding
+from dpnode.core.privacy.rules import RULES, Ctx
+from dpnode.core.privacy.spec import InputSpec
+from dpnode.core.privacy.state import (
+    PUBLIC,
+    Array,
+    PrivacyTrackingError,
+    State,
+    fit,
+    joint,
+    public_state,
+)
+from dpnode.core.privacy.subjects import Subjects, rows_of
+from dpnode.core.privacy.tables import lazy_root_ids, make_root
+
+__all__ = [
+    "OutputSensitivity",
+    "PrivacyReport",
+    "PrivacyTracker",
+    "evaluate_tracked",
+    "selection_inputs",
+    "track",
+]
+
+
+@dataclass(frozen=True)
+class OutputSensitivity:
+    """Sensitivity of one graph output under replace-one-subject.
+
+    ``l1``/``l2``: bounds on ``||f(D) - f(D')||`` over neighbouring datasets.
+    ``lower``/``upper``: bounds on every element's computed value (broadcast to ``shape``).
+    ``per_subject_l1``/``per_subject_l2``: the bounds when subject ``s`` changes, shape
+    ``(subjects,)``, or ``(1,)`` when they are the same for every subject.
+    ``exact_l1``/``exact_l2``: the bounds of exact arithmetic (plus the rounding of
+    elements that only their owner moves, which is folded in where it happens);
+    ``rounding_l1``/``rounding_l2``: what the rest of the engine's floating-point
+    rounding adds (``2 E`` over the elements). ``l1``/``l2`` are their sums, widened by
+    the tracker's own rounding (a relative ``1e-9`` at most for a million elements).
+    """
+
+    shape: tuple[int, ...]
+    l1: float
+    l2: float
+    lower: Array
+    upper: Array
+    per_subject_l1: Array
+    per_subject_l2: Array
+    exact_l1: float
+    exact_l2: float
+    rounding_l1: float
+    rounding_l2: float
+
+
+@dataclass(frozen=True)
+class PrivacyReport:
+    """Per-output sensitivities, and the joint sensitivity of publishing them all."""
+
+    outputs: tuple[OutputSensitivity, ...]
+    subjects: int
+
+    @functools.cached_property
+    def l1(self) -> float:
+        """L1 sensitivity of all outputs released together (worst subject, summed)."""
+        total = functools.reduce(np.add, [o.per_subject_l1 for o in self.outputs], np.zeros(1))
+        return float(total.max(initial=0.0))
+
+    @functools.cached_property
+    def l2(self) -> float:
+        """L2 sensitivity of all outputs released together."""
+        sq = functools.reduce(np.add, [o.per_subject_l2**2 for o in self.outputs], np.zeros(1))
+        return float(np.sqrt(sq.max(initial=0.0)))
+
+    def split(self, flat: npt.NDArray[np.float64]) -> list[npt.NDArray[np.float64]]:
+        """All outputs' elements, flattened one after the other, back in their shapes."""
+        pieces, start = [], 0
+        for out in self.outputs:
+            size = int(np.prod(out.shape, dtype=np.int64))
+            pieces.append(flat[start : start + size].reshape(out.shape))
+            start += size
+        return pieces
+
+
+class PrivacyTracker:
+    """Per-node privacy states, from public metadata only (see the module docstring)."""
+
+    name = "privacy"
+
+    def __init__(
+        self,
+        specs: Mapping[str, InputSpec],
+        boxes: Mapping[int, tuple[Array, Array]] | None = None,
+    ) -> None:
+        self.specs = dict(specs)
+        #: constants (by node index) tracked as a public interval instead of their value
+        self.boxes = dict(boxes or {})
+        self.nsub = 1
+        #: subject structure per input name, computed once per index array
+        self.structures: dict[str, Subjects] = {}
+        #: elements of the largest tensor visited, plus the nodes visited
+        self.terms = 0
+
+    def prepare(self, graph: Graph) -> None:
+        """Count subjects over the graph's private inputs (before the first visit)."""
+        n = 0
+        by_index: dict[int, Subjects] = {}
+        for node in graph.nodes:
+            if node.op == "input":
+                name = str(node.attrs["name"])
+                spec = self._spec(name)
+                shape: tuple[int, ...] = tuple(node.attrs["shape"])  # type: ignore[arg-type]
+                if spec.is_public or not shape:
+                    continue
+                rows = int(shape[spec.row_axis % len(shape)])
+                key = id(spec.subjects) if spec.subjects is not None else -rows - 1
+                if key not in by_index:  # columns of one dataset share one index
+                    by_index[key] = spec.structure(rows)
+                self.structures[name] = by_index[key]
+                n = max(n, spec.subject_count(shape))
+        self.nsub = max(n, 1)
+
+    def _spec(self, name: str) -> InputSpec:
+        spec = self.specs.get(name)
+        if spec is None:
+            raise PrivacyTrackingError(
+                f"input {name!r} has no privacy metadata; declare bounds or mark it public"
+            )
+        return spec
+
+    def visit(
+        self, index: int, node: Node, call: Call | None, meta: TensorMeta, arg_states: list[Any]
+    ) -> State:
+        """The state of node ``index`` (the engine's tracker protocol)."""
+        self.terms = max(self.terms, meta.numel) + 1
+        if node.op == "input":
+            name = str(node.attrs["name"])
+            s = self._spec(name).state(name, meta.shape, meta.dtype, self.structures.get(name))
+            if s.is_public:
+                return s
+            t = make_root(s, index)
+            if t is not None:
+                return s.with_(table=t)
+            if not meta.dtype.is_bool:  # a root for threshold tables (comparisons)
+                return s.with_(vid=lazy_root_ids(index, meta.shape))
+            return s
+        if node.op == "constant":
+            assert node.value is not None
+            box = self.boxes.get(index)
+            if box is not None:  # public, anywhere in the box: the report holds for all
+                z = fit(0.0, meta.shape)
+                lo, hi = (np.asarray(b, dtype=np.float64).reshape(meta.shape) for b in box)
+                return State(
+                    meta.shape, meta.dtype, lo, hi, fit(np.int64(PUBLIC), meta.shape), z, z
+                )
+            return public_state(node.value, meta.dtype)
+        assert call is not None
+        if meta.numel == 0:  # no elements: nothing any subject could move
+            return public_state(np.zeros(meta.shape, dtype=meta.dtype.np), meta.dtype)
+        ctx = self._context(index, node, call, meta, arg_states)
+        present = [a for a in ctx.args if a is not None]
+        rule = RULES.get(node.op)
+        if all(a.is_public for a in present):
+            public = self._public(ctx)
+            if public is not None:
+                return public
+            if rule is None:
+                return _unknown_public(meta)
+        if rule is None:
+            raise PrivacyTrackingError(
+                f"node {index}: prim {node.op!r} has no privacy rule, so it cannot be "
+                "applied to private data; the graph is refused"
+            )
+        state = relations.narrow(ctx, rounding.apply(ctx, rule))
+        if state.shape != meta.shape:  # pragma: no cover - a rule bug, never silently
+            raise AssertionError(f"privacy rule of {node.op} gave shape {state.shape}")
+        if meta.dtype.is_float and any(_may_be_nan(a) for a in present):
+            # a NaN argument makes a NaN (an interval cannot hold it: 1 / (|NaN| + 0.5)
+            # would look bounded); a comparison or isnan of it is a bool, and stays bounded
+            return _nan(state)
+        return state
+
+    def _context(
+        self, index: int, node: Node, call: Call, meta: TensorMeta, arg_states: list[Any]
+    ) -> Ctx:
+        args: list[State | None] = []
+        raw: list[Any] = []
+        refs: list[int | None] = []
+        for a, st in zip(node.args, arg_states, strict=True):
+            if isinstance(a, Ref):
+                args.append(st)
+                raw.append(None)
+                refs.append(a.index)
+            elif isinstance(a, Scalar):
+                v = np.asarray(a.value)
+                args.append(public_state(v, from_numpy(v.dtype)))
+                raw.append(a.value)
+                refs.append(None)
+            else:
+                args.append(None)
+                raw.append(None)
+                refs.append(None)
+        return Ctx(index, node, call, meta, args, raw, refs, self.nsub)
+
+    def _public(self, c: Ctx) -> State | None:
+        """A prim on public arguments only: its value, when every argument's is known."""
+        vals: list[Any] = []
+        for st, r in zip(c.args, c.raw, strict=True):
+            if st is None:
+                vals.append(None)
+            elif r is not None:
+                vals.append(r)
+            elif st.value is not None:
+                vals.append(np.asarray(st.value))
+            else:
+                return None
+        try:
+            with np.errstate(all="ignore"):
+                v = np.asarray(REGISTRY[c.node.op].kernel(c.call, vals, None))
+        except Exception:  # random prims (no generator here) and the like: value unknown
+            return None
+        if v.shape != c.meta.shape or v.dtype != c.meta.dtype.np:
+            return None
+        return public_state(v, c.meta.dtype)
+
+    def report(self, states: list[State]) -> PrivacyReport:
+        """Sensitivities of the outputs whose states are ``states``."""
+        # the tracker's own float64 arithmetic (sums of at most ``terms`` terms, chained
+        # over the graph) is rounded to nearest: every reported bound is widened by its
+        # relative error so that it holds exactly
+        slack = rounding.gamma(4 * self.terms + 64, rounding.unit(dtype("float64")))
+        outs = []
+        for k, s in enumerate(states):
+            t1, t2 = joint(s, self.nsub)
+            lo, hi = (np.broadcast_to(b, s.shape) for b in rounding.wide(s))  # computed values
+            with np.errstate(invalid="ignore"):
+                lo, hi = lo - slack * np.abs(lo), hi + slack * np.abs(hi)
+            if not s.is_public and not (np.isfinite(lo).all() and np.isfinite(hi).all()):
+                raise PrivacyTrackingError(
+                    f"output {k}: its values are unbounded (an operation can overflow, divide "
+                    "by a range containing 0 or leave its domain), so no noise can cover it"
+                )
+            exact1, exact2 = float(t1.max(initial=0.0)), float(t2.max(initial=0.0))
+            r1 = r2 = 0.0
+            if s.E is not None:  # |f~(D) - f~(D')| <= |f(D) - f(D')| + 2E, element by element
+                r1, r2 = (2 * r for r in rounding.spread(s, s.E))
+                t1, t2 = t1 + r1, t2 + r2
+            t1, t2 = t1 * (1 + slack), t2 * (1 + slack)
+            if not s.is_public:  # no subject moves a value beyond its public range
+                w1, w2 = _range_widths(lo, hi)
+                t1, t2 = np.minimum(t1, w1), np.minimum(t2, w2)
+            l1 = float(t1.max(initial=0.0))
+            l2 = float(t2.max(initial=0.0))
+            if not (np.isfinite(r1) and np.isfinite(r2)):
+                raise PrivacyTrackingError(
+                    f"output {k}: the engine's floating-point rounding cannot be bounded "
+                    "(an operation's error grows without bound over the input ranges)"
+                )
+            if not (np.isfinite(l1) and np.isfinite(l2)):
+                raise PrivacyTrackingError(f"output {k}: its sensitivity is unbounded")
+            outs.append(OutputSensitivity(s.shape, l1, l2, lo, hi, t1, t2, exact1, exact2, r1, r2))
+        return PrivacyReport(tuple(outs), self.nsub)
+
+
+def _may_be_nan(s: State) -> bool:
+    """Whether a rule marked ``s`` as possibly NaN (NaN bounds: ``inf - inf``, ``0 * inf``,
+    ``inf / inf``, ``0 / 0``, sin of infinity)."""
+    if not s.dtype.is_float:
+        return False
+    # a min or max is NaN if any element is (one pass, no temporary array)
+    return math.isnan(float(np.min(s.lo, initial=np.inf))) or math.isnan(
+        float(np.max(s.hi, initial=-np.inf))
+    )
+
+
+def _nan(s: State) -> State:
+    """``s`` as possibly NaN: NaN bounds, which every later rule keeps and the report refuses."""
+    nan = np.full((), np.nan)
+    return s.with_(lo=nan, hi=nan, clo=None, chi=None, E=None, table=None, t1=None, t2=None)
+
+
+def _range_widths(lo: Array, hi: Array) -> tuple[float, float]:
+    """L1 and L2 norms of ``hi - lo``, rounded up: however one subject moves an output whose
+    computed values lie in ``[lo, hi]``, and the release clips them there before the noise
+    (:func:`dpnode.core.privacy.release.run_release`), it moves it by at most these.
+
+    >>> [round(w, 9) for w in _range_widths(np.array([0.0, -1.0]), np.array([3.0, 3.0]))]
+    [7.0, 5.0]
+    """
+    with np.errstate(all="ignore"):
+        w = np.asarray(hi, dtype=np.float64) - np.asarray(lo, dtype=np.float64)
+    if w.size == 0:
+        return 0.0, 0.0
+    if not np.isfinite(w).all():
+        return math.inf, math.inf
+    top = float(w.max())
+    if top == 0:
+        return 0.0, 0.0
+    # fsum rounds to nearest, the squares and the root add ulps, and scaling by the widest
+    # keeps tiny widths from vanishing in their squares (and huge ones from overflowing)
+    margin = 1 + 1e-12
+    scaled = w.ravel() / top
+    return math.fsum(w.ravel()) * margin, top * math.sqrt(math.fsum(scaled * scaled)) * margin
+
+
+def _unknown_public(meta: TensorMeta) -> State:
+    z = fit(0.0, meta.shape)
+    return State(
+        meta.shape,
+        meta.dtype,
+        fit(-np.inf, meta.shape),
+        fit(np.inf, meta.shape),
+        fit(np.int64(PUBLIC), meta.shape),
+        z,
+        z,
+    )
+
+
+def _specs_with_values(
+    graph: Graph, specs: Mapping[str, InputSpec], inputs: Mapping[str, Array]
+) -> dict[str, InputSpec]:
+    out = dict(specs)
+    for name in graph.input_names():
+        spec = out.get(name)
+        if spec is not None and spec.is_public and spec.value is None and name in inputs:
+            out[name] = InputSpec.public(np.asarray(inputs[name]))
+    return out
+
+
+def _accurate(graph: Graph | Plan, quotas: Quotas | None) -> Plan:
+    """The plan a tracked evaluation runs: ``graph`` planned with ``accurate=True``, or a
+    plan made so already (a caller that planned to check quotas need not plan twice)."""
+    if not isinstance(graph, Plan):
+        return plan(graph, quotas, accurate=True)
+    if not all(c is None or c.accurate for c in graph.calls):
+        raise ValueError("tracking needs a plan made with plan(..., accurate=True)")
+    return graph
+
+
+def track(
+    graph: Graph | Plan,
+    input_specs: Mapping[str, InputSpec],
+    quotas: Quotas | None = None,
+    *,
+    boxes: Mapping[int, tuple[Array, Array]] | None = None,
+) -> PrivacyReport:
+    """Sensitivity of every output of ``graph``, without any data.
+
+    ``graph`` may be a plan from ``plan(graph, quotas, accurate=True)``; ``quotas`` are
+    then those it was made with. ``boxes`` (node index -> lower and upper arrays) tracks
+    those constants as public values anywhere in their box (``dpnode.core.privacy.cache``).
+
+    Raises:
+        GraphError, QuotaExceededError: the graph itself is invalid or too big.
+        PrivacyTrackingError: a prim without a privacy rule touches private data, an
+            input lacks metadata, or an output's sensitivity is unbounded.
+    """
+    tracker, outs = _track(_accurate(graph, quotas), input_specs, boxes)
+    return tracker.report(outs)
+
+
+def _track(
+    p: Plan,
+    input_specs: Mapping[str, InputSpec],
+    boxes: Mapping[int, tuple[Array, Array]] | None = None,
+) -> tuple[PrivacyTracker, list[State]]:
+    tracker = PrivacyTracker(input_specs, boxes)
+    tracker.prepare(p.graph)
+    states: list[State | None] = [None] * len(p.graph.nodes)
+    for i, node in enumerate(p.graph.nodes):
+        if not p.live[i] and node.op != "input":
+            continue
+        args = [states[a.index] if isinstance(a, Ref) else None for a in node.args]
+        states[i] = tracker.visit(i, node, p.calls[i], p.metas[i], args)
+    outs = [states[o] for o in p.graph.outputs]
+    return tracker, [s for s in outs if s is not None]
+
+
+def selection_inputs(
+    graph: Graph | Plan,
+    input_specs: Mapping[str, InputSpec],
+    joined: Mapping[int, int] | None = None,
+) -> tuple[PrivacyReport, list[int | None]]:
+    """What the exponential mechanism needs of each output of ``graph``, from public
+    metadata only: its report (bounds; an output that may be unbounded or NaN is refused)
+    and the most elements of it that replacing one subject can change (None: public).
+
+    An element moves when one subject is replaced if the subject owns it and its ``L`` is
+    not 0, or if its ``G`` is not 0, or if its computed value may differ from the exact one
+    (``E``: rounding can follow any input); a public element never moves. ``joined`` maps
+    an output to another of the same shape read with it (a grouped quantile's values and
+    their group index): an element then moves if it moves in either, counted once where
+    both are owned alike (a subject's rows), else the two counts add up.
+    """
+    tracker, outs = _track(_accurate(graph, None), input_specs)
+    report = tracker.report(outs)
+    units = [_movable(s) for s in outs]
+    counts: list[int | None] = []
+    for i, s in enumerate(outs):
+        partner = None if joined is None else joined.get(i)
+        if partner is None:
+            counts.append(None if s.is_public else _moved(s, units[i], tracker.nsub))
+            continue
+        t = outs[partner]
+        if s.is_public and t.is_public:
+            counts.append(None)
+        elif _owned_alike(s, t):
+            (own_a, other_a), (own_b, other_b) = units[i], units[partner]
+            both = (np.maximum(own_a, own_b), np.maximum(other_a, other_b))
+            base = s if not s.is_public else t
+            counts.append(_moved(base, both, tracker.nsub))
+        else:
+            counts.append(sum(_moved(u, units[j], tracker.nsub) for j, u in ((i, s), (partner, t))))
+    return report, counts
+
+
+def _movable(s: State) -> tuple[Array, Array]:
+    """Per element, 1 where replacing its owner (then any other subject) may move it."""
+    if s.is_public:
+        zero = np.zeros(())
+        return zero, zero
+    rounding_moves = np.asarray(False) if s.E is None else np.asarray(s.E) > 0
+    own = np.where((np.asarray(s.L) > 0) | rounding_moves, 1.0, 0.0)
+    other = np.where((np.asarray(s.G) > 0) | rounding_moves, 1.0, 0.0)
+    return own, other
+
+
+def _moved(s: State, unit: tuple[Array, Array], nsub: int) -> int:
+    """The most elements of ``s`` one subject moves, given the masks of :func:`_movable`."""
+    if s.is_public:
+        return 0
+    t1, _ = joint(s.with_(L=unit[0], G=unit[1], t1=None, t2=None, table=None), nsub)
+    return math.ceil(float(t1.max(initial=0.0)))
+
+
+def _owned_alike(a: State, b: State) -> bool:
+    """Whether every element of ``a`` and ``b`` has the same owner (or one is public)."""
+    if a.is_public or b.is_public:
+        return True
+    if a.shape != b.shape:
+        return False
+    ra, rb = rows_of(fit(a.owner, a.shape), a.shape), rows_of(fit(b.owner, b.shape), b.shape)
+    if ra is not None and rb is not None:
+        return ra.subjects is rb.subjects and ra.axis == rb.axis
+    with np.errstate(all="ignore"):
+        return bool(
+            np.array_equal(np.broadcast_to(a.owner, a.shape), np.broadcast_to(b.owner, b.shape))
+        )
+
+
+def evaluate_tracked(
+    graph: Graph | Plan,
+    inputs: Mapping[str, Array],
+    input_specs: Mapping[str, InputSpec],
+    quotas: Quotas | None = None,
+    *,
+    rng: np.random.Generator | None = None,
+) -> tuple[list[Array], PrivacyReport]:
+    """Evaluate ``graph`` and track its sensitivity in the same pass.
+
+    Public inputs' values are handed to the tracker (they are public by declaration);
+    private ones never are. ``graph`` may be a plan, as for :func:`track`.
+
+    Raises:
+        everything :func:`dpnode.core.engine.run` and :func:`track` raise.
+    """
+    p = _accurate(graph, quotas)
+    tracker = PrivacyTracker(_specs_with_values(p.graph, input_specs, inputs))
+    tracker.prepare(p.graph)
+    ev = run(p, inputs, rng=rng, trackers=[tracker])
+    return ev.outputs, tracker.report(ev.tracked[tracker.name])

@@ -1,0 +1,136 @@
+"""Graph structures a user has already sent, so a training loop resends only constants.
+
+A training step records the same graph every iteration; only its constants (the
+current weights) change. A publish body is therefore one of:
+
+    frame     = b"DPG\\x01" | u64 header length | header | buffer     (engine wire frame)
+    reference = b"DPR\\x01" | sha256 of the header (32 raw bytes)   | buffer
+
+The node remembers, per user, the header of every frame it decoded successfully,
+keyed by the sha256 of the header's bytes. A reference is expanded to the same
+bytes a full frame would have carried and then decoded and validated exactly like
+one: the cache saves bandwidth and nothing else, and it trusts nothing it did not
+see whole. Entries are per user (one user cannot probe another's structures),
+least-recently-used first out, bounded in bytes by ``DPNODE_STRUCTURE_CACHE_BYTES``,
+and in memory only: after a restart or an eviction the node answers
+``unknown_structure`` and the SDK resends the whole frame once.
+
+>>> cache = StructureCache(max_bytes=1 << 20)
+>>> frame = MAGIC + (16).to_bytes(8, "little") + b'{"nodes":[]}    ' + b"constants"
+>>> cache.expand(7, frame) == frame      # a whole frame passes through...
+True
+>>> cache.remember(7, frame)             # ...and is remembered once it decoded
+>>> ref = reference(header_digest(frame), b"new constants")
+>>> cache.expand(7, ref)[-13:]
+b'new constants'
+>>> cache.expand(8, ref)  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+    ...
+dpnode.core.errors.UnknownStructureError: this node has no graph structure ... send the whole frame
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import threading
+from collections import OrderedDict
+
+from dpnode.core.errors import GraphError, UnknownStructureError
+
+__all__ = ["MAGIC", "REF_MAGIC", "StructureCache", "header_digest", "reference", "split"]
+
+MAGIC = b"DPG\x01"
+REF_MAGIC = b"DPR\x01"
+_PREFIX = len(MAGIC) + 8
+_DIGEST = 32
+
+
+def _split(frame: bytes) -> tuple[bytes, int] | None:
+    """(the frame's prefix up to and including its header, the header length) or None."""
+    if len(frame) < _PREFIX or frame[:4] != MAGIC:
+        return None
+    (hlen,) = struct.unpack("<Q", frame[4:_PREFIX])
+    if _PREFIX + hlen > len(frame):
+        return None
+    return frame[: _PREFIX + hlen], hlen
+
+
+def split(frame: bytes) -> tuple[bytes, bytes]:
+    """(everything up to the end of the header, the constants buffer) of a frame."""
+    parts = _split(frame)
+    if parts is None:
+        raise GraphError("malformed graph frame: no header")
+    return parts[0], frame[len(parts[0]) :]
+
+
+def header_digest(frame: bytes) -> bytes | None:
+    """sha256 of a frame's header bytes, alignment padding excluded (32 raw bytes).
+
+    This equals the graph's structure hash when the header is canonical, as the SDK's
+    encoder writes it. None for bytes that are not a frame (the node's decoder says why).
+    """
+    parts = _split(frame)
+    if parts is None:
+        return None
+    return hashlib.sha256(parts[0][_PREFIX:].rstrip(b" ")).digest()
+
+
+def reference(digest: bytes, buffer: bytes) -> bytes:
+    """The body that stands for a frame whose header the node already has."""
+    if len(digest) != _DIGEST:
+        raise ValueError("a structure digest is 32 bytes")
+    return REF_MAGIC + digest + buffer
+
+
+class StructureCache:
+    """Per-user LRU map from header digest to header bytes, bounded in total bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[int, bytes], bytes] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def expand(self, user_id: int, body: bytes) -> bytes:
+        """The full frame a body stands for (a full frame is returned as it is).
+
+        Raises:
+            UnknownStructureError: a reference to a header this user has not sent
+                (or that was evicted): resend the whole frame.
+        """
+        if body[:4] != REF_MAGIC:
+            return body
+        if len(body) < 4 + _DIGEST:
+            raise GraphError("malformed graph reference: shorter than its 32-byte digest")
+        digest = bytes(body[4 : 4 + _DIGEST])
+        with self._lock:
+            prefix = self._entries.get((user_id, digest))
+            if prefix is not None:
+                self._entries.move_to_end((user_id, digest))
+        if prefix is None:
+            raise UnknownStructureError(
+                f"this node has no graph structure {digest.hex()[:16]}... from you (it was "
+                "never sent, evicted, or the node restarted): send the whole frame"
+            )
+        return prefix + body[4 + _DIGEST :]
+
+    def remember(self, user_id: int, frame: bytes) -> None:
+        """Keep a decoded frame's header for ``user_id`` (no-op for references)."""
+        parts, digest = _split(frame), header_digest(frame)
+        if parts is None or digest is None or len(parts[0]) > self.max_bytes:
+            return
+        prefix = parts[0]
+        key = (user_id, digest)
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return
+            self._entries[key] = prefix
+            self._size += len(prefix)
+            while self._size > self.max_bytes:
+                _, old = self._entries.popitem(last=False)
+                self._size -= len(old)

@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from dpnode.node.api.deps import AdminUser, SessionDep
+from dpnode.node.api.schemas import AuditEventPublic
+from dpnode.node.services import audit
+
+router = APIRouter(prefix="/audit", tags=["audit"])
+
+
+@router.get("")
+def list_audit_events(
+    session: SessionDep,
+    _admin: AdminUser,
+    action: str | None = None,
+    actor_id: int | None = None,
+    before_id: int | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[AuditEventPublic]:
+    """The audit log, newest first (admins)."""
+    events = audit.list_events(
+        session, action=action, actor_id=actor_id, before_id=before_id, limit=limit
+    )
+    return [AuditEventPublic.model_validate(e) for e in events]

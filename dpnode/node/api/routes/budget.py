@@ -1,0 +1,214 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from sqlalchemy import select
+
+from dpnode.core.errors import PermissionDeniedError
+from dpnode.node.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
+from dpnode.node.api.schemas import (
+    BudgetGrantCreate,
+    BudgetGrantPublic,
+    BudgetPublic,
+    BudgetRequestAnswer,
+    BudgetRequestCreate,
+    BudgetRequestPublic,
+    LedgerEntryPublic,
+)
+from dpnode.node.db.models import BudgetGrant, BudgetRequest, LedgerEntry, Role, User
+from dpnode.node.services import budget, budget_requests
+from dpnode.node.services.budget import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, TV_UNIT, Status
+
+router = APIRouter(tags=["budget"])
+
+Limit = Annotated[int, Query(ge=1, le=1000)]
+
+
+def budget_public(b: Status) -> BudgetPublic:
+    spent_epsilon, spent_delta = b.spent()
+    allocation, used = b.status.allocation, b.status.spent
+    return BudgetPublic(
+        epsilon=b.epsilon,
+        delta=b.delta,
+        spent_epsilon=spent_epsilon,
+        spent_delta=spent_delta,
+        remaining_epsilon=b.remaining_epsilon,
+        pure_epsilon=float(used.epsilon_units * EPSILON_UNIT),
+        rho=float(used.rho_units * RHO_UNIT),
+        sampler_tv=float(b.spent_tv_units * TV_UNIT),
+        remaining_delta=b.remaining_delta,
+        epsilon_rule=allocation.epsilon_rule,
+        delta_rule=allocation.delta_rule,
+        granted_epsilon=float(sum(g.epsilon_units for g in allocation.grants) * EPSILON_UNIT),
+        granted_delta=float(sum(g.delta_units for g in allocation.grants) * DELTA_UNIT),
+        period_start=b.status.period_start,
+        renews_at=b.status.remaining.renews_at,
+        policy=b.in_force.name,
+        policy_revision=b.in_force.revision,
+    )
+
+
+def ledger_public(e: LedgerEntry, email: str | None = None) -> LedgerEntryPublic:
+    return LedgerEntryPublic(
+        id=e.id,
+        at=e.at,
+        user_id=e.user_id,
+        mechanism=e.mechanism,
+        epsilon=float(e.epsilon_units * EPSILON_UNIT),
+        rho=float(e.rho_units * RHO_UNIT),
+        sampler_tv=float(e.tv_units * DELTA_UNIT),  # the ledger keeps the samplers' delta
+        dataset_ids=e.dataset_ids,
+        graph_hash=e.graph_hash,
+        detail=e.detail,
+        policy_revision=e.policy_revision,
+        user_email=email,
+    )
+
+
+def request_public(r: BudgetRequest, grant: BudgetGrant | None) -> BudgetRequestPublic:
+    return BudgetRequestPublic(
+        id=r.id,
+        user_id=r.user_id,
+        user_email=r.user.email,
+        created_at=r.created_at,
+        epsilon=float(r.epsilon_units * EPSILON_UNIT),
+        delta=float(r.delta_units * DELTA_UNIT),
+        reason=r.reason,
+        status=r.status.value,
+        decided_at=r.decided_at,
+        decided_by=r.decided_by,
+        decision_reason=r.decision_reason,
+        granted_epsilon=None if grant is None else float(grant.epsilon_units * EPSILON_UNIT),
+        granted_delta=None if grant is None else float(grant.delta_units * DELTA_UNIT),
+    )
+
+
+def grant_public(g: BudgetGrant) -> BudgetGrantPublic:
+    return BudgetGrantPublic(
+        id=g.id,
+        at=g.at,
+        user_id=g.user_id,
+        epsilon=float(g.epsilon_units * EPSILON_UNIT),
+        delta=float(g.delta_units * DELTA_UNIT),
+        granted_by=g.granted_by,
+        reason=g.reason,
+        request_id=g.request_id,
+    )
+
+
+def _subject(user: User, user_id: int | None) -> int:
+    if user_id is None or user_id == user.id:
+        return user.id
+    if user.role is not Role.ADMIN:
+        raise PermissionDeniedError("only admins may read another user's budget or ledger")
+    return user_id
+
+
+@router.get("/budget")
+def get_budget(
+    session: SessionDep, settings: SettingsDep, user: CurrentUser, user_id: int | None = None
+) -> BudgetPublic:
+    """Your privacy budget under the policy in force (admins: anyone's, with ``user_id``)."""
+    return budget_public(budget.budget_of(session, settings, _subject(user, user_id)))
+
+
+@router.get("/ledger")
+def get_ledger(
+    session: SessionDep,
+    user: CurrentUser,
+    user_id: int | None = None,
+    all_users: bool = False,
+    dataset_id: int | None = None,
+    before_id: int | None = None,
+    limit: Limit = 100,
+) -> list[LedgerEntryPublic]:
+    """Your privacy charges, newest first. Admins: anyone's (``user_id``) or everyone's
+    (``all_users=true``), optionally only those reading ``dataset_id``; ``before_id`` pages."""
+    if all_users and user.role is not Role.ADMIN:
+        raise PermissionDeniedError("only admins may read everyone's ledger")
+    subject = None if all_users and user_id is None else _subject(user, user_id)
+    entries = budget.ledger_of(
+        session, subject, dataset_id=dataset_id, before_id=before_id, limit=limit
+    )
+    owners = select(User).where(User.id.in_({e.user_id for e in entries}))
+    emails = {u.id: u.email for u in session.scalars(owners)}
+    return [ledger_public(e, emails.get(e.user_id)) for e in entries]
+
+
+@router.post("/budget/requests", status_code=201)
+def create_budget_request(
+    session: SessionDep, user: CurrentUser, body: BudgetRequestCreate
+) -> BudgetRequestPublic:
+    """Ask the admins for more budget, saying why."""
+    row = budget_requests.request_budget(
+        session, user, epsilon=body.epsilon, delta=body.delta, reason=body.reason
+    )
+    return request_public(row, None)
+
+
+@router.get("/budget/requests")
+def list_budget_requests(
+    session: SessionDep,
+    user: CurrentUser,
+    status: str | None = None,
+    user_id: int | None = None,
+    limit: Limit = 100,
+) -> list[BudgetRequestPublic]:
+    """Budget requests, newest first: admins see everyone's, anyone else their own."""
+    rows = budget_requests.list_requests(session, user, status=status, user_id=user_id, limit=limit)
+    return [request_public(r, _grant_of(session, r)) for r in rows]
+
+
+def _grant_of(session: SessionDep, row: BudgetRequest) -> BudgetGrant | None:
+    return None if row.grant_id is None else session.get(BudgetGrant, row.grant_id)
+
+
+@router.post("/budget/requests/{request_id}/approve")
+def approve_budget_request(
+    session: SessionDep, admin: AdminUser, request_id: int, body: BudgetRequestAnswer
+) -> BudgetRequestPublic:
+    """Approve a pending request, granting what was asked or ``epsilon``/``delta`` (admins)."""
+    row = budget_requests.answer_request(
+        session,
+        admin,
+        request_id,
+        approve=True,
+        epsilon=body.epsilon,
+        delta=body.delta,
+        reason=body.reason,
+    )
+    return request_public(row, _grant_of(session, row))
+
+
+@router.post("/budget/requests/{request_id}/deny")
+def deny_budget_request(
+    session: SessionDep, admin: AdminUser, request_id: int, body: BudgetRequestAnswer
+) -> BudgetRequestPublic:
+    """Deny a pending request, saying why (admins)."""
+    row = budget_requests.answer_request(
+        session, admin, request_id, approve=False, reason=body.reason
+    )
+    return request_public(row, None)
+
+
+@router.post("/budget/grants", status_code=201)
+def create_grant(
+    session: SessionDep, admin: AdminUser, body: BudgetGrantCreate
+) -> BudgetGrantPublic:
+    """Add budget to a user's allocation directly, saying why (admins)."""
+    row = budget_requests.grant(
+        session, admin, body.user, epsilon=body.epsilon, delta=body.delta, reason=body.reason
+    )
+    return grant_public(row)
+
+
+@router.get("/budget/grants")
+def list_grants(
+    session: SessionDep, user: CurrentUser, user_id: int | None = None, limit: Limit = 100
+) -> list[BudgetGrantPublic]:
+    """Budget grants, newest first: yours (admins: anyone's, or everyone's without ``user_id``)."""
+    subject = user_id if user.role is Role.ADMIN else _subject(user, user_id)
+    return [
+        grant_public(g) for g in budget_requests.list_grants(session, user_id=subject, limit=limit)
+    ]

@@ -1,0 +1,163 @@
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import APIRouter, Query, Response, status
+from pydantic import ValidationError
+
+from dpnode.core.errors import InvalidRequestError, UploadRejectedError
+from dpnode.node.api import frames
+from dpnode.node.api.deps import (
+    CurrentUser,
+    LimitedBody,
+    SessionDep,
+    SettingsDep,
+    StoreDep,
+    item_ref,
+)
+from dpnode.node.api.schemas import ColumnPublic, DatasetManifest, DatasetPublic
+from dpnode.node.db.models import Dataset
+from dpnode.node.services import datasets
+from dpnode.node.services.tabular import ColumnSpec
+
+router = APIRouter(prefix="/datasets", tags=["datasets"])
+
+
+def dataset_public(dataset: Dataset) -> DatasetPublic:
+    return DatasetPublic(
+        id=dataset.id,
+        name=dataset.name,
+        description=dataset.description,
+        tags=[t.tag for t in dataset.tags],
+        owner=dataset.owner.email,
+        row_count=dataset.row_count,
+        columns=[
+            ColumnPublic(
+                name=c.name,
+                dtype=c.dtype,
+                shape=c.row_shape,
+                bounds=(c.lower, c.upper),
+                categories=c.categories,
+            )
+            for c in dataset.columns
+        ],
+        subject_id=dataset.subject_column,
+        subject_count=dataset.subject_count,
+        max_rows_per_subject=dataset.max_rows_per_subject,
+        has_mock=dataset.mock_row_count is not None,
+        mock_row_count=dataset.mock_row_count,
+        created_at=dataset.created_at,
+        updated_at=dataset.updated_at,
+    )
+
+
+def parse_manifest(raw: dict[str, Any]) -> DatasetManifest:
+    try:
+        return DatasetManifest.model_validate(raw)
+    except ValidationError as exc:
+        raise InvalidRequestError(f"invalid dataset manifest: {exc}") from None
+
+
+def _with_strings(arrays: dict[str, Any], strings: dict[str, list[str | None]]) -> dict[str, Any]:
+    clash = set(arrays) & set(strings)
+    if clash:
+        raise InvalidRequestError(f"columns sent both as tensors and as strings: {sorted(clash)}")
+    return arrays | {k: np.array(v, dtype=object) for k, v in strings.items()}
+
+
+def upload_from_frame(body: bytes, max_elements: int) -> datasets.DatasetUpload:
+    """Decode an upload frame: tensors ``data/<column>`` and ``mock/<column>``, plus a manifest."""
+    raw_manifest, arrays = frames.decode(body, max_elements=max_elements)
+    m = parse_manifest(raw_manifest)
+    real = _with_strings(frames.split(arrays, "data"), m.strings)
+    mock_arrays = frames.split(arrays, "mock")
+    has_mock = bool(mock_arrays or m.mock_strings)
+    return datasets.DatasetUpload(
+        name=m.name,
+        description=m.description,
+        tags=m.tags,
+        spec=ColumnSpec(
+            bounds=m.bounds,
+            categories=m.categories,
+            clamp=m.clamp if isinstance(m.clamp, bool) else frozenset(m.clamp),
+            fill=m.fill,
+            subject_id=m.subject_id,
+        ),
+        order=m.columns,
+        columns=real,
+        mock_order=m.mock_columns if has_mock else None,
+        mock=_with_strings(mock_arrays, m.mock_strings) if has_mock else None,
+    )
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+def upload_dataset(
+    body: LimitedBody,
+    session: SessionDep,
+    store: StoreDep,
+    settings: SettingsDep,
+    actor: CurrentUser,
+) -> DatasetPublic:
+    """Upload a dataset as a tensor frame (see ``docs/api.md``); data owners and admins."""
+    upload = upload_from_frame(body, settings.max_upload_elements)
+    if len(upload.order) > settings.max_columns:
+        raise UploadRejectedError(
+            f"a dataset may have at most {settings.max_columns} columns; this one has "
+            f"{len(upload.order)}"
+        )
+    dataset = datasets.create_dataset(
+        session, store, actor, upload, max_elements=settings.max_upload_elements
+    )
+    return dataset_public(dataset)
+
+
+@router.get("")
+def list_datasets(
+    session: SessionDep,
+    _user: CurrentUser,
+    tags: Annotated[list[str], Query()] = [],  # noqa: B006  (FastAPI copies defaults)
+    text: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[DatasetPublic]:
+    """Datasets with all the given tags whose name or description contains ``text``."""
+    found = datasets.search_datasets(session, tags=tags, text=text, limit=limit)
+    return [dataset_public(d) for d in found]
+
+
+@router.get("/{dataset_ref}")
+def get_dataset(dataset_ref: str, session: SessionDep, _user: CurrentUser) -> DatasetPublic:
+    """One dataset's public metadata, by id or name."""
+    return dataset_public(datasets.get_dataset(session, item_ref(dataset_ref)))
+
+
+@router.delete("/{dataset_ref}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_dataset(
+    dataset_ref: str, session: SessionDep, store: StoreDep, actor: CurrentUser
+) -> None:
+    """Delete a dataset (its owner or an admin)."""
+    datasets.delete_dataset(session, store, actor, item_ref(dataset_ref))
+
+
+def _frame_response(dataset: Dataset, arrays: dict[str, Any], kind: str) -> Response:
+    manifest = {"dataset": dataset.name, "kind": kind, "columns": list(arrays)}
+    return Response(frames.encode(arrays, manifest), media_type=frames.MEDIA_TYPE)
+
+
+@router.get("/{dataset_ref}/mock", response_class=Response)
+def download_mock(
+    dataset_ref: str, session: SessionDep, store: StoreDep, actor: CurrentUser
+) -> Response:
+    """The dataset's mock data (fake by definition), as a tensor frame."""
+    dataset, arrays = datasets.download_mock(session, store, actor, item_ref(dataset_ref))
+    return _frame_response(dataset, arrays, "mock")
+
+
+@router.get("/{dataset_ref}/data", response_class=Response)
+def download_data(
+    dataset_ref: str, session: SessionDep, store: StoreDep, actor: CurrentUser
+) -> Response:
+    """Real values, for the dataset's owner and admins; data scientists are refused."""
+    dataset = datasets.get_dataset(session, item_ref(dataset_ref))
+    arrays = datasets.download_real(session, store, actor, dataset)
+    return _frame_response(dataset, arrays, "data")

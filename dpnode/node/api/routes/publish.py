@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, BackgroundTasks, Header, Query, Response
+from starlette.concurrency import run_in_threadpool
+
+from dpnode.node.api import frames
+from dpnode.node.api.deps import ContextDep, LimitedBody, TokenUserId
+from dpnode.node.api.schemas import OutputSensitivityPublic, SensitivityPublic
+from dpnode.node.services import publish as service
+
+router = APIRouter(tags=["publish"])
+log = logging.getLogger("dpnode")
+
+Epsilon = Annotated[float, Query(description="privacy loss to spend; > 0", allow_inf_nan=True)]
+Delta = Annotated[
+    float | None, Query(description="omit for Laplace (pure epsilon); set for Gaussian")
+]
+
+
+@router.post("/publish", response_class=Response)
+async def publish(
+    body: LimitedBody,
+    context: ContextDep,
+    user_id: TokenUserId,
+    epsilon: Epsilon,
+    background: BackgroundTasks,
+    delta: Delta = None,
+    run: Annotated[
+        int | None,
+        Query(description="the training run this publish is a step of (POST /publish/runs)"),
+    ] = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="names this request: a retry with the same key gets the first "
+            "answer, charged once (1 to 128 printable ASCII characters, no spaces)",
+        ),
+    ] = None,
+) -> Response:
+    """Evaluate a graph (engine wire frame as the body) on private data and release its
+    outputs with noise, charging ``epsilon`` (and ``delta``) to your budget.
+
+    The response is a tensor frame: ``output/<i>`` for each graph output, and the receipt
+    in the manifest.
+    """
+    request = service.PublishRequest(epsilon=epsilon, delta=delta, run_id=run)
+    done = await run_in_threadpool(
+        service.publish, context, user_id, body, request, idempotency_key
+    )
+    if isinstance(done, service.Replayed):
+        return Response(done.body, media_type=frames.MEDIA_TYPE)
+    if done.failure is not None:  # after the response: its time must not depend on it
+        background.add_task(service.record_failure, context, user_id, done)
+    arrays = {f"output/{i}": v for i, v in enumerate(done.values)}
+    content = frames.encode(arrays, {"receipt": done.receipt})
+    if idempotency_key is not None:
+        try:
+            await run_in_threadpool(service.answered, context, user_id, idempotency_key, content)
+        except Exception:  # charged: the answer goes out anyway; a retry is told it runs
+            log.exception("could not store the answer of publish %s", done.receipt["ledger_id"])
+    return Response(content, media_type=frames.MEDIA_TYPE)
+
+
+@router.post("/sensitivity")
+async def sensitivity(
+    body: LimitedBody,
+    context: ContextDep,
+    user_id: TokenUserId,
+    epsilon: float | None = None,
+    delta: Delta = None,
+) -> SensitivityPublic:
+    """Sensitivity of a graph's outputs (and the noise scale for ``epsilon``): free."""
+    report = await run_in_threadpool(service.sensitivity, context, user_id, body)
+    scale = None
+    if epsilon is not None:
+        scale = service.noise_scale(report, service.PublishRequest(epsilon, delta))
+    return SensitivityPublic(
+        l1=report.l1,
+        l2=report.l2,
+        subjects=report.subjects,
+        outputs=[
+            OutputSensitivityPublic(
+                shape=list(o.shape),
+                l1=o.l1,
+                l2=o.l2,
+                lower=float(o.lower.min()) if o.lower.size else 0.0,
+                upper=float(o.upper.max()) if o.upper.size else 0.0,
+                rounding_l1=o.rounding_l1,
+                rounding_l2=o.rounding_l2,
+            )
+            for o in report.outputs
+        ],
+        noise_scale=scale,
+    )

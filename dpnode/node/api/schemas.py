@@ -1,0 +1,370 @@
+"""API schemas (version 1). Table models live apart, in ``dpnode.node.db.models``."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+
+from dpnode.node.db.models import Role
+
+
+class Schema(BaseModel):
+    model_config = ConfigDict(extra="forbid", from_attributes=True)
+
+
+class ErrorBody(Schema):
+    error: str = Field(description="stable error code, e.g. 'forbidden'")
+    detail: str = Field(description="what was wrong, for a person")
+
+
+class LoginRequest(Schema):
+    email: str = Field(max_length=320)
+    password: str = Field(max_length=1024)
+
+
+class Token(Schema):
+    access_token: str
+    token_type: str = "bearer"
+    expires_at: datetime
+
+
+class UserCreate(Schema):
+    email: str = Field(max_length=320)
+    password: str = Field(max_length=1024)
+    role: str = Field(description="admin, data_owner or data_scientist")
+
+
+class UserUpdate(Schema):
+    role: str | None = None
+    is_active: bool | None = None
+    password: str | None = Field(default=None, max_length=1024)
+
+
+class UserPublic(Schema):
+    id: int
+    email: str
+    role: Role
+    is_active: bool
+    created_at: datetime
+
+
+class ColumnPublic(Schema):
+    name: str
+    dtype: str
+    shape: list[int] = Field(description="shape of one row's value; [] for scalars")
+    bounds: tuple[float, float]
+    categories: list[str] | None = None
+
+
+class DatasetPublic(Schema):
+    id: int
+    name: str
+    description: str
+    tags: list[str]
+    owner: str
+    row_count: int
+    columns: list[ColumnPublic]
+    subject_id: str | None
+    subject_count: int
+    max_rows_per_subject: int
+    has_mock: bool
+    mock_row_count: int | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class TableManifest(Schema):
+    """How the columns of an upload are declared (travels inside the upload frame)."""
+
+    columns: list[str] = Field(description="column order")
+    bounds: dict[str, tuple[float, float]] = Field(default_factory=dict)
+    categories: dict[str, list[str]] = Field(default_factory=dict)
+    clamp: StrictBool | list[str] = False
+    fill: dict[str, float] = Field(default_factory=dict)
+    subject_id: str | None = None
+    #: String-valued columns, which raw tensors cannot carry.
+    strings: dict[str, list[str | None]] = Field(default_factory=dict)
+    mock_columns: list[str] | None = None
+    mock_strings: dict[str, list[str | None]] = Field(default_factory=dict)
+
+    @field_validator("fill")
+    @classmethod
+    def _finite_fill(cls, fill: dict[str, float]) -> dict[str, float]:
+        for column, value in fill.items():
+            if not math.isfinite(value):
+                raise ValueError(f"fill value for column {column!r} must be finite")
+        return fill
+
+    @field_validator("categories")
+    @classmethod
+    def _categories(cls, categories: dict[str, list[str]]) -> dict[str, list[str]]:
+        for column, values in categories.items():
+            if not values or len(set(values)) != len(values):
+                raise ValueError(
+                    f"categories of {column!r} must be a non-empty list of distinct values"
+                )
+        return categories
+
+
+class DatasetManifest(TableManifest):
+    name: str = Field(min_length=1, max_length=200)
+    description: str = Field(default="", max_length=10_000)
+    tags: list[str] = Field(default_factory=list)
+
+
+class TensorPublic(Schema):
+    name: str
+    dtype: str
+    shape: list[int]
+
+
+class ModelManifest(Schema):
+    name: str = Field(min_length=1, max_length=200)
+    description: str = Field(default="", max_length=10_000)
+    tags: list[str] = Field(default_factory=list)
+    public: bool = False
+    architecture_filename: str | None = Field(default=None, max_length=200)
+    tensors: list[str] = Field(description="weight names, in order")
+
+
+class ModelPublic(Schema):
+    id: int
+    name: str
+    description: str
+    tags: list[str]
+    owner: str
+    public: bool
+    tensors: list[TensorPublic]
+    architecture_filename: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class SearchResults(Schema):
+    datasets: list[DatasetPublic]
+    models: list[ModelPublic]
+
+
+class AuditEventPublic(Schema):
+    id: int
+    at: datetime
+    actor_id: int | None
+    actor_email: str | None
+    action: str
+    target_type: str | None
+    target_id: int | None
+    detail: dict[str, Any]
+
+
+class Health(Schema):
+    status: str
+    database: str
+
+
+class Version(Schema):
+    dpnode: str
+    api: str
+    prims: str = Field(description="version of the prim vocabulary graphs must carry")
+
+
+class BudgetPublic(Schema):
+    """A user's privacy budget: the allowance, and what the privacy filter counts as spent."""
+
+    epsilon: float
+    delta: float
+    spent_epsilon: float = Field(description="epsilon used, with zCDP charges converted")
+    spent_delta: float = Field(description="delta used by zCDP conversion and samplers")
+    remaining_epsilon: float
+    pure_epsilon: float = Field(description="sum of pure-epsilon (Laplace) charges")
+    rho: float = Field(description="sum of zCDP (Gaussian) charges")
+    sampler_tv: float = Field(
+        description="delta charged for the samplers' deviation, summed (each release's own)"
+    )
+    remaining_delta: float = Field(
+        default=0.0, description="delta left: the allocation less spent_delta"
+    )
+    epsilon_rule: str = Field(default="", description="where the epsilon allocation comes from")
+    delta_rule: str = Field(default="", description="where the delta allocation comes from")
+    granted_epsilon: float = Field(default=0.0, description="part of epsilon granted on request")
+    granted_delta: float = Field(default=0.0, description="part of delta granted on request")
+    period_start: datetime | None = Field(default=None, description="this renewal window's start")
+    renews_at: datetime | None = Field(default=None, description="None: the budget never renews")
+    policy: str = Field(default="", description="the name of the policy in force")
+    policy_revision: int | None = Field(
+        default=None, description="its revision; None: the built-in default"
+    )
+
+
+class LedgerEntryPublic(Schema):
+    id: int
+    at: datetime
+    user_id: int
+    mechanism: str
+    epsilon: float
+    rho: float
+    sampler_tv: float = Field(description="delta charged for this release's samplers")
+    dataset_ids: list[int]
+    graph_hash: str | None
+    detail: dict[str, Any]
+    policy_revision: int | None = None
+    user_email: str | None = None
+
+
+class OutputSensitivityPublic(Schema):
+    shape: list[int]
+    l1: float
+    l2: float
+    lower: float = Field(description="smallest value any element can take")
+    upper: float = Field(description="largest value any element can take")
+    rounding_l1: float = Field(
+        description="the part of l1 that pays for the engine's floating-point rounding"
+    )
+    rounding_l2: float = Field(
+        description="the part of l2 that pays for the engine's floating-point rounding"
+    )
+
+
+class SensitivityPublic(Schema):
+    """What a publish of these outputs would cost, known before any budget is spent."""
+
+    l1: float = Field(description="joint L1 sensitivity of all outputs")
+    l2: float = Field(description="joint L2 sensitivity of all outputs")
+    subjects: int
+    outputs: list[OutputSensitivityPublic]
+    noise_scale: float | None = Field(
+        description="Laplace b (no delta) or Gaussian sigma, for the epsilon asked, if any"
+    )
+
+
+class PolicyApply(Schema):
+    """A new policy: TOML text, or the same shape as a JSON document (exactly one)."""
+
+    toml: str | None = Field(default=None, max_length=1_000_000)
+    document: dict[str, Any] | None = None
+    reason: str = Field(min_length=1, max_length=10_000, description="why, for the audit log")
+
+
+class PolicyRevisionPublic(Schema):
+    revision: int | None = Field(description="None: the built-in default, never applied")
+    at: datetime | None
+    created_by: str
+    reason: str
+    name: str
+    content_hash: str
+    document: dict[str, Any] = Field(description="canonical form, defaults written out")
+    source: str = Field(description="the text as the admin sent it")
+    changed: bool = True
+    warnings: list[str] = Field(default_factory=list)
+
+
+class AmountRequest(Schema):
+    """An amount of privacy budget; delta defaults to 0."""
+
+    epsilon: float = Field(ge=0, allow_inf_nan=False)
+    delta: float = Field(default=0.0, ge=0, lt=1, allow_inf_nan=False)
+
+
+class BudgetRequestCreate(AmountRequest):
+    reason: str = Field(min_length=1, max_length=10_000)
+
+
+class BudgetGrantCreate(AmountRequest):
+    user: int | str = Field(description="the user's id or email")
+    reason: str = Field(min_length=1, max_length=10_000)
+
+
+class BudgetRequestAnswer(Schema):
+    """Approve (optionally with a different amount than asked) or deny."""
+
+    epsilon: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    delta: float | None = Field(default=None, ge=0, lt=1, allow_inf_nan=False)
+    reason: str = Field(default="", max_length=10_000)
+
+
+class BudgetGrantPublic(Schema):
+    id: int
+    at: datetime
+    user_id: int
+    epsilon: float
+    delta: float
+    granted_by: str
+    reason: str
+    request_id: int | None
+
+
+class BudgetRequestPublic(Schema):
+    id: int
+    user_id: int
+    user_email: str
+    created_at: datetime
+    epsilon: float
+    delta: float
+    reason: str
+    status: str = Field(description="pending, approved or denied")
+    decided_at: datetime | None
+    decided_by: str | None
+    decision_reason: str
+    granted_epsilon: float | None
+    granted_delta: float | None
+
+
+class PublishApprovalPublic(Schema):
+    id: int
+    user_id: int
+    user_email: str
+    created_at: datetime
+    mechanism: str
+    epsilon: float
+    delta: float
+    dataset_ids: list[int]
+    graph_hash: str | None
+    rule: str
+    reason: str
+    policy_revision: int | None
+    status: str = Field(description="pending, approved, denied, or used (by a publish)")
+    decided_at: datetime | None
+    decided_by: str | None
+    decision_reason: str
+    ledger_id: int | None
+    kind: str = Field(default="publish", description="publish, or run (a training run's steps)")
+    description: str = ""
+    steps: int | None = Field(default=None, description="a run's planned steps")
+    steps_used: int = Field(default=0, description="a run's steps published under it so far")
+    step_epsilon: float | None = Field(default=None, description="what each step asks for")
+    step_delta: float | None = None
+
+
+class RunPlanCreate(Schema):
+    """A training run's public plan: ``steps`` Gaussian publishes at ``(epsilon, delta)``
+    each, noising at most ``values`` values each, reading ``dataset_ids``."""
+
+    steps: int = Field(ge=1, strict=True)
+    epsilon: float = Field(gt=0, allow_inf_nan=False, description="each step's epsilon")
+    delta: float = Field(gt=0, lt=1, allow_inf_nan=False, description="each step's delta")
+    values: int = Field(
+        ge=1, strict=True, description="the most values one step publishes (its parameters)"
+    )
+    dataset_ids: list[int] = Field(default_factory=list, max_length=1000)
+    description: str = Field(default="", max_length=500)
+
+
+class RunPlanPublic(Schema):
+    run_id: int | None = Field(
+        description="the approval each step's publish names (run=); null: none was needed"
+    )
+    steps: int
+    steps_used: int
+    epsilon: float = Field(description="the run's total epsilon, as the ledger counts it")
+    delta: float = Field(description="the run's total delta, as the ledger counts it")
+    step_epsilon: float
+    step_delta: float
+    remaining_epsilon: float = Field(description="what the budget keeps once every step ran")
+    policy: str
+    policy_revision: int | None
+
+
+class ApprovalAnswer(Schema):
+    reason: str = Field(default="", max_length=10_000)

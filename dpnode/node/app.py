@@ -1,0 +1,145 @@
+"""The app factory: routers, and the one place where domain errors become HTTP."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from dpnode import __version__
+from dpnode.core import errors
+from dpnode.node.api.routes import (
+    approvals,
+    audit,
+    auth,
+    budget,
+    datasets,
+    meta,
+    models,
+    policy,
+    publish,
+    runs,
+    search,
+    users,
+)
+from dpnode.node.context import NodeContext
+from dpnode.node.settings import Settings, get_settings
+from dpnode.node.storage import CorruptBlobError
+
+log = logging.getLogger("dpnode")
+
+API_PREFIX = "/api/v1"
+
+#: Domain error -> HTTP status. The most specific class in an error's MRO wins.
+STATUS: dict[type[errors.DPNodeError], int] = {
+    errors.InvalidRequestError: 422,
+    errors.EvaluationError: 422,
+    errors.QuotaExceededError: 422,
+    errors.PayloadTooLargeError: 413,
+    errors.AuthenticationError: 401,
+    errors.RateLimitedError: 429,
+    errors.PermissionDeniedError: 403,
+    errors.NotFoundError: 404,
+    errors.ConflictError: 409,
+}
+
+_HTTP_CODES = {
+    400: "invalid_request",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    429: "rate_limited",
+}
+
+
+def status_for(exc: errors.DPNodeError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 500
+
+
+def _body(
+    code: str,
+    detail: str,
+    status: int,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    if status == 401:
+        headers = {"WWW-Authenticate": "Bearer", **(headers or {})}
+    body = {"error": code, "detail": detail, **extra}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    return "invalid request: " + "; ".join(parts)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(errors.DPNodeError)
+    async def _domain(_: Request, exc: errors.DPNodeError) -> JSONResponse:
+        extra = exc.extra() if isinstance(exc, errors.PolicyRefusedError) else {}
+        headers = None
+        if isinstance(exc, errors.RateLimitedError):
+            headers = {"Retry-After": str(exc.retry_after)}
+        return _body(exc.code, exc.detail, status_for(exc), headers, **extra)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _body("invalid_request", _validation_message(exc), 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _body(
+            _HTTP_CODES.get(exc.status_code, "http_error"), str(exc.detail), exc.status_code
+        )
+
+    @app.exception_handler(CorruptBlobError)
+    async def _corrupt(_: Request, exc: CorruptBlobError) -> JSONResponse:
+        log.error("storage corruption: %s", exc)
+        return _body(
+            "storage_error", "stored data failed its integrity check; tell the node's operator", 500
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return _body("internal_error", f"the node failed unexpectedly ({type(exc).__name__})", 500)
+
+
+def create_app(settings: Settings | None = None, context: NodeContext | None = None) -> FastAPI:
+    """Build the node's ASGI app. The database must already be migrated."""
+    ctx = context or NodeContext.from_settings(settings or get_settings())
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        if context is None:  # we made it, we close it
+            ctx.close()
+
+    app = FastAPI(
+        title="dpnode",
+        version=__version__,
+        summary="A differential-privacy data node",
+        lifespan=lifespan,
+    )
+    app.state.context = ctx
+    # Routes are matched in order: publish first, as a training loop calls it most.
+    routers = (publish, auth, users, datasets, models, search, approvals, runs, budget, policy)
+    for module in (*routers, meta, audit):
+        app.include_router(module.router, prefix=API_PREFIX)
+    install_error_handlers(app)
+    return app

@@ -1,0 +1,83 @@
+"""Everything a running node holds: settings, database, blob store, password hasher,
+login throttle."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from argon2 import PasswordHasher
+from pydantic import SecretStr
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from dpnode.core.privacy.cache import TrackingCache
+from dpnode.core.structures import StructureCache
+from dpnode.node.db.session import make_engine, make_sessionmaker, read_engine, serial_engine
+from dpnode.node.services.security import password_hasher
+from dpnode.node.services.throttle import LoginThrottle
+from dpnode.node.settings import PLACEHOLDER_SECRET, Settings
+from dpnode.node.storage import BlobStore, FileBlobStore
+
+
+@dataclass
+class NodeContext:
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    #: Sessions whose transactions are serialised (budget checks and ledger rows).
+    serial_sessions: sessionmaker[Session]
+    #: Sessions that only read (see dpnode.node.db.session.read_engine).
+    read_sessions: sessionmaker[Session]
+    store: BlobStore
+    hasher: PasswordHasher
+    #: Graph headers each user already sent (see dpnode.core.structures).
+    structures: StructureCache = field(default_factory=lambda: StructureCache(0))
+    #: Reports of graph structures tracked with their changing constants boxed
+    #: (see dpnode.core.privacy.cache): a training loop's steps are tracked once every few steps.
+    tracking: TrackingCache = field(default_factory=TrackingCache)
+    #: Recent login attempts and failures, kept in this process (see dpnode.node.services.throttle).
+    logins: LoginThrottle = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.logins = LoginThrottle.from_settings(self.settings)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> NodeContext:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        if settings.token_secret.get_secret_value() == PLACEHOLDER_SECRET:
+            # Development without a configured secret: never sign with a well-known string.
+            secret = SecretStr(_local_secret(settings.data_dir / "token-secret"))
+            settings = settings.model_copy(update={"token_secret": secret})
+        engine = make_engine(settings.resolved_database_url)
+        return cls(
+            settings=settings,
+            engine=engine,
+            sessions=make_sessionmaker(engine),
+            serial_sessions=make_sessionmaker(serial_engine(engine)),
+            read_sessions=make_sessionmaker(read_engine(engine)),
+            store=FileBlobStore(settings.blob_dir, cache_bytes=settings.blob_cache_bytes),
+            hasher=password_hasher(settings),
+            structures=StructureCache(settings.structure_cache_bytes),
+        )
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _local_secret(path: Path) -> str:
+    """A random secret kept (owner-readable only) in the data directory across restarts."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    secret = secrets.token_urlsafe(48)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process of this node made it first
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as f:
+        f.write(secret)
+    return secret

@@ -1,0 +1,856 @@
+"""The privacy budget: an append-only ledger and a check that cannot be raced.
+
+Amounts are kept as whole numbers of small units — epsilon and rho in 1e-9, delta in
+1e-18 — so that sums are exact and a budget of 1.0 pays for exactly ten charges of 0.1. A
+requested amount is rounded *down* to the unit grid before the mechanism is calibrated to
+it (``quantize_epsilon``), and amounts the node derives (rho, what a sampler's deviation
+costs) are rounded *up*: the charge is never less than the privacy actually spent.
+
+Whether a release may run is the budget policy's decision (:func:`policies.decide`, pure):
+the node builds the user (with their grants), the request and the relevant ledger rows,
+and writes the ledger row the decision grants. A sampler's deviation is costed once, at the
+release's own parameters (:func:`sampler_units`, the terms of ``dpnode.core.dp.accounting``):
+never at the user's allocation or a dataset's cap, so that any allocation works alike. A
+Laplace release pays ``(1 + e^epsilon) tv`` as delta; a Gaussian one a delta and a small
+epsilon. The ledger's ``tv_units`` column holds that delta, in delta units (rows written
+before it did held the raw deviation in units of 1e-30, which reading them as delta units
+over-counts a trillion-fold: the safe direction).
+
+The decision, the ledger row and the decision to release happen in one transaction that is
+serialised: ``BEGIN IMMEDIATE`` on SQLite; on PostgreSQL row locks on the user and then on
+every dataset the release reads, in id order, so that a dataset's cap across all users
+holds under concurrency. A result may leave the node only after that commit.
+
+That transaction is on every publish's path, so it reads the ledger as a few sums with
+statements built once (all of a user's rows, under a policy without renewal, as the one-row
+total the database keeps: ``dpnode.node.db.models.LedgerTotal``), writes its three rows (ledger,
+datasets read, audit) as plain INSERTs, and derives the budget after the charge from the
+sums it read plus the new row instead of reading them again (tests/node/test_budget_after.py
+checks they agree).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any, NamedTuple
+
+from sqlalchemy import and_, bindparam, func, insert, or_, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from dpnode import policies
+from dpnode.core.dp import accounting
+from dpnode.core.dp.mechanisms import float_at_least
+from dpnode.core.errors import (
+    BudgetExceededError,
+    InvalidRequestError,
+    NotFoundError,
+    PolicyRefusedError,
+)
+from dpnode.node.db.base import utcnow
+from dpnode.node.db.models import (
+    BudgetGrant,
+    Dataset,
+    LedgerEntry,
+    LedgerEntryDataset,
+    LedgerTotal,
+    Role,
+    User,
+)
+from dpnode.node.services import approvals, audit, idempotency
+from dpnode.node.services import policy as policy_service
+from dpnode.node.services.policy import InForce
+from dpnode.node.settings import Settings
+
+EPSILON_UNIT = Fraction(1, 10**9)
+RHO_UNIT = Fraction(1, 10**9)
+#: Unit of the raw deviation a release reports (``Cost.tv_units``): fine enough that a release
+#: of a single value at a large epsilon is not charged for rounding.
+TV_UNIT = Fraction(1, 10**40)
+DELTA_UNIT = Fraction(1, 10**18)
+
+
+def units_down(value: float, unit: Fraction, what: str) -> int:
+    """``value`` in whole units, rounded down (for amounts a person asks for or configures).
+
+    A person's ``0.1`` means the decimal 0.1, so the shortest decimal that round-trips
+    the float is used; the mechanism is then calibrated to exactly the charged amount.
+
+    >>> units_down(0.1, EPSILON_UNIT, "epsilon"), units_down(1e-6, DELTA_UNIT, "delta")
+    (100000000, 1000000000000)
+    """
+    _check_amount(value, what)
+    return math.floor(Fraction(Decimal(repr(float(value)))) / unit)
+
+
+def units_up(value: float, unit: Fraction, what: str) -> int:
+    """``value`` in whole units, rounded up (for amounts the node derives).
+
+    >>> units_up(1e-45, TV_UNIT, "sampler deviation")
+    1
+    """
+    _check_amount(value, what)
+    return math.ceil(Fraction(value) / unit)
+
+
+def _check_amount(value: float, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRequestError(f"{what} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise InvalidRequestError(f"{what} must be a finite number >= 0, got {value!r}")
+
+
+def quantize_epsilon(epsilon: float) -> Fraction:
+    """The epsilon a mechanism is calibrated to and charged: ``epsilon`` rounded down to
+    the ledger's unit, refused when nothing is left.
+
+    >>> quantize_epsilon(0.5)
+    Fraction(1, 2)
+    """
+    units = units_down(epsilon, EPSILON_UNIT, "epsilon")
+    if units == 0:
+        raise InvalidRequestError(f"epsilon must be at least 1e-9, got {epsilon!r}")
+    check_epsilon_size(epsilon)
+    return units * EPSILON_UNIT
+
+
+#: The largest epsilon a publish, a request or a grant may name: far beyond any meaningful
+#: guarantee, and small enough that ledger sums stay within a 64-bit column.
+MAX_EPSILON = 1e6
+
+
+def check_epsilon_size(epsilon: float, what: str = "epsilon") -> None:
+    """Refuse an epsilon above :data:`MAX_EPSILON`.
+
+    >>> check_epsilon_size(1e7)
+    Traceback (most recent call last):
+    ...
+    dpnode.core.errors.InvalidRequestError: epsilon must be at most 1e+06, got 10000000.0
+    """
+    if epsilon > MAX_EPSILON:
+        raise InvalidRequestError(f"{what} must be at most {MAX_EPSILON:g}, got {epsilon!r}")
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one release costs, in ledger units, and what it asked for.
+
+    ``asked_epsilon_units`` / ``asked_delta_units`` are the release's own guarantee, which
+    per-publish caps and approval thresholds compare against (for a Laplace release the
+    epsilon charged; for a Gaussian one the (epsilon, delta) it was calibrated to, while
+    ``rho_units`` is what is charged). ``tv_units`` is the noise's raw deviation
+    (``Release.sampler_tv`` in :data:`TV_UNIT`, rounded up), which :func:`sampler_units`
+    turns into what the release is charged for it. ``frame_hash`` identifies the exact
+    computation, so that an approval covers that computation and no other.
+    """
+
+    mechanism: str
+    epsilon_units: int = 0
+    rho_units: int = 0
+    tv_units: int = 0
+    dataset_ids: Sequence[int] = ()
+    graph_hash: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+    asked_epsilon_units: int | None = None
+    asked_delta_units: int = 0
+    #: The hash, or a function computing it: only a policy with approval thresholds asks.
+    frame_hash: str | Callable[[], str] | None = None
+    #: The approved training run this publish says it is a step of (``dpnode.node.services.runs``).
+    run_id: int | None = None
+
+    @property
+    def asked_epsilon(self) -> int:
+        if self.asked_epsilon_units is not None:
+            return self.asked_epsilon_units
+        return self.epsilon_units
+
+
+@dataclass(frozen=True)
+class Status:
+    """A user's budget under the policy in force, at one instant (after a charge, or now).
+
+    ``spent()`` is the epsilon used (pure plus converted zCDP) and the delta used of the
+    current window, as the privacy filter counts them: the deltas charged directly (the
+    samplers') and, once any rho was charged, the share ``delta_z`` the rho total is
+    converted at. ``remaining_epsilon`` and ``remaining_delta`` are what is left of the
+    allocation after exactly that, so spent and remaining add up to the allocation.
+    ``spent_tv_units`` is the samplers' delta in :data:`TV_UNIT` (the API's ``sampler_tv``).
+    """
+
+    in_force: InForce
+    status: policies.BudgetStatus
+    conversion_delta_units: int
+    spent_tv_units: int
+
+    @property
+    def epsilon(self) -> float:
+        return float(self.status.allocation.epsilon_units * EPSILON_UNIT)
+
+    @property
+    def delta(self) -> float:
+        return float(self.status.allocation.delta_units * DELTA_UNIT)
+
+    def used_units(self, used: policies.Spent | None = None) -> tuple[int | None, int]:
+        """(epsilon, delta) units ``used`` (default: this window's) counts for, as the filter
+        counts them; epsilon ``None`` where a rho cannot be converted at all."""
+        used = self.status.spent if used is None else used
+        a = self.status.allocation
+        limit = policies.Limit.for_policy(self.in_force.policy, None, a.delta_units)
+        reserved = self.conversion_delta_units if used.rho_units else 0
+        return limit.epsilon_used(used, policies.filter_epsilon), used.delta_units + reserved
+
+    def spent(self) -> tuple[float, float]:
+        """(epsilon, delta) used in the current window, as the privacy filter counts them."""
+        epsilon, delta = self.used_units()
+        return math.inf if epsilon is None else float(epsilon * EPSILON_UNIT), float(
+            delta * DELTA_UNIT
+        )
+
+    @property
+    def remaining_epsilon(self) -> float:
+        return float(self.status.remaining.epsilon_units * EPSILON_UNIT)
+
+    @property
+    def remaining_delta(self) -> float:
+        """The allocation's delta less what :meth:`spent` counts (never negative)."""
+        _, delta = self.used_units()
+        return float(max(0, self.status.allocation.delta_units - delta) * DELTA_UNIT)
+
+    @property
+    def sampler_delta(self) -> float:
+        """The samplers' deltas in the current window (part of :meth:`spent`'s delta)."""
+        return float(self.status.spent.delta_units * DELTA_UNIT)
+
+    def describe(self) -> str:
+        return self.status.remaining.describe()
+
+
+#: Raw-deviation units in one delta unit.
+_TV_PER_DELTA = int(DELTA_UNIT / TV_UNIT)
+#: A delta of 1 in units: more than any budget has, so a charge this large never fits.
+_WHOLE_DELTA = int(1 / DELTA_UNIT)
+
+
+def _tv_delta_units(tv_units: int, epsilon_units: int) -> int:
+    """A Laplace release's deviation as delta, ``(1 + e^epsilon) tv`` rounded up to a delta
+    unit, at the release's own ``epsilon``; at most a whole delta (which no budget has).
+
+    A mechanism within total variation ``tv`` of an epsilon-DP one is
+    (epsilon, (1 + e^epsilon) tv)-DP.
+
+    >>> _tv_delta_units(10**10, 10**9), _tv_delta_units(10**25, 10**9)  # 1e-30, 1e-15 at 1
+    (1, 3719)
+    """
+    if tv_units == 0:
+        return 0
+    epsilon = float(epsilon_units * EPSILON_UNIT)
+    if epsilon > 700:  # e^epsilon overflows: far beyond any budget's delta
+        return _WHOLE_DELTA
+    factor = math.nextafter(math.exp(math.nextafter(epsilon, math.inf)), math.inf)
+    # ceil((1 + p/q) tv TV_UNIT / DELTA_UNIT) in integers: exact, and a tenth of the time of
+    # Fractions on every publish (tests/node/test_budget_units.py compares the two).
+    p, q = factor.as_integer_ratio()
+    return min(_WHOLE_DELTA, -(-(q + p) * tv_units // (q * _TV_PER_DELTA)))
+
+
+def gaussian_count(tv_units: int) -> int:
+    """How many values a Gaussian release noised, from its deviation: every Gaussian plan
+    reports :data:`dpnode.core.dp.accounting.GAUSSIAN_TV` per value (at least 1 if ``tv_units``).
+
+    >>> gaussian_count(units_up(21 * accounting.GAUSSIAN_TV, TV_UNIT, "tv")), gaussian_count(0)
+    (21, 0)
+    """
+    if tv_units == 0:
+        return 0
+    per_value = Fraction(accounting.GAUSSIAN_TV) / TV_UNIT
+    return max(1, math.floor(tv_units / per_value))
+
+
+def _units_capped(value: float, unit: Fraction) -> int:
+    if not value < float(_WHOLE_DELTA * DELTA_UNIT):  # inf, or a delta of 1 or more
+        return math.ceil(Fraction(1) / unit)
+    return units_up(value, unit, "sampler cost")
+
+
+def sampler_units(cost: Cost) -> tuple[int, int]:
+    """(epsilon, delta) units a release's sampler deviation costs, at its own parameters.
+
+    A Laplace release (no rho): delta ``(1 + e^epsilon) tv`` (:func:`_tv_delta_units`). A
+    Gaussian release: ``dpnode.core.dp.accounting.gaussian_sampler_terms`` for its rho and the
+    number
+    of values its ``tv`` says, ``ξ`` as epsilon and ``δ`` as delta. Each rounded up; a cost no
+    budget could cover comes out as a whole delta (1), which no allocation holds.
+
+    >>> sampler_units(Cost("laplace", 10**9, tv_units=10**10))
+    (0, 1)
+    >>> rho_half = Cost("gaussian", rho_units=5 * 10**8, tv_units=units_up(2.0**-96, TV_UNIT, "tv"))
+    >>> sampler_units(rho_half)
+    (3, 1)
+    """
+    if cost.tv_units == 0:
+        return 0, 0
+    if cost.rho_units == 0:
+        return 0, _tv_delta_units(cost.tv_units, cost.epsilon_units)
+    rho = float_at_least(cost.rho_units * RHO_UNIT)
+    xi, delta = accounting.gaussian_sampler_terms(rho, gaussian_count(cost.tv_units))
+    return _units_capped(xi, EPSILON_UNIT), _units_capped(delta, DELTA_UNIT)
+
+
+def receipt_terms(
+    entry: LedgerEntry, after: Status, *, asked_epsilon: float, asked_delta: float | None
+) -> dict[str, Any]:
+    """The budget fields of a publish's receipt, from what :func:`charge` returned.
+
+    ``epsilon`` and ``delta`` are what this release took from the user's budget, in the
+    user's own terms: how much the spent epsilon and delta of :meth:`Status.spent` grew with
+    this row, under the filter's own conversion (so the remaining epsilon fell by exactly
+    ``epsilon``). For a Laplace release that is the epsilon asked and its sampler's delta;
+    for a Gaussian one the growth of the converted rho total (the first one also commits the
+    delta ``delta_z`` the rho total is converted at). ``asked_epsilon`` / ``asked_delta`` are
+    what the publish asked for (epsilon as the mechanism used it, rounded down to the
+    ledger's unit), ``rho`` the zCDP charged, ``sampler_delta`` and ``sampler_epsilon`` what
+    the sampler's deviation cost (part of ``delta`` and ``epsilon``); ``spent_*`` and
+    ``remaining_*`` are the budget after the release, as ``client.budget()`` reads it.
+    """
+    used = after.status.spent
+    before = policies.Spent(
+        used.epsilon_units - entry.epsilon_units,
+        used.delta_units - entry.tv_units,
+        used.rho_units - entry.rho_units,
+    )
+    eps_before, delta_before = after.used_units(before)
+    eps_after, delta_after = after.used_units(used)
+    charged = None if eps_after is None or eps_before is None else eps_after - eps_before
+    spent_epsilon, spent_delta = after.spent()
+    sampler_epsilon = entry.epsilon_units if entry.rho_units else 0
+    return {
+        "epsilon": math.inf if charged is None else float(charged * EPSILON_UNIT),
+        "delta": float((delta_after - delta_before) * DELTA_UNIT),
+        "asked_epsilon": float(quantize_epsilon(asked_epsilon)),
+        "asked_delta": asked_delta,
+        "rho": float(entry.rho_units * RHO_UNIT),
+        "sampler_epsilon": float(sampler_epsilon * EPSILON_UNIT),
+        "sampler_delta": float(entry.tv_units * DELTA_UNIT),
+        "spent_epsilon": spent_epsilon,
+        "spent_delta": spent_delta,
+        "remaining_epsilon": after.remaining_epsilon,
+        "remaining_delta": after.remaining_delta,
+    }
+
+
+def _defaults(settings: Settings) -> policies.Allowance:
+    return policies.Allowance.of(settings.default_epsilon_budget, settings.default_delta_budget)
+
+
+_GRANTS = BudgetGrant.__table__
+_LEDGER = LedgerEntry.__table__
+_DATASETS = Dataset.__table__
+# The statements of every publish, built once: building a statement costs more than running
+# it on SQLite (the values are bound per call).
+_GRANTS_OF = (
+    select(*(_GRANTS.c[k] for k in ("at", "epsilon_units", "delta_units", "granted_by", "reason")))
+    .where(_GRANTS.c.user_id == bindparam("user_id"))
+    .order_by(_GRANTS.c.id)
+)
+_SUMS = (
+    func.coalesce(func.sum(_LEDGER.c.epsilon_units), 0),
+    func.coalesce(func.sum(_LEDGER.c.rho_units), 0),
+    func.coalesce(func.sum(_LEDGER.c.tv_units), 0),
+    func.max(_LEDGER.c.at),
+)
+_MINE = select(*_SUMS).where(_LEDGER.c.user_id == bindparam("user_id"))
+_MINE_SINCE = _MINE.where(_LEDGER.c.at >= bindparam("since"))
+_TOTALS = LedgerTotal.__table__
+#: The same as ``_MINE``, kept up to date by the database (``dpnode.node.db.models.LedgerTotal``).
+_TOTAL = select(
+    _TOTALS.c.epsilon_units, _TOTALS.c.rho_units, _TOTALS.c.tv_units, _TOTALS.c.newest_at
+).where(_TOTALS.c.user_id == bindparam("user_id"))
+_USERS = User.__table__
+#: The account as a charge needs it (a plain row: no ORM object is built).
+_USER = select(_USERS.c.id, _USERS.c.email, _USERS.c.role).where(
+    _USERS.c.id == bindparam("user_id")
+)
+_USER_DATASETS = (
+    select(_DATASETS.c.id, _DATASETS.c.name)
+    .where(_DATASETS.c.id.in_(bindparam("ids", expanding=True)))
+    .order_by(_DATASETS.c.id)
+)
+#: The same, locking the rows on PostgreSQL (see :func:`_lock`).
+_LOCK_USER = _USER.with_for_update(key_share=True)
+_LOCK_DATASETS = _USER_DATASETS.with_for_update(key_share=True)
+
+
+_INSERT_LEDGER = insert(LedgerEntry)
+_INSERT_READS = insert(LedgerEntryDataset)
+
+
+class Account(NamedTuple):
+    """The user a charge is for, as its transaction reads (and locks) the row."""
+
+    id: int
+    email: str
+    role: Role
+
+
+def policy_user(session: Session, user: User | Account) -> policies.User:
+    """``user`` as the policies see it, with every budget grant made to them."""
+    grants = session.connection().execute(_GRANTS_OF, {"user_id": user.id})
+    return policies.User(
+        user.id,
+        user.email,
+        user.role.value,
+        tuple(policies.Grant(at, e, d, by=by, reason=why) for at, e, d, by, why in grants),
+    )
+
+
+@dataclass(frozen=True)
+class _Ledger:
+    """The ledger rows a decision needs (``charges``), and the user's own rows of the current
+    period summed in ledger units (``mine``: epsilon, rho, sampler deviation, the newest
+    ``at``), from which the budget after a charge follows without reading the ledger again."""
+
+    charges: list[policies.Charge]
+    #: All the user's rows of the period unless ``listed``: then those not passed one by one.
+    mine: tuple[int, int, int, datetime | None]
+    #: Whether ``charges`` passes some of the user's rows one by one (the rate limit's).
+    listed: bool
+    #: The user's rows in the rate limit's window (0 without a rate limit).
+    in_rate_window: int
+
+
+def _charges(
+    session: Session,
+    policy: policies.Policy,
+    request: policies.PublishRequest,
+    user: policies.User,
+) -> list[policies.Charge]:
+    """The ledger as :func:`policies.decide` needs it, in a few rows whatever its length.
+
+    See :func:`_load`.
+    """
+    return _load(session, policy, request, user).charges
+
+
+def _load(
+    session: Session,
+    policy: policies.Policy,
+    request: policies.PublishRequest,
+    user: policies.User,
+) -> _Ledger:
+    """The ledger as :func:`policies.decide` needs it, in a few rows whatever its length.
+
+    Rows matter one by one only to the rate limit, and only once the user reached it (the
+    newest ``max_publishes`` in its window say when the next publish is free); otherwise
+    the ledger enters as sums, each dated by its newest row so that it lands in the same
+    renewal window: the user's rows of the current window (counted against the user, no
+    dataset), plus zero-cost markers so that the rate limit counts every row of its window,
+    and for each capped dataset everyone's rows on it in the cap's window except those
+    passed one by one (counted against the dataset, user 0: nobody). Each row's samplers'
+    delta is in ``tv_units`` already (costed when it was charged), so sums add up exactly.
+    Decisions on these equal decisions on the whole ledger (tests/node/test_budget_scope.py).
+    All the user's rows (no renewal, none passed one by one) are read as their total, which
+    the database keeps equal to their sum (tests/node/test_ledger_totals.py).
+    """
+
+    def charge(
+        at: datetime, who: int, ids: tuple[int, ...], e: int, r: int, delta: int
+    ) -> policies.Charge:
+        return policies.Charge(at, who, ids, e, delta, r)
+
+    user_id = user.id
+    scope = policies.ledger_scope(policy, user, request)
+    # A cap names a dataset; count every row that read a dataset of that name, whatever its
+    # id (one deleted and uploaded again keeps its cap).
+    capped = {
+        dataset_id: name
+        for name, dataset_id in request.datasets.items()
+        if dataset_id in scope.datasets
+    }
+
+    def reads(dataset_id: int) -> Any:  # rare (a capped dataset): built per call
+        entries = select(LedgerEntryDataset.ledger_id).where(
+            or_(
+                LedgerEntryDataset.dataset_name == capped[dataset_id],
+                # SQLite may give a deleted dataset's id to a new one: ids decide only for
+                # charges recorded before names were.
+                and_(
+                    LedgerEntryDataset.dataset_name.is_(None),
+                    LedgerEntryDataset.dataset_id == dataset_id,
+                ),
+            )
+        )
+        return LedgerEntry.id.in_(entries)
+
+    period = None if policy.renewal is None else policy.renewal.period()
+    since = None if period is None else period.window(request.at)[0]
+    found: list[policies.Charge] = []
+    listed: list[int] = []  # ids of the rows passed one by one
+    extra, extra_at, count = 0, request.at, 0
+    limit = policy.rate_limit
+    if limit is not None:
+        own = select(LedgerEntry).where(LedgerEntry.user_id == user_id)
+        # The rate limit needs the count of the user's rows in its window and, once that
+        # reaches the limit, the newest max_publishes of them (when the next one is free).
+        cutoff = request.at - policies.parse_period(limit.window)
+        in_window = own.where(LedgerEntry.at > cutoff)
+        count = int(session.scalar(in_window.with_only_columns(func.count())) or 0)
+        if count >= limit.max_publishes:
+            newest = in_window.order_by(LedgerEntry.at.desc(), LedgerEntry.id.desc())
+            recent = list(session.scalars(newest.limit(limit.max_publishes)))
+            listed = [e.id for e in recent]
+            found += _listed(session, recent, capped, charge, user_id)
+            extra = count - len(recent)  # in the window, summed below: counted by markers
+            if recent:
+                extra_at = recent[-1].at
+    connection = session.connection()
+    if since is None and not listed:  # all the user's rows: their total, one row
+        total = connection.execute(_TOTAL, {"user_id": user_id}).first()
+        mine = (
+            (0, 0, 0, None)
+            if total is None
+            else (int(total[0]), int(total[1]), int(total[2]), total[3])
+        )
+    else:
+        rest = _MINE if since is None else _MINE_SINCE
+        if listed:
+            rest = rest.where(_LEDGER.c.id.not_in(listed))
+        row = connection.execute(rest, {"user_id": user_id, "since": since}).one()
+        mine = (int(row[0]), int(row[1]), int(row[2]), row[3])
+    newest_at = mine[3]
+    if newest_at is not None:
+        found.append(charge(newest_at, user_id, (), *mine[:3]))
+        if limit is not None and newest_at > request.at - policies.parse_period(limit.window):
+            extra -= 1  # the sum itself sits in the rate window
+    # Zero-cost markers, so that the rate limit counts the summed rows of its window too.
+    found += [charge(extra_at, user_id, (), 0, 0, 0) for _ in range(max(extra, 0))]
+    for dataset_id, cap_since in sorted(scope.datasets.items()):
+        touching = select(LedgerEntry).where(reads(dataset_id))
+        if cap_since is not None:
+            touching = touching.where(LedgerEntry.at >= cap_since)
+        if listed:  # not the rows passed one by one above
+            touching = touching.where(LedgerEntry.id.not_in(listed))
+        eps, rho, tv, newest = session.execute(touching.with_only_columns(*_SUMS)).one()
+        if newest is not None:
+            found.append(charge(newest, 0, (dataset_id,), int(eps), int(rho), int(tv)))
+    return _Ledger(found, mine, bool(listed), count)
+
+
+def _listed(
+    session: Session,
+    rows: list[LedgerEntry],
+    capped: dict[int, str],
+    charge: Any,
+    user_id: int,
+) -> list[policies.Charge]:
+    """Rows passed one by one, each listing the capped datasets it read by name too."""
+    named: dict[int, set[int]] = {}
+    if capped and rows:
+        index = select(LedgerEntryDataset).where(
+            LedgerEntryDataset.ledger_id.in_([e.id for e in rows]),
+            LedgerEntryDataset.dataset_name.in_(list(capped.values())),
+        )
+        by_name = {name: dataset_id for dataset_id, name in capped.items()}
+        for row in session.scalars(index):
+            named.setdefault(row.ledger_id, set()).add(by_name[str(row.dataset_name)])
+    return [
+        charge(
+            e.at,
+            user_id,
+            tuple(sorted(set(e.dataset_ids) | named.get(e.id, set()))),
+            e.epsilon_units,
+            e.rho_units,
+            e.tv_units,
+        )
+        for e in rows
+    ]
+
+
+def _status(
+    session: Session,
+    settings: Settings,
+    in_force: InForce,
+    user: policies.User,
+    at: datetime,
+) -> Status:
+    defaults = _defaults(settings)
+    ledger = _load(session, in_force.policy, policies.PublishRequest(at), user)
+    return _status_of(in_force, user, ledger.charges, at, defaults)
+
+
+def _status_of(
+    in_force: InForce,
+    user: policies.User,
+    charges: list[policies.Charge],
+    at: datetime,
+    defaults: policies.Allowance,
+) -> Status:
+    status = policies.budget_status(in_force.policy, user, charges, at=at, defaults=defaults)
+    limit = policies.Limit.for_policy(in_force.policy, None, status.allocation.delta_units)
+    # The user's rows of the window carry the samplers' deltas (and nothing else of delta).
+    samplers = status.spent.delta_units * _TV_PER_DELTA
+    return Status(in_force, status, limit.conversion_delta_units, samplers)
+
+
+def _after(
+    in_force: InForce,
+    defaults: policies.Allowance,
+    user: policies.User,
+    ledger: _Ledger,
+    row: policies.Charge,
+) -> Status | None:
+    """The budget once ``row`` is in the ledger, exactly as :func:`_status` would read it,
+    from the sums read for the decision; ``None`` where :func:`_status` passes rows one by
+    one (a rate limit reached), which must read them."""
+    limit = in_force.policy.rate_limit
+    if ledger.listed or (limit is not None and ledger.in_rate_window + 1 >= limit.max_publishes):
+        return None
+    at = row.at
+    epsilon, rho, delta, newest = ledger.mine
+    summed = policies.Charge(
+        at if newest is None else max(newest, at),
+        user.id,
+        (),
+        epsilon + row.epsilon_units,
+        delta + row.delta_units,
+        rho + row.rho_units,
+    )
+    return _status_of(in_force, user, [summed], at, defaults)
+
+
+def budget_of(session: Session, settings: Settings, user_id: int) -> Status:
+    """The user's budget under the policy in force, as the ledger stands in this transaction.
+
+    Raises:
+        NotFoundError: no such user.
+    """
+    user = session.get(User, user_id)
+    if user is None:
+        raise NotFoundError(f"no user with id {user_id}")
+    in_force = policy_service.current(session)
+    return _status(session, settings, in_force, policy_user(session, user), utcnow())
+
+
+def _lock(
+    session: Session, user_id: int, dataset_ids: Sequence[int]
+) -> tuple[Account, dict[int, str]]:
+    """Lock the user, then the datasets in id order (PostgreSQL; SQLite's BEGIN IMMEDIATE has
+    already serialised the whole transaction). Every publish takes its locks in this order,
+    so two publishes cannot wait on each other in a cycle. ``FOR NO KEY UPDATE`` serialises
+    charges as ``FOR UPDATE`` would, without blocking rows that merely reference the user or
+    the dataset (an audit line, a login) meanwhile. Returns the user and the name of each
+    dataset found, by id."""
+    connection = session.connection()
+    postgres = connection.dialect.name != "sqlite"
+    row = connection.execute(_LOCK_USER if postgres else _USER, {"user_id": user_id}).first()
+    if row is None:
+        raise NotFoundError(f"no user with id {user_id}")
+    user = Account(*row)
+    if not dataset_ids:
+        return user, {}
+    query = _LOCK_DATASETS if postgres else _USER_DATASETS
+    found = connection.execute(query, {"ids": sorted(set(dataset_ids))})
+    return user, {int(ident): str(name) for ident, name in found}
+
+
+def _refusal(decision: policies.Decision, in_force: InForce, **more: Any) -> PolicyRefusedError:
+    detail = f"{decision.reason} [policy {in_force.label}, rule {decision.rule}]"
+    budget_rules = ("defaults.", "roles.", "users.", "datasets.")
+    cls = BudgetExceededError if decision.rule.startswith(budget_rules) else PolicyRefusedError
+    return cls(
+        detail,
+        rule=decision.rule,
+        policy=in_force.name,
+        policy_revision=in_force.revision,
+        reason=decision.reason,
+        **more,
+    )
+
+
+def charge(
+    serial_sessions: sessionmaker[Session],
+    settings: Settings,
+    user_id: int,
+    cost: Cost,
+    *,
+    claim: idempotency.Claim | None = None,
+) -> tuple[LedgerEntry, Status]:
+    """Decide the cost under the policy in force and record it, atomically.
+
+    ``serial_sessions`` must be bound to ``dpnode.node.db.session.serial_engine``. Returns the
+    committed ledger row and the budget after it. ``claim``: the publish's idempotency key,
+    recorded with the ledger row (a refused charge records none).
+
+    Raises:
+        BudgetExceededError: the cost does not fit the user's budget or a dataset's cap;
+            nothing is recorded in the ledger. ``rule`` and ``policy_revision`` say which.
+        PolicyRefusedError: another rule refused it (per-publish cap, rate limit, denial).
+        ApprovalRequiredError: the publish waits for an admin; a pending request is stored.
+        NotFoundError: no such user, or a dataset read was deleted meanwhile.
+        idempotency.AlreadyClaimed: another request charged ``claim``'s key; nothing is
+            recorded (the caller answers with that request's answer).
+    """
+    # Pure arithmetic on public quantities: done before the serialised transaction.
+    sampler_epsilon, sampler_delta = sampler_units(cost)
+    with serial_sessions() as session:
+        user, found = _lock(session, user_id, cost.dataset_ids)
+        if claim is not None:  # under the user's lock: a racing copy has committed or waits
+            idempotency.ensure_free(session, user.id, claim)
+        at = utcnow()
+        in_force = policy_service.current(session)
+        missing = sorted(set(cost.dataset_ids) - set(found))
+        if missing and in_force.policy.datasets:  # a cap cannot be checked without the name
+            raise NotFoundError(
+                f"dataset {missing[0]} was deleted while this publish ran; nothing was released"
+            )
+        puser = policy_user(session, user)
+        defaults = _defaults(settings)
+        names = {name: ident for ident, name in found.items()}
+        request = policies.PublishRequest(
+            at=at,
+            datasets=names,
+            epsilon_units=cost.asked_epsilon,
+            delta_units=cost.asked_delta_units,
+            rho_units=cost.rho_units,
+            extra_delta_units=sampler_delta,
+            extra_epsilon_units=sampler_epsilon,
+        )
+        ledger = _load(session, in_force.policy, request, puser)
+        charges = ledger.charges
+        gate = in_force.policy.approval
+        gated = gate.epsilon_above is not None or gate.delta_above is not None
+        if gated and callable(cost.frame_hash):
+            cost = replace(cost, frame_hash=cost.frame_hash())  # once, for find and queue
+        waiting = None
+        if gated and cost.run_id is not None:  # a planned step: under its run's approval
+            count = gaussian_count(cost.tv_units)
+            waiting = approvals.run_step(session, user.id, cost, values=count)
+        if gated and waiting is None:
+            waiting = approvals.find(session, user.id, cost)
+        answer = None if waiting is None else approvals.answer_of(waiting)
+        if answer is not None:
+            decision = policies.decide_approved(
+                in_force.policy, puser, request, charges, answer, defaults=defaults
+            )
+        else:
+            decision = policies.decide(in_force.policy, puser, request, charges, defaults=defaults)
+        summary = {
+            "policy": in_force.name,
+            "policy_revision": in_force.revision,
+            "rule": decision.rule,
+            "mechanism": cost.mechanism,
+            "epsilon_units": cost.asked_epsilon,
+            "delta_units": cost.asked_delta_units,
+            "datasets": list(cost.dataset_ids),
+            "graph_hash": cost.graph_hash,
+        }
+        if decision.outcome is policies.Outcome.NEEDS_APPROVAL:
+            queued = waiting is None
+            if waiting is None:
+                waiting = approvals.queue(session, user, cost, decision, in_force.revision)
+            raise approvals.waiting(
+                session,
+                user,
+                waiting,
+                queued=queued,
+                action="publish.approval_requested",
+                decision=decision,
+                in_force=in_force,
+                summary=summary,
+                what="this publish",
+                again="publish the same computation again once it is approved",
+            )
+        if not decision.allowed or decision.granted is None:
+            if waiting is not None and answer is not None and not answer.approved:
+                approvals.use(waiting, None)  # a denial is answered once; asking again queues anew
+            audit.record(
+                session,
+                user,
+                "publish.refused",
+                target_type="user",
+                target_id=user.id,
+                reason=decision.reason,
+                **summary,
+            )
+            session.commit()
+            raise _refusal(decision, in_force)
+        # The rows are written with plain INSERTs (no unit of work: nothing is read back).
+        entry = LedgerEntry(
+            at=at,
+            user_id=user.id,
+            mechanism=cost.mechanism,
+            epsilon_units=decision.granted.epsilon_units,
+            rho_units=decision.granted.rho_units,
+            # The samplers' delta, in delta units (see the module docstring).
+            tv_units=decision.granted.delta_units,
+            dataset_ids=sorted(set(cost.dataset_ids)),
+            graph_hash=cost.graph_hash,
+            detail=cost.detail,
+            policy_revision=in_force.revision,
+        )
+        connection = session.connection()
+        values = {c.key: getattr(entry, c.key) for c in _LEDGER.columns if c.key != "id"}
+        key = connection.execute(_INSERT_LEDGER, values).inserted_primary_key
+        assert key is not None
+        entry.id = key[0]
+        if entry.dataset_ids:
+            connection.execute(
+                _INSERT_READS,
+                [
+                    {"ledger_id": entry.id, "dataset_id": d, "dataset_name": found.get(d)}
+                    for d in entry.dataset_ids
+                ],
+            )
+        if claim is not None:
+            ttl = settings.publish_key_ttl_seconds
+            idempotency.record(session, user.id, claim, entry.id, at, ttl)
+            summary["idempotency_key"] = claim.key
+        if waiting is not None:
+            approvals.use(waiting, entry.id)
+            summary["approval_id"] = waiting.id
+            if waiting.kind == approvals.RUN:
+                summary["run_id"] = waiting.id
+                summary["run_step"] = waiting.steps_used
+        audit.append(
+            session,
+            user,
+            "privacy.charge",
+            target_type="ledger",
+            target_id=entry.id,
+            epsilon_charged_units=entry.epsilon_units,
+            rho_units=entry.rho_units,
+            tv_units=cost.tv_units,
+            sampler_epsilon_units=sampler_epsilon,
+            sampler_delta_units=sampler_delta,
+            **summary,
+        )
+        after = _after(in_force, defaults, puser, ledger, decision.granted)
+        if after is None:
+            session.flush()
+            after = _status(session, settings, in_force, puser, at)
+        session.commit()
+        return entry, after
+
+
+def ledger_of(
+    session: Session,
+    user_id: int | None,
+    *,
+    dataset_id: int | None = None,
+    before_id: int | None = None,
+    limit: int = 100,
+) -> list[LedgerEntry]:
+    """Charges, newest first: one user's (``None``: everyone's), optionally on one dataset."""
+    query = select(LedgerEntry).order_by(LedgerEntry.id.desc()).limit(limit)
+    if user_id is not None:
+        query = query.where(LedgerEntry.user_id == user_id)
+    if dataset_id is not None:
+        query = query.join(
+            LedgerEntryDataset, LedgerEntryDataset.ledger_id == LedgerEntry.id
+        ).where(LedgerEntryDataset.dataset_id == dataset_id)
+    if before_id is not None:
+        query = query.where(LedgerEntry.id < before_id)
+    return list(session.scalars(query))

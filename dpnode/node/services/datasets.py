@@ -1,0 +1,289 @@
+"""Datasets: upload under the contract, listing, search, deletion and mock download."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from sqlalchemy import bindparam, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, joinedload, selectinload
+from sqlalchemy.orm.interfaces import LoaderOption
+
+from dpnode.core.errors import (
+    ConflictError,
+    NotFoundError,
+    PermissionDeniedError,
+    UploadRejectedError,
+)
+from dpnode.core.privacy import Subjects
+from dpnode.core.privacy.subjects import KeptByBytes
+from dpnode.node.db.models import Dataset, DatasetColumn, DatasetTag, Role, User
+from dpnode.node.services import audit
+from dpnode.node.services.catalog import (
+    check_item_name,
+    delete_item,
+    filter_catalog,
+    get_item,
+    normalise_tags,
+    require_owner,
+    require_uploader,
+)
+from dpnode.node.services.tabular import ColumnSpec, PreparedTable, prepare_table
+from dpnode.node.storage import BlobStore, array_from_bytes, array_to_bytes
+
+
+@dataclass(frozen=True)
+class DatasetUpload:
+    """One upload, decoded: declarations plus real (and optionally mock) columns."""
+
+    name: str
+    description: str
+    tags: Sequence[str]
+    spec: ColumnSpec
+    order: Sequence[str]
+    columns: Mapping[str, npt.NDArray[Any]]
+    mock_order: Sequence[str] | None = None
+    mock: Mapping[str, npt.NDArray[Any]] | None = None
+
+
+def _load_options() -> list[LoaderOption]:
+    return [
+        selectinload(Dataset.columns),
+        selectinload(Dataset.tags),
+        selectinload(Dataset.owner),
+    ]
+
+
+def _prepare_mock(upload: DatasetUpload, real: PreparedTable, max_elements: int) -> PreparedTable:
+    assert upload.mock is not None
+    spec = upload.spec
+    if spec.subject_id is not None and spec.subject_id not in upload.mock:
+        spec = ColumnSpec(spec.bounds, spec.categories, spec.clamp, spec.fill, None)
+    order = upload.mock_order
+    if order is None:
+        # Frames list tensors by name, not as sent: without a declared mock order, the mock
+        # follows the data's column order (extra mock columns last, refused below).
+        order = [c for c in upload.order if c in upload.mock]
+        order += [c for c in upload.mock if c not in order]
+    mock = prepare_table(upload.mock, spec, order=order, max_elements=max_elements, what="mock ")
+    real_names = [c.name for c in real.columns]
+    if [c.name for c in mock.columns] != real_names:
+        raise UploadRejectedError(
+            f"mock data must have the same columns as the data, in order: {real_names[:10]}"
+        )
+    columns = []
+    for r, m in zip(real.columns, mock.columns, strict=True):
+        if r.row_shape != m.row_shape:
+            raise UploadRejectedError(
+                f"mock column {r.name!r} has row shape {m.row_shape}, the data {r.row_shape}"
+            )
+        if m.values.dtype != r.values.dtype:
+            cast = m.values.astype(r.values.dtype)
+            if not np.array_equal(cast, m.values):
+                raise UploadRejectedError(
+                    f"mock column {r.name!r} ({m.values.dtype}) cannot be stored as the data's "
+                    f"dtype {r.values.dtype} without changing its values"
+                )
+            m = replace(m, values=cast)
+        columns.append(m)
+    return replace(mock, columns=columns)
+
+
+def create_dataset(
+    session: Session,
+    store: BlobStore,
+    actor: User,
+    upload: DatasetUpload,
+    *,
+    max_elements: int,
+) -> Dataset:
+    """Validate an upload against its declared contract and store it.
+
+    Raises:
+        PermissionDeniedError: ``actor`` is a data scientist.
+        ConflictError: a dataset with this name exists.
+        UploadRejectedError: the data breaks its declarations (the message says where).
+    """
+    require_uploader(actor, "dataset")
+    name = check_item_name("dataset", upload.name)
+    tags = normalise_tags(upload.tags)
+    if session.scalar(select(Dataset.id).where(Dataset.name == name)) is not None:
+        raise ConflictError(f"a dataset named {name!r} already exists")
+    table = prepare_table(
+        upload.columns, upload.spec, order=upload.order, max_elements=max_elements
+    )
+    mock = _prepare_mock(upload, table, max_elements) if upload.mock is not None else None
+    dataset = Dataset(
+        name=name,
+        description=upload.description,
+        owner_id=actor.id,
+        row_count=table.row_count,
+        mock_row_count=mock.row_count if mock else None,
+        subject_column=upload.spec.subject_id,
+        subjects_blob=store.put(array_to_bytes(table.subjects))
+        if table.subjects is not None
+        else None,
+        subject_count=table.subject_count,
+        max_rows_per_subject=table.max_rows_per_subject,
+        tags=[DatasetTag(tag=t) for t in tags],
+    )
+    for position, column in enumerate(table.columns):
+        dataset.columns.append(
+            DatasetColumn(
+                position=position,
+                name=column.name,
+                dtype=column.values.dtype.name,
+                row_shape=column.row_shape,
+                lower=column.lower,
+                upper=column.upper,
+                categories=column.categories,
+                blob=store.put(array_to_bytes(column.values)),
+                mock_blob=store.put(array_to_bytes(mock.columns[position].values))
+                if mock
+                else None,
+            )
+        )
+    session.add(dataset)
+    try:
+        session.flush()
+    except IntegrityError:  # a concurrent request took the name after the check above
+        session.rollback()
+        raise ConflictError(f"a dataset named {name!r} already exists") from None
+    audit.record(
+        session,
+        actor,
+        "dataset.upload",
+        target_type="dataset",
+        target_id=dataset.id,
+        name=name,
+        rows=table.row_count,
+        columns=len(table.columns),
+        tags=tags,
+        clamp=sorted(upload.spec.clamp)
+        if isinstance(upload.spec.clamp, frozenset)
+        else upload.spec.clamp,
+    )
+    session.commit()
+    return get_dataset(session, dataset.id)
+
+
+def get_dataset(session: Session, ref: int | str) -> Dataset:
+    """A dataset by id or by name."""
+    return get_item(session, Dataset, ref, _load_options())
+
+
+#: Built once: every publish runs it for each dataset it reads (building it took longer than
+#: running it on SQLite).
+_WITH_COLUMNS = (
+    select(Dataset)
+    .options(joinedload(Dataset.columns))
+    .where(Dataset.id == bindparam("dataset_id"))
+)
+
+
+def get_dataset_columns(session: Session, dataset_id: int) -> Dataset:
+    """A dataset with its columns only, in one query: what a computation reads.
+
+    Tags and owner are not loaded (touching them after the session closes fails).
+    """
+    found = session.execute(_WITH_COLUMNS, {"dataset_id": dataset_id})
+    dataset = found.unique().scalar_one_or_none()
+    if dataset is None:
+        raise NotFoundError(f"no dataset {dataset_id!r}")
+    return dataset
+
+
+def search_datasets(
+    session: Session, *, tags: Sequence[str] = (), text: str | None = None, limit: int = 100
+) -> list[Dataset]:
+    """Datasets carrying all of ``tags`` whose name or description contains ``text``."""
+    query = filter_catalog(
+        select(Dataset), Dataset, DatasetTag.dataset_id, DatasetTag.tag, tags, text
+    )
+    query = query.options(*_load_options()).order_by(Dataset.name).limit(limit)
+    return list(session.scalars(query))
+
+
+def delete_dataset(session: Session, store: BlobStore, actor: User, ref: int | str) -> None:
+    """Delete a dataset and the array bytes nothing else uses (owner or admin)."""
+    dataset = get_dataset(session, ref)
+    digests = [dataset.subjects_blob]
+    for column in dataset.columns:
+        digests += [column.blob, column.mock_blob]
+    delete_item(session, store, actor, dataset, digests)
+
+
+def download_mock(
+    session: Session, store: BlobStore, actor: User, ref: int | str
+) -> tuple[Dataset, dict[str, npt.NDArray[Any]]]:
+    """A dataset's mock columns (fake by definition) for ``actor``, the download audited."""
+    dataset = get_dataset(session, ref)
+    arrays = read_columns(store, dataset, mock=True)
+    audit.record(
+        session, actor, "dataset.mock_download", target_type="dataset", target_id=dataset.id
+    )
+    session.commit()
+    return dataset, arrays
+
+
+def read_columns(store: BlobStore, dataset: Dataset, *, mock: bool) -> dict[str, npt.NDArray[Any]]:
+    """The stored (encoded) columns of a dataset, real or mock, verified by hash."""
+    return {c.name: read_column(store, dataset, c, mock=mock) for c in dataset.columns}
+
+
+def read_column(
+    store: BlobStore, dataset: Dataset, column: DatasetColumn, *, mock: bool = False
+) -> npt.NDArray[Any]:
+    """One stored column, real or mock, verified by hash."""
+    rows = dataset.mock_row_count if mock else dataset.row_count
+    digest = column.mock_blob if mock else column.blob
+    if rows is None or digest is None:
+        raise NotFoundError(f"dataset {dataset.name!r} has no mock data")
+    return array_from_bytes(store.get(digest), column.dtype, (rows, *column.row_shape))
+
+
+def read_subjects(store: BlobStore, dataset: Dataset) -> npt.NDArray[np.int64] | None:
+    """The subject index of every row, or None when each row is its own subject."""
+    if dataset.subjects_blob is None:
+        return None
+    return array_from_bytes(store.get(dataset.subjects_blob), "int64", (dataset.row_count,))
+
+
+#: Subject structures of recent subject indexes, by blob digest: blobs are content-addressed
+#: and immutable, so a digest always has the same structure. Kept up to 64 MiB (an index,
+#: its per-subject counts and run starts take up to 24 bytes a row) so that a publish does
+#: not redo the O(rows) analysis.
+_STRUCTURES: KeptByBytes[tuple[str, int], Subjects] = KeptByBytes(64 * 1024 * 1024)
+
+
+def subject_structure(store: BlobStore, dataset: Dataset) -> Subjects:
+    """The structure of the dataset's subject index (the tracker's view of its rows)."""
+    digest = dataset.subjects_blob
+    if digest is None:
+        return Subjects.identity(dataset.row_count)
+
+    def analyse() -> Subjects:
+        index = read_subjects(store, dataset)
+        assert index is not None
+        return Subjects.of(index)
+
+    return _STRUCTURES.get((digest, dataset.row_count), 24 * dataset.row_count, analyse)
+
+
+def download_real(
+    session: Session, store: BlobStore, actor: User, dataset: Dataset
+) -> dict[str, npt.NDArray[Any]]:
+    """Real values, for the dataset's owner and admins only; data scientists never get them."""
+    if actor.role is Role.DATA_SCIENTIST:
+        raise PermissionDeniedError(
+            "data scientists never receive real values: compute on remote tensors and "
+            "call .publish(epsilon=...) for a noised result, or download the mock data"
+        )
+    require_owner(actor, dataset.owner_id, f"dataset {dataset.name!r}")
+    audit.record(session, actor, "dataset.download", target_type="dataset", target_id=dataset.id)
+    session.commit()
+    return read_columns(store, dataset, mock=False)

@@ -1,0 +1,158 @@
+"""Idempotency keys: a retried publish is answered with its first answer, charged once.
+
+A client that lost a publish's answer (a timeout, a dropped connection) cannot tell whether
+the node ran it. It sends every publish with a key it chose and retries with the same key:
+
+- the key is claimed in the transaction that charges the publish (``budget.charge``, which
+  is serialised per user), and the table is unique on (user, key), so that one key is
+  charged at most once however many copies race;
+- once the release is answered, its encoded response is stored on the key's row; the values
+  and receipt were released already, so storing them releases nothing new;
+- a retry is looked up before anything else is done: a stored answer is returned as it is,
+  without planning, evaluating or charging anything; a claimed key without an answer yet is
+  refused as still running; a key that names another request is refused.
+
+A refused publish claims nothing, so its retry is decided again. Rows older than
+``publish_key_ttl_seconds`` are purged whenever a key is claimed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from dpnode.core.errors import ConflictError, InvalidRequestError, PublishInProgressError
+from dpnode.node.db.models import PublishKey
+
+#: Printable ASCII without spaces, as an HTTP header carries it untouched.
+_KEY = re.compile(r"[\x21-\x7e]{1,128}")
+
+_INSERT = insert(PublishKey)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """An idempotency key and the hash of the request it came with."""
+
+    key: str
+    request_hash: str
+
+
+class AlreadyClaimed(Exception):
+    """Raised by :func:`claim` when the key was claimed by another request meanwhile."""
+
+
+def check_key(key: str) -> str:
+    """``key`` if it is 1 to 128 printable ASCII characters (no spaces).
+
+    >>> check_key("3f2a9c")
+    '3f2a9c'
+    >>> check_key("a b")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    dpnode.core.errors.InvalidRequestError: an idempotency key is 1 to 128 ... got 'a b'
+    """
+    if not _KEY.fullmatch(key):
+        shown = key if len(key) <= 40 else key[:40] + "..."
+        raise InvalidRequestError(
+            "an idempotency key is 1 to 128 printable ASCII characters without spaces, "
+            f"got {shown!r}"
+        )
+    return key
+
+
+def request_hash(frame: bytes, epsilon: float, delta: float | None, run_id: int | None) -> str:
+    """What identifies a publish request: its full graph frame and its parameters.
+
+    >>> request_hash(b"g", 0.5, None, None) == request_hash(b"g", 0.5, None, None)
+    True
+    >>> request_hash(b"g", 0.5, None, None) == request_hash(b"g", 0.25, None, None)
+    False
+    """
+    digest = hashlib.sha256(frame)
+    digest.update(f"\0{epsilon!r}\0{delta!r}\0{run_id!r}".encode())
+    return digest.hexdigest()
+
+
+def replay(session: Session, user_id: int, claim: Claim) -> bytes | None:
+    """The stored answer of the publish ``claim`` names, or ``None`` if the key is unused.
+
+    Raises:
+        PublishInProgressError: the key was charged and its answer is not stored yet.
+        ConflictError: the key names another request of this user.
+    """
+    row = session.execute(
+        select(PublishKey.request_hash, PublishKey.response).where(
+            PublishKey.user_id == user_id, PublishKey.key == claim.key
+        )
+    ).first()
+    if row is None:
+        return None
+    if row.request_hash != claim.request_hash:
+        raise ConflictError(
+            f"idempotency key {claim.key!r} already names another publish (a different "
+            "graph, constants, epsilon, delta or run): a key names one request; send a new "
+            "publish with a new key"
+        )
+    if row.response is None:
+        raise PublishInProgressError(
+            f"the publish with idempotency key {claim.key!r} was charged and is still "
+            "running: retry with the same key to get its answer (it is not charged again)"
+        )
+    return bytes(row.response)
+
+
+def ensure_free(session: Session, user_id: int, claim: Claim) -> None:
+    """Refuse a key another request claimed, first thing in the charging transaction: the
+    caller holds the user's lock (``budget.charge``), so a concurrent claim is seen here.
+
+    Raises:
+        AlreadyClaimed: the key is taken; nothing may be charged.
+    """
+    taken = session.execute(
+        select(PublishKey.id).where(PublishKey.user_id == user_id, PublishKey.key == claim.key)
+    ).first()
+    if taken is not None:
+        raise AlreadyClaimed(claim.key)
+
+
+def record(
+    session: Session, user_id: int, claim: Claim, ledger_id: int, at: datetime, ttl_seconds: int
+) -> None:
+    """Record ``claim`` for the ledger row just written, in the charging transaction, and
+    purge expired keys. The unique constraint backs :func:`ensure_free` up: a duplicate
+    insert fails the whole transaction, charge included.
+
+    Raises:
+        AlreadyClaimed: the key is taken; the caller's transaction is rolled back.
+    """
+    expired = at - timedelta(seconds=ttl_seconds)
+    session.execute(delete(PublishKey).where(PublishKey.created_at < expired))
+    values = {
+        "user_id": user_id,
+        "key": claim.key,
+        "request_hash": claim.request_hash,
+        "ledger_id": ledger_id,
+        "created_at": at,
+    }
+    try:
+        session.execute(_INSERT, values)
+    except IntegrityError as exc:
+        raise AlreadyClaimed(claim.key) from exc
+
+
+def store(sessions: sessionmaker[Session], user_id: int, key: str, response: bytes) -> None:
+    """Keep the encoded answer of the publish claimed with ``key``, for its retries."""
+    with sessions() as session:
+        session.execute(
+            update(PublishKey)
+            .where(PublishKey.user_id == user_id, PublishKey.key == key)
+            .values(response=response)
+        )
+        session.commit()

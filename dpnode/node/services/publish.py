@@ -1,0 +1,400 @@
+"""Publishing: decide from public metadata, charge, then evaluate, noise and release.
+
+Order of events, each for a reason:
+
+1. read the caller's account (a deactivated one is refused before any work) and check
+   the epsilon and delta asked for;
+2. decode and plan the graph (quotas refuse it before any data is read or allocated);
+3. resolve its inputs' public metadata — dataset columns' declared bounds and subject
+   structure, public model weights — and check that the caller may use each;
+4. track the sensitivity and plan the noise (:func:`dpnode.core.privacy.release.plan_release`):
+   a graph the tracker cannot bound is refused here, without being evaluated;
+5. charge the budget in one serialised transaction with its ledger row: the policy, the
+   rate limit, approvals and the budget decide here;
+6. only then read the private columns, evaluate with total kernels, clip every output to
+   its public bounds and noise it (:func:`dpnode.core.privacy.release.run_release`);
+7. return the noised values.
+
+Every refusal (1 to 5) happens before a private value is read, so what a refused
+publish shows — its error type, code, message and time — cannot depend on the data.
+After 5, a publish is always answered with a noised result: a failure there still
+costs the charge, is recorded in the audit log for the operator, and is not reported to
+the analyst (docs/privacy.md, the threat model).
+
+1 to 3 share one read-only transaction (on SQLite a deferred one, which locks nothing).
+No database transaction is open during 4 and 6.
+
+A publish may come with an idempotency key (``dpnode.node.services.idempotency``). A retry with a
+key already answered is answered, right after 1, with the stored answer: nothing is
+planned, evaluated or charged. Otherwise 5 claims the key with the ledger row, so that
+copies of one request racing each other are charged once; the caller stores the encoded
+answer (:func:`answered`) before sending it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from sqlalchemy.orm import Session
+
+from dpnode.core.dp.mechanisms import gaussian_scale, laplace_scale, plan_gaussian
+from dpnode.core.engine import (
+    Graph,
+    Plan,
+    Quotas,
+    WireLimits,
+    content_hash,
+    decode,
+    encode,
+    plan,
+    structure_hash,
+)
+from dpnode.core.errors import (
+    GraphError,
+    InvalidRequestError,
+    NotFoundError,
+    PermissionDeniedError,
+    PublishInProgressError,
+)
+from dpnode.core.privacy import InputSpec, PrivacyReport, Subjects, track
+from dpnode.core.privacy.release import ReleasePlan, plan_release, run_release
+from dpnode.core.privacy.subjects import first_rows
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import Dataset, DatasetColumn, Role, User
+from dpnode.node.services import audit, budget, datasets, idempotency, models, users
+from dpnode.node.services.budget import EPSILON_UNIT, RHO_UNIT, TV_UNIT, Cost
+from dpnode.node.storage import array_from_bytes
+
+_INPUT = re.compile(r"^(dataset|model):(\d+)/(.+)$")
+
+
+@dataclass(frozen=True)
+class PublishRequest:
+    epsilon: float
+    #: None: Laplace (pure epsilon); a number: Gaussian, calibrated to (epsilon, delta).
+    delta: float | None = None
+    #: The approved training run this publish is a step of (``dpnode.node.services.runs``).
+    run_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Published:
+    values: list[npt.NDArray[np.float64]]
+    receipt: dict[str, Any]
+    #: for the operator's audit log only (see :func:`record_failure`): never shown
+    failure: str | None = None
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """The stored answer of a publish already answered under the same idempotency key."""
+
+    body: bytes
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    specs: dict[str, InputSpec]
+    #: public values (model weights, subject groups), read while resolving
+    public: dict[str, npt.NDArray[Any]]
+    #: private columns, read only once a release has been charged
+    private: dict[str, tuple[Dataset, DatasetColumn]]
+    dataset_ids: list[int]
+
+    def values(self, context: NodeContext) -> dict[str, npt.NDArray[Any]]:
+        out = dict(self.public)
+        for name, (dataset, column) in self.private.items():
+            out[name] = datasets.read_column(context.store, dataset, column)
+        return out
+
+
+def _resolve(context: NodeContext, session: Session, actor: User, graph: Graph) -> _Inputs:
+    """Public metadata of every input the graph names (and where its values are)."""
+    specs: dict[str, InputSpec] = {}
+    public: dict[str, npt.NDArray[Any]] = {}
+    private: dict[str, tuple[Dataset, DatasetColumn]] = {}
+    dataset_ids: set[int] = set()
+    subjects: dict[int, npt.NDArray[np.int64] | None] = {}
+    structures: dict[int, Subjects] = {}
+    loaded: dict[int, Dataset] = {}  # one query per dataset
+    for name in graph.input_names():
+        match = _INPUT.match(name)
+        if match is None:
+            raise GraphError(
+                f"input {name!r} names no data on this node: inputs are "
+                "'dataset:<id>/<column>' or 'model:<id>/<tensor>'"
+            )
+        kind, ident, part = match.group(1), int(match.group(2)), match.group(3)
+        if kind == "dataset":
+            if ident not in loaded:
+                loaded[ident] = datasets.get_dataset_columns(session, ident)
+            dataset = loaded[ident]
+            column = next((c for c in dataset.columns if c.name == part), None)
+            if dataset.id not in subjects:  # one read per dataset, not per column
+                subjects[dataset.id] = datasets.read_subjects(context.store, dataset)
+                structures[dataset.id] = datasets.subject_structure(context.store, dataset)
+            if column is None and part == "@subject":  # public: DP-SGD's clipping groups
+                public[name] = first_rows(subjects[dataset.id], dataset.row_count)
+                specs[name] = InputSpec.public(public[name])
+                dataset_ids.add(dataset.id)
+                continue
+            if column is None:
+                raise NotFoundError(f"dataset {dataset.name!r} has no column {part!r}")
+            specs[name] = InputSpec.private(column.lower, column.upper, structures[dataset.id])
+            private[name] = (dataset, column)
+            dataset_ids.add(dataset.id)
+            continue
+        model = models.get_model(session, ident)
+        tensor = next((t for t in model.tensors if t.name == part), None)
+        if tensor is None:
+            raise NotFoundError(f"model {model.name!r} has no tensor {part!r}")
+        if not model.is_public and actor.role is not Role.ADMIN and actor.id != model.owner_id:
+            raise PermissionDeniedError(
+                f"model {model.name!r} is private: publishing results computed from its "
+                "weights is not supported yet; ask its owner to make it public"
+            )
+        weights = array_from_bytes(
+            context.store.get(tensor.blob), tensor.dtype, tuple(tensor.shape)
+        )
+        specs[name] = InputSpec.public(weights)
+        public[name] = weights
+    return _Inputs(specs, public, private, sorted(dataset_ids))
+
+
+def _decode(context: NodeContext, actor: User, body: bytes) -> tuple[Graph, Plan]:
+    """The graph, and its plan for a tracked evaluation (the quotas checked on it)."""
+    s = context.settings
+    limits = WireLimits(max_frame_bytes=s.max_upload_bytes, max_nodes=s.max_graph_nodes)
+    frame = context.structures.expand(actor.id, body)  # a reference to a header sent before
+    graph = decode(frame, limits)
+    planned = plan(graph, _quotas(context), accurate=True)
+    context.structures.remember(actor.id, frame)
+    return graph, planned
+
+
+def _quotas(context: NodeContext) -> Quotas:
+    s = context.settings
+    return Quotas(
+        max_nodes=s.max_graph_nodes,
+        max_total_bytes=s.max_graph_memory_bytes,
+        max_flops=s.max_graph_flops,
+    )
+
+
+def sensitivity(context: NodeContext, actor_id: int, frame: bytes) -> PrivacyReport:
+    """The sensitivity of a graph's outputs, from public metadata only: free, no data read.
+
+    Raises:
+        AuthenticationError: the account no longer exists or was deactivated.
+    """
+    with context.read_sessions() as session:
+        actor = users.active(session, actor_id)
+        graph, planned = _decode(context, actor, frame)
+        inputs = _resolve(context, session, actor, graph)
+    return track(planned, inputs.specs)
+
+
+def _float_at_most(x: Fraction) -> float:
+    """The largest float not above ``x``: a mechanism calibrated to it spends at most ``x``.
+
+    >>> _float_at_most(Fraction(1, 10)) <= Fraction(1, 10)
+    True
+    """
+    f = float(x)
+    return f if Fraction(f) <= x else math.nextafter(f, 0.0)
+
+
+def _check_delta(delta: float) -> float:
+    if isinstance(delta, bool) or not (math.isfinite(delta) and 0 < delta < 1):
+        raise InvalidRequestError(f"delta must be a number in (0, 1), got {delta!r}")
+    return delta
+
+
+def _cost(rp: ReleasePlan, request: PublishRequest, inputs: _Inputs, graph: Graph) -> Cost:
+    """What the planned release costs, in ledger units: from the plan, never the values."""
+    noise = rp.noise
+    if noise.mechanism != "gaussian":  # Laplace noise or a selection: pure epsilon
+        cost = Cost(
+            noise.mechanism,
+            epsilon_units=int(budget.quantize_epsilon(request.epsilon) / EPSILON_UNIT),
+        )
+    else:
+        cost = Cost("gaussian", rho_units=budget.units_up(noise.rho, RHO_UNIT, "rho"))
+    return replace(
+        cost,
+        tv_units=budget.units_up(noise.sampler_tv, TV_UNIT, "sampler deviation"),
+        dataset_ids=inputs.dataset_ids,
+        graph_hash=structure_hash(graph),
+        detail={
+            "sensitivity": noise.sensitivity,
+            "scale": noise.scale,
+            "outputs": [list(o.shape) for o in rp.report.outputs],
+        },
+        # What the policy's per-publish caps and approval thresholds compare against, and
+        # the exact computation (constants included) an admin's approval covers, computed
+        # only when the policy gates publishes.
+        asked_epsilon_units=budget.units_down(request.epsilon, EPSILON_UNIT, "epsilon"),
+        asked_delta_units=0
+        if request.delta is None
+        else budget.units_down(request.delta, budget.DELTA_UNIT, "delta"),
+        frame_hash=lambda: content_hash(encode(graph)),
+        run_id=request.run_id,
+    )
+
+
+def gaussian_cost(epsilon: float, delta: float, values: int) -> Cost:
+    """What a Gaussian publish of ``values`` values at ``(epsilon, delta)`` is charged, as
+    :func:`publish` computes it from its release plan (the same calibration, the same
+    rounding): what each step of a training run costs, known before the run starts.
+
+    Raises:
+        InvalidRequestError: a bad epsilon, delta or number of values.
+
+    >>> c = gaussian_cost(0.5, 1e-6, 10)
+    >>> c.mechanism, c.rho_units > 0, budget.gaussian_count(c.tv_units)
+    ('gaussian', True, 10)
+    """
+    charged = budget.quantize_epsilon(epsilon)
+    _check_delta(delta)
+    if isinstance(values, bool) or not isinstance(values, int) or values < 1:
+        raise InvalidRequestError(f"values must be a whole number >= 1, got {values!r}")
+    noise = plan_gaussian(
+        sensitivity_l2=1.0, count=values, epsilon=_float_at_most(charged), delta=delta
+    )
+    return Cost(
+        "gaussian",
+        rho_units=budget.units_up(noise.rho, RHO_UNIT, "rho"),
+        tv_units=budget.units_up(noise.sampler_tv, TV_UNIT, "sampler deviation"),
+        asked_epsilon_units=budget.units_down(epsilon, EPSILON_UNIT, "epsilon"),
+        asked_delta_units=budget.units_down(delta, budget.DELTA_UNIT, "delta"),
+    )
+
+
+def publish(
+    context: NodeContext,
+    actor_id: int,
+    frame: bytes,
+    request: PublishRequest,
+    key: str | None = None,
+) -> Published | Replayed:
+    """Decide, charge, then evaluate, noise and release (see the module docstring).
+
+    ``actor_id`` comes from a verified token; the account is read with the inputs. ``key``:
+    the request's idempotency key; a retry of a request already answered under it gets
+    that answer (:class:`Replayed`), neither evaluated nor charged again.
+
+    Raises (each before any private value is read):
+        AuthenticationError: the account no longer exists or was deactivated; nothing is done.
+        InvalidRequestError: a malformed idempotency key.
+        PublishInProgressError: the key's publish was charged and is not answered yet.
+        ConflictError: the key names another request of this user.
+        GraphError, QuotaExceededError: a graph the engine refuses.
+        PrivacyTrackingError: a graph whose sensitivity cannot be bounded.
+        InvalidRequestError: a bad epsilon or delta.
+        PolicyRefusedError, BudgetExceededError, ApprovalRequiredError: the policy or the
+            budget refuses the charge; nothing is released.
+    """
+    if key is not None:
+        idempotency.check_key(key)
+    with context.read_sessions() as session:  # the account, then the inputs: one read
+        actor = users.active(session, actor_id)
+        charged = budget.quantize_epsilon(request.epsilon)  # a bad epsilon, before any work
+        if request.delta is not None:
+            _check_delta(request.delta)
+        claim = None
+        if key is not None:
+            full = context.structures.expand(actor.id, frame)  # a reference names its frame
+            digest = idempotency.request_hash(full, request.epsilon, request.delta, request.run_id)
+            claim = idempotency.Claim(key, digest)
+            stored = idempotency.replay(session, actor.id, claim)
+            if stored is not None:  # answered already: released, nothing new to decide
+                return Replayed(stored)
+            frame = full
+        graph, planned = _decode(context, actor, frame)
+        inputs = _resolve(context, session, actor, graph)
+    rp = plan_release(
+        planned,
+        inputs.specs,
+        epsilon=_float_at_most(charged),
+        delta=request.delta,
+        tracked=context.tracking.report,
+    )
+    cost = _cost(rp, request, inputs, graph)
+    try:
+        entry, after = budget.charge(
+            context.serial_sessions, context.settings, actor.id, cost, claim=claim
+        )
+    except idempotency.AlreadyClaimed:  # a copy of this request was charged meanwhile
+        assert claim is not None
+        with context.read_sessions() as session:
+            stored = idempotency.replay(session, actor.id, claim)
+        if stored is None:  # its key expired between the two reads
+            raise PublishInProgressError(
+                f"the publish with idempotency key {key!r} was just charged by another "
+                "request: retry with the same key to get its answer"
+            ) from None
+        return Replayed(stored)
+    # Charged: from here on the data is read, and the publish is always answered.
+    done = run_release(rp, lambda: inputs.values(context))
+    release = done.release
+    receipt = {
+        "ledger_id": entry.id,
+        "mechanism": release.mechanism,
+        # what this release took from the budget, as client.budget() and the ledger count it
+        **budget.receipt_terms(
+            entry, after, asked_epsilon=request.epsilon, asked_delta=request.delta
+        ),
+        "sensitivity": release.sensitivity,
+        "sensitivity_l1": rp.report.l1,
+        "sensitivity_l2": rp.report.l2,
+        "noise_scale": release.scale,
+        "grid_exponent": release.grid_exponent,
+        "sampler_tv": release.sampler_tv,
+        # post-processing: noised values moved to the nearer end of their public range
+        "clipped": done.clipped,
+        # post-processing: symmetric matrices (X.T @ X) made symmetric again after the noise
+        "symmetrized": done.symmetrized,
+        "policy": after.in_force.name,
+        "policy_revision": entry.policy_revision,
+    }
+    return Published(done.values, receipt, done.failure)
+
+
+def answered(context: NodeContext, actor_id: int, key: str, response: bytes) -> None:
+    """Store a publish's encoded answer under its idempotency key, for its retries. Called
+    before the answer is sent, so that a retry after a lost answer finds it."""
+    idempotency.store(context.sessions, actor_id, key, response)
+
+
+def record_failure(context: NodeContext, actor_id: int, published: Published) -> None:
+    """Tell the operator, in the audit log, that a charged publish was answered with its
+    public stand-ins. Called after the answer has gone (its time must not show)."""
+    if published.failure is None:
+        return
+    with context.sessions() as session:
+        actor = session.get(User, actor_id)
+        audit.record(
+            session,
+            actor,
+            "publish.evaluation_failed",
+            target_type="ledger",
+            target_id=published.receipt["ledger_id"],
+            error=published.failure,
+        )
+        session.commit()
+
+
+def noise_scale(report: PrivacyReport, request: PublishRequest) -> float:
+    """The noise scale a publish would use (Laplace b, or Gaussian sigma), exactly."""
+    epsilon = _float_at_most(budget.quantize_epsilon(request.epsilon))
+    count = sum(int(np.prod(o.shape, dtype=np.int64)) for o in report.outputs)
+    if request.delta is None:
+        return laplace_scale(sensitivity_l1=report.l1, epsilon=epsilon, count=count)
+    delta = _check_delta(request.delta)
+    return gaussian_scale(sensitivity_l2=report.l2, count=count, epsilon=epsilon, delta=delta)

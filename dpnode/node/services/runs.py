@@ -1,0 +1,219 @@
+"""Training runs judged as a whole: planned on the node before their first step.
+
+A private training run is ``steps`` Gaussian publishes of one per-step (epsilon, delta),
+each small, so a policy judging publishes one at a time never sees the run. Planning
+shows it whole: the node costs one step exactly as a publish of it will be charged
+(:func:`dpnode.node.services.publish.gaussian_cost`), and the policy judges the run
+(:func:`policies.decide_run`): each step against the per-publish caps; the run's total, as
+the user's privacy filter counts its steps (rho summed, converted at the allowance's delta),
+against the budget, every dataset cap and the approval thresholds. A run that does not fit
+is refused before any step; one above a threshold is queued as one request for an admin
+(``dpnode.node.services.approvals``, kind ``"run"``). Nothing is charged here: each step is
+charged when it is published, every cap and the budget applying again.
+
+Planning the same run again (same steps, per-step amounts, values, datasets and
+description) finds the same request: it reports it waiting, the admin's denial (once), or,
+approved, its id, which each step's publish then carries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from dpnode import policies
+from dpnode.core.errors import InvalidRequestError, NotFoundError
+from dpnode.node.db.base import utcnow
+from dpnode.node.services import approvals, audit, budget
+from dpnode.node.services import policy as policy_service
+from dpnode.node.services.publish import gaussian_cost
+from dpnode.node.settings import Settings
+
+__all__ = ["MAX_STEPS", "Planned", "RunPlan", "plan"]
+
+#: The most steps one run may plan (each is a publish: far more than any run needs).
+MAX_STEPS = 1_000_000
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run's public plan: ``steps`` Gaussian publishes at ``(epsilon, delta)`` each, every
+    one noising at most ``values`` values and reading only ``dataset_ids``."""
+
+    steps: int
+    epsilon: float
+    delta: float
+    values: int
+    dataset_ids: tuple[int, ...] = ()
+    description: str = ""
+
+    def key(self) -> str:
+        """The hash that identifies this plan (and its approval), a sha256 in hex."""
+        canonical = {
+            "kind": approvals.RUN,
+            "steps": self.steps,
+            "epsilon_units": budget.units_down(self.epsilon, budget.EPSILON_UNIT, "epsilon"),
+            "delta_units": budget.units_down(self.delta, budget.DELTA_UNIT, "delta"),
+            "values": self.values,
+            "dataset_ids": sorted(set(self.dataset_ids)),
+            "description": self.description,
+        }
+        text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A run the policy lets start. ``run_id`` is the approval each step's publish names
+    (``None``: the run needed none, its steps are ordinary publishes); ``epsilon`` and
+    ``delta`` its total as the ledger will count it; ``remaining_epsilon`` what is left of
+    the budget once every step has run."""
+
+    run_id: int | None
+    steps: int
+    steps_used: int
+    epsilon: float
+    delta: float
+    step_epsilon: float
+    step_delta: float
+    remaining_epsilon: float
+    policy: str
+    policy_revision: int | None
+
+
+def _check(run: RunPlan) -> None:
+    steps = run.steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
+        raise InvalidRequestError(f"steps must be a whole number in [1, {MAX_STEPS}], got {steps}")
+    if len(run.description) > 500:
+        raise InvalidRequestError("a run's description is at most 500 characters")
+
+
+def plan(
+    serial_sessions: sessionmaker[Session],
+    settings: Settings,
+    user_id: int,
+    run: RunPlan,
+) -> Planned:
+    """Judge ``run`` as a whole under the policy in force, in a serialised transaction.
+
+    Raises:
+        InvalidRequestError: a bad plan (steps, epsilon, delta, values).
+        BudgetExceededError: the run's total does not fit the user's budget or a dataset's
+            cap; nothing is recorded. ``rule`` says which.
+        PolicyRefusedError: a step is over a per-publish cap, or an admin denied the run
+            (reported once, with the admin's reason).
+        ApprovalRequiredError: the run waits for an admin; one pending request is stored.
+        NotFoundError: no such user or dataset.
+    """
+    _check(run)
+    step_cost = gaussian_cost(run.epsilon, run.delta, run.values)
+    sampler_epsilon, sampler_delta = budget.sampler_units(step_cost)
+    key = run.key()
+    # The same steps as the publish transaction (budget.charge): lock, read, decide.
+    with serial_sessions() as session:
+        user, found = budget._lock(session, user_id, run.dataset_ids)
+        missing = sorted(set(run.dataset_ids) - set(found))
+        if missing:
+            raise NotFoundError(f"no dataset with id {missing[0]}")
+        at = utcnow()
+        in_force = policy_service.current(session)
+        puser = budget.policy_user(session, user)
+        defaults = budget._defaults(settings)
+        step = policies.PublishRequest(
+            at=at,
+            datasets={name: ident for ident, name in found.items()},
+            epsilon_units=step_cost.asked_epsilon,
+            delta_units=step_cost.asked_delta_units,
+            rho_units=step_cost.rho_units,
+            extra_delta_units=sampler_delta,
+            extra_epsilon_units=sampler_epsilon,
+        )
+        full = policies.RunRequest(run.steps, step)
+        waiting = approvals.find_run(session, user.id, key)
+        answer = None if waiting is None else approvals.answer_of(waiting)
+        approved = waiting if answer is not None and answer.approved else None
+        judged = full
+        if approved is not None and approved.steps_used:
+            # the steps already taken under it are in the ledger: judge the steps left
+            judged = policies.RunRequest(max(1, run.steps - approved.steps_used), step)
+        ledger = budget._load(session, in_force.policy, step, puser)
+        decision = policies.decide_run(
+            in_force.policy, puser, judged, ledger.charges, defaults=defaults, approval=answer
+        )
+        epsilon_units, delta_units = policies.run_total(
+            in_force.policy, puser, full, defaults=defaults
+        )
+        total_units = (epsilon_units or 0, delta_units)
+        summary = {
+            "policy": in_force.name,
+            "policy_revision": in_force.revision,
+            "rule": decision.rule,
+            "steps": run.steps,
+            "step_epsilon_units": step.epsilon_units,
+            "step_delta_units": step.delta_units,
+            "epsilon_units": total_units[0],
+            "delta_units": total_units[1],
+            "datasets": sorted(found),
+            "description": run.description,
+        }
+        if decision.outcome is policies.Outcome.NEEDS_APPROVAL:
+            queued = waiting is None
+            if waiting is None:
+                waiting = approvals.queue_run(
+                    session,
+                    user,
+                    full,
+                    plan_hash=key,
+                    values=run.values,
+                    dataset_ids=sorted(found),
+                    description=run.description,
+                    total=total_units,
+                    decision=decision,
+                    revision=in_force.revision,
+                )
+            raise approvals.waiting(
+                session,
+                user,
+                waiting,
+                queued=queued,
+                action="run.approval_requested",
+                decision=decision,
+                in_force=in_force,
+                summary=summary,
+                what="this training run",
+                again="nothing was run or charged: plan the same run again once it is approved",
+            )
+        if not decision.allowed:
+            if waiting is not None and answer is not None and not answer.approved:
+                approvals.use(waiting, None)  # a denial is answered once; planning again queues
+            audit.record(
+                session,
+                user,
+                "run.refused",
+                target_type="user",
+                target_id=user.id,
+                reason=decision.reason,
+                **summary,
+            )
+            session.commit()
+            raise budget._refusal(decision, in_force)
+        remaining = decision.remaining.epsilon_units
+        planned = Planned(
+            run_id=None if approved is None else approved.id,
+            steps=run.steps,
+            steps_used=0 if approved is None else approved.steps_used,
+            epsilon=float(total_units[0] * budget.EPSILON_UNIT),
+            delta=float(total_units[1] * budget.DELTA_UNIT),
+            step_epsilon=float(step.epsilon_units * budget.EPSILON_UNIT),
+            step_delta=float(step.delta_units * budget.DELTA_UNIT),
+            remaining_epsilon=math.inf if remaining < 0 else float(remaining * budget.EPSILON_UNIT),
+            policy=in_force.name,
+            policy_revision=in_force.revision,
+        )
+        session.rollback()  # a plan allowed as it stands writes nothing
+        return planned

@@ -1,0 +1,107 @@
+"""The node's configuration: one settings object, read from ``DPNODE_*`` variables."""
+
+from __future__ import annotations
+
+import ipaddress
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: The secret a development node starts with; refused in production.
+PLACEHOLDER_SECRET = "change-me"
+
+
+class Settings(BaseSettings):
+    """Every knob of a node. Environment variables use the ``DPNODE_`` prefix."""
+
+    model_config = SettingsConfigDict(env_prefix="DPNODE_", extra="ignore")
+
+    environment: Literal["development", "production"] = "development"
+    data_dir: Path = Path("dpnode-data")
+    #: SQLAlchemy URL; empty means a SQLite file ``dpnode.sqlite3`` in ``data_dir``.
+    database_url: str = ""
+
+    token_secret: SecretStr = SecretStr(PLACEHOLDER_SECRET)
+    token_lifetime_seconds: int = Field(default=8 * 3600, gt=0)
+
+    #: Largest request body the node reads (dataset and model uploads).
+    max_upload_bytes: int = Field(default=512 * 1024 * 1024, gt=0)
+    #: Largest number of elements in one uploaded column or weight tensor.
+    max_upload_elements: int = Field(default=100_000_000, gt=0)
+    #: Largest number of columns in one dataset.
+    max_columns: int = Field(default=10_000, gt=0)
+
+    #: Compute quotas of one graph, checked before anything is read or allocated.
+    max_graph_nodes: int = Field(default=100_000, gt=0)
+    max_graph_memory_bytes: int = Field(default=4 * 1024**3, gt=0)
+    max_graph_flops: int = Field(default=10**12, gt=0)
+    #: Memory for graph structures users already sent (a loop then resends only constants).
+    structure_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    #: How long a publish's answer is kept for a retry with the same idempotency key.
+    publish_key_ttl_seconds: int = Field(default=24 * 3600, gt=0)
+    #: Memory for verified dataset and weight blobs (read and hashed once, LRU); 0: off.
+    blob_cache_bytes: int = Field(default=512 * 1024 * 1024, ge=0)
+
+    #: A user's budget (epsilon, delta) where the policy in force sets none for them or their role.
+    default_epsilon_budget: float = Field(default=10.0, ge=0, le=700, allow_inf_nan=False)
+    default_delta_budget: float = Field(default=1e-6, ge=0, lt=1, allow_inf_nan=False)
+
+    #: Argon2id cost: memory in KiB and passes (RFC 9106's low-memory profile by default).
+    argon2_memory_kib: int = Field(default=64 * 1024, ge=8 * 1024)
+    argon2_time_cost: int = Field(default=3, ge=1)
+
+    #: Login throttle (dpnode.node.services.throttle), per worker process: failed logins per
+    #: account (by email, known or not) within a sliding window, checked before the hash.
+    login_max_failures: int = Field(default=10, gt=0)
+    login_failure_window_seconds: int = Field(default=15 * 60, gt=0)
+    #: Login attempts (failed or not) per client address within a sliding window.
+    login_max_attempts_per_address: int = Field(default=60, gt=0)
+    login_address_window_seconds: int = Field(default=60, gt=0)
+    #: Reverse proxies (addresses or networks) whose ``X-Forwarded-For`` names the client;
+    #: empty (the default): the header is ignored and the peer's address counts.
+    trusted_proxies: list[str] = Field(default_factory=list)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxy_networks(cls, proxies: list[str]) -> list[str]:
+        for proxy in proxies:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"DPNODE_TRUSTED_PROXIES: {proxy!r} is not an IP address or network "
+                    '(write a JSON list, e.g. ["10.0.0.0/8"])'
+                ) from None
+        return proxies
+
+    @model_validator(mode="after")
+    def _refuse_placeholder_secrets(self) -> Settings:
+        secret = self.token_secret.get_secret_value()
+        if self.environment != "development" and (secret == PLACEHOLDER_SECRET or len(secret) < 32):
+            raise ValueError(
+                "DPNODE_TOKEN_SECRET must be set to a random string of at least 32 characters "
+                "outside development (for example: python -c 'import secrets; "
+                "print(secrets.token_urlsafe(48))')"
+            )
+        return self
+
+    @property
+    def resolved_database_url(self) -> str:
+        """The database URL, defaulting to a SQLite file inside ``data_dir``."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'dpnode.sqlite3').resolve()}"
+
+    @property
+    def blob_dir(self) -> Path:
+        """Where content-addressed array bytes are kept."""
+        return self.data_dir / "blobs"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

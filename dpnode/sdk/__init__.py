@@ -1,0 +1,158 @@
+"""dpnode's Python SDK: find datasets on a node, compute on them, publish noised results.
+
+>>> from dpnode import sdk
+>>> url = "http://127.0.0.1:8000"
+>>> client = sdk.login(url, email="ds@example.org", password="...")  # doctest: +SKIP
+>>> ds = sdk.search(tags=["health"])[0]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+import httpx
+
+from dpnode.sdk import _attention, _bags, _recurrent  # noqa: F401  (register layers on remote tensors)
+from dpnode.sdk._budget import (
+    BudgetGrant,
+    BudgetRequest,
+    BudgetStatus,
+    LedgerEntry,
+    PolicyRevision,
+    PublishApproval,
+    TrainingRunPlan,
+)
+from dpnode.sdk._client import Client
+from dpnode.sdk._exceptions import (
+    ApprovalRequiredError,
+    AuthenticationError,
+    BudgetExceededError,
+    ConflictError,
+    DPNodeError,
+    EvaluationError,
+    GraphError,
+    InvalidPolicyError,
+    InvalidRequestError,
+    NodeUnreachableError,
+    NotFoundError,
+    NotPublishableError,
+    PayloadTooLargeError,
+    PermissionDeniedError,
+    PolicyRefusedError,
+    PrivacyTrackingError,
+    PrivateValueError,
+    PublishInProgressError,
+    QuotaExceededError,
+    RateLimitedError,
+    ServerError,
+    UnsupportedDTypeError,
+    UnsupportedOperationError,
+    UploadRejectedError,
+)
+from dpnode.sdk._handles import AuditEvent, ColumnInfo, DatasetHandle, ModelHandle, TensorInfo, User
+from dpnode.sdk._publish import (
+    Receipt,
+    Sensitivity,
+    noise_scale,
+    publish,
+    publish_grads,
+    sensitivity,
+)
+from dpnode.sdk._regression import LinearRegression, linear_regression
+from dpnode.sdk._remote import MockSession, RemoteTensor, mock
+from dpnode.sdk._steps import StepBudget, step_budget
+from dpnode.sdk._training import PrivateTraining, TrainingStep, private_training
+
+__all__ = [
+    "ApprovalRequiredError",
+    "AuditEvent",
+    "AuthenticationError",
+    "BudgetExceededError",
+    "BudgetGrant",
+    "BudgetRequest",
+    "BudgetStatus",
+    "Client",
+    "ColumnInfo",
+    "ConflictError",
+    "DPNodeError",
+    "DatasetHandle",
+    "EvaluationError",
+    "GraphError",
+    "InvalidPolicyError",
+    "InvalidRequestError",
+    "LedgerEntry",
+    "LinearRegression",
+    "MockSession",
+    "ModelHandle",
+    "NodeUnreachableError",
+    "NotFoundError",
+    "NotPublishableError",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "PolicyRefusedError",
+    "PolicyRevision",
+    "PrivacyTrackingError",
+    "PrivateTraining",
+    "PrivateValueError",
+    "PublishApproval",
+    "PublishInProgressError",
+    "QuotaExceededError",
+    "RateLimitedError",
+    "Receipt",
+    "RemoteTensor",
+    "Sensitivity",
+    "ServerError",
+    "StepBudget",
+    "TensorInfo",
+    "TrainingRunPlan",
+    "TrainingStep",
+    "UnsupportedDTypeError",
+    "UnsupportedOperationError",
+    "UploadRejectedError",
+    "User",
+    "current_client",
+    "linear_regression",
+    "login",
+    "mock",
+    "noise_scale",
+    "private_training",
+    "publish",
+    "publish_grads",
+    "search",
+    "sensitivity",
+    "step_budget",
+]
+
+_last_client: Client | None = None
+
+
+def login(
+    url: str, *, email: str, password: str, transport: httpx.BaseTransport | None = None
+) -> Client:
+    """Log in to a node and return a client; module-level helpers use the last one.
+
+    Raises:
+        AuthenticationError: wrong email or password, or a deactivated account.
+        NodeUnreachableError: nothing answers at ``url``.
+    """
+    global _last_client
+    client = Client(url, transport=transport).login(email, password)
+    _last_client = client
+    return client
+
+
+def current_client() -> Client:
+    """The client of the last ``sdk.login``."""
+    if _last_client is None:
+        raise DPNodeError("not logged in: call sdk.login(url, email=..., password=...) first")
+    return _last_client
+
+
+def search(
+    tags: Iterable[str] = (),
+    text: str | None = None,
+    kind: Literal["any", "dataset", "model"] = "any",
+) -> list[DatasetHandle | ModelHandle]:
+    """``Client.search`` on the last login."""
+    return current_client().search(tags=tags, text=text, kind=kind)

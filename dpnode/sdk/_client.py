@@ -1,0 +1,673 @@
+"""The node client: login, search, uploads and administration over HTTP."""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import numpy as np
+import numpy.typing as npt
+from safetensors.numpy import load, save
+
+from dpnode.core import structures
+from dpnode.sdk._budget import (
+    BudgetGrant,
+    BudgetRequest,
+    BudgetStatus,
+    LedgerEntry,
+    PolicyRevision,
+    PublishApproval,
+    TrainingRunPlan,
+)
+from dpnode.sdk._exceptions import (
+    DPNodeError,
+    NodeUnreachableError,
+    PublishInProgressError,
+    UnknownStructureError,
+    error_for,
+)
+from dpnode.sdk._handles import AuditEvent, DatasetHandle, ModelHandle, User
+from dpnode.sdk._tables import columns_of, to_numpy
+
+API_PREFIX = "/api/v1"
+FRAME_TYPE = "application/vnd.dpnode.tensors"
+_MANIFEST_KEY = "dpnode"
+
+
+def _frame(arrays: Mapping[str, npt.NDArray[Any]], manifest: Mapping[str, Any]) -> bytes:
+    contiguous = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    return save(contiguous, metadata={_MANIFEST_KEY: json.dumps(manifest)})
+
+
+def _split(columns: Mapping[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    arrays = {f"{prefix}/{k}": v for k, v in columns.items() if not isinstance(v, list)}
+    strings = {k: v for k, v in columns.items() if isinstance(v, list)}
+    return arrays, strings
+
+
+class Client:
+    """A session with one node.
+
+    Args:
+        url: the node's base URL, e.g. ``"http://127.0.0.1:8000"``.
+        token: an access token (``login`` fetches one).
+        transport: an httpx transport, e.g. to talk to an in-process app in tests.
+        timeout: seconds to wait for the node.
+        publish_retries: how many times a publish that got no answer (a network error, a
+            timeout) or was still running on the node is sent again, with the same
+            idempotency key: the node answers a retry with the first answer, charged once.
+        retry_backoff: seconds before the first retry; doubled before each next one.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+        timeout: float = 120.0,
+        publish_retries: int = 3,
+        retry_backoff: float = 0.5,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.expires_at: datetime | None = None
+        self._http = httpx.Client(
+            base_url=self.url + API_PREFIX, transport=transport, timeout=timeout
+        )
+        self.publish_retries = publish_retries
+        self.retry_backoff = retry_backoff
+        #: digests of the graph headers this node has accepted from us (see _post_graph)
+        self._structures_sent: set[bytes] = set()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        headers = dict(kwargs.pop("headers", {}))
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        try:
+            response = self._http.request(method, path, headers=headers, **kwargs)
+        except httpx.TransportError as exc:
+            raise NodeUnreachableError(f"cannot reach the node at {self.url}: {exc}") from exc
+        if response.is_error:
+            body = None
+            try:
+                body = response.json()
+                code, detail = body.get("error"), str(body.get("detail", response.text))
+            except (ValueError, AttributeError):
+                body, code, detail = None, None, response.text or response.reason_phrase
+            raise error_for(response.status_code, code, detail, body, response.headers)
+        return response
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._request(method, path, **kwargs).json()
+
+    def _download_frame(self, path: str) -> dict[str, npt.NDArray[Any]]:
+        return dict(load(self._request("GET", path).content))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<dpnode Client {self.url}>"
+
+    # -- session ----------------------------------------------------------------------------
+
+    def login(self, email: str, password: str) -> Client:
+        """Fetch an access token; raises ``AuthenticationError`` on bad credentials."""
+        body = self._json("POST", "/auth/login", json={"email": email, "password": password})
+        self.token = body["access_token"]
+        self.expires_at = datetime.fromisoformat(body["expires_at"])
+        return self
+
+    def me(self) -> User:
+        return _user(self._json("GET", "/users/me"))
+
+    def version(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", "/version")
+        return result
+
+    # -- discovery --------------------------------------------------------------------------
+
+    def search(
+        self,
+        tags: Iterable[str] = (),
+        text: str | None = None,
+        kind: Literal["any", "dataset", "model"] = "any",
+    ) -> list[DatasetHandle | ModelHandle]:
+        """Datasets (first) and models carrying all of ``tags`` and matching ``text``."""
+        params: dict[str, Any] = {"tags": list(_tags(tags)), "kind": kind}
+        if text:
+            params["text"] = text
+        body = self._json("GET", "/search", params=params)
+        found: list[DatasetHandle | ModelHandle] = [
+            DatasetHandle.from_json(self, d) for d in body["datasets"]
+        ]
+        found += [ModelHandle.from_json(self, m) for m in body["models"]]
+        return found
+
+    def datasets(self, tags: Iterable[str] = (), text: str | None = None) -> list[DatasetHandle]:
+        params: dict[str, Any] = {"tags": list(_tags(tags))}
+        if text:
+            params["text"] = text
+        return [
+            DatasetHandle.from_json(self, d) for d in self._json("GET", "/datasets", params=params)
+        ]
+
+    def dataset(self, ref: int | str) -> DatasetHandle:
+        """A dataset by id or name."""
+        return DatasetHandle.from_json(self, self._json("GET", f"/datasets/{ref}"))
+
+    def models(self, tags: Iterable[str] = (), text: str | None = None) -> list[ModelHandle]:
+        params: dict[str, Any] = {"tags": list(_tags(tags))}
+        if text:
+            params["text"] = text
+        return [ModelHandle.from_json(self, m) for m in self._json("GET", "/models", params=params)]
+
+    def model(self, ref: int | str) -> ModelHandle:
+        """A model by id or name."""
+        return ModelHandle.from_json(self, self._json("GET", f"/models/{ref}"))
+
+    # -- uploads (data owners) --------------------------------------------------------------
+
+    def upload_dataset(
+        self,
+        name: str,
+        data: Any,
+        *,
+        bounds: Mapping[str, tuple[float, float]] | None = None,
+        tags: Iterable[str] = (),
+        description: str = "",
+        categories: Mapping[str, Sequence[str]] | None = None,
+        subject_id: str | None = None,
+        mock: Any = None,
+        clamp: bool | Sequence[str] = False,
+        fill: Mapping[str, float] | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> DatasetHandle:
+        """Upload a dataset; the node checks it against what you declare here.
+
+        Args:
+            name: unique dataset name.
+            data: a pandas DataFrame, a dict of columns (1-D, or N-D with rows first),
+                a structured array, or a 2-D array (name its columns with ``columns=``).
+            bounds: public (low, high) for every numeric column: the privacy contract.
+            tags: for search.
+            categories: the public category list of each string column.
+            subject_id: a column whose equal values mark rows of one person.
+            mock: fake data with the same columns, for dry runs (downloadable by anyone).
+            clamp: clip out-of-bounds values (True, or a list of columns) instead of refusing.
+            fill: replacement for NaN/inf per column instead of refusing.
+            columns: names for the columns of a plain 2-D array.
+
+        Raises:
+            UploadRejectedError: the data breaks the declarations; the message says where.
+            PermissionDeniedError: data scientists cannot upload.
+        """
+        real = columns_of(data, columns)
+        arrays, strings = _split(real, "data")
+        manifest: dict[str, Any] = {
+            "name": name,
+            "description": description,
+            "tags": list(_tags(tags)),
+            "columns": list(real),
+            "bounds": {k: list(v) for k, v in (bounds or {}).items()},
+            "categories": {k: list(v) for k, v in (categories or {}).items()},
+            "clamp": clamp if isinstance(clamp, bool) else list(clamp),
+            "fill": dict(fill or {}),
+            "subject_id": subject_id,
+            "strings": strings,
+        }
+        if mock is not None:
+            fake = columns_of(mock, columns)
+            mock_arrays, mock_strings = _split(fake, "mock")
+            arrays |= mock_arrays
+            manifest |= {"mock_columns": list(fake), "mock_strings": mock_strings}
+        body = _frame(arrays, manifest)
+        created = self._json(
+            "POST", "/datasets", content=body, headers={"Content-Type": FRAME_TYPE}
+        )
+        return DatasetHandle.from_json(self, created)
+
+    def upload_model(
+        self,
+        name: str,
+        weights: Any,
+        *,
+        tags: Iterable[str] = (),
+        description: str = "",
+        public: bool = False,
+        architecture: str | bytes | Path | None = None,
+    ) -> ModelHandle:
+        """Upload a model's weights (a ``state_dict``, a module, or a dict of arrays).
+
+        Args:
+            architecture: an optional file describing the model (a path, or its text/bytes);
+                the node stores it and never runs it.
+            public: whether anyone may download the weights; private weights are usable
+                only as remote tensors.
+        """
+        if hasattr(weights, "state_dict"):
+            weights = weights.state_dict()
+        arrays = {f"weight/{k}": to_numpy(v, f"weight {k!r}") for k, v in dict(weights).items()}
+        manifest: dict[str, Any] = {
+            "name": name,
+            "description": description,
+            "tags": list(_tags(tags)),
+            "public": public,
+            "tensors": [k.split("/", 1)[1] for k in arrays],
+        }
+        if architecture is not None:
+            filename, raw = _architecture(architecture)
+            arrays["architecture"] = np.frombuffer(raw, dtype=np.uint8)
+            manifest["architecture_filename"] = filename
+        body = _frame(arrays, manifest)
+        created = self._json("POST", "/models", content=body, headers={"Content-Type": FRAME_TYPE})
+        return ModelHandle.from_json(self, created)
+
+    def delete_dataset(self, ref: int | str) -> None:
+        self._request("DELETE", f"/datasets/{ref}")
+
+    def delete_model(self, ref: int | str) -> None:
+        self._request("DELETE", f"/models/{ref}")
+
+    # -- publishing -------------------------------------------------------------------------
+
+    def publish_frame(
+        self,
+        frame: bytes,
+        *,
+        epsilon: float,
+        delta: float | None = None,
+        run_id: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[list[npt.NDArray[Any]], dict[str, Any]]:
+        """Send one graph (engine wire frame) and get its noised outputs and the receipt.
+
+        This is the one request behind ``RemoteTensor.publish``; most code never calls it.
+        ``run_id``: the planned training run this publish is a step of (:meth:`plan_run`).
+
+        Every publish carries an idempotency key (``idempotency_key``, default a fresh
+        random one). Without an answer (a network error, a timeout) it is sent again with
+        the same key, up to ``publish_retries`` times: the node answers a copy of a request
+        it already answered with that answer, charged once.
+
+        Raises:
+            BudgetExceededError: the release does not fit your budget (nothing released).
+            GraphError: the node refused the computation (the message names the op).
+            NodeUnreachableError: no answer after the retries; the publish may or may not
+                have run, and calling again with ``idempotency_key=err.idempotency_key``
+                is safe (its answer, charged once).
+            PublishInProgressError: the node still runs the publish after the retries;
+                call again with the same key later.
+        """
+        params: dict[str, Any] = {"epsilon": epsilon}
+        if delta is not None:
+            params["delta"] = delta
+        if run_id is not None:
+            params["run"] = run_id
+        key = uuid.uuid4().hex if idempotency_key is None else idempotency_key
+        response = self._post_publish(frame, params, key)
+        manifest, arrays = _read_frame(response.content)
+        outputs = [arrays[f"output/{i}"] for i in range(len(arrays))]
+        return outputs, dict(manifest["receipt"])
+
+    def sensitivity_of_frame(
+        self, frame: bytes, *, epsilon: float | None = None, delta: float | None = None
+    ) -> dict[str, Any]:
+        """Sensitivity of a graph's outputs (and the noise scale for ``epsilon``): free."""
+        params: dict[str, Any] = {}
+        if epsilon is not None:
+            params["epsilon"] = epsilon
+        if delta is not None:
+            params["delta"] = delta
+        result: dict[str, Any] = self._post_graph("/sensitivity", frame, params).json()
+        return result
+
+    def _post_publish(self, frame: bytes, params: dict[str, Any], key: str) -> httpx.Response:
+        """POST a publish, sending it again with the same key while it gets no answer."""
+        headers = {"Idempotency-Key": key}
+        attempts = 1 + max(0, self.publish_retries)
+        for attempt in range(attempts):
+            try:
+                return self._post_graph("/publish", frame, params, headers)
+            except PublishInProgressError as exc:
+                exc.idempotency_key = key
+                if attempt == attempts - 1:
+                    raise
+            except NodeUnreachableError as exc:
+                if attempt == attempts - 1:
+                    raise NodeUnreachableError(
+                        f"no answer from the node at {self.url} after {attempts} attempts "
+                        f"({exc.detail}): the publish may or may not have run; publishing "
+                        f"again with idempotency_key={key!r} is safe: if it ran, you get its "
+                        "answer, charged once",
+                        idempotency_key=key,
+                    ) from exc
+            time.sleep(self.retry_backoff * 2**attempt)
+        raise AssertionError("unreachable")  # the last attempt returns or raises
+
+    def _post_graph(
+        self,
+        path: str,
+        frame: bytes,
+        params: dict[str, Any],
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """POST a graph frame; once the node has its structure, send only the constants.
+
+        A training loop records the same structure every step: the first request carries
+        the whole frame, later ones a 36-byte reference plus the new constants. A node
+        that lost the structure (restart, eviction) answers ``unknown_structure`` before
+        doing anything, and the frame is sent whole again.
+        """
+        headers = {"Content-Type": "application/octet-stream", **(extra_headers or {})}
+        digest = structures.header_digest(frame)  # None: not a frame, the node says why
+        if digest is not None and digest in self._structures_sent:
+            body = structures.reference(digest, structures.split(frame)[1])
+            try:
+                return self._request("POST", path, content=body, params=params, headers=headers)
+            except UnknownStructureError:
+                self._structures_sent.discard(digest)
+        response = self._request("POST", path, content=frame, params=params, headers=headers)
+        if digest is not None:
+            self._structures_sent.add(digest)
+        return response
+
+    # -- privacy budget ---------------------------------------------------------------------
+
+    def budget(self, *, user_id: int | None = None) -> BudgetStatus:
+        """Your budget: total, spent and remaining (admins: anyone's, by ``user_id``)."""
+        params = {"user_id": user_id} if user_id is not None else {}
+        return BudgetStatus.from_json(self._json("GET", "/budget", params=params))
+
+    def ledger(
+        self,
+        *,
+        user_id: int | None = None,
+        user: int | str | None = None,
+        dataset: int | str | None = None,
+        everyone: bool = False,
+        before_id: int | None = None,
+        limit: int = 100,
+    ) -> list[LedgerEntry]:
+        """Charges, newest first: yours, or (admins) one user's (``user``: id or email) or
+        ``everyone``'s; ``dataset`` (id or name) keeps those that read it. Each entry names
+        the policy revision that allowed it."""
+        params: dict[str, Any] = {"limit": limit}
+        if user is not None:
+            user_id = user if isinstance(user, int) else self._user_id(user)
+        if user_id is not None:
+            params["user_id"] = user_id
+        if everyone:
+            params["all_users"] = True
+        if dataset is not None:
+            params["dataset_id"] = dataset if isinstance(dataset, int) else self.dataset(dataset).id
+        if before_id is not None:
+            params["before_id"] = before_id
+        return [LedgerEntry.from_json(e) for e in self._json("GET", "/ledger", params=params)]
+
+    def request_budget(self, *, epsilon: float, delta: float = 0.0, reason: str) -> BudgetRequest:
+        """Ask the node's admins for more budget, saying why; see ``budget_requests()`` for
+        the answer. An approval adds to your allocation from then on.
+
+        Raises:
+            InvalidRequestError: a negative or non-finite amount, or no reason.
+        """
+        body = {"epsilon": epsilon, "delta": delta, "reason": reason}
+        return BudgetRequest.from_json(self._json("POST", "/budget/requests", json=body))
+
+    def budget_requests(
+        self, *, status: str | None = None, user: int | str | None = None, limit: int = 100
+    ) -> list[BudgetRequest]:
+        """Budget requests, newest first: yours, or (admins) everyone's or one ``user``'s;
+        ``status`` is ``"pending"``, ``"approved"`` or ``"denied"``."""
+        params: dict[str, Any] = {"limit": limit}
+        if status is not None:
+            params["status"] = status
+        if user is not None:
+            params["user_id"] = user if isinstance(user, int) else self._user_id(user)
+        rows = self._json("GET", "/budget/requests", params=params)
+        return [BudgetRequest.from_json(r) for r in rows]
+
+    def approve_budget_request(
+        self,
+        request_id: int,
+        *,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        reason: str,
+    ) -> BudgetRequest:
+        """Approve a pending request (admins), granting what was asked or ``epsilon``/``delta``.
+
+        Raises:
+            ConflictError: it was already answered.
+        """
+        body: dict[str, Any] = {"reason": reason}  # required: the audit log says why
+        if epsilon is not None:
+            body["epsilon"] = epsilon
+        if delta is not None:
+            body["delta"] = delta
+        answer = self._json("POST", f"/budget/requests/{request_id}/approve", json=body)
+        return BudgetRequest.from_json(answer)
+
+    def deny_budget_request(self, request_id: int, *, reason: str) -> BudgetRequest:
+        """Deny a pending request, saying why (admins)."""
+        body = {"reason": reason}
+        answer = self._json("POST", f"/budget/requests/{request_id}/deny", json=body)
+        return BudgetRequest.from_json(answer)
+
+    def grant_budget(
+        self, user: int | str, *, epsilon: float, delta: float = 0.0, reason: str
+    ) -> BudgetGrant:
+        """Add budget to a user's allocation without a request (admins). ``user``: id or email."""
+        body = {"user": user, "epsilon": epsilon, "delta": delta, "reason": reason}
+        return BudgetGrant.from_json(self._json("POST", "/budget/grants", json=body))
+
+    def grants(self, *, user: int | str | None = None, limit: int = 100) -> list[BudgetGrant]:
+        """Budget grants, newest first: yours (admins: everyone's, or one ``user``'s)."""
+        params: dict[str, Any] = {"limit": limit}
+        if user is not None:
+            params["user_id"] = user if isinstance(user, int) else self._user_id(user)
+        return [
+            BudgetGrant.from_json(g) for g in self._json("GET", "/budget/grants", params=params)
+        ]
+
+    def plan_run(
+        self,
+        *,
+        steps: int,
+        epsilon: float,
+        delta: float,
+        values: int,
+        dataset_ids: Sequence[int] = (),
+        description: str = "",
+    ) -> TrainingRunPlan:
+        """Plan a training run on the node before its first step; the policy judges it whole.
+
+        ``steps`` Gaussian publishes at ``(epsilon, delta)`` each, each noising at most
+        ``values`` values and reading only ``dataset_ids``. ``sdk.private_training`` calls
+        this for you. Nothing is charged: each step is, when it is published with the
+        returned ``run_id``.
+
+        Raises:
+            BudgetExceededError: the run's total does not fit your budget or a dataset's cap.
+            PolicyRefusedError: a step is over a per-publish cap, or an admin denied the run
+                (``rule`` ``"approval"``; the message quotes the admin's reason).
+            ApprovalRequiredError: the run's total is above the policy's approval threshold:
+                request ``approval_id`` waits for an admin; plan the same run again once it
+                is approved.
+        """
+        body = {
+            "steps": steps,
+            "epsilon": epsilon,
+            "delta": delta,
+            "values": values,
+            "dataset_ids": list(dataset_ids),
+            "description": description,
+        }
+        return TrainingRunPlan.from_json(self._json("POST", "/publish/runs", json=body))
+
+    def publish_approvals(
+        self, *, status: str | None = None, limit: int = 100
+    ) -> list[PublishApproval]:
+        """Publishes and training runs that waited for an admin, newest first (yours;
+        admins: everyone's)."""
+        params: dict[str, Any] = {"limit": limit}
+        if status is not None:
+            params["status"] = status
+        rows = self._json("GET", "/publish/approvals", params=params)
+        return [PublishApproval.from_json(a) for a in rows]
+
+    def approve_publish(self, approval_id: int, *, reason: str) -> PublishApproval:
+        """Approve a waiting publish (admins): the user's next identical publish runs, once."""
+        answer = self._json(
+            "POST", f"/publish/approvals/{approval_id}/approve", json={"reason": reason}
+        )
+        return PublishApproval.from_json(answer)
+
+    def deny_publish(self, approval_id: int, *, reason: str) -> PublishApproval:
+        """Deny a waiting publish, saying why (admins)."""
+        answer = self._json(
+            "POST", f"/publish/approvals/{approval_id}/deny", json={"reason": reason}
+        )
+        return PublishApproval.from_json(answer)
+
+    # -- budget policy (admins) -------------------------------------------------------------
+
+    def policy(self) -> PolicyRevision:
+        """The budget policy in force (admins)."""
+        return PolicyRevision.from_json(self._json("GET", "/policy"))
+
+    def set_policy(self, policy: str | Path | Mapping[str, Any], *, reason: str) -> PolicyRevision:
+        """Apply a budget policy (admins): in force from the next publish, no restart.
+
+        Args:
+            policy: TOML text, a path to a TOML file (a ``Path``, or a one-line string
+                ending in ``.toml``), or the same shape as a mapping (see
+                ``dpnode/policies/default.toml`` for every key).
+            reason: why, for the audit log.
+
+        Raises:
+            InvalidPolicyError: the document is malformed; the message names every bad key.
+        """
+        body: dict[str, Any] = {"reason": reason}
+        if isinstance(policy, Mapping):
+            body["document"] = dict(policy)
+        elif isinstance(policy, Path) or ("\n" not in policy and policy.endswith(".toml")):
+            body["toml"] = Path(policy).read_text(encoding="utf-8")  # a file name
+        else:
+            body["toml"] = policy
+        return PolicyRevision.from_json(self._json("PUT", "/policy", json=body))
+
+    def policy_history(self, *, limit: int = 100) -> list[PolicyRevision]:
+        """Every revision of the policy, newest first (admins)."""
+        rows = self._json("GET", "/policy/revisions", params={"limit": limit})
+        return [PolicyRevision.from_json(r) for r in rows]
+
+    # -- administration ---------------------------------------------------------------------
+
+    def create_user(self, email: str, password: str, role: str = "data_scientist") -> User:
+        """Create an account (admins: any role; data owners: data scientists)."""
+        body = {"email": email, "password": password, "role": role}
+        return _user(self._json("POST", "/users", json=body))
+
+    def users(self) -> list[User]:
+        return [_user(u) for u in self._json("GET", "/users")]
+
+    def update_user(
+        self,
+        user: int | str,
+        *,
+        role: str | None = None,
+        active: bool | None = None,
+        password: str | None = None,
+    ) -> User:
+        """Change a user's role, active flag or password (admins). ``user``: id or email."""
+        user_id = user if isinstance(user, int) else self._user_id(user)
+        changes = {"role": role, "is_active": active, "password": password}
+        body = {k: v for k, v in changes.items() if v is not None}
+        return _user(self._json("PATCH", f"/users/{user_id}", json=body))
+
+    def _user_id(self, email: str) -> int:
+        wanted = email.strip().lower()
+        for u in self.users():
+            if u.email == wanted:
+                return u.id
+        raise DPNodeError(f"no user with email {email}")
+
+    def audit(
+        self,
+        *,
+        action: str | None = None,
+        actor: int | str | None = None,
+        before_id: int | None = None,
+        limit: int = 100,
+    ) -> list[AuditEvent]:
+        """The audit log, newest first (admins): optionally one ``action`` (e.g.
+        ``"privacy.charge"``, ``"policy.apply"``) or one ``actor`` (id or email);
+        ``before_id`` pages backwards."""
+        params: dict[str, Any] = {"limit": limit}
+        if action:
+            params["action"] = action
+        if actor is not None:
+            params["actor_id"] = actor if isinstance(actor, int) else self._user_id(actor)
+        if before_id is not None:
+            params["before_id"] = before_id
+        return [
+            AuditEvent(
+                id=e["id"],
+                at=datetime.fromisoformat(e["at"]),
+                actor_email=e["actor_email"],
+                action=e["action"],
+                target_type=e["target_type"],
+                target_id=e["target_id"],
+                detail=e["detail"],
+            )
+            for e in self._json("GET", "/audit", params=params)
+        ]
+
+
+def _read_frame(data: bytes) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]]:
+    """A tensor frame's manifest and arrays."""
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    manifest = json.loads(header.get("__metadata__", {}).get(_MANIFEST_KEY, "{}"))
+    return manifest, dict(load(data))
+
+
+def _tags(tags: Iterable[str]) -> Iterable[str]:
+    return [tags] if isinstance(tags, str) else tags
+
+
+def _user(body: dict[str, Any]) -> User:
+    return User(
+        id=body["id"],
+        email=body["email"],
+        role=body["role"],
+        is_active=body["is_active"],
+        created_at=datetime.fromisoformat(body["created_at"]),
+    )
+
+
+def _architecture(source: str | bytes | Path) -> tuple[str, bytes]:
+    if isinstance(source, bytes):
+        return "architecture", source
+    path = Path(source)
+    if isinstance(source, Path) or (len(source) < 4096 and "\n" not in source and path.is_file()):
+        return path.name, path.read_bytes()
+    return "architecture.py", source.encode()
