@@ -268,6 +268,6 @@ def load_policy_file(path: str | Path) -> Policy:
 
 
 def default_policy() -> Policy:
-    """The policy shipped as ``dpnode/policies/default.toml`` (no rule beyond the node's defaults)."""
+    """The policy shipped as ``dpnode/policies/default.toml`` (no rule beyond the defaults)."""
     shipped = resources.files("dpnode.policies").joinpath("default.toml")
     return load_policy(shipped.read_text("utf-8"))
