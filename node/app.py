@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from node import __version__, errors
+from node import __version__, console, errors
 from node.api.routes import (
     approvals,
     audit,
@@ -140,5 +140,6 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
     routers = (publish, auth, users, datasets, models, search, approvals, runs, budget, policy)
     for module in (*routers, meta, audit):
         app.include_router(module.router, prefix=API_PREFIX)
+    app.include_router(console.router)  # the browser console, outside the OpenAPI schema
     install_error_handlers(app)
     return app
