@@ -25,8 +25,10 @@ from node.console.session import (
     LOGIN_COOKIE,
     ConsoleUser,
     Form,
+    clear_cookie,
     new_login_token,
     read_form,
+    session_cookie,
     set_cookie,
 )
 from node.db.models import Role
@@ -111,15 +113,18 @@ async def login(
         return _login_page(request, exc.detail, form.get("next"), status)
     issued = issue_token(settings, user.id)
     response = redirect(_next(form.get("next")))
-    set_cookie(request, response, COOKIE, issued.token, settings.token_lifetime_seconds, PREFIX)
-    response.delete_cookie(LOGIN_COOKIE, path=PREFIX + "/login")
+    cookie = session_cookie(issued.token)
+    set_cookie(request, response, COOKIE, cookie, settings.token_lifetime_seconds, PREFIX)
+    clear_cookie(request, response, LOGIN_COOKIE, PREFIX + "/login")
     return response
 
 
 @router.post("/logout")
-def logout(_form: Form) -> Response:
+def logout(request: Request, _form: Form) -> Response:
+    """Forget the session cookie. (The token inside stays valid until it expires, as a token
+    the API issued does: tokens are not revocable.)"""
     response = redirect(PREFIX + "/login")
-    response.delete_cookie(COOKIE, path=PREFIX)
+    clear_cookie(request, response, COOKIE, PREFIX)
     return response
 
 

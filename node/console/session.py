@@ -1,11 +1,12 @@
 """Console sign-in: the API's token in an HttpOnly cookie, and a CSRF token per session.
 
-The cookie holds exactly the token ``POST /api/v1/auth/login`` returns (same signature, same
-expiry, same account checks on every request), so the console has no session store of its own.
+The cookie holds the token ``POST /api/v1/auth/login`` returns (same signature, same expiry,
+same account checks on every request), after a random nonce that names the session, so the
+console has no session store of its own.
 It is ``HttpOnly`` (no script reads it), ``SameSite=Strict`` (no other site's page sends it)
 and ``Secure`` when the page was served over https.
 
-Every form carries a CSRF token derived from the session token with an HMAC under the node's
+Every form carries a CSRF token derived from the session cookie with an HMAC under the node's
 secret: it is fixed for a session, unguessable without the secret, and needs no storage. The
 sign-in form, which has no session yet, uses a random token kept in a short-lived cookie of its
 own and repeated in the form (the double-submit pattern).
@@ -50,8 +51,17 @@ class CsrfError(Exception):
     :class:`SignInRequired` is a domain error: the console answers them, never the API."""
 
 
+def session_cookie(token: str) -> str:
+    """The cookie of a new session: a random nonce, then the API token.
+
+    Two sign-ins in the same second get the same token (its claims are the user and the
+    times); the nonce keeps their sessions, and so their CSRF tokens, apart.
+    """
+    return f"{secrets.token_urlsafe(16)}:{token}"
+
+
 def csrf_token(settings: Settings, session_token: str) -> str:
-    """The CSRF token of a session: an HMAC of its token under the node's secret.
+    """The CSRF token of a session: an HMAC of its cookie under the node's secret.
 
     >>> from pydantic import SecretStr
     >>> s = Settings(token_secret=SecretStr("k" * 32))
@@ -76,6 +86,10 @@ def set_cookie(
     )
 
 
+def clear_cookie(request: Request, response: Response, name: str, path: str) -> None:
+    set_cookie(request, response, name, "", 0, path)
+
+
 def new_login_token() -> str:
     return secrets.token_urlsafe(32)
 
@@ -92,15 +106,16 @@ async def read_form(request: Request) -> dict[str, str]:
 
 
 def _session_user(request: Request, session: Session, settings: Settings) -> User:
-    token = request.cookies.get(COOKIE)
-    if not token:
+    cookie = request.cookies.get(COOKIE)
+    if not cookie:
         raise SignInRequired(expired=False)
+    _, _, token = cookie.partition(":")
     try:
         user = users.active(session, read_token(settings, token))
     except AuthenticationError:
         raise SignInRequired(expired=True) from None
     session.commit()  # end the read, as the API's get_current_user does
-    request.state.csrf = csrf_token(settings, token)
+    request.state.csrf = csrf_token(settings, cookie)
     request.state.console_user = user
     return user
 
