@@ -64,7 +64,7 @@ def budget_chart(
     """
     finite = [s.used for s in steps if s.used != float("inf")]
     top = max([allocation, *finite, 1e-9]) * 1.1
-    span = max((end - start).total_seconds(), 1.0)
+    span = max((end - start).total_seconds(), 1e-6)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
     def x(at: datetime) -> float:

@@ -48,7 +48,7 @@ def budget_view(session: Session, settings: Settings, viewer: User, user_id: int
         used, _ = status.used_units(policies.Spent(epsilon_units, 0, rho_units))
         steps.append(Step(row.at, float("inf") if used is None else float(used * EPSILON_UNIT)))
     now = datetime.now(UTC)
-    start = public.period_start or (steps[0].at if steps else subject.created_at)
+    start = public.period_start or subject.created_at
     end = max(public.renews_at or now, now)
     chart = budget_chart(
         steps,

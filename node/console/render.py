@@ -7,6 +7,7 @@ redirect to the sign-in page. The API's JSON handlers never see them.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Coroutine
 from datetime import datetime
@@ -47,6 +48,15 @@ def _when(value: datetime | None) -> str:
     return "" if value is None else value.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _json(value: object) -> str:
+    """JSON as text for a page (autoescaped there), not Jinja's ``tojson`` for scripts.
+
+    >>> _json({"b": "<i>", "a": 1})
+    '{"a": 1, "b": "<i>"}'
+    """
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
 def _number(value: float | None) -> str:
     return "" if value is None else f"{value:.6g}"
 
@@ -60,6 +70,7 @@ ENV = jinja2.Environment(
 )
 ENV.filters["when"] = _when
 ENV.filters["number"] = _number
+ENV.filters["json"] = _json
 ENV.globals["prefix"] = PREFIX
 ENV.globals["csrf_field"] = CSRF_FIELD
 

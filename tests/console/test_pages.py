@@ -230,7 +230,7 @@ def test_user_provided_text_is_escaped_everywhere(
         page = admin_browser.get(path)
         assert page.status_code == 200, path
         assert "<script>" not in page.text and "<img" not in page.text, path
-        assert str(escape(evil)) in page.text or "\\u003cscript" in page.text, path
+        assert str(escape("<img src=x onerror=alert(1)>")) in page.text, path
     # Headers keep any page from loading or running anything else.
     headers = admin_browser.get("/console/catalog").headers
     assert "default-src 'none'" in headers["content-security-policy"]
@@ -289,9 +289,22 @@ def _frame(dataset_id: int) -> bytes:
     return sum_frame(dataset_id)
 
 
+DAILY = """
+[renewal]
+every = "1d"
+anchor = 2026-01-01T00:00:00Z
+[roles.data_scientist]
+epsilon = 3.0
+"""
+
+
 def test_the_budget_chart_follows_the_ledger_to_the_amount_spent(
-    http: TestClient, ds_browser: Browser, pending: Pending
+    http: TestClient, ds_browser: Browser, pending: Pending, admin: User
 ) -> None:
+    renewing = http.put(
+        "/api/v1/policy", json={"toml": DAILY, "reason": "daily"}, headers=login(http, admin.email)
+    )
+    assert renewing.status_code == 200, renewing.text
     before = ds_browser.get("/console/me").text
     assert '<svg xmlns="http://www.w3.org/2000/svg" class="chart"' in before
     assert before.count('class="charge"') == 0
@@ -302,6 +315,10 @@ def test_the_budget_chart_follows_the_ledger_to_the_amount_spent(
     spent = http.get("/api/v1/budget", headers=pending.ds_h).json()
     assert spent["spent_epsilon"] == pytest.approx(0.75)
     assert f"{spent['spent_epsilon']:.4g} of {spent['epsilon']:.4g} after 2 charges" in page
+    # The window runs from the start of today (UTC) to the renewal, drawn as a line.
+    today = datetime.now(UTC).strftime("%Y-%m-%d")
+    assert f"<dd>{today} 00:00:00 UTC</dd>" in page and 'class="renewal"' in page
+    assert "allocation 3</text>" in page
     # The waiting publish and the budget request are listed, read-only: no forms to answer.
     assert "thesis chapter 3" in page and "/approve" not in page
 
