@@ -19,11 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
 
 import sdk
 from tests.e2e.conftest import Server
-
-playwright = pytest.importorskip("playwright.sync_api")
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # No network beyond the node, no GPU, no sandbox (tests may run as root in a container).
@@ -95,19 +94,19 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
+def browser() -> Iterator[Browser]:
     if not Path(CHROMIUM).exists():
         if os.environ.get("CI"):
             pytest.fail("Chromium is required in CI (apt-get install chromium)")
         pytest.skip("Chromium not found (apt-get install chromium)")
-    with playwright.sync_playwright() as p:
+    with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
 
 
-def _sign_in(browser: object, node: Node, email: str) -> object:
-    context = browser.new_context(base_url=node.url)  # type: ignore[attr-defined]
+def _sign_in(browser: Browser, node: Node, email: str) -> Page:
+    context = browser.new_context(base_url=node.url)
     page = context.new_page()
     page.goto("/console/")
     assert page.url.endswith("/console/login?next=/console/&why=signin")
@@ -121,16 +120,16 @@ def _sign_in(browser: object, node: Node, email: str) -> object:
     return page
 
 
-def _visit(page: object, node: Node, path: str, shot: str) -> None:
-    answer = page.goto(path)  # type: ignore[attr-defined]
+def _visit(page: Page, node: Node, path: str, shot: str) -> None:
+    answer = page.goto(path)
     assert answer is not None and answer.status == 200, (path, answer and answer.status)
     _check_accessible(page)
-    page.screenshot(path=node.shots / f"{shot}.png", full_page=True)  # type: ignore[attr-defined]
+    page.screenshot(path=node.shots / f"{shot}.png", full_page=True)
 
 
-def _check_accessible(page: object) -> None:
+def _check_accessible(page: Page) -> None:
     """One h1; every control labelled; every table with a caption and column headers."""
-    problems = page.evaluate(  # type: ignore[attr-defined]
+    problems = page.evaluate(
         """() => {
         const out = [];
         if (document.querySelectorAll('h1').length !== 1) out.push('not one h1');
@@ -146,7 +145,7 @@ def _check_accessible(page: object) -> None:
 
 
 def test_an_admin_answers_approvals_applies_a_policy_and_sees_the_change(
-    browser: object, node: Node
+    browser: Browser, node: Node
 ) -> None:
     with pytest.raises(sdk.ApprovalRequiredError) as waiting:
         node.ann_publishes(0.8)
@@ -205,7 +204,7 @@ def test_an_admin_answers_approvals_applies_a_policy_and_sees_the_change(
 
 
 def test_a_data_scientist_sees_their_own_pages_and_is_refused_the_admin_ones(
-    browser: object, node: Node
+    browser: Browser, node: Node
 ) -> None:
     page = _sign_in(browser, node, ANN)
     assert page.url.endswith("/console/me")
@@ -225,7 +224,7 @@ def test_a_data_scientist_sees_their_own_pages_and_is_refused_the_admin_ones(
     page.context.close()
 
 
-def test_a_post_without_the_csrf_token_is_refused(browser: object, node: Node) -> None:
+def test_a_post_without_the_csrf_token_is_refused(browser: Browser, node: Node) -> None:
     page = _sign_in(browser, node, ADMIN)
     before = len(node.admin.policy_history())
     # The browser sends the session cookie (same site), but not the form's token.
