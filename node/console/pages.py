@@ -15,7 +15,9 @@ from fastapi.responses import HTMLResponse, Response
 from node.api.deps import ClientAddress, HasherDep, LoginThrottleDep, SessionDep, SettingsDep
 from node.api.routes import approvals as approval_routes
 from node.api.routes import budget as budget_routes
+from node.api.routes import datasets as dataset_routes
 from node.api.routes import search as search_routes
+from node.api.routes import users as user_routes
 from node.console import admin
 from node.console.history import budget_view
 from node.console.render import HERE, PREFIX, ConsoleRoute, optional_int, page, redirect
@@ -188,6 +190,9 @@ def ledger(
         until=_day(until, end=True),
         limit=limit,
     )
+    # The choices of the filters: what the API lists to this user.
+    people = user_routes.list_users(session, user) if user.role is Role.ADMIN else []
+    sets = dataset_routes.list_datasets(session, user, limit=1000)
     filters = {
         "user_id": user_id or "",
         "dataset_id": dataset_id or "",
@@ -195,7 +200,14 @@ def ledger(
         "until": until or "",
     }
     return page(
-        request, "ledger.html", title="Ledger", entries=entries, filters=filters, limit=limit
+        request,
+        "ledger.html",
+        title="Ledger",
+        entries=entries,
+        filters=filters,
+        limit=limit,
+        people=people,
+        datasets=sets,
     )
 
 

@@ -172,7 +172,11 @@ def test_an_admin_answers_approvals_applies_a_policy_and_sees_the_change(
     granted = node.ann.budget()
     assert granted.spent_epsilon == pytest.approx(0.8)
     assert page.locator("dl.numbers dd").first.inner_text().startswith(f"{granted.epsilon:.6g}")
-    _visit(page, node, f"/console/ledger?user_id={node.ann_id}", "admin-ledger")
+    _visit(page, node, "/console/ledger", "admin-ledger")
+    page.get_by_label("User").select_option(label=ANN)
+    page.get_by_label("Dataset").select_option(label="visits")
+    page.get_by_role("button", name="Filter").click()
+    assert page.url.endswith(f"user_id={node.ann_id}&dataset_id=1&since=&until=")
     assert page.locator("table.ledger tbody tr").count() == 1
     assert "0.8" in page.locator("table.ledger tbody tr").inner_text()
 

@@ -315,6 +315,13 @@ def test_the_budget_chart_follows_the_ledger_to_the_amount_spent(
     spent = http.get("/api/v1/budget", headers=pending.ds_h).json()
     assert spent["spent_epsilon"] == pytest.approx(0.75)
     assert f"{spent['spent_epsilon']:.4g} of {spent['epsilon']:.4g} after 2 charges" in page
+    # A Gaussian release charges rho; the line converts it as the budget does.
+    gaussian = publish(http, pending.ds_h, pending.frame, 0.25, delta=1e-7)
+    assert gaussian.status_code == 200, gaussian.text
+    spent = http.get("/api/v1/budget", headers=pending.ds_h).json()
+    assert spent["rho"] > 0 and spent["spent_epsilon"] > spent["pure_epsilon"]
+    page = ds_browser.get("/console/me").text
+    assert f"{spent['spent_epsilon']:.4g} of {spent['epsilon']:.4g} after 3 charges" in page
     # The window runs from the start of today (UTC) to the renewal, drawn as a line.
     today = datetime.now(UTC).strftime("%Y-%m-%d")
     assert f"<dd>{today} 00:00:00 UTC</dd>" in page and 'class="renewal"' in page
