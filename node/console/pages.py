@@ -6,6 +6,7 @@ exactly what the API would for that user's token.
 
 from __future__ import annotations
 
+import hmac
 from datetime import UTC, datetime, time, timedelta
 from typing import Annotated
 
@@ -99,7 +100,9 @@ async def login(
     token it would return in the session cookie."""
     form = await read_form(request)
     expected = request.cookies.get(LOGIN_COOKIE, "")
-    if not expected or form.get(CSRF_FIELD) != expected:
+    if not expected or not hmac.compare_digest(
+        form.get(CSRF_FIELD, "").encode(), expected.encode()
+    ):
         return _login_page(request, "The form expired; sign in again.", form.get("next"), 403)
     try:
         user = users.authenticate(
@@ -229,3 +232,9 @@ def catalog(
         found=found,
         filters={"tags": tags or "", "text": text or ""},
     )
+
+
+@router.get("/{unknown:path}")
+def not_found(request: Request, unknown: str) -> Response:
+    """Any other console address: a page, not the API's JSON."""
+    return page(request, "error.html", 404, title="Not found", detail="no such console page")

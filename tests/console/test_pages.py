@@ -363,6 +363,15 @@ def test_a_policy_is_applied_listed_and_compared(admin_browser: Browser) -> None
     assert audit.count("<td>policy.apply</td>") == 2
 
 
+def test_unknown_pages_and_bad_addresses_are_answered_as_pages(admin_browser: Browser) -> None:
+    missing = admin_browser.get("/console/nowhere")
+    assert missing.status_code == 404 and "<h1>Not found</h1>" in missing.text
+    bad = admin_browser.get("/console/budgets/ann")
+    assert bad.status_code == 422 and "<h1>Invalid input</h1>" in bad.text
+    gone = admin_browser.get("/console/budgets/999")
+    assert gone.status_code == 404 and "no user with id 999" in gone.text
+
+
 def test_console_routes_stay_out_of_the_api_schema(http: TestClient) -> None:
     paths = http.get("/openapi.json").json()["paths"]
     assert paths and not [p for p in paths if p.startswith("/console")]
