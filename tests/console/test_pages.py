@@ -279,6 +279,9 @@ def test_the_ledger_page_filters_as_the_api_does(
         assert shown == expected, form
         seen.append(len(shown))
     assert seen == [3, 2, 3, 0, 0, 0]
+    # The API takes times with a zone only: a naive one would be read in some unknown zone.
+    naive = http.get("/api/v1/ledger", params={"since": "2026-01-01T00:00:00"}, headers=admin_h)
+    assert naive.status_code == 422 and "since" in naive.json()["detail"]
     bad = admin_browser.get("/console/ledger", since="yesterday")
     assert bad.status_code == 422 and "is not a date" in bad.text
 
