@@ -93,6 +93,36 @@ def test_a_deactivated_account_is_signed_out_at_its_next_page(
     assert browser.get("/console/users").status_code == 303
 
 
+def test_an_admin_creates_accounts_and_changes_roles_as_the_api_allows(
+    http: TestClient, admin_browser: Browser, admin: User
+) -> None:
+    made = admin_browser.post(
+        "/console/users",
+        {"email": "New@Example.org", "password": "long enough", "role": "data_owner"},
+        token_from="/console/users",
+    )
+    assert made.headers["location"] == "/console/users?done=created"
+    listed = {
+        u["email"]: u for u in http.get("/api/v1/users", headers=login(http, admin.email)).json()
+    }
+    assert listed["new@example.org"]["role"] == "data_owner"
+    assert Browser(http).sign_in("new@example.org", "long enough").status_code == 303
+    short = admin_browser.post(
+        "/console/users",
+        {"email": "b@example.org", "password": "short", "role": "data_owner"},
+        token_from="/console/users",
+    )
+    assert short.status_code == 422 and "password too short" in short.text
+    # The service keeps the node from losing its last admin, here as in the API.
+    last = admin_browser.post(
+        f"/console/users/{admin.id}",
+        {"role": "data_scientist", "is_active": "true"},
+        token_from="/console/users",
+    )
+    assert last.status_code == 409 and "without an active admin" in last.text
+    assert admin_browser.get("/console/users").status_code == 200
+
+
 def test_a_data_scientist_is_refused_every_admin_page_and_sees_no_data(
     http: TestClient, ds_browser: Browser, admin: User, pending: Pending
 ) -> None:
