@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 from node.context import NodeContext
 from node.db.models import User
 from node.services.security import issue_token
-from tests.conftest import login, make_user
+from tests.conftest import REPO_ROOT, login, make_user
 from tests.console.conftest import GATE, Browser, Pending, csrf_of
 from tests.node.conftest import publish, upload_ok
 
@@ -403,6 +403,18 @@ def test_unknown_pages_and_bad_addresses_are_answered_as_pages(admin_browser: Br
     assert bad.status_code == 422 and "<h1>Invalid input</h1>" in bad.text
     gone = admin_browser.get("/console/budgets/999")
     assert gone.status_code == 404 and "no user with id 999" in gone.text
+
+
+def test_the_pages_docs_list_are_there_for_whom_they_say(
+    ds_browser: Browser, admin_browser: Browser, admin: User
+) -> None:
+    doc = (REPO_ROOT / "docs" / "console.md").read_text()
+    rows = re.findall(r"^\| `(/console/[^`]*)` \| (admins|everyone) \|", doc, flags=re.M)
+    assert len(rows) == 9
+    for path, who in rows:
+        path = path.replace("{id}", str(admin.id))
+        assert admin_browser.get(path).status_code == 200, path
+        assert ds_browser.get(path).status_code == (403 if who == "admins" else 200), path
 
 
 def test_console_routes_stay_out_of_the_api_schema(http: TestClient) -> None:
