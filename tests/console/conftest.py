@@ -12,8 +12,8 @@ import pytest
 from httpx import Response
 from starlette.testclient import TestClient
 
-from node.db.models import User
-from node.engine import GraphBuilder, encode
+from dpnode.node.db.models import User
+from dpnode.core.engine import GraphBuilder, encode
 from tests.conftest import PASSWORD, login
 from tests.node.conftest import publish, upload_ok
 

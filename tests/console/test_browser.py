@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-import sdk
+from dpnode import sdk
 from tests.e2e.conftest import Server
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -12,9 +12,9 @@ import pytest
 from markupsafe import escape
 from starlette.testclient import TestClient
 
-from node.context import NodeContext
-from node.db.models import User
-from node.services.security import issue_token
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import User
+from dpnode.node.services.security import issue_token
 from tests.conftest import REPO_ROOT, login, make_user
 from tests.console.conftest import GATE, Browser, Pending, csrf_of
 from tests.node.conftest import publish, upload_ok

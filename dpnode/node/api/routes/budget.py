@@ -7,8 +7,8 @@ from fastapi import APIRouter, Query
 from pydantic import AwareDatetime
 from sqlalchemy import select
 
-from node.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
-from node.api.schemas import (
+from dpnode.node.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
+from dpnode.node.api.schemas import (
     BudgetGrantCreate,
     BudgetGrantPublic,
     BudgetPublic,
@@ -17,10 +17,10 @@ from node.api.schemas import (
     BudgetRequestPublic,
     LedgerEntryPublic,
 )
-from node.db.models import BudgetGrant, BudgetRequest, LedgerEntry, Role, User
-from node.errors import PermissionDeniedError
-from node.services import budget, budget_requests
-from node.services.budget import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, TV_UNIT, Status
+from dpnode.node.db.models import BudgetGrant, BudgetRequest, LedgerEntry, Role, User
+from dpnode.core.errors import PermissionDeniedError
+from dpnode.node.services import budget, budget_requests
+from dpnode.node.services.budget import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, TV_UNIT, Status
 
 router = APIRouter(tags=["budget"])
 

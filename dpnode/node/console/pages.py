@@ -13,12 +13,12 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
-from node.api.deps import ClientAddress, HasherDep, LoginThrottleDep, SessionDep, SettingsDep
-from node.api.routes import approvals as approval_routes
-from node.api.routes import budget as budget_routes
-from node.api.routes import datasets as dataset_routes
-from node.api.routes import search as search_routes
-from node.api.routes import users as user_routes
+from dpnode.node.api.deps import ClientAddress, HasherDep, LoginThrottleDep, SessionDep, SettingsDep
+from dpnode.node.api.routes import approvals as approval_routes
+from dpnode.node.api.routes import budget as budget_routes
+from dpnode.node.api.routes import datasets as dataset_routes
+from dpnode.node.api.routes import search as search_routes
+from dpnode.node.api.routes import users as user_routes
 from node.console import admin
 from node.console.history import budget_view
 from node.console.render import HERE, PREFIX, ConsoleRoute, optional_int, page, redirect
@@ -34,10 +34,10 @@ from node.console.session import (
     session_cookie,
     set_cookie,
 )
-from node.db.models import Role
-from node.errors import AuthenticationError, InvalidRequestError, RateLimitedError
-from node.services import users
-from node.services.security import issue_token
+from dpnode.node.db.models import Role
+from dpnode.core.errors import AuthenticationError, InvalidRequestError, RateLimitedError
+from dpnode.node.services import users
+from dpnode.node.services.security import issue_token
 
 router = APIRouter(prefix=PREFIX, route_class=ConsoleRoute, include_in_schema=False)
 router.include_router(admin.router)

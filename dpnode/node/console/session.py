@@ -24,12 +24,12 @@ from fastapi import Depends, Request
 from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
-from node.api.deps import SessionDep, SettingsDep, get_admin
-from node.db.models import User
-from node.errors import AuthenticationError, PayloadTooLargeError
-from node.services import users
-from node.services.security import read_token
-from node.settings import Settings
+from dpnode.node.api.deps import SessionDep, SettingsDep, get_admin
+from dpnode.node.db.models import User
+from dpnode.core.errors import AuthenticationError, PayloadTooLargeError
+from dpnode.node.services import users
+from dpnode.node.services.security import read_token
+from dpnode.node.settings import Settings
 
 COOKIE = "dpnode_console"
 LOGIN_COOKIE = "dpnode_console_login"

@@ -17,11 +17,11 @@ import numpy as np
 import numpy.typing as npt
 from sqlalchemy import select
 
-from node.context import NodeContext
-from node.db.models import Dataset, User
-from node.services import datasets, users
-from node.services.datasets import DatasetUpload
-from node.services.tabular import ColumnSpec
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import Dataset, User
+from dpnode.node.services import datasets, users
+from dpnode.node.services.datasets import DatasetUpload
+from dpnode.node.services.tabular import ColumnSpec
 
 
 @dataclass(frozen=True)

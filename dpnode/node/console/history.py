@@ -8,14 +8,14 @@ from datetime import UTC, datetime
 from markupsafe import Markup
 from sqlalchemy.orm import Session
 
-import policies
-from node.api.routes import budget as budget_routes
-from node.api.schemas import BudgetPublic, LedgerEntryPublic
+from dpnode import policies
+from dpnode.node.api.routes import budget as budget_routes
+from dpnode.node.api.schemas import BudgetPublic, LedgerEntryPublic
 from node.console.charts import Step, budget_chart
-from node.db.models import User
-from node.services import budget, users
-from node.services.budget import EPSILON_UNIT
-from node.settings import Settings
+from dpnode.node.db.models import User
+from dpnode.node.services import budget, users
+from dpnode.node.services.budget import EPSILON_UNIT
+from dpnode.node.settings import Settings
 
 #: The chart plots at most this many charges of the current window (the newest).
 CHART_CHARGES = 1000

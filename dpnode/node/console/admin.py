@@ -1,7 +1,7 @@
 """Admin pages: users and roles, budgets, approvals, the policy and the audit log.
 
 Every route takes :data:`~node.console.session.ConsoleAdmin`, which refuses anyone but an admin
-with the API's own check (``node.api.deps.get_admin``) before any data is read; the pages then
+with the API's own check (``dpnode.node.api.deps.get_admin``) before any data is read; the pages then
 call the API's route functions, so what they show and change is what the admin API shows and
 changes.
 """
@@ -15,13 +15,13 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from node.api.deps import HasherDep, SessionDep, SettingsDep
-from node.api.routes import approvals as approval_routes
-from node.api.routes import audit as audit_routes
-from node.api.routes import budget as budget_routes
-from node.api.routes import policy as policy_routes
-from node.api.routes import users as user_routes
-from node.api.schemas import (
+from dpnode.node.api.deps import HasherDep, SessionDep, SettingsDep
+from dpnode.node.api.routes import approvals as approval_routes
+from dpnode.node.api.routes import audit as audit_routes
+from dpnode.node.api.routes import budget as budget_routes
+from dpnode.node.api.routes import policy as policy_routes
+from dpnode.node.api.routes import users as user_routes
+from dpnode.node.api.schemas import (
     ApprovalAnswer,
     BudgetRequestAnswer,
     PolicyApply,
@@ -32,7 +32,7 @@ from node.api.schemas import (
 from node.console.history import budget_view
 from node.console.render import PREFIX, ConsoleRoute, optional_int, page, redirect
 from node.console.session import ConsoleAdmin, Form
-from node.errors import InvalidRequestError
+from dpnode.core.errors import InvalidRequestError
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)
 

@@ -9,7 +9,7 @@ costs) are rounded *up*: the charge is never less than the privacy actually spen
 Whether a release may run is the budget policy's decision (:func:`policies.decide`, pure):
 the node builds the user (with their grants), the request and the relevant ledger rows,
 and writes the ledger row the decision grants. A sampler's deviation is costed once, at the
-release's own parameters (:func:`sampler_units`, the terms of ``node.dp.accounting``):
+release's own parameters (:func:`sampler_units`, the terms of ``dpnode.core.dp.accounting``):
 never at the user's allocation or a dataset's cap, so that any allocation works alike. A
 Laplace release pays ``(1 + e^epsilon) tv`` as delta; a Gaussian one a delta and a small
 epsilon. The ledger's ``tv_units`` column holds that delta, in delta units (rows written
@@ -23,7 +23,7 @@ holds under concurrency. A result may leave the node only after that commit.
 
 That transaction is on every publish's path, so it reads the ledger as a few sums with
 statements built once (all of a user's rows, under a policy without renewal, as the one-row
-total the database keeps: ``node.db.models.LedgerTotal``), writes its three rows (ledger,
+total the database keeps: ``dpnode.node.db.models.LedgerTotal``), writes its three rows (ledger,
 datasets read, audit) as plain INSERTs, and derives the budget after the charge from the
 sums it read plus the new row instead of reading them again (tests/node/test_budget_after.py
 checks they agree).
@@ -42,9 +42,9 @@ from typing import Any, NamedTuple
 from sqlalchemy import and_, bindparam, func, insert, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
-import policies
-from node.db.base import utcnow
-from node.db.models import (
+from dpnode import policies
+from dpnode.node.db.base import utcnow
+from dpnode.node.db.models import (
     BudgetGrant,
     Dataset,
     LedgerEntry,
@@ -53,18 +53,18 @@ from node.db.models import (
     Role,
     User,
 )
-from node.dp import accounting
-from node.dp.mechanisms import float_at_least
-from node.errors import (
+from dpnode.core.dp import accounting
+from dpnode.core.dp.mechanisms import float_at_least
+from dpnode.core.errors import (
     BudgetExceededError,
     InvalidRequestError,
     NotFoundError,
     PolicyRefusedError,
 )
-from node.services import approvals, audit, idempotency
-from node.services import policy as policy_service
-from node.services.policy import InForce
-from node.settings import Settings
+from dpnode.node.services import approvals, audit, idempotency
+from dpnode.node.services import policy as policy_service
+from dpnode.node.services.policy import InForce
+from dpnode.node.settings import Settings
 
 EPSILON_UNIT = Fraction(1, 10**9)
 RHO_UNIT = Fraction(1, 10**9)
@@ -129,7 +129,7 @@ def check_epsilon_size(epsilon: float, what: str = "epsilon") -> None:
     >>> check_epsilon_size(1e7)
     Traceback (most recent call last):
     ...
-    node.errors.InvalidRequestError: epsilon must be at most 1e+06, got 10000000.0
+    dpnode.core.errors.InvalidRequestError: epsilon must be at most 1e+06, got 10000000.0
     """
     if epsilon > MAX_EPSILON:
         raise InvalidRequestError(f"{what} must be at most {MAX_EPSILON:g}, got {epsilon!r}")
@@ -159,7 +159,7 @@ class Cost:
     asked_delta_units: int = 0
     #: The hash, or a function computing it: only a policy with approval thresholds asks.
     frame_hash: str | Callable[[], str] | None = None
-    #: The approved training run this publish says it is a step of (``node.services.runs``).
+    #: The approved training run this publish says it is a step of (``dpnode.node.services.runs``).
     run_id: int | None = None
 
     @property
@@ -259,7 +259,7 @@ def _tv_delta_units(tv_units: int, epsilon_units: int) -> int:
 
 def gaussian_count(tv_units: int) -> int:
     """How many values a Gaussian release noised, from its deviation: every Gaussian plan
-    reports :data:`node.dp.accounting.GAUSSIAN_TV` per value (at least 1 if ``tv_units``).
+    reports :data:`dpnode.core.dp.accounting.GAUSSIAN_TV` per value (at least 1 if ``tv_units``).
 
     >>> gaussian_count(units_up(21 * accounting.GAUSSIAN_TV, TV_UNIT, "tv")), gaussian_count(0)
     (21, 0)
@@ -280,7 +280,7 @@ def sampler_units(cost: Cost) -> tuple[int, int]:
     """(epsilon, delta) units a release's sampler deviation costs, at its own parameters.
 
     A Laplace release (no rho): delta ``(1 + e^epsilon) tv`` (:func:`_tv_delta_units`). A
-    Gaussian release: ``node.dp.accounting.gaussian_sampler_terms`` for its rho and the number
+    Gaussian release: ``dpnode.core.dp.accounting.gaussian_sampler_terms`` for its rho and the number
     of values its ``tv`` says, ``ξ`` as epsilon and ``δ`` as delta. Each rounded up; a cost no
     budget could cover comes out as a whole delta (1), which no allocation holds.
 
@@ -364,7 +364,7 @@ _SUMS = (
 _MINE = select(*_SUMS).where(_LEDGER.c.user_id == bindparam("user_id"))
 _MINE_SINCE = _MINE.where(_LEDGER.c.at >= bindparam("since"))
 _TOTALS = LedgerTotal.__table__
-#: The same as ``_MINE``, kept up to date by the database (see ``node.db.models.LedgerTotal``).
+#: The same as ``_MINE``, kept up to date by the database (see ``dpnode.node.db.models.LedgerTotal``).
 _TOTAL = select(
     _TOTALS.c.epsilon_units, _TOTALS.c.rho_units, _TOTALS.c.tv_units, _TOTALS.c.newest_at
 ).where(_TOTALS.c.user_id == bindparam("user_id"))
@@ -679,7 +679,7 @@ def charge(
 ) -> tuple[LedgerEntry, Status]:
     """Decide the cost under the policy in force and record it, atomically.
 
-    ``serial_sessions`` must be bound to ``node.db.session.serial_engine``. Returns the
+    ``serial_sessions`` must be bound to ``dpnode.node.db.session.serial_engine``. Returns the
     committed ledger row and the budget after it. ``claim``: the publish's idempotency key,
     recorded with the ledger row (a refused charge records none).
 

@@ -1,7 +1,7 @@
 """Rendering: the Jinja2 environment, the console's HTTP headers, and errors as pages.
 
 Errors on console routes become HTML pages with the same status code the API would answer
-(``node.app.status_for``) and the same message; a missing or expired session becomes a
+(``dpnode.node.app.status_for``) and the same message; a missing or expired session becomes a
 redirect to the sign-in page. The API's JSON handlers never see them.
 """
 
@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from node import errors
 from node.console.session import CSRF_FIELD, CsrfError, SignInRequired
-from node.errors import InvalidRequestError
+from dpnode.core.errors import InvalidRequestError
 
 log = logging.getLogger("dpnode")
 
@@ -116,7 +116,7 @@ class ConsoleRoute(APIRoute):
             except CsrfError as exc:
                 return _error_page(request, 403, "Forbidden", str(exc))
             except errors.DPNodeError as exc:
-                from node.app import status_for  # the app factory imports the console
+                from dpnode.node.app import status_for  # the app factory imports the console
 
                 status = status_for(exc)
                 return _error_page(request, status, _TITLES.get(status, "Refused"), exc.detail)
