@@ -28,6 +28,7 @@ demo: $(VENV)/.installed-demo
 ## (SQLite, and a real PostgreSQL server that the tests start themselves).
 test: install
 	scripts/ensure-postgres
+	scripts/ensure-chromium
 	PY=$(PY) scripts/check
 	$(PY) -m pytest
 

@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dpnode import __version__
 from dpnode.core import errors
+from dpnode.node import console
 from dpnode.node.api.routes import (
     approvals,
     audit,
@@ -141,5 +142,6 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
     routers = (publish, auth, users, datasets, models, search, approvals, runs, budget, policy)
     for module in (*routers, meta, audit):
         app.include_router(module.router, prefix=API_PREFIX)
+    app.include_router(console.router)  # the browser console, outside the OpenAPI schema
     install_error_handlers(app)
     return app

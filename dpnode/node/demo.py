@@ -209,7 +209,8 @@ def seed(context: NodeContext) -> list[DemoAccount]:
 
 def banner(url: str) -> str:
     """What ``dpnode serve --demo`` prints: credentials and a snippet to paste into Python."""
-    lines = [f"dpnode demo node on {url}", "", "Demo accounts (development only):"]
+    lines = [f"dpnode demo node on {url}", f"Console: {url}/console/", ""]
+    lines += ["Demo accounts (development only):"]
     lines += [f"  {a.role:<15} {a.email:<20} {a.password}" for a in ACCOUNTS]
     ds = ACCOUNTS[2]
     lines += [

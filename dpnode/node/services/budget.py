@@ -841,12 +841,19 @@ def ledger_of(
     *,
     dataset_id: int | None = None,
     before_id: int | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
     limit: int = 100,
 ) -> list[LedgerEntry]:
-    """Charges, newest first: one user's (``None``: everyone's), optionally on one dataset."""
+    """Charges, newest first: one user's (``None``: everyone's), optionally on one dataset
+    and charged at or after ``since`` and before ``until``."""
     query = select(LedgerEntry).order_by(LedgerEntry.id.desc()).limit(limit)
     if user_id is not None:
         query = query.where(LedgerEntry.user_id == user_id)
+    if since is not None:
+        query = query.where(LedgerEntry.at >= since)
+    if until is not None:
+        query = query.where(LedgerEntry.at < until)
     if dataset_id is not None:
         query = query.join(
             LedgerEntryDataset, LedgerEntryDataset.ledger_id == LedgerEntry.id

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Annotated
 
 from fastapi import APIRouter, Query
+from pydantic import AwareDatetime
 from sqlalchemy import select
 
 from dpnode.core.errors import PermissionDeniedError
@@ -121,15 +123,24 @@ def get_ledger(
     all_users: bool = False,
     dataset_id: int | None = None,
     before_id: int | None = None,
+    since: AwareDatetime | None = None,
+    until: AwareDatetime | None = None,
     limit: Limit = 100,
 ) -> list[LedgerEntryPublic]:
     """Your privacy charges, newest first. Admins: anyone's (``user_id``) or everyone's
-    (``all_users=true``), optionally only those reading ``dataset_id``; ``before_id`` pages."""
+    (``all_users=true``), optionally only those reading ``dataset_id`` or charged at or after
+    ``since`` and before ``until``; ``before_id`` pages."""
     if all_users and user.role is not Role.ADMIN:
         raise PermissionDeniedError("only admins may read everyone's ledger")
     subject = None if all_users and user_id is None else _subject(user, user_id)
     entries = budget.ledger_of(
-        session, subject, dataset_id=dataset_id, before_id=before_id, limit=limit
+        session,
+        subject,
+        dataset_id=dataset_id,
+        before_id=before_id,
+        since=None if since is None else since.astimezone(UTC),
+        until=None if until is None else until.astimezone(UTC),
+        limit=limit,
     )
     owners = select(User).where(User.id.in_({e.user_id for e in entries}))
     emails = {u.id: u.email for u in session.scalars(owners)}
