@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from node import __version__, errors
+from node.api import docs, openapi
 from node.api.routes import (
     approvals,
     audit,
@@ -134,11 +135,17 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
         version=__version__,
         summary="A differential-privacy data node",
         lifespan=lifespan,
+        docs_url=None,  # served by node.api.docs, without a CDN
+        redoc_url=None,
+        generate_unique_id_function=openapi.operation_id,
     )
     app.state.context = ctx
     # Routes are matched in order: publish first, as a training loop calls it most.
     routers = (publish, auth, users, datasets, models, search, approvals, runs, budget, policy)
-    for module in (*routers, meta, audit):
+    modules = (*routers, meta, audit)
+    for module in modules:
         app.include_router(module.router, prefix=API_PREFIX)
     install_error_handlers(app)
+    openapi.install(app, [route for module in modules for route in module.router.routes])
+    docs.install(app)
     return app
