@@ -24,6 +24,7 @@ from sdk._budget import (
     TrainingRunPlan,
 )
 from sdk._client import Client
+from sdk._display import AuditLog, Columns, Grants, Ledger, Records
 from sdk._exceptions import (
     ApprovalRequiredError,
     AuthenticationError,
@@ -60,6 +61,7 @@ from sdk._training import PrivateTraining, TrainingStep, private_training
 __all__ = [
     "ApprovalRequiredError",
     "AuditEvent",
+    "AuditLog",
     "AuthenticationError",
     "BudgetExceededError",
     "BudgetGrant",
@@ -67,13 +69,16 @@ __all__ = [
     "BudgetStatus",
     "Client",
     "ColumnInfo",
+    "Columns",
     "ConflictError",
     "DPNodeError",
     "DatasetHandle",
     "EvaluationError",
+    "Grants",
     "GraphError",
     "InvalidPolicyError",
     "InvalidRequestError",
+    "Ledger",
     "LedgerEntry",
     "LinearRegression",
     "MockSession",
@@ -93,6 +98,7 @@ __all__ = [
     "QuotaExceededError",
     "RateLimitedError",
     "Receipt",
+    "Records",
     "RemoteTensor",
     "Sensitivity",
     "ServerError",
