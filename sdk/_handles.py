@@ -202,7 +202,7 @@ class DatasetHandle:
                 ("description", self.description),
                 ("tags", self.tags),
                 ("owner", self.owner),
-                ("shape", self.shape),
+                ("shape", str(self.shape)),
                 (
                     "subjects",
                     f"{self.subject_count} by {self.subject_id!r}"

@@ -203,7 +203,7 @@ class RemoteTensor(torch.Tensor):
         return fields_table(
             "remote tensor (its values stay on the node)",
             [
-                ("shape", tuple(self.shape)),
+                ("shape", str(tuple(self.shape))),
                 ("dtype", str(self.dtype)),
                 ("source", self._source),
                 ("ops", count_ops([self.node])),

@@ -54,7 +54,7 @@ def test_datasets_and_remote_tensors_show_their_public_metadata_escaped(
     html = ds._repr_html_()
     assert "<script>" not in html and "&lt;script&gt;" in html and "&lt;b&gt;bold" in html
     _, text = shown(html)
-    assert "shape 20, 1" in text and "<b>bold</b> & more" in text and "markup" in text
+    assert "shape (20, 1)" in text and "<b>bold</b> & more" in text and "markup" in text
     assert "age" in text and "0, 120" in text
     age = ds["age"].float().mean()
     _, text = shown(age._repr_html_())
