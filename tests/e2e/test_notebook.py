@@ -76,7 +76,9 @@ def test_the_walkthrough_as_a_notebook_shows_html_tables(
 
     printed = "".join(o.get("text", "") for c in nb.cells for o in c.outputs)
     assert "(442, 11) (0.0, 120.0)" in printed and printed.count("refused:") == 2
-    for cell, (expression, expected) in zip(nb.cells[-len(DISPLAYS) :], DISPLAYS.items()):
+    for cell, (expression, expected) in zip(
+        nb.cells[-len(DISPLAYS) :], DISPLAYS.items(), strict=True
+    ):
         assert cell.source == expression
         html = html_of(cell)
         for text in expected:
