@@ -151,9 +151,11 @@ def build(app: FastAPI, routes: Iterable[BaseRoute]) -> dict[str, Any]:
     by_id = {operation_id(r): r for r in routes if isinstance(r, APIRoute)}
     for operations in schema["paths"].values():
         for operation in operations.values():
-            route = by_id[operation["operationId"]]
+            # a route added to the app without its router here still gets the error body
+            route = by_id.get(operation["operationId"])
+            derived = {500} if route is None else derived_statuses(route)
             responses = operation.setdefault("responses", {})
-            for status in derived_statuses(route) | {int(s) for s in responses if s.isdigit()}:
+            for status in derived | {int(s) for s in responses if s.isdigit()}:
                 if status < 400:
                     continue
                 entry = responses.setdefault(str(status), {})
