@@ -12,12 +12,12 @@ import pytest
 from sqlalchemy import create_engine, text
 from starlette.testclient import TestClient
 
-from node.app import create_app
-from node.context import NodeContext
-from node.db.migrate import upgrade
-from node.db.models import User
-from node.services import users
-from node.settings import Settings
+from dpnode.node.app import create_app
+from dpnode.node.context import NodeContext
+from dpnode.node.db.migrate import upgrade
+from dpnode.node.db.models import User
+from dpnode.node.services import users
+from dpnode.node.settings import Settings
 from tests.postgres import find_bin_dir, postgres_server
 from tests.statuses import RecordStatuses, Seen, undocumented
 

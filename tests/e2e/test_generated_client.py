@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from node.api import frames
-from node.demo import ACCOUNTS
+from dpnode.node.api import frames
+from dpnode.node.demo import ACCOUNTS
 from tests.e2e.conftest import Server
 
 _, _, SCIENTIST = ACCOUNTS

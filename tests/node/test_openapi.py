@@ -119,7 +119,7 @@ def test_docs_pages_load_everything_from_the_node(http: TestClient, page: str) -
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_docs_pages_honour_the_root_path(context: Any) -> None:
-    from node.app import create_app
+    from dpnode.node.app import create_app
 
     with TestClient(create_app(context=context), root_path="/node") as proxied:
         html = proxied.get("/docs").text

@@ -10,7 +10,7 @@ import matplotlib
 import numpy as np
 import pytest
 
-import sdk
+from dpnode import sdk
 from tests.sdk.conftest import remote_dataset
 
 matplotlib.use("Agg")  # no display in tests

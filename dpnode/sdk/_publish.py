@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
-from sdk import _per_sample as per_sample
-from sdk._display import dataclass_rows, fields_table
-from sdk._exceptions import DPNodeError
-from sdk._mock_publish import mock_release
-from sdk._remote import RemoteTensor, active_session, encode_graph, graph_for, origins
+from dpnode.sdk import _per_sample as per_sample
+from dpnode.sdk._display import dataclass_rows, fields_table
+from dpnode.sdk._exceptions import DPNodeError
+from dpnode.sdk._mock_publish import mock_release
+from dpnode.sdk._remote import RemoteTensor, active_session, encode_graph, graph_for, origins
 
 if TYPE_CHECKING:
-    from sdk._handles import DatasetHandle
+    from dpnode.sdk._handles import DatasetHandle
 
 __all__ = ["Receipt", "Sensitivity", "noise_scale", "publish", "publish_grads", "sensitivity"]
 
@@ -139,7 +139,7 @@ def _client(client: Any, tensors: Sequence[RemoteTensor]) -> Any:
         )
     if found:
         return found[0]
-    from sdk import current_client
+    from dpnode.sdk import current_client
 
     return current_client()
 
@@ -258,7 +258,7 @@ def publish_grads(
     one vector per subject) to L2 norm ``C``, sums the clipped vectors, and adds Gaussian
     noise for an L2 sensitivity of exactly ``2C`` (replacing one subject moves one
     clipped vector anywhere inside the ball of radius ``C``). Per-example gradients are
-    recorded during ``loss.backward()`` for ``nn.Linear`` layers (see ``sdk/_per_sample.py``);
+    recorded during ``loss.backward()`` for ``nn.Linear`` layers (see ``dpnode/sdk/_per_sample.py``);
     other parameters are refused with a message naming them.
 
     Args:
@@ -366,7 +366,7 @@ def _remote_grad(p: torch.Tensor) -> bool:
 
 def _groups(subjects: DatasetHandle | torch.Tensor | None, rows: int) -> torch.Tensor | None:
     """The ``groups`` argument of the clipping prim for ``subjects`` (see publish_grads)."""
-    from sdk._handles import DatasetHandle
+    from dpnode.sdk._handles import DatasetHandle
 
     if subjects is None:
         return None

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from node.api.deps import (
+from dpnode.node.api.deps import (
     ClientAddress,
     CurrentUser,
     HasherDep,
@@ -10,10 +10,10 @@ from node.api.deps import (
     SessionDep,
     SettingsDep,
 )
-from node.api.openapi import errors
-from node.api.schemas import LoginRequest, Token, UserPublic
-from node.services import users
-from node.services.security import issue_token
+from dpnode.node.api.openapi import errors
+from dpnode.node.api.schemas import LoginRequest, Token, UserPublic
+from dpnode.node.services import users
+from dpnode.node.services.security import issue_token
 
 router = APIRouter(tags=["auth"])
 
@@ -30,7 +30,7 @@ def login(
     """Exchange email and password for an access token that expires.
 
     Too many failed attempts for an email, or attempts from one address, are answered 429
-    with ``Retry-After`` before any password is checked (see node.services.throttle).
+    with ``Retry-After`` before any password is checked (see dpnode.node.services.throttle).
     """
     user = users.authenticate(
         session, hasher, body.email, body.password, throttle=throttle, address=address

@@ -1,7 +1,7 @@
 """The OpenAPI document, as a client generator needs it.
 
 FastAPI documents its own 422 body and nothing else; the node answers every error as
-``{"error": code, "detail": message}`` (see ``node.app``). Routes name the errors their
+``{"error": code, "detail": message}`` (see ``dpnode.node.app``). Routes name the errors their
 services raise with :func:`errors`; the ones every route of a kind can answer are derived
 here from its dependencies (a token: 401; an admin: 403; a size-limited body: 413;
 parameters or a body: 422), so a new route cannot forget them. Binary bodies are read by a
@@ -19,8 +19,8 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from starlette.routing import BaseRoute
 
-from node.api import deps, frames
-from node.api.schemas import ErrorBody
+from dpnode.node.api import deps, frames
+from dpnode.node.api.schemas import ErrorBody
 
 ERROR_REF = {"$ref": "#/components/schemas/Error"}
 
@@ -78,7 +78,7 @@ GRAPH_FRAME = (
     'a canonical JSON header `{"version", "nodes", "outputs"}` (each node an `op` of the '
     "prim vocabulary with its `args`, `attrs` and public `constant`s), then the constants' "
     "raw little-endian bytes at 16-aligned offsets. Nothing in it is executed, unpickled or "
-    "imported. See node/engine/wire.py and docs/prims.md."
+    "imported. See dpnode/core/engine/wire.py and docs/prims.md."
 )
 
 

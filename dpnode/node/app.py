@@ -13,8 +13,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from node import __version__, errors
-from node.api import docs, openapi
-from node.api.routes import (
+from dpnode.node.api import docs, openapi
+from dpnode.node.api.routes import (
     approvals,
     audit,
     auth,
@@ -28,9 +28,9 @@ from node.api.routes import (
     search,
     users,
 )
-from node.context import NodeContext
-from node.settings import Settings, get_settings
-from node.storage import CorruptBlobError
+from dpnode.node.context import NodeContext
+from dpnode.node.settings import Settings, get_settings
+from dpnode.node.storage import CorruptBlobError
 
 log = logging.getLogger("dpnode")
 
@@ -135,7 +135,7 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
         version=__version__,
         summary="A differential-privacy data node",
         lifespan=lifespan,
-        docs_url=None,  # served by node.api.docs, without a CDN
+        docs_url=None,  # served by dpnode.node.api.docs, without a CDN
         redoc_url=None,
         generate_unique_id_function=openapi.operation_id,
     )

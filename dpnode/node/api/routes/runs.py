@@ -2,10 +2,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from node.api.deps import ContextDep, CurrentUser
-from node.api.openapi import errors
-from node.api.schemas import RunPlanCreate, RunPlanPublic
-from node.services import runs
+from dpnode.node.api.deps import ContextDep, CurrentUser
+from dpnode.node.api.openapi import errors
+from dpnode.node.api.schemas import RunPlanCreate, RunPlanPublic
+from dpnode.node.services import runs
 
 router = APIRouter(prefix="/publish/runs", tags=["publish"])
 

@@ -6,13 +6,13 @@ from urllib.parse import quote
 from fastapi import APIRouter, Query, Response, status
 from pydantic import ValidationError
 
-from node.api import frames
-from node.api.deps import CurrentUser, LimitedBody, SessionDep, SettingsDep, StoreDep, item_ref
-from node.api.openapi import MODEL_FRAME, errors, frame_body, frame_response
-from node.api.schemas import ModelManifest, ModelPublic, TensorPublic
-from node.db.models import Model
-from node.errors import InvalidRequestError
-from node.services import models
+from dpnode.node.api import frames
+from dpnode.node.api.deps import CurrentUser, LimitedBody, SessionDep, SettingsDep, StoreDep, item_ref
+from dpnode.node.api.openapi import MODEL_FRAME, errors, frame_body, frame_response
+from dpnode.node.api.schemas import ModelManifest, ModelPublic, TensorPublic
+from dpnode.node.db.models import Model
+from dpnode.core.errors import InvalidRequestError
+from dpnode.node.services import models
 
 router = APIRouter(prefix="/models", tags=["models"])
 

@@ -7,7 +7,7 @@ more ATen ops on it). Shapes, strides and dtypes are propagated by running
 each op on the meta tensors (``_meta``); the wrapper itself reports the
 ``cpu`` device, see :data:`OUTER_DEVICE` for why. Every ATen op
 that reaches :meth:`RemoteTensor.__torch_dispatch__` is handed to
-:func:`sdk._remote.dispatch.dispatch`, which records prims.
+:func:`dpnode.sdk._remote.dispatch.dispatch`, which records prims.
 
 Aliasing is kept for real rather than functionalized away: tensors that share
 memory in torch share a :class:`Storage` here, whose ``node`` is the current
@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from sdk._remote.graph import Node, count_ops
-from sdk._remote.losses import OVERRIDES
-from sdk._remote.privacy import CALLS
-from sdk._remote.views import forward, inverse
+from dpnode.sdk._remote.graph import Node, count_ops
+from dpnode.sdk._remote.losses import OVERRIDES
+from dpnode.sdk._remote.privacy import CALLS
+from dpnode.sdk._remote.views import forward, inverse
 
 __all__ = ["RemoteTensor", "Storage", "ViewStep"]
 
@@ -62,7 +62,7 @@ _torch_function = torch._C._disabled_torch_function_impl
 
 
 def _private(what: str, advice: str = "") -> Exception:
-    from sdk._remote.dispatch import private_error
+    from dpnode.sdk._remote.dispatch import private_error
 
     return private_error(what, advice)
 
@@ -182,7 +182,7 @@ class RemoteTensor(torch.Tensor):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        from sdk._remote.dispatch import dispatch
+        from dpnode.sdk._remote.dispatch import dispatch
 
         return dispatch(func, args, kwargs or {})
 
@@ -198,7 +198,7 @@ class RemoteTensor(torch.Tensor):
     __str__ = __repr__
 
     def _repr_html_(self) -> str:
-        from sdk._display import fields_table
+        from dpnode.sdk._display import fields_table
 
         return fields_table(
             "remote tensor (its values stay on the node)",
@@ -213,19 +213,19 @@ class RemoteTensor(torch.Tensor):
 
     def graph(self) -> Any:
         """The engine graph computing this tensor (output 0), with its inputs and constants."""
-        from sdk._remote.graph import build
+        from dpnode.sdk._remote.graph import build
 
         return build([self.node])
 
     def publish(self, *, epsilon: float, delta: float | None = None, client: Any = None) -> Any:
         """Compute this tensor on the node and release it with noise (see ``sdk.publish``)."""
-        from sdk._publish import publish
+        from dpnode.sdk._publish import publish
 
         return publish(self, epsilon=epsilon, delta=delta, client=client)
 
     def sensitivity(self, *, client: Any = None) -> Any:
         """How far this tensor can move when one subject changes (free; ``sdk.sensitivity``)."""
-        from sdk._publish import sensitivity
+        from dpnode.sdk._publish import sensitivity
 
         return sensitivity(self, client=client)
 
@@ -233,7 +233,7 @@ class RemoteTensor(torch.Tensor):
         self, *, epsilon: float, delta: float | None = None, client: Any = None
     ) -> float:
         """The noise scale a publish at ``epsilon`` would use (free; ``sdk.noise_scale``)."""
-        from sdk._publish import noise_scale
+        from dpnode.sdk._publish import noise_scale
 
         return noise_scale(self, epsilon=epsilon, delta=delta, client=client)
 

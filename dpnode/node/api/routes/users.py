@@ -2,12 +2,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, status
 
-from node.api.deps import AdminUser, CurrentUser, HasherDep, SessionDep
-from node.api.openapi import errors
-from node.api.schemas import UserCreate, UserPublic, UserUpdate
-from node.db.models import Role
-from node.errors import PermissionDeniedError
-from node.services import users
+from dpnode.node.api.deps import AdminUser, CurrentUser, HasherDep, SessionDep
+from dpnode.node.api.openapi import errors
+from dpnode.node.api.schemas import UserCreate, UserPublic, UserUpdate
+from dpnode.node.db.models import Role
+from dpnode.core.errors import PermissionDeniedError
+from dpnode.node.services import users
 
 router = APIRouter(prefix="/users", tags=["users"])
 

@@ -6,11 +6,11 @@ from typing import Annotated
 from fastapi import APIRouter, BackgroundTasks, Header, Query, Response
 from starlette.concurrency import run_in_threadpool
 
-from node.api import frames
-from node.api.deps import ContextDep, LimitedBody, TokenUserId
-from node.api.openapi import GRAPH_FRAME, errors, frame_body, frame_response
-from node.api.schemas import OutputSensitivityPublic, SensitivityPublic
-from node.services import publish as service
+from dpnode.node.api import frames
+from dpnode.node.api.deps import ContextDep, LimitedBody, TokenUserId
+from dpnode.node.api.openapi import GRAPH_FRAME, errors, frame_body, frame_response
+from dpnode.node.api.schemas import OutputSensitivityPublic, SensitivityPublic
+from dpnode.node.services import publish as service
 
 router = APIRouter(tags=["publish"])
 log = logging.getLogger("dpnode")

@@ -4,11 +4,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from node.api.deps import AdminUser, SessionDep
-from node.api.openapi import errors
-from node.api.schemas import PolicyApply, PolicyRevisionPublic
-from node.db.models import PolicyRevision
-from node.services import policy as service
+from dpnode.node.api.deps import AdminUser, SessionDep
+from dpnode.node.api.openapi import errors
+from dpnode.node.api.schemas import PolicyApply, PolicyRevisionPublic
+from dpnode.node.db.models import PolicyRevision
+from dpnode.node.services import policy as service
 
 router = APIRouter(prefix="/policy", tags=["policy"])
 

@@ -6,14 +6,14 @@ import numpy as np
 from fastapi import APIRouter, Query, Response, status
 from pydantic import ValidationError
 
-from node.api import frames
-from node.api.deps import CurrentUser, LimitedBody, SessionDep, SettingsDep, StoreDep, item_ref
-from node.api.openapi import DATASET_FRAME, errors, frame_body, frame_response
-from node.api.schemas import ColumnPublic, DatasetManifest, DatasetPublic
-from node.db.models import Dataset
-from node.errors import InvalidRequestError, UploadRejectedError
-from node.services import audit, datasets
-from node.services.tabular import ColumnSpec
+from dpnode.node.api import frames
+from dpnode.node.api.deps import CurrentUser, LimitedBody, SessionDep, SettingsDep, StoreDep, item_ref
+from dpnode.node.api.openapi import DATASET_FRAME, errors, frame_body, frame_response
+from dpnode.node.api.schemas import ColumnPublic, DatasetManifest, DatasetPublic
+from dpnode.node.db.models import Dataset
+from dpnode.core.errors import InvalidRequestError, UploadRejectedError
+from dpnode.node.services import audit, datasets
+from dpnode.node.services.tabular import ColumnSpec
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 

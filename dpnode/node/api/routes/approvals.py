@@ -4,12 +4,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from node.api.deps import AdminUser, CurrentUser, SessionDep
-from node.api.openapi import errors
-from node.api.schemas import ApprovalAnswer, PublishApprovalPublic
-from node.db.models import PublishApproval
-from node.services import approvals
-from node.services.budget import DELTA_UNIT, EPSILON_UNIT
+from dpnode.node.api.deps import AdminUser, CurrentUser, SessionDep
+from dpnode.node.api.openapi import errors
+from dpnode.node.api.schemas import ApprovalAnswer, PublishApprovalPublic
+from dpnode.node.db.models import PublishApproval
+from dpnode.node.services import approvals
+from dpnode.node.services.budget import DELTA_UNIT, EPSILON_UNIT
 
 router = APIRouter(prefix="/publish/approvals", tags=["publish"])
 

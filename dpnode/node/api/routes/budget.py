@@ -5,9 +5,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from sqlalchemy import select
 
-from node.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
-from node.api.openapi import errors
-from node.api.schemas import (
+from dpnode.node.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
+from dpnode.node.api.openapi import errors
+from dpnode.node.api.schemas import (
     BudgetGrantCreate,
     BudgetGrantPublic,
     BudgetPublic,
@@ -16,10 +16,10 @@ from node.api.schemas import (
     BudgetRequestPublic,
     LedgerEntryPublic,
 )
-from node.db.models import BudgetGrant, BudgetRequest, LedgerEntry, Role, User
-from node.errors import PermissionDeniedError
-from node.services import budget, budget_requests
-from node.services.budget import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, TV_UNIT, Status
+from dpnode.node.db.models import BudgetGrant, BudgetRequest, LedgerEntry, Role, User
+from dpnode.core.errors import PermissionDeniedError
+from dpnode.node.services import budget, budget_requests
+from dpnode.node.services.budget import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, TV_UNIT, Status
 
 router = APIRouter(tags=["budget"])
 

@@ -10,7 +10,7 @@ from datetime import datetime
 from html import escape
 from typing import Any
 
-from sdk._display import dataclass_rows, fields_table
+from dpnode.sdk._display import dataclass_rows, fields_table
 
 
 def _at(value: str | None) -> datetime | None:
@@ -116,7 +116,7 @@ class BudgetStatus:
                 "BudgetStatus.plot() needs matplotlib, an optional dependency: "
                 "pip install 'dpnode[plot]'"
             ) from None
-        from policies import filter_epsilon
+        from dpnode.policies import filter_epsilon
 
         if ledger is None:
             ledger = [] if self._ledger is None else self._ledger()

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy.typing as npt
 
-from sdk._display import Columns, fields_table, records_table
+from dpnode.sdk._display import Columns, fields_table, records_table
 
 if TYPE_CHECKING:
-    from sdk._client import Client
-    from sdk._groupby import Grouped
-    from sdk._remote import RemoteTensor
+    from dpnode.sdk._client import Client
+    from dpnode.sdk._groupby import Grouped
+    from dpnode.sdk._remote import RemoteTensor
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ class DatasetHandle:
         Raises:
             KeyError: no such column (the message lists the columns).
         """
-        from sdk._remote.handles import column_tensor
+        from dpnode.sdk._remote.handles import column_tensor
 
         return column_tensor(self, column)
 
@@ -133,7 +133,7 @@ class DatasetHandle:
         """
         import torch
 
-        from sdk._remote import remote_input
+        from dpnode.sdk._remote import remote_input
 
         return remote_input(
             f"dataset:{self.id}/@subject", (self.row_count,), torch.int64, origin=self._client
@@ -152,7 +152,7 @@ class DatasetHandle:
 
         >>> X, y = ds.tensors(["age", "bmi"], "diabetic")  # doctest: +SKIP
         """
-        from sdk._remote.handles import dataset_tensors
+        from dpnode.sdk._remote.handles import dataset_tensors
 
         return dataset_tensors(self, columns, stack)
 
@@ -161,13 +161,13 @@ class DatasetHandle:
         ``ds.groupby("sex").mean("bmi", epsilon=1.0)`` (also ``count`` and ``sum``).
 
         The groups are a categorical column's categories, the integers of an integer
-        column's bounds, or ``categories``. See ``sdk/_groupby.py``.
+        column's bounds, or ``categories``. See ``dpnode/sdk/_groupby.py``.
 
         Raises:
             KeyError: no such column.
             DPNodeError: a column without public groups (pass ``categories=``).
         """
-        from sdk._groupby import Grouped
+        from dpnode.sdk._groupby import Grouped
 
         return Grouped(self, column, categories)
 
@@ -264,7 +264,7 @@ class ModelHandle:
         them with datasets are recorded into one graph. Inside ``sdk.mock(model)``
         (public or your own models) they evaluate on the downloaded weights.
         """
-        from sdk._remote.handles import model_state
+        from dpnode.sdk._remote.handles import model_state
 
         return model_state(self)
 
