@@ -19,6 +19,7 @@ from dpnode.node.db.models import User
 from dpnode.node.services import users
 from dpnode.node.settings import Settings
 from tests.postgres import find_bin_dir, postgres_server
+from tests.statuses import RecordStatuses, Seen, undocumented
 
 BACKENDS = ["sqlite", "postgresql"]
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -94,9 +95,15 @@ def context(settings: Settings) -> Iterator[NodeContext]:
 
 @pytest.fixture
 def http(context: NodeContext) -> Iterator[TestClient]:
-    """The real app, in process."""
-    with TestClient(create_app(context=context), raise_server_exceptions=False) as client:
+    """The real app, in process. A status the test sees that the app's OpenAPI document
+    does not list for the route fails the test (tests/statuses.py)."""
+    app = create_app(context=context)
+    seen: set[Seen] = set()
+    app.add_middleware(RecordStatuses, seen=seen)
+    with TestClient(app, raise_server_exceptions=False) as client:
         yield client
+    problems = undocumented(app.openapi(), seen)
+    assert not problems, "\n".join(problems)
 
 
 PASSWORD = "correct horse battery"

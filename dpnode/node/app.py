@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from dpnode import __version__
 from dpnode.core import errors
 from dpnode.node import console
+from dpnode.node.api import docs, openapi
 from dpnode.node.api.routes import (
     approvals,
     audit,
@@ -136,12 +137,18 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
         version=__version__,
         summary="A differential-privacy data node",
         lifespan=lifespan,
+        docs_url=None,  # served by dpnode.node.api.docs, without a CDN
+        redoc_url=None,
+        generate_unique_id_function=openapi.operation_id,
     )
     app.state.context = ctx
     # Routes are matched in order: publish first, as a training loop calls it most.
     routers = (publish, auth, users, datasets, models, search, approvals, runs, budget, policy)
-    for module in (*routers, meta, audit):
+    modules = (*routers, meta, audit)
+    for module in modules:
         app.include_router(module.router, prefix=API_PREFIX)
     app.include_router(console.router)  # the browser console, outside the OpenAPI schema
     install_error_handlers(app)
+    openapi.install(app, [route for module in modules for route in module.router.routes])
+    docs.install(app)
     return app

@@ -24,6 +24,7 @@ from dpnode.sdk._budget import (
     TrainingRunPlan,
 )
 from dpnode.sdk._client import Client
+from dpnode.sdk._display import AuditLog, Columns, Grants, Ledger, Records
 from dpnode.sdk._exceptions import (
     ApprovalRequiredError,
     AuthenticationError,
@@ -67,6 +68,7 @@ from dpnode.sdk._training import PrivateTraining, TrainingStep, private_training
 __all__ = [
     "ApprovalRequiredError",
     "AuditEvent",
+    "AuditLog",
     "AuthenticationError",
     "BudgetExceededError",
     "BudgetGrant",
@@ -74,13 +76,16 @@ __all__ = [
     "BudgetStatus",
     "Client",
     "ColumnInfo",
+    "Columns",
     "ConflictError",
     "DPNodeError",
     "DatasetHandle",
     "EvaluationError",
+    "Grants",
     "GraphError",
     "InvalidPolicyError",
     "InvalidRequestError",
+    "Ledger",
     "LedgerEntry",
     "LinearRegression",
     "MockSession",
@@ -100,6 +105,7 @@ __all__ = [
     "QuotaExceededError",
     "RateLimitedError",
     "Receipt",
+    "Records",
     "RemoteTensor",
     "Sensitivity",
     "ServerError",

@@ -3,9 +3,14 @@ budget requests and grants, publishes waiting for approval, policy revisions."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
 from datetime import datetime
+from html import escape
 from typing import Any
+
+from dpnode.sdk._display import dataclass_rows, fields_table
 
 
 def _at(value: str | None) -> datetime | None:
@@ -45,6 +50,10 @@ class BudgetStatus:
     renews_at: datetime | None = None
     policy: str = ""
     policy_revision: int | None = None
+    #: the charges of the window, oldest first (set by ``client.budget()``, for :meth:`plot`)
+    _ledger: Callable[[], Sequence[LedgerEntry]] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> BudgetStatus:
@@ -71,6 +80,77 @@ class BudgetStatus:
         if self.renews_at is not None:
             text += f"; renews at {self.renews_at.isoformat()}"
         return text
+
+    def _repr_html_(self) -> str:
+        rows = [
+            (
+                "epsilon",
+                f"{self.spent_epsilon:g} of {self.epsilon:g} spent, "
+                f"{self.remaining_epsilon:g} remaining",
+            ),
+            (
+                "delta",
+                f"{self.spent_delta:.3g} of {self.delta:.3g} used, "
+                f"{self.remaining_delta:.3g} remaining",
+            ),
+            *dataclass_rows(self),
+        ]
+        return fields_table("privacy budget", rows)
+
+    def plot(self, ax: Any = None, *, ledger: Sequence[LedgerEntry] | None = None) -> Any:
+        """Plot epsilon spent over time against the allocation, and return the axes.
+
+        The curve steps at each charge of the current renewal window (``ledger``: those
+        charges oldest first; default: read from the node). Laplace charges add their
+        epsilon; Gaussian ones add to a zCDP total, drawn as the privacy filter converts it at
+        the delta it reserves for that (``spent_delta - sampler_tv``); the last point is the
+        node's own count, ``spent_epsilon``. Needs matplotlib: ``pip install 'dpnode[plot]'``.
+
+        Raises:
+            ImportError: matplotlib is not installed.
+        """
+        try:
+            import matplotlib.pyplot as plt
+        except ImportError:
+            raise ImportError(
+                "BudgetStatus.plot() needs matplotlib, an optional dependency: "
+                "pip install 'dpnode[plot]'"
+            ) from None
+        from dpnode.policies import filter_epsilon
+
+        if ledger is None:
+            ledger = [] if self._ledger is None else self._ledger()
+        reserved = self.spent_delta - self.sampler_tv
+        times: list[datetime] = []
+        spent: list[float] = []
+        pure = rho = 0.0
+        for entry in ledger:
+            pure += entry.epsilon
+            rho += entry.rho
+            converted = filter_epsilon(rho, reserved) if rho and 0 < reserved < 1 else 0.0
+            times.append(entry.at)
+            spent.append(pure + converted)
+        now = datetime.now(tz=times[-1].tzinfo if times else None)
+        start = self.period_start or (times[0] if times else now)
+        if ax is None:
+            _, ax = plt.subplots(figsize=(6, 3.5))
+        ax.step(
+            [start, *times, now],
+            [0.0, *spent, self.spent_epsilon],
+            where="post",
+            label="epsilon spent",
+        )
+        ax.axhline(
+            self.epsilon, color="tab:red", linestyle="--", label=f"allocation ({self.epsilon:g})"
+        )
+        ax.set_ylabel("epsilon")
+        ax.set_ylim(0, max(self.epsilon, self.spent_epsilon) * 1.1 or 1.0)
+        ax.set_title(
+            f"privacy budget under policy {self.policy!r}" if self.policy else "privacy budget"
+        )
+        ax.legend(loc="upper left")
+        ax.figure.autofmt_xdate()
+        return ax
 
 
 @dataclass(frozen=True)
@@ -106,6 +186,9 @@ class LedgerEntry:
             user_email=body.get("user_email"),
             policy_revision=body.get("policy_revision"),
         )
+
+    def _repr_html_(self) -> str:
+        return fields_table(f"ledger entry {self.id}", dataclass_rows(self))
 
 
 @dataclass(frozen=True)
@@ -259,4 +342,15 @@ class PolicyRevision:
                 "at": _at(body["at"]),
                 "warnings": tuple(body.get("warnings", ())),
             }
+        )
+
+    def _repr_html_(self) -> str:
+        document = escape(json.dumps(self.document, indent=2, sort_keys=True, default=str))
+        title = f"policy {self.name!r}, " + (
+            f"revision {self.revision}" if self.revision is not None else "built-in default"
+        )
+        return fields_table(
+            title,
+            dataclass_rows(self, skip=("document", "source")),
+            after=f"<pre>{document}</pre>",
         )

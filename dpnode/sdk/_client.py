@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 import time
@@ -26,6 +27,7 @@ from dpnode.sdk._budget import (
     PublishApproval,
     TrainingRunPlan,
 )
+from dpnode.sdk._display import AuditLog, Columns, Grants, Ledger
 from dpnode.sdk._exceptions import (
     DPNodeError,
     NodeUnreachableError,
@@ -110,8 +112,8 @@ class Client:
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self._request(method, path, **kwargs).json()
 
-    def _download_frame(self, path: str) -> dict[str, npt.NDArray[Any]]:
-        return dict(load(self._request("GET", path).content))
+    def _download_frame(self, path: str) -> Columns:
+        return Columns(load(self._request("GET", path).content))
 
     def close(self) -> None:
         self._http.close()
@@ -393,7 +395,23 @@ class Client:
     def budget(self, *, user_id: int | None = None) -> BudgetStatus:
         """Your budget: total, spent and remaining (admins: anyone's, by ``user_id``)."""
         params = {"user_id": user_id} if user_id is not None else {}
-        return BudgetStatus.from_json(self._json("GET", "/budget", params=params))
+        status = BudgetStatus.from_json(self._json("GET", "/budget", params=params))
+        return dataclasses.replace(status, _ledger=lambda: self._window_ledger(status, user_id))
+
+    def _window_ledger(self, status: BudgetStatus, user_id: int | None) -> list[LedgerEntry]:
+        """The charges of ``status``'s renewal window (all of them when budgets never renew),
+        oldest first, paging back through the ledger."""
+        entries: list[LedgerEntry] = []
+        before: int | None = None
+        while True:
+            page = self.ledger(user_id=user_id, before_id=before, limit=1000)
+            entries += page
+            inside = status.period_start is None or (page and page[-1].at >= status.period_start)
+            if len(page) < 1000 or not inside:
+                break
+            before = page[-1].id
+        start = status.period_start
+        return [e for e in reversed(entries) if start is None or e.at >= start]
 
     def ledger(
         self,
@@ -404,10 +422,11 @@ class Client:
         everyone: bool = False,
         before_id: int | None = None,
         limit: int = 100,
-    ) -> list[LedgerEntry]:
+    ) -> Ledger[LedgerEntry]:
         """Charges, newest first: yours, or (admins) one user's (``user``: id or email) or
         ``everyone``'s; ``dataset`` (id or name) keeps those that read it. Each entry names
-        the policy revision that allowed it."""
+        the policy revision that allowed it. A list, shown as a table in a notebook;
+        ``.to_pandas()`` makes a DataFrame."""
         params: dict[str, Any] = {"limit": limit}
         if user is not None:
             user_id = user if isinstance(user, int) else self._user_id(user)
@@ -419,7 +438,7 @@ class Client:
             params["dataset_id"] = dataset if isinstance(dataset, int) else self.dataset(dataset).id
         if before_id is not None:
             params["before_id"] = before_id
-        return [LedgerEntry.from_json(e) for e in self._json("GET", "/ledger", params=params)]
+        return Ledger(LedgerEntry.from_json(e) for e in self._json("GET", "/ledger", params=params))
 
     def request_budget(self, *, epsilon: float, delta: float = 0.0, reason: str) -> BudgetRequest:
         """Ask the node's admins for more budget, saying why; see ``budget_requests()`` for
@@ -478,14 +497,15 @@ class Client:
         body = {"user": user, "epsilon": epsilon, "delta": delta, "reason": reason}
         return BudgetGrant.from_json(self._json("POST", "/budget/grants", json=body))
 
-    def grants(self, *, user: int | str | None = None, limit: int = 100) -> list[BudgetGrant]:
-        """Budget grants, newest first: yours (admins: everyone's, or one ``user``'s)."""
+    def grants(self, *, user: int | str | None = None, limit: int = 100) -> Grants[BudgetGrant]:
+        """Budget grants, newest first: yours (admins: everyone's, or one ``user``'s); a list
+        with ``.to_pandas()``."""
         params: dict[str, Any] = {"limit": limit}
         if user is not None:
             params["user_id"] = user if isinstance(user, int) else self._user_id(user)
-        return [
+        return Grants(
             BudgetGrant.from_json(g) for g in self._json("GET", "/budget/grants", params=params)
-        ]
+        )
 
     def plan_run(
         self,
@@ -617,10 +637,10 @@ class Client:
         actor: int | str | None = None,
         before_id: int | None = None,
         limit: int = 100,
-    ) -> list[AuditEvent]:
+    ) -> AuditLog[AuditEvent]:
         """The audit log, newest first (admins): optionally one ``action`` (e.g.
         ``"privacy.charge"``, ``"policy.apply"``) or one ``actor`` (id or email);
-        ``before_id`` pages backwards."""
+        ``before_id`` pages backwards. A list with ``.to_pandas()``."""
         params: dict[str, Any] = {"limit": limit}
         if action:
             params["action"] = action
@@ -628,7 +648,7 @@ class Client:
             params["actor_id"] = actor if isinstance(actor, int) else self._user_id(actor)
         if before_id is not None:
             params["before_id"] = before_id
-        return [
+        return AuditLog(
             AuditEvent(
                 id=e["id"],
                 at=datetime.fromisoformat(e["at"]),
@@ -639,7 +659,7 @@ class Client:
                 detail=e["detail"],
             )
             for e in self._json("GET", "/audit", params=params)
-        ]
+        )
 
 
 def _read_frame(data: bytes) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]]:

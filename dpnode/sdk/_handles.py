@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy.typing as npt
 
+from dpnode.sdk._display import Columns, fields_table, records_table
+
 if TYPE_CHECKING:
     from dpnode.sdk._client import Client
     from dpnode.sdk._groupby import Grouped
@@ -103,8 +105,9 @@ class DatasetHandle:
     def bounds(self) -> dict[str, tuple[float, float]]:
         return {name: c.bounds for name, c in self.columns.items()}
 
-    def mock(self) -> dict[str, npt.NDArray[Any]]:
-        """The dataset's mock (fake) data, to dry-run code before spending budget."""
+    def mock(self) -> Columns:
+        """The dataset's mock (fake) data, to dry-run code before spending budget: a dict of
+        columns; ``.to_pandas()`` makes a DataFrame."""
         return self._client._download_frame(f"/datasets/{self.id}/mock")
 
     def __getitem__(self, column: str) -> RemoteTensor:
@@ -190,6 +193,30 @@ class DatasetHandle:
         width = max((len(n) for n in self.columns), default=0)
         lines += [f"  {n:<{width}}  {c.describe()}" for n, c in self.columns.items()]
         return "\n".join(lines) + ">"
+
+    def _repr_html_(self) -> str:
+        summary = fields_table(
+            f"dataset {self.name!r}",
+            [
+                ("id", self.id),
+                ("description", self.description),
+                ("tags", self.tags),
+                ("owner", self.owner),
+                ("shape", str(self.shape)),
+                (
+                    "subjects",
+                    f"{self.subject_count} by {self.subject_id!r}"
+                    if self.subject_id
+                    else "one a row",
+                ),
+                ("mock data", "available" if self.has_mock else "none"),
+            ],
+        )
+        rows = [(c.name, c.dtype, c.shape, c.bounds, c.categories) for c in self.columns.values()]
+        columns = records_table(
+            "columns", ["name", "dtype", "row shape", "bounds", "categories"], rows
+        )
+        return summary + columns
 
 
 @dataclass(frozen=True)

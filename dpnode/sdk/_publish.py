@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from dpnode.sdk import _per_sample as per_sample
+from dpnode.sdk._display import dataclass_rows, fields_table
 from dpnode.sdk._exceptions import DPNodeError
 from dpnode.sdk._mock_publish import mock_release
 from dpnode.sdk._remote import RemoteTensor, active_session, encode_graph, graph_for, origins
@@ -84,6 +85,9 @@ class Receipt:
             f"{noise}; charged epsilon {self.epsilon:g}{asked}; "
             f"{self.remaining_epsilon:g} remaining"
         )
+
+    def _repr_html_(self) -> str:
+        return fields_table("receipt", [("summary", str(self)), *dataclass_rows(self)])
 
 
 @dataclass(frozen=True)

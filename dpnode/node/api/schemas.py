@@ -15,9 +15,18 @@ class Schema(BaseModel):
     model_config = ConfigDict(extra="forbid", from_attributes=True)
 
 
-class ErrorBody(Schema):
+class ErrorBody(BaseModel):
+    """Every error the node answers (``dpnode.node.app``): a stable code and a message. A budget
+    policy's refusal adds the rule, the policy and its revision (and, waiting for an admin,
+    the ``approval_id``)."""
+
+    model_config = ConfigDict(extra="allow", title="Error")
+
     error: str = Field(description="stable error code, e.g. 'forbidden'")
     detail: str = Field(description="what was wrong, for a person")
+    rule: str | None = Field(default=None, description="the policy rule that refused")
+    policy: str | None = Field(default=None, description="the policy in force")
+    policy_revision: int | None = Field(default=None, description="its revision")
 
 
 class LoginRequest(Schema):

@@ -197,6 +197,20 @@ class RemoteTensor(torch.Tensor):
 
     __str__ = __repr__
 
+    def _repr_html_(self) -> str:
+        from dpnode.sdk._display import fields_table
+
+        return fields_table(
+            "remote tensor (its values stay on the node)",
+            [
+                ("shape", str(tuple(self.shape))),
+                ("dtype", str(self.dtype)),
+                ("source", self._source),
+                ("ops", count_ops([self.node])),
+                ("requires_grad", self.requires_grad),
+            ],
+        )
+
     def graph(self) -> Any:
         """The engine graph computing this tensor (output 0), with its inputs and constants."""
         from dpnode.sdk._remote.graph import build

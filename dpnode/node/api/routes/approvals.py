@@ -5,6 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from dpnode.node.api.deps import AdminUser, CurrentUser, SessionDep
+from dpnode.node.api.openapi import errors
 from dpnode.node.api.schemas import ApprovalAnswer, PublishApprovalPublic
 from dpnode.node.db.models import PublishApproval
 from dpnode.node.services import approvals
@@ -56,7 +57,7 @@ def list_publish_approvals(
     return [approval_public(a) for a in rows]
 
 
-@router.post("/{approval_id}/approve")
+@router.post("/{approval_id}/approve", responses=errors(404, 409))
 def approve_publish(
     session: SessionDep, admin: AdminUser, approval_id: int, body: ApprovalAnswer
 ) -> PublishApprovalPublic:
@@ -66,7 +67,7 @@ def approve_publish(
     return approval_public(row)
 
 
-@router.post("/{approval_id}/deny")
+@router.post("/{approval_id}/deny", responses=errors(404, 409))
 def deny_publish(
     session: SessionDep, admin: AdminUser, approval_id: int, body: ApprovalAnswer
 ) -> PublishApprovalPublic:

@@ -10,6 +10,7 @@ from dpnode.node.api.deps import (
     SessionDep,
     SettingsDep,
 )
+from dpnode.node.api.openapi import errors
 from dpnode.node.api.schemas import LoginRequest, Token, UserPublic
 from dpnode.node.services import users
 from dpnode.node.services.security import issue_token
@@ -17,7 +18,7 @@ from dpnode.node.services.security import issue_token
 router = APIRouter(tags=["auth"])
 
 
-@router.post("/auth/login")
+@router.post("/auth/login", responses=errors(401, 429))
 def login(
     body: LoginRequest,
     session: SessionDep,

@@ -9,6 +9,7 @@ from sqlalchemy import select
 
 from dpnode.core.errors import PermissionDeniedError
 from dpnode.node.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
+from dpnode.node.api.openapi import errors
 from dpnode.node.api.schemas import (
     BudgetGrantCreate,
     BudgetGrantPublic,
@@ -107,7 +108,7 @@ def _subject(user: User, user_id: int | None) -> int:
     return user_id
 
 
-@router.get("/budget")
+@router.get("/budget", responses=errors(403))
 def get_budget(
     session: SessionDep, settings: SettingsDep, user: CurrentUser, user_id: int | None = None
 ) -> BudgetPublic:
@@ -115,7 +116,7 @@ def get_budget(
     return budget_public(budget.budget_of(session, settings, _subject(user, user_id)))
 
 
-@router.get("/ledger")
+@router.get("/ledger", responses=errors(403))
 def get_ledger(
     session: SessionDep,
     user: CurrentUser,
@@ -175,7 +176,7 @@ def _grant_of(session: SessionDep, row: BudgetRequest) -> BudgetGrant | None:
     return None if row.grant_id is None else session.get(BudgetGrant, row.grant_id)
 
 
-@router.post("/budget/requests/{request_id}/approve")
+@router.post("/budget/requests/{request_id}/approve", responses=errors(404, 409))
 def approve_budget_request(
     session: SessionDep, admin: AdminUser, request_id: int, body: BudgetRequestAnswer
 ) -> BudgetRequestPublic:
@@ -192,7 +193,7 @@ def approve_budget_request(
     return request_public(row, _grant_of(session, row))
 
 
-@router.post("/budget/requests/{request_id}/deny")
+@router.post("/budget/requests/{request_id}/deny", responses=errors(404, 409))
 def deny_budget_request(
     session: SessionDep, admin: AdminUser, request_id: int, body: BudgetRequestAnswer
 ) -> BudgetRequestPublic:
@@ -203,7 +204,7 @@ def deny_budget_request(
     return request_public(row, None)
 
 
-@router.post("/budget/grants", status_code=201)
+@router.post("/budget/grants", status_code=201, responses=errors(404))
 def create_grant(
     session: SessionDep, admin: AdminUser, body: BudgetGrantCreate
 ) -> BudgetGrantPublic:
@@ -214,7 +215,7 @@ def create_grant(
     return grant_public(row)
 
 
-@router.get("/budget/grants")
+@router.get("/budget/grants", responses=errors(403))
 def list_grants(
     session: SessionDep, user: CurrentUser, user_id: int | None = None, limit: Limit = 100
 ) -> list[BudgetGrantPublic]:

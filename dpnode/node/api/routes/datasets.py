@@ -16,6 +16,7 @@ from dpnode.node.api.deps import (
     StoreDep,
     item_ref,
 )
+from dpnode.node.api.openapi import DATASET_FRAME, errors, frame_body, frame_response
 from dpnode.node.api.schemas import ColumnPublic, DatasetManifest, DatasetPublic
 from dpnode.node.db.models import Dataset
 from dpnode.node.services import datasets
@@ -91,7 +92,12 @@ def upload_from_frame(body: bytes, max_elements: int) -> datasets.DatasetUpload:
     )
 
 
-@router.post("", status_code=status.HTTP_201_CREATED)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    responses=errors(403, 409),
+    openapi_extra=frame_body(DATASET_FRAME),
+)
 def upload_dataset(
     body: LimitedBody,
     session: SessionDep,
@@ -125,13 +131,13 @@ def list_datasets(
     return [dataset_public(d) for d in found]
 
 
-@router.get("/{dataset_ref}")
+@router.get("/{dataset_ref}", responses=errors(404))
 def get_dataset(dataset_ref: str, session: SessionDep, _user: CurrentUser) -> DatasetPublic:
     """One dataset's public metadata, by id or name."""
     return dataset_public(datasets.get_dataset(session, item_ref(dataset_ref)))
 
 
-@router.delete("/{dataset_ref}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete("/{dataset_ref}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(403, 404))
 def delete_dataset(
     dataset_ref: str, session: SessionDep, store: StoreDep, actor: CurrentUser
 ) -> None:
@@ -144,7 +150,11 @@ def _frame_response(dataset: Dataset, arrays: dict[str, Any], kind: str) -> Resp
     return Response(frames.encode(arrays, manifest), media_type=frames.MEDIA_TYPE)
 
 
-@router.get("/{dataset_ref}/mock", response_class=Response)
+@router.get(
+    "/{dataset_ref}/mock",
+    response_class=Response,
+    responses=frame_response("the mock columns, `<column>` tensors") | errors(404),
+)
 def download_mock(
     dataset_ref: str, session: SessionDep, store: StoreDep, actor: CurrentUser
 ) -> Response:
@@ -153,7 +163,11 @@ def download_mock(
     return _frame_response(dataset, arrays, "mock")
 
 
-@router.get("/{dataset_ref}/data", response_class=Response)
+@router.get(
+    "/{dataset_ref}/data",
+    response_class=Response,
+    responses=frame_response("the real columns, `<column>` tensors") | errors(403, 404),
+)
 def download_data(
     dataset_ref: str, session: SessionDep, store: StoreDep, actor: CurrentUser
 ) -> Response:

@@ -16,6 +16,7 @@ from dpnode.node.api.deps import (
     StoreDep,
     item_ref,
 )
+from dpnode.node.api.openapi import MODEL_FRAME, errors, frame_body, frame_response
 from dpnode.node.api.schemas import ModelManifest, ModelPublic, TensorPublic
 from dpnode.node.db.models import Model
 from dpnode.node.services import models
@@ -58,7 +59,12 @@ def content_disposition(filename: str) -> str:
     return header
 
 
-@router.post("", status_code=status.HTTP_201_CREATED)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    responses=errors(403, 409),
+    openapi_extra=frame_body(MODEL_FRAME),
+)
 def upload_model(
     body: LimitedBody,
     session: SessionDep,
@@ -103,18 +109,22 @@ def list_models(
     ]
 
 
-@router.get("/{model_ref}")
+@router.get("/{model_ref}", responses=errors(404))
 def get_model(model_ref: str, session: SessionDep, _user: CurrentUser) -> ModelPublic:
     return model_public(models.get_model(session, item_ref(model_ref)))
 
 
-@router.delete("/{model_ref}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete("/{model_ref}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(403, 404))
 def delete_model(model_ref: str, session: SessionDep, store: StoreDep, actor: CurrentUser) -> None:
     """Delete a model (its owner or an admin)."""
     models.delete_model(session, store, actor, item_ref(model_ref))
 
 
-@router.get("/{model_ref}/weights", response_class=Response)
+@router.get(
+    "/{model_ref}/weights",
+    response_class=Response,
+    responses=frame_response("the weights, `<name>` tensors") | errors(403, 404),
+)
 def download_weights(
     model_ref: str, session: SessionDep, store: StoreDep, actor: CurrentUser
 ) -> Response:
@@ -125,7 +135,19 @@ def download_weights(
     return Response(body, media_type=frames.MEDIA_TYPE)
 
 
-@router.get("/{model_ref}/architecture", response_class=Response)
+@router.get(
+    "/{model_ref}/architecture",
+    response_class=Response,
+    responses={
+        200: {
+            "description": "the architecture file as uploaded",
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+        },
+        **errors(403, 404),
+    },
+)
 def download_architecture(
     model_ref: str, session: SessionDep, store: StoreDep, actor: CurrentUser
 ) -> Response:

@@ -5,6 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from dpnode.node.api.deps import AdminUser, SessionDep
+from dpnode.node.api.openapi import errors
 from dpnode.node.api.schemas import PolicyApply, PolicyRevisionPublic
 from dpnode.node.db.models import PolicyRevision
 from dpnode.node.services import policy as service
@@ -67,7 +68,7 @@ def list_revisions(
     return [revision_public(r) for r in service.history(session, limit=limit)]
 
 
-@router.get("/revisions/{revision}")
+@router.get("/revisions/{revision}", responses=errors(404))
 def get_revision(session: SessionDep, _admin: AdminUser, revision: int) -> PolicyRevisionPublic:
     """One policy revision (admins)."""
     return revision_public(service.get_revision(session, revision))

@@ -8,6 +8,7 @@ from starlette.concurrency import run_in_threadpool
 
 from dpnode.node.api import frames
 from dpnode.node.api.deps import ContextDep, LimitedBody, TokenUserId
+from dpnode.node.api.openapi import GRAPH_FRAME, errors, frame_body, frame_response
 from dpnode.node.api.schemas import OutputSensitivityPublic, SensitivityPublic
 from dpnode.node.services import publish as service
 
@@ -20,7 +21,15 @@ Delta = Annotated[
 ]
 
 
-@router.post("/publish", response_class=Response)
+@router.post(
+    "/publish",
+    response_class=Response,
+    responses=frame_response(
+        "the noised outputs, `output/<i>` tensors, and the receipt in the manifest"
+    )
+    | errors(403, 404, 409),
+    openapi_extra=frame_body(GRAPH_FRAME),
+)
 async def publish(
     body: LimitedBody,
     context: ContextDep,
@@ -65,7 +74,7 @@ async def publish(
     return Response(content, media_type=frames.MEDIA_TYPE)
 
 
-@router.post("/sensitivity")
+@router.post("/sensitivity", responses=errors(403, 404), openapi_extra=frame_body(GRAPH_FRAME))
 async def sensitivity(
     body: LimitedBody,
     context: ContextDep,

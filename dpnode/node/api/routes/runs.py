@@ -3,13 +3,14 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from dpnode.node.api.deps import ContextDep, CurrentUser
+from dpnode.node.api.openapi import errors
 from dpnode.node.api.schemas import RunPlanCreate, RunPlanPublic
 from dpnode.node.services import runs
 
 router = APIRouter(prefix="/publish/runs", tags=["publish"])
 
 
-@router.post("")
+@router.post("", responses=errors(403, 404))
 def plan_run(body: RunPlanCreate, context: ContextDep, user: CurrentUser) -> RunPlanPublic:
     """Plan a training run before its first step: the policy judges it as a whole.
 

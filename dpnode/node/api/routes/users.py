@@ -4,6 +4,7 @@ from fastapi import APIRouter, status
 
 from dpnode.core.errors import PermissionDeniedError
 from dpnode.node.api.deps import AdminUser, CurrentUser, HasherDep, SessionDep
+from dpnode.node.api.openapi import errors
 from dpnode.node.api.schemas import UserCreate, UserPublic, UserUpdate
 from dpnode.node.db.models import Role
 from dpnode.node.services import users
@@ -11,7 +12,7 @@ from dpnode.node.services import users
 router = APIRouter(prefix="/users", tags=["users"])
 
 
-@router.get("")
+@router.get("", responses=errors(403))
 def list_users(session: SessionDep, actor: CurrentUser) -> list[UserPublic]:
     """All accounts (admins and data owners)."""
     if actor.role is Role.DATA_SCIENTIST:
@@ -19,7 +20,7 @@ def list_users(session: SessionDep, actor: CurrentUser) -> list[UserPublic]:
     return [UserPublic.model_validate(u) for u in users.list_users(session)]
 
 
-@router.post("", status_code=status.HTTP_201_CREATED)
+@router.post("", status_code=status.HTTP_201_CREATED, responses=errors(403, 409))
 def create_user(
     body: UserCreate, session: SessionDep, hasher: HasherDep, actor: CurrentUser
 ) -> UserPublic:
@@ -30,7 +31,7 @@ def create_user(
     return UserPublic.model_validate(user)
 
 
-@router.patch("/{user_id}")
+@router.patch("/{user_id}", responses=errors(404, 409))
 def update_user(
     user_id: int, body: UserUpdate, session: SessionDep, hasher: HasherDep, actor: AdminUser
 ) -> UserPublic:
