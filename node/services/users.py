@@ -151,6 +151,9 @@ def authenticate(
                 session.commit()
             raise refusal_error(refusal)
     user = session.scalar(select(User).where(User.email == email)) if email else None
+    # End the read before hashing: on SQLite a transaction holds the write lock, and the
+    # hash takes milliseconds of CPU that every other writer would wait through.
+    session.commit()
     ok = verify_password(hasher, user.password_hash if user else dummy_hash(hasher), password)
     if user is None or not ok or not user.is_active:
         audit.record(session, None, "auth.login_failed", email=email)

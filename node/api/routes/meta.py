@@ -4,7 +4,7 @@ from fastapi import APIRouter
 from sqlalchemy import text
 
 from node import API_VERSION, __version__
-from node.api.deps import SessionDep
+from node.api.deps import ReadSessionDep
 from node.api.schemas import Health, Version
 from node.engine import PRIM_VERSION
 
@@ -12,7 +12,7 @@ router = APIRouter(tags=["meta"])
 
 
 @router.get("/health")
-def health(session: SessionDep) -> Health:
+def health(session: ReadSessionDep) -> Health:
     """Liveness and database reachability (used by the container's healthcheck)."""
     session.execute(text("SELECT 1"))
     return Health(status="ok", database=session.get_bind().dialect.name)
