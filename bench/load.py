@@ -149,7 +149,12 @@ def serve(data_dir: Path, database_url: str, workers: int, extra: dict[str, str]
             yield url
         finally:
             p.terminate()
-            p.wait(timeout=60)
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # requests stuck in it: do not wait for them
+                print("  (the node did not stop within 30 s of SIGTERM: killed)")
+                p.kill()
+                p.wait()
             if os.environ.get("LOAD_BENCH_DIR"):
                 import shutil
 
@@ -263,13 +268,9 @@ def check_ledger(database_url: str, user_ids: list[int], levels: list[Level]) ->
             rows: dict[int, set[int]] = defaultdict(set)
             for entry_id, user_id in conn.execute(select(LedgerEntry.id, LedgerEntry.user_id)):
                 rows[user_id].add(entry_id)
-            spent = dict(
-                conn.execute(
-                    select(LedgerEntry.user_id, func.sum(LedgerEntry.epsilon_units)).group_by(
-                        LedgerEntry.user_id
-                    )
-                ).all()
-            )
+            sums = select(LedgerEntry.user_id, func.sum(LedgerEntry.epsilon_units))
+            # PostgreSQL sums bigints as numeric (Decimal): whole units either way
+            spent = {u: int(s) for u, s in conn.execute(sums.group_by(LedgerEntry.user_id))}
             scientists = set(
                 conn.execute(select(User.id).where(User.role == "data_scientist")).scalars()
             )
