@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from node.context import NodeContext
 from node.db.models import Role, User
+from node.db.session import READ_ONLY
 from node.errors import AuthenticationError, PayloadTooLargeError, PermissionDeniedError
 from node.services import users
 from node.services.security import read_token
@@ -130,9 +131,11 @@ def _token_user_id(settings: Settings, credentials: HTTPAuthorizationCredentials
 
 
 def get_current_user(session: SessionDep, settings: SettingsDep, credentials: Credentials) -> User:
-    user = users.active(session, _token_user_id(settings, credentials))
-    # End the read: on SQLite a transaction holds the write lock, and a request may
-    # compute for a while (a publish) after authenticating.
+    user_id = _token_user_id(settings, credentials)
+    # Only a read: on SQLite it takes no lock, so every authenticated request does not queue
+    # behind the writers; the route's own transactions, after the commit, begin as usual.
+    session.connection(execution_options=READ_ONLY)
+    user = users.active(session, user_id)
     session.commit()
     return user
 

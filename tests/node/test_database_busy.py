@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 
@@ -67,3 +69,29 @@ def test_sqlite_gets_a_connection_for_each_request_in_flight(settings: Settings)
         assert options["pool_size"] >= 20
     else:
         assert options["pool_size"] == settings.database_pool_size
+
+
+def test_reads_do_not_wait_for_sqlite_writers(
+    settings: Settings, context: NodeContext, http: TestClient
+) -> None:
+    """A search (its account read included) takes no lock: a transaction holding SQLite's
+    write lock does not hold it up (it used to, through the busy timeout, at 64 clients)."""
+    if not settings.resolved_database_url.startswith("sqlite"):
+        pytest.skip("PostgreSQL readers never wait for writers")
+    with context.sessions() as session:
+        users.create_user(
+            session, context.hasher, None, email="ds@example.org", password=PASSWORD,
+            role="data_scientist",
+        )  # fmt: skip
+    headers = login(http, "ds@example.org")
+    path = settings.resolved_database_url.removeprefix("sqlite:///")
+    writer = sqlite3.connect(path, isolation_level=None)
+    try:
+        writer.execute("BEGIN IMMEDIATE")  # another writer, holding the lock
+        start = time.monotonic()
+        assert http.get("/api/v1/search", headers=headers).status_code == 200
+        assert http.get("/api/v1/health").status_code == 200
+        assert time.monotonic() - start < 5  # not the 30 s busy timeout
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
