@@ -10,7 +10,8 @@ frames as ``bench/publish.py`` sends them) log in and loop: publish the mean of 
 (epsilon 0.01, a fresh ``Idempotency-Key``), then search by tag, until the level's time is up.
 
 Printed per level: publishes/s and searches/s answered 200, p50/p99 latency of a publish
-(200 only), the share of a core the clients themselves used, and every other answer by
+(200 only), the cores the node's processes and the clients used (100%: one core), how busy
+the whole machine was (100%: every core, whoever used it), and every other answer by
 status (``reset``: the connection failed, ``timeout``: no answer in 60 s). A ``503`` is the
 node's back-pressure: the client waits ``Retry-After`` and sends the same request again (a
 publish with the same key), as the SDK does (``--no-retry``: it moves on). Afterwards the
@@ -83,6 +84,10 @@ class Level:
     received: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))
     #: cores the clients themselves used (they share the machine with the node)
     client_cpu: float = 0.0
+    #: cores the node's processes used
+    node_cpu: float = 0.0
+    #: share of all the machine's cores busy (with anything: node, database, clients, others)
+    machine_busy: float = 0.0
     #: publishes whose connection failed: charged or not, nobody knows (their key tells)
     unanswered: int = 0
 
@@ -117,7 +122,9 @@ def _prepare(settings: Settings, clients: int) -> list[int]:
 
 
 @contextmanager
-def serve(data_dir: Path, database_url: str, workers: int, extra: dict[str, str]) -> Iterator[str]:
+def serve(
+    data_dir: Path, database_url: str, workers: int, extra: dict[str, str]
+) -> Iterator[tuple[str, int]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
@@ -148,7 +155,7 @@ def serve(data_dir: Path, database_url: str, workers: int, extra: dict[str, str]
                 except httpx.TransportError:
                     pass
                 time.sleep(0.1)
-            yield url
+            yield url, p.pid
         finally:
             p.terminate()
             try:
@@ -168,6 +175,29 @@ def serve(data_dir: Path, database_url: str, workers: int, extra: dict[str, str]
             ]
             if errors:
                 print(f"  (server log: {len(errors)} error lines, e.g. {errors[-1][:160]!r})")
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process and its descendants alive now (Linux)."""
+    total, pending = 0.0, [pid]
+    tick = os.sysconf("SC_CLK_TCK")
+    while pending:
+        current = pending.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        pending.extend(int(c) for c in children)
+    return total
+
+
+def machine_times() -> tuple[float, float]:
+    """(busy, total) CPU time of the whole machine so far, every core, in ticks (Linux)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]  # idle, iowait
+    return float(sum(values) - idle), float(sum(values))
 
 
 def _retry_after(response: httpx.Response) -> float:
@@ -318,24 +348,32 @@ def run_backend(
     user_ids = _prepare(settings, max(args.levels))
     extra = {} if args.in_flight is None else {"DPNODE_MAX_REQUESTS_IN_FLIGHT": str(args.in_flight)}
     print(f"\n## {name} ({workers} worker{'s' * (workers > 1)})\n")
-    print("| clients | publishes/s | searches/s | p50 ms | p99 ms | client CPU | other answers |")
-    print("|---:|---:|---:|---:|---:|---:|---|")
+    print(
+        "| clients | publishes/s | searches/s | p50 ms | p99 ms | node CPU | client CPU "
+        "| machine busy | other answers |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     results: dict[int, Level] = {}
-    with serve(data_dir, settings.resolved_database_url, workers, extra) as url:
+    with serve(data_dir, settings.resolved_database_url, workers, extra) as (url, pid):
         owner = sdk.login(url, email="o@x.org", password=PASSWORD)
         x = np.random.default_rng(0).uniform(0, 1, ROWS)
         dataset = owner.upload_dataset("load", {"x": x}, bounds={"x": (0, 1)}, tags=["load"])
         frame = _frame(dataset.id)
         for clients in args.levels:
             level = Level(clients)
+            node_cpu, (busy, total) = cpu_seconds(pid), machine_times()
             asyncio.run(_run_level(url, level, frame, args.seconds, not args.no_retry))
+            level.node_cpu = (cpu_seconds(pid) - node_cpu) / level.seconds
+            busy_after, total_after = machine_times()
+            level.machine_busy = (busy_after - busy) / max(1.0, total_after - total)
             results[clients] = level
             lat = np.array(level.publish_latency or [float("nan")]) * 1e3
             other = ", ".join(f"{k}: {v}" for k, v in sorted(level.statuses.items())) or "none"
             print(
                 f"| {clients} | {level.publishes / level.seconds:.1f} | "
                 f"{level.searches / level.seconds:.1f} | {np.percentile(lat, 50):.0f} | "
-                f"{np.percentile(lat, 99):.0f} | {level.client_cpu:.0%} | {other} |",
+                f"{np.percentile(lat, 99):.0f} | {level.node_cpu:.0%} | {level.client_cpu:.0%} "
+                f"| {level.machine_busy:.0%} | {other} |",
                 flush=True,
             )
     check_ledger(settings.resolved_database_url, user_ids, list(results.values()))
