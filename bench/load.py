@@ -3,7 +3,7 @@
     python -m bench.load [--levels 8,32,64,256] [--seconds 10] [--backends sqlite,pg1,pg4]
                          [--in-flight N] [--no-retry]
 
-Each backend gets a real ``python -m node serve`` process on loopback (``pg4``: ``--workers 4``)
+Each backend gets a real ``python -m dpnode serve`` process on loopback (``pg4``: ``--workers 4``)
 with an admin, a data owner, a dataset and one data scientist per client made first. Then,
 for each level, that many clients (asyncio tasks on one ``httpx.AsyncClient``, plain HTTP
 frames as ``bench/publish.py`` sends them) log in and loop: publish the mean of a column
@@ -48,14 +48,14 @@ from sqlalchemy import create_engine, func, select, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import sdk
-from node.context import NodeContext
-from node.db.migrate import upgrade
-from node.db.models import LedgerEntry, User
-from node.engine import GraphBuilder, encode
-from node.services import users
-from node.services.budget import EPSILON_UNIT
-from node.settings import Settings
+from dpnode import sdk
+from dpnode.node.context import NodeContext
+from dpnode.node.db.migrate import upgrade
+from dpnode.node.db.models import LedgerEntry, User
+from dpnode.core.engine import GraphBuilder, encode
+from dpnode.node.services import users
+from dpnode.node.services.budget import EPSILON_UNIT
+from dpnode.node.settings import Settings
 from tests.postgres import postgres_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -135,7 +135,7 @@ def serve(
         | {"DPNODE_DATA_DIR": str(data_dir), "DPNODE_DATABASE_URL": database_url}
         | {"PYTHONPATH": str(REPO)}
     )
-    command = [sys.executable, "-m", "node", "serve", "--port", str(port)]
+    command = [sys.executable, "-m", "dpnode", "serve", "--port", str(port)]
     command += ["--log-level", "warning"]
     if workers != 1:
         command += ["--workers", str(workers)]

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, func, select
 
-import sdk
-from node.db.models import LedgerEntry, PublishKey
+from dpnode import sdk
+from dpnode.node.db.models import LedgerEntry, PublishKey
 from tests.e2e.conftest import Server
 from tests.e2e.test_publish_server import _setup
 
@@ -36,7 +36,7 @@ def _post_publish(url: str, token: str, frame: bytes, key: str, epsilon: float) 
 
 
 def _ledger_id(response: httpx.Response) -> int:
-    manifest, _ = sdk._client._read_frame(response.content)
+    manifest, _ = dpnode.sdk._client._read_frame(response.content)
     return int(manifest["receipt"]["ledger_id"])
 
 

@@ -10,11 +10,11 @@ from contextlib import ExitStack
 import pytest
 from starlette.testclient import TestClient
 
-import sdk
-from node.app import create_app
-from node.context import NodeContext, pool_options
-from node.services import users
-from node.settings import Settings
+from dpnode import sdk
+from dpnode.node.app import create_app
+from dpnode.node.context import NodeContext, pool_options
+from dpnode.node.services import users
+from dpnode.node.settings import Settings
 from tests.conftest import PASSWORD, login
 
 

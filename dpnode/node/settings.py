@@ -65,7 +65,7 @@ class Settings(BaseSettings):
     argon2_memory_kib: int = Field(default=64 * 1024, ge=8 * 1024)
     argon2_time_cost: int = Field(default=3, ge=1)
 
-    #: Login throttle (node.services.throttle), per worker process: failed logins per
+    #: Login throttle (dpnode.node.services.throttle), per worker process: failed logins per
     #: account (by email, known or not) within a sliding window, checked before the hash.
     login_max_failures: int = Field(default=10, gt=0)
     login_failure_window_seconds: int = Field(default=15 * 60, gt=0)

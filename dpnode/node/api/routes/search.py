@@ -4,11 +4,11 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
-from node.api.deps import CurrentUser, ReadSessionDep
-from node.api.routes.datasets import dataset_public
-from node.api.routes.models import model_public
-from node.api.schemas import SearchResults
-from node.services import datasets, models
+from dpnode.node.api.deps import CurrentUser, ReadSessionDep
+from dpnode.node.api.routes.datasets import dataset_public
+from dpnode.node.api.routes.models import model_public
+from dpnode.node.api.schemas import SearchResults
+from dpnode.node.services import datasets, models
 
 router = APIRouter(tags=["search"])
 

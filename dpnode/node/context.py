@@ -14,13 +14,13 @@ from pydantic import SecretStr
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from node.db.session import make_engine, make_sessionmaker, read_engine, serial_engine
-from node.privacy.cache import TrackingCache
-from node.services.security import password_hasher
-from node.services.structures import StructureCache
-from node.services.throttle import LoginThrottle
-from node.settings import PLACEHOLDER_SECRET, Settings
-from node.storage import BlobStore, FileBlobStore
+from dpnode.node.db.session import make_engine, make_sessionmaker, read_engine, serial_engine
+from dpnode.core.privacy.cache import TrackingCache
+from dpnode.node.services.security import password_hasher
+from dpnode.core.structures import StructureCache
+from dpnode.node.services.throttle import LoginThrottle
+from dpnode.node.settings import PLACEHOLDER_SECRET, Settings
+from dpnode.node.storage import BlobStore, FileBlobStore
 
 
 @dataclass
@@ -30,16 +30,16 @@ class NodeContext:
     sessions: sessionmaker[Session]
     #: Sessions whose transactions are serialised (budget checks and ledger rows).
     serial_sessions: sessionmaker[Session]
-    #: Sessions that only read (see node.db.session.read_engine).
+    #: Sessions that only read (see dpnode.node.db.session.read_engine).
     read_sessions: sessionmaker[Session]
     store: BlobStore
     hasher: PasswordHasher
-    #: Graph headers each user already sent (see node.services.structures).
+    #: Graph headers each user already sent (see dpnode.core.structures).
     structures: StructureCache = field(default_factory=lambda: StructureCache(0))
     #: Reports of graph structures tracked with their changing constants boxed
-    #: (see node.privacy.cache): a training loop's steps are tracked once every few steps.
+    #: (see dpnode.core.privacy.cache): a training loop's steps are tracked once every few steps.
     tracking: TrackingCache = field(default_factory=TrackingCache)
-    #: Recent login attempts and failures, kept in this process (see node.services.throttle).
+    #: Recent login attempts and failures, kept in this process (see dpnode.node.services.throttle).
     logins: LoginThrottle = field(init=False)
 
     def __post_init__(self) -> None:
@@ -76,7 +76,7 @@ def pool_options(settings: Settings) -> dict[str, Any]:
     SQLite's connections are a file handle each, so it gets that many. A PostgreSQL
     connection is a server process: ``database_pool_size`` stay open, as many again are
     opened under load; beyond those a request waits up to ``database_pool_timeout_seconds``
-    (then ``503 database_busy``, see node.app).
+    (then ``503 database_busy``, see dpnode.node.app).
     """
     timeout = settings.database_pool_timeout_seconds
     url = settings.resolved_database_url

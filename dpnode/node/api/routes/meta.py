@@ -4,9 +4,9 @@ from fastapi import APIRouter
 from sqlalchemy import text
 
 from node import API_VERSION, __version__
-from node.api.deps import ReadSessionDep
-from node.api.schemas import Health, Version
-from node.engine import PRIM_VERSION
+from dpnode.node.api.deps import ReadSessionDep
+from dpnode.node.api.schemas import Health, Version
+from dpnode.core.engine import PRIM_VERSION
 
 router = APIRouter(tags=["meta"])
 

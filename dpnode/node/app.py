@@ -16,8 +16,8 @@ from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from node import __version__, errors
-from node.api.backpressure import InFlightLimit, thread_tokens
-from node.api.routes import (
+from dpnode.node.api.backpressure import InFlightLimit, thread_tokens
+from dpnode.node.api.routes import (
     approvals,
     audit,
     auth,
@@ -31,9 +31,9 @@ from node.api.routes import (
     search,
     users,
 )
-from node.context import NodeContext
-from node.settings import Settings, get_settings
-from node.storage import CorruptBlobError
+from dpnode.node.context import NodeContext
+from dpnode.node.settings import Settings, get_settings
+from dpnode.node.storage import CorruptBlobError
 
 log = logging.getLogger("dpnode")
 
@@ -162,7 +162,7 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        # a thread for every request admitted (see node.api.backpressure)
+        # a thread for every request admitted (see dpnode.node.api.backpressure)
         limiter = anyio.to_thread.current_default_thread_limiter()
         limiter.total_tokens = max(
             limiter.total_tokens, thread_tokens(ctx.settings.max_requests_in_flight)

@@ -9,22 +9,22 @@ from sqlalchemy import bindparam, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from node.db.models import Role, User
-from node.errors import (
+from dpnode.node.db.models import Role, User
+from dpnode.core.errors import (
     AuthenticationError,
     ConflictError,
     InvalidRequestError,
     NotFoundError,
     PermissionDeniedError,
 )
-from node.services import audit
-from node.services.security import (
+from dpnode.node.services import audit
+from dpnode.node.services.security import (
     MIN_PASSWORD_LENGTH,
     dummy_hash,
     hash_password,
     verify_password,
 )
-from node.services.throttle import LoginThrottle, refusal_error
+from dpnode.node.services.throttle import LoginThrottle, refusal_error
 
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 

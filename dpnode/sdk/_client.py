@@ -17,8 +17,8 @@ import numpy as np
 import numpy.typing as npt
 from safetensors.numpy import load, save
 
-from node.services import structures
-from sdk._budget import (
+from dpnode.core import structures
+from dpnode.sdk._budget import (
     BudgetGrant,
     BudgetRequest,
     BudgetStatus,
@@ -27,7 +27,7 @@ from sdk._budget import (
     PublishApproval,
     TrainingRunPlan,
 )
-from sdk._exceptions import (
+from dpnode.sdk._exceptions import (
     DatabaseBusyError,
     DPNodeError,
     NodeBusyError,
@@ -36,8 +36,8 @@ from sdk._exceptions import (
     UnknownStructureError,
     error_for,
 )
-from sdk._handles import AuditEvent, DatasetHandle, ModelHandle, User
-from sdk._tables import columns_of, to_numpy
+from dpnode.sdk._handles import AuditEvent, DatasetHandle, ModelHandle, User
+from dpnode.sdk._tables import columns_of, to_numpy
 
 API_PREFIX = "/api/v1"
 FRAME_TYPE = "application/vnd.dpnode.tensors"
@@ -595,7 +595,7 @@ class Client:
         Args:
             policy: TOML text, a path to a TOML file (a ``Path``, or a one-line string
                 ending in ``.toml``), or the same shape as a mapping (see
-                ``policies/default.toml`` for every key).
+                ``dpnode/policies/default.toml`` for every key).
             reason: why, for the audit log.
 
         Raises:
