@@ -47,6 +47,7 @@ bench: install
 	$(PY) -m bench.utility
 	$(PY) -m bench.utility_stats
 	$(PY) -m bench.amplification
+	$(PY) -m bench.load
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

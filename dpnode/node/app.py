@@ -7,15 +7,19 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dpnode import __version__
 from dpnode.core import errors
 from dpnode.node import console
 from dpnode.node.api import docs, openapi
+from dpnode.node.api.backpressure import InFlightLimit, thread_tokens
 from dpnode.node.api.routes import (
     approvals,
     audit,
@@ -59,6 +63,7 @@ _HTTP_CODES = {
     405: "method_not_allowed",
     413: "payload_too_large",
     429: "rate_limited",
+    503: "overloaded",
 }
 
 
@@ -90,6 +95,28 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
+#: Seconds a client is asked to wait after ``database_busy``.
+DATABASE_BUSY_RETRY_AFTER = 1
+
+
+def _locked(exc: OperationalError) -> bool:
+    """SQLite's busy timeout ran out: another transaction held the write lock all along."""
+    return "database is locked" in str(exc.orig)
+
+
+def _database_busy(exc: Exception) -> JSONResponse:
+    # The transaction that waited never began (no connection, no lock); an earlier one of the
+    # same request may have committed, so only requests safe to repeat are resent (the SDK:
+    # reads, and publishes under their idempotency key).
+    log.warning("database busy: %s", exc)
+    return _body(
+        "database_busy",
+        "the node's database is busy: the request did not complete; retry in a moment",
+        503,
+        {"Retry-After": str(DATABASE_BUSY_RETRY_AFTER)},
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(errors.DPNodeError)
     async def _domain(_: Request, exc: errors.DPNodeError) -> JSONResponse:
@@ -116,6 +143,16 @@ def install_error_handlers(app: FastAPI) -> None:
             "storage_error", "stored data failed its integrity check; tell the node's operator", 500
         )
 
+    @app.exception_handler(SQLAlchemyTimeoutError)
+    async def _pool_timeout(_: Request, exc: SQLAlchemyTimeoutError) -> JSONResponse:
+        return _database_busy(exc)
+
+    @app.exception_handler(OperationalError)
+    async def _operational(request: Request, exc: OperationalError) -> JSONResponse:
+        if _locked(exc):
+            return _database_busy(exc)
+        return await _unexpected(request, exc)
+
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
@@ -128,6 +165,11 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # a thread for every request admitted (see dpnode.node.api.backpressure)
+        limiter = anyio.to_thread.current_default_thread_limiter()
+        limiter.total_tokens = max(
+            limiter.total_tokens, thread_tokens(ctx.settings.max_requests_in_flight)
+        )
         yield
         if context is None:  # we made it, we close it
             ctx.close()
@@ -149,6 +191,11 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
         app.include_router(module.router, prefix=API_PREFIX)
     app.include_router(console.router)  # the browser console, outside the OpenAPI schema
     install_error_handlers(app)
+    app.add_middleware(
+        InFlightLimit,
+        limit=ctx.settings.max_requests_in_flight,
+        retry_after=ctx.settings.overload_retry_after_seconds,
+    )
     openapi.install(app, [route for module in modules for route in module.router.routes])
     docs.install(app)
     return app

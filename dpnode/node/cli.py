@@ -58,6 +58,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
     settings = get_settings()
     if args.demo and settings.environment != "development":
         raise CLIError("--demo seeds well-known passwords and is refused outside development")
+    if args.workers < 1:
+        raise CLIError("--workers must be at least 1")
+    if args.workers > 1 and settings.resolved_database_url.startswith("sqlite"):
+        raise CLIError(
+            "--workers > 1 needs PostgreSQL (DPNODE_DATABASE_URL): SQLite lets one process "
+            "write at a time, so more workers would only queue for its lock"
+        )
     context = _migrated_context(settings)
     url = f"http://{args.host}:{args.port}"
     if args.demo:
@@ -68,8 +75,21 @@ def cmd_serve(args: argparse.Namespace) -> None:
         f"{_safe_url(settings.resolved_database_url)})",
         flush=True,
     )
+    if args.workers == 1:
+        uvicorn.run(
+            create_app(context=context), host=args.host, port=args.port, log_level=args.log_level
+        )
+        return
+    # Several processes: each builds its own context (engine, caches) from the same settings;
+    # everything that must hold across them lives in the database (docs/deploy.md).
+    context.close()
     uvicorn.run(
-        create_app(context=context), host=args.host, port=args.port, log_level=args.log_level
+        "dpnode.node.app:create_app",
+        factory=True,
+        workers=args.workers,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
     )
 
 
@@ -384,6 +404,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument(
         "--demo", action="store_true", help="seed demo accounts and datasets (development only)"
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes sharing the port (more than 1 needs PostgreSQL)",
     )
     serve.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]

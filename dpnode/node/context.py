@@ -7,6 +7,7 @@ import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from argon2 import PasswordHasher
 from pydantic import SecretStr
@@ -51,7 +52,7 @@ class NodeContext:
             # Development without a configured secret: never sign with a well-known string.
             secret = SecretStr(_local_secret(settings.data_dir / "token-secret"))
             settings = settings.model_copy(update={"token_secret": secret})
-        engine = make_engine(settings.resolved_database_url)
+        engine = make_engine(settings.resolved_database_url, **pool_options(settings))
         return cls(
             settings=settings,
             engine=engine,
@@ -65,6 +66,27 @@ class NodeContext:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def pool_options(settings: Settings) -> dict[str, Any]:
+    """The connection pool of one worker process.
+
+    A request holds at most one connection at a time, so that with a connection for each
+    request the back-pressure admits (``max_requests_in_flight``), no request waits for one:
+    SQLite's connections are a file handle each, so it gets that many. A PostgreSQL
+    connection is a server process: ``database_pool_size`` stay open, as many again are
+    opened under load; beyond those a request waits up to ``database_pool_timeout_seconds``
+    (then ``503 database_busy``, see dpnode.node.app).
+    """
+    timeout = settings.database_pool_timeout_seconds
+    url = settings.resolved_database_url
+    if url.startswith("sqlite") and ":memory:" in url:  # one connection per thread, no queue
+        return {}
+    if url.startswith("sqlite"):
+        size = settings.max_requests_in_flight + 4  # and the odd background task
+        return {"pool_size": size, "max_overflow": size, "pool_timeout": timeout}
+    size = settings.database_pool_size
+    return {"pool_size": size, "max_overflow": size, "pool_timeout": timeout}
 
 
 def _local_secret(path: Path) -> str:

@@ -45,6 +45,18 @@ class Settings(BaseSettings):
     #: Memory for verified dataset and weight blobs (read and hashed once, LRU); 0: off.
     blob_cache_bytes: int = Field(default=512 * 1024 * 1024, ge=0)
 
+    #: Back-pressure, per worker process: requests handled at once; one more is answered
+    #: ``503 overloaded`` with ``Retry-After`` at once, before any work (health checks excepted).
+    max_requests_in_flight: int = Field(default=64, gt=0)
+    #: The ``Retry-After`` (seconds) of that 503.
+    overload_retry_after_seconds: int = Field(default=1, gt=0)
+    #: PostgreSQL connections each worker process keeps open (as many again are opened under
+    #: load, then closed); SQLite gets a connection per request in flight, as they cost a file
+    #: handle. A request that waits longer than ``database_pool_timeout_seconds`` for one is
+    #: answered ``503 database_busy``, having done nothing.
+    database_pool_size: int = Field(default=10, gt=0)
+    database_pool_timeout_seconds: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+
     #: A user's budget (epsilon, delta) where the policy in force sets none for them or their role.
     default_epsilon_budget: float = Field(default=10.0, ge=0, le=700, allow_inf_nan=False)
     default_delta_budget: float = Field(default=1e-6, ge=0, lt=1, allow_inf_nan=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import struct
 import time
 import uuid
@@ -29,7 +30,9 @@ from dpnode.sdk._budget import (
 )
 from dpnode.sdk._display import AuditLog, Columns, Grants, Ledger
 from dpnode.sdk._exceptions import (
+    DatabaseBusyError,
     DPNodeError,
+    NodeBusyError,
     NodeUnreachableError,
     PublishInProgressError,
     UnknownStructureError,
@@ -66,6 +69,10 @@ class Client:
             timeout) or was still running on the node is sent again, with the same
             idempotency key: the node answers a retry with the first answer, charged once.
         retry_backoff: seconds before the first retry; doubled before each next one.
+        busy_retries: how many times a request the node answered ``503`` (too busy: it did
+            nothing with it) is sent again, each after the node's ``Retry-After`` or the
+            backoff, whichever is longer (a publish keeps its idempotency key, so it is
+            charged once). Then :class:`NodeBusyError` is raised.
     """
 
     def __init__(
@@ -77,6 +84,7 @@ class Client:
         timeout: float = 120.0,
         publish_retries: int = 3,
         retry_backoff: float = 0.5,
+        busy_retries: int = 5,
     ) -> None:
         self.url = url.rstrip("/")
         self.token = token
@@ -86,12 +94,35 @@ class Client:
         )
         self.publish_retries = publish_retries
         self.retry_backoff = retry_backoff
+        self.busy_retries = busy_retries
         #: digests of the graph headers this node has accepted from us (see _post_graph)
         self._structures_sent: set[bytes] = set()
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _request(
+        self, method: str, path: str, *, repeatable: bool | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        """Send a request; while the node answers 503 (busy), wait and send it again.
+
+        ``overloaded`` means the node did nothing with the request: any request is resent.
+        ``database_busy`` means it did not complete: only a ``repeatable`` one is resent
+        (default: reads; a publish under its idempotency key says so).
+        """
+        if repeatable is None:
+            repeatable = method in ("GET", "HEAD")
+        attempt = 0
+        while True:
+            try:
+                return self._send(method, path, **kwargs)
+            except NodeBusyError as exc:
+                resend = repeatable or not isinstance(exc, DatabaseBusyError)
+                if not resend or attempt >= self.busy_retries:
+                    raise
+                time.sleep(_busy_wait(exc.retry_after, self.retry_backoff, attempt))
+                attempt += 1
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         headers = dict(kwargs.pop("headers", {}))
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -382,10 +413,15 @@ class Client:
         if digest is not None and digest in self._structures_sent:
             body = structures.reference(digest, structures.split(frame)[1])
             try:
-                return self._request("POST", path, content=body, params=params, headers=headers)
+                return self._request(
+                    "POST", path, content=body, params=params, headers=headers, repeatable=True
+                )
             except UnknownStructureError:
                 self._structures_sent.discard(digest)
-        response = self._request("POST", path, content=frame, params=params, headers=headers)
+        # repeatable: a publish carries its idempotency key, a sensitivity changes nothing
+        response = self._request(
+            "POST", path, content=frame, params=params, headers=headers, repeatable=True
+        )
         if digest is not None:
             self._structures_sent.add(digest)
         return response
@@ -660,6 +696,18 @@ class Client:
             )
             for e in self._json("GET", "/audit", params=params)
         )
+
+
+def _busy_wait(retry_after: int | None, backoff: float, attempt: int) -> float:
+    """Seconds to wait before resending a request the node was too busy for: its
+    ``Retry-After`` or the backoff, whichever is longer, stretched by up to a quarter at
+    random so that clients turned away together do not all return together.
+
+    >>> 1.0 <= _busy_wait(1, 0.5, 0) <= 1.25, 4.0 <= _busy_wait(None, 0.5, 3) <= 5.0
+    (True, True)
+    """
+    wait: float = max(float(retry_after or 0), backoff * 2**attempt)
+    return wait * (1 + random.random() / 4)
 
 
 def _read_frame(data: bytes) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]]:

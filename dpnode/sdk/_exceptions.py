@@ -23,6 +23,8 @@ DPNodeError                      any error reported by (or about) the node
 ├── ConflictError                conflict: e.g. a name already taken
 │   └── PublishInProgressError   publish_in_progress: the same key's publish still runs
 ├── ServerError                  the node failed (5xx); tell its operator
+├── NodeBusyError                overloaded (503): too many requests at once; retried
+│   └── DatabaseBusyError          database_busy (503): the database kept it waiting
 ├── NodeUnreachableError         no answer from the node (network, wrong URL); for a
 │                                  publish, ``idempotency_key`` retries it safely
 ├── PrivateValueError            raised locally: code asked for a remote tensor's values
@@ -40,10 +42,12 @@ __all__ = [
     "BudgetExceededError",
     "ConflictError",
     "DPNodeError",
+    "DatabaseBusyError",
     "EvaluationError",
     "GraphError",
     "InvalidPolicyError",
     "InvalidRequestError",
+    "NodeBusyError",
     "NodeUnreachableError",
     "NotFoundError",
     "NotPublishableError",
@@ -217,6 +221,25 @@ class ServerError(DPNodeError):
     code = "internal_error"
 
 
+class NodeBusyError(DPNodeError):
+    """The node was handling as many requests as it takes at once and did nothing with this
+    one (``503 overloaded``). The client sends it again by itself, after ``retry_after``
+    seconds (the node's ``Retry-After``), up to ``busy_retries`` times; this is raised when
+    the node stayed busy through them all."""
+
+    code = "overloaded"
+    retry_after: int | None = None
+
+
+class DatabaseBusyError(NodeBusyError):
+    """The node's database kept the request waiting too long (``503 database_busy``); the
+    request did not complete. Reads and publishes (under their idempotency key) are sent
+    again by the client; other requests are left to you, since an earlier step of the
+    request may have been saved."""
+
+    code = "database_busy"
+
+
 class NodeUnreachableError(DPNodeError):
     """No answer from the node. For a publish, ``idempotency_key`` names the request: it may
     or may not have run, and ``publish_frame(..., idempotency_key=...)`` with that key
@@ -268,6 +291,8 @@ BY_CODE: dict[str, type[DPNodeError]] = {
         ConflictError,
         PublishInProgressError,
         ServerError,
+        NodeBusyError,
+        DatabaseBusyError,
     )
 }
 
@@ -291,6 +316,8 @@ def error_for(
     'weird'
     >>> error_for(429, "rate_limited", "wait", headers={"Retry-After": "42"}).retry_after
     42
+    >>> error_for(503, "overloaded", "busy", headers={"Retry-After": "1"}).retry_after
+    1
     """
     cls = BY_CODE.get(code or "")
     if cls is None:
@@ -299,7 +326,7 @@ def error_for(
     for name in _EXTRA:
         if extra and name in extra and hasattr(cls, name):
             setattr(error, name, extra[name])
-    if isinstance(error, RateLimitedError) and headers is not None:
+    if isinstance(error, RateLimitedError | NodeBusyError) and headers is not None:
         retry_after = headers.get("Retry-After", "").strip()
         if retry_after.isdigit():  # seconds; the node never sends the date form
             error.retry_after = int(retry_after)

@@ -206,3 +206,19 @@ def test_development_secret_is_random_and_kept(tmp_path: Path) -> None:
     assert secrets[0] == secrets[1] != secrets[2]
     assert len(secrets[0]) >= 32 and secrets[0] != "change-me"
     assert (tmp_path / "token-secret").stat().st_mode & 0o077 == 0
+
+
+def test_serve_refuses_several_workers_on_sqlite(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setenv("DPNODE_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("DPNODE_DATABASE_URL", raising=False)
+    get_settings.cache_clear()
+    try:
+        code, _, err = run(capsys, "serve", "--workers", "2")
+        assert code == 2 and "--workers > 1 needs PostgreSQL" in err
+        code, _, err = run(capsys, "serve", "--workers", "0")
+        assert code == 2 and "at least 1" in err
+    finally:
+        get_settings.cache_clear()
+    assert not (tmp_path / "dpnode.sqlite3").exists()  # refused before migrating anything

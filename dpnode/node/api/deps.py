@@ -42,6 +42,11 @@ def get_session(context: ContextDep) -> Iterator[Session]:
         yield session
 
 
+def get_read_session(context: ContextDep) -> Iterator[Session]:
+    with context.read_sessions() as session:
+        yield session
+
+
 async def get_settings(context: ContextDep) -> Settings:
     return context.settings
 
@@ -55,6 +60,10 @@ async def get_hasher(context: ContextDep) -> PasswordHasher:
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
+#: A session for routes that only read: on SQLite its transactions take no lock (see
+#: dpnode.node.db.session.read_engine), so holding one while FastAPI serialises the response (in
+#: the thread pool) cannot keep writers waiting.
+ReadSessionDep = Annotated[Session, Depends(get_read_session)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[BlobStore, Depends(get_store)]
 HasherDep = Annotated[PasswordHasher, Depends(get_hasher)]

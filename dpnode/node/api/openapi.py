@@ -39,6 +39,8 @@ DESCRIPTIONS: dict[int, str] = {
     "`upload_rejected`, `invalid_graph`, `evaluation_error`, `quota_exceeded`, ...).",
     429: "Too many attempts: wait the seconds the `Retry-After` header says (`rate_limited`).",
     500: "The node failed unexpectedly (`internal_error`, `storage_error`).",
+    503: "Too busy: nothing was done; send it again after the seconds the `Retry-After` "
+    "header says (`overloaded`, `database_busy`).",
 }
 
 _AUTHENTICATED = {deps.get_current_user, deps.get_token_user_id}
@@ -112,7 +114,7 @@ def _calls(dependant: Dependant) -> Iterator[Callable[..., Any]]:
 def derived_statuses(route: APIRoute) -> set[int]:
     """The error statuses a route answers because of its dependencies and parameters."""
     calls = set(_calls(route.dependant))
-    statuses = {500}
+    statuses = {500, 503}  # any request may meet a full node (InFlightLimit)
     if calls & _AUTHENTICATED:
         statuses.add(401)
     if deps.get_admin in calls:
@@ -153,7 +155,7 @@ def build(app: FastAPI, routes: Iterable[BaseRoute]) -> dict[str, Any]:
         for operation in operations.values():
             # a route added to the app without its router here still gets the error body
             route = by_id.get(operation["operationId"])
-            derived = {500} if route is None else derived_statuses(route)
+            derived = {500, 503} if route is None else derived_statuses(route)
             responses = operation.setdefault("responses", {})
             for status in derived | {int(s) for s in responses if s.isdigit()}:
                 if status < 400:

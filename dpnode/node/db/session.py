@@ -76,6 +76,11 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
+#: ``Session.connection(execution_options=READ_ONLY)``: the session's next transaction only
+#: reads, so on SQLite it begins ``DEFERRED`` (no lock); later ones begin as usual.
+READ_ONLY = {SQLITE_BEGIN: "DEFERRED"}
+
+
 def read_engine(engine: Engine) -> Engine:
     """The same pool, for transactions that only read: on SQLite they begin ``DEFERRED``, so
     they take no lock (in WAL mode a reader neither waits for the writer nor holds it up),

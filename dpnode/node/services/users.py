@@ -17,6 +17,7 @@ from dpnode.core.errors import (
     PermissionDeniedError,
 )
 from dpnode.node.db.models import Role, User
+from dpnode.node.db.session import READ_ONLY
 from dpnode.node.services import audit
 from dpnode.node.services.security import (
     MIN_PASSWORD_LENGTH,
@@ -151,6 +152,9 @@ def authenticate(
                 session.commit()
             raise refusal_error(refusal)
     user = session.scalar(select(User).where(User.email == email)) if email else None
+    # End the read before hashing: on SQLite a transaction holds the write lock, and the
+    # hash takes milliseconds of CPU that every other writer would wait through.
+    session.commit()
     ok = verify_password(hasher, user.password_hash if user else dummy_hash(hasher), password)
     if user is None or not ok or not user.is_active:
         audit.record(session, None, "auth.login_failed", email=email)
@@ -182,9 +186,11 @@ def active(session: Session, user_id: int) -> User:
 def caller(session: Session, user_id: int) -> User:
     """The caller a valid token names (see :func:`active`), with the read transaction ended.
 
-    On SQLite an open transaction holds the write lock, and a request may compute for a while
-    (a publish) after authenticating; the account stays attached to ``session``.
+    Only a read: on SQLite it takes no lock, so authenticated requests do not queue behind the
+    writers, and it ends here, as a request may compute for a while (a publish) after
+    authenticating; the account stays attached to ``session``.
     """
+    session.connection(execution_options=READ_ONLY)
     user = active(session, user_id)
     session.commit()
     return user

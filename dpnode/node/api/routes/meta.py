@@ -6,14 +6,14 @@ from sqlalchemy import text
 from dpnode import __version__
 from dpnode.core.engine import PRIM_VERSION
 from dpnode.node import API_VERSION
-from dpnode.node.api.deps import SessionDep
+from dpnode.node.api.deps import ReadSessionDep
 from dpnode.node.api.schemas import Health, Version
 
 router = APIRouter(tags=["meta"])
 
 
 @router.get("/health")
-def health(session: SessionDep) -> Health:
+def health(session: ReadSessionDep) -> Health:
     """Liveness and database reachability (used by the container's healthcheck)."""
     session.execute(text("SELECT 1"))
     return Health(status="ok", database=session.get_bind().dialect.name)

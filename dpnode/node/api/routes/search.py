@@ -4,7 +4,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
-from dpnode.node.api.deps import CurrentUser, SessionDep
+from dpnode.node.api.deps import CurrentUser, ReadSessionDep
 from dpnode.node.api.routes.datasets import dataset_public
 from dpnode.node.api.routes.models import model_public
 from dpnode.node.api.schemas import SearchResults
@@ -15,7 +15,7 @@ router = APIRouter(tags=["search"])
 
 @router.get("/search")
 def search(
-    session: SessionDep,
+    session: ReadSessionDep,
     _user: CurrentUser,
     tags: Annotated[list[str], Query()] = [],  # noqa: B006  (FastAPI copies defaults)
     text: str | None = None,
