@@ -95,6 +95,16 @@ class Subjects:
     def rows(self) -> int:
         return int(self.column.shape[0])
 
+    @property
+    def is_identity(self) -> bool:
+        """Whether row ``i`` is subject ``i``: ids distinct, increasing and ``count == rows``
+        (``n`` distinct non-negative ids below ``n``, in order, are ``0 .. n - 1``).
+
+        >>> Subjects.identity(3).is_identity, Subjects.of(np.array([0, 2, 3])).is_identity
+        (True, False)
+        """
+        return self.distinct and self.contiguous and self.count == self.rows
+
     @staticmethod
     def identity(n: int) -> Subjects:
         """Row ``i`` is subject ``i`` (recent ones kept: public structure, not data)."""

@@ -189,3 +189,21 @@ def test_a_convolution_with_a_boxed_weight_bounds_every_neighbour(radius: float)
     for _ in range(20):
         moved = {i: np.asarray(rng.uniform(lo, hi)) for i, (lo, hi) in boxes.items()}
         assert_sound(_with_constants(graph, moved), report, *neighbours(cols, rng))
+
+
+def test_an_identity_subject_index_is_keyed_by_its_length_alone() -> None:
+    from node.privacy import Subjects
+    from node.privacy.cache import _specs_key
+
+    def key(subjects: Subjects) -> str:
+        return _specs_key({"x": InputSpec.private(0.0, 1.0, subjects)})
+
+    n = 1000
+    assert Subjects.identity(n).is_identity
+    assert key(Subjects.identity(n)) == key(Subjects.of(np.arange(n)))  # the same index
+    assert key(Subjects.identity(n)) != key(Subjects.identity(n + 1))
+    gap = np.concatenate([np.arange(n - 1), [n]])  # distinct and increasing, one id skipped
+    assert not Subjects.of(gap).is_identity
+    assert key(Subjects.identity(n)) != key(Subjects.of(gap))
+    pairs = np.arange(n) // 2
+    assert key(Subjects.of(pairs)) != key(Subjects.identity(n))
