@@ -164,6 +164,10 @@ class VerifiedFiles:
 #: would leave them as they were
 RECENT_NS = 2_000_000_000
 
+#: blobs of at least this many bytes are mapped by open_array; smaller ones are read into
+#: the cache (a publish of a small column then makes no system call for it)
+MAP_BYTES = 16 << 20
+
 #: bytes hashed per update while verifying a mapping (hashlib releases the GIL meanwhile)
 _HASH_CHUNK = 16 << 20
 
@@ -216,11 +220,12 @@ class FileBlobStore:
         return data
 
     def open_array(self, digest: str, dtype: str, shape: tuple[int, ...]) -> npt.NDArray[Any]:
-        """The array stored under ``digest``, read-only, mapped from its file rather than read.
+        """The array stored under ``digest``, read-only; from its file's mapping when large.
 
-        A blob already in the cache is served from it. Otherwise the file is mapped and its
-        bytes hashed, unless this process already verified this very file (see the module
-        docstring): the array's pages are then read only as a computation touches them.
+        A blob under :data:`MAP_BYTES` is read as by :meth:`get` (verified, and cached).
+        A larger one is mapped and its bytes hashed, unless this process already verified
+        this very file (see the module docstring): the array's pages are then read only as
+        a computation touches them, and never copied into ``bytes``.
 
         Raises:
             CorruptBlobError: the file is missing, of the wrong size for ``dtype`` and
@@ -229,9 +234,14 @@ class FileBlobStore:
         path = self._path(digest)
         kind = np.dtype(dtype)
         size = kind.itemsize * math.prod(shape)
-        cached = self.cache.get(digest)
-        if cached is not None and len(cached) == size:
-            return array_from_bytes(cached, dtype, shape)
+        if size < MAP_BYTES:  # small: read, verified and kept in the cache, as by get
+            data = self.get(digest)
+            if len(data) != size:
+                raise CorruptBlobError(
+                    f"blob {digest} holds {len(data)} bytes, not the {size} of its "
+                    f"{kind.name} array of shape {list(shape)}"
+                )
+            return array_from_bytes(data, dtype, shape)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
@@ -251,10 +261,10 @@ class FileBlobStore:
         identity = _identity(st)
         if not self.verified.known(digest, identity):
             hasher = hashlib.sha256()
-            data = memoryview(view)
+            pages = memoryview(view)
             for start in range(0, size, _HASH_CHUNK):
-                hasher.update(data[start : start + _HASH_CHUNK])
-            data.release()
+                hasher.update(pages[start : start + _HASH_CHUNK])
+            pages.release()
             if hasher.hexdigest() != digest:
                 raise CorruptBlobError(
                     f"blob {digest} does not match its hash: the file was altered"

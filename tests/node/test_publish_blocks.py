@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
+from node import storage
 from node.context import NodeContext
 from node.db.models import User
 from node.engine import GraphBuilder, encode, evaluator
@@ -53,6 +54,7 @@ def test_a_mean_over_a_mapped_column_is_evaluated_in_blocks(
     ds_h: dict[str, str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(storage, "MAP_BYTES", 1 << 20)  # map this 4 MB column, as a big one
     x = np.random.default_rng(7).uniform(0, 1, ROWS).astype(np.float32)
     body = {"id": _store_dataset(context, owner, x)}
     seen: list[object] = []

@@ -16,6 +16,13 @@ import node.storage as storage
 from node.storage import CorruptBlobError, FileBlobStore, array_to_bytes
 
 
+@pytest.fixture(autouse=True)
+def _map_every_blob(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Map blobs of any size here (the node maps those of MAP_BYTES and more)."""
+    if "small" not in request.node.name:
+        monkeypatch.setattr(storage, "MAP_BYTES", 0)
+
+
 def _counting_sha256(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Count the SHA-256 hashers the store makes (one per verification)."""
     calls: list[int] = []
@@ -103,16 +110,19 @@ def test_a_swapped_or_resized_file_is_refused(
         store.open_array(a, "float64", (64,))
 
 
-def test_a_cached_blob_is_served_from_the_cache(
+def test_a_small_blob_is_read_into_the_cache_not_mapped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = FileBlobStore(tmp_path, cache_bytes=1 << 20)
     digest = store.put(array_to_bytes(np.arange(8, dtype=np.int32)))
-    store.get(digest)
     calls = _counting_sha256(monkeypatch)
     array = store.open_array(digest, "int32", (2, 4))
-    assert calls == [] and isinstance(_root(array), bytes)
-    np.testing.assert_array_equal(array, np.arange(8).reshape(2, 4))
+    again = store.open_array(digest, "int32", (8,))
+    assert len(calls) == 1 and store.cache.digests() == [digest]  # verified once, kept
+    assert isinstance(_root(array), bytes) and not array.flags.writeable
+    np.testing.assert_array_equal(again, np.arange(8))
+    with pytest.raises(CorruptBlobError, match="holds 32 bytes, not the 64"):
+        store.open_array(digest, "int64", (8,))
 
 
 def test_delete_forgets_the_verified_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
