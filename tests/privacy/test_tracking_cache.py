@@ -207,3 +207,19 @@ def test_an_identity_subject_index_is_keyed_by_its_length_alone() -> None:
     assert key(Subjects.identity(n)) != key(Subjects.of(gap))
     pairs = np.arange(n) // 2
     assert key(Subjects.of(pairs)) != key(Subjects.identity(n))
+
+
+def test_the_same_publish_again_reuses_its_exact_report() -> None:
+    cache = TrackingCache()
+    w, mask = np.full(D, 0.5), np.ones((N, 1))
+    first = cache.report(_planned(_dpsgd(w, mask)), SPECS)
+    again = cache.report(_planned(_dpsgd(w.copy(), mask.copy())), SPECS)
+    assert (cache.tracked, cache.hits) == (1, 1) and again is first
+    # a constant with other bits (here -0.0 for 0.0) is not the same constant
+    fresh = TrackingCache()
+    zero = mask.copy()
+    zero[0] = 0.0
+    fresh.report(_planned(_dpsgd(w, zero)), SPECS)
+    zero[0] = -0.0
+    fresh.report(_planned(_dpsgd(w, zero)), SPECS)
+    assert (fresh.tracked, fresh.hits) == (2, 0)
