@@ -16,8 +16,9 @@ with their baselines:
   node's own store (as an upload would; its SHA-256 first), then the mean is published and
   timed against hand-written NumPy reading the same stored file: ``np.memmap(...).mean()``
   and ``np.fromfile(...).mean()``, interleaved. The variable cost is the publish's time
-  less the tiny publish's. The node's peak resident memory (``VmHWM``, reset before each
-  size through ``/proc/<pid>/clear_refs``) is printed against the column's size.
+  less the tiny publish's (both the best of the same interleaved rounds). The node's peak
+  resident memory (``VmHWM``, reset before each size through ``/proc/<pid>/clear_refs``)
+  is printed against the column's size.
 
 100M rows need about 3 GB in the bench process while the column is written (the array,
 the bytes and their copy), and the node's first publish of a column hashes it (about a
@@ -212,7 +213,6 @@ def measure(
         token = _token(url, "d@x.org")
         tiny_id, _ = _store_column(data_dir, "tiny", np.random.default_rng(0).uniform(0, 1, 1000))
         tiny = _poster(url, token, _mean_frame(tiny_id, 1000))
-        fixed = None
         if args.fixed:
             port = _free_port()
             env = os.environ | settings | {"PYTHONPATH": str(REPO)}
@@ -241,7 +241,6 @@ def measure(
                 finally:
                     p.terminate()
                     p.wait(timeout=30)
-            fixed = t_pub
             print(f"\n## Fixed cost: median of {args.requests} requests each, interleaved\n")
             print("| request | median ms |")
             print("|---|---|")
@@ -250,8 +249,6 @@ def measure(
             print(f"\n(a) fixed cost ratio: {t_pub / t_row:.2f}x (target <= 1.5x)")
         if not args.big:
             return
-        if fixed is None:
-            fixed = _median_interleaved([tiny], args.requests)[0]
         print(f"\n## Cost per row: mean of a float64 column, best of {args.repeat}\n")
         print(
             "| rows | column MB | publish ms | variable ms | NumPy memmap ms | ratio | "
@@ -280,10 +277,12 @@ def measure(
 
             from bench.timing import interleaved_best
 
-            t_pub, t_map, t_file = interleaved_best([publish, memmap, fromfile], args.repeat)
+            t_pub, t_tiny, t_map, t_file = interleaved_best(
+                [publish, tiny, memmap, fromfile], args.repeat
+            )
             peak = _status(pid)["VmHWM"] - idle
             column = rows * 8 / 1e6
-            variable = t_pub - fixed
+            variable = t_pub - t_tiny  # both the best of the same interleaved rounds
             print(
                 f"| {rows:,} | {column:.0f} | {t_pub * 1e3:.1f} | {variable * 1e3:.1f} | "
                 f"{t_map * 1e3:.1f} | {variable / t_map:.2f}x | {t_file * 1e3:.1f} | "
