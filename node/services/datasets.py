@@ -28,7 +28,7 @@ from node.services.catalog import (
     require_uploader,
 )
 from node.services.tabular import ColumnSpec, PreparedTable, prepare_table
-from node.storage import BlobStore, array_to_bytes
+from node.storage import BlobStore, array_from_bytes, array_to_bytes
 
 
 @dataclass(frozen=True)
@@ -233,7 +233,11 @@ def read_subjects(store: BlobStore, dataset: Dataset) -> npt.NDArray[np.int64] |
     """The subject index of every row, or None when each row is its own subject."""
     if dataset.subjects_blob is None:
         return None
-    return store.open_array(dataset.subjects_blob, "int64", (dataset.row_count,))
+    # read into (immutable, verified) bytes, not mapped: the subject structure analysed from
+    # it is kept by digest (below), and an index whose bytes cannot change is used as is
+    # (node.privacy.subjects), where a mapped one would be copied
+    data = store.get(dataset.subjects_blob)
+    return array_from_bytes(data, "int64", (dataset.row_count,))
 
 
 #: Subject structures of recent subject indexes, by blob digest: blobs are content-addressed
