@@ -18,7 +18,7 @@ baselines are printed:
 
 Cases are interleaved and each time is the best of ``--repeat`` runs (the dev box is
 shared; single runs move by tens of percent). ``--stages`` also prints where a publish's
-time goes: each stage of ``node.services.publish.publish`` timed by wrapping it, and
+time goes: each stage of ``dpnode.node.services.publish.publish`` timed by wrapping it, and
 the rest of the request (HTTP, authentication, SDK encoding and decoding) as the
 difference. Noise throughput alone (against NumPy and OpenDP) is ``bench/noise.py``.
 
@@ -50,16 +50,16 @@ from starlette.testclient import TestClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import sdk
+from dpnode import sdk
 from bench import noise as noise_bench
 from bench.timing import interleaved_best
-from node.app import create_app
-from node.context import NodeContext
-from node.db.migrate import upgrade
-from node.engine import GraphBuilder, encode
-from node.services import budget, users
-from node.services import publish as service
-from node.settings import Settings
+from dpnode.node.app import create_app
+from dpnode.node.context import NodeContext
+from dpnode.node.db.migrate import upgrade
+from dpnode.core.engine import GraphBuilder, encode
+from dpnode.node.services import budget, users
+from dpnode.node.services import publish as service
+from dpnode.node.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 Case = tuple[str, Callable[[], Any], Callable[[], Any], Callable[[], Any]]
@@ -185,7 +185,7 @@ def server(data_dir: Path, repo: Path = REPO) -> Iterator[tuple[str, subprocess.
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     env = os.environ | SETTINGS | {"DPNODE_DATA_DIR": str(data_dir), "PYTHONPATH": str(repo)}
-    command = [sys.executable, "-m", "node", "serve", "--port", str(port), "--log-level", "warning"]
+    command = [sys.executable, "-m", "dpnode", "serve", "--port", str(port), "--log-level", "warning"]
     # run from the served tree, so that its `node` package is the one imported
     cwd = str(repo)
     url = f"http://127.0.0.1:{port}"

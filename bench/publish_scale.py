@@ -22,7 +22,7 @@ with their baselines:
 
 100M rows need about 3 GB in the bench process while the column is written (the array,
 the bytes and their copy), and the node's first publish of a column hashes it (about a
-second at 800 MB: ``node.storage``); the times are of later publishes.
+second at 800 MB: ``dpnode.node.storage``); the times are of later publishes.
 """
 
 import argparse
@@ -45,15 +45,15 @@ from starlette.concurrency import run_in_threadpool
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from node.context import NodeContext  # noqa: E402
-from node.db.models import User  # noqa: E402
-from node.engine import GraphBuilder, encode  # noqa: E402
-from node.services import datasets, users  # noqa: E402
-from node.services.datasets import DatasetUpload  # noqa: E402
-from node.services.security import read_token  # noqa: E402
-from node.services.tabular import ColumnSpec  # noqa: E402
-from node.settings import Settings  # noqa: E402
-from node.storage import RECENT_NS  # noqa: E402
+from dpnode.node.context import NodeContext  # noqa: E402
+from dpnode.node.db.models import User  # noqa: E402
+from dpnode.core.engine import GraphBuilder, encode  # noqa: E402
+from dpnode.node.services import datasets, users  # noqa: E402
+from dpnode.node.services.datasets import DatasetUpload  # noqa: E402
+from dpnode.node.services.security import read_token  # noqa: E402
+from dpnode.node.services.tabular import ColumnSpec  # noqa: E402
+from dpnode.node.settings import Settings  # noqa: E402
+from dpnode.node.storage import RECENT_NS  # noqa: E402
 
 PASSWORD = "bench password"
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from node.engine import plan, run
-from node.engine.accurate import BLOCK, depth
-from node.engine.blocks import schedule
-from node.privacy import InputSpec, Subjects, track
-from sdk._remote import graph_for, remote_input
+from dpnode.core.engine import plan, run
+from dpnode.core.engine.accurate import BLOCK, depth
+from dpnode.core.engine.blocks import schedule
+from dpnode.core.privacy import InputSpec, Subjects, track
+from dpnode.sdk._remote import graph_for, remote_input
 
 #: three whole blocks of 4096 rows and an odd tail, so every sum spans blocks
 N = 3 * 4096 + 2 * BLOCK + 7

@@ -10,13 +10,13 @@ import pytest
 from starlette.testclient import TestClient
 
 from node import storage
-from node.context import NodeContext
-from node.db.models import User
-from node.engine import GraphBuilder, encode, evaluator
-from node.engine.blocks import BLOCK_ELEMENTS
-from node.services import datasets
-from node.services.datasets import DatasetUpload
-from node.services.tabular import ColumnSpec
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import User
+from dpnode.core.engine import GraphBuilder, encode, evaluator
+from dpnode.core.engine.blocks import BLOCK_ELEMENTS
+from dpnode.node.services import datasets
+from dpnode.node.services.datasets import DatasetUpload
+from dpnode.node.services.tabular import ColumnSpec
 from tests.node.conftest import publish, refused
 from tests.node.frames import read_frame
 

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-import node.storage as storage
-from node.storage import CorruptBlobError, FileBlobStore, array_to_bytes
+import dpnode.node.storage as storage
+from dpnode.node.storage import CorruptBlobError, FileBlobStore, array_to_bytes
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,6 @@
 """The subject-structure fast paths give the general paths' sensitivities, and stay sound.
 
-``node.privacy.subjects`` recognises owner arrays that are views of a subject column and
+``dpnode.core.privacy.subjects`` recognises owner arrays that are views of a subject column and
 lets reductions and per-subject bounds use the column's structure. Here the same graphs
 are tracked with the fast paths and with :func:`general_paths` (every owner array
 treated as an arbitrary array): the reports must agree (up to float rounding in sums,
@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.engine import GraphBuilder
-from node.errors import EvaluationError
-from node.privacy import InputSpec, PrivacyReport, PrivacyTrackingError, track
-from node.privacy.arrays import varying_axes
-from node.privacy.subjects import (
+from dpnode.core.engine import GraphBuilder
+from dpnode.core.errors import EvaluationError
+from dpnode.core.privacy import InputSpec, PrivacyReport, PrivacyTrackingError, track
+from dpnode.core.privacy.arrays import varying_axes
+from dpnode.core.privacy.subjects import (
     Subjects,
     distinct_view,
     general_paths,
@@ -197,8 +197,8 @@ def test_only_views_of_the_column_are_recognised() -> None:
 def test_paged_identity_columns_are_the_identity_recognised_without_reading() -> None:
     import mmap as mmap_module
 
-    from node.engine import plan
-    from node.privacy.subjects import PagedIdentities, Subjects, rows_of
+    from dpnode.core.engine import plan
+    from dpnode.core.privacy.subjects import PagedIdentities, Subjects, rows_of
 
     paged = PagedIdentities(keep=2)
     n = 5000

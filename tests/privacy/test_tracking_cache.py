@@ -1,4 +1,4 @@
-"""Tracking once per structure (node.privacy.cache): a report tracked with the changing
+"""Tracking once per structure (dpnode.core.privacy.cache): a report tracked with the changing
 constants as public boxes holds for every value inside them, and the cache reuses it only
 for such values, with every other constant unchanged."""
 
@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.engine import Graph, GraphBuilder, plan
-from node.engine.graph import Node
-from node.privacy import InputSpec, PrivacyTrackingError, track
-from node.privacy.cache import TrackingCache
+from dpnode.core.engine import Graph, GraphBuilder, plan
+from dpnode.core.engine.graph import Node
+from dpnode.core.privacy import InputSpec, PrivacyTrackingError, track
+from dpnode.core.privacy.cache import TrackingCache
 from tests.privacy.helpers import Column, assert_sound, neighbours
 from tests.privacy.test_attack import OPS, Builder, Val, columns
 
@@ -192,8 +192,8 @@ def test_a_convolution_with_a_boxed_weight_bounds_every_neighbour(radius: float)
 
 
 def test_an_identity_subject_index_is_keyed_by_its_length_alone() -> None:
-    from node.privacy import Subjects
-    from node.privacy.cache import _specs_key
+    from dpnode.core.privacy import Subjects
+    from dpnode.core.privacy.cache import _specs_key
 
     def key(subjects: Subjects) -> str:
         return _specs_key({"x": InputSpec.private(0.0, 1.0, subjects)})

@@ -24,13 +24,13 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from node.engine.blocks import BLOCK_ELEMENTS, Schedule, run_blocks, schedule
-from node.engine.dtypes import dtype, from_numpy
-from node.engine.graph import Graph, Node, Ref, validate_structure
-from node.engine.prims import REGISTRY
-from node.engine.prims.registry import ArgMeta, Call, Scalar, TensorMeta
-from node.engine.quotas import Quotas
-from node.errors import DPNodeError, EvaluationError, GraphError, QuotaExceededError
+from dpnode.core.engine.blocks import BLOCK_ELEMENTS, Schedule, run_blocks, schedule
+from dpnode.core.engine.dtypes import dtype, from_numpy
+from dpnode.core.engine.graph import Graph, Node, Ref, validate_structure
+from dpnode.core.engine.prims import REGISTRY
+from dpnode.core.engine.prims.registry import ArgMeta, Call, Scalar, TensorMeta
+from dpnode.core.engine.quotas import Quotas
+from dpnode.core.errors import DPNodeError, EvaluationError, GraphError, QuotaExceededError
 
 __all__ = ["Evaluation", "Plan", "Tracker", "evaluate", "infer", "plan", "run"]
 
@@ -63,7 +63,7 @@ class Plan:
     live: tuple[bool, ...]
     peak_bytes: int
     flops: int
-    #: how to evaluate it over blocks of rows (``node.engine.blocks``), None: whole
+    #: how to evaluate it over blocks of rows (``dpnode.core.engine.blocks``), None: whole
     blocks: Schedule | None = None
 
     @property
@@ -190,7 +190,7 @@ def _peak_bytes(
 def infer(graph: Graph, quotas: Quotas | None = None) -> list[TensorMeta]:
     """Shape and dtype of each output of ``graph``, without data.
 
-    >>> from node.engine.graph import GraphBuilder
+    >>> from dpnode.core.engine.graph import GraphBuilder
     >>> b = GraphBuilder()
     >>> x = b.input("x", "int64", (4,))
     >>> infer(b.build([b.op("div", x, 2)]))
@@ -229,7 +229,7 @@ def run(
 
     A tracked evaluation's plan that only sums over its rows (``Plan.blocks``) is evaluated
     over blocks of rows of about ``block_elements`` elements (None: whole), with the same
-    values (:mod:`node.engine.blocks`), when it has more rows than one block and no trackers.
+    values (:mod:`dpnode.core.engine.blocks`), when it has more rows than one block and no trackers.
 
     Args:
         graph_or_plan: a graph, or a plan from :func:`plan` (then ``quotas`` is ignored).
@@ -379,7 +379,7 @@ def evaluate(
 ) -> list[Array]:
     """Evaluate ``graph`` on ``inputs`` and return its outputs (see :func:`run`).
 
-    >>> from node.engine.graph import GraphBuilder
+    >>> from dpnode.core.engine.graph import GraphBuilder
     >>> b = GraphBuilder()
     >>> x = b.input("x", "int64", (3,))
     >>> evaluate(b.build([b.op("add", x, 1.5)]), {"x": np.arange(3)})[0]

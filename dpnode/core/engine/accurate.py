@@ -6,7 +6,7 @@ of the exact sum, ``h`` being the most roundings any one term goes through (High
 pass, ``h`` can be ``n``; added in blocks whose sums are then added, ``h`` is at most
 :func:`depth` ``(n) = BLOCK + ceil(n / BLOCK) + 1``: about 3,000 instead of a million for a
 million rows. The privacy tracker charges exactly this bound, so it depends on no
-library's internal order (:mod:`node.privacy.rounding`).
+library's internal order (:mod:`dpnode.core.privacy.rounding`).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def total(sums: Array, tail: Array | None, acc: np.dtype[Any]) -> Array:
 def blocked_sum(x: Array, axes: tuple[int, ...], acc: np.dtype[Any], keepdims: bool) -> Array:
     """``x.sum(axis=axes, dtype=acc)`` whose every term goes through ``depth(n)`` roundings.
 
-    Evaluated on the rows of ``x`` in several pieces (``node.engine.blocks``), whose starts
+    Evaluated on the rows of ``x`` in several pieces (``dpnode.core.engine.blocks``), whose starts
     are multiples of ``BLOCK``, the same blocks are summed the same way.
     """
     n = math.prod(x.shape[a] for a in axes)

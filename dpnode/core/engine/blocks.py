@@ -6,22 +6,22 @@ each intermediate is as long as the column: a 100M-row ``x.float().mean()`` woul
 400 MB copy beside the column. :func:`schedule` recognises such a graph from its plan
 alone (shapes, dtypes and prims: public), and :func:`run_blocks` evaluates it on blocks of
 rows (about :data:`BLOCK_ELEMENTS` elements each), so that nothing larger than a block is
-ever allocated and a mapped column (``node.storage``) is read page by page.
+ever allocated and a mapped column (``dpnode.node.storage``) is read page by page.
 
 Values do not change: elementwise prims compute each element alone, and a sum is the one
-of :func:`node.engine.accurate.blocked_sum` taken apart: blocks start at multiples of
-:data:`~node.engine.accurate.BLOCK` rows, so each block of ``BLOCK`` terms is summed as in
+of :func:`dpnode.core.engine.accurate.blocked_sum` taken apart: blocks start at multiples of
+:data:`~dpnode.core.engine.accurate.BLOCK` rows, so each block of ``BLOCK`` terms is summed as in
 the whole array, the block sums are gathered in order and added by the same call, and the
 tail last. For a 1-d column this is the same computation on the same bits, so the result
 is bitwise the whole array's; for a sum over several axes NumPy may order the terms inside
 a block otherwise, and the result then stays within the bound the privacy tracker charges
-for any order (``depth(n)`` roundings a term, :mod:`node.privacy.rounding`). Integer sums
+for any order (``depth(n)`` roundings a term, :mod:`dpnode.core.privacy.rounding`). Integer sums
 are exact (wrapping alike in any order).
 
 A graph needing the sums of one pass to go on (``x - x.mean()``) takes several passes over
 the rows; the values between them are small and computed whole. Anything else (a row value
 that is an output, a matmul, an index, a random prim over the rows, a reduction that keeps
-the rows) is evaluated whole by :func:`node.engine.evaluator.run`, as before.
+the rows) is evaluated whole by :func:`dpnode.core.engine.evaluator.run`, as before.
 """
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from node.engine.accurate import BLOCK, block_sums, rows_last, total
-from node.engine.dtypes import accumulation
-from node.engine.graph import Graph, Ref
-from node.engine.prims import REGISTRY
-from node.engine.prims.elementwise import BINARY_PRIMS, UNARY_PRIMS
-from node.engine.prims.registry import Call, Scalar, TensorMeta
-from node.errors import DPNodeError, EvaluationError
+from dpnode.core.engine.accurate import BLOCK, block_sums, rows_last, total
+from dpnode.core.engine.dtypes import accumulation
+from dpnode.core.engine.graph import Graph, Ref
+from dpnode.core.engine.prims import REGISTRY
+from dpnode.core.engine.prims.elementwise import BINARY_PRIMS, UNARY_PRIMS
+from dpnode.core.engine.prims.registry import Call, Scalar, TensorMeta
+from dpnode.core.errors import DPNodeError, EvaluationError
 
 __all__ = ["BLOCK_ELEMENTS", "Schedule", "run_blocks", "schedule"]
 

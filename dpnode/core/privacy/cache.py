@@ -35,11 +35,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from node.engine import Plan, structure_hash
-from node.privacy.spec import InputSpec
-from node.privacy.state import PrivacyTrackingError
-from node.privacy.subjects import Subjects
-from node.privacy.tracker import PrivacyReport, track
+from dpnode.core.engine import Plan, structure_hash
+from dpnode.core.privacy.spec import InputSpec
+from dpnode.core.privacy.state import PrivacyTrackingError
+from dpnode.core.privacy.subjects import Subjects
+from dpnode.core.privacy.tracker import PrivacyReport, track
 
 __all__ = ["REACH", "TrackingCache"]
 
@@ -87,7 +87,7 @@ class TrackingCache:
         reused when it holds for these constants, else tracked (and boxed when it can be).
 
         Raises:
-            PrivacyTrackingError: as :func:`node.privacy.track`.
+            PrivacyTrackingError: as :func:`dpnode.core.privacy.track`.
         """
         constants = {i: n.value for i, n in enumerate(planned.graph.nodes) if n.op == "constant"}
         size = sum(0 if v is None else v.size for v in constants.values())

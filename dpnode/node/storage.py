@@ -17,7 +17,7 @@ nothing can change cached data.
 
 A column too big to hold twice (hundreds of megabytes) is not read into ``bytes`` at all:
 :meth:`FileBlobStore.open_array` maps its file read-only and the engine reads it block by
-block (``node.engine.blocks``), so the node holds the column once, in the page cache that
+block (``dpnode.core.engine.blocks``), so the node holds the column once, in the page cache that
 the mapping shares. Hashing 800 MB takes several times as long as the mean computed on
 it, so a mapped file is verified once per *file identity* and process
 (:class:`VerifiedFiles`): the first mapping of a blob hashes the mapped bytes themselves;

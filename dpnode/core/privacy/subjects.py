@@ -35,7 +35,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from node.engine.identity import ByIdentity
+from dpnode.core.engine.identity import ByIdentity
 
 __all__ = [
     "KeptByBytes",
