@@ -2,6 +2,7 @@
 
     python -m bench.publish [--rows 1000000] [--lr-rows 100000] [--repeat 15] [--stages]
                             [--server] [--compare REV]
+    python -m bench.publish --fixed [--big 10000000 [100000000]]   (bench/publish_scale.py)
 
 Each case runs through the whole node in process — the SDK encodes the graph, the HTTP
 API reads it, the engine evaluates and tracks sensitivity, the mechanism noises, the
@@ -177,18 +178,9 @@ def worktree(rev: str) -> Iterator[Path]:
 
 
 @contextmanager
-def node(data_dir: Path, server: bool, repo: Path = REPO) -> Iterator[Callable[[str], Any]]:
-    """Log in to a node: in process (the app behind starlette's TestClient) or a real server
-    (serving the code of ``repo``)."""
-    context = _prepare(data_dir)
-    if not server:
-        with TestClient(create_app(context=context)) as http:
-            yield lambda email: sdk.login(
-                "http://bench", email=email, password="bench password", transport=http._transport
-            )
-        context.close()
-        return
-    context.close()
+def server(data_dir: Path, repo: Path = REPO) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A real ``dpnode serve`` process on loopback serving ``data_dir`` (prepared) with the
+    code of ``repo``: its URL and process."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
@@ -220,10 +212,27 @@ def node(data_dir: Path, server: bool, repo: Path = REPO) -> Iterator[Callable[[
                         break
                 except httpx.TransportError:
                     time.sleep(0.2)
-            yield lambda email: sdk.login(url, email=email, password="bench password")
+            yield url, p
         finally:
             p.terminate()
             p.wait(timeout=30)
+
+
+@contextmanager
+def node(data_dir: Path, server_: bool, repo: Path = REPO) -> Iterator[Callable[[str], Any]]:
+    """Log in to a node: in process (the app behind starlette's TestClient) or a real server
+    (serving the code of ``repo``)."""
+    context = _prepare(data_dir)
+    if not server_:
+        with TestClient(create_app(context=context)) as http:
+            yield lambda email: sdk.login(
+                "http://bench", email=email, password="bench password", transport=http._transport
+            )
+        context.close()
+        return
+    context.close()
+    with server(data_dir, repo) as (url, _):
+        yield lambda email: sdk.login(url, email=email, password="bench password")
 
 
 @dataclass(frozen=True)
@@ -305,7 +314,28 @@ def main() -> None:
         metavar="REV",
         help="also time the same publishes served by commit REV (a git worktree)",
     )
+    parser.add_argument(
+        "--fixed",
+        action="store_true",
+        help="only the fixed cost: a tiny publish against an authenticated FastAPI POST "
+        "writing one durable row, two real servers (bench/publish_scale.py)",
+    )
+    parser.add_argument(
+        "--big",
+        type=int,
+        nargs="+",
+        metavar="ROWS",
+        help="only the cost per row: the mean of float64 columns of these many rows against "
+        "NumPy reading the same stored file, and the node's peak memory; e.g. --big "
+        "10000000 100000000 (100M: about 3 GB while the column is written)",
+    )
+    parser.add_argument("--requests", type=int, default=300, help="requests per --fixed case")
     args = parser.parse_args()
+    if args.fixed or args.big:
+        from bench import publish_scale
+
+        publish_scale.run(args)
+        return
     if not args.no_noise:
         print("## Noise: values per second\n")
         noise_bench.report(repeat=min(args.repeat, 9))

@@ -14,14 +14,35 @@ while its verified copy is cached changes nothing that is computed (the copy is 
 is used) and is detected on the next read from disk, after eviction or a restart.
 Cached bytes are immutable (``bytes``), and arrays made from them are read-only, so
 nothing can change cached data.
+
+A column too big to hold twice (hundreds of megabytes) is not read into ``bytes`` at all:
+:meth:`FileBlobStore.open_array` maps its file read-only and the engine reads it block by
+block (``dpnode.core.engine.blocks``), so the node holds the column once, in the page cache that
+the mapping shares. Hashing 800 MB takes several times as long as the mean computed on
+it, so a mapped file is verified once per *file identity* and process
+(:class:`VerifiedFiles`): the first mapping of a blob hashes the mapped bytes themselves;
+later ones only compare the file's ``(device, inode, size, mtime, ctime)`` with those of
+the file verified. The store never changes a file in place (a blob is written to a
+temporary file and renamed), so a blob written again comes with a new inode; any other
+write to the file updates its ``ctime``, which no system call sets back, so an altered or
+swapped file is hashed again before anything is computed on it. File times tick
+coarsely (milliseconds), so a file changed in the last :data:`RECENT_NS` is not
+remembered: a second change within one tick could leave its times as they were. What
+this does not catch, and a full hash on every read (``get``) would: bytes changed under a
+mapping while a computation runs (as a file altered while its copy is cached, but seen at
+once, since the mapping shares the page cache), a wall clock set back by more than
+:data:`RECENT_NS`, and a disk that corrupts data with no write through the file system.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
+import mmap
 import os
 import tempfile
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,6 +55,7 @@ __all__ = [
     "BlobStore",
     "CorruptBlobError",
     "FileBlobStore",
+    "VerifiedFiles",
     "array_from_bytes",
     "array_to_bytes",
 ]
@@ -47,6 +69,7 @@ class BlobStore(Protocol):
     def put(self, data: bytes) -> str: ...
     def get(self, digest: str) -> bytes: ...
     def delete(self, digest: str) -> None: ...
+    def open_array(self, digest: str, dtype: str, shape: tuple[int, ...]) -> npt.NDArray[Any]: ...
 
 
 class BlobCache:
@@ -101,12 +124,61 @@ class BlobCache:
             return list(self._blobs)
 
 
+#: (device, inode, size, mtime ns, ctime ns) of an open file
+FileIdentity = tuple[int, int, int, int, int]
+
+
+def _identity(st: os.stat_result) -> FileIdentity:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class VerifiedFiles:
+    """The identity of each blob file whose bytes this process hashed and found right.
+
+    >>> seen = VerifiedFiles()
+    >>> seen.remember("a", (1, 2, 3, 4, 5)); seen.known("a", (1, 2, 3, 4, 5))
+    True
+    >>> seen.known("a", (1, 2, 3, 4, 6)), seen.known("b", (1, 2, 3, 4, 5))
+    (False, False)
+    """
+
+    def __init__(self) -> None:
+        self._files: dict[str, FileIdentity] = {}
+        self._lock = threading.Lock()
+
+    def known(self, digest: str, identity: FileIdentity) -> bool:
+        with self._lock:
+            return self._files.get(digest) == identity
+
+    def remember(self, digest: str, identity: FileIdentity) -> None:
+        with self._lock:
+            self._files[digest] = identity
+
+    def forget(self, digest: str) -> None:
+        with self._lock:
+            self._files.pop(digest, None)
+
+
+#: a file changed less than this long ago is verified again on its next mapping: file times
+#: come from a clock that ticks every few milliseconds, so a second change within one tick
+#: would leave them as they were
+RECENT_NS = 2_000_000_000
+
+#: blobs of at least this many bytes are mapped by open_array; smaller ones are read into
+#: the cache (a publish of a small column then makes no system call for it)
+MAP_BYTES = 16 << 20
+
+#: bytes hashed per update while verifying a mapping (hashlib releases the GIL meanwhile)
+_HASH_CHUNK = 16 << 20
+
+
 class FileBlobStore:
     """Content-addressed files under ``root``, with a cache of ``cache_bytes`` of verified blobs."""
 
     def __init__(self, root: Path, cache_bytes: int = 0) -> None:
         self.root = root
         self.cache = BlobCache(cache_bytes)
+        self.verified = VerifiedFiles()
 
     def _path(self, digest: str) -> Path:
         if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
@@ -147,9 +219,66 @@ class FileBlobStore:
         self.cache.add(digest, data)
         return data
 
+    def open_array(self, digest: str, dtype: str, shape: tuple[int, ...]) -> npt.NDArray[Any]:
+        """The array stored under ``digest``, read-only; from its file's mapping when large.
+
+        A blob under :data:`MAP_BYTES` is read as by :meth:`get` (verified, and cached).
+        A larger one is mapped and its bytes hashed, unless this process already verified
+        this very file (see the module docstring): the array's pages are then read only as
+        a computation touches them, and never copied into ``bytes``.
+
+        Raises:
+            CorruptBlobError: the file is missing, of the wrong size for ``dtype`` and
+                ``shape``, or does not match its hash.
+        """
+        path = self._path(digest)
+        kind = np.dtype(dtype)
+        size = kind.itemsize * math.prod(shape)
+        if size < MAP_BYTES:  # small: read, verified and kept in the cache, as by get
+            data = self.get(digest)
+            if len(data) != size:
+                raise CorruptBlobError(
+                    f"blob {digest} holds {len(data)} bytes, not the {size} of its "
+                    f"{kind.name} array of shape {list(shape)}"
+                )
+            return array_from_bytes(data, dtype, shape)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise CorruptBlobError(f"blob {digest} is missing from {self.root}") from None
+        try:
+            st = os.fstat(fd)  # of the file mapped, whatever the path names meanwhile
+            if st.st_size != size:
+                raise CorruptBlobError(
+                    f"blob {digest} holds {st.st_size} bytes, not the {size} of its "
+                    f"{kind.name} array of shape {list(shape)}"
+                )
+            view: bytes | mmap.mmap = (
+                b"" if size == 0 else mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            )
+        finally:
+            os.close(fd)
+        identity = _identity(st)
+        if not self.verified.known(digest, identity):
+            hasher = hashlib.sha256()
+            pages = memoryview(view)
+            for start in range(0, size, _HASH_CHUNK):
+                hasher.update(pages[start : start + _HASH_CHUNK])
+            pages.release()
+            if hasher.hexdigest() != digest:
+                raise CorruptBlobError(
+                    f"blob {digest} does not match its hash: the file was altered"
+                )
+            # A file changed within the clock tick of its last change would keep its ctime:
+            # one changed lately is hashed again next time (git's "racily clean" entries).
+            if time.time_ns() - max(st.st_ctime_ns, st.st_mtime_ns) > RECENT_NS:
+                self.verified.remember(digest, identity)
+        return np.frombuffer(view, dtype=kind).reshape(shape)
+
     def delete(self, digest: str) -> None:
         path = self._path(digest)
         self.cache.discard(digest)
+        self.verified.forget(digest)
         path.unlink(missing_ok=True)
 
 

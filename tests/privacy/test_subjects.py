@@ -192,3 +192,49 @@ def test_only_views_of_the_column_are_recognised() -> None:
     assert t.column is not mutable and not t.column.flags.writeable  # copied, read-only
     with general_paths():
         assert rows_of(np.broadcast_to(col, (4, 3)), (4, 3)) is None
+
+
+def test_paged_identity_columns_are_the_identity_recognised_without_reading() -> None:
+    import mmap as mmap_module
+
+    from dpnode.core.engine import plan
+    from dpnode.core.privacy.subjects import PagedIdentities, Subjects, rows_of
+
+    paged = PagedIdentities(keep=2)
+    n = 5000
+    s = paged.identity(n)
+    assert s.is_identity and (s.count, s.max_rows) == (n, 1)
+    np.testing.assert_array_equal(s.column, np.arange(n))
+    base = s.column.base
+    assert isinstance(base, memoryview) and isinstance(base.obj, mmap_module.mmap)
+    assert not s.column.flags.writeable
+    with pytest.raises(ValueError):
+        s.column.setflags(write=True)
+    assert paged.identity(n) is s
+    shorter = paged.identity(n - 7)  # a prefix of the same file
+    np.testing.assert_array_equal(shorter.column, np.arange(n - 7))
+    longer = paged.identity(2 * n)  # a new file
+    np.testing.assert_array_equal(longer.column, np.arange(2 * n))
+    np.testing.assert_array_equal(s.column, np.arange(n))  # the old file is still mapped
+    rows = rows_of(s.column.reshape(n, 1), (n, 3))
+    assert rows is not None and rows.subjects is s and rows.axis == 0
+
+    # the tracker says the same with either column, for means, variances and counts
+    for op in ("mean", "var", "count"):
+        b = GraphBuilder()
+        x = b.input("x", "float64", (n,))
+        if op == "var":
+            m = b.op("mean", x, dims=[0], keepdim=True)
+            d = b.op("sub", x, m)
+            out = b.op("mean", b.op("mul", d, d))
+        elif op == "count":
+            out = b.op("sum", b.op("gt", x, 0.5))
+        else:
+            out = b.op("mean", x)
+        planned = plan(b.build([out]), accurate=True)
+        in_memory = Subjects.of(np.arange(n))
+        reports = [
+            track(planned, {"x": InputSpec.private(0.0, 1.0, subjects)})
+            for subjects in (s, in_memory)
+        ]
+        assert reports[0].l1 == reports[1].l1 and reports[0].l2 == reports[1].l2, op

@@ -189,3 +189,37 @@ def test_a_convolution_with_a_boxed_weight_bounds_every_neighbour(radius: float)
     for _ in range(20):
         moved = {i: np.asarray(rng.uniform(lo, hi)) for i, (lo, hi) in boxes.items()}
         assert_sound(_with_constants(graph, moved), report, *neighbours(cols, rng))
+
+
+def test_an_identity_subject_index_is_keyed_by_its_length_alone() -> None:
+    from dpnode.core.privacy import Subjects
+    from dpnode.core.privacy.cache import _specs_key
+
+    def key(subjects: Subjects) -> str:
+        return _specs_key({"x": InputSpec.private(0.0, 1.0, subjects)})
+
+    n = 1000
+    assert Subjects.identity(n).is_identity
+    assert key(Subjects.identity(n)) == key(Subjects.of(np.arange(n)))  # the same index
+    assert key(Subjects.identity(n)) != key(Subjects.identity(n + 1))
+    gap = np.concatenate([np.arange(n - 1), [n]])  # distinct and increasing, one id skipped
+    assert not Subjects.of(gap).is_identity
+    assert key(Subjects.identity(n)) != key(Subjects.of(gap))
+    pairs = np.arange(n) // 2
+    assert key(Subjects.of(pairs)) != key(Subjects.identity(n))
+
+
+def test_the_same_publish_again_reuses_its_exact_report() -> None:
+    cache = TrackingCache()
+    w, mask = np.full(D, 0.5), np.ones((N, 1))
+    first = cache.report(_planned(_dpsgd(w, mask)), SPECS)
+    again = cache.report(_planned(_dpsgd(w.copy(), mask.copy())), SPECS)
+    assert (cache.tracked, cache.hits) == (1, 1) and again is first
+    # a constant with other bits (here -0.0 for 0.0) is not the same constant
+    fresh = TrackingCache()
+    zero = mask.copy()
+    zero[0] = 0.0
+    fresh.report(_planned(_dpsgd(w, zero)), SPECS)
+    zero[0] = -0.0
+    fresh.report(_planned(_dpsgd(w, zero)), SPECS)
+    assert (fresh.tracked, fresh.hits) == (2, 0)

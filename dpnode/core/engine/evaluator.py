@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from dpnode.core.engine.blocks import BLOCK_ELEMENTS, Schedule, run_blocks, schedule
 from dpnode.core.engine.dtypes import dtype, from_numpy
 from dpnode.core.engine.graph import Graph, Node, Ref, validate_structure
 from dpnode.core.engine.prims import REGISTRY
@@ -62,6 +63,8 @@ class Plan:
     live: tuple[bool, ...]
     peak_bytes: int
     flops: int
+    #: how to evaluate it over blocks of rows (``dpnode.core.engine.blocks``), None: whole
+    blocks: Schedule | None = None
 
     @property
     def outputs(self) -> list[TensorMeta]:
@@ -148,7 +151,8 @@ def plan(graph: Graph, quotas: Quotas | None = None, *, accurate: bool = False) 
             f"graph needs about {peak:,} bytes of intermediates at its peak; "
             f"the quota is {q.max_total_bytes:,}"
         )
-    return Plan(g, tuple(metas), tuple(calls), tuple(last_use), tuple(live), peak, flops)
+    blocks = schedule(g, metas, calls, live) if accurate else None
+    return Plan(g, tuple(metas), tuple(calls), tuple(last_use), tuple(live), peak, flops, blocks)
 
 
 def _check_tensor(i: int, op: str, meta: TensorMeta, q: Quotas) -> None:
@@ -219,8 +223,13 @@ def run(
     *,
     rng: np.random.Generator | None = None,
     trackers: Sequence[Tracker] = (),
+    block_elements: int | None = BLOCK_ELEMENTS,
 ) -> Evaluation:
     """Evaluate a graph (planning it first if needed) with optional trackers.
+
+    A tracked evaluation's plan that only sums over its rows (``Plan.blocks``) is evaluated
+    over blocks of rows of about ``block_elements`` elements (None: whole), with the same
+    values (:mod:`dpnode.core.engine.blocks`), when it has more rows than one block and no trackers.
 
     Args:
         graph_or_plan: a graph, or a plan from :func:`plan` (then ``quotas`` is ignored).
@@ -240,6 +249,19 @@ def run(
     if extra:
         raise EvaluationError(f"inputs {sorted(extra)} are not declared by the graph")
     gen = rng if rng is not None else np.random.default_rng()
+    blocks = p.blocks
+    if (
+        blocks is not None
+        and not trackers
+        and block_elements is not None
+        and blocks.rows > blocks.block_rows(block_elements)
+    ):
+        bound = {
+            i: _bind(i, node, p.metas[i], inputs)
+            for i, node in enumerate(g.nodes)
+            if node.op == "input"
+        }
+        return Evaluation(run_blocks(blocks, g, p.calls, bound, gen, block_elements), {})
     n = len(g.nodes)
     values: list[Any] = [None] * n
     owner = [

@@ -10,7 +10,8 @@ views and reductions over other axes keep that view.
 :func:`rows_of` recognises such a view in O(1) from its memory layout: it shares the
 registered column's memory, starts at its first element and steps through it with its
 stride along one axis, and is broadcast (stride 0) or of size 1 along every other axis.
-The column is read-only and owns its memory (or views immutable bytes), so such a view
+The column is read-only and owns its memory (or views immutable bytes or a read-only
+mapping of a private file: :class:`PagedIdentities`), so such a view
 holds exactly the column's values: no element needs to be compared. Rules then take
 the fast paths (per-subject sums from row counts instead of n-sized bincounts and
 sorts); an owner array built any other way takes the general path, with the same result.
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import functools
 import math
+import mmap
+import tempfile
 import threading
 import weakref
 from collections import OrderedDict
@@ -95,6 +98,16 @@ class Subjects:
     def rows(self) -> int:
         return int(self.column.shape[0])
 
+    @property
+    def is_identity(self) -> bool:
+        """Whether row ``i`` is subject ``i``: ids distinct, increasing and ``count == rows``
+        (``n`` distinct non-negative ids below ``n``, in order, are ``0 .. n - 1``).
+
+        >>> Subjects.identity(3).is_identity, Subjects.of(np.array([0, 2, 3])).is_identity
+        (True, False)
+        """
+        return self.distinct and self.contiguous and self.count == self.rows
+
     @staticmethod
     def identity(n: int) -> Subjects:
         """Row ``i`` is subject ``i`` (recent ones kept: public structure, not data)."""
@@ -105,6 +118,8 @@ class Subjects:
             ones = np.ones(1, dtype=np.int64)
             return _register(Subjects(column, n, True, True, min(n, 1), ones, None))
 
+        if 8 * n > IDENTITIES.max_bytes:
+            return _PAGED.identity(n)
         return IDENTITIES.get(n, 8 * n, make)
 
     @staticmethod
@@ -208,6 +223,57 @@ class KeptByBytes(Generic[K, V]):
 
 #: Identity subject columns of recent row counts (8 bytes a row).
 IDENTITIES: KeptByBytes[int, Subjects] = KeptByBytes(64 * 1024 * 1024)
+
+
+class PagedIdentities:
+    """Identity columns too long for :data:`IDENTITIES`, paged in from a file as read.
+
+    The tracker's usual rules recognise a subject column by its memory layout
+    (:func:`rows_of`) and read a few of its elements, not all of them, so a 100M-row
+    identity column built in memory for each publish (800 MB, a copy of the column's own
+    size) is mostly never read. Here it is one private file of ``0, 1, 2, ...`` (unlinked
+    at once, so no other process opens it by name), written once per process for the
+    longest column asked for, and mapped read-only: shorter columns are its prefixes, and
+    only the pages a rule reads are ever resident (and those are page cache, reclaimable).
+    It takes 8 bytes a row of the temporary directory's disk while the process runs.
+    """
+
+    def __init__(self, keep: int = 16) -> None:
+        self._keep = keep
+        self._lock = threading.Lock()
+        self._file: mmap.mmap | None = None
+        self._made: OrderedDict[int, Subjects] = OrderedDict()
+
+    def identity(self, n: int) -> Subjects:
+        with self._lock:
+            found = self._made.get(n)
+            if found is not None:
+                self._made.move_to_end(n)
+                return found
+            if self._file is None or len(self._file) < 8 * n:
+                self._file = _arange_file(n)
+            # an array over the mapping itself, not a view of another array: views of it
+            # have it as their base, where rows_of looks for the registered column
+            column = np.frombuffer(self._file, dtype=np.int64, count=n)
+            ones = np.ones(1, dtype=np.int64)
+            made = _register(Subjects(column, n, True, True, min(n, 1), ones, None))
+            self._made[n] = made
+            while len(self._made) > self._keep:
+                self._made.popitem(last=False)
+            return made
+
+
+def _arange_file(n: int) -> mmap.mmap:
+    """``np.arange(n)`` as int64 bytes, mapped read-only from a private temporary file."""
+    step = 1 << 20
+    with tempfile.TemporaryFile(prefix="dpnode-identity-") as f:
+        for start in range(0, n, step):
+            f.write(np.arange(start, min(n, start + step), dtype=np.int64).tobytes())
+        f.flush()
+        return mmap.mmap(f.fileno(), 8 * n, access=mmap.ACCESS_READ)
+
+
+_PAGED = PagedIdentities()
 
 
 def _immutable(a: Array) -> bool:

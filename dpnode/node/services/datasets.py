@@ -238,19 +238,24 @@ def read_columns(store: BlobStore, dataset: Dataset, *, mock: bool) -> dict[str,
 def read_column(
     store: BlobStore, dataset: Dataset, column: DatasetColumn, *, mock: bool = False
 ) -> npt.NDArray[Any]:
-    """One stored column, real or mock, verified by hash."""
+    """One stored column, real or mock, verified by hash, read-only and mapped from its file
+    (not read into memory: a computation reads the pages it touches)."""
     rows = dataset.mock_row_count if mock else dataset.row_count
     digest = column.mock_blob if mock else column.blob
     if rows is None or digest is None:
         raise NotFoundError(f"dataset {dataset.name!r} has no mock data")
-    return array_from_bytes(store.get(digest), column.dtype, (rows, *column.row_shape))
+    return store.open_array(digest, column.dtype, (rows, *column.row_shape))
 
 
 def read_subjects(store: BlobStore, dataset: Dataset) -> npt.NDArray[np.int64] | None:
     """The subject index of every row, or None when each row is its own subject."""
     if dataset.subjects_blob is None:
         return None
-    return array_from_bytes(store.get(dataset.subjects_blob), "int64", (dataset.row_count,))
+    # read into (immutable, verified) bytes, not mapped: the subject structure analysed from
+    # it is kept by digest (below), and an index whose bytes cannot change is used as is
+    # (dpnode.core.privacy.subjects), where a mapped one would be copied
+    data = store.get(dataset.subjects_blob)
+    return array_from_bytes(data, "int64", (dataset.row_count,))
 
 
 #: Subject structures of recent subject indexes, by blob digest: blobs are content-addressed

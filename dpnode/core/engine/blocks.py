@@ -1,0 +1,330 @@
+"""Evaluate a graph over its rows block by block, when it only sums over them.
+
+Most publishes are elementwise work on the rows of a few columns followed by sums or means
+over the rows (``x.mean()``, ``(x > t).sum()``, a variance's two passes). Evaluated whole,
+each intermediate is as long as the column: a 100M-row ``x.float().mean()`` would hold a
+400 MB copy beside the column. :func:`schedule` recognises such a graph from its plan
+alone (shapes, dtypes and prims: public), and :func:`run_blocks` evaluates it on blocks of
+rows (about :data:`BLOCK_ELEMENTS` elements each), so that nothing larger than a block is
+ever allocated and a mapped column (``dpnode.node.storage``) is read page by page.
+
+Values do not change: elementwise prims compute each element alone, and a sum is the one
+of :func:`dpnode.core.engine.accurate.blocked_sum` taken apart: blocks start at multiples of
+:data:`~dpnode.core.engine.accurate.BLOCK` rows, so each block of ``BLOCK`` terms is summed as in
+the whole array, the block sums are gathered in order and added by the same call, and the
+tail last. For a 1-d column this is the same computation on the same bits, so the result
+is bitwise the whole array's; for a sum over several axes NumPy may order the terms inside
+a block otherwise, and the result then stays within the bound the privacy tracker charges
+for any order (``depth(n)`` roundings a term, :mod:`dpnode.core.privacy.rounding`). Integer sums
+are exact (wrapping alike in any order).
+
+A graph needing the sums of one pass to go on (``x - x.mean()``) takes several passes over
+the rows; the values between them are small and computed whole. Anything else (a row value
+that is an output, a matmul, an index, a random prim over the rows, a reduction that keeps
+the rows) is evaluated whole by :func:`dpnode.core.engine.evaluator.run`, as before.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from dpnode.core.engine.accurate import BLOCK, block_sums, rows_last, total
+from dpnode.core.engine.dtypes import accumulation
+from dpnode.core.engine.graph import Graph, Ref
+from dpnode.core.engine.prims import REGISTRY
+from dpnode.core.engine.prims.elementwise import BINARY_PRIMS, UNARY_PRIMS
+from dpnode.core.engine.prims.registry import Call, Scalar, TensorMeta
+from dpnode.core.errors import DPNodeError, EvaluationError
+
+__all__ = ["BLOCK_ELEMENTS", "Schedule", "run_blocks", "schedule"]
+
+Array = npt.NDArray[Any]
+
+#: elements of the widest row value in one block (rows are rounded to whole ``BLOCK``s)
+BLOCK_ELEMENTS = 1 << 20
+
+#: prims computing each element of their result from the same element of their arguments
+_ELEMENTWISE = (
+    frozenset(UNARY_PRIMS)
+    | frozenset(BINARY_PRIMS)
+    | {
+        "where",
+        "clamp",
+        "convert_element_type",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One read of the rows: the row values computed on each block, the sums they end in."""
+
+    nodes: tuple[int, ...]
+    sums: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How a graph is evaluated over blocks of its ``rows`` (see the module docstring).
+
+    Attributes:
+        rows: the length of the row axis (axis 0 of every row value).
+        width: elements per row of the widest row value.
+        row: per node, whether it is a row value (computed block by block).
+        small: per pass, the other nodes computed before it (then the rest, after the last).
+        passes: the reads of the rows, in order.
+    """
+
+    rows: int
+    width: int
+    row: tuple[bool, ...]
+    small: tuple[tuple[int, ...], ...]
+    passes: tuple[Pass, ...]
+    _calls: dict[tuple[int, int], Call] = field(default_factory=dict, compare=False, repr=False)
+
+    def block_rows(self, elements: int) -> int:
+        """Rows per block for blocks of about ``elements`` elements: whole ``BLOCK``s.
+
+        >>> Schedule(10**6, 3, (), (), ()).block_rows(1 << 20)
+        348160
+        """
+        return max(1, elements // (self.width * BLOCK)) * BLOCK
+
+
+def _reduced_axes(call: Call, x: TensorMeta) -> tuple[int, ...]:
+    dims = call.attrs.get("dims")
+    if not dims:
+        return tuple(range(x.ndim))
+    return tuple(call.dim(d, x.ndim, "dims") for d in dims)
+
+
+def _sums_rows(call: Call, x: TensorMeta) -> bool:
+    """A sum or mean whose first summed axis is the rows: its blocks follow the rows'."""
+    if call.op not in ("sum", "mean") or x.ndim == 0:
+        return False
+    axes = _reduced_axes(call, x)
+    return axes[0] == 0
+
+
+def schedule(
+    graph: Graph,
+    metas: Sequence[TensorMeta],
+    calls: Sequence[Call | None],
+    live: Sequence[bool],
+) -> Schedule | None:
+    """The block schedule of a planned graph, or None when it must be evaluated whole.
+
+    Decided from the plan only. Only plans of tracked evaluations (``accurate``) are
+    scheduled: their sums are the blocked sums that blocks reproduce.
+    """
+    nodes = graph.nodes
+    if not any(c is not None for c in calls) or not all(c.accurate for c in calls if c):
+        return None
+    lengths = [
+        metas[i].shape[0]
+        for i, node in enumerate(nodes)
+        if node.op == "input" and live[i] and metas[i].ndim >= 1
+    ]
+    if not lengths or max(lengths) <= BLOCK:
+        return None
+    rows = max(lengths)
+    n = len(nodes)
+    row = [False] * n
+    level = [0] * n
+    sums: dict[int, list[int]] = {}
+    for i, node in enumerate(nodes):
+        meta = metas[i]
+        if not live[i] or node.op == "constant":
+            continue
+        if node.op == "input":
+            row[i] = meta.ndim >= 1 and meta.shape[0] == rows
+            continue
+        refs = [a.index for a in node.args if isinstance(a, Ref)]
+        lv = max((level[r] for r in refs), default=0)
+        level[i] = lv
+        if not any(row[r] for r in refs):
+            continue
+        call = calls[i]
+        assert call is not None
+        if node.op in _ELEMENTWISE and not REGISTRY[node.op].random:
+            if meta.ndim == 0 or meta.shape[0] != rows:
+                return None
+            for r in refs:
+                m = metas[r]
+                # a row argument is aligned on axis 0; any other broadcasts along it
+                if (m.ndim != meta.ndim) if row[r] else (m.ndim == meta.ndim and m.shape[0] != 1):
+                    return None
+            row[i] = True
+        elif len(refs) == 1 and _sums_rows(call, metas[refs[0]]):
+            level[i] = lv + 1
+            sums.setdefault(lv, []).append(i)
+        else:
+            return None
+    if any(row[o] for o in graph.outputs) or not sums:
+        return None
+    count = max(sums) + 1
+    passes = []
+    for p in range(count):
+        needed: set[int] = set()
+        stack = [nodes[s].args[0] for s in sums.get(p, [])]
+        while stack:
+            a = stack.pop()
+            if isinstance(a, Ref) and row[a.index] and a.index not in needed:
+                needed.add(a.index)
+                stack.extend(nodes[a.index].args)
+        passes.append(Pass(tuple(sorted(needed)), tuple(sums.get(p, []))))
+    summed = {i for found in sums.values() for i in found}
+    small: list[list[int]] = [[] for _ in range(count + 1)]
+    for i, node in enumerate(nodes):
+        if live[i] and not row[i] and node.op != "input" and i not in summed:
+            small[min(level[i], count)].append(i)
+    width = max(math.prod(metas[i].shape[1:]) for i in range(n) if row[i])
+    return Schedule(rows, max(width, 1), tuple(row), tuple(tuple(s) for s in small), tuple(passes))
+
+
+def _call(s: Schedule, calls: Sequence[Call | None], i: int, length: int) -> Call:
+    """Node ``i``'s call on a block of ``length`` rows: its row arguments and result cut."""
+    call = s._calls.get((i, length))
+    if call is not None:
+        return call
+    full = calls[i]
+    assert full is not None and full.meta is not None
+
+    def cut(m: Any) -> Any:
+        return TensorMeta((length, *m.shape[1:]), m.dtype) if isinstance(m, TensorMeta) else m
+
+    args = [
+        cut(m) if isinstance(m, TensorMeta) and m.ndim and m.shape[0] == s.rows else m
+        for m in full.args
+    ]
+    call = Call(full.index, full.op, args, full.attrs)
+    call.accurate, call.total = full.accurate, full.total
+    call.meta = cut(full.meta)
+    s._calls[(i, length)] = call
+    return call
+
+
+def _apply(call: Call, args: list[Any], gen: np.random.Generator) -> Array:
+    prim = REGISTRY[call.op]
+    if prim.random:
+        call = copy.copy(call)
+        call.rng = gen
+    try:
+        r = np.asarray(prim.kernel(call, args, None))
+    except DPNodeError:
+        raise
+    except (ArithmeticError, ValueError, IndexError, TypeError, MemoryError) as e:
+        raise EvaluationError(f"{call.where()}: {type(e).__name__}: {e}") from None
+    meta = call.out()
+    if r.dtype != meta.dtype.np or r.shape != meta.shape:
+        raise EvaluationError(
+            f"{call.where()}: internal error: kernel gave {r.dtype}{list(r.shape)}, "
+            f"rule said {meta.dtype.name}{list(meta.shape)}"
+        )
+    return r
+
+
+class _Sum:
+    """A sum or mean over the rows, gathered block by block."""
+
+    def __init__(self, call: Call) -> None:
+        self.call = call
+        x = call.args[0]
+        assert isinstance(x, TensorMeta)
+        self.x = x
+        self.axes = _reduced_axes(call, x)
+        res = call.out().dtype
+        self.acc = accumulation(res, call.accurate)
+        self.blocked = res.is_float  # the accurate kernel's blocked float sum
+        self.parts: list[Array] = []
+        self.tail: Array | None = None
+
+    def add(self, block: Array) -> None:
+        if not self.blocked:  # integers: exact, wrapping alike in any order
+            part = np.sum(block, axis=self.axes, dtype=self.acc.np)
+            self.parts = [np.add(self.parts[0], part) if self.parts else np.asarray(part)]
+            return
+        y = rows_last(block, self.axes)
+        m = y.shape[-1] - y.shape[-1] % BLOCK
+        if m:
+            self.parts.append(block_sums(y[..., :m], self.acc.np))
+        if m < y.shape[-1]:  # only the last block has a tail: the others are whole BLOCKs
+            assert self.tail is None
+            self.tail = np.sum(y[..., m:], axis=-1, dtype=self.acc.np)
+
+    def result(self) -> Array:
+        c = self.call
+        keep = bool(c.attrs.get("keepdim"))
+        if self.blocked:
+            r: Any = total(np.concatenate(self.parts, axis=-1), self.tail, self.acc.np)
+        else:
+            r = self.parts[0]
+        if keep:
+            r = np.reshape(r, [1 if d in self.axes else s for d, s in enumerate(self.x.shape)])
+        if c.op == "mean":
+            r = np.asarray(r) / math.prod(self.x.shape[d] for d in self.axes)
+        return np.asarray(r).astype(c.out().dtype.np, copy=False)
+
+
+def run_blocks(
+    s: Schedule,
+    graph: Graph,
+    calls: Sequence[Call | None],
+    bound: Mapping[int, Array],
+    gen: np.random.Generator,
+    elements: int = BLOCK_ELEMENTS,
+) -> list[Array]:
+    """Evaluate a scheduled graph on blocks of about ``elements`` elements.
+
+    ``bound``: the graph's input values by node index, checked against their metadata.
+    Returns the outputs, fresh arrays the caller may keep or modify.
+    """
+    nodes = graph.nodes
+    values: dict[int, Any] = {i: v for i, v in bound.items() if not s.row[i]}
+    step = s.block_rows(elements)
+
+    def arg(a: object, local: Mapping[int, Array]) -> Any:
+        if isinstance(a, Ref):
+            return local[a.index] if s.row[a.index] else values[a.index]
+        return a.value if isinstance(a, Scalar) else None
+
+    def small(indices: Sequence[int]) -> None:
+        for i in indices:
+            node = nodes[i]
+            if node.op == "constant":
+                values[i] = node.value
+                continue
+            call = calls[i]
+            assert call is not None
+            values[i] = _apply(call, [arg(a, {}) for a in node.args], gen)
+
+    with np.errstate(all="ignore"):
+        for p, read in enumerate(s.passes):
+            small(s.small[p])
+            gathered = {i: _Sum(c) for i in read.sums if (c := calls[i]) is not None}
+            for start in range(0, s.rows, step):
+                stop = min(start + step, s.rows)
+                local: dict[int, Array] = {}
+                for i in read.nodes:
+                    node = nodes[i]
+                    if node.op == "input":
+                        local[i] = bound[i][start:stop]
+                        continue
+                    call = _call(s, calls, i, stop - start)
+                    local[i] = _apply(call, [arg(a, local) for a in node.args], gen)
+                for i, g in gathered.items():
+                    g.add(arg(nodes[i].args[0], local))
+            for i, g in gathered.items():
+                values[i] = g.result()
+        small(s.small[len(s.passes)])
+    outputs: list[Array] = []
+    for o in graph.outputs:
+        outputs.append(np.array(values[o], copy=True))  # never a constant's or another's
+    return outputs
