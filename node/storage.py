@@ -14,6 +14,11 @@ while its verified copy is cached changes nothing that is computed (the copy is 
 is used) and is detected on the next read from disk, after eviction or a restart.
 Cached bytes are immutable (``bytes``), and arrays made from them are read-only, so
 nothing can change cached data.
+
+Writes stream: :meth:`FileBlobStore.put_stream` takes chunks (an iterator, or a file
+through :func:`file_chunks`), hashes them as they are written to a temporary file in the
+store's directory, and renames that file to its digest at the end, so a blob of any size
+is stored with one chunk in memory and a reader never sees a partial blob.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ import os
 import tempfile
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -34,9 +40,14 @@ __all__ = [
     "BlobStore",
     "CorruptBlobError",
     "FileBlobStore",
+    "array_chunks",
     "array_from_bytes",
     "array_to_bytes",
+    "file_chunks",
 ]
+
+#: Chunk size of streamed reads and writes (large enough to amortise the calls).
+CHUNK_BYTES = 8 * 1024 * 1024
 
 
 class CorruptBlobError(RuntimeError):
@@ -45,6 +56,7 @@ class CorruptBlobError(RuntimeError):
 
 class BlobStore(Protocol):
     def put(self, data: bytes) -> str: ...
+    def put_stream(self, chunks: Iterable[bytes | memoryview]) -> str: ...
     def get(self, digest: str) -> bytes: ...
     def delete(self, digest: str) -> None: ...
 
@@ -115,17 +127,31 @@ class FileBlobStore:
 
     def put(self, data: bytes) -> str:
         """Store ``data`` and return its SHA-256 hex digest."""
-        digest = hashlib.sha256(data).hexdigest()
-        path = self._path(digest)
-        if path.exists():
-            return digest
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        return self.put_stream((data,))
+
+    def put_stream(self, chunks: Iterable[bytes | memoryview]) -> str:
+        """Store the concatenation of ``chunks`` and return its SHA-256 hex digest.
+
+        Each chunk is hashed and written as it comes (one chunk in memory at a time) to a
+        temporary file beside the blobs, which is renamed to its digest once complete and
+        synced: a failure (or an exception from ``chunks``) leaves nothing behind.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
         try:
+            sha = hashlib.sha256()
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                for chunk in chunks:
+                    sha.update(chunk)
+                    f.write(chunk)
                 f.flush()
                 os.fsync(f.fileno())
+            digest = sha.hexdigest()
+            path = self._path(digest)
+            if path.exists():
+                Path(tmp).unlink()
+                return digest
+            path.parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -166,3 +192,31 @@ def array_from_bytes(data: bytes, dtype: str, shape: tuple[int, ...]) -> npt.NDA
     """
     array = np.frombuffer(data, dtype=np.dtype(dtype))
     return array.reshape(shape)
+
+
+def file_chunks(file: IO[bytes], size: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """The bytes of an open binary file, ``size`` at a time (for :meth:`put_stream`).
+
+    >>> import io
+    >>> list(file_chunks(io.BytesIO(b"abcde"), 2))
+    [b'ab', b'cd', b'e']
+    """
+    while chunk := file.read(size):
+        yield chunk
+
+
+def array_chunks(array: npt.NDArray[Any], size: int = CHUNK_BYTES) -> Iterator[memoryview]:
+    """The raw C-order bytes of ``array`` in pieces of about ``size`` bytes, without a copy
+    of the whole (a non-contiguous array is made contiguous a block of rows at a time).
+
+    >>> b"".join(array_chunks(np.arange(5, dtype=np.int8), 2))
+    b'\\x00\\x01\\x02\\x03\\x04'
+    """
+    if array.size == 0:
+        return
+    rows = array.reshape(array.shape[0] if array.ndim else 1, -1)
+    per_row = max(1, rows.shape[1] * array.dtype.itemsize)
+    step = max(1, size // per_row)
+    for start in range(0, rows.shape[0], step):
+        block = np.ascontiguousarray(rows[start : start + step])
+        yield memoryview(block.data).cast("B")
