@@ -25,6 +25,7 @@ from node.api.routes import (
     publish,
     runs,
     search,
+    uploads,
     users,
 )
 from node.context import NodeContext
@@ -90,7 +91,7 @@ def _validation_message(exc: RequestValidationError) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(errors.DPNodeError)
     async def _domain(_: Request, exc: errors.DPNodeError) -> JSONResponse:
-        extra = exc.extra() if isinstance(exc, errors.PolicyRefusedError) else {}
+        extra = exc.extra()
         headers = None
         if isinstance(exc, errors.RateLimitedError):
             headers = {"Retry-After": str(exc.retry_after)}
@@ -137,7 +138,10 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
     )
     app.state.context = ctx
     # Routes are matched in order: publish first, as a training loop calls it most.
-    routers = (publish, auth, users, datasets, models, search, approvals, runs, budget, policy)
+    routers = (
+        *(publish, auth, users, datasets, uploads, models),
+        *(search, approvals, runs, budget, policy),
+    )
     for module in (*routers, meta, audit):
         app.include_router(module.router, prefix=API_PREFIX)
     install_error_handlers(app)

@@ -18,6 +18,7 @@ from node.privacy.cache import TrackingCache
 from node.services.security import password_hasher
 from node.services.structures import StructureCache
 from node.services.throttle import LoginThrottle
+from node.services.uploads import UploadLimits, UploadSessions
 from node.settings import PLACEHOLDER_SECRET, Settings
 from node.storage import BlobStore, FileBlobStore
 
@@ -40,9 +41,20 @@ class NodeContext:
     tracking: TrackingCache = field(default_factory=TrackingCache)
     #: Recent login attempts and failures, kept in this process (see node.services.throttle).
     logins: LoginThrottle = field(init=False)
+    #: Chunked uploads in progress, kept as files (see node.services.uploads).
+    uploads: UploadSessions = field(init=False)
 
     def __post_init__(self) -> None:
         self.logins = LoginThrottle.from_settings(self.settings)
+        s = self.settings
+        limits = UploadLimits(
+            max_elements=s.max_upload_elements,
+            max_columns=s.max_columns,
+            max_session_bytes=s.max_upload_session_bytes,
+            max_sessions=s.max_upload_sessions,
+            ttl_seconds=s.upload_session_ttl_seconds,
+        )
+        self.uploads = UploadSessions(s.upload_dir, limits)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> NodeContext:

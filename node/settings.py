@@ -33,6 +33,13 @@ class Settings(BaseSettings):
     max_upload_elements: int = Field(default=100_000_000, gt=0)
     #: Largest number of columns in one dataset.
     max_columns: int = Field(default=10_000, gt=0)
+    #: Chunked uploads (node.services.uploads): the largest chunk one request carries, the
+    #: largest table one session takes (bytes on disk until finalized), the sessions one
+    #: user may have open, and how long an untouched session is kept before removal.
+    max_upload_chunk_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    max_upload_session_bytes: int = Field(default=64 * 1024**3, gt=0)
+    max_upload_sessions: int = Field(default=4, gt=0)
+    upload_session_ttl_seconds: int = Field(default=24 * 3600, gt=0)
 
     #: Compute quotas of one graph, checked before anything is read or allocated.
     max_graph_nodes: int = Field(default=100_000, gt=0)
@@ -94,6 +101,11 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'dpnode.sqlite3').resolve()}"
+
+    @property
+    def upload_dir(self) -> Path:
+        """Where chunked uploads are kept until finalized."""
+        return self.data_dir / "uploads"
 
     @property
     def blob_dir(self) -> Path:

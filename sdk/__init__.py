@@ -28,6 +28,7 @@ from sdk._exceptions import (
     ApprovalRequiredError,
     AuthenticationError,
     BudgetExceededError,
+    ChecksumMismatchError,
     ConflictError,
     DPNodeError,
     EvaluationError,
@@ -48,6 +49,7 @@ from sdk._exceptions import (
     ServerError,
     UnsupportedDTypeError,
     UnsupportedOperationError,
+    UploadOffsetError,
     UploadRejectedError,
 )
 from sdk._handles import AuditEvent, ColumnInfo, DatasetHandle, ModelHandle, TensorInfo, User
@@ -62,6 +64,7 @@ __all__ = [
     "AuditEvent",
     "AuthenticationError",
     "BudgetExceededError",
+    "ChecksumMismatchError",
     "BudgetGrant",
     "BudgetRequest",
     "BudgetStatus",
@@ -102,6 +105,7 @@ __all__ = [
     "TrainingStep",
     "UnsupportedDTypeError",
     "UnsupportedOperationError",
+    "UploadOffsetError",
     "UploadRejectedError",
     "User",
     "current_client",

@@ -3,6 +3,7 @@
 DPNodeError                      any error reported by (or about) the node
 ├── InvalidRequestError          invalid_request: the request was malformed
 │   ├── UploadRejectedError      upload_rejected: data breaks its declared contract
+│   ├── ChecksumMismatchError    checksum_mismatch: an upload chunk damaged on the way
 │   ├── InvalidPolicyError       invalid_policy: a malformed budget policy (names the keys)
 │   └── GraphError               invalid_graph: the node refused a computation
 │       ├── PrivacyTrackingError   untrackable_graph: sensitivity cannot be bounded
@@ -21,7 +22,8 @@ DPNodeError                      any error reported by (or about) the node
 ├── NotFoundError                not_found
 │   └── UnknownStructureError    unknown_structure: resent whole, automatically
 ├── ConflictError                conflict: e.g. a name already taken
-│   └── PublishInProgressError   publish_in_progress: the same key's publish still runs
+│   ├── PublishInProgressError   publish_in_progress: the same key's publish still runs
+│   └── UploadOffsetError        upload_offset: a chunk sent at the wrong offset (``offset``)
 ├── ServerError                  the node failed (5xx); tell its operator
 ├── NodeUnreachableError         no answer from the node (network, wrong URL); for a
 │                                  publish, ``idempotency_key`` retries it safely
@@ -38,6 +40,7 @@ __all__ = [
     "ApprovalRequiredError",
     "AuthenticationError",
     "BudgetExceededError",
+    "ChecksumMismatchError",
     "ConflictError",
     "DPNodeError",
     "EvaluationError",
@@ -59,6 +62,7 @@ __all__ = [
     "UnknownStructureError",
     "UnsupportedDTypeError",
     "UnsupportedOperationError",
+    "UploadOffsetError",
     "UploadRejectedError",
 ]
 
@@ -82,6 +86,12 @@ class InvalidRequestError(DPNodeError):
 
 class UploadRejectedError(InvalidRequestError):
     code = "upload_rejected"
+
+
+class ChecksumMismatchError(InvalidRequestError):
+    """An upload chunk did not match its checksum on arrival; nothing of it was written."""
+
+    code = "checksum_mismatch"
 
 
 class InvalidPolicyError(InvalidRequestError):
@@ -213,6 +223,13 @@ class PublishInProgressError(ConflictError):
     idempotency_key: str | None = None
 
 
+class UploadOffsetError(ConflictError):
+    """A chunk sent at another offset than where its upload stands: ``offset`` says where."""
+
+    code = "upload_offset"
+    offset: int | None = None
+
+
 class ServerError(DPNodeError):
     code = "internal_error"
 
@@ -250,6 +267,7 @@ BY_CODE: dict[str, type[DPNodeError]] = {
     for cls in (
         InvalidRequestError,
         UploadRejectedError,
+        ChecksumMismatchError,
         InvalidPolicyError,
         GraphError,
         PrivacyTrackingError,
@@ -267,13 +285,14 @@ BY_CODE: dict[str, type[DPNodeError]] = {
         UnknownStructureError,
         ConflictError,
         PublishInProgressError,
+        UploadOffsetError,
         ServerError,
     )
 }
 
 
 #: Fields of an error body (besides ``error`` and ``detail``) kept as exception attributes.
-_EXTRA = ("rule", "policy", "policy_revision", "reason", "approval_id")
+_EXTRA = ("rule", "policy", "policy_revision", "reason", "approval_id", "offset")
 
 
 def error_for(

@@ -17,6 +17,7 @@ from node.errors import AuthenticationError, PayloadTooLargeError, PermissionDen
 from node.services import users
 from node.services.security import read_token
 from node.services.throttle import LoginThrottle
+from node.services.uploads import UploadSessions
 from node.settings import Settings
 from node.storage import BlobStore
 
@@ -154,7 +155,15 @@ AdminUser = Annotated[User, Depends(get_admin)]
 
 async def read_limited_body(request: Request) -> bytes:
     """The request body, refused as soon as it grows past ``max_upload_bytes``."""
-    limit = _context_of(request).settings.max_upload_bytes
+    return await _read_body(request, _context_of(request).settings.max_upload_bytes)
+
+
+async def read_chunk_body(request: Request) -> bytes:
+    """A chunk of an upload session, refused past ``max_upload_chunk_bytes``."""
+    return await _read_body(request, _context_of(request).settings.max_upload_chunk_bytes)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLargeError(
@@ -171,6 +180,14 @@ async def read_limited_body(request: Request) -> bytes:
 
 
 LimitedBody = Annotated[bytes, Depends(read_limited_body)]
+ChunkBody = Annotated[bytes, Depends(read_chunk_body)]
+
+
+async def get_uploads(context: ContextDep) -> UploadSessions:
+    return context.uploads
+
+
+UploadsDep = Annotated[UploadSessions, Depends(get_uploads)]
 
 
 def item_ref(ref: str) -> int | str:
