@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import struct
+import sys
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -27,18 +30,50 @@ from sdk._budget import (
     TrainingRunPlan,
 )
 from sdk._exceptions import (
+    ConflictError,
     DPNodeError,
     NodeUnreachableError,
     PublishInProgressError,
     UnknownStructureError,
+    UploadOffsetError,
     error_for,
 )
 from sdk._handles import AuditEvent, DatasetHandle, ModelHandle, User
+from sdk._ingest import arrow_source, is_arrow_like, memory_source
 from sdk._tables import columns_of, to_numpy
 
 API_PREFIX = "/api/v1"
 FRAME_TYPE = "application/vnd.dpnode.tensors"
 _MANIFEST_KEY = "dpnode"
+#: Tables larger than this (bytes) are uploaded in chunks unless ``chunked=False``.
+CHUNKED_ABOVE = 256 * 1024 * 1024
+#: The default size of one chunk of a chunked upload.
+CHUNK_BYTES = 16 * 1024 * 1024
+
+
+def _table_bytes(columns: Mapping[str, Any]) -> int:
+    return sum(v.nbytes if hasattr(v, "nbytes") else 16 * len(v) for v in columns.values())
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(total: int, progress: bool | None) -> Any:
+    """A tqdm bar in bytes, or a stand-in when it is off (or tqdm is not installed)."""
+    if progress is None:
+        progress = sys.stderr.isatty()
+    if not progress:
+        return _NoBar()
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="upload")
 
 
 def _frame(arrays: Mapping[str, npt.NDArray[Any]], manifest: Mapping[str, Any]) -> bytes:
@@ -64,6 +99,8 @@ class Client:
             timeout) or was still running on the node is sent again, with the same
             idempotency key: the node answers a retry with the first answer, charged once.
         retry_backoff: seconds before the first retry; doubled before each next one.
+        upload_retries: how many times a chunk of a chunked upload is sent again after a
+            lost connection (from where the node stands: nothing is sent twice).
     """
 
     def __init__(
@@ -75,6 +112,7 @@ class Client:
         timeout: float = 120.0,
         publish_retries: int = 3,
         retry_backoff: float = 0.5,
+        upload_retries: int = 5,
     ) -> None:
         self.url = url.rstrip("/")
         self.token = token
@@ -83,6 +121,7 @@ class Client:
             base_url=self.url + API_PREFIX, transport=transport, timeout=timeout
         )
         self.publish_retries = publish_retries
+        self.upload_retries = upload_retries
         self.retry_backoff = retry_backoff
         #: digests of the graph headers this node has accepted from us (see _post_graph)
         self._structures_sent: set[bytes] = set()
@@ -198,13 +237,18 @@ class Client:
         clamp: bool | Sequence[str] = False,
         fill: Mapping[str, float] | None = None,
         columns: Sequence[str] | None = None,
+        chunked: bool | None = None,
+        chunk_bytes: int = CHUNK_BYTES,
+        progress: bool | None = None,
     ) -> DatasetHandle:
         """Upload a dataset; the node checks it against what you declare here.
 
         Args:
             name: unique dataset name.
-            data: a pandas DataFrame, a dict of columns (1-D, or N-D with rows first),
-                a structured array, or a 2-D array (name its columns with ``columns=``).
+            data: a pandas or Polars DataFrame, a ``pyarrow.Table`` or ``RecordBatchReader``,
+                the path of a Parquet, Arrow IPC (``.arrow``/``.feather``) or CSV file, a
+                dict of columns (1-D, or N-D with rows first), a structured array, or a 2-D
+                array (name its columns with ``columns=``).
             bounds: public (low, high) for every numeric column: the privacy contract.
             tags: for search.
             categories: the public category list of each string column.
@@ -213,27 +257,41 @@ class Client:
             clamp: clip out-of-bounds values (True, or a list of columns) instead of refusing.
             fill: replacement for NaN/inf per column instead of refusing.
             columns: names for the columns of a plain 2-D array.
+            chunked: send the table in resumable chunks (see ``docs/datasets.md``); by
+                default, for Arrow data and files (read batch by batch) and for tables over
+                ``CHUNKED_ABOVE`` bytes.
+            chunk_bytes: the size of each chunk.
+            progress: show a progress bar (tqdm) while sending chunks; by default when
+                standard error is a terminal.
 
         Raises:
             UploadRejectedError: the data breaks the declarations; the message says where.
             PermissionDeniedError: data scientists cannot upload.
         """
-        real = columns_of(data, columns)
-        arrays, strings = _split(real, "data")
         manifest: dict[str, Any] = {
             "name": name,
             "description": description,
             "tags": list(_tags(tags)),
-            "columns": list(real),
             "bounds": {k: list(v) for k, v in (bounds or {}).items()},
             "categories": {k: list(v) for k, v in (categories or {}).items()},
             "clamp": clamp if isinstance(clamp, bool) else list(clamp),
             "fill": dict(fill or {}),
             "subject_id": subject_id,
-            "strings": strings,
         }
-        if mock is not None:
-            fake = columns_of(mock, columns)
+        arrow = is_arrow_like(data)
+        real = None if arrow else columns_of(data, columns)
+        if chunked is None:
+            chunked = arrow or _table_bytes(real or {}) > CHUNKED_ABOVE
+        fake = columns_of(mock, columns) if mock is not None else None
+        if chunked:
+            return self._upload_chunked(
+                manifest, data if arrow else real, fake, chunk_bytes=chunk_bytes, progress=progress
+            )
+        if real is None:
+            real = columns_of(data, columns)
+        arrays, strings = _split(real, "data")
+        manifest |= {"columns": list(real), "strings": strings}
+        if fake is not None:
             mock_arrays, mock_strings = _split(fake, "mock")
             arrays |= mock_arrays
             manifest |= {"mock_columns": list(fake), "mock_strings": mock_strings}
@@ -242,6 +300,121 @@ class Client:
             "POST", "/datasets", content=body, headers={"Content-Type": FRAME_TYPE}
         )
         return DatasetHandle.from_json(self, created)
+
+    def _upload_chunked(
+        self,
+        manifest: dict[str, Any],
+        data: Any,
+        mock: Mapping[str, Any] | None,
+        *,
+        chunk_bytes: int,
+        progress: bool | None,
+    ) -> DatasetHandle:
+        categories, subject_id = manifest["categories"], manifest["subject_id"]
+        if isinstance(data, Mapping):
+            source = memory_source(data, categories, subject_id)
+        else:
+            source = arrow_source(data, categories, subject_id)
+        try:
+            fake = memory_source(mock, categories, subject_id) if mock is not None else None
+            block_rows = source.block_rows()
+            tensors = [
+                {"name": f"data/{c.name}", "dtype": c.dtype.name, "shape": list(c.row_shape)}
+                for c in source.columns
+            ]
+            plan = manifest | {
+                "columns": [c.name for c in source.columns],
+                "rows": source.rows,
+                "block_rows": block_rows,
+            }
+            pieces = source.stream(block_rows)
+            if fake is not None:
+                tensors += [
+                    {"name": f"mock/{c.name}", "dtype": c.dtype.name, "shape": list(c.row_shape)}
+                    for c in fake.columns
+                ]
+                plan |= {"mock_columns": [c.name for c in fake.columns], "mock_rows": fake.rows}
+                pieces = itertools.chain(pieces, fake.stream(block_rows))
+            created = self._json("POST", "/uploads", json=plan | {"tensors": tensors})
+            self._send_chunks(created["id"], pieces, created["size"], chunk_bytes, progress)
+            body = self._retrying(lambda: self._json("POST", f"/uploads/{created['id']}/finalize"))
+        finally:
+            if source.cleanup is not None:
+                source.cleanup()
+        return DatasetHandle.from_json(self, body)
+
+    def _retrying(self, call: Callable[[], Any]) -> Any:
+        """``call``, again after a lost connection (``upload_retries`` times, backing off)."""
+        for attempt in itertools.count():
+            try:
+                return call()
+            except NodeUnreachableError:
+                if attempt >= self.upload_retries:
+                    raise
+                time.sleep(self.retry_backoff * 2**attempt)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _send_chunks(
+        self,
+        upload_id: str,
+        pieces: Iterable[bytes],
+        size: int,
+        chunk_bytes: int,
+        progress: bool | None,
+    ) -> None:
+        """Send a stream in chunks; after a lost connection, resume where the node stands."""
+        bar = _progress_bar(size, progress)
+        offset = 0
+
+        def send(chunk: bytes) -> None:
+            nonlocal offset
+            digest = hashlib.sha256(chunk).hexdigest()
+            for attempt in itertools.count():
+                try:
+                    self._request(
+                        "PUT",
+                        f"/uploads/{upload_id}",
+                        params={"offset": offset},
+                        content=chunk,
+                        headers={"X-Content-SHA256": digest},
+                    )
+                    break
+                except (NodeUnreachableError, ConflictError) as exc:
+                    # Lost (or still running) on the node: ask where the stream stands.
+                    busy = isinstance(exc, UploadOffsetError) or "busy" in exc.detail
+                    if isinstance(exc, ConflictError) and not busy:
+                        raise
+                    if attempt >= self.upload_retries:
+                        raise
+                    time.sleep(self.retry_backoff * 2**attempt)
+                    status = self._retrying(lambda: self._json("GET", f"/uploads/{upload_id}"))
+                    received = int(status["received"])
+                    if not offset <= received <= offset + len(chunk):
+                        raise DPNodeError(
+                            f"the node holds {received} bytes of upload {upload_id}, but "
+                            f"{offset} were acknowledged: start the upload again"
+                        ) from exc
+                    if received == offset + len(chunk):  # it arrived; the answer did not
+                        break
+                    # Part of it may have arrived: send the rest only.
+                    chunk = chunk[received - offset :]
+                    bar.update(received - offset)
+                    offset = received
+                    digest = hashlib.sha256(chunk).hexdigest()
+            bar.update(len(chunk))
+            offset += len(chunk)
+
+        try:
+            pending = bytearray()
+            for piece in pieces:
+                pending += piece
+                while len(pending) >= chunk_bytes:
+                    send(bytes(pending[:chunk_bytes]))
+                    del pending[:chunk_bytes]
+            if pending:
+                send(bytes(pending))
+        finally:
+            bar.close()
 
     def upload_model(
         self,
