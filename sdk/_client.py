@@ -19,6 +19,8 @@ import numpy as np
 import numpy.typing as npt
 from safetensors.numpy import load, save
 
+from node.errors import UploadRejectedError as NodeUploadRejected
+from node.ingest import arrow_source, chunks_of, is_arrow_like, memory_source, session_request
 from node.services import structures
 from sdk._budget import (
     BudgetGrant,
@@ -36,10 +38,10 @@ from sdk._exceptions import (
     PublishInProgressError,
     UnknownStructureError,
     UploadOffsetError,
+    UploadRejectedError,
     error_for,
 )
 from sdk._handles import AuditEvent, DatasetHandle, ModelHandle, User
-from sdk._ingest import arrow_source, is_arrow_like, memory_source
 from sdk._tables import columns_of, to_numpy
 
 API_PREFIX = "/api/v1"
@@ -279,16 +281,22 @@ class Client:
             "subject_id": subject_id,
         }
         arrow = is_arrow_like(data)
-        real = None if arrow else columns_of(data, columns)
+        try:  # reading Arrow data may find a column dpnode cannot store
+            real = None if arrow else columns_of(data, columns)
+            fake = columns_of(mock, columns) if mock is not None else None
+        except NodeUploadRejected as exc:
+            raise UploadRejectedError(exc.detail) from exc
         if chunked is None:
             chunked = arrow or _table_bytes(real or {}) > CHUNKED_ABOVE
-        fake = columns_of(mock, columns) if mock is not None else None
         if chunked:
             return self._upload_chunked(
                 manifest, data if arrow else real, fake, chunk_bytes=chunk_bytes, progress=progress
             )
         if real is None:
-            real = columns_of(data, columns)
+            try:
+                real = columns_of(data, columns)
+            except NodeUploadRejected as exc:
+                raise UploadRejectedError(exc.detail) from exc
         arrays, strings = _split(real, "data")
         manifest |= {"columns": list(real), "strings": strings}
         if fake is not None:
@@ -311,35 +319,25 @@ class Client:
         progress: bool | None,
     ) -> DatasetHandle:
         categories, subject_id = manifest["categories"], manifest["subject_id"]
-        if isinstance(data, Mapping):
-            source = memory_source(data, categories, subject_id)
-        else:
-            source = arrow_source(data, categories, subject_id)
+        source = None
         try:
-            fake = memory_source(mock, categories, subject_id) if mock is not None else None
-            block_rows = source.block_rows()
-            tensors = [
-                {"name": f"data/{c.name}", "dtype": c.dtype.name, "shape": list(c.row_shape)}
-                for c in source.columns
-            ]
-            plan = manifest | {
-                "columns": [c.name for c in source.columns],
-                "rows": source.rows,
-                "block_rows": block_rows,
-            }
-            pieces = source.stream(block_rows)
-            if fake is not None:
-                tensors += [
-                    {"name": f"mock/{c.name}", "dtype": c.dtype.name, "shape": list(c.row_shape)}
-                    for c in fake.columns
-                ]
-                plan |= {"mock_columns": [c.name for c in fake.columns], "mock_rows": fake.rows}
-                pieces = itertools.chain(pieces, fake.stream(block_rows))
-            created = self._json("POST", "/uploads", json=plan | {"tensors": tensors})
-            self._send_chunks(created["id"], pieces, created["size"], chunk_bytes, progress)
+            try:
+                if isinstance(data, Mapping):
+                    source = memory_source(data, categories, subject_id)
+                else:
+                    source = arrow_source(data, categories, subject_id)
+                fake = memory_source(mock, categories, subject_id) if mock is not None else None
+            except NodeUploadRejected as exc:  # found while reading, before sending
+                raise UploadRejectedError(exc.detail) from exc
+            request, stream = session_request(manifest, source, fake)
+            created = self._json("POST", "/uploads", json=request)
+            try:
+                self._send_chunks(created["id"], stream, created["size"], chunk_bytes, progress)
+            except NodeUploadRejected as exc:
+                raise UploadRejectedError(exc.detail) from exc
             body = self._retrying(lambda: self._json("POST", f"/uploads/{created['id']}/finalize"))
         finally:
-            if source.cleanup is not None:
+            if source is not None and source.cleanup is not None:
                 source.cleanup()
         return DatasetHandle.from_json(self, body)
 
@@ -405,14 +403,8 @@ class Client:
             offset += len(chunk)
 
         try:
-            pending = bytearray()
-            for piece in pieces:
-                pending += piece
-                while len(pending) >= chunk_bytes:
-                    send(bytes(pending[:chunk_bytes]))
-                    del pending[:chunk_bytes]
-            if pending:
-                send(bytes(pending))
+            for chunk in chunks_of(pieces, chunk_bytes):
+                send(chunk)
         finally:
             bar.close()
 

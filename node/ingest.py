@@ -1,5 +1,8 @@
 """Tables as streams of row blocks: what a chunked upload sends (see ``docs/datasets.md``).
 
+Used by the SDK (on the owner's machine) and by ``dpnode dataset add``; it imports
+pyarrow only when given Arrow data, and never torch.
+
 A :class:`TableSource` knows a table's columns (name, dtype, row shape) and row count,
 and yields it in blocks of rows as NumPy arrays. Sources are in-memory columns (NumPy,
 pandas, torch) or anything Arrow: a ``pyarrow.Table``, a ``RecordBatchReader``, a Polars
@@ -9,14 +12,17 @@ first spooled once to a local Arrow IPC file (memory-mapped, so never in memory 
 
 String columns travel as int64 indices into their declared public categories, and a
 string subject id column as int64 codes (equal ids, equal codes): the node holds each to
-its contract exactly as it would the strings.
+its contract exactly as it would the strings. An integer column with missing values
+travels as float64 with NaN for them (as pandas' nullable integers do), which the node
+then refuses or fills (``fill=``) like any NaN.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from sdk._exceptions import UploadRejectedError
+from node.errors import UploadRejectedError
 
 #: File suffixes read as Arrow IPC files (Feather v2 is Arrow IPC).
 _IPC_SUFFIXES = (".arrow", ".feather", ".ipc")
@@ -147,8 +153,13 @@ def is_arrow_like(data: Any) -> bool:
     return module in ("pyarrow", "polars")
 
 
-def _numpy_type(name: str, arrow_type: Any) -> np.dtype[Any] | None:
-    """The NumPy dtype a numeric Arrow column travels as; None for strings."""
+def _numpy_type(name: str, arrow_type: Any, nulls: bool = False) -> np.dtype[Any] | None:
+    """The NumPy dtype a numeric Arrow column travels as; None for strings.
+
+    >>> import pyarrow as pa
+    >>> _numpy_type("n", pa.int32()), _numpy_type("n", pa.int32(), nulls=True)
+    (dtype('int32'), dtype('float64'))
+    """
     import pyarrow as pa
 
     t = arrow_type
@@ -158,6 +169,8 @@ def _numpy_type(name: str, arrow_type: Any) -> np.dtype[Any] | None:
         return None
     if pa.types.is_boolean(t):
         return np.dtype(bool)
+    if pa.types.is_integer(t) and nulls:
+        return np.dtype(np.float64)
     if pa.types.is_integer(t) or pa.types.is_floating(t):
         dtype: np.dtype[Any] = np.dtype(t.to_pandas_dtype())
         return dtype
@@ -178,14 +191,14 @@ def _to_numpy(name: str, array: Any, dtype: np.dtype[Any] | None, coder: _Codes 
         assert coder is not None
         return coder(array.to_pylist())
     if array.null_count:
-        if dtype.kind != "f":
+        if dtype.kind != "f":  # a Parquet file whose statistics did not count its nulls
             raise UploadRejectedError(
                 f"column {name!r} ({dtype.name}) has {array.null_count} missing values, which "
                 "only a float column can hold (as NaN, then filled with fill=...): cast or "
                 "fill it first"
             )
-        return array.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
-    return array.to_numpy(zero_copy_only=False)
+        return array.cast(pa.float64()).to_numpy(zero_copy_only=False).astype(dtype)
+    return array.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
 
 
 def _rebatch(batches: Iterator[Any], block_rows: int) -> Iterator[Any]:
@@ -230,12 +243,13 @@ def arrow_source(
         if suffix in (".parquet", ".pq"):
             parquet = pq.ParquetFile(path)  # read by row groups, never whole
             schema, rows = parquet.schema_arrow, parquet.metadata.num_rows
+            nulls = _parquet_nulls(parquet)
 
             def batches(block_rows: int) -> Iterator[Any]:
                 return iter(parquet.iter_batches(batch_size=block_rows))
 
-            return _arrow_table_source(schema, rows, batches, categories, subject_id, None)
-        data = _open_path(path, csv_options, whole=False)
+            return _arrow_table_source(schema, rows, batches, categories, subject_id, None, nulls)
+        data = _open_path(path, _csv_options(csv_options, categories, subject_id), whole=False)
     if isinstance(data, pa.RecordBatchReader):
         # Row count unknown until read: spool the stream once to a memory-mapped file.
         spool = tempfile.NamedTemporaryFile(suffix=".arrow", delete=False)  # noqa: SIM115
@@ -254,9 +268,44 @@ def arrow_source(
     def table_batches(block_rows: int) -> Iterator[Any]:
         return iter(table.to_batches(max_chunksize=block_rows))
 
+    nulls = {str(n): table.column(n).null_count > 0 for n in table.column_names}
     return _arrow_table_source(
-        table.schema, table.num_rows, table_batches, categories, subject_id, cleanup
+        table.schema, table.num_rows, table_batches, categories, subject_id, cleanup, nulls
     )
+
+
+def _parquet_nulls(parquet: Any) -> dict[str, bool]:
+    """Which columns of a Parquet file hold nulls, from its row groups' statistics."""
+    meta = parquet.metadata
+    out: dict[str, bool] = {}
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(group.num_columns):
+            column = group.column(c)
+            stats = column.statistics
+            name = column.path_in_schema
+            if stats is not None and stats.has_null_count:
+                out[name] = out.get(name, False) or stats.null_count > 0
+    return out
+
+
+def _csv_options(
+    options: Mapping[str, Any] | None,
+    categories: Mapping[str, Sequence[str]],
+    subject_id: str | None,
+) -> dict[str, Any]:
+    """CSV reading options: declared category and subject id columns are read as strings
+    (so that categories such as "1", "2" are not taken for numbers)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    merged = dict(options or {})
+    strings = set(categories) | ({subject_id} if subject_id else set())
+    if strings and "convert_options" not in merged:
+        merged["convert_options"] = pacsv.ConvertOptions(
+            column_types={name: pa.string() for name in strings}
+        )
+    return merged
 
 
 def _open_path(path: Path, csv_options: Mapping[str, Any] | None, *, whole: bool) -> Any:
@@ -286,11 +335,12 @@ def _arrow_table_source(
     categories: Mapping[str, Sequence[str]],
     subject_id: str | None,
     cleanup: Callable[[], None] | None,
+    nulls: Mapping[str, bool],
 ) -> TableSource:
     names = [str(n) for n in schema.names]
     if len(set(names)) != len(names):
         raise UploadRejectedError(f"the table names a column twice: {names[:10]}")
-    types = {n: _numpy_type(n, schema.field(n).type) for n in names}
+    types = {n: _numpy_type(n, schema.field(n).type, nulls.get(n, False)) for n in names}
     info = [ColumnInfo(n, t if t is not None else np.dtype(np.int64), ()) for n, t in types.items()]
     coders = {n: _coder(n, categories, subject_id) for n, t in types.items() if t is None}
 
@@ -319,7 +369,7 @@ def arrow_columns(data: Any) -> dict[str, npt.NDArray[Any] | list[str | None]]:
     out: dict[str, npt.NDArray[Any] | list[str | None]] = {}
     for name in table.column_names:
         column = table.column(name)
-        dtype = _numpy_type(name, column.type)
+        dtype = _numpy_type(name, column.type, column.null_count > 0)
         if dtype is None:
             array = column.combine_chunks()
             if hasattr(array, "dictionary_decode"):
@@ -345,3 +395,48 @@ def _as_table(data: Any) -> Any:
     if isinstance(data, pa.RecordBatchReader):
         return data.read_all()
     return data if isinstance(data, pa.Table) else pa.table(data)
+
+
+def session_request(
+    manifest: Mapping[str, Any], source: TableSource, mock: TableSource | None
+) -> tuple[dict[str, Any], Iterator[bytes]]:
+    """The body that opens an upload session for ``source`` (and ``mock``), and its stream.
+
+    ``manifest`` holds the declarations (name, tags, bounds, categories, clamp, fill,
+    subject_id, ...); the columns, row counts, block size and tensors come from the sources.
+    """
+    block_rows = source.block_rows()
+    tensors = [
+        {"name": f"data/{c.name}", "dtype": c.dtype.name, "shape": list(c.row_shape)}
+        for c in source.columns
+    ]
+    body = dict(manifest) | {
+        "columns": [c.name for c in source.columns],
+        "rows": source.rows,
+        "block_rows": block_rows,
+    }
+    stream = source.stream(block_rows)
+    if mock is not None:
+        tensors += [
+            {"name": f"mock/{c.name}", "dtype": c.dtype.name, "shape": list(c.row_shape)}
+            for c in mock.columns
+        ]
+        body |= {"mock_columns": [c.name for c in mock.columns], "mock_rows": mock.rows}
+        stream = itertools.chain(stream, mock.stream(block_rows))
+    return body | {"tensors": tensors}, stream
+
+
+def chunks_of(pieces: Iterable[bytes], size: int) -> Iterator[bytes]:
+    """``pieces`` regrouped into chunks of ``size`` bytes (the last one shorter).
+
+    >>> [len(c) for c in chunks_of([b"abc", b"defgh", b"ij"], 4)]
+    [4, 4, 2]
+    """
+    pending = bytearray()
+    for piece in pieces:
+        pending += piece
+        while len(pending) >= size:
+            yield bytes(pending[:size])
+            del pending[:size]
+    if pending:
+        yield bytes(pending)
