@@ -458,23 +458,32 @@ class UploadSessions:
 
 
 def _part_array(path: Path, index: int, part: UploadPart, rows: int) -> npt.NDArray[Any]:
-    """A read-only map of one received column (pages are read as blocks are encoded)."""
-    return np.memmap(
-        path / f"part-{index}", dtype=part.dtype, mode="r", shape=(rows, *part.row_shape)
-    )
+    """One received column, whole (the subject ids, the mock data)."""
+    values = np.fromfile(path / f"part-{index}", dtype=part.dtype)
+    return values.reshape(rows, *part.row_shape)
+
+
+def _part_blocks(path: Path, index: int, part: UploadPart, rows: int) -> Iterator[npt.NDArray[Any]]:
+    """One received column, read a block of rows at a time (about 8 MiB).
+
+    Plain reads rather than a memory map: the pages of a map would count as the node's
+    memory until unmapped, and a column may be far larger than what the node should hold.
+    """
+    step = max(1, _ENCODE_BYTES // max(1, part.row_bytes))
+    with (path / f"part-{index}").open("rb") as f:
+        for start in range(0, rows, step):
+            count = min(step, rows - start)
+            block = np.fromfile(f, dtype=part.dtype, count=count * math.prod(part.row_shape))
+            yield block.reshape(count, *part.row_shape)
 
 
 def _encoded_chunks(
-    name: str, values: npt.NDArray[Any], spec: ColumnSpec, dtype: np.dtype[Any]
+    name: str, blocks: Iterator[npt.NDArray[Any]], spec: ColumnSpec, dtype: np.dtype[Any]
 ) -> Iterator[memoryview]:
     contract = numeric_contract(name, dtype, spec)
     violations = Violations()
-    row_bytes = max(1, values[:1].nbytes)
-    step = max(1, _ENCODE_BYTES // row_bytes)
-    for start in range(0, values.shape[0], step):
-        block = encode_block(
-            name, np.asarray(values[start : start + step]), contract, spec, violations
-        )
+    for raw in blocks:
+        block = encode_block(name, raw, contract, spec, violations)
         if not (violations.non_finite or violations.outside):
             yield from array_chunks(block)
     # Raised inside put_stream, which then keeps nothing of this column.
@@ -510,12 +519,12 @@ def _register(
     for index, part in enumerate(plan.parts):
         if part.name.startswith("mock/"):
             rows = plan.mock_rows or 0
-            mock_arrays[part.name[5:]] = np.array(_part_array(path, index, part, rows))
+            mock_arrays[part.name[5:]] = _part_array(path, index, part, rows)
             continue
         name_ = part.name[5:]
-        values = _part_array(path, index, part, plan.rows)
         if name_ == spec.subject_id:
-            subjects, subject_count, max_rows = subject_index(name_, np.asarray(values))
+            values = _part_array(path, index, part, plan.rows)
+            subjects, subject_count, max_rows = subject_index(name_, values)
             subjects_blob = store.put(array_to_bytes(subjects))
             written.append(subjects_blob)
             continue
@@ -524,7 +533,8 @@ def _register(
         stored_dtype = encode_block(
             name_, np.empty((0, *part.row_shape), dtype), contract, spec, Violations()
         ).dtype
-        blob = store.put_stream(_encoded_chunks(name_, values, spec, dtype))
+        blocks = _part_blocks(path, index, part, plan.rows)
+        blob = store.put_stream(_encoded_chunks(name_, blocks, spec, dtype))
         written.append(blob)
         columns.append(
             StoredColumn(
