@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -202,3 +203,17 @@ def test_a_dropped_connection_resumes_where_the_node_stands(
 def test_data_scientists_cannot_open_upload_sessions(ds_client: sdk.Client) -> None:
     with pytest.raises(sdk.PermissionDeniedError):
         ds_client.upload_dataset("no", {"x": np.zeros(3)}, bounds={"x": (0, 1)}, chunked=True)
+
+
+def test_the_big_tables_example_in_the_docs_runs(
+    owner_client: sdk.Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "datasets.md").read_text()
+    section = doc.split("## Big tables")[1].split("\n## ")[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert blocks
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, Any] = {"owner": owner_client, "__name__": "docs"}
+    for code in blocks:
+        exec(compile(code, "docs/datasets.md", "exec"), namespace)  # our own docs
+    assert namespace["handle"].row_count == 100_000
