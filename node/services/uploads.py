@@ -11,9 +11,9 @@ The session's state lives in files under ``<data_dir>/uploads/<id>/``: the plan
 (``session.json``), the bytes received so far (``received``, written after the chunk's
 bytes are synced, so it never runs ahead of them) and the column files. A dropped
 connection loses nothing the node acknowledged: the client asks for ``received`` and
-goes on from there. Finalize holds each column to its declared contract block by block
-(:func:`node.services.tabular.encode_block`), streams it into the blob store, and
-registers the dataset; a second finalize of the same session answers the same dataset.
+goes on from there. Finalize (:mod:`node.services.finalize`) holds each column to its
+declared contract block by block, streams it into the blob store, and registers the
+dataset; a second finalize of the same session answers the same dataset.
 Sessions untouched for ``upload_session_ttl_seconds`` are removed.
 
 Everything a session answers (offsets, sizes, refusals) is decided from what the client
@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 from sqlalchemy.orm import Session
 
 from node.db.models import Dataset, User
@@ -53,32 +52,12 @@ from node.errors import (
     UploadRejectedError,
 )
 from node.services.catalog import release_blobs, require_uploader
-from node.services.datasets import (
-    DatasetUpload,
-    StoredColumn,
-    StoredTable,
-    check_new_dataset,
-    get_dataset,
-    prepare_mock,
-    register_dataset,
-)
-from node.services.tabular import (
-    STORABLE_DTYPES,
-    ColumnSpec,
-    PreparedColumn,
-    PreparedTable,
-    Violations,
-    check_declarations,
-    check_name,
-    encode_block,
-    numeric_contract,
-    subject_index,
-)
-from node.storage import BlobStore, array_chunks, array_to_bytes
+from node.services.datasets import get_dataset
+from node.services.finalize import store_received
+from node.services.tabular import STORABLE_DTYPES, ColumnSpec, check_name
+from node.storage import BlobStore
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{24}$")
-#: Rows of a column encoded at once at finalize (about 8 MiB of float64).
-_ENCODE_BYTES = 8 * 1024 * 1024
 #: The smallest block a client may declare (tiny blocks would cost a loop step per row).
 _MIN_BLOCK_BYTES = 64 * 1024
 
@@ -191,6 +170,8 @@ def _check_plan(plan: UploadPlan, limits: UploadLimits) -> None:
             f"{len(plan.columns)}"
         )
     names = [p.name for p in plan.parts]
+    if len(names) > 2 * limits.max_columns:
+        raise UploadRejectedError(f"an upload may carry at most {2 * limits.max_columns} tensors")
     if len(set(names)) != len(names):
         raise UploadRejectedError("an upload names a tensor twice")
     data = [n.removeprefix("data/") for n in names if n.startswith("data/")]
@@ -444,7 +425,9 @@ class UploadSessions:
                 )
             written: list[str] = []
             try:
-                dataset = _register(session, store, actor, path, plan, self.limits, written)
+                dataset = store_received(
+                    session, store, actor, path, plan, self.limits.max_elements, written
+                )
             except (UploadRejectedError, ConflictError):
                 session.rollback()
                 release_blobs(session, store, written)  # those no other item uses
@@ -455,133 +438,6 @@ class UploadSessions:
             done.write_text(str(dataset.id))
             os.utime(path / "received")
             return dataset
-
-
-def _part_array(path: Path, index: int, part: UploadPart, rows: int) -> npt.NDArray[Any]:
-    """One received column, whole (the subject ids, the mock data)."""
-    values = np.fromfile(path / f"part-{index}", dtype=part.dtype)
-    return values.reshape(rows, *part.row_shape)
-
-
-def _part_blocks(path: Path, index: int, part: UploadPart, rows: int) -> Iterator[npt.NDArray[Any]]:
-    """One received column, read a block of rows at a time (about 8 MiB).
-
-    Plain reads rather than a memory map: the pages of a map would count as the node's
-    memory until unmapped, and a column may be far larger than what the node should hold.
-    """
-    step = max(1, _ENCODE_BYTES // max(1, part.row_bytes))
-    with (path / f"part-{index}").open("rb") as f:
-        for start in range(0, rows, step):
-            count = min(step, rows - start)
-            block = np.fromfile(f, dtype=part.dtype, count=count * math.prod(part.row_shape))
-            yield block.reshape(count, *part.row_shape)
-
-
-def _encoded_chunks(
-    name: str, blocks: Iterator[npt.NDArray[Any]], spec: ColumnSpec, dtype: np.dtype[Any]
-) -> Iterator[memoryview]:
-    contract = numeric_contract(name, dtype, spec)
-    violations = Violations()
-    for raw in blocks:
-        block = encode_block(name, raw, contract, spec, violations)
-        if not (violations.non_finite or violations.outside):
-            yield from array_chunks(block)
-    # Raised inside put_stream, which then keeps nothing of this column.
-    violations.check(name, contract)
-
-
-def _register(
-    session: Session,
-    store: BlobStore,
-    actor: User,
-    path: Path,
-    plan: UploadPlan,
-    limits: UploadLimits,
-    written: list[str],
-) -> Dataset:
-    """Store the received columns (noting each digest in ``written``) and register them."""
-    spec = plan.spec
-    upload = DatasetUpload(
-        name=plan.name,
-        description=plan.description,
-        tags=plan.tags,
-        spec=spec,
-        order=plan.columns,
-        columns={},
-    )
-    name, tags = check_new_dataset(session, actor, plan.name, plan.tags)
-    check_declarations(plan.columns, plan.columns, spec)
-    columns: list[StoredColumn] = []
-    subjects_blob: str | None = None
-    subject_count, max_rows = plan.rows, 1
-    kept: list[PreparedColumn] = []
-    mock_arrays: dict[str, npt.NDArray[Any]] = {}
-    for index, part in enumerate(plan.parts):
-        if part.name.startswith("mock/"):
-            rows = plan.mock_rows or 0
-            mock_arrays[part.name[5:]] = _part_array(path, index, part, rows)
-            continue
-        name_ = part.name[5:]
-        if name_ == spec.subject_id:
-            values = _part_array(path, index, part, plan.rows)
-            subjects, subject_count, max_rows = subject_index(name_, values)
-            subjects_blob = store.put(array_to_bytes(subjects))
-            written.append(subjects_blob)
-            continue
-        dtype = np.dtype(part.dtype)
-        contract = numeric_contract(name_, dtype, spec)
-        stored_dtype = encode_block(
-            name_, np.empty((0, *part.row_shape), dtype), contract, spec, Violations()
-        ).dtype
-        blocks = _part_blocks(path, index, part, plan.rows)
-        blob = store.put_stream(_encoded_chunks(name_, blocks, spec, dtype))
-        written.append(blob)
-        columns.append(
-            StoredColumn(
-                name_,
-                stored_dtype.name,
-                list(part.row_shape),
-                contract.lower,
-                contract.upper,
-                contract.categories,
-                blob,
-                None,
-            )
-        )
-        kept.append(
-            PreparedColumn(
-                name_,
-                np.empty((0, *part.row_shape), stored_dtype),
-                contract.lower,
-                contract.upper,
-                contract.categories,
-            )
-        )
-    if not columns:
-        raise UploadRejectedError("a dataset needs at least one column besides the subject id")
-    mock_rows = None
-    if mock_arrays:
-        real = PreparedTable(kept, plan.rows, None, subject_count, max_rows)
-        mock = prepare_mock(
-            DatasetUpload(
-                name=plan.name,
-                description=plan.description,
-                tags=plan.tags,
-                spec=spec,
-                order=plan.columns,
-                columns={},
-                mock_order=plan.mock_columns,
-                mock=mock_arrays,
-            ),
-            real,
-            max_elements=limits.max_elements,
-        )
-        mock_rows = mock.row_count
-        mock_blobs = [store.put(array_to_bytes(m.values)) for m in mock.columns]
-        written += mock_blobs
-        columns = [replace(c, mock_blob=b) for c, b in zip(columns, mock_blobs, strict=True)]
-    table = StoredTable(columns, plan.rows, mock_rows, subjects_blob, subject_count, max_rows)
-    return register_dataset(session, actor, upload, table, name=name, tags=tags)
 
 
 def plan_from_request(raw: dict[str, Any], parts: Sequence[dict[str, Any]]) -> UploadPlan:
