@@ -23,6 +23,7 @@ demo: install
 ## (SQLite, and a real PostgreSQL server that the tests start themselves).
 test: install
 	scripts/ensure-postgres
+	scripts/ensure-s3rver
 	PY=$(PY) scripts/check
 	$(PY) -m pytest
 

@@ -70,13 +70,32 @@ class NodeContext:
             sessions=make_sessionmaker(engine),
             serial_sessions=make_sessionmaker(serial_engine(engine)),
             read_sessions=make_sessionmaker(read_engine(engine)),
-            store=FileBlobStore(settings.blob_dir, cache_bytes=settings.blob_cache_bytes),
+            store=make_store(settings),
             hasher=password_hasher(settings),
             structures=StructureCache(settings.structure_cache_bytes),
         )
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def make_store(settings: Settings) -> BlobStore:
+    """The blob store the settings choose (``DPNODE_BLOB_STORE``)."""
+    if settings.blob_store == "s3":
+        from node.storage_s3 import S3BlobStore
+
+        return S3BlobStore.connect(
+            settings.s3_endpoint,
+            settings.s3_bucket,
+            settings.blob_dir,
+            access_key=settings.s3_access_key,
+            secret_key=settings.s3_secret_key.get_secret_value(),
+            region=settings.s3_region,
+            secure=settings.s3_secure,
+            prefix=settings.s3_prefix,
+            cache_bytes=settings.blob_cache_bytes,
+        )
+    return FileBlobStore(settings.blob_dir, cache_bytes=settings.blob_cache_bytes)
 
 
 def _local_secret(path: Path) -> str:

@@ -51,6 +51,18 @@ class Settings(BaseSettings):
     publish_key_ttl_seconds: int = Field(default=24 * 3600, gt=0)
     #: Memory for verified dataset and weight blobs (read and hashed once, LRU); 0: off.
     blob_cache_bytes: int = Field(default=512 * 1024 * 1024, ge=0)
+    #: Where blobs live: ``file`` (content-addressed files in ``data_dir/blobs``) or ``s3``
+    #: (an S3-compatible bucket, cached and verified in ``data_dir/blobs``; node.storage_s3).
+    blob_store: Literal["file", "s3"] = "file"
+    #: The S3-compatible endpoint (``host:port``), bucket, key prefix, region and credentials.
+    s3_endpoint: str = ""
+    s3_bucket: str = "dpnode"
+    s3_prefix: str = ""
+    s3_region: str | None = None
+    s3_access_key: str = ""
+    s3_secret_key: SecretStr = SecretStr("")
+    #: HTTPS to the endpoint (turn off only for a store on loopback or a private network).
+    s3_secure: bool = True
 
     #: A user's budget (epsilon, delta) where the policy in force sets none for them or their role.
     default_epsilon_budget: float = Field(default=10.0, ge=0, le=700, allow_inf_nan=False)
@@ -83,6 +95,12 @@ class Settings(BaseSettings):
                     '(write a JSON list, e.g. ["10.0.0.0/8"])'
                 ) from None
         return proxies
+
+    @model_validator(mode="after")
+    def _s3_needs_an_endpoint(self) -> Settings:
+        if self.blob_store == "s3" and not self.s3_endpoint:
+            raise ValueError("DPNODE_BLOB_STORE=s3 needs DPNODE_S3_ENDPOINT (host:port)")
+        return self
 
     @model_validator(mode="after")
     def _refuse_placeholder_secrets(self) -> Settings:
