@@ -39,6 +39,7 @@ bench: install
 	$(PY) -m bench.sdk
 	$(PY) -m bench.tracking
 	$(PY) -m bench.dpsgd
+	$(PY) -m bench.upload --rows 10000000
 	$(PY) -m bench.utility
 	$(PY) -m bench.utility_stats
 	$(PY) -m bench.amplification

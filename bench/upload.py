@@ -7,8 +7,8 @@ the one-request upload (``chunked=False``) measured in the same run; past
 ``DPNODE_MAX_UPLOAD_BYTES`` (512 MiB by default) the node refuses it, and
 ``--raise-limit`` lifts the limit to measure it anyway.
 
-    python bench/upload.py                       # 10M and 100M rows
-    python bench/upload.py --rows 10000000 --raise-limit
+    python -m bench.upload                       # 10M and 100M rows
+    python -m bench.upload --rows 10000000 --raise-limit
 """
 
 from __future__ import annotations

@@ -55,6 +55,7 @@ class NodeContext:
             ttl_seconds=s.upload_session_ttl_seconds,
         )
         self.uploads = UploadSessions(s.upload_dir, limits)
+        self.uploads.sweep()  # sessions abandoned while the node was down
 
     @classmethod
     def from_settings(cls, settings: Settings) -> NodeContext:

@@ -53,6 +53,15 @@ CHUNKED_ABOVE = 256 * 1024 * 1024
 CHUNK_BYTES = 16 * 1024 * 1024
 
 
+def _stream_size(request: Mapping[str, Any]) -> int:
+    """The bytes of an upload session's stream, from the request that opens it."""
+    rows = {"data": request["rows"], "mock": request.get("mock_rows") or 0}
+    return sum(
+        rows[t["name"].split("/")[0]] * np.dtype(t["dtype"]).itemsize * int(np.prod(t["shape"]))
+        for t in request["tensors"]
+    )
+
+
 def _table_bytes(columns: Mapping[str, Any]) -> int:
     return sum(v.nbytes if hasattr(v, "nbytes") else 16 * len(v) for v in columns.values())
 
@@ -242,6 +251,7 @@ class Client:
         chunked: bool | None = None,
         chunk_bytes: int = CHUNK_BYTES,
         progress: bool | None = None,
+        resume: str | None = None,
     ) -> DatasetHandle:
         """Upload a dataset; the node checks it against what you declare here.
 
@@ -265,6 +275,9 @@ class Client:
             chunk_bytes: the size of each chunk.
             progress: show a progress bar (tqdm) while sending chunks; by default when
                 standard error is a terminal.
+            resume: the ``upload_id`` of a chunked upload that failed (the exception carries
+                it) to go on with, with the same data and declarations: only the bytes the
+                node does not hold yet are sent.
 
         Raises:
             UploadRejectedError: the data breaks the declarations; the message says where.
@@ -287,10 +300,15 @@ class Client:
         except NodeUploadRejected as exc:
             raise UploadRejectedError(exc.detail) from exc
         if chunked is None:
-            chunked = arrow or _table_bytes(real or {}) > CHUNKED_ABOVE
+            chunked = arrow or resume is not None or _table_bytes(real or {}) > CHUNKED_ABOVE
         if chunked:
             return self._upload_chunked(
-                manifest, data if arrow else real, fake, chunk_bytes=chunk_bytes, progress=progress
+                manifest,
+                data if arrow else real,
+                fake,
+                chunk_bytes=chunk_bytes,
+                progress=progress,
+                resume=resume,
             )
         if real is None:
             try:
@@ -317,6 +335,7 @@ class Client:
         *,
         chunk_bytes: int,
         progress: bool | None,
+        resume: str | None,
     ) -> DatasetHandle:
         categories, subject_id = manifest["categories"], manifest["subject_id"]
         source = None
@@ -330,12 +349,26 @@ class Client:
             except NodeUploadRejected as exc:  # found while reading, before sending
                 raise UploadRejectedError(exc.detail) from exc
             request, stream = session_request(manifest, source, fake)
-            created = self._json("POST", "/uploads", json=request)
+            if resume is None:
+                created = self._json("POST", "/uploads", json=request)
+            else:
+                created = self._retrying(lambda: self._json("GET", f"/uploads/{resume}"))
+                if created["size"] != _stream_size(request):
+                    raise DPNodeError(
+                        f"upload {resume} expects {created['size']} bytes, this table makes "
+                        f"{_stream_size(request)}: resume with the same data and declarations"
+                    )
+            upload_id = created["id"]
             try:
-                self._send_chunks(created["id"], stream, created["size"], chunk_bytes, progress)
+                self._send_chunks(
+                    upload_id, stream, created["size"], chunk_bytes, progress, created["received"]
+                )
+                body = self._retrying(lambda: self._json("POST", f"/uploads/{upload_id}/finalize"))
             except NodeUploadRejected as exc:
                 raise UploadRejectedError(exc.detail) from exc
-            body = self._retrying(lambda: self._json("POST", f"/uploads/{created['id']}/finalize"))
+            except NodeUnreachableError as exc:
+                exc.upload_id = upload_id  # for upload_dataset(..., resume=upload_id)
+                raise
         finally:
             if source is not None and source.cleanup is not None:
                 source.cleanup()
@@ -359,10 +392,13 @@ class Client:
         size: int,
         chunk_bytes: int,
         progress: bool | None,
+        start: int = 0,
     ) -> None:
-        """Send a stream in chunks; after a lost connection, resume where the node stands."""
+        """Send a stream in chunks from ``start`` (bytes before it are skipped); after a lost
+        connection, resume where the node stands."""
         bar = _progress_bar(size, progress)
-        offset = 0
+        bar.update(start)
+        offset = start
 
         def send(chunk: bytes) -> None:
             nonlocal offset
@@ -403,7 +439,13 @@ class Client:
             offset += len(chunk)
 
         try:
+            skipped = 0
             for chunk in chunks_of(pieces, chunk_bytes):
+                if skipped + len(chunk) <= start:  # the node holds it already
+                    skipped += len(chunk)
+                    continue
+                chunk = chunk[start - skipped :] if skipped < start else chunk
+                skipped = start
                 send(chunk)
         finally:
             bar.close()

@@ -237,13 +237,17 @@ class ServerError(DPNodeError):
 class NodeUnreachableError(DPNodeError):
     """No answer from the node. For a publish, ``idempotency_key`` names the request: it may
     or may not have run, and ``publish_frame(..., idempotency_key=...)`` with that key
-    gets its answer if it did, charged once (for as long as the node keeps answers)."""
+    gets its answer if it did, charged once (for as long as the node keeps answers). For a
+    chunked upload, ``upload_id`` names the session: ``upload_dataset(..., resume=upload_id)``
+    with the same data sends only what the node does not hold yet."""
 
     code = "unreachable"
 
     def __init__(self, detail: str, *, idempotency_key: str | None = None) -> None:
         super().__init__(detail)
         self.idempotency_key = idempotency_key
+        #: For a chunked upload: the session to go on with (``upload_dataset(resume=...)``).
+        self.upload_id: str | None = None
 
 
 class PrivateValueError(DPNodeError):

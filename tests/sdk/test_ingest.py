@@ -217,3 +217,39 @@ def test_the_big_tables_example_in_the_docs_runs(
     for code in blocks:
         exec(compile(code, "docs/datasets.md", "exec"), namespace)  # our own docs
     assert namespace["handle"].row_count == 100_000
+
+
+class DiesAfter(httpx.BaseTransport):
+    """The app's transport, unreachable for good after ``puts`` chunks; counts bytes sent."""
+
+    def __init__(self, inner: httpx.BaseTransport, puts: int | None) -> None:
+        self.inner, self.puts, self.sent = inner, puts, 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT":
+            if self.puts is not None and self.puts <= 0:
+                raise httpx.ConnectError("network is unreachable", request=request)
+            if self.puts is not None:
+                self.puts -= 1
+            self.sent += len(request.content)
+        return self.inner.handle_request(request)
+
+
+def test_a_failed_upload_resumes_from_another_client(http: TestClient, owner: User) -> None:
+    x = np.arange(300_000, dtype=np.float64)
+    dying = DiesAfter(http._transport, puts=3)
+    first = sdk.login(URL, email=owner.email, password=PASSWORD, transport=dying)
+    first.retry_backoff = 0.0
+    first.upload_retries = 1
+    declared: dict[str, Any] = {"bounds": {"x": (0, 1e6)}, "chunk_bytes": 300_000}
+    with pytest.raises(sdk.NodeUnreachableError) as lost:
+        first.upload_dataset("later", {"x": x}, chunked=True, **declared)
+    upload_id = lost.value.upload_id
+    assert upload_id is not None and dying.sent == 900_000
+    healthy = DiesAfter(http._transport, puts=None)
+    second = sdk.login(URL, email=owner.email, password=PASSWORD, transport=healthy)
+    with pytest.raises(sdk.DPNodeError, match="resume with the same data"):
+        second.upload_dataset("later", {"x": x[:-1]}, resume=upload_id, **declared)
+    handle = second.upload_dataset("later", {"x": x}, resume=upload_id, **declared)
+    assert healthy.sent == x.nbytes - 900_000  # only what the node did not hold
+    assert np.array_equal(handle.download()["x"], x)
