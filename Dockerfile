@@ -30,7 +30,7 @@ RUN groupadd --system --gid 10001 dpnode \
 # works the same on bases whose system Python refuses pip installs, PEP 668).
 COPY pyproject.toml /app/pyproject.toml
 RUN python3 -m venv "$VIRTUAL_ENV" \
- && python -c "import tomllib; p = tomllib.load(open('/app/pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['postgres']))" \
+ && python -c "import tomllib; p = tomllib.load(open('/app/pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['postgres'] + p['optional-dependencies']['s3']))" \
         > /tmp/requirements.txt \
  && pip install --upgrade pip \
  && pip install -r /tmp/requirements.txt \
@@ -45,7 +45,7 @@ RUN python3 -m venv "$VIRTUAL_ENV" \
 # now, because the node's user cannot write it at run time. The last two checks fail the
 # build, rather than the container at start, if torch crept in or a dependency is missing.
 COPY . /app
-RUN pip install -e "/app[postgres]" \
+RUN pip install -e "/app[postgres,s3]" \
  && python -m compileall -q /app/node /app/sdk /app/policies /app/migrations \
  && python -c "import importlib.util, sys; sys.exit('torch must not be in the node image' if importlib.util.find_spec('torch') else 0)" \
  && python -c "import node.app, node.cli"
