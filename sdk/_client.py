@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -364,7 +365,9 @@ class Client:
                     upload_id, stream, created["size"], chunk_bytes, progress, created["received"]
                 )
                 body = self._retrying(lambda: self._json("POST", f"/uploads/{upload_id}/finalize"))
-            except NodeUploadRejected as exc:
+            except NodeUploadRejected as exc:  # a later batch broke the contract: give up
+                with contextlib.suppress(DPNodeError):
+                    self._request("DELETE", f"/uploads/{upload_id}")
                 raise UploadRejectedError(exc.detail) from exc
             except NodeUnreachableError as exc:
                 exc.upload_id = upload_id  # for upload_dataset(..., resume=upload_id)
@@ -373,6 +376,15 @@ class Client:
             if source is not None and source.cleanup is not None:
                 source.cleanup()
         return DatasetHandle.from_json(self, body)
+
+    def uploads(self) -> list[dict[str, Any]]:
+        """Your open upload sessions (``id``, ``received``, ``size``, ``expires_at``, ...)."""
+        found: list[dict[str, Any]] = self._json("GET", "/uploads")
+        return found
+
+    def delete_upload(self, upload_id: str) -> None:
+        """Abandon an upload session and free the node's disk."""
+        self._request("DELETE", f"/uploads/{upload_id}")
 
     def _retrying(self, call: Callable[[], Any]) -> Any:
         """``call``, again after a lost connection (``upload_retries`` times, backing off)."""

@@ -344,6 +344,19 @@ class UploadSessions:
         self._set_received(path, 0)
         return self._status(upload_id, path, plan)
 
+    def list(self, actor: User) -> list[UploadStatus]:
+        """``actor``'s sessions, oldest first (finalized ones until they expire)."""
+        found = []
+        if self.root.exists():
+            for path in self.root.iterdir():
+                try:
+                    plan = self._load(path)
+                    if plan.user_id == actor.id and self._expires(path) >= time.time():
+                        found.append((plan.created, self._status(path.name, path, plan)))
+                except (FileNotFoundError, ValueError, TypeError):
+                    continue  # half-created or half-removed
+        return [status for _, status in sorted(found, key=lambda f: f[0])]
+
     def status(self, actor: User, upload_id: str) -> UploadStatus:
         """How many bytes the node holds, to resume from."""
         with self._open(actor, upload_id) as (path, plan):

@@ -272,4 +272,8 @@ def test_limits_and_inconsistent_plans(
     for _ in range(limit):
         assert plan().status_code == 201
     assert "upload sessions open" in refused(plan(), 422, "quota_exceeded")
+    listed = http.get(UPLOADS, headers=owner_h).json()
+    assert len(listed) == limit and all(s["received"] == 0 for s in listed)
+    assert http.delete(f"{UPLOADS}/{listed[0]['id']}", headers=owner_h).status_code == 204
+    assert plan().status_code == 201  # a place freed
     shutil.rmtree(context.settings.upload_dir)

@@ -140,6 +140,7 @@ def test_refusals_are_local_and_clear(owner_client: sdk.Client) -> None:
     assert filled.download()["age"].tolist() == [30.0, 0.0]
     with pytest.raises(sdk.UploadRejectedError, match="not among its declared categories"):
         owner_client.upload_dataset("bad", data.select("sex"), categories=CATEGORIES)
+    assert [u for u in owner_client.uploads() if u["dataset_id"] is None] == []  # removed
     with pytest.raises(sdk.UploadRejectedError, match="declare its public category list"):
         owner_client.upload_dataset("bad", data.select("sex"))
     dates = pa.table({"day": pa.array([0, 1], pa.date32())})

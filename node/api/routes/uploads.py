@@ -34,6 +34,12 @@ def create_upload(request: UploadCreate, uploads: UploadsDep, actor: CurrentUser
     return _public(uploads.create(actor, plan))
 
 
+@router.get("")
+def list_uploads(uploads: UploadsDep, actor: CurrentUser) -> list[UploadPublic]:
+    """Your upload sessions, oldest first."""
+    return [_public(found) for found in uploads.list(actor)]
+
+
 @router.get("/{upload_id}")
 def get_upload(upload_id: str, uploads: UploadsDep, actor: CurrentUser) -> UploadPublic:
     """How many bytes the node holds: where to resume."""
