@@ -254,11 +254,15 @@ def arrow_source(
         # Row count unknown until read: spool the stream once to a memory-mapped file.
         spool = tempfile.NamedTemporaryFile(suffix=".arrow", delete=False)  # noqa: SIM115
         spool.close()
-        with pa.OSFile(spool.name, "wb") as sink, ipc.new_file(sink, data.schema) as writer:
-            for batch in data:
-                writer.write_batch(batch)
-        data = ipc.open_file(pa.memory_map(spool.name)).read_all()
         cleanup = lambda: Path(spool.name).unlink(missing_ok=True)  # noqa: E731
+        try:
+            with pa.OSFile(spool.name, "wb") as sink, ipc.new_file(sink, data.schema) as writer:
+                for batch in data:
+                    writer.write_batch(batch)
+            data = ipc.open_file(pa.memory_map(spool.name)).read_all()
+        except BaseException:  # a malformed line deep in a CSV file, say
+            cleanup()
+            raise
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     if not isinstance(data, pa.Table):
