@@ -37,8 +37,8 @@ RUN python3 -m venv "$VIRTUAL_ENV" \
  && rm /tmp/requirements.txt
 
 # The node itself, installed in editable mode from /app. Why editable: the Alembic migrations
-# live in the top-level migrations/ folder, not inside a package, and the node finds them
-# next to its source (node/db/migrate.py looks in <source root>/migrations). A regular install
+# live in the top-level dpnode/node/migrations/ folder, not inside a package, and the node finds them
+# next to its source (dpnode/node/db/migrate.py looks in <source root>/migrations). A regular install
 # would copy `node` into site-packages and lose them; an editable install imports the node from
 # /app, keeps that layout, and still installs the `dpnode` command and the package metadata.
 # /app stays owned by root: the node cannot rewrite its own code. The bytecode is compiled
@@ -48,7 +48,7 @@ COPY . /app
 RUN pip install -e "/app[postgres,s3]" \
  && python -m compileall -q /app/node /app/sdk /app/policies /app/migrations \
  && python -c "import importlib.util, sys; sys.exit('torch must not be in the node image' if importlib.util.find_spec('torch') else 0)" \
- && python -c "import node.app, node.cli"
+ && python -c "import dpnode.node.app, dpnode.node.cli"
 
 # Production by default: the node refuses to start, with a message saying what to set, until
 # DPNODE_TOKEN_SECRET holds a random string of at least 32 characters. Empty

@@ -1,6 +1,6 @@
 """Upload time and the node's peak memory: a chunked upload against one request.
 
-Each measurement starts a fresh ``python -m node serve`` on loopback (SQLite, its own
+Each measurement starts a fresh ``python -m dpnode serve`` on loopback (SQLite, its own
 data directory), uploads one float64 column of N rows through the SDK, and reads the
 node's peak resident memory (``VmHWM``) once the upload is registered. The baseline is
 the one-request upload (``chunked=False``) measured in the same run; past
@@ -28,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import sdk  # noqa: E402
+from dpnode import sdk  # noqa: E402
 
 PASSWORD = "a long bench password"
 
@@ -60,13 +60,13 @@ def measure(rows: int, *, chunked: bool, raise_limit: bool) -> tuple[str, float,
             env["DPNODE_MAX_UPLOAD_BYTES"] = str(4 * 1024**3)
         python = sys.executable
         subprocess.run(
-            [python, "-m", "node", "user", "add", "--email", "o@example.org", "--role",
+            [python, "-m", "dpnode", "user", "add", "--email", "o@example.org", "--role",
              "data_owner", "--password", PASSWORD],
             env=env, check=True, capture_output=True,
         )  # fmt: skip
         port = _free_port()
         node = subprocess.Popen(
-            [python, "-m", "node", "serve", "--port", str(port), "--log-level", "warning"],
+            [python, "-m", "dpnode", "serve", "--port", str(port), "--log-level", "warning"],
             env=env,
             stdout=subprocess.DEVNULL,
         )

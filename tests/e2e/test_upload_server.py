@@ -6,8 +6,8 @@ import httpx
 import numpy as np
 import pytest
 
-import sdk
-from node.demo import ACCOUNTS
+from dpnode import sdk
+from dpnode.node.demo import ACCOUNTS
 from tests.e2e.conftest import Server
 
 OWNER = ACCOUNTS[1]

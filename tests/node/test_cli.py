@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from node.cli import main
-from node.context import NodeContext
-from node.services import datasets
-from node.settings import Settings, get_settings
+from dpnode.node.cli import main
+from dpnode.node.context import NodeContext
+from dpnode.node.services import datasets
+from dpnode.node.settings import Settings, get_settings
 
 
 @pytest.fixture

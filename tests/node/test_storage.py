@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from node.context import NodeContext
-from node.storage import (
+from dpnode.node.context import NodeContext
+from dpnode.node.storage import (
     CorruptBlobError,
     FileBlobStore,
     array_chunks,

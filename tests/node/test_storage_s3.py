@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from node.app import create_app
-from node.context import NodeContext
-from node.settings import Settings
-from node.storage import CorruptBlobError
-from node.storage_s3 import S3BlobStore
+from dpnode.node.app import create_app
+from dpnode.node.context import NodeContext
+from dpnode.node.settings import Settings
+from dpnode.node.storage import CorruptBlobError
+from dpnode.node.storage_s3 import S3BlobStore
 from tests.conftest import login, make_user
 from tests.node.conftest import upload_ok
 from tests.node.frames import read_frame

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.services.uploads import UploadPart, UploadPlan
+from dpnode.node.services.uploads import UploadPart, UploadPlan
 
 
 def _plan(rows: int, mock_rows: int | None, dtypes: list[str], block_rows: int) -> UploadPlan:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from starlette.testclient import TestClient
 
-from node.context import NodeContext
+from dpnode.node.context import NodeContext
 from tests.node.conftest import blob_files, refused, upload_ok
 from tests.node.frames import read_frame
 

@@ -17,9 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 from starlette.testclient import TestClient
 
-import sdk
-import sdk._client as sdk_client
-from node.db.models import User
+from dpnode import sdk
+import dpnode.sdk._client as sdk_client
+from dpnode.node.db.models import User
 from tests.conftest import PASSWORD
 from tests.sdk.conftest import URL
 

@@ -13,14 +13,14 @@ from pydantic import SecretStr
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from node.db.session import make_engine, make_sessionmaker, read_engine, serial_engine
-from node.privacy.cache import TrackingCache
-from node.services.security import password_hasher
-from node.services.structures import StructureCache
-from node.services.throttle import LoginThrottle
-from node.services.uploads import UploadLimits, UploadSessions
-from node.settings import PLACEHOLDER_SECRET, Settings
-from node.storage import BlobStore, FileBlobStore
+from dpnode.node.db.session import make_engine, make_sessionmaker, read_engine, serial_engine
+from dpnode.core.privacy.cache import TrackingCache
+from dpnode.node.services.security import password_hasher
+from dpnode.core.structures import StructureCache
+from dpnode.node.services.throttle import LoginThrottle
+from dpnode.node.services.uploads import UploadLimits, UploadSessions
+from dpnode.node.settings import PLACEHOLDER_SECRET, Settings
+from dpnode.node.storage import BlobStore, FileBlobStore
 
 
 @dataclass
@@ -30,18 +30,18 @@ class NodeContext:
     sessions: sessionmaker[Session]
     #: Sessions whose transactions are serialised (budget checks and ledger rows).
     serial_sessions: sessionmaker[Session]
-    #: Sessions that only read (see node.db.session.read_engine).
+    #: Sessions that only read (see dpnode.node.db.session.read_engine).
     read_sessions: sessionmaker[Session]
     store: BlobStore
     hasher: PasswordHasher
-    #: Graph headers each user already sent (see node.services.structures).
+    #: Graph headers each user already sent (see dpnode.core.structures).
     structures: StructureCache = field(default_factory=lambda: StructureCache(0))
     #: Reports of graph structures tracked with their changing constants boxed
-    #: (see node.privacy.cache): a training loop's steps are tracked once every few steps.
+    #: (see dpnode.core.privacy.cache): a training loop's steps are tracked once every few steps.
     tracking: TrackingCache = field(default_factory=TrackingCache)
-    #: Recent login attempts and failures, kept in this process (see node.services.throttle).
+    #: Recent login attempts and failures, kept in this process (see dpnode.node.services.throttle).
     logins: LoginThrottle = field(init=False)
-    #: Chunked uploads in progress, kept as files (see node.services.uploads).
+    #: Chunked uploads in progress, kept as files (see dpnode.node.services.uploads).
     uploads: UploadSessions = field(init=False)
 
     def __post_init__(self) -> None:
@@ -83,7 +83,7 @@ class NodeContext:
 def make_store(settings: Settings) -> BlobStore:
     """The blob store the settings choose (``DPNODE_BLOB_STORE``)."""
     if settings.blob_store == "s3":
-        from node.storage_s3 import S3BlobStore
+        from dpnode.node.storage_s3 import S3BlobStore
 
         return S3BlobStore.connect(
             settings.s3_endpoint,

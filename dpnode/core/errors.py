@@ -1,6 +1,6 @@
 """Domain errors of the node, each with a stable ``code``.
 
-Services and the engine raise these; only the app factory (``node.app``) maps
+Services and the engine raise these; only the app factory (``dpnode.node.app``) maps
 them to HTTP responses of the form ``{"error": code, "detail": message}``, and
 the SDK maps each ``code`` back to a typed exception.
 
@@ -113,7 +113,7 @@ class AuthenticationError(DPNodeError):
 
 
 class RateLimitedError(DPNodeError):
-    """Too many attempts (logins, see node.services.throttle): ``retry_after`` seconds to wait.
+    """Too many attempts (logins, see dpnode.node.services.throttle): ``retry_after`` seconds to wait.
 
     The response carries it as a ``Retry-After`` header; the body keeps the usual shape.
     """

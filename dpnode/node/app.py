@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from node import __version__, errors
-from node.api.routes import (
+from dpnode.node.api.routes import (
     approvals,
     audit,
     auth,
@@ -28,9 +28,9 @@ from node.api.routes import (
     uploads,
     users,
 )
-from node.context import NodeContext
-from node.settings import Settings, get_settings
-from node.storage import CorruptBlobError
+from dpnode.node.context import NodeContext
+from dpnode.node.settings import Settings, get_settings
+from dpnode.node.storage import CorruptBlobError
 
 log = logging.getLogger("dpnode")
 

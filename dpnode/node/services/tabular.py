@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from node.errors import UploadRejectedError
+from dpnode.core.errors import UploadRejectedError
 
 #: dtypes a column or a weight tensor may have (by NumPy name).
 STORABLE_DTYPES = frozenset(
@@ -328,7 +328,7 @@ def check_declarations(
 
     >>> check_declarations(["a"], ["a"], ColumnSpec({"b": (0, 1)}, {}))
     Traceback (most recent call last):
-    node.errors.UploadRejectedError: bounds declared for column 'b', but the data has no such column
+    dpnode.core.errors.UploadRejectedError: bounds declared for column 'b', but the data has no such column
     """
     columns = set(present)
     if not names:

@@ -13,12 +13,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload, selectinload
 from sqlalchemy.orm.interfaces import LoaderOption
 
-from node.db.models import Dataset, DatasetColumn, DatasetTag, Role, User
-from node.errors import ConflictError, NotFoundError, PermissionDeniedError, UploadRejectedError
-from node.privacy import Subjects
-from node.privacy.subjects import KeptByBytes
-from node.services import audit
-from node.services.catalog import (
+from dpnode.node.db.models import Dataset, DatasetColumn, DatasetTag, Role, User
+from dpnode.core.errors import ConflictError, NotFoundError, PermissionDeniedError, UploadRejectedError
+from dpnode.core.privacy import Subjects
+from dpnode.core.privacy.subjects import KeptByBytes
+from dpnode.node.services import audit
+from dpnode.node.services.catalog import (
     check_item_name,
     delete_item,
     filter_catalog,
@@ -27,8 +27,8 @@ from node.services.catalog import (
     require_owner,
     require_uploader,
 )
-from node.services.tabular import ColumnSpec, PreparedTable, prepare_table
-from node.storage import BlobStore, array_from_bytes, array_to_bytes
+from dpnode.node.services.tabular import ColumnSpec, PreparedTable, prepare_table
+from dpnode.node.storage import BlobStore, array_from_bytes, array_to_bytes
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ class Settings(BaseSettings):
     max_upload_elements: int = Field(default=100_000_000, gt=0)
     #: Largest number of columns in one dataset.
     max_columns: int = Field(default=10_000, gt=0)
-    #: Chunked uploads (node.services.uploads): the largest chunk one request carries, the
+    #: Chunked uploads (dpnode.node.services.uploads): the largest chunk one request carries, the
     #: largest table one session takes (bytes on disk until finalized), the sessions one
     #: user may have open, and how long an untouched session is kept before removal.
     max_upload_chunk_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
@@ -52,7 +52,7 @@ class Settings(BaseSettings):
     #: Memory for verified dataset and weight blobs (read and hashed once, LRU); 0: off.
     blob_cache_bytes: int = Field(default=512 * 1024 * 1024, ge=0)
     #: Where blobs live: ``file`` (content-addressed files in ``data_dir/blobs``) or ``s3``
-    #: (an S3-compatible bucket, cached and verified in ``data_dir/blobs``; node.storage_s3).
+    #: (an S3-compatible bucket, cached and verified in ``data_dir/blobs``; dpnode.node.storage_s3).
     blob_store: Literal["file", "s3"] = "file"
     #: The S3-compatible endpoint (``host:port``), bucket, key prefix, region and credentials.
     s3_endpoint: str = ""
@@ -72,7 +72,7 @@ class Settings(BaseSettings):
     argon2_memory_kib: int = Field(default=64 * 1024, ge=8 * 1024)
     argon2_time_cost: int = Field(default=3, ge=1)
 
-    #: Login throttle (node.services.throttle), per worker process: failed logins per
+    #: Login throttle (dpnode.node.services.throttle), per worker process: failed logins per
     #: account (by email, known or not) within a sliding window, checked before the hash.
     login_max_failures: int = Field(default=10, gt=0)
     login_failure_window_seconds: int = Field(default=15 * 60, gt=0)

@@ -20,10 +20,10 @@ import numpy as np
 import numpy.typing as npt
 from safetensors.numpy import load, save
 
-from node.errors import UploadRejectedError as NodeUploadRejected
-from node.ingest import arrow_source, chunks_of, is_arrow_like, memory_source, session_request
-from node.services import structures
-from sdk._budget import (
+from dpnode.core.errors import UploadRejectedError as NodeUploadRejected
+from dpnode.node.ingest import arrow_source, chunks_of, is_arrow_like, memory_source, session_request
+from dpnode.core import structures
+from dpnode.sdk._budget import (
     BudgetGrant,
     BudgetRequest,
     BudgetStatus,
@@ -32,7 +32,7 @@ from sdk._budget import (
     PublishApproval,
     TrainingRunPlan,
 )
-from sdk._exceptions import (
+from dpnode.sdk._exceptions import (
     ConflictError,
     DPNodeError,
     NodeUnreachableError,
@@ -42,8 +42,8 @@ from sdk._exceptions import (
     UploadRejectedError,
     error_for,
 )
-from sdk._handles import AuditEvent, DatasetHandle, ModelHandle, User
-from sdk._tables import columns_of, to_numpy
+from dpnode.sdk._handles import AuditEvent, DatasetHandle, ModelHandle, User
+from dpnode.sdk._tables import columns_of, to_numpy
 
 API_PREFIX = "/api/v1"
 FRAME_TYPE = "application/vnd.dpnode.tensors"
@@ -778,7 +778,7 @@ class Client:
         Args:
             policy: TOML text, a path to a TOML file (a ``Path``, or a one-line string
                 ending in ``.toml``), or the same shape as a mapping (see
-                ``policies/default.toml`` for every key).
+                ``dpnode/policies/default.toml`` for every key).
             reason: why, for the audit log.
 
         Raises:

@@ -1,4 +1,4 @@
-"""API schemas (version 1). Table models live apart, in ``node.db.models``."""
+"""API schemas (version 1). Table models live apart, in ``dpnode.node.db.models``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
-from node.db.models import Role
+from dpnode.node.db.models import Role
 
 
 class Schema(BaseModel):

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from node.storage import CorruptBlobError, FileBlobStore
+from dpnode.node.storage import CorruptBlobError, FileBlobStore
 
 __all__ = ["S3BlobStore"]
 

@@ -11,15 +11,15 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from node.context import NodeContext
-from node.db.models import Role, User
-from node.errors import AuthenticationError, PayloadTooLargeError, PermissionDeniedError
-from node.services import users
-from node.services.security import read_token
-from node.services.throttle import LoginThrottle
-from node.services.uploads import UploadSessions
-from node.settings import Settings
-from node.storage import BlobStore
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import Role, User
+from dpnode.core.errors import AuthenticationError, PayloadTooLargeError, PermissionDeniedError
+from dpnode.node.services import users
+from dpnode.node.services.security import read_token
+from dpnode.node.services.throttle import LoginThrottle
+from dpnode.node.services.uploads import UploadSessions
+from dpnode.node.settings import Settings
+from dpnode.node.storage import BlobStore
 
 
 # Dependencies that do no I/O are ``async``: FastAPI runs a plain ``def`` dependency in the
@@ -138,7 +138,7 @@ async def get_token_user_id(request: Request, credentials: Credentials) -> int:
 
 
 #: The user id of a valid token (signature and expiry checked, no database read): for routes
-#: whose service reads the account itself (``node.services.users.active``) in the
+#: whose service reads the account itself (``dpnode.node.services.users.active``) in the
 #: transaction it reads its inputs in, rather than in a thread hand-off and a transaction of
 #: their own. A deactivated account is refused there, before any work.
 TokenUserId = Annotated[int, Depends(get_token_user_id)]

@@ -1,4 +1,4 @@
-"""Chunked, resumable dataset uploads (see ``node.services.uploads`` and ``docs/datasets.md``)."""
+"""Chunked, resumable dataset uploads (see ``dpnode.node.services.uploads`` and ``docs/datasets.md``)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, status
 
-from node.api.deps import ChunkBody, CurrentUser, SessionDep, StoreDep, UploadsDep
-from node.api.routes.datasets import dataset_public
-from node.api.schemas import DatasetPublic, UploadCreate, UploadPublic
-from node.services.uploads import UploadStatus, plan_from_request
+from dpnode.node.api.deps import ChunkBody, CurrentUser, SessionDep, StoreDep, UploadsDep
+from dpnode.node.api.routes.datasets import dataset_public
+from dpnode.node.api.schemas import DatasetPublic, UploadCreate, UploadPublic
+from dpnode.node.services.uploads import UploadStatus, plan_from_request
 
 router = APIRouter(prefix="/uploads", tags=["datasets"])
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from node.errors import UploadRejectedError
+from dpnode.core.errors import UploadRejectedError
 
 #: File suffixes read as Arrow IPC files (Feather v2 is Arrow IPC).
 _IPC_SUFFIXES = (".arrow", ".feather", ".ipc")

@@ -11,7 +11,7 @@ The session's state lives in files under ``<data_dir>/uploads/<id>/``: the plan
 (``session.json``), the bytes received so far (``received``, written after the chunk's
 bytes are synced, so it never runs ahead of them) and the column files. A dropped
 connection loses nothing the node acknowledged: the client asks for ``received`` and
-goes on from there. Finalize (:mod:`node.services.finalize`) holds each column to its
+goes on from there. Finalize (:mod:`dpnode.node.services.finalize`) holds each column to its
 declared contract block by block, streams it into the blob store, and registers the
 dataset; a second finalize of the same session answers the same dataset.
 Sessions untouched for ``upload_session_ttl_seconds`` are removed.
@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from node.db.models import Dataset, User
-from node.errors import (
+from dpnode.node.db.models import Dataset, User
+from dpnode.core.errors import (
     ChecksumMismatchError,
     ConflictError,
     InvalidRequestError,
@@ -51,11 +51,11 @@ from node.errors import (
     UploadOffsetError,
     UploadRejectedError,
 )
-from node.services.catalog import release_blobs, require_uploader
-from node.services.datasets import get_dataset
-from node.services.finalize import store_received
-from node.services.tabular import STORABLE_DTYPES, ColumnSpec, check_name
-from node.storage import BlobStore
+from dpnode.node.services.catalog import release_blobs, require_uploader
+from dpnode.node.services.datasets import get_dataset
+from dpnode.node.services.finalize import store_received
+from dpnode.node.services.tabular import STORABLE_DTYPES, ColumnSpec, check_name
+from dpnode.node.storage import BlobStore
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{24}$")
 #: The smallest block a client may declare (tiny blocks would cost a loop step per row).
@@ -454,7 +454,7 @@ class UploadSessions:
 
 
 def plan_from_request(raw: dict[str, Any], parts: Sequence[dict[str, Any]]) -> UploadPlan:
-    """An :class:`UploadPlan` from a validated request (see ``node.api.routes.uploads``)."""
+    """An :class:`UploadPlan` from a validated request (see ``dpnode.node.api.routes.uploads``)."""
     return UploadPlan(
         **raw,
         parts=[UploadPart(p["name"], p["dtype"], list(p["shape"])) for p in parts],

@@ -13,8 +13,8 @@ from typing import Literal
 
 import httpx
 
-from sdk import _attention, _bags, _recurrent  # noqa: F401  (register layers on remote tensors)
-from sdk._budget import (
+from dpnode.sdk import _attention, _bags, _recurrent  # noqa: F401  (register layers on remote tensors)
+from dpnode.sdk._budget import (
     BudgetGrant,
     BudgetRequest,
     BudgetStatus,
@@ -23,8 +23,8 @@ from sdk._budget import (
     PublishApproval,
     TrainingRunPlan,
 )
-from sdk._client import Client
-from sdk._exceptions import (
+from dpnode.sdk._client import Client
+from dpnode.sdk._exceptions import (
     ApprovalRequiredError,
     AuthenticationError,
     BudgetExceededError,
@@ -52,12 +52,12 @@ from sdk._exceptions import (
     UploadOffsetError,
     UploadRejectedError,
 )
-from sdk._handles import AuditEvent, ColumnInfo, DatasetHandle, ModelHandle, TensorInfo, User
-from sdk._publish import Receipt, Sensitivity, noise_scale, publish, publish_grads, sensitivity
-from sdk._regression import LinearRegression, linear_regression
-from sdk._remote import MockSession, RemoteTensor, mock
-from sdk._steps import StepBudget, step_budget
-from sdk._training import PrivateTraining, TrainingStep, private_training
+from dpnode.sdk._handles import AuditEvent, ColumnInfo, DatasetHandle, ModelHandle, TensorInfo, User
+from dpnode.sdk._publish import Receipt, Sensitivity, noise_scale, publish, publish_grads, sensitivity
+from dpnode.sdk._regression import LinearRegression, linear_regression
+from dpnode.sdk._remote import MockSession, RemoteTensor, mock
+from dpnode.sdk._steps import StepBudget, step_budget
+from dpnode.sdk._training import PrivateTraining, TrainingStep, private_training
 
 __all__ = [
     "ApprovalRequiredError",

@@ -1,7 +1,7 @@
 """Turn what owners hold — DataFrames, dicts of columns, arrays, torch tensors — into columns.
 
 Arrow-like tables (Polars, pyarrow, Parquet/Arrow/CSV files) go through
-:mod:`node.ingest`, which keeps their column names and dtypes.
+:mod:`dpnode.node.ingest`, which keeps their column names and dtypes.
 
 Numeric columns become NumPy arrays sent as raw bytes; string columns become
 lists of strings (``None`` for missing), which the node encodes against the
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from node.ingest import arrow_columns, is_arrow_like
+from dpnode.node.ingest import arrow_columns, is_arrow_like
 
 Columns = dict[str, "npt.NDArray[Any] | list[str | None]"]
 

@@ -1,7 +1,7 @@
 """Finalizing an upload session: hold the received columns to their contract and store them.
 
 Each numeric column is read back from its file a block of rows at a time, held to its
-contract (:func:`node.services.tabular.encode_block`: the same elementwise steps as a
+contract (:func:`dpnode.node.services.tabular.encode_block`: the same elementwise steps as a
 one-request upload, so the stored bytes are the same) and streamed into the blob store;
 refused values are counted over the whole column before the refusal is raised, inside the
 blob store's stream, which then keeps nothing. The subject ids and the mock data are read
@@ -20,9 +20,9 @@ import numpy as np
 import numpy.typing as npt
 from sqlalchemy.orm import Session
 
-from node.db.models import Dataset, User
-from node.errors import UploadRejectedError
-from node.services.datasets import (
+from dpnode.node.db.models import Dataset, User
+from dpnode.core.errors import UploadRejectedError
+from dpnode.node.services.datasets import (
     DatasetUpload,
     StoredColumn,
     StoredTable,
@@ -30,7 +30,7 @@ from node.services.datasets import (
     prepare_mock,
     register_dataset,
 )
-from node.services.tabular import (
+from dpnode.node.services.tabular import (
     ColumnSpec,
     PreparedColumn,
     PreparedTable,
@@ -40,10 +40,10 @@ from node.services.tabular import (
     numeric_contract,
     subject_index,
 )
-from node.storage import BlobStore, array_chunks, array_to_bytes
+from dpnode.node.storage import BlobStore, array_chunks, array_to_bytes
 
 if TYPE_CHECKING:
-    from node.services.uploads import UploadPart, UploadPlan
+    from dpnode.node.services.uploads import UploadPart, UploadPlan
 
 #: Rows of a column encoded at once (about 8 MiB).
 _ENCODE_BYTES = 8 * 1024 * 1024

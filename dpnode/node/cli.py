@@ -18,15 +18,15 @@ from pydantic import ValidationError
 from sqlalchemy import select
 
 from node import __version__
-from node.context import NodeContext
-from node.db import migrate
-from node.db.models import PolicyRevision, Role, User
-from node.errors import DPNodeError
-from node.ingest import TableSource, arrow_source, chunks_of, session_request
-from node.services import approvals, audit, budget, budget_requests, datasets, users
-from node.services import policy as policy_service
-from node.services.uploads import plan_from_request
-from node.settings import Settings, get_settings
+from dpnode.node.context import NodeContext
+from dpnode.node.db import migrate
+from dpnode.node.db.models import PolicyRevision, Role, User
+from dpnode.core.errors import DPNodeError
+from dpnode.node.ingest import TableSource, arrow_source, chunks_of, session_request
+from dpnode.node.services import approvals, audit, budget, budget_requests, datasets, users
+from dpnode.node.services import policy as policy_service
+from dpnode.node.services.uploads import plan_from_request
+from dpnode.node.settings import Settings, get_settings
 
 
 class CLIError(Exception):
@@ -51,8 +51,8 @@ def cmd_migrate(args: argparse.Namespace) -> None:
 def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from node import demo
-    from node.app import create_app
+    from dpnode.node import demo
+    from dpnode.node.app import create_app
 
     settings = get_settings()
     if args.demo and settings.environment != "development":
@@ -233,7 +233,7 @@ def _operator() -> str:
 
 def _policy_text(row: PolicyRevision | None, in_force: policy_service.InForce) -> str:
     if row is None:
-        head = "# no policy was applied: the built-in default (policies/default.toml) is in force"
+        head = "# no policy was applied: the built-in default (dpnode/policies/default.toml) is in force"
         return head + "\n" + json.dumps(in_force.policy.to_dict(), indent=2, sort_keys=True)
     head = (
         f"# revision {row.id} ({row.name or 'unnamed'}), applied {row.at.isoformat()} by "

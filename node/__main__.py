@@ -1,5 +1,0 @@
-import sys
-
-from node.cli import main
-
-sys.exit(main())
