@@ -29,6 +29,7 @@ demo: $(VENV)/.installed-demo
 test: install
 	scripts/ensure-postgres
 	scripts/ensure-chromium
+	scripts/ensure-s3rver
 	PY=$(PY) scripts/check
 	$(PY) -m pytest
 
@@ -44,6 +45,7 @@ bench: install
 	$(PY) -m bench.sdk
 	$(PY) -m bench.tracking
 	$(PY) -m bench.dpsgd
+	$(PY) -m bench.upload --rows 10000000
 	$(PY) -m bench.utility
 	$(PY) -m bench.utility_stats
 	$(PY) -m bench.amplification

@@ -7,6 +7,7 @@ the SDK maps each ``code`` back to a typed exception.
     DPNodeError
     ├── InvalidRequestError      invalid_request      malformed or inconsistent input
     │   ├── UploadRejectedError  upload_rejected      data breaks the declared contract
+    │   ├── ChecksumMismatchError  checksum_mismatch  an upload chunk damaged on the way
     │   ├── InvalidPolicyError   invalid_policy       a malformed budget policy document
     │   └── GraphError           invalid_graph        a graph the engine refuses
     │       └── UnsupportedDTypeError  unsupported_dtype
@@ -22,7 +23,8 @@ the SDK maps each ``code`` back to a typed exception.
     ├── NotFoundError            not_found
     │   └── UnknownStructureError  unknown_structure  a graph reference the node lacks
     └── ConflictError            conflict             e.g. a name already taken
-        └── PublishInProgressError  publish_in_progress  a retried publish still running
+        ├── PublishInProgressError  publish_in_progress  a retried publish still running
+        └── UploadOffsetError    upload_offset        a chunk sent at the wrong offset
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "ApprovalRequiredError",
     "AuthenticationError",
     "BudgetExceededError",
+    "ChecksumMismatchError",
     "ConflictError",
     "DPNodeError",
     "EvaluationError",
@@ -48,6 +51,7 @@ __all__ = [
     "RateLimitedError",
     "UnknownStructureError",
     "UnsupportedDTypeError",
+    "UploadOffsetError",
     "UploadRejectedError",
 ]
 
@@ -61,6 +65,10 @@ class DPNodeError(Exception):
         super().__init__(detail)
         self.detail = detail
 
+    def extra(self) -> dict[str, Any]:
+        """Fields the HTTP error body carries besides ``error`` and ``detail``."""
+        return {}
+
 
 class InvalidRequestError(DPNodeError):
     code = "invalid_request"
@@ -68,6 +76,12 @@ class InvalidRequestError(DPNodeError):
 
 class UploadRejectedError(InvalidRequestError):
     code = "upload_rejected"
+
+
+class ChecksumMismatchError(InvalidRequestError):
+    """An upload chunk does not match the checksum sent with it; nothing was written."""
+
+    code = "checksum_mismatch"
 
 
 class InvalidPolicyError(InvalidRequestError):
@@ -178,3 +192,16 @@ class PublishInProgressError(ConflictError):
     """A publish with this idempotency key was charged and has not been answered yet."""
 
     code = "publish_in_progress"
+
+
+class UploadOffsetError(ConflictError):
+    """A chunk sent at another offset than where its upload stands; ``offset`` says where."""
+
+    code = "upload_offset"
+
+    def __init__(self, detail: str, *, offset: int) -> None:
+        super().__init__(detail)
+        self.offset = offset
+
+    def extra(self) -> dict[str, Any]:
+        return {"offset": self.offset}

@@ -32,6 +32,7 @@ from dpnode.node.api.routes import (
     publish,
     runs,
     search,
+    uploads,
     users,
 )
 from dpnode.node.context import NodeContext
@@ -120,7 +121,7 @@ def _database_busy(exc: Exception) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(errors.DPNodeError)
     async def _domain(_: Request, exc: errors.DPNodeError) -> JSONResponse:
-        extra = exc.extra() if isinstance(exc, errors.PolicyRefusedError) else {}
+        extra = exc.extra()
         headers = None
         if isinstance(exc, errors.RateLimitedError):
             headers = {"Retry-After": str(exc.retry_after)}
@@ -185,7 +186,10 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
     )
     app.state.context = ctx
     # Routes are matched in order: publish first, as a training loop calls it most.
-    routers = (publish, auth, users, datasets, models, search, approvals, runs, budget, policy)
+    routers = (
+        *(publish, auth, users, datasets, uploads, models),
+        *(search, approvals, runs, budget, policy),
+    )
     modules = (*routers, meta, audit)
     for module in modules:
         app.include_router(module.router, prefix=API_PREFIX)

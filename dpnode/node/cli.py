@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import csv
+import contextlib
 import getpass
+import hashlib
 import json
 import sys
 import tomllib
@@ -13,20 +14,18 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 from pydantic import ValidationError
 from sqlalchemy import select
 
 from dpnode import __version__
 from dpnode.core.errors import DPNodeError
+from dpnode.core.ingest import TableSource, arrow_source, chunks_of, session_request
 from dpnode.node.context import NodeContext
 from dpnode.node.db import migrate
 from dpnode.node.db.models import PolicyRevision, Role, User
 from dpnode.node.services import approvals, audit, budget, budget_requests, datasets, users
 from dpnode.node.services import policy as policy_service
-from dpnode.node.services.datasets import DatasetUpload
-from dpnode.node.services.tabular import ColumnSpec
+from dpnode.node.services.uploads import plan_from_request
 from dpnode.node.settings import Settings, get_settings
 
 
@@ -128,38 +127,18 @@ def cmd_user_list(_: argparse.Namespace) -> None:
             print(f"{user.id:>5}  {user.email:<32} {user.role.value:<15} {state}")
 
 
-def read_csv(path: Path, *, strings: set[str]) -> dict[str, npt.NDArray[Any]]:
-    """Columns of a CSV file: integers, then floats (empty cells are NaN), else strings."""
+def _file_source(
+    path: Path, categories: dict[str, list[str]], subject_id: str | None
+) -> TableSource:
+    """A CSV, Parquet or Arrow file read in record batches (CSV typed by Arrow: integers,
+    floats, booleans, empty cells missing; declared category and subject id columns as
+    strings)."""
+    import pyarrow as pa
+
     try:
-        with path.open(newline="", encoding="utf-8-sig") as f:
-            reader = csv.reader(f)
-            header = next(reader, None)
-            if not header:
-                raise CLIError(f"{path} is empty")
-            rows = list(reader)
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        return arrow_source(path, categories, subject_id)
+    except (OSError, pa.ArrowInvalid) as exc:
         raise CLIError(f"cannot read {path}: {exc}") from None
-    for number, row in enumerate(rows, start=2):
-        if len(row) != len(header):
-            raise CLIError(f"{path}:{number}: {len(row)} fields, the header has {len(header)}")
-    columns: dict[str, npt.NDArray[Any]] = {}
-    for i, name in enumerate(header):
-        cells = [row[i].strip() for row in rows]
-        columns[name] = _parse_column(cells, as_string=name in strings)
-    return columns
-
-
-def _parse_column(cells: list[str], *, as_string: bool) -> npt.NDArray[Any]:
-    if not as_string:
-        try:
-            return np.array([int(c) for c in cells], dtype=np.int64)
-        except ValueError:
-            pass
-        try:
-            return np.array([float(c) if c else np.nan for c in cells], dtype=np.float64)
-        except ValueError:
-            pass
-    return np.array(cells, dtype=object)
 
 
 def _bounds_file(path: Path) -> dict[str, Any]:
@@ -180,36 +159,65 @@ def cmd_dataset_add(args: argparse.Namespace) -> None:
     spec = _bounds_file(args.bounds)
     categories = {k: [str(v) for v in vs] for k, vs in spec.get("categories", {}).items()}
     subject_id = spec.get("subject_id")
-    strings = set(categories) | ({subject_id} if subject_id else set())
-    columns = read_csv(args.file, strings=strings)
     clamp = spec.get("clamp", False) or args.clamp
-    mock = read_csv(args.mock, strings=strings) if args.mock else None
-    upload = DatasetUpload(
-        name=args.name,
-        description=args.description,
-        tags=[t for t in args.tags.split(",") if t.strip()] if args.tags else [],
-        spec=ColumnSpec(
-            bounds={k: tuple(v) for k, v in spec.get("bounds", {}).items()},
-            categories=categories,
-            clamp=clamp if isinstance(clamp, bool) else frozenset(clamp),
-            fill=spec.get("fill", {}),
-            subject_id=subject_id,
-        ),
-        order=list(columns),
-        columns=columns,
-        mock_order=list(mock) if mock else None,
-        mock=mock,
-    )
+    manifest = {
+        "name": args.name,
+        "description": args.description,
+        "tags": [t for t in args.tags.split(",") if t.strip()] if args.tags else [],
+        "bounds": {k: tuple(v) for k, v in spec.get("bounds", {}).items()},
+        "categories": categories,
+        "clamp": clamp,
+        "fill": spec.get("fill", {}),
+        "subject_id": subject_id,
+    }
     context = _migrated_context(get_settings())
-    with context.sessions() as session:
-        owner = _owner(session, args.owner)
-        dataset = datasets.create_dataset(
-            session, context.store, owner, upload, max_elements=context.settings.max_upload_elements
-        )
-        print(
-            f"added dataset {dataset.name!r} (id {dataset.id}): {dataset.row_count} rows, "
-            f"{len(dataset.columns)} columns, owner {owner.email}"
-        )
+    source = _file_source(args.file, categories, subject_id)
+    try:
+        mock = _file_source(args.mock, categories, subject_id) if args.mock else None
+        with context.sessions() as session:
+            owner = _owner(session, args.owner)
+            dataset = _upload(context, session, owner, manifest, source, mock)
+            print(
+                f"added dataset {dataset.name!r} (id {dataset.id}): {dataset.row_count} rows, "
+                f"{len(dataset.columns)} columns, owner {owner.email}"
+            )
+    except _arrow_errors() as exc:
+        raise CLIError(f"cannot read {args.file}: {exc}") from None
+    finally:
+        for s in (source, mock if args.mock else None):
+            if s is not None and s.cleanup is not None:
+                s.cleanup()
+
+
+def _arrow_errors() -> tuple[type[Exception], ...]:
+    """What pyarrow raises on a malformed file met while reading it."""
+    import pyarrow as pa
+
+    return (pa.ArrowInvalid, OSError)
+
+
+def _upload(
+    context: NodeContext,
+    session: Any,
+    owner: User,
+    manifest: dict[str, Any],
+    source: TableSource,
+    mock: TableSource | None,
+) -> Any:
+    """Send a table through an upload session, as the SDK would, one chunk at a time."""
+    request, stream = session_request(manifest, source, mock)
+    tensors = request.pop("tensors")
+    uploads = context.uploads
+    created = uploads.create(owner, plan_from_request(request, tensors))
+    offset = 0
+    try:
+        for chunk in chunks_of(stream, 16 * 1024 * 1024):
+            uploads.write(owner, created.id, offset, chunk, hashlib.sha256(chunk).hexdigest())
+            offset += len(chunk)
+        return uploads.finalize(session, context.store, owner, created.id)
+    finally:  # nobody resumes or finalizes again from here: free the session at once
+        with contextlib.suppress(DPNodeError):
+            uploads.delete(owner, created.id)
 
 
 def _owner(session: Any, email: str | None) -> User:
@@ -437,8 +445,10 @@ def build_parser() -> argparse.ArgumentParser:
     dataset = sub.add_parser("dataset", help="manage datasets").add_subparsers(
         dest="dataset_command", required=True, metavar="ACTION"
     )
-    dadd = dataset.add_parser("add", help="add a dataset from a CSV file")
-    dadd.add_argument("file", type=Path, metavar="FILE.csv")
+    dadd = dataset.add_parser(
+        "add", help="add a dataset from a CSV, Parquet or Arrow file (read in record batches)"
+    )
+    dadd.add_argument("file", type=Path, metavar="FILE")
     dadd.add_argument("--name", required=True)
     dadd.add_argument(
         "--bounds",
@@ -450,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     dadd.add_argument("--tags", default="", help="comma-separated tags")
     dadd.add_argument("--description", default="")
     dadd.add_argument("--owner", help="owner's email (default: the first admin)")
-    dadd.add_argument("--mock", type=Path, metavar="MOCK.csv", help="fake data for dry runs")
+    dadd.add_argument("--mock", type=Path, metavar="MOCK", help="fake data for dry runs")
     dadd.add_argument("--clamp", action="store_true", help="clip out-of-bounds values")
     dadd.set_defaults(func=cmd_dataset_add)
     dataset.add_parser("list", help="list datasets").set_defaults(func=cmd_dataset_list)

@@ -19,6 +19,7 @@ from dpnode.core.structures import StructureCache
 from dpnode.node.db.session import make_engine, make_sessionmaker, read_engine, serial_engine
 from dpnode.node.services.security import password_hasher
 from dpnode.node.services.throttle import LoginThrottle
+from dpnode.node.services.uploads import UploadLimits, UploadSessions
 from dpnode.node.settings import PLACEHOLDER_SECRET, Settings
 from dpnode.node.storage import BlobStore, FileBlobStore
 
@@ -41,9 +42,21 @@ class NodeContext:
     tracking: TrackingCache = field(default_factory=TrackingCache)
     #: Recent login attempts and failures, kept in this process (see dpnode.node.services.throttle).
     logins: LoginThrottle = field(init=False)
+    #: Chunked uploads in progress, kept as files (see dpnode.node.services.uploads).
+    uploads: UploadSessions = field(init=False)
 
     def __post_init__(self) -> None:
         self.logins = LoginThrottle.from_settings(self.settings)
+        s = self.settings
+        limits = UploadLimits(
+            max_elements=s.max_upload_elements,
+            max_columns=s.max_columns,
+            max_session_bytes=s.max_upload_session_bytes,
+            max_sessions=s.max_upload_sessions,
+            ttl_seconds=s.upload_session_ttl_seconds,
+        )
+        self.uploads = UploadSessions(s.upload_dir, limits)
+        self.uploads.sweep()  # sessions abandoned while the node was down
 
     @classmethod
     def from_settings(cls, settings: Settings) -> NodeContext:
@@ -59,7 +72,7 @@ class NodeContext:
             sessions=make_sessionmaker(engine),
             serial_sessions=make_sessionmaker(serial_engine(engine)),
             read_sessions=make_sessionmaker(read_engine(engine)),
-            store=FileBlobStore(settings.blob_dir, cache_bytes=settings.blob_cache_bytes),
+            store=make_store(settings),
             hasher=password_hasher(settings),
             structures=StructureCache(settings.structure_cache_bytes),
         )
@@ -87,6 +100,25 @@ def pool_options(settings: Settings) -> dict[str, Any]:
         return {"pool_size": size, "max_overflow": size, "pool_timeout": timeout}
     size = settings.database_pool_size
     return {"pool_size": size, "max_overflow": size, "pool_timeout": timeout}
+
+
+def make_store(settings: Settings) -> BlobStore:
+    """The blob store the settings choose (``DPNODE_BLOB_STORE``)."""
+    if settings.blob_store == "s3":
+        from dpnode.node.storage_s3 import S3BlobStore
+
+        return S3BlobStore.connect(
+            settings.s3_endpoint,
+            settings.s3_bucket,
+            settings.blob_dir,
+            access_key=settings.s3_access_key,
+            secret_key=settings.s3_secret_key.get_secret_value(),
+            region=settings.s3_region,
+            secure=settings.s3_secure,
+            prefix=settings.s3_prefix,
+            cache_bytes=settings.blob_cache_bytes,
+        )
+    return FileBlobStore(settings.blob_dir, cache_bytes=settings.blob_cache_bytes)
 
 
 def _local_secret(path: Path) -> str:

@@ -33,6 +33,13 @@ class Settings(BaseSettings):
     max_upload_elements: int = Field(default=100_000_000, gt=0)
     #: Largest number of columns in one dataset.
     max_columns: int = Field(default=10_000, gt=0)
+    #: Chunked uploads (dpnode.node.services.uploads): the largest chunk one request carries, the
+    #: largest table one session takes (bytes on disk until finalized), the sessions one
+    #: user may have open, and how long an untouched session is kept before removal.
+    max_upload_chunk_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    max_upload_session_bytes: int = Field(default=64 * 1024**3, gt=0)
+    max_upload_sessions: int = Field(default=4, gt=0)
+    upload_session_ttl_seconds: int = Field(default=24 * 3600, gt=0)
 
     #: Compute quotas of one graph, checked before anything is read or allocated.
     max_graph_nodes: int = Field(default=100_000, gt=0)
@@ -44,6 +51,18 @@ class Settings(BaseSettings):
     publish_key_ttl_seconds: int = Field(default=24 * 3600, gt=0)
     #: Memory for verified dataset and weight blobs (read and hashed once, LRU); 0: off.
     blob_cache_bytes: int = Field(default=512 * 1024 * 1024, ge=0)
+    #: Where blobs live: ``file`` (content-addressed files in ``data_dir/blobs``) or ``s3``
+    #: (an S3-compatible bucket, cached and verified in ``data_dir/blobs``; dpnode.node.storage_s3).
+    blob_store: Literal["file", "s3"] = "file"
+    #: The S3-compatible endpoint (``host:port``), bucket, key prefix, region and credentials.
+    s3_endpoint: str = ""
+    s3_bucket: str = "dpnode"
+    s3_prefix: str = ""
+    s3_region: str | None = None
+    s3_access_key: str = ""
+    s3_secret_key: SecretStr = SecretStr("")
+    #: HTTPS to the endpoint (turn off only for a store on loopback or a private network).
+    s3_secure: bool = True
 
     #: Back-pressure, per worker process: requests handled at once; one more is answered
     #: ``503 overloaded`` with ``Retry-After`` at once, before any work (health checks excepted).
@@ -90,6 +109,12 @@ class Settings(BaseSettings):
         return proxies
 
     @model_validator(mode="after")
+    def _s3_needs_an_endpoint(self) -> Settings:
+        if self.blob_store == "s3" and not self.s3_endpoint:
+            raise ValueError("DPNODE_BLOB_STORE=s3 needs DPNODE_S3_ENDPOINT (host:port)")
+        return self
+
+    @model_validator(mode="after")
     def _refuse_placeholder_secrets(self) -> Settings:
         secret = self.token_secret.get_secret_value()
         if self.environment != "development" and (secret == PLACEHOLDER_SECRET or len(secret) < 32):
@@ -106,6 +131,11 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'dpnode.sqlite3').resolve()}"
+
+    @property
+    def upload_dir(self) -> Path:
+        """Where chunked uploads are kept until finalized."""
+        return self.data_dir / "uploads"
 
     @property
     def blob_dir(self) -> Path:

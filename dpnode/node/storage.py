@@ -32,6 +32,10 @@ this does not catch, and a full hash on every read (``get``) would: bytes change
 mapping while a computation runs (as a file altered while its copy is cached, but seen at
 once, since the mapping shares the page cache), a wall clock set back by more than
 :data:`RECENT_NS`, and a disk that corrupts data with no write through the file system.
+Writes stream: :meth:`FileBlobStore.put_stream` takes chunks (an iterator, or a file
+through :func:`file_chunks`), hashes them as they are written to a temporary file in the
+store's directory, and renames that file to its digest at the end, so a blob of any size
+is stored with one chunk in memory and a reader never sees a partial blob.
 """
 
 from __future__ import annotations
@@ -44,8 +48,9 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -56,9 +61,14 @@ __all__ = [
     "CorruptBlobError",
     "FileBlobStore",
     "VerifiedFiles",
+    "array_chunks",
     "array_from_bytes",
     "array_to_bytes",
+    "file_chunks",
 ]
+
+#: Chunk size of streamed reads and writes (large enough to amortise the calls).
+CHUNK_BYTES = 8 * 1024 * 1024
 
 
 class CorruptBlobError(RuntimeError):
@@ -67,6 +77,7 @@ class CorruptBlobError(RuntimeError):
 
 class BlobStore(Protocol):
     def put(self, data: bytes) -> str: ...
+    def put_stream(self, chunks: Iterable[bytes | memoryview]) -> str: ...
     def get(self, digest: str) -> bytes: ...
     def delete(self, digest: str) -> None: ...
     def open_array(self, digest: str, dtype: str, shape: tuple[int, ...]) -> npt.NDArray[Any]: ...
@@ -187,17 +198,31 @@ class FileBlobStore:
 
     def put(self, data: bytes) -> str:
         """Store ``data`` and return its SHA-256 hex digest."""
-        digest = hashlib.sha256(data).hexdigest()
-        path = self._path(digest)
-        if path.exists():
-            return digest
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        return self.put_stream((data,))
+
+    def put_stream(self, chunks: Iterable[bytes | memoryview]) -> str:
+        """Store the concatenation of ``chunks`` and return its SHA-256 hex digest.
+
+        Each chunk is hashed and written as it comes (one chunk in memory at a time) to a
+        temporary file beside the blobs, which is renamed to its digest once complete and
+        synced: a failure (or an exception from ``chunks``) leaves nothing behind.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
         try:
+            sha = hashlib.sha256()
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                for chunk in chunks:
+                    sha.update(chunk)
+                    f.write(chunk)
                 f.flush()
                 os.fsync(f.fileno())
+            digest = sha.hexdigest()
+            path = self._path(digest)
+            if path.exists():
+                Path(tmp).unlink()
+                return digest
+            path.parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -295,3 +320,31 @@ def array_from_bytes(data: bytes, dtype: str, shape: tuple[int, ...]) -> npt.NDA
     """
     array = np.frombuffer(data, dtype=np.dtype(dtype))
     return array.reshape(shape)
+
+
+def file_chunks(file: IO[bytes], size: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """The bytes of an open binary file, ``size`` at a time (for :meth:`put_stream`).
+
+    >>> import io
+    >>> list(file_chunks(io.BytesIO(b"abcde"), 2))
+    [b'ab', b'cd', b'e']
+    """
+    while chunk := file.read(size):
+        yield chunk
+
+
+def array_chunks(array: npt.NDArray[Any], size: int = CHUNK_BYTES) -> Iterator[memoryview]:
+    """The raw C-order bytes of ``array`` in pieces of about ``size`` bytes, without a copy
+    of the whole (a non-contiguous array is made contiguous a block of rows at a time).
+
+    >>> b"".join(array_chunks(np.arange(5, dtype=np.int8), 2))
+    b'\\x00\\x01\\x02\\x03\\x04'
+    """
+    if array.size == 0:
+        return
+    rows = array.reshape(array.shape[0] if array.ndim else 1, -1)
+    per_row = max(1, rows.shape[1] * array.dtype.itemsize)
+    step = max(1, size // per_row)
+    for start in range(0, rows.shape[0], step):
+        block = np.ascontiguousarray(rows[start : start + step])
+        yield memoryview(block.data).cast("B")

@@ -29,6 +29,7 @@ from dpnode.sdk._exceptions import (
     ApprovalRequiredError,
     AuthenticationError,
     BudgetExceededError,
+    ChecksumMismatchError,
     ConflictError,
     DatabaseBusyError,
     DPNodeError,
@@ -51,6 +52,7 @@ from dpnode.sdk._exceptions import (
     ServerError,
     UnsupportedDTypeError,
     UnsupportedOperationError,
+    UploadOffsetError,
     UploadRejectedError,
 )
 from dpnode.sdk._handles import AuditEvent, ColumnInfo, DatasetHandle, ModelHandle, TensorInfo, User
@@ -76,6 +78,7 @@ __all__ = [
     "BudgetGrant",
     "BudgetRequest",
     "BudgetStatus",
+    "ChecksumMismatchError",
     "Client",
     "ColumnInfo",
     "Columns",
@@ -119,6 +122,7 @@ __all__ = [
     "TrainingStep",
     "UnsupportedDTypeError",
     "UnsupportedOperationError",
+    "UploadOffsetError",
     "UploadRejectedError",
     "User",
     "current_client",

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
+import itertools
 import json
 import random
 import struct
+import sys
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +23,14 @@ import numpy.typing as npt
 from safetensors.numpy import load, save
 
 from dpnode.core import structures
+from dpnode.core.errors import UploadRejectedError as NodeUploadRejected
+from dpnode.core.ingest import (
+    arrow_source,
+    chunks_of,
+    is_arrow_like,
+    memory_source,
+    session_request,
+)
 from dpnode.sdk._budget import (
     BudgetGrant,
     BudgetRequest,
@@ -30,12 +42,15 @@ from dpnode.sdk._budget import (
 )
 from dpnode.sdk._display import AuditLog, Columns, Grants, Ledger
 from dpnode.sdk._exceptions import (
+    ConflictError,
     DatabaseBusyError,
     DPNodeError,
     NodeBusyError,
     NodeUnreachableError,
     PublishInProgressError,
     UnknownStructureError,
+    UploadOffsetError,
+    UploadRejectedError,
     error_for,
 )
 from dpnode.sdk._handles import AuditEvent, DatasetHandle, ModelHandle, User
@@ -44,6 +59,44 @@ from dpnode.sdk._tables import columns_of, to_numpy
 API_PREFIX = "/api/v1"
 FRAME_TYPE = "application/vnd.dpnode.tensors"
 _MANIFEST_KEY = "dpnode"
+#: Tables larger than this (bytes) are uploaded in chunks unless ``chunked=False``.
+CHUNKED_ABOVE = 256 * 1024 * 1024
+#: The default size of one chunk of a chunked upload.
+CHUNK_BYTES = 16 * 1024 * 1024
+
+
+def _stream_size(request: Mapping[str, Any]) -> int:
+    """The bytes of an upload session's stream, from the request that opens it."""
+    rows = {"data": request["rows"], "mock": request.get("mock_rows") or 0}
+    return sum(
+        rows[t["name"].split("/")[0]] * np.dtype(t["dtype"]).itemsize * int(np.prod(t["shape"]))
+        for t in request["tensors"]
+    )
+
+
+def _table_bytes(columns: Mapping[str, Any]) -> int:
+    return sum(v.nbytes if hasattr(v, "nbytes") else 16 * len(v) for v in columns.values())
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(total: int, progress: bool | None) -> Any:
+    """A tqdm bar in bytes, or a stand-in when it is off (or tqdm is not installed)."""
+    if progress is None:
+        progress = sys.stderr.isatty()
+    if not progress:
+        return _NoBar()
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="upload")
 
 
 def _frame(arrays: Mapping[str, npt.NDArray[Any]], manifest: Mapping[str, Any]) -> bytes:
@@ -73,6 +126,8 @@ class Client:
             nothing with it) is sent again, each after the node's ``Retry-After`` or the
             backoff, whichever is longer (a publish keeps its idempotency key, so it is
             charged once). Then :class:`NodeBusyError` is raised.
+        upload_retries: how many times a chunk of a chunked upload is sent again after a
+            lost connection (from where the node stands: nothing is sent twice).
     """
 
     def __init__(
@@ -85,6 +140,7 @@ class Client:
         publish_retries: int = 3,
         retry_backoff: float = 0.5,
         busy_retries: int = 5,
+        upload_retries: int = 5,
     ) -> None:
         self.url = url.rstrip("/")
         self.token = token
@@ -93,6 +149,7 @@ class Client:
             base_url=self.url + API_PREFIX, transport=transport, timeout=timeout
         )
         self.publish_retries = publish_retries
+        self.upload_retries = upload_retries
         self.retry_backoff = retry_backoff
         self.busy_retries = busy_retries
         #: digests of the graph headers this node has accepted from us (see _post_graph)
@@ -231,13 +288,19 @@ class Client:
         clamp: bool | Sequence[str] = False,
         fill: Mapping[str, float] | None = None,
         columns: Sequence[str] | None = None,
+        chunked: bool | None = None,
+        chunk_bytes: int = CHUNK_BYTES,
+        progress: bool | None = None,
+        resume: str | None = None,
     ) -> DatasetHandle:
         """Upload a dataset; the node checks it against what you declare here.
 
         Args:
             name: unique dataset name.
-            data: a pandas DataFrame, a dict of columns (1-D, or N-D with rows first),
-                a structured array, or a 2-D array (name its columns with ``columns=``).
+            data: a pandas or Polars DataFrame, a ``pyarrow.Table`` or ``RecordBatchReader``,
+                the path of a Parquet, Arrow IPC (``.arrow``/``.feather``) or CSV file, a
+                dict of columns (1-D, or N-D with rows first), a structured array, or a 2-D
+                array (name its columns with ``columns=``).
             bounds: public (low, high) for every numeric column: the privacy contract.
             tags: for search.
             categories: the public category list of each string column.
@@ -246,27 +309,55 @@ class Client:
             clamp: clip out-of-bounds values (True, or a list of columns) instead of refusing.
             fill: replacement for NaN/inf per column instead of refusing.
             columns: names for the columns of a plain 2-D array.
+            chunked: send the table in resumable chunks (see ``docs/datasets.md``); by
+                default, for Arrow data and files (read batch by batch) and for tables over
+                ``CHUNKED_ABOVE`` bytes.
+            chunk_bytes: the size of each chunk.
+            progress: show a progress bar (tqdm) while sending chunks; by default when
+                standard error is a terminal.
+            resume: the ``upload_id`` of a chunked upload that failed (the exception carries
+                it) to go on with, with the same data and declarations: only the bytes the
+                node does not hold yet are sent.
 
         Raises:
             UploadRejectedError: the data breaks the declarations; the message says where.
             PermissionDeniedError: data scientists cannot upload.
         """
-        real = columns_of(data, columns)
-        arrays, strings = _split(real, "data")
         manifest: dict[str, Any] = {
             "name": name,
             "description": description,
             "tags": list(_tags(tags)),
-            "columns": list(real),
             "bounds": {k: list(v) for k, v in (bounds or {}).items()},
             "categories": {k: list(v) for k, v in (categories or {}).items()},
             "clamp": clamp if isinstance(clamp, bool) else list(clamp),
             "fill": dict(fill or {}),
             "subject_id": subject_id,
-            "strings": strings,
         }
-        if mock is not None:
-            fake = columns_of(mock, columns)
+        arrow = is_arrow_like(data)
+        try:  # reading Arrow data may find a column dpnode cannot store
+            real = None if arrow else columns_of(data, columns)
+            fake = columns_of(mock, columns) if mock is not None else None
+        except NodeUploadRejected as exc:
+            raise UploadRejectedError(exc.detail) from exc
+        if chunked is None:
+            chunked = arrow or resume is not None or _table_bytes(real or {}) > CHUNKED_ABOVE
+        if chunked:
+            return self._upload_chunked(
+                manifest,
+                data if arrow else real,
+                fake,
+                chunk_bytes=chunk_bytes,
+                progress=progress,
+                resume=resume,
+            )
+        if real is None:
+            try:
+                real = columns_of(data, columns)
+            except NodeUploadRejected as exc:
+                raise UploadRejectedError(exc.detail) from exc
+        arrays, strings = _split(real, "data")
+        manifest |= {"columns": list(real), "strings": strings}
+        if fake is not None:
             mock_arrays, mock_strings = _split(fake, "mock")
             arrays |= mock_arrays
             manifest |= {"mock_columns": list(fake), "mock_strings": mock_strings}
@@ -275,6 +366,140 @@ class Client:
             "POST", "/datasets", content=body, headers={"Content-Type": FRAME_TYPE}
         )
         return DatasetHandle.from_json(self, created)
+
+    def _upload_chunked(
+        self,
+        manifest: dict[str, Any],
+        data: Any,
+        mock: Mapping[str, Any] | None,
+        *,
+        chunk_bytes: int,
+        progress: bool | None,
+        resume: str | None,
+    ) -> DatasetHandle:
+        categories, subject_id = manifest["categories"], manifest["subject_id"]
+        source = None
+        try:
+            try:
+                if isinstance(data, Mapping):
+                    source = memory_source(data, categories, subject_id)
+                else:
+                    source = arrow_source(data, categories, subject_id)
+                fake = memory_source(mock, categories, subject_id) if mock is not None else None
+            except NodeUploadRejected as exc:  # found while reading, before sending
+                raise UploadRejectedError(exc.detail) from exc
+            request, stream = session_request(manifest, source, fake)
+            if resume is None:
+                created = self._json("POST", "/uploads", json=request)
+            else:
+                created = self._retrying(lambda: self._json("GET", f"/uploads/{resume}"))
+                if created["size"] != _stream_size(request):
+                    raise DPNodeError(
+                        f"upload {resume} expects {created['size']} bytes, this table makes "
+                        f"{_stream_size(request)}: resume with the same data and declarations"
+                    )
+            upload_id = created["id"]
+            try:
+                self._send_chunks(
+                    upload_id, stream, created["size"], chunk_bytes, progress, created["received"]
+                )
+                body = self._retrying(lambda: self._json("POST", f"/uploads/{upload_id}/finalize"))
+            except NodeUploadRejected as exc:  # a later batch broke the contract: give up
+                with contextlib.suppress(DPNodeError):
+                    self._request("DELETE", f"/uploads/{upload_id}")
+                raise UploadRejectedError(exc.detail) from exc
+            except NodeUnreachableError as exc:
+                exc.upload_id = upload_id  # for upload_dataset(..., resume=upload_id)
+                raise
+        finally:
+            if source is not None and source.cleanup is not None:
+                source.cleanup()
+        return DatasetHandle.from_json(self, body)
+
+    def uploads(self) -> list[dict[str, Any]]:
+        """Your open upload sessions (``id``, ``received``, ``size``, ``expires_at``, ...)."""
+        found: list[dict[str, Any]] = self._json("GET", "/uploads")
+        return found
+
+    def delete_upload(self, upload_id: str) -> None:
+        """Abandon an upload session and free the node's disk."""
+        self._request("DELETE", f"/uploads/{upload_id}")
+
+    def _retrying(self, call: Callable[[], Any]) -> Any:
+        """``call``, again after a lost connection (``upload_retries`` times, backing off)."""
+        for attempt in itertools.count():
+            try:
+                return call()
+            except NodeUnreachableError:
+                if attempt >= self.upload_retries:
+                    raise
+                time.sleep(self.retry_backoff * 2**attempt)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _send_chunks(
+        self,
+        upload_id: str,
+        pieces: Iterable[bytes],
+        size: int,
+        chunk_bytes: int,
+        progress: bool | None,
+        start: int = 0,
+    ) -> None:
+        """Send a stream in chunks from ``start`` (bytes before it are skipped); after a lost
+        connection, resume where the node stands."""
+        bar = _progress_bar(size, progress)
+        bar.update(start)
+        offset = start
+
+        def send(chunk: bytes) -> None:
+            nonlocal offset
+            digest = hashlib.sha256(chunk).hexdigest()
+            for attempt in itertools.count():
+                try:
+                    self._request(
+                        "PUT",
+                        f"/uploads/{upload_id}",
+                        params={"offset": offset},
+                        content=chunk,
+                        headers={"X-Content-SHA256": digest},
+                    )
+                    break
+                except (NodeUnreachableError, ConflictError) as exc:
+                    # Lost (or still running) on the node: ask where the stream stands.
+                    busy = isinstance(exc, UploadOffsetError) or "busy" in exc.detail
+                    if isinstance(exc, ConflictError) and not busy:
+                        raise
+                    if attempt >= self.upload_retries:
+                        raise
+                    time.sleep(self.retry_backoff * 2**attempt)
+                    status = self._retrying(lambda: self._json("GET", f"/uploads/{upload_id}"))
+                    received = int(status["received"])
+                    if not offset <= received <= offset + len(chunk):
+                        raise DPNodeError(
+                            f"the node holds {received} bytes of upload {upload_id}, but "
+                            f"{offset} were acknowledged: start the upload again"
+                        ) from exc
+                    if received == offset + len(chunk):  # it arrived; the answer did not
+                        break
+                    # Part of it may have arrived: send the rest only.
+                    chunk = chunk[received - offset :]
+                    bar.update(received - offset)
+                    offset = received
+                    digest = hashlib.sha256(chunk).hexdigest()
+            bar.update(len(chunk))
+            offset += len(chunk)
+
+        try:
+            skipped = 0
+            for chunk in chunks_of(pieces, chunk_bytes):
+                if skipped + len(chunk) <= start:  # the node holds it already
+                    skipped += len(chunk)
+                    continue
+                chunk = chunk[start - skipped :] if skipped < start else chunk
+                skipped = start
+                send(chunk)
+        finally:
+            bar.close()
 
     def upload_model(
         self,

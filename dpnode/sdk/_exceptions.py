@@ -3,6 +3,7 @@
 DPNodeError                      any error reported by (or about) the node
 ├── InvalidRequestError          invalid_request: the request was malformed
 │   ├── UploadRejectedError      upload_rejected: data breaks its declared contract
+│   ├── ChecksumMismatchError    checksum_mismatch: an upload chunk damaged on the way
 │   ├── InvalidPolicyError       invalid_policy: a malformed budget policy (names the keys)
 │   └── GraphError               invalid_graph: the node refused a computation
 │       ├── PrivacyTrackingError   untrackable_graph: sensitivity cannot be bounded
@@ -21,7 +22,8 @@ DPNodeError                      any error reported by (or about) the node
 ├── NotFoundError                not_found
 │   └── UnknownStructureError    unknown_structure: resent whole, automatically
 ├── ConflictError                conflict: e.g. a name already taken
-│   └── PublishInProgressError   publish_in_progress: the same key's publish still runs
+│   ├── PublishInProgressError   publish_in_progress: the same key's publish still runs
+│   └── UploadOffsetError        upload_offset: a chunk sent at the wrong offset (``offset``)
 ├── ServerError                  the node failed (5xx); tell its operator
 ├── NodeBusyError                overloaded (503): too many requests at once; retried
 │   └── DatabaseBusyError          database_busy (503): the database kept it waiting
@@ -40,6 +42,7 @@ __all__ = [
     "ApprovalRequiredError",
     "AuthenticationError",
     "BudgetExceededError",
+    "ChecksumMismatchError",
     "ConflictError",
     "DPNodeError",
     "DatabaseBusyError",
@@ -63,6 +66,7 @@ __all__ = [
     "UnknownStructureError",
     "UnsupportedDTypeError",
     "UnsupportedOperationError",
+    "UploadOffsetError",
     "UploadRejectedError",
 ]
 
@@ -86,6 +90,12 @@ class InvalidRequestError(DPNodeError):
 
 class UploadRejectedError(InvalidRequestError):
     code = "upload_rejected"
+
+
+class ChecksumMismatchError(InvalidRequestError):
+    """An upload chunk did not match its checksum on arrival; nothing of it was written."""
+
+    code = "checksum_mismatch"
 
 
 class InvalidPolicyError(InvalidRequestError):
@@ -217,6 +227,13 @@ class PublishInProgressError(ConflictError):
     idempotency_key: str | None = None
 
 
+class UploadOffsetError(ConflictError):
+    """A chunk sent at another offset than where its upload stands: ``offset`` says where."""
+
+    code = "upload_offset"
+    offset: int | None = None
+
+
 class ServerError(DPNodeError):
     code = "internal_error"
 
@@ -243,13 +260,17 @@ class DatabaseBusyError(NodeBusyError):
 class NodeUnreachableError(DPNodeError):
     """No answer from the node. For a publish, ``idempotency_key`` names the request: it may
     or may not have run, and ``publish_frame(..., idempotency_key=...)`` with that key
-    gets its answer if it did, charged once (for as long as the node keeps answers)."""
+    gets its answer if it did, charged once (for as long as the node keeps answers). For a
+    chunked upload, ``upload_id`` names the session: ``upload_dataset(..., resume=upload_id)``
+    with the same data sends only what the node does not hold yet."""
 
     code = "unreachable"
 
     def __init__(self, detail: str, *, idempotency_key: str | None = None) -> None:
         super().__init__(detail)
         self.idempotency_key = idempotency_key
+        #: For a chunked upload: the session to go on with (``upload_dataset(resume=...)``).
+        self.upload_id: str | None = None
 
 
 class PrivateValueError(DPNodeError):
@@ -273,6 +294,7 @@ BY_CODE: dict[str, type[DPNodeError]] = {
     for cls in (
         InvalidRequestError,
         UploadRejectedError,
+        ChecksumMismatchError,
         InvalidPolicyError,
         GraphError,
         PrivacyTrackingError,
@@ -290,6 +312,7 @@ BY_CODE: dict[str, type[DPNodeError]] = {
         UnknownStructureError,
         ConflictError,
         PublishInProgressError,
+        UploadOffsetError,
         ServerError,
         NodeBusyError,
         DatabaseBusyError,
@@ -298,7 +321,7 @@ BY_CODE: dict[str, type[DPNodeError]] = {
 
 
 #: Fields of an error body (besides ``error`` and ``detail``) kept as exception attributes.
-_EXTRA = ("rule", "policy", "policy_revision", "reason", "approval_id")
+_EXTRA = ("rule", "policy", "policy_revision", "reason", "approval_id", "offset")
 
 
 def error_for(

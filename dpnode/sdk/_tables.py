@@ -1,5 +1,8 @@
 """Turn what owners hold — DataFrames, dicts of columns, arrays, torch tensors — into columns.
 
+Arrow-like tables (Polars, pyarrow, Parquet/Arrow/CSV files) go through
+:mod:`dpnode.core.ingest`, which keeps their column names and dtypes.
+
 Numeric columns become NumPy arrays sent as raw bytes; string columns become
 lists of strings (``None`` for missing), which the node encodes against the
 declared categories. No validation happens here: the node is the authority.
@@ -12,6 +15,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from dpnode.core.ingest import arrow_columns, is_arrow_like
 
 Columns = dict[str, "npt.NDArray[Any] | list[str | None]"]
 
@@ -61,6 +66,8 @@ def columns_of(data: Any, names: Sequence[str] | None = None) -> Columns:
     """
     if data is None:
         raise TypeError("no data given")
+    if is_arrow_like(data):  # Polars, pyarrow, a file: through Arrow, names and dtypes kept
+        return arrow_columns(data)
     if _is_frame(data):
         return {str(c): _column(str(c), _frame_column(data[c])) for c in data.columns}
     if isinstance(data, Mapping):

@@ -170,7 +170,7 @@ def test_dataset_add_reports_bad_files(
     code, _, err = run(
         capsys, "dataset", "add", str(csv_file), "--name", "d", "--bounds", str(bounds)
     )
-    assert code == 2 and "1 fields, the header has 2" in err
+    assert code == 2 and "Expected 2 columns, got 1" in err
     csv_file.write_text("age\n1\n")
     code, _, err = run(
         capsys, "dataset", "add", str(csv_file), "--name", "d", "--bounds", str(bounds)
@@ -222,3 +222,53 @@ def test_serve_refuses_several_workers_on_sqlite(
     finally:
         get_settings.cache_clear()
     assert not (tmp_path / "dpnode.sqlite3").exists()  # refused before migrating anything
+
+
+def test_dataset_add_from_parquet_with_a_mock(
+    cli_env: Settings, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    run(
+        capsys, "user", "add", "--email", "a@example.org", "--role", "admin", "--password", "x" * 12
+    )
+    rng = np.random.default_rng(0)
+    table = pa.table(
+        {
+            "score": rng.random(50_000).astype(np.float32),
+            "visits": pa.array(rng.integers(0, 9, 50_000), pa.int16()),
+            "site": pa.array(rng.choice(["a", "b"], 50_000)).dictionary_encode(),
+        }
+    )
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=7_000)
+    pq.write_table(table.slice(0, 20), tmp_path / "mock.parquet")
+    bounds = tmp_path / "b.toml"
+    bounds.write_text(
+        '[bounds]\nscore = [0, 1]\nvisits = [0, 8]\n[categories]\nsite = ["a", "b"]\n'
+    )
+    code, out, err = run(
+        capsys, "dataset", "add", str(tmp_path / "t.parquet"), "--name", "p",
+        "--bounds", str(bounds), "--mock", str(tmp_path / "mock.parquet"),
+    )  # fmt: skip
+    assert code == 0, err
+    assert "50000 rows, 3 columns" in out
+    context = NodeContext.from_settings(cli_env)
+    try:
+        with context.sessions() as session:
+            stored = datasets.get_dataset(session, "p")
+            assert [(c.name, c.dtype) for c in stored.columns] == [
+                ("score", "float32"),
+                ("visits", "int16"),
+                ("site", "int64"),
+            ]
+            columns = datasets.read_columns(context.store, stored, mock=False)
+            mock = datasets.read_columns(context.store, stored, mock=True)
+    finally:
+        context.close()
+    np.testing.assert_array_equal(columns["score"], table.column("score").to_numpy())
+    np.testing.assert_array_equal(columns["visits"], table.column("visits").to_numpy())
+    sites = table.column("site").to_pylist()
+    np.testing.assert_array_equal(columns["site"], [0 if s == "a" else 1 for s in sites])
+    assert len(mock["score"]) == 20
+    assert not any(cli_env.upload_dir.iterdir())  # the session's files are gone

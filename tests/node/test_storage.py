@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,14 @@ import pytest
 from starlette.testclient import TestClient
 
 from dpnode.node.context import NodeContext
-from dpnode.node.storage import CorruptBlobError, FileBlobStore, array_from_bytes, array_to_bytes
+from dpnode.node.storage import (
+    CorruptBlobError,
+    FileBlobStore,
+    array_chunks,
+    array_from_bytes,
+    array_to_bytes,
+    file_chunks,
+)
 from tests.node.conftest import blob_files, refused, upload_model, upload_ok
 from tests.node.frames import read_frame
 
@@ -188,3 +196,41 @@ def test_the_cache_is_safe_under_concurrent_readers(tmp_path: Path) -> None:
     cached = store.cache.digests()
     assert len(cached) == len(set(cached)) <= 3
     assert store.cache.size == 300 * len(cached) <= 1000
+
+
+def test_put_stream_hashes_chunks_as_they_come(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path / "blobs")
+    chunks = [b"ab", memoryview(b"cde"), b"", b"f" * 1000]
+    digest = store.put_stream(iter(chunks))
+    whole = b"".join(bytes(c) for c in chunks)
+    assert digest == hashlib.sha256(whole).hexdigest() == store.put(whole)
+    assert store.get(digest) == whole
+    assert [p.name for p in (tmp_path / "blobs").rglob("*") if p.is_file()] == [digest]
+
+
+def test_a_failed_stream_leaves_nothing(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path)
+
+    def chunks() -> Iterator[bytes]:
+        yield b"partial"
+        raise OSError("connection lost")
+
+    with pytest.raises(OSError, match="connection lost"):
+        store.put_stream(chunks())
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_files_and_arrays_stream_in_pieces(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path / "blobs")
+    source = tmp_path / "source.bin"
+    source.write_bytes(bytes(range(256)) * 100)
+    with source.open("rb") as f:
+        pieces = list(file_chunks(f, 1000))
+    assert [len(p) for p in pieces] == [1000] * 25 + [600]
+    with source.open("rb") as f:
+        assert store.put_stream(file_chunks(f, 1000)) == store.put(source.read_bytes())
+    array = np.arange(60, dtype=np.float64).reshape(10, 6)[:, ::2]  # not contiguous
+    pieces = list(array_chunks(array, 50))
+    assert len(pieces) == 5 and all(len(p) == 48 for p in pieces)  # two rows of 24 bytes
+    assert store.put_stream(array_chunks(array, 50)) == store.put(array_to_bytes(array))
+    assert list(array_chunks(np.zeros((0, 3)))) == []

@@ -17,6 +17,7 @@ from dpnode.node.db.models import Role, User
 from dpnode.node.services import users
 from dpnode.node.services.security import read_token
 from dpnode.node.services.throttle import LoginThrottle
+from dpnode.node.services.uploads import UploadSessions
 from dpnode.node.settings import Settings
 from dpnode.node.storage import BlobStore
 
@@ -159,7 +160,15 @@ AdminUser = Annotated[User, Depends(get_admin)]
 
 async def read_limited_body(request: Request) -> bytes:
     """The request body, refused as soon as it grows past ``max_upload_bytes``."""
-    limit = _context_of(request).settings.max_upload_bytes
+    return await _read_body(request, _context_of(request).settings.max_upload_bytes)
+
+
+async def read_chunk_body(request: Request) -> bytes:
+    """A chunk of an upload session, refused past ``max_upload_chunk_bytes``."""
+    return await _read_body(request, _context_of(request).settings.max_upload_chunk_bytes)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLargeError(
@@ -176,6 +185,14 @@ async def read_limited_body(request: Request) -> bytes:
 
 
 LimitedBody = Annotated[bytes, Depends(read_limited_body)]
+ChunkBody = Annotated[bytes, Depends(read_chunk_body)]
+
+
+async def get_uploads(context: ContextDep) -> UploadSessions:
+    return context.uploads
+
+
+UploadsDep = Annotated[UploadSessions, Depends(get_uploads)]
 
 
 def item_ref(ref: str) -> int | str:

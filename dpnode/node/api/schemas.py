@@ -85,8 +85,8 @@ class DatasetPublic(Schema):
     updated_at: datetime
 
 
-class TableManifest(Schema):
-    """How the columns of an upload are declared (travels inside the upload frame)."""
+class TableDeclarations(Schema):
+    """How the columns of a table are declared: its public contract."""
 
     columns: list[str] = Field(description="column order")
     bounds: dict[str, tuple[float, float]] = Field(default_factory=dict)
@@ -94,10 +94,7 @@ class TableManifest(Schema):
     clamp: StrictBool | list[str] = False
     fill: dict[str, float] = Field(default_factory=dict)
     subject_id: str | None = None
-    #: String-valued columns, which raw tensors cannot carry.
-    strings: dict[str, list[str | None]] = Field(default_factory=dict)
     mock_columns: list[str] | None = None
-    mock_strings: dict[str, list[str | None]] = Field(default_factory=dict)
 
     @field_validator("fill")
     @classmethod
@@ -116,6 +113,14 @@ class TableManifest(Schema):
                     f"categories of {column!r} must be a non-empty list of distinct values"
                 )
         return categories
+
+
+class TableManifest(TableDeclarations):
+    """How the columns of an upload are declared (travels inside the upload frame)."""
+
+    #: String-valued columns, which raw tensors cannot carry.
+    strings: dict[str, list[str | None]] = Field(default_factory=dict)
+    mock_strings: dict[str, list[str | None]] = Field(default_factory=dict)
 
 
 class DatasetManifest(TableManifest):
@@ -377,3 +382,30 @@ class RunPlanPublic(Schema):
 
 class ApprovalAnswer(Schema):
     reason: str = Field(default="", max_length=10_000)
+
+
+class UploadTensor(Schema):
+    name: str = Field(description="data/<column> or mock/<column>", max_length=210)
+    dtype: str = Field(description="NumPy dtype name; strings travel as int64 category indices")
+    shape: list[int] = Field(default_factory=list, description="the shape of one row")
+
+
+class UploadCreate(TableDeclarations):
+    """A chunked upload's declarations (a dataset manifest without inline strings) and layout."""
+
+    name: str = Field(min_length=1, max_length=200)
+    description: str = Field(default="", max_length=10_000)
+    tags: list[str] = Field(default_factory=list)
+    rows: int = Field(gt=0)
+    mock_rows: int | None = Field(default=None, gt=0)
+    block_rows: int = Field(gt=0, description="rows per block of the byte stream")
+    tensors: list[UploadTensor]
+
+
+class UploadPublic(Schema):
+    id: str
+    received: int = Field(description="bytes the node holds: the offset of the next chunk")
+    size: int = Field(description="bytes of the whole stream")
+    block_rows: int
+    expires_at: datetime
+    dataset_id: int | None = Field(default=None, description="set once finalized")

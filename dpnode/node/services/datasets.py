@@ -58,7 +58,7 @@ def _load_options() -> list[LoaderOption]:
     ]
 
 
-def _prepare_mock(upload: DatasetUpload, real: PreparedTable, max_elements: int) -> PreparedTable:
+def prepare_mock(upload: DatasetUpload, real: PreparedTable, max_elements: int) -> PreparedTable:
     assert upload.mock is not None
     spec = upload.spec
     if spec.subject_id is not None and spec.subject_id not in upload.mock:
@@ -93,6 +93,49 @@ def _prepare_mock(upload: DatasetUpload, real: PreparedTable, max_elements: int)
     return replace(mock, columns=columns)
 
 
+@dataclass(frozen=True)
+class StoredColumn:
+    """One column as registered: its public metadata and the digests of its bytes."""
+
+    name: str
+    dtype: str
+    row_shape: list[int]
+    lower: float
+    upper: float
+    categories: list[str] | None
+    blob: str
+    mock_blob: str | None
+
+
+@dataclass(frozen=True)
+class StoredTable:
+    """A validated table whose bytes are in the store, ready to register."""
+
+    columns: list[StoredColumn]
+    row_count: int
+    mock_row_count: int | None
+    subjects_blob: str | None
+    subject_count: int
+    max_rows_per_subject: int
+
+
+def check_new_dataset(
+    session: Session, actor: User, name: str, tags: Sequence[str]
+) -> tuple[str, list[str]]:
+    """The checks made before any byte is stored: who uploads, the name free, the tags valid.
+
+    Raises:
+        PermissionDeniedError: ``actor`` is a data scientist.
+        ConflictError: a dataset with this name exists.
+    """
+    require_uploader(actor, "dataset")
+    name = check_item_name("dataset", name)
+    normalised = normalise_tags(tags)
+    if session.scalar(select(Dataset.id).where(Dataset.name == name)) is not None:
+        raise ConflictError(f"a dataset named {name!r} already exists")
+    return name, normalised
+
+
 def create_dataset(
     session: Session,
     store: BlobStore,
@@ -108,33 +151,14 @@ def create_dataset(
         ConflictError: a dataset with this name exists.
         UploadRejectedError: the data breaks its declarations (the message says where).
     """
-    require_uploader(actor, "dataset")
-    name = check_item_name("dataset", upload.name)
-    tags = normalise_tags(upload.tags)
-    if session.scalar(select(Dataset.id).where(Dataset.name == name)) is not None:
-        raise ConflictError(f"a dataset named {name!r} already exists")
+    name, tags = check_new_dataset(session, actor, upload.name, upload.tags)
     table = prepare_table(
         upload.columns, upload.spec, order=upload.order, max_elements=max_elements
     )
-    mock = _prepare_mock(upload, table, max_elements) if upload.mock is not None else None
-    dataset = Dataset(
-        name=name,
-        description=upload.description,
-        owner_id=actor.id,
-        row_count=table.row_count,
-        mock_row_count=mock.row_count if mock else None,
-        subject_column=upload.spec.subject_id,
-        subjects_blob=store.put(array_to_bytes(table.subjects))
-        if table.subjects is not None
-        else None,
-        subject_count=table.subject_count,
-        max_rows_per_subject=table.max_rows_per_subject,
-        tags=[DatasetTag(tag=t) for t in tags],
-    )
-    for position, column in enumerate(table.columns):
-        dataset.columns.append(
-            DatasetColumn(
-                position=position,
+    mock = prepare_mock(upload, table, max_elements) if upload.mock is not None else None
+    stored = StoredTable(
+        columns=[
+            StoredColumn(
                 name=column.name,
                 dtype=column.values.dtype.name,
                 row_shape=column.row_shape,
@@ -145,6 +169,58 @@ def create_dataset(
                 mock_blob=store.put(array_to_bytes(mock.columns[position].values))
                 if mock
                 else None,
+            )
+            for position, column in enumerate(table.columns)
+        ],
+        row_count=table.row_count,
+        mock_row_count=mock.row_count if mock else None,
+        subjects_blob=store.put(array_to_bytes(table.subjects))
+        if table.subjects is not None
+        else None,
+        subject_count=table.subject_count,
+        max_rows_per_subject=table.max_rows_per_subject,
+    )
+    return register_dataset(session, actor, upload, stored, name=name, tags=tags)
+
+
+def register_dataset(
+    session: Session,
+    actor: User,
+    upload: DatasetUpload,
+    table: StoredTable,
+    *,
+    name: str,
+    tags: list[str],
+) -> Dataset:
+    """Record a stored table as a dataset, with its audit line, in one transaction.
+
+    Raises:
+        ConflictError: a concurrent upload took the name.
+    """
+    dataset = Dataset(
+        name=name,
+        description=upload.description,
+        owner_id=actor.id,
+        row_count=table.row_count,
+        mock_row_count=table.mock_row_count,
+        subject_column=upload.spec.subject_id,
+        subjects_blob=table.subjects_blob,
+        subject_count=table.subject_count,
+        max_rows_per_subject=table.max_rows_per_subject,
+        tags=[DatasetTag(tag=t) for t in tags],
+    )
+    for position, column in enumerate(table.columns):
+        dataset.columns.append(
+            DatasetColumn(
+                position=position,
+                name=column.name,
+                dtype=column.dtype,
+                row_shape=column.row_shape,
+                lower=column.lower,
+                upper=column.upper,
+                categories=column.categories,
+                blob=column.blob,
+                mock_blob=column.mock_blob,
             )
         )
     session.add(dataset)

@@ -156,6 +156,138 @@ def _encode_strings(column: str, values: Sequence[Any], categories: Sequence[str
     return codes
 
 
+@dataclass(frozen=True)
+class NumericContract:
+    """What a numeric column's declarations and dtype make of its bounds (public only)."""
+
+    lower: float
+    upper: float
+    categories: list[str] | None
+    #: Bounds as declared (within the dtype), before widening to representable values:
+    #: what a fill value must lie in.
+    fill_lower: float
+    fill_upper: float
+
+
+def numeric_contract(
+    column: str, dtype: np.dtype[Any], spec: ColumnSpec, what: str = ""
+) -> NumericContract:
+    """The bounds every value of a numeric ``column`` of ``dtype`` will be held to.
+
+    Decided from the declarations and the dtype alone, so a column streamed in blocks
+    is held to the same bounds as one sent whole.
+
+    >>> c = numeric_contract("n", np.dtype("int16"), ColumnSpec({"n": (0.5, 9.5)}, {}))
+    >>> c.lower, c.upper
+    (1.0, 9.0)
+    """
+    categories = spec.categories.get(column)
+    if dtype.name not in STORABLE_DTYPES:
+        check_array("column", column, np.empty(0, dtype), 0)
+    if categories is not None:
+        lower, upper = 0.0, len(categories) - 1.0
+    elif dtype.kind == "b":
+        lower, upper = 0.0, 1.0
+    elif column in spec.bounds:
+        lower, upper = _check_bounds(column, spec.bounds[column])
+        if dtype.kind in "iuf":
+            lower, upper = _within_dtype(column, dtype, lower, upper)
+    else:
+        raise UploadRejectedError(
+            f"column {column!r} has no declared bounds; pass bounds={{{column!r}: (low, high)}}: "
+            "bounds are the public privacy contract every result's noise is calibrated to"
+        )
+    fill_lower, fill_upper = lower, upper
+    stored = np.dtype(np.int64) if categories is not None and dtype.kind == "f" else dtype
+    if stored.kind == "f":
+        lower, upper = _representable(stored, lower, upper)
+    if stored.kind in "iu":
+        # Integer columns can only hold whole numbers: tighten the bounds to them.
+        lower, upper = float(math.ceil(lower)), float(math.floor(upper))
+        if lower > upper:
+            raise UploadRejectedError(f"bounds of integer column {column!r} contain no integer")
+    return NumericContract(
+        lower, upper, list(categories) if categories is not None else None, fill_lower, fill_upper
+    )
+
+
+@dataclass
+class Violations:
+    """Counts of values a column's contract refuses, summed over its blocks."""
+
+    non_finite: int = 0
+    outside: int = 0
+
+    def check(self, column: str, contract: NumericContract, what: str = "") -> None:
+        """Raise for the values counted, with the column's totals in the message."""
+        if self.non_finite:
+            raise UploadRejectedError(
+                f"{what}column {column!r} has {self.non_finite} NaN or infinite values; pass "
+                f"fill={{{column!r}: value}} to replace them, or clean the data"
+            )
+        if self.outside:
+            raise UploadRejectedError(
+                f"{what}column {column!r} has {self.outside} values outside its declared bounds "
+                f"[{contract.lower:g}, {contract.upper:g}]; fix the bounds, or pass clamp=True "
+                "to clip them"
+            )
+
+
+def encode_block(
+    column: str,
+    values: npt.NDArray[Any],
+    contract: NumericContract,
+    spec: ColumnSpec,
+    violations: Violations,
+    what: str = "",
+) -> npt.NDArray[Any]:
+    """Hold one block of a numeric column to its contract: fill, clamp, or count refusals.
+
+    Elementwise, so encoding a column block by block gives the bytes of encoding it
+    whole. Refused values are counted in ``violations`` (the caller raises once the whole
+    column is counted, see :meth:`Violations.check`); the block is returned as stored.
+    """
+    categories = contract.categories
+    lower, upper = contract.lower, contract.upper
+    if categories is not None and values.dtype.kind == "f":
+        if not np.all(np.isfinite(values)) or np.any(values != np.round(values)):
+            raise UploadRejectedError(
+                f"{what}categorical column {column!r} must hold whole category indices"
+            )
+        values = values.astype(np.int64)
+    if values.dtype.kind == "f":
+        bad = ~np.isfinite(values)
+        n_bad = int(bad.sum())
+        if n_bad:
+            fill = (spec.fill or {}).get(column)
+            if fill is None:
+                violations.non_finite += n_bad
+            elif not contract.fill_lower <= fill <= contract.fill_upper:
+                raise UploadRejectedError(
+                    f"fill value {fill} for column {column!r} lies outside its bounds "
+                    f"[{contract.fill_lower:g}, {contract.fill_upper:g}]"
+                )
+            else:
+                values = np.where(bad, np.asarray(fill, dtype=values.dtype), values)
+        # -0.0 + 0.0 is +0.0: a zero's sign is a bit the bounds do not speak of, and an
+        # output such as x * 0.0 (sensitivity 0, so released as computed) would carry it
+        values = values + values.dtype.type(0.0)
+    outside = (values < lower) | (values > upper)
+    n_out = int(outside.sum())
+    if n_out:
+        if not spec.clamps(column) or categories is not None:
+            violations.outside += n_out
+            return values
+        low: float | int = lower
+        high: float | int = upper
+        if values.dtype.kind in "iu":
+            # float(int64 max) is 2**63, one past what int64 holds: clip with exact integers.
+            info = np.iinfo(values.dtype)
+            low, high = max(int(lower), int(info.min)), min(int(upper), int(info.max))
+        values = np.clip(values, values.dtype.type(low), values.dtype.type(high))
+    return values
+
+
 def _numeric(
     column: str, raw: npt.NDArray[Any], spec: ColumnSpec, what: str
 ) -> tuple[npt.NDArray[Any], float, float, list[str] | None]:
@@ -172,73 +304,14 @@ def _numeric(
             len(categories) - 1.0,
             list(categories),
         )
-    if raw.dtype.name not in STORABLE_DTYPES:
-        check_array("column", column, raw, raw.size)
-    values = raw
-    if categories is not None:
-        lower, upper = 0.0, len(categories) - 1.0
-        if values.dtype.kind == "f":
-            if not np.all(np.isfinite(values)) or np.any(values != np.round(values)):
-                raise UploadRejectedError(
-                    f"{what}categorical column {column!r} must hold whole category indices"
-                )
-            values = values.astype(np.int64)
-    elif values.dtype.kind == "b":
-        lower, upper = 0.0, 1.0
-    elif column in spec.bounds:
-        lower, upper = _check_bounds(column, spec.bounds[column])
-        if values.dtype.kind in "iuf":
-            lower, upper = _within_dtype(column, values.dtype, lower, upper)
-    else:
-        raise UploadRejectedError(
-            f"column {column!r} has no declared bounds; pass bounds={{{column!r}: (low, high)}}: "
-            "bounds are the public privacy contract every result's noise is calibrated to"
-        )
-    if values.dtype.kind == "f":
-        bad = ~np.isfinite(values)
-        n_bad = int(bad.sum())
-        if n_bad:
-            fill = (spec.fill or {}).get(column)
-            if fill is None:
-                raise UploadRejectedError(
-                    f"{what}column {column!r} has {n_bad} NaN or infinite values; pass "
-                    f"fill={{{column!r}: value}} to replace them, or clean the data"
-                )
-            if not lower <= fill <= upper:
-                raise UploadRejectedError(
-                    f"fill value {fill} for column {column!r} lies outside its bounds "
-                    f"[{lower:g}, {upper:g}]"
-                )
-            values = np.where(bad, np.asarray(fill, dtype=values.dtype), values)
-    if values.dtype.kind == "f":
-        lower, upper = _representable(values.dtype, lower, upper)
-        # -0.0 + 0.0 is +0.0: a zero's sign is a bit the bounds do not speak of, and an
-        # output such as x * 0.0 (sensitivity 0, so released as computed) would carry it
-        values = values + values.dtype.type(0.0)
-    if values.dtype.kind in "iu":
-        # Integer columns can only hold whole numbers: tighten the bounds to them.
-        lower, upper = float(math.ceil(lower)), float(math.floor(upper))
-        if lower > upper:
-            raise UploadRejectedError(f"bounds of integer column {column!r} contain no integer")
-    outside = (values < lower) | (values > upper)
-    n_out = int(outside.sum())
-    if n_out:
-        if not spec.clamps(column) or categories is not None:
-            raise UploadRejectedError(
-                f"{what}column {column!r} has {n_out} values outside its declared bounds "
-                f"[{lower:g}, {upper:g}]; fix the bounds, or pass clamp=True to clip them"
-            )
-        low: float | int = lower
-        high: float | int = upper
-        if values.dtype.kind in "iu":
-            # float(int64 max) is 2**63, one past what int64 holds: clip with exact integers.
-            info = np.iinfo(values.dtype)
-            low, high = max(int(lower), int(info.min)), min(int(upper), int(info.max))
-        values = np.clip(values, values.dtype.type(low), values.dtype.type(high))
-    return values, lower, upper, (list(categories) if categories is not None else None)
+    contract = numeric_contract(column, raw.dtype, spec, what)
+    violations = Violations()
+    values = encode_block(column, raw, contract, spec, violations, what)
+    violations.check(column, contract, what)
+    return values, contract.lower, contract.upper, contract.categories
 
 
-def _subjects(column: str, raw: npt.NDArray[Any]) -> tuple[npt.NDArray[np.int64], int, int]:
+def subject_index(column: str, raw: npt.NDArray[Any]) -> tuple[npt.NDArray[np.int64], int, int]:
     if raw.ndim != 1:
         raise UploadRejectedError(f"subject id column {column!r} must be one value per row")
     if raw.dtype.kind == "f" and not np.all(np.isfinite(raw)):
@@ -246,6 +319,39 @@ def _subjects(column: str, raw: npt.NDArray[Any]) -> tuple[npt.NDArray[np.int64]
     keys = raw.astype(str) if raw.dtype.kind == "O" else raw
     _, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
     return inverse.astype(np.int64), len(counts), int(counts.max())
+
+
+def check_declarations(
+    names: Sequence[str], present: Sequence[str], spec: ColumnSpec, what: str = ""
+) -> None:
+    """The column order matches the columns sent, and every declaration names one of them.
+
+    >>> check_declarations(["a"], ["a"], ColumnSpec({"b": (0, 1)}, {}))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    dpnode.core.errors.UploadRejectedError: bounds declared for column 'b', but the data has no ...
+    """
+    columns = set(present)
+    if not names:
+        raise UploadRejectedError("a dataset needs at least one column")
+    if len(set(names)) != len(names) or set(names) != columns:
+        raise UploadRejectedError(
+            f"column order {names[:10]} does not match the columns sent {list(present)[:10]}"
+        )
+    clamped = spec.clamp if isinstance(spec.clamp, frozenset) else frozenset()
+    declarations = {
+        "bounds": spec.bounds,
+        "categories": spec.categories,
+        "fill": spec.fill or {},
+        "clamp": sorted(clamped),
+    }
+    for kind, declared in declarations.items():
+        for column in declared:
+            if column not in columns:
+                raise UploadRejectedError(
+                    f"{kind} declared for column {column!r}, but the {what}data has no such column"
+                )
+    if spec.subject_id is not None and spec.subject_id not in columns:
+        raise UploadRejectedError(f"{what}data has no subject id column {spec.subject_id!r}")
 
 
 def prepare_table(
@@ -269,27 +375,7 @@ def prepare_table(
         UploadRejectedError: with a message naming the column and what is wrong.
     """
     names = list(order) if order is not None else list(columns)
-    if not names:
-        raise UploadRejectedError("a dataset needs at least one column")
-    if len(set(names)) != len(names) or set(names) != set(columns):
-        raise UploadRejectedError(
-            f"column order {names[:10]} does not match the columns sent {list(columns)[:10]}"
-        )
-    clamped = spec.clamp if isinstance(spec.clamp, frozenset) else frozenset()
-    declarations = {
-        "bounds": spec.bounds,
-        "categories": spec.categories,
-        "fill": spec.fill or {},
-        "clamp": sorted(clamped),
-    }
-    for kind, declared in declarations.items():
-        for column in declared:
-            if column not in columns:
-                raise UploadRejectedError(
-                    f"{kind} declared for column {column!r}, but the {what}data has no such column"
-                )
-    if spec.subject_id is not None and spec.subject_id not in columns:
-        raise UploadRejectedError(f"{what}data has no subject id column {spec.subject_id!r}")
+    check_declarations(names, list(columns), spec, what)
     row_counts = {name: (columns[name].shape[0] if columns[name].ndim else 0) for name in names}
     n = row_counts[names[0]]
     if n == 0 or len(set(row_counts.values())) != 1:
@@ -308,7 +394,7 @@ def prepare_table(
                 f"column {name!r} has {raw.size} elements, over the limit of {max_elements}"
             )
         if name == spec.subject_id:
-            subjects, subject_count, max_rows = _subjects(name, raw)
+            subjects, subject_count, max_rows = subject_index(name, raw)
             continue
         values, lower, upper, categories = _numeric(name, raw, spec, what)
         prepared.append(

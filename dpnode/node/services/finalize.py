@@ -1,0 +1,176 @@
+"""Finalizing an upload session: hold the received columns to their contract and store them.
+
+Each numeric column is read back from its file a block of rows at a time, held to its
+contract (:func:`dpnode.node.services.tabular.encode_block`: the same elementwise steps as a
+one-request upload, so the stored bytes are the same) and streamed into the blob store;
+refused values are counted over the whole column before the refusal is raised, inside the
+blob store's stream, which then keeps nothing. The subject ids and the mock data are read
+whole (the subject structure needs every id; mock data is small).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+from sqlalchemy.orm import Session
+
+from dpnode.core.errors import UploadRejectedError
+from dpnode.node.db.models import Dataset, User
+from dpnode.node.services.datasets import (
+    DatasetUpload,
+    StoredColumn,
+    StoredTable,
+    check_new_dataset,
+    prepare_mock,
+    register_dataset,
+)
+from dpnode.node.services.tabular import (
+    ColumnSpec,
+    PreparedColumn,
+    PreparedTable,
+    Violations,
+    check_declarations,
+    encode_block,
+    numeric_contract,
+    subject_index,
+)
+from dpnode.node.storage import BlobStore, array_chunks, array_to_bytes
+
+if TYPE_CHECKING:
+    from dpnode.node.services.uploads import UploadPart, UploadPlan
+
+#: Rows of a column encoded at once (about 8 MiB).
+_ENCODE_BYTES = 8 * 1024 * 1024
+
+
+def _part_array(path: Path, index: int, part: UploadPart, rows: int) -> npt.NDArray[Any]:
+    """One received column, whole (the subject ids, the mock data)."""
+    values = np.fromfile(path / f"part-{index}", dtype=part.dtype)
+    return values.reshape(rows, *part.row_shape)
+
+
+def _part_blocks(path: Path, index: int, part: UploadPart, rows: int) -> Iterator[npt.NDArray[Any]]:
+    """One received column, read a block of rows at a time (about 8 MiB).
+
+    Plain reads rather than a memory map: the pages of a map would count as the node's
+    memory until unmapped, and a column may be far larger than what the node should hold.
+    """
+    step = max(1, _ENCODE_BYTES // max(1, part.row_bytes))
+    with (path / f"part-{index}").open("rb") as f:
+        for start in range(0, rows, step):
+            count = min(step, rows - start)
+            block = np.fromfile(f, dtype=part.dtype, count=count * math.prod(part.row_shape))
+            yield block.reshape(count, *part.row_shape)
+
+
+def _encoded_chunks(
+    name: str, blocks: Iterator[npt.NDArray[Any]], spec: ColumnSpec, dtype: np.dtype[Any]
+) -> Iterator[memoryview]:
+    contract = numeric_contract(name, dtype, spec)
+    violations = Violations()
+    for raw in blocks:
+        block = encode_block(name, raw, contract, spec, violations)
+        if not (violations.non_finite or violations.outside):
+            yield from array_chunks(block)
+    # Raised inside put_stream, which then keeps nothing of this column.
+    violations.check(name, contract)
+
+
+def store_received(
+    session: Session,
+    store: BlobStore,
+    actor: User,
+    path: Path,
+    plan: UploadPlan,
+    max_elements: int,
+    written: list[str],
+) -> Dataset:
+    """Store the received columns (noting each digest in ``written``) and register them."""
+    spec = plan.spec
+    upload = DatasetUpload(
+        name=plan.name,
+        description=plan.description,
+        tags=plan.tags,
+        spec=spec,
+        order=plan.columns,
+        columns={},
+    )
+    name, tags = check_new_dataset(session, actor, plan.name, plan.tags)
+    check_declarations(plan.columns, plan.columns, spec)
+    columns: list[StoredColumn] = []
+    subjects_blob: str | None = None
+    subject_count, max_rows = plan.rows, 1
+    kept: list[PreparedColumn] = []
+    mock_arrays: dict[str, npt.NDArray[Any]] = {}
+    for index, part in enumerate(plan.parts):
+        if part.name.startswith("mock/"):
+            rows = plan.mock_rows or 0
+            mock_arrays[part.name[5:]] = _part_array(path, index, part, rows)
+            continue
+        name_ = part.name[5:]
+        if name_ == spec.subject_id:
+            values = _part_array(path, index, part, plan.rows)
+            subjects, subject_count, max_rows = subject_index(name_, values)
+            subjects_blob = store.put(array_to_bytes(subjects))
+            written.append(subjects_blob)
+            continue
+        dtype = np.dtype(part.dtype)
+        contract = numeric_contract(name_, dtype, spec)
+        stored_dtype = encode_block(
+            name_, np.empty((0, *part.row_shape), dtype), contract, spec, Violations()
+        ).dtype
+        blocks = _part_blocks(path, index, part, plan.rows)
+        blob = store.put_stream(_encoded_chunks(name_, blocks, spec, dtype))
+        written.append(blob)
+        columns.append(
+            StoredColumn(
+                name_,
+                stored_dtype.name,
+                list(part.row_shape),
+                contract.lower,
+                contract.upper,
+                contract.categories,
+                blob,
+                None,
+            )
+        )
+        kept.append(
+            PreparedColumn(
+                name_,
+                np.empty((0, *part.row_shape), stored_dtype),
+                contract.lower,
+                contract.upper,
+                contract.categories,
+            )
+        )
+    if not columns:
+        raise UploadRejectedError("a dataset needs at least one column besides the subject id")
+    mock_rows = None
+    if mock_arrays:
+        real = PreparedTable(kept, plan.rows, None, subject_count, max_rows)
+        mock = prepare_mock(
+            DatasetUpload(
+                name=plan.name,
+                description=plan.description,
+                tags=plan.tags,
+                spec=spec,
+                order=plan.columns,
+                columns={},
+                mock_order=plan.mock_columns,
+                mock=mock_arrays,
+            ),
+            real,
+            max_elements=max_elements,
+        )
+        mock_rows = mock.row_count
+        mock_blobs = [store.put(array_to_bytes(m.values)) for m in mock.columns]
+        written += mock_blobs
+        columns = [replace(c, mock_blob=b) for c, b in zip(columns, mock_blobs, strict=True)]
+    table = StoredTable(columns, plan.rows, mock_rows, subjects_blob, subject_count, max_rows)
+    return register_dataset(session, actor, upload, table, name=name, tags=tags)
