@@ -13,9 +13,12 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote
 
 import httpx
 import numpy as np
@@ -47,6 +50,7 @@ from dpnode.sdk._exceptions import (
     DPNodeError,
     NodeBusyError,
     NodeUnreachableError,
+    NotFoundError,
     PublishInProgressError,
     UnknownStructureError,
     UploadOffsetError,
@@ -82,21 +86,36 @@ class _NoBar:
     def update(self, n: int) -> None:
         pass
 
+    def set_postfix_str(self, s: str) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
 
-def _progress_bar(total: int, progress: bool | None) -> Any:
-    """A tqdm bar in bytes, or a stand-in when it is off (or tqdm is not installed)."""
+#: a publish's bar: how long it has run and its state on the node (no total: a publish
+#: reports no progress of its own, which could depend on the data)
+_PUBLISH_BAR = "{desc}: {elapsed} {postfix}"
+
+
+def _wants_progress(progress: bool | None) -> bool:
+    """``progress``, or by default: in a terminal or a notebook (a Jupyter kernel)."""
     if progress is None:
-        progress = sys.stderr.isatty()
-    if not progress:
+        return sys.stderr.isatty() or "ipykernel" in sys.modules
+    return progress
+
+
+def _progress_bar(total: int | None, progress: bool | None, **options: Any) -> Any:
+    """A tqdm bar (in bytes unless ``options`` say otherwise), or a stand-in when it is off
+    (or tqdm is not installed)."""
+    if not _wants_progress(progress):
         return _NoBar()
     try:
         from tqdm.auto import tqdm
     except ImportError:
         return _NoBar()
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="upload")
+    options = {"unit": "B", "unit_scale": True, "unit_divisor": 1024, "desc": "upload"} | options
+    return tqdm(total=total, **options)
 
 
 def _frame(arrays: Mapping[str, npt.NDArray[Any]], manifest: Mapping[str, Any]) -> bytes:
@@ -128,6 +147,10 @@ class Client:
             charged once). Then :class:`NodeBusyError` is raised.
         upload_retries: how many times a chunk of a chunked upload is sent again after a
             lost connection (from where the node stands: nothing is sent twice).
+        publish_wait: seconds to wait, polling its state, for a publish the node says is
+            still running (charged, being evaluated) before :class:`PublishInProgressError`.
+        progress: show a bar (tqdm) for publishes that take longer than ``progress_after``
+            seconds and for chunked uploads; by default in a terminal or a notebook.
     """
 
     def __init__(
@@ -141,6 +164,8 @@ class Client:
         retry_backoff: float = 0.5,
         busy_retries: int = 5,
         upload_retries: int = 5,
+        publish_wait: float = 3600.0,
+        progress: bool | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.token = token
@@ -152,6 +177,12 @@ class Client:
         self.upload_retries = upload_retries
         self.retry_backoff = retry_backoff
         self.busy_retries = busy_retries
+        self.publish_wait = publish_wait
+        self.progress = progress
+        #: seconds a publish runs before its bar shows
+        self.progress_after = 2.0
+        #: seconds between two polls of a running publish's state
+        self.poll_interval = 1.0
         #: digests of the graph headers this node has accepted from us (see _post_graph)
         self._structures_sent: set[bytes] = set()
 
@@ -596,19 +627,68 @@ class Client:
         result: dict[str, Any] = self._post_graph("/sensitivity", frame, params).json()
         return result
 
+    def publish_state(self, key: str) -> str:
+        """Where your publish under idempotency ``key`` stands on the node: ``"running"``
+        (charged, being evaluated) or ``"answered"`` (publish again with the same key to
+        get its answer, charged once).
+
+        Raises:
+            NotFoundError: nothing was charged under ``key`` (not sent yet, still being
+                decided, refused, or expired).
+        """
+        state: str = self._json("GET", f"/publish/keys/{quote(key, safe='')}")["state"]
+        return state
+
     def _post_publish(self, frame: bytes, params: dict[str, Any], key: str) -> httpx.Response:
-        """POST a publish, sending it again with the same key while it gets no answer."""
+        """POST a publish; past ``progress_after`` seconds, show a bar with its state.
+
+        The request runs in a thread; this one polls the key's state for the bar.
+        """
+        if not _wants_progress(self.progress):
+            return self._send_publish(frame, params, key)
+        pool = ThreadPoolExecutor(1, thread_name_prefix="dpnode-publish")
+        try:
+            sent = pool.submit(self._send_publish, frame, params, key)
+            with contextlib.suppress(FutureTimeout):
+                return sent.result(timeout=self.progress_after)
+            bar = _progress_bar(None, True, desc="publish", unit="s", bar_format=_PUBLISH_BAR)
+            try:
+                while True:
+                    bar.set_postfix_str(self._state_shown(key))  # and the time, refreshed
+                    with contextlib.suppress(FutureTimeout):
+                        return sent.result(timeout=self.poll_interval)
+            finally:
+                bar.close()
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _state_shown(self, key: str) -> str:
+        try:
+            return {"running": "charged, evaluating", "answered": "answered"}[
+                self.publish_state(key)
+            ]
+        except NotFoundError:
+            return "being decided"
+        except DPNodeError:
+            return "waiting for the node"
+
+    def _send_publish(self, frame: bytes, params: dict[str, Any], key: str) -> httpx.Response:
+        """POST a publish, sending it again with the same key while it gets no answer, and
+        waiting (polling its state) while the node says it is still running."""
         headers = {"Idempotency-Key": key}
         attempts = 1 + max(0, self.publish_retries)
-        for attempt in range(attempts):
+        attempt = 0
+        while True:
             try:
                 return self._post_graph("/publish", frame, params, headers)
             except PublishInProgressError as exc:
                 exc.idempotency_key = key
-                if attempt == attempts - 1:
+                if not self._wait_answered(key):
                     raise
+                continue  # answered (or gone): the same key gets the stored answer
             except NodeUnreachableError as exc:
-                if attempt == attempts - 1:
+                attempt += 1
+                if attempt >= attempts:
                     raise NodeUnreachableError(
                         f"no answer from the node at {self.url} after {attempts} attempts "
                         f"({exc.detail}): the publish may or may not have run; publishing "
@@ -616,8 +696,19 @@ class Client:
                         "answer, charged once",
                         idempotency_key=key,
                     ) from exc
-            time.sleep(self.retry_backoff * 2**attempt)
-        raise AssertionError("unreachable")  # the last attempt returns or raises
+            time.sleep(self.retry_backoff * 2 ** (attempt - 1))
+
+    def _wait_answered(self, key: str) -> bool:
+        """Poll ``key``'s publish until it is no longer running; False after ``publish_wait``."""
+        deadline = time.monotonic() + self.publish_wait
+        while time.monotonic() < deadline:
+            try:
+                if self.publish_state(key) != "running":
+                    return True
+            except NotFoundError:
+                return True  # purged, or never charged: sent again, it is decided again
+            time.sleep(min(self.poll_interval, max(0.0, deadline - time.monotonic())))
+        return False
 
     def _post_graph(
         self,

@@ -278,3 +278,35 @@ def test_expired_keys_are_purged_when_a_key_is_claimed(
     with context.sessions() as session:
         kept = sorted(session.scalars(select(PublishKey.key)))
     assert kept == ["new", "recent"]
+
+
+def test_a_publish_is_a_job_its_key_names(
+    http: TestClient, context: NodeContext, ds_h: dict[str, str], scientist: User, dataset_id: int
+) -> None:
+    frame = _mean_frame(dataset_id)
+
+    def state(key: str, headers: dict[str, str] = ds_h) -> Response:
+        return http.get(f"/api/v1/publish/keys/{key}", headers=headers)
+
+    assert state("job").status_code == 404  # nothing charged under it yet
+    refused = _publish(http, ds_h, frame, "job", epsilon=50.0)
+    assert refused.json()["error"] == "budget_exceeded"
+    unknown = state("job")
+    assert unknown.status_code == 404 and unknown.json()["error"] == "not_found"
+    # charged and evaluated, not answered yet: what a client polling a long publish sees
+    done = service.publish(context, scientist.id, frame, service.PublishRequest(0.5), "job")
+    assert isinstance(done, service.Published)
+    running = state("job")
+    assert running.status_code == 200, running.text
+    assert running.json()["state"] == "running"
+    assert running.json()["ledger_id"] == done.receipt["ledger_id"]
+    # another user sees nothing of it
+    other = make_user(context, "ds2@example.org", "data_scientist")
+    assert state("job", login(http, other.email)).status_code == 404
+    service.answered(context, scientist.id, "job", b"the stored answer")
+    assert state("job").json()["state"] == "answered"
+    assert _publish(http, ds_h, frame, "job").content == b"the stored answer"
+    assert _ledger_rows(context, scientist.id) == 1
+    malformed = state("a%20b")
+    assert malformed.status_code == 422 and "idempotency key" in malformed.json()["detail"]
+    assert http.get("/api/v1/publish/keys/job").status_code == 401

@@ -409,3 +409,13 @@ class UploadPublic(Schema):
     block_rows: int
     expires_at: datetime
     dataset_id: int | None = Field(default=None, description="set once finalized")
+
+
+class PublishKeyPublic(Schema):
+    """A publish named by its idempotency key: ``running`` once charged, then ``answered``
+    (send the publish again with the same key to get the stored answer)."""
+
+    key: str
+    state: str = Field(description="`running` (charged, being evaluated) or `answered`")
+    ledger_id: int
+    created_at: datetime

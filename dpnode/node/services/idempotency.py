@@ -27,7 +27,12 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from dpnode.core.errors import ConflictError, InvalidRequestError, PublishInProgressError
+from dpnode.core.errors import (
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    PublishInProgressError,
+)
 from dpnode.node.db.models import PublishKey
 
 #: Printable ASCII without spaces, as an HTTP header carries it untouched.
@@ -106,6 +111,40 @@ def replay(session: Session, user_id: int, claim: Claim) -> bytes | None:
             "running: retry with the same key to get its answer (it is not charged again)"
         )
     return bytes(row.response)
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """Where the publish a key names stands: charged (``ledger_id``) and answered or not."""
+
+    key: str
+    ledger_id: int
+    created_at: datetime
+    answered: bool
+
+
+def state(session: Session, user_id: int, key: str) -> KeyState:
+    """The state of ``user_id``'s publish under ``key``: a long publish is a job the client
+    polls by its key. It tells what the client's own answer tells (charged, then answered),
+    never more: a refused publish claims no key.
+
+    Raises:
+        InvalidRequestError: ``key`` is malformed.
+        NotFoundError: no publish of this user was charged under ``key`` (never sent, still
+            being decided, refused, or purged after ``publish_key_ttl_seconds``).
+    """
+    check_key(key)
+    row = session.execute(
+        select(PublishKey.ledger_id, PublishKey.created_at, PublishKey.response.is_not(None)).where(
+            PublishKey.user_id == user_id, PublishKey.key == key
+        )
+    ).first()
+    if row is None:
+        raise NotFoundError(
+            f"no publish was charged under idempotency key {key!r} (not sent yet, still being "
+            "decided, refused, or expired)"
+        )
+    return KeyState(key, row[0], row[1], bool(row[2]))
 
 
 def ensure_free(session: Session, user_id: int, claim: Claim) -> None:

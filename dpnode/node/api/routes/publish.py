@@ -7,9 +7,10 @@ from fastapi import APIRouter, BackgroundTasks, Header, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from dpnode.node.api import frames
-from dpnode.node.api.deps import ContextDep, LimitedBody, TokenUserId
+from dpnode.node.api.deps import ContextDep, CurrentUser, LimitedBody, ReadSessionDep, TokenUserId
 from dpnode.node.api.openapi import GRAPH_FRAME, errors, frame_body, frame_response
-from dpnode.node.api.schemas import OutputSensitivityPublic, SensitivityPublic
+from dpnode.node.api.schemas import OutputSensitivityPublic, PublishKeyPublic, SensitivityPublic
+from dpnode.node.services import idempotency
 from dpnode.node.services import publish as service
 
 router = APIRouter(tags=["publish"])
@@ -72,6 +73,20 @@ async def publish(
         except Exception:  # charged: the answer goes out anyway; a retry is told it runs
             log.exception("could not store the answer of publish %s", done.receipt["ledger_id"])
     return Response(content, media_type=frames.MEDIA_TYPE)
+
+
+@router.get("/publish/keys/{key}", responses=errors(404, 422))
+def publish_state(key: str, session: ReadSessionDep, actor: CurrentUser) -> PublishKeyPublic:
+    """Where your publish under idempotency key ``key`` stands: ``running`` (charged, being
+    evaluated) or ``answered`` (send it again with the same key: the stored answer, charged
+    once). A long publish is a job the SDK polls here while it waits."""
+    found = idempotency.state(session, actor.id, key)
+    return PublishKeyPublic(
+        key=found.key,
+        state="answered" if found.answered else "running",
+        ledger_id=found.ledger_id,
+        created_at=found.created_at,
+    )
 
 
 @router.post("/sensitivity", responses=errors(403, 404), openapi_extra=frame_body(GRAPH_FRAME))
