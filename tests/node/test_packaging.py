@@ -58,6 +58,13 @@ def test_the_wheel_holds_one_namespace_with_its_migrations(wheel: Path) -> None:
         "dpnode/core/engine/__init__.py",
     ):
         assert needed in names, needed
+    # every file of the package's source tree ships (templates, styles, policies, ...)
+    tree = {
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "dpnode").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    }
+    assert tree - set(names) == set()
     versions = [n for n in names if n.startswith("dpnode/node/migrations/versions/")]
     shipped = sorted(p.name for p in (ROOT / "dpnode/node/migrations/versions").glob("*.py"))
     assert sorted(Path(n).name for n in versions) == shipped
@@ -69,7 +76,8 @@ def test_the_installed_wheel_migrates_a_new_database(wheel: Path, tmp_path: Path
     data = tmp_path / "data"
     env = {**os.environ, "PYTHONPATH": str(site), "DPNODE_DATA_DIR": str(data)}
     where = subprocess.run(
-        [sys.executable, "-c", "import dpnode.node.db.migrate as m; print(m.MIGRATIONS_DIR)"],
+        [sys.executable, "-c", "import dpnode.node.app, dpnode.node.db.migrate as m; "
+         "print(m.MIGRATIONS_DIR)"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     assert Path(where.stdout.strip()).is_relative_to(site)
