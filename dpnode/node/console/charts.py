@@ -6,6 +6,7 @@ releases nothing the table does not. Text is escaped; coordinates are plain numb
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,12 +36,17 @@ def _fmt(value: float) -> str:
 
 
 def _ticks(top: float, count: int = 4) -> list[float]:
-    """Evenly spaced ticks from 0 to ``top``.
+    """Ticks from 0 to at most ``top``, at a round step (1, 2, 2.5 or 5 times a power of
+    ten) giving at most ``count`` intervals.
 
-    >>> _ticks(2.0)
-    [0.0, 0.5, 1.0, 1.5, 2.0]
+    >>> _ticks(2.0), _ticks(11.5), _ticks(0.3)
+    ([0.0, 0.5, 1.0, 1.5, 2.0], [0.0, 5.0, 10.0], [0.0, 0.1, 0.2, 0.3])
     """
-    return [top * i / count for i in range(count + 1)]
+    if not top > 0:
+        return [0.0]
+    power = 10.0 ** math.floor(math.log10(top / count))
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power * count >= top)
+    return [round(i * step, 12) for i in range(int(top / step + 1e-9) + 1)]
 
 
 def budget_chart(
