@@ -142,16 +142,24 @@ _last_client: Client | None = None
 
 
 def login(
-    url: str, *, email: str, password: str, transport: httpx.BaseTransport | None = None
+    url: str,
+    *,
+    email: str,
+    password: str,
+    transport: httpx.BaseTransport | None = None,
+    progress: bool | None = None,
 ) -> Client:
     """Log in to a node and return a client; module-level helpers use the last one.
+
+    ``progress``: progress bars for long publishes and chunked uploads (default: in a
+    terminal or a notebook); see :class:`Client` for the other options.
 
     Raises:
         AuthenticationError: wrong email or password, or a deactivated account.
         NodeUnreachableError: nothing answers at ``url``.
     """
     global _last_client
-    client = Client(url, transport=transport).login(email, password)
+    client = Client(url, transport=transport, progress=progress).login(email, password)
     _last_client = client
     return client
 

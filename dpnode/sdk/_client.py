@@ -344,8 +344,8 @@ class Client:
                 default, for Arrow data and files (read batch by batch) and for tables over
                 ``CHUNKED_ABOVE`` bytes.
             chunk_bytes: the size of each chunk.
-            progress: show a progress bar (tqdm) while sending chunks; by default when
-                standard error is a terminal.
+            progress: show a progress bar (tqdm) while sending chunks; by default the
+                client's ``progress`` (in a terminal or a notebook).
             resume: the ``upload_id`` of a chunked upload that failed (the exception carries
                 it) to go on with, with the same data and declarations: only the bytes the
                 node does not hold yet are sent.
@@ -478,7 +478,7 @@ class Client:
     ) -> None:
         """Send a stream in chunks from ``start`` (bytes before it are skipped); after a lost
         connection, resume where the node stands."""
-        bar = _progress_bar(size, progress)
+        bar = _progress_bar(size, self.progress if progress is None else progress)
         bar.update(start)
         offset = start
 

@@ -254,3 +254,15 @@ def test_a_failed_upload_resumes_from_another_client(http: TestClient, owner: Us
     handle = second.upload_dataset("later", {"x": x}, resume=upload_id, **declared)
     assert healthy.sent == x.nbytes - 900_000  # only what the node did not hold
     assert np.array_equal(handle.download()["x"], x)
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_the_clients_progress_setting_governs_upload_bars(
+    http: TestClient, owner: User, capsys: pytest.CaptureFixture[str], progress: bool
+) -> None:
+    client = sdk.login(
+        URL, email=owner.email, password=PASSWORD, transport=http._transport, progress=progress
+    )
+    x = np.arange(50_000, dtype=np.float64)
+    client.upload_dataset("barred", {"x": x}, bounds={"x": (0, 1e6)}, chunked=True)
+    assert ("upload" in capsys.readouterr().err) is progress
