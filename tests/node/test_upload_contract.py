@@ -321,6 +321,9 @@ def test_values_inside_their_bounds_round_trip_exactly(
     assert stored_lower <= values.min() and values.max() <= stored_upper
     back = download(http, owner_h, name)["x"]
     assert back.dtype == values.dtype and back.shape == values.shape
+    if dtype.kind == "f":  # exactly, but for a zero's sign, which the node drops on purpose
+        assert not np.any(np.signbit(back) & (back == 0))
+        values = values + dtype.type(0.0)
     assert back.tobytes() == values.tobytes()
 
 

@@ -154,20 +154,8 @@ def store_received(
     mock_rows = None
     if mock_arrays:
         real = PreparedTable(kept, plan.rows, None, subject_count, max_rows)
-        mock = prepare_mock(
-            DatasetUpload(
-                name=plan.name,
-                description=plan.description,
-                tags=plan.tags,
-                spec=spec,
-                order=plan.columns,
-                columns={},
-                mock_order=plan.mock_columns,
-                mock=mock_arrays,
-            ),
-            real,
-            max_elements=max_elements,
-        )
+        with_mock = replace(upload, mock_order=plan.mock_columns, mock=mock_arrays)
+        mock = prepare_mock(with_mock, real, max_elements=max_elements)
         mock_rows = mock.row_count
         mock_blobs = [store.put(array_to_bytes(m.values)) for m in mock.columns]
         written += mock_blobs
