@@ -707,6 +707,8 @@ class Client:
                     return True
             except NotFoundError:
                 return True  # purged, or never charged: sent again, it is decided again
+            except (NodeUnreachableError, NodeBusyError):
+                pass  # no state this time: ask again until the deadline
             time.sleep(min(self.poll_interval, max(0.0, deadline - time.monotonic())))
         return False
 

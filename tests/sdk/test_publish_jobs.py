@@ -22,16 +22,21 @@ from tests.sdk.test_publish_frames import _ages, mean_frame
 
 
 class Recording(httpx.BaseTransport):
-    """The app's transport, noting each request's path, and holding a publish's answer
-    back for ``delay`` seconds after the node gave it (a slow network, a long job)."""
+    """The app's transport, noting each request's path, holding a publish's answer back
+    for ``delay`` seconds after the node gave it (a slow network, a long job), and losing
+    the first ``lost_polls`` polls of a publish's state (a dropped connection)."""
 
-    def __init__(self, inner: httpx.BaseTransport, delay: float = 0.0) -> None:
+    def __init__(self, inner: httpx.BaseTransport, delay: float = 0.0, lost_polls: int = 0) -> None:
         self.inner = inner
         self.delay = delay
+        self.lost_polls = lost_polls
         self.paths: list[str] = []
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         self.paths.append(request.url.path)
+        if "/publish/keys/" in request.url.path and self.lost_polls > 0:
+            self.lost_polls -= 1
+            raise httpx.ConnectError("connection refused", request=request)
         response = self.inner.handle_request(request)
         if request.url.path.endswith("/publish"):
             response.read()
@@ -61,7 +66,7 @@ def test_a_running_publish_is_waited_for_then_answered_once(
 ) -> None:
     frame = mean_frame(_ages(owner_client))
     answer = _charged_not_answered(context, scientist, frame, "job")
-    transport = Recording(http._transport)
+    transport = Recording(http._transport, lost_polls=2)  # waiting survives lost polls
     client = _client(http, scientist, transport, progress=False)
     finish = threading.Timer(0.6, service.answered, (context, scientist.id, "job", answer))
     finish.start()
@@ -72,7 +77,7 @@ def test_a_running_publish_is_waited_for_then_answered_once(
     _, expected = frames.decode(answer, max_elements=16)
     np.testing.assert_array_equal(values[0], expected["output/0"])
     polls = [p for p in transport.paths if p.endswith("/publish/keys/job")]
-    assert len(polls) >= 3  # it waited on the job's state, not by resending the publish
+    assert len(polls) >= 5  # it waited on the job's state, not by resending the publish
     assert transport.paths.count("/api/v1/publish") == 2  # refused as running, then answered
     (entry,) = client.ledger()
     assert entry.id == receipt["ledger_id"]
