@@ -7,9 +7,10 @@ Both run a real ``dpnode serve`` process on loopback (``bench.publish.node``), i
 with their baselines:
 
 - **fixed cost** (``--fixed``): the median time of a tiny publish (the mean of 1,000 rows)
-  posted over HTTP, against an authenticated FastAPI POST that writes one durable row to
-  the node's own database: a second server process (this module's ``--serve-baseline``,
-  uvicorn with the node's settings) that checks the same bearer token, reads the account,
+  posted over HTTP with a fresh idempotency key (as the SDK sends each publish), against an
+  authenticated FastAPI POST that writes one durable row to the node's own database: a
+  second server process (this module's ``--serve-baseline``, uvicorn with the node's
+  settings) that checks the same bearer token, reads the account,
   inserts a row and commits (SQLite with the node's pragmas: WAL, ``synchronous=FULL``).
   Requests alternate between the two servers, each over its own kept-alive connection.
 - **cost per row** (``--big ROWS``): a float64 column of ROWS rows is written through the
@@ -30,6 +31,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -161,8 +163,9 @@ def _poster(url: str, token: str, frame: bytes) -> Callable[[], Any]:
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/octet-stream"}
 
     def post() -> Any:
+        key = {"Idempotency-Key": uuid.uuid4().hex}  # as the SDK sends every publish
         r = client.post(
-            "/api/v1/publish", params={"epsilon": 0.001}, content=frame, headers=headers
+            "/api/v1/publish", params={"epsilon": 0.001}, content=frame, headers=headers | key
         )
         r.raise_for_status()
         return r

@@ -10,6 +10,7 @@ from dpnode.node.api import frames
 from dpnode.node.api.deps import ContextDep, CurrentUser, LimitedBody, ReadSessionDep, TokenUserId
 from dpnode.node.api.openapi import GRAPH_FRAME, errors, frame_body, frame_response
 from dpnode.node.api.schemas import OutputSensitivityPublic, PublishKeyPublic, SensitivityPublic
+from dpnode.node.context import NodeContext
 from dpnode.node.services import idempotency
 from dpnode.node.services import publish as service
 
@@ -68,11 +69,19 @@ async def publish(
     arrays = {f"output/{i}": v for i, v in enumerate(done.values)}
     content = frames.encode(arrays, {"receipt": done.receipt})
     if idempotency_key is not None:
-        try:
-            await run_in_threadpool(service.answered, context, user_id, idempotency_key, content)
-        except Exception:  # charged: the answer goes out anyway; a retry is told it runs
-            log.exception("could not store the answer of publish %s", done.receipt["ledger_id"])
+        # Stored after the answer is sent: the client does not wait for a second commit. A
+        # retry arriving before it is stored is told the publish still runs and waits.
+        background.add_task(_store_answer, context, user_id, idempotency_key, content, done)
     return Response(content, media_type=frames.MEDIA_TYPE)
+
+
+def _store_answer(
+    context: NodeContext, user_id: int, key: str, content: bytes, done: service.Published
+) -> None:
+    try:
+        service.answered(context, user_id, key, content)
+    except Exception:  # charged and answered: a retry is told it runs until the key expires
+        log.exception("could not store the answer of publish %s", done.receipt["ledger_id"])
 
 
 @router.get("/publish/keys/{key}", responses=errors(404, 422))
