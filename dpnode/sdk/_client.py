@@ -664,13 +664,12 @@ class Client:
 
     def _state_shown(self, key: str) -> str:
         try:
-            return {"running": "charged, evaluating", "answered": "answered"}[
-                self.publish_state(key)
-            ]
+            state = self.publish_state(key)
         except NotFoundError:
             return "being decided"
         except DPNodeError:
             return "waiting for the node"
+        return {"running": "charged, evaluating"}.get(state, state)
 
     def _send_publish(self, frame: bytes, params: dict[str, Any], key: str) -> httpx.Response:
         """POST a publish, sending it again with the same key while it gets no answer, and

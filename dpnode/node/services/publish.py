@@ -28,7 +28,7 @@ A publish may come with an idempotency key (``dpnode.node.services.idempotency``
 key already answered is answered, right after 1, with the stored answer: nothing is
 planned, evaluated or charged. Otherwise 5 claims the key with the ledger row, so that
 copies of one request racing each other are charged once; the caller stores the encoded
-answer (:func:`answered`) before sending it.
+answer (:func:`answered`) once it is sent.
 """
 
 from __future__ import annotations
@@ -368,7 +368,8 @@ def publish(
 
 def answered(context: NodeContext, actor_id: int, key: str, response: bytes) -> None:
     """Store a publish's encoded answer under its idempotency key, for its retries. Called
-    before the answer is sent, so that a retry after a lost answer finds it."""
+    once the answer is sent (the route's background task): a retry that arrives before is
+    told the publish still runs (``publish_in_progress``) and waits for this."""
     idempotency.store(context.sessions, actor_id, key, response)
 
 

@@ -71,17 +71,18 @@ async def publish(
     if idempotency_key is not None:
         # Stored after the answer is sent: the client does not wait for a second commit. A
         # retry arriving before it is stored is told the publish still runs and waits.
-        background.add_task(_store_answer, context, user_id, idempotency_key, content, done)
+        ledger_id = done.receipt["ledger_id"]
+        background.add_task(_store_answer, context, user_id, idempotency_key, content, ledger_id)
     return Response(content, media_type=frames.MEDIA_TYPE)
 
 
 def _store_answer(
-    context: NodeContext, user_id: int, key: str, content: bytes, done: service.Published
+    context: NodeContext, user_id: int, key: str, content: bytes, ledger_id: int
 ) -> None:
     try:
         service.answered(context, user_id, key, content)
     except Exception:  # charged and answered: a retry is told it runs until the key expires
-        log.exception("could not store the answer of publish %s", done.receipt["ledger_id"])
+        log.exception("could not store the answer of publish %s", ledger_id)
 
 
 @router.get("/publish/keys/{key}", responses=errors(404, 422))
