@@ -8,7 +8,10 @@ Opacus does for local tensors: a global module forward hook notices every
 hooks the output's gradient; in the backward pass the example ``i``'s gradient of the
 weight is ``grad_out[i]^T input[i]`` (summed over any middle dims) and of the bias
 ``grad_out[i]``. They are recorded as ordinary prims (``mul``, ``sum``), lazily: when
-nothing publishes them, they are never built, sent or computed.
+nothing publishes them, they are never built, sent or computed. A weight's rows that are
+one outer product each (no middle dims, one call of the layer) are clipped from their two
+factors (:func:`clipped_sum`, the node's ``clip_by_subject_norm`` with ``outer``): the
+``rows x out x in`` numbers are never built, as in Opacus's fast gradient clipping.
 
 The trade-off: this covers models built from ``nn.Linear`` layers and parameter-free
 modules (activations, dropout, reshapes) — logistic and linear regression, MLPs —
@@ -26,6 +29,7 @@ this module followed adds to them (gradient accumulation), and anything else (a
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +70,11 @@ _UNSUPPORTED = (
 
 #: parameter -> its per-example gradients (weakly keyed by identity: tensors have no ==)
 _STATE: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+#: per-example weight gradients ``[rows, p, q]`` of a linear layer -> their factors
+#: ``(grad_out [rows, p], input [rows, q])``: :func:`clipped_sum` sends the factors, and the
+#: node clips the rows without building them (the gradients stay an unsent lazy node)
+_FACTORS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def _lookup(p: torch.Tensor) -> _Samples | None:
@@ -174,6 +183,8 @@ def watch_linear(
             return
         if w is not None:
             per = g.unsqueeze(-1) * x.unsqueeze(-2)  # [.., rows, .., out, in]
+            if not (summed or before or after):
+                _FACTORS[per] = (g, x)
             per = per.sum(dim=summed) if summed else per
             _contribute(w, F.pad(per, (0, 0, before, after)) if before or after else per)
         if b is not None:
@@ -414,22 +425,29 @@ def clipped_sum(
         flattened and concatenated in order.
     """
     rows = int(per_example[0].shape[0])
-    # each parameter's rows flattened (a view); the node joins them into one vector per row
-    # as it clips, without a copy of them all together
-    parts = [t.reshape(rows, -1) for t in per_example]
-    common = functools.reduce(torch.promote_types, [p.dtype for p in parts])
-    parts = [p if p.dtype == common else p.to(common) for p in parts]
+    # each parameter's rows flattened (a view), or the two factors of a linear layer's
+    # weight gradients; the node joins them into one vector per row as it clips, without
+    # a copy of them all together
+    parts: list[tuple[torch.Tensor, ...]] = [
+        _FACTORS.get(t) or (t.reshape(rows, -1),)  # type: ignore[no-untyped-call]
+        for t in per_example
+    ]
+    common = functools.reduce(torch.promote_types, [f.dtype for p in parts for f in p])
+    parts = [tuple(f if f.dtype == common else f.to(common) for f in p) for p in parts]
     if scale != 1.0:
-        parts = [p * scale for p in parts]
+        parts = [(p[0] * scale, *p[1:]) for p in parts]
     if groups is None:
         groups = torch.arange(rows, dtype=torch.int64)
-    remote = [p for p in parts if isinstance(p, RemoteTensor)]
+    remote = [f for p in parts for f in p if isinstance(f, RemoteTensor)]
     if not remote:
         raise DPNodeError("per-example gradients of local tensors have nothing private to clip")
     attrs: dict[str, Any] = {"max_norm": float(max_norm)}
     if ord != 2:
         attrs["ord"] = int(ord)
-    node = prim("clip_by_subject_norm", *[node_of(p) for p in parts], node_of(groups), **attrs)
-    size = sum(int(p.shape[1]) for p in parts)
+    if any(len(p) == 2 for p in parts):
+        attrs["outer"] = [len(p) - 1 for p in parts]
+    args = [node_of(f) for p in parts for f in p]
+    node = prim("clip_by_subject_norm", *args, node_of(groups), **attrs)
+    size = sum(math.prod(int(f.shape[1]) for f in p) for p in parts)
     meta = torch.empty((size,), dtype=remote[0].dtype, device="meta")
     return RemoteTensor(meta, Storage(node), source=remote[0]._source)

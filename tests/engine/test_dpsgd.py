@@ -148,3 +148,58 @@ def test_kernel_matches_the_loop_for_any_grouping(
     np.testing.assert_allclose(
         clip(x, groups, bound), reference(x, groups, bound), rtol=1e-10, atol=1e-10
     )
+
+
+def clip_outer(g: Any, x: Any, bias: Any, groups: Any, bound: float, **attrs: Any) -> Any:
+    """``clip_by_subject_norm`` of an outer part given by its factors and a plain part."""
+    b = GraphBuilder()
+    gi, xi, bi = (b.input(k, str(v.dtype), v.shape) for k, v in (("g", g), ("x", x), ("b", bias)))
+    si = b.input("s", "int64", groups.shape)
+    out = b.op("clip_by_subject_norm", gi, xi, bi, si, max_norm=bound, outer=[1, 0], **attrs)
+    return evaluate(b.build([out]), {"g": g, "x": x, "b": bias, "s": groups})[0]
+
+
+@pytest.mark.parametrize("n", [1, 40, 300])  # 300: blocks of rows
+@pytest.mark.parametrize("groups_of", ["rows", "few", "one"])
+@pytest.mark.parametrize("order", [2, 1])
+def test_an_outer_part_is_clipped_as_the_rows_it_stands_for(
+    rng: np.random.Generator, n: int, groups_of: str, order: int
+) -> None:
+    """Factors ``g [n, p]``, ``x [n, q]`` flagged ``outer`` give what the built rows
+    ``g[i] (x) x[i]`` (flattened, then the plain part joined) give, as the plain loop says."""
+    g, x, bias = rng.normal(0, 1, (n, 3)), rng.normal(0, 2, (n, 4)), rng.normal(0, 1, (n, 2))
+    groups = {
+        "rows": np.arange(n),
+        "few": np.repeat(np.arange(n), 3)[:n],
+        "one": np.zeros(n),
+    }[groups_of].astype(np.int64)
+    rows = np.concatenate([(g[:, :, None] * x[:, None, :]).reshape(n, 12), bias], axis=1)
+    for bound in (0.1, 1.0, 1e6):
+        got = clip_outer(g, x, bias, groups, bound, ord=order)
+        if order == 2:
+            want = reference(rows, groups, bound)
+        else:
+            sums = np.stack([rows[groups == s].sum(0) for s in np.unique(groups)])
+            want = (sums * np.minimum(1.0, bound / np.abs(sums).sum(1, keepdims=True))).sum(0)
+        assert got.shape == (14,)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("shapes", "outer", "message"),
+    [
+        (((5, 3), (5, 4)), [1, 1], "outer must flag each part"),
+        (((5, 3), (5, 4)), [2], "outer must flag each part"),
+        (((5, 3), (5, 4)), [1, 0], "outer must flag each part"),
+        (((5, 3, 1), (5, 4)), [1], r"factors must be \[n, p\] and \[n, q\]"),
+        (((5, 3), (4, 4)), [1], r"factors must be \[n, p\] and \[n, q\]"),
+    ],
+)
+def test_bad_outer_parts_are_refused_before_running(
+    shapes: tuple[tuple[int, ...], ...], outer: list[int], message: str
+) -> None:
+    b = GraphBuilder()
+    args = [b.input(f"a{i}", "float64", s) for i, s in enumerate(shapes)]
+    groups = b.input("s", "int64", (5,))
+    with pytest.raises(GraphError, match=message):
+        plan(b.build([b.op("clip_by_subject_norm", *args, groups, max_norm=1.0, outer=outer)]))

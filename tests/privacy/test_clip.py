@@ -224,3 +224,95 @@ def test_parts_of_different_subjects_row_by_row_are_refused() -> None:
     specs = {"w": InputSpec.private(0.0, 1.0), "other": InputSpec.private(0.0, 1.0)}
     with pytest.raises(PrivacyTrackingError, match="same subjects"):
         track(b.build([out]), specs)
+
+
+def _outer_graph(n: int, groups: Any, *, order: int = 2, public_x: Any = None) -> Any:
+    """A linear layer's per-example gradients as the SDK sends them: the weight's as the
+    factors ``g [n, 3]`` (the output's gradient) and ``x [n, 4]`` (the input), ``outer``,
+    and the bias's ``g`` whole; next to it the same rows built and clipped, for comparison."""
+    b = GraphBuilder()
+    g = b.input("g", "float32", (n, 3))
+    x = b.input("x", "float32", (n, 4)) if public_x is None else b.constant(public_x)
+    s = b.constant(groups)
+    kw: dict[str, Any] = {"max_norm": C} | ({"ord": 1} if order == 1 else {})
+    factored = b.op("clip_by_subject_norm", g, x, g, s, outer=[1, 0], **kw)
+    built = b.op(
+        "reshape",
+        b.op("mul", b.op("unsqueeze", g, dim=2), b.op("unsqueeze", x, dim=1)),
+        shape=(n, 12),
+    )
+    return b, factored, b.op("clip_by_subject_norm", built, g, s, **kw)
+
+
+@pytest.mark.parametrize("subjects", [None, np.repeat(np.arange(10), 3)])
+@pytest.mark.parametrize("order", [2, 1])
+def test_an_outer_part_gives_2c_like_the_rows_it_stands_for(
+    rng: np.random.Generator, subjects: Any, order: int
+) -> None:
+    """The factored form of a linear layer's per-example gradients (never built on the
+    node) is tracked as the rows it stands for: 2C, on neighbours at the corners too."""
+    n = 30
+    groups = np.arange(n) if subjects is None else subjects
+    b, factored, built = _outer_graph(n, groups, order=order)
+    specs = {
+        "g": InputSpec.private(-1.0, 1.0, subjects),
+        "x": InputSpec.private(-2.0, 2.0, subjects),
+    }
+    graph = b.build([factored])
+    r = track(graph, specs)
+    out = r.outputs[0]
+    assert out.shape == (15,) and out.exact_l2 == 2 * C
+    if order == 1:
+        assert out.l1 == pytest.approx(2 * C, rel=1e-4)
+    else:
+        assert out.l2 == pytest.approx(2 * C, rel=1e-4)
+        assert out.l2 == pytest.approx(track(b.build([built]), specs).outputs[0].l2, rel=1e-6)
+    values = {"g": rng.uniform(-1, 1, (n, 3)), "x": rng.uniform(-2, 2, (n, 4))}
+    values = {k: v.astype(np.float32) for k, v in values.items()}
+    got, want = evaluate(b.build([factored, built]), values)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    cols = {
+        "g": Column("float32", (n, 3), -1.0, 1.0, subjects),
+        "x": Column("float32", (n, 4), -2.0, 2.0, subjects),
+    }
+    for _ in range(100):
+        assert_sound(graph, r, *neighbours(cols, rng))
+    worst = 0.0  # a row at opposite corners: the output moves by 2C, no more
+    for s in range(5):
+        a = {k: v.copy() for k, v in values.items()}
+        a["g"][s], a["x"][s] = 1.0, 2.0
+        z = {k: v.copy() for k, v in a.items()}
+        z["g"][s] = -1.0
+        moved = evaluate(graph, a)[0].astype(np.float64) - evaluate(graph, z)[0]
+        worst = max(worst, float(np.abs(moved).sum() if order == 1 else np.linalg.norm(moved)))
+    assert worst <= out.l1 if order == 1 else worst <= out.l2
+    if subjects is None:
+        assert worst == pytest.approx(2 * C, rel=1e-5)
+
+
+def test_an_outer_part_with_a_public_factor_is_owned_by_the_other(
+    rng: np.random.Generator,
+) -> None:
+    n = 12
+    x = rng.uniform(-1, 1, (n, 4)).astype(np.float32)
+    b, factored, _ = _outer_graph(n, np.arange(n), public_x=x)
+    graph = b.build([factored])
+    r = track(graph, {"g": InputSpec.private(-1.0, 1.0)})
+    assert r.outputs[0].exact_l2 == 2 * C
+    cols = {"g": Column("float32", (n, 3), -1.0, 1.0)}
+    for _ in range(100):
+        assert_sound(graph, r, *neighbours(cols, rng))
+
+
+def test_outer_factors_of_different_subjects_row_by_row_are_refused() -> None:
+    b = GraphBuilder()
+    g = b.input("g", "float64", (6, 2))
+    x = b.op("flip", b.input("x", "float64", (6, 3)), dims=(0,))  # row i: subject 5 - i
+    out = b.op("clip_by_subject_norm", g, x, b.constant(np.arange(6)), max_norm=1.0, outer=[1])
+    specs = {"g": InputSpec.private(0.0, 1.0), "x": InputSpec.private(0.0, 1.0)}
+    with pytest.raises(PrivacyTrackingError, match="same subjects"):
+        track(b.build([out]), specs)
+    mixed = b.op("sub", g, b.op("mean", g, dims=(0,), keepdim=True))  # every row sees all
+    out = b.op("clip_by_subject_norm", mixed, g, b.constant(np.arange(6)), max_norm=1.0, outer=[1])
+    with pytest.raises(PrivacyTrackingError, match="one subject only"):
+        track(b.build([out]), specs)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 from dpnode import sdk
+from dpnode.core.engine import plan
 from dpnode.core.privacy import InputSpec, PrivacyReport, Subjects, track
 from dpnode.core.privacy import tracker as tracker_module
 from dpnode.sdk import _per_sample as per_sample
@@ -232,6 +233,46 @@ def test_a_layer_called_twice_adds_both_calls(rng: np.random.Generator) -> None:
 
     want = _reference(model, loss, torch.from_numpy(x), torch.from_numpy(y))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _clip_nodes(model: torch.nn.Module, n: int) -> tuple[Any, list[tuple[int, ...]]]:
+    """The clip node of the graph ``publish_grads`` sends, and the shapes of all nodes."""
+    samples = per_sample.per_example_grads(
+        list(model.parameters()), [k for k, _ in model.named_parameters()]
+    )
+    graph = graph_for([per_sample.clipped_sum(samples, max_norm=C, scale=float(n))])
+    (clip,) = [node for node in graph.nodes if node.op == "clip_by_subject_norm"]
+    return clip, [meta.shape for meta in plan(graph).metas]
+
+
+def test_a_linear_layers_weight_gradients_are_sent_as_their_two_factors(
+    rng: np.random.Generator,
+) -> None:
+    """An MLP step's graph carries each weight's per-example gradients as the factors
+    (output gradient, input): the node never builds rows x out x in numbers; a layer called
+    twice (two outer products added) sends its rows built, and both match torch.func."""
+    n, d = 20, 6
+    torch.manual_seed(7)
+    model = torch.nn.Sequential(torch.nn.Linear(d, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    X, Y = remote_input("X", (n, d), torch.float32), remote_input("y", (n,), torch.int64)
+    F.cross_entropy(model(X), Y).backward()
+    clip, shapes = _clip_nodes(model, n)
+    assert list(clip.attrs["outer"]) == [1, 0, 1, 0]
+    assert len(clip.args) == 7  # (g, x) and bias for each layer, then the groups
+    assert max(len(shape) for shape in shapes) == 2  # no [rows, out, in] anywhere
+    x = rng.uniform(-1, 1, (n, d)).astype(np.float32)
+    y = rng.integers(0, 3, n)
+    got = _remote_clipped(model, {"X": x, "y": y}, rows=n)
+    want = _reference(model, F.cross_entropy, torch.from_numpy(x), torch.from_numpy(y))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+    per_sample.reset(list(model.parameters()))
+    model.zero_grad(set_to_none=True)
+    lin = torch.nn.Linear(d, d)
+    twice = torch.nn.Sequential(lin, torch.nn.Tanh(), lin)
+    twice(remote_input("X", (n, d), torch.float32)).sum().backward()
+    clip, shapes = _clip_nodes(twice, n)
+    assert not any(clip.attrs.get("outer") or ()) and (n, d, d) in shapes
 
 
 def test_a_frozen_weight_leaves_the_bias_alone(rng: np.random.Generator) -> None:

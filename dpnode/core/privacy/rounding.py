@@ -240,16 +240,45 @@ def _contraction(a: State, b: State, n: int) -> Array:
         return np.asarray(np.matmul(ma, mb))
 
 
-def _clip_error(c: Ctx, parts: Sequence[State], mag_out: Array) -> Array:
+def _part_magnitude(part: tuple[State, ...]) -> float:
+    """The sum of the magnitudes of a clip part's elements, an outer part's from its factors."""
+    if len(part) == 1:
+        p = part[0]
+        return float(reduce_array(_magnitude(*wide(p)), p.shape, tuple(range(len(p.shape)))).sum())
+    g, x = part
+    per_row = [
+        np.broadcast_to(reduce_array(_magnitude(*wide(f)), f.shape, (1,)), (f.shape[0], 1))
+        for f in (g, x)
+    ]
+    return float((per_row[0] * per_row[1]).sum())
+
+
+def _clip_error(c: Ctx, args: Sequence[State], mag_out: Array) -> Array:
     """Rounding of ``clip_by_subject_norm`` (float64 inside): group sums, norms, scaling,
     the sum over groups, and the cast to the result dtype. Several parts are one vector per
     row: their features add up (a norm's squares summed part by part are still ``feat``
-    terms added)."""
-    x = parts[0]
-    rows = x.shape[0]
-    feat = max(sum(math.prod(p.shape[1:]) for p in parts), 1)
+    terms added). An outer part (two factors ``g``, ``x``) counts ``p * q + p + q``
+    features (its squared norm is two sums of squares multiplied), and its clipped rows
+    two more roundings each (the scale times ``g``, then times ``x``)."""
+    flags = list(c.call.attrs.get("outer") or ()) or [0] * len(args)
+    parts: list[tuple[State, ...]] = []
+    i = 0
+    for f in flags:
+        parts.append(tuple(args[i : i + 1 + f]))
+        i += 1 + f
+    rows = args[0].shape[0]
+    feat = max(
+        sum(
+            math.prod(p[0].shape[1:])
+            if len(p) == 1
+            else p[0].shape[1] * p[1].shape[1] + p[0].shape[1] + p[1].shape[1]
+            for p in parts
+        ),
+        1,
+    )
+    products = 2 if any(flags) else 1
     bound = float(c.call.attrs["max_norm"])
-    u = unit(accumulation(x.dtype, True))
+    u = unit(accumulation(args[0].dtype, True))
     groups = c.args[-1] if len(c.args) > 1 else None
     alone = (  # every row its own group: the kernel sums no rows before clipping
         groups is not None
@@ -261,13 +290,11 @@ def _clip_error(c: Ctx, parts: Sequence[State], mag_out: Array) -> Array:
     # which bounds every element's change
     lipschitz = 2.0 if c.call.attrs.get("ord", 2) == 1 else 1.0
     with np.errstate(all="ignore"):
-        # the float64 copy of the rows is exact
-        magnitude = sum(
-            float(reduce_array(_magnitude(*wide(p)), p.shape, tuple(range(len(p.shape)))).sum())
-            for p in parts
-        )
-        before = 0.0 if alone else lipschitz * gamma(rows + 1, u) * magnitude
-        e = before + rows * bound * (gamma(feat + 4, u) + gamma(rows + 1, u))
+        # the float64 copy of the rows is exact; an outer part's rows sum to
+        # sum_i (sum_j |g_ij|) (sum_k |x_ik|) in magnitude (each product then rounds once)
+        magnitude = sum(_part_magnitude(p) for p in parts)
+        before = 0.0 if alone else lipschitz * gamma(rows + products, u) * magnitude
+        e = before + rows * bound * (gamma(feat + 4, u) + gamma(rows + products, u))
     return np.asarray(e + unit(c.meta.dtype) * mag_out + _TINY.get(c.meta.dtype.name, 0.0))
 
 

@@ -8,6 +8,11 @@
       -> float[|f1| + ... + |fk|]: the same, each row of x1 .. xk joined into one vector
          (a model's parameters), without copying them into one tensor
 
+    clip_by_subject_norm(g1, x1, x2, ..., groups; max_norm, outer=[1, 0, ...])
+      -> the same, with a part flagged in ``outer`` given by two arguments ``g: [n, p]``
+         and ``x: [n, q]`` that stand for the ``[n, p * q]`` part whose row ``i`` is the
+         outer product ``g[i] (x) x[i]`` (a linear layer's per-example weight gradient)
+
 with ``||v||`` the L2 norm, or the L1 norm when ``ord`` is 1 (a Laplace release's: a row of
 statistics per group, for instance, whose L1 norm a group-by bounds).
 
@@ -19,6 +24,12 @@ most ``2 * max_norm`` in that norm, which is what the privacy rule (``dpnode/cor
 misc.py``) charges. The kernel sorts the rows by group once and sums each group with
 ``np.add.reduceat``: no Python loop over groups, and nothing to sort when every row is
 its own group. It computes in float64 and rounds once to ``x``'s dtype.
+
+An outer part is never built when every row is its own group and the norm is L2 (the
+usual DP-SGD step), as in Opacus's fast gradient clipping: the norm of ``g[i] (x) x[i]``
+is ``||g[i]|| ||x[i]||``, and the clipped sum is ``(s * g)^T x`` for the rows' scales ``s``,
+one product over the rows instead of ``n * p * q`` numbers written and read. Otherwise
+(groups of rows, L1) its rows are built block by block.
 """
 
 from __future__ import annotations
@@ -31,15 +42,49 @@ import numpy as np
 from dpnode.core.engine.prims.registry import Array, AttrSpec, Call, TensorMeta, prim
 
 
+def _layout(c: Call) -> list[tuple[int, ...]]:
+    """Each part's argument indices: ``(i,)`` for a part given whole, ``(i, i + 1)`` for an
+    outer part given by its two factors (``outer``); the groups are the last argument."""
+    flags = list(c.attr("outer") or ())
+    given = len(c.args) - 1
+    if not flags:
+        return [(i,) for i in range(given)]
+    if any(f not in (0, 1) for f in flags) or len(flags) + sum(flags) != given:
+        raise c.fail(
+            f"outer must flag each part 0 (one argument) or 1 (two factors): {len(flags)} "
+            f"flags for {given} arguments before the groups",
+            "outer",
+        )
+    layout: list[tuple[int, ...]] = []
+    i = 0
+    for f in flags:
+        layout.append((i, i + 1) if f else (i,))
+        i += 1 + f
+    return layout
+
+
 def _parts(c: Call) -> list[TensorMeta]:
-    """The per-example tensors: every argument but the last (the groups)."""
-    return [c.tensor(i) for i in range(len(c.args) - 1)]
+    """The per-example tensors (an outer part's as if built): ``[n, ...]`` each."""
+    parts = []
+    for at in _layout(c):
+        if len(at) == 1:
+            parts.append(c.tensor(at[0]))
+            continue
+        g, x = c.tensor(at[0]), c.tensor(at[1])
+        if g.ndim != 2 or x.ndim != 2 or g.shape[0] != x.shape[0] or g.dtype != x.dtype:
+            raise c.fail(
+                "an outer part's factors must be [n, p] and [n, q] of one dtype, got "
+                f"{list(g.shape)} {g.dtype.name} and {list(x.shape)} {x.dtype.name}",
+                at[1],
+            )
+        parts.append(TensorMeta((g.shape[0], g.shape[1] * x.shape[1]), g.dtype))
+    return parts
 
 
 def _infer(c: Call) -> TensorMeta:
     parts, groups = _parts(c), c.tensor(len(c.args) - 1)
     x = parts[0]
-    for i, p in enumerate(parts):
+    for (i, *_), p in zip(_layout(c), parts, strict=True):
         if not p.dtype.is_float:
             raise c.fail(f"x must be floating point, got {p.dtype.name}", i)
         if p.ndim < 1:
@@ -86,7 +131,11 @@ def _workspace(c: Call) -> int:
     "clip_by_subject_norm",
     privacy="rule",
     args=(2, None),
-    attrs={"max_norm": AttrSpec("float"), "ord": AttrSpec("int", optional=True, default=2)},
+    attrs={
+        "max_norm": AttrSpec("float"),
+        "ord": AttrSpec("int", optional=True, default=2),
+        "outer": AttrSpec("ints", optional=True, default=()),
+    },
     infer=_infer,
     flops=_flops,
     workspace=_workspace,
@@ -94,13 +143,15 @@ def _workspace(c: Call) -> int:
 def _clip_by_subject_norm(c: Call, args: list[Any], out: Array | None) -> Array:
     """Sum over groups of each group's row sum, clipped to L2 (or L1) norm ``max_norm``;
     with several tensors before the groups, their rows joined (one vector per row, the
-    output their flattened sums one after another), without copying them together."""
-    *xs, groups = args
+    output their flattened sums one after another), without copying them together; an
+    outer part (``outer``) given by its two factors."""
+    groups = args[-1]
     m = c.out()
-    n = xs[0].shape[0]
+    layout = _layout(c)
+    n = args[0].shape[0]
     if n == 0:
         return np.zeros(m.shape, dtype=m.dtype.np)
-    flats = [np.asarray(x).reshape(n, -1) for x in xs]
+    parts = [tuple(np.asarray(args[i]).reshape(n, -1) for i in at) for at in layout]
     order = np.argsort(groups, kind="stable")
     sorted_groups = np.asarray(groups)[order]
     starts = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
@@ -110,29 +161,53 @@ def _clip_by_subject_norm(c: Call, args: list[Any], out: Array | None) -> Array:
         # Taken in blocks of rows, so that each float64 copy stays in cache (a sixth of the
         # time of one copy of the whole); the sum's rounding bound holds in any order
         # (dpnode.core.privacy.rounding._clip_error).
-        totals = [np.zeros(f.shape[1]) for f in flats]
+        totals = [np.zeros(math.prod(f.shape[1] for f in part)) for part in parts]
         for start in range(0, n, _BLOCK_ROWS):
-            blocks = [f[start : start + _BLOCK_ROWS].astype(np.float64) for f in flats]
+            blocks = [
+                tuple(f[start : start + _BLOCK_ROWS].astype(np.float64) for f in part)
+                for part in parts
+            ]
+            if norm_ord == 1:  # an L1 norm does not factor: outer parts built
+                blocks = [(_outer(*b) if len(b) == 2 else b[0],) for b in blocks]
             for total, part in zip(totals, _clipped_sums(blocks, max_norm, norm_ord), strict=True):
                 total += part
     else:
-        sums = [np.add.reduceat(f.astype(np.float64)[order], starts, axis=0) for f in flats]
-        totals = _clipped_sums(sums, max_norm, norm_ord)
+        sums = [
+            np.add.reduceat(
+                _outer(*(f.astype(np.float64) for f in part))[order]
+                if len(part) == 2
+                else part[0].astype(np.float64)[order],
+                starts,
+                axis=0,
+            )
+            for part in parts
+        ]
+        totals = _clipped_sums([(s,) for s in sums], max_norm, norm_ord)
     total = totals[0] if len(totals) == 1 else np.concatenate(totals)
     return np.asarray(total.reshape(m.shape)).astype(m.dtype.np)
+
+
+def _outer(g: Array, x: Array) -> Array:
+    """Each row's outer product ``g[i] (x) x[i]``, flattened: ``[n, p * q]``."""
+    return (g[:, :, None] * x[:, None, :]).reshape(g.shape[0], -1)
 
 
 #: rows of the per-example gradients clipped at a time
 _BLOCK_ROWS = 128
 
 
-def _clipped_sums(parts: list[Array], max_norm: float, order: int) -> list[Array]:
+def _clipped_sums(parts: list[tuple[Array, ...]], max_norm: float, order: int) -> list[Array]:
     """Per part, the sum of its rows (float64), each row of all the parts joined scaled down
-    to norm ``max_norm`` (L2, or L1 for ``order`` 1)."""
+    to norm ``max_norm`` (L2, or L1 for ``order`` 1). A part is ``(rows,)``, or ``(g, x)``
+    for rows ``g[i] (x) x[i]`` (L2 only), whose squared norm is ``|g[i]|^2 |x[i]|^2`` and
+    whose scaled sum is ``(scale * g)^T x``: never built."""
     if order == 1:
-        norms = sum(np.abs(p).sum(axis=1) for p in parts)
+        norms = sum(np.abs(p[0]).sum(axis=1) for p in parts)
     else:
-        norms = np.sqrt(sum(np.einsum("ij,ij->i", p, p) for p in parts))
+        norms = np.sqrt(sum(math.prod(np.einsum("ij,ij->i", f, f) for f in p) for p in parts))
     with np.errstate(divide="ignore", invalid="ignore"):
         scale = np.where(norms > max_norm, max_norm / norms, 1.0)
-    return [np.asarray(scale @ p) for p in parts]
+    return [
+        np.asarray(scale @ p[0]) if len(p) == 1 else ((scale[:, None] * p[0]).T @ p[1]).reshape(-1)
+        for p in parts
+    ]

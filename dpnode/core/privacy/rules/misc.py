@@ -22,6 +22,11 @@ sensitivity is ``2 * max_norm * max_s k_s`` (so is the L2, which is at most the 
 to ``dataset:<id>/@subject`` as a public input with its value; with a public value the
 tracker does not know, every row counts as its own group. Private groups (computed from
 data) are refused.
+
+A part given by two factors (``outer``: the rows ``g[i] (x) x[i]`` of a linear layer's
+per-example weight gradients) is tracked as the part it stands for: its row ``i`` belongs to
+the subject that owns row ``i`` of ``g`` or of ``x`` (a public row of either adds no owner),
+and its elements lie in the products of the factors' intervals.
 """
 
 from __future__ import annotations
@@ -32,9 +37,9 @@ import numpy as np
 
 from dpnode.core.privacy.arrays import fit, reduce_array, varying_axes
 from dpnode.core.privacy.rules.base import Ctx, finish, rule
-from dpnode.core.privacy.state import MIXED, PUBLIC, Array, State
+from dpnode.core.privacy.state import MIXED, PUBLIC, Array, State, mul0
 
-__all__ = ["clip_by_subject_norm", "quantile", "rand"]
+__all__ = ["clip_by_subject_norm", "clip_parts", "outer_state", "quantile", "rand"]
 
 
 @rule("rand")
@@ -56,12 +61,48 @@ def quantile(c: Ctx) -> State:
     )
 
 
+def clip_parts(c: Ctx) -> list[State]:
+    """The states of a clip's parts, an outer part's as :func:`outer_state` builds it."""
+    flags = list(c.call.attrs.get("outer") or ())
+    if not flags:
+        return [c.arg(i) for i in range(len(c.args) - 1)]
+    parts, i = [], 0
+    for f in flags:
+        parts.append(outer_state(c, c.arg(i), c.arg(i + 1)) if f else c.arg(i))
+        i += 1 + f
+    return parts
+
+
+def outer_state(c: Ctx, g: State, x: State) -> State:
+    """The state of the ``[n, p * q]`` rows ``g[i] (x) x[i]``: interval products, and per
+    row the one owner of ``g``'s and ``x``'s rows (refused when both are owned by different
+    subjects, or a row depends on several)."""
+    for f in (g, x):
+        if len(f.shape) != 2:
+            raise c.fail("an outer part's factors must be [n, p] and [n, q]")
+        if any(varying_axes(f.owner, f.shape, exact=True)[1:]) or not np.all(f.G == 0):
+            raise c.fail("every row must depend on one subject only (its owner)")
+    (n, p), q = g.shape, x.shape[1]
+    gl, gh = fit(g.lo, g.shape)[:, :, None], fit(g.hi, g.shape)[:, :, None]
+    xl, xh = fit(x.lo, x.shape)[:, None, :], fit(x.hi, x.shape)[:, None, :]
+    ends = [mul0(a, b) for a in (gl, gh) for b in (xl, xh)]
+    rows = max(e.shape[0] for e in ends)
+    lo = np.broadcast_to(np.minimum.reduce(ends), (rows, p, q)).reshape(rows, p * q)
+    hi = np.broadcast_to(np.maximum.reduce(ends), (rows, p, q)).reshape(rows, p * q)
+    go, xo = (np.broadcast_to(fit(f.owner, f.shape)[:, :1], (n, 1)) for f in (g, x))
+    if bool(np.any((go != PUBLIC) & (xo != PUBLIC) & (go != xo))):
+        raise c.fail("the two factors' rows must belong to the same subjects, row by row")
+    owner = np.where(go == PUBLIC, xo, go)
+    zero = np.zeros((1, 1))
+    return State((n, p * q), g.dtype, lo, hi, owner, zero, zero)
+
+
 @rule("clip_by_subject_norm")
 def clip_by_subject_norm(c: Ctx) -> State:
     """Sum of per-group clipped row sums: each subject moves ``2C`` per group it touches.
     With several tensors before the groups, their rows are joined into one vector each:
     every part's row must belong to the same subject (or to none)."""
-    *parts, groups = [c.arg(i) for i in range(len(c.args))]
+    parts, groups = clip_parts(c), c.arg(len(c.args) - 1)
     bound = float(c.call.attrs.get("max_norm", math.nan))
     if not (math.isfinite(bound) and bound > 0):
         raise c.fail(f"max_norm must be finite and positive, got {bound}")
