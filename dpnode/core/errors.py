@@ -24,6 +24,7 @@ the SDK maps each ``code`` back to a typed exception.
     │   └── UnknownStructureError  unknown_structure  a graph reference the node lacks
     └── ConflictError            conflict             e.g. a name already taken
         ├── PublishInProgressError  publish_in_progress  a retried publish still running
+        ├── PublishLostError        publish_lost         charged, its answer lost with its process
         └── UploadOffsetError    upload_offset        a chunk sent at the wrong offset
 """
 
@@ -47,6 +48,7 @@ __all__ = [
     "PermissionDeniedError",
     "PolicyRefusedError",
     "PublishInProgressError",
+    "PublishLostError",
     "QuotaExceededError",
     "RateLimitedError",
     "UnknownStructureError",
@@ -192,6 +194,14 @@ class PublishInProgressError(ConflictError):
     """A publish with this idempotency key was charged and has not been answered yet."""
 
     code = "publish_in_progress"
+
+
+class PublishLostError(ConflictError):
+    """A publish with this idempotency key was charged, and the node process computing it
+    stopped (or could not store its answer) before the answer was stored: it is not
+    released again, and the charge stands."""
+
+    code = "publish_lost"
 
 
 class UploadOffsetError(ConflictError):

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from dpnode.core.privacy.cache import TrackingCache
 from dpnode.core.structures import StructureCache
 from dpnode.node.db.session import make_engine, make_sessionmaker, read_engine, serial_engine
+from dpnode.node.services.leases import LeaseKeeper
 from dpnode.node.services.security import password_hasher
 from dpnode.node.services.throttle import LoginThrottle
 from dpnode.node.services.uploads import UploadLimits, UploadSessions
@@ -44,6 +45,8 @@ class NodeContext:
     logins: LoginThrottle = field(init=False)
     #: Chunked uploads in progress, kept as files (see dpnode.node.services.uploads).
     uploads: UploadSessions = field(init=False)
+    #: This process's charged, unanswered publishes (see dpnode.node.services.leases).
+    leases: LeaseKeeper = field(init=False)
 
     def __post_init__(self) -> None:
         self.logins = LoginThrottle.from_settings(self.settings)
@@ -57,6 +60,7 @@ class NodeContext:
         )
         self.uploads = UploadSessions(s.upload_dir, limits)
         self.uploads.sweep()  # sessions abandoned while the node was down
+        self.leases = LeaseKeeper(self.sessions, s.publish_lease_seconds)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> NodeContext:
@@ -78,6 +82,7 @@ class NodeContext:
         )
 
     def close(self) -> None:
+        self.leases.close()
         self.engine.dispose()
 
 

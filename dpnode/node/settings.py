@@ -49,6 +49,10 @@ class Settings(BaseSettings):
     structure_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     #: How long a publish's answer is kept for a retry with the same idempotency key.
     publish_key_ttl_seconds: int = Field(default=24 * 3600, gt=0)
+    #: How long a charged publish stays ``running`` without a sign of life from the node
+    #: process computing it, which renews it every third of this while it runs; unanswered
+    #: past it (the process was killed, or its answer could not be stored), it is ``lost``.
+    publish_lease_seconds: int = Field(default=60, gt=0)
     #: Memory for verified dataset and weight blobs (read and hashed once, LRU); 0: off.
     blob_cache_bytes: int = Field(default=512 * 1024 * 1024, ge=0)
     #: Where blobs live: ``file`` (content-addressed files in ``data_dir/blobs``) or ``s3``

@@ -52,6 +52,7 @@ from dpnode.sdk._exceptions import (
     NodeUnreachableError,
     NotFoundError,
     PublishInProgressError,
+    PublishLostError,
     UnknownStructureError,
     UploadOffsetError,
     UploadRejectedError,
@@ -629,8 +630,9 @@ class Client:
 
     def publish_state(self, key: str) -> str:
         """Where your publish under idempotency ``key`` stands on the node: ``"running"``
-        (charged, being evaluated) or ``"answered"`` (publish again with the same key to
-        get its answer, charged once).
+        (charged, being evaluated), ``"answered"`` (publish again with the same key to
+        get its answer, charged once) or ``"lost"`` (charged, and the node process
+        computing it stopped before storing its answer: it is not released again).
 
         Raises:
             NotFoundError: nothing was charged under ``key`` (not sent yet, still being
@@ -669,7 +671,7 @@ class Client:
             return "being decided"
         except DPNodeError:
             return "waiting for the node"
-        return {"running": "charged, evaluating"}.get(state, state)
+        return {"running": "charged, evaluating", "lost": "lost by the node"}.get(state, state)
 
     def _send_publish(self, frame: bytes, params: dict[str, Any], key: str) -> httpx.Response:
         """POST a publish, sending it again with the same key while it gets no answer, and
@@ -684,7 +686,10 @@ class Client:
                 exc.idempotency_key = key
                 if not self._wait_answered(key):
                     raise
-                continue  # answered (or gone): the same key gets the stored answer
+                continue  # answered, lost or gone: the same key is told which
+            except PublishLostError as exc:
+                exc.idempotency_key = key
+                raise
             except NodeUnreachableError as exc:
                 attempt += 1
                 if attempt >= attempts:

@@ -23,6 +23,7 @@ DPNodeError                      any error reported by (or about) the node
 │   └── UnknownStructureError    unknown_structure: resent whole, automatically
 ├── ConflictError                conflict: e.g. a name already taken
 │   ├── PublishInProgressError   publish_in_progress: the same key's publish still runs
+│   ├── PublishLostError         publish_lost: charged, its answer lost with the node's process
 │   └── UploadOffsetError        upload_offset: a chunk sent at the wrong offset (``offset``)
 ├── ServerError                  the node failed (5xx); tell its operator
 ├── NodeBusyError                overloaded (503): too many requests at once; retried
@@ -60,6 +61,7 @@ __all__ = [
     "PrivacyTrackingError",
     "PrivateValueError",
     "PublishInProgressError",
+    "PublishLostError",
     "QuotaExceededError",
     "RateLimitedError",
     "ServerError",
@@ -227,6 +229,15 @@ class PublishInProgressError(ConflictError):
     idempotency_key: str | None = None
 
 
+class PublishLostError(ConflictError):
+    """A publish with this idempotency key was charged, and the node process computing it
+    stopped before its answer was stored: the node does not release it again (it may have
+    been sent), and the charge stands. Publish again with a new key."""
+
+    code = "publish_lost"
+    idempotency_key: str | None = None
+
+
 class UploadOffsetError(ConflictError):
     """A chunk sent at another offset than where its upload stands: ``offset`` says where."""
 
@@ -312,6 +323,7 @@ BY_CODE: dict[str, type[DPNodeError]] = {
         UnknownStructureError,
         ConflictError,
         PublishInProgressError,
+        PublishLostError,
         UploadOffsetError,
         ServerError,
         NodeBusyError,

@@ -254,10 +254,10 @@ def test_the_unique_constraint_backs_the_check_up(
     entry, _ = budget.charge(
         context.serial_sessions, context.settings, scientist.id, _cost(dataset_id), claim=claim
     )
-    ttl = context.settings.publish_key_ttl_seconds
+    ttl, lease = context.settings.publish_key_ttl_seconds, context.settings.publish_lease_seconds
     with context.serial_sessions() as session, pytest.raises(idempotency.AlreadyClaimed):
         # skipping ensure_free, as a racing copy past it would
-        idempotency.record(session, scientist.id, claim, entry.id, utcnow(), ttl)
+        idempotency.record(session, scientist.id, claim, entry.id, utcnow(), ttl, lease)
 
 
 def test_expired_keys_are_purged_when_a_key_is_claimed(

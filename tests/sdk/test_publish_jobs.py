@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 
 import httpx
 import numpy as np
 import pytest
+from sqlalchemy import update
 from starlette.testclient import TestClient
 
 from dpnode import sdk
 from dpnode.node.api import frames
 from dpnode.node.context import NodeContext
-from dpnode.node.db.models import User
+from dpnode.node.db.base import utcnow
+from dpnode.node.db.models import PublishKey, User
 from dpnode.node.services import publish as service
 from tests.conftest import PASSWORD
 from tests.sdk.conftest import URL
@@ -99,6 +102,42 @@ def test_the_wait_for_a_running_publish_is_bounded(
     assert client.publish_state("stuck") == "running"
     with pytest.raises(sdk.NotFoundError, match="no publish was charged"):
         client.publish_state("never-sent")
+
+
+def test_a_publish_lost_with_its_process_ends_the_wait(
+    http: TestClient, context: NodeContext, owner_client: sdk.Client, scientist: User
+) -> None:
+    """The process computing a charged publish stopped (here: it let the key go, as when its
+    answer cannot be stored) and its lease lapsed while the client waits: the wait ends
+    with PublishLostError at the next poll, not after ``publish_wait``."""
+    frame = mean_frame(_ages(owner_client))
+    _charged_not_answered(context, scientist, frame, "gone")
+    service.let_go(context, scientist.id, "gone")
+
+    def lapse() -> None:
+        with context.sessions() as session:
+            session.execute(
+                update(PublishKey)
+                .where(PublishKey.key == "gone")
+                .values(lease_until=utcnow() - timedelta(seconds=1))
+            )
+            session.commit()
+
+    transport = Recording(http._transport)
+    client = _client(http, scientist, transport, progress=False, publish_wait=60)
+    timer = threading.Timer(0.4, lapse)
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(sdk.PublishLostError, match="the charge stands") as raised:
+            client.publish_frame(frame, epsilon=0.5, idempotency_key="gone")
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 10
+    assert raised.value.idempotency_key == "gone"
+    assert transport.paths.count("/api/v1/publish") == 2  # running, waited on, then lost
+    assert client.publish_state("gone") == "lost"
+    assert len(client.ledger()) == 1 and client.budget().spent_epsilon == 0.5
 
 
 def test_a_long_publish_shows_a_bar_with_its_state(

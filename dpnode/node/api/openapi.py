@@ -33,7 +33,8 @@ DESCRIPTIONS: dict[int, str] = {
     "the rule and policy revision.",
     404: "No such item (`not_found`, `unknown_structure`).",
     409: "Conflicts with the node's state: a name taken, a request already answered, a "
-    "retried publish still running (`conflict`, `publish_in_progress`).",
+    "retried publish still running (`conflict`, `publish_in_progress`) or charged and lost "
+    "with the node process computing it (`publish_lost`).",
     413: "The request body is over the node's size limit (`payload_too_large`).",
     422: "Malformed or inconsistent input, or a graph the engine refuses (`invalid_request`, "
     "`upload_rejected`, `invalid_graph`, `evaluation_error`, `quota_exceeded`, ...).",

@@ -413,9 +413,14 @@ class UploadPublic(Schema):
 
 class PublishKeyPublic(Schema):
     """A publish named by its idempotency key: ``running`` once charged, then ``answered``
-    (send the publish again with the same key to get the stored answer)."""
+    (send the publish again with the same key to get the stored answer), or ``lost`` (the
+    node process computing it stopped before its answer was stored)."""
 
     key: str
-    state: str = Field(description="`running` (charged, being evaluated) or `answered`")
+    state: str = Field(
+        description="`running` (charged, being evaluated), `answered`, or `lost` (charged; "
+        "the node process computing it stopped before storing its answer: not released "
+        "again, the charge stands)"
+    )
     ledger_id: int
     created_at: datetime

@@ -353,3 +353,7 @@ class PublishKey(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
     #: The encoded response (values and receipt); ``None`` while the publish runs.
     response: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    #: Until when the node process computing the publish vouches for it: it renews this
+    #: while it runs (``dpnode.node.services.leases``); unanswered past it, the publish is
+    #: lost. ``None`` on rows written before leases (running until purged).
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

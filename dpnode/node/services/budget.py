@@ -805,8 +805,8 @@ def charge(
                 ],
             )
         if claim is not None:
-            ttl = settings.publish_key_ttl_seconds
-            idempotency.record(session, user.id, claim, entry.id, at, ttl)
+            ttl, lease = settings.publish_key_ttl_seconds, settings.publish_lease_seconds
+            idempotency.record(session, user.id, claim, entry.id, at, ttl, lease)
             summary["idempotency_key"] = claim.key
         if waiting is not None:
             approvals.use(waiting, entry.id)

@@ -10,7 +10,8 @@ the node ran it. It sends every publish with a key it chose and retries with the
   and receipt were released already, so storing them releases nothing new;
 - a retry is looked up before anything else is done: a stored answer is returned as it is,
   without planning, evaluating or charging anything; a claimed key without an answer yet is
-  refused as still running; a key that names another request is refused.
+  refused as still running, or as lost once its lease lapsed (the node process computing
+  it stopped: ``dpnode.node.services.leases``); a key that names another request is refused.
 
 A refused publish claims nothing, so its retry is decided again. Rows older than
 ``publish_key_ttl_seconds`` are purged whenever a key is claimed.
@@ -32,7 +33,9 @@ from dpnode.core.errors import (
     InvalidRequestError,
     NotFoundError,
     PublishInProgressError,
+    PublishLostError,
 )
+from dpnode.node.db.base import utcnow
 from dpnode.node.db.models import PublishKey
 
 #: Printable ASCII without spaces, as an HTTP header carries it untouched.
@@ -90,10 +93,11 @@ def replay(session: Session, user_id: int, claim: Claim) -> bytes | None:
 
     Raises:
         PublishInProgressError: the key was charged and its answer is not stored yet.
+        PublishLostError: the key was charged and its lease lapsed without an answer.
         ConflictError: the key names another request of this user.
     """
     row = session.execute(
-        select(PublishKey.request_hash, PublishKey.response).where(
+        select(PublishKey.request_hash, PublishKey.response, PublishKey.lease_until).where(
             PublishKey.user_id == user_id, PublishKey.key == claim.key
         )
     ).first()
@@ -104,6 +108,12 @@ def replay(session: Session, user_id: int, claim: Claim) -> bytes | None:
             f"idempotency key {claim.key!r} already names another publish (a different "
             "graph, constants, epsilon, delta or run): a key names one request; send a new "
             "publish with a new key"
+        )
+    if row.response is None and _lapsed(row.lease_until):
+        raise PublishLostError(
+            f"the publish with idempotency key {claim.key!r} was charged, and the node "
+            "process computing it stopped before its answer was stored: it is not released "
+            "again (it may have been sent) and the charge stands; publish again with a new key"
         )
     if row.response is None:
         raise PublishInProgressError(
@@ -121,12 +131,19 @@ class KeyState:
     ledger_id: int
     created_at: datetime
     answered: bool
+    #: charged, not answered, and its lease lapsed: the process computing it stopped
+    lost: bool = False
+
+
+def _lapsed(lease_until: datetime | None) -> bool:
+    return lease_until is not None and lease_until < utcnow()
 
 
 def state(session: Session, user_id: int, key: str) -> KeyState:
     """The state of ``user_id``'s publish under ``key``: a long publish is a job the client
     polls by its key. It tells what the client's own answer tells (charged, then answered),
-    never more: a refused publish claims no key.
+    never more: a refused publish claims no key. A charged publish not answered within its
+    lease is lost: the node process computing it stopped.
 
     Raises:
         InvalidRequestError: ``key`` is malformed.
@@ -135,16 +152,20 @@ def state(session: Session, user_id: int, key: str) -> KeyState:
     """
     check_key(key)
     row = session.execute(
-        select(PublishKey.ledger_id, PublishKey.created_at, PublishKey.response.is_not(None)).where(
-            PublishKey.user_id == user_id, PublishKey.key == key
-        )
+        select(
+            PublishKey.ledger_id,
+            PublishKey.created_at,
+            PublishKey.response.is_not(None),
+            PublishKey.lease_until,
+        ).where(PublishKey.user_id == user_id, PublishKey.key == key)
     ).first()
     if row is None:
         raise NotFoundError(
             f"no publish was charged under idempotency key {key!r} (not sent yet, still being "
             "decided, refused, or expired)"
         )
-    return KeyState(key, row[0], row[1], bool(row[2]))
+    answered = bool(row[2])
+    return KeyState(key, row[0], row[1], answered, lost=not answered and _lapsed(row[3]))
 
 
 def ensure_free(session: Session, user_id: int, claim: Claim) -> None:
@@ -162,11 +183,18 @@ def ensure_free(session: Session, user_id: int, claim: Claim) -> None:
 
 
 def record(
-    session: Session, user_id: int, claim: Claim, ledger_id: int, at: datetime, ttl_seconds: int
+    session: Session,
+    user_id: int,
+    claim: Claim,
+    ledger_id: int,
+    at: datetime,
+    ttl_seconds: int,
+    lease_seconds: int,
 ) -> None:
-    """Record ``claim`` for the ledger row just written, in the charging transaction, and
-    purge expired keys. The unique constraint backs :func:`ensure_free` up: a duplicate
-    insert fails the whole transaction, charge included.
+    """Record ``claim`` for the ledger row just written, in the charging transaction, with a
+    lease of ``lease_seconds`` (renewed while the publish runs), and purge expired keys.
+    The unique constraint backs :func:`ensure_free` up: a duplicate insert fails the whole
+    transaction, charge included.
 
     Raises:
         AlreadyClaimed: the key is taken; the caller's transaction is rolled back.
@@ -179,6 +207,7 @@ def record(
         "request_hash": claim.request_hash,
         "ledger_id": ledger_id,
         "created_at": at,
+        "lease_until": at + timedelta(seconds=lease_seconds),
     }
     try:
         session.execute(_INSERT, values)

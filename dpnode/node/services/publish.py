@@ -341,7 +341,14 @@ def publish(
             ) from None
         return Replayed(stored)
     # Charged: from here on the data is read, and the publish is always answered.
-    done = run_release(rp, lambda: inputs.values(context))
+    if claim is not None:  # renewed until the answer is stored (answered)
+        context.leases.hold(actor.id, claim.key)
+    try:
+        done = run_release(rp, lambda: inputs.values(context))
+    except BaseException:  # not answered: the lease lapses, and its retries learn it is lost
+        if claim is not None:
+            context.leases.release(actor.id, claim.key)
+        raise
     release = done.release
     receipt = {
         "ledger_id": entry.id,
@@ -369,8 +376,18 @@ def publish(
 def answered(context: NodeContext, actor_id: int, key: str, response: bytes) -> None:
     """Store a publish's encoded answer under its idempotency key, for its retries. Called
     once the answer is sent (the route's background task): a retry that arrives before is
-    told the publish still runs (``publish_in_progress``) and waits for this."""
-    idempotency.store(context.sessions, actor_id, key, response)
+    told the publish still runs (``publish_in_progress``) and waits for this. Not stored
+    (the exception is the caller's), the key's lease lapses: its retries are told it is
+    lost (``publish_lost``)."""
+    try:
+        idempotency.store(context.sessions, actor_id, key, response)
+    finally:
+        context.leases.release(actor_id, key)
+
+
+def let_go(context: NodeContext, actor_id: int, key: str) -> None:
+    """A charged publish's answer could not be made: stop renewing its key's lease."""
+    context.leases.release(actor_id, key)
 
 
 def record_failure(context: NodeContext, actor_id: int, published: Published) -> None:

@@ -66,8 +66,13 @@ async def publish(
         return Response(done.body, media_type=frames.MEDIA_TYPE)
     if done.failure is not None:  # after the response: its time must not depend on it
         background.add_task(service.record_failure, context, user_id, done)
-    arrays = {f"output/{i}": v for i, v in enumerate(done.values)}
-    content = frames.encode(arrays, {"receipt": done.receipt})
+    try:
+        arrays = {f"output/{i}": v for i, v in enumerate(done.values)}
+        content = frames.encode(arrays, {"receipt": done.receipt})
+    except BaseException:
+        if idempotency_key is not None:  # no answer to store: its retries learn it is lost
+            service.let_go(context, user_id, idempotency_key)
+        raise
     if idempotency_key is not None:
         # Stored after the answer is sent: the client does not wait for a second commit. A
         # retry arriving before it is stored is told the publish still runs and waits.
@@ -88,12 +93,14 @@ def _store_answer(
 @router.get("/publish/keys/{key}", responses=errors(404, 422))
 def publish_state(key: str, session: ReadSessionDep, actor: CurrentUser) -> PublishKeyPublic:
     """Where your publish under idempotency key ``key`` stands: ``running`` (charged, being
-    evaluated) or ``answered`` (send it again with the same key: the stored answer, charged
-    once). A long publish is a job the SDK polls here while it waits."""
+    evaluated), ``answered`` (send it again with the same key: the stored answer, charged
+    once) or ``lost`` (charged, and the node process computing it stopped before its answer
+    was stored: not released again). A long publish is a job the SDK polls here while it
+    waits."""
     found = idempotency.state(session, actor.id, key)
     return PublishKeyPublic(
         key=found.key,
-        state="answered" if found.answered else "running",
+        state="answered" if found.answered else "lost" if found.lost else "running",
         ledger_id=found.ledger_id,
         created_at=found.created_at,
     )

@@ -1,0 +1,150 @@
+"""A charged publish whose node process is killed is ``lost`` once its lease lapses, not
+``running`` until its key is purged; a publish that runs longer than its lease stays
+``running`` (the process renews it) and is answered."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from sqlalchemy import create_engine, select
+
+from dpnode import sdk
+from dpnode.core.engine import GraphBuilder, encode
+from dpnode.node.db.models import LedgerEntry, PublishKey
+from tests.e2e.conftest import Server
+from tests.e2e.test_publish_server import _run_cli
+
+API = "/api/v1"
+ROWS = 2_000_000
+
+
+@pytest.fixture
+def node(tmp_path: Path, database_url: str) -> Iterator[Server]:
+    server = Server(tmp_path / "data", database_url)
+    server.env["DPNODE_PUBLISH_LEASE_SECONDS"] = "1"  # renewed every third of a second
+    server.start()
+    yield server
+    server.stop()
+
+
+def _slow_publish(node: Server) -> tuple[sdk.Client, bytes]:
+    """A data scientist, and a publish that takes the node two seconds or so: 2M rows through a
+    chain of sines (the time depends on the row count alone)."""
+    for email, role in (("o@example.org", "data_owner"), ("s@example.org", "data_scientist")):
+        _run_cli(node, "user", "add", "--email", email, "--role", role, "--password", "pw-" + role)
+    owner = sdk.login(node.url, email="o@example.org", password="pw-data_owner")
+    column = np.random.default_rng(0).uniform(0, 1, ROWS)
+    ds = owner.upload_dataset("slow", {"x": column}, bounds={"x": (0, 1)})
+    b = GraphBuilder()
+    y = b.input(f"dataset:{ds.id}/x", "float64", (ROWS,))
+    for _ in range(48):
+        y = b.op("sin", b.op("add", y, 1.0))
+    frame = encode(b.build([b.op("sum", y)]))
+    return sdk.login(node.url, email="s@example.org", password="pw-data_scientist"), frame
+
+
+def _post(node: Server, token: str, frame: bytes, key: str) -> httpx.Response:
+    return httpx.post(
+        node.url + API + "/publish",
+        params={"epsilon": 0.5},
+        content=frame,
+        timeout=60,
+        headers={"Authorization": f"Bearer {token}", "Idempotency-Key": key},
+    )
+
+
+def _state(node: Server, token: str, key: str) -> httpx.Response:
+    return httpx.get(
+        f"{node.url}{API}/publish/keys/{key}",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=10,
+    )
+
+
+def _charged(database_url: str, key: str) -> list[int]:
+    """The ledger rows charged under ``key``."""
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            ids = select(PublishKey.ledger_id).where(PublishKey.key == key)
+            return list(
+                conn.execute(select(LedgerEntry.id).where(LedgerEntry.id.in_(ids))).scalars()
+            )
+    finally:
+        engine.dispose()
+
+
+def test_a_publish_killed_with_its_process_is_lost_once_its_lease_lapses(
+    node: Server, database_url: str
+) -> None:
+    client, frame = _slow_publish(node)
+    token, key = client.token or "", uuid.uuid4().hex
+    sent = threading.Thread(target=lambda: _ignore_transport(_post, node, token, frame, key))
+    sent.start()
+    deadline = time.monotonic() + 30
+    while (state := _state(node, token, key)).status_code == 404:
+        assert time.monotonic() < deadline, "the publish was never charged"
+        time.sleep(0.005)
+    assert state.json()["state"] == "running"
+    node.stop(kill=True)  # SIGKILL while it evaluates: no answer is stored
+    sent.join(timeout=30)
+    node.start()  # takes longer than the one-second lease
+
+    deadline = time.monotonic() + 30
+    while (state := _state(node, token, key)).json()["state"] == "running":
+        assert time.monotonic() < deadline, "the lease never lapsed"
+        time.sleep(0.1)
+    assert state.status_code == 200 and state.json()["state"] == "lost"
+    assert client.publish_state(key) == "lost"
+    retry = _post(node, token, frame, key)
+    assert retry.status_code == 409 and retry.json()["error"] == "publish_lost", retry.text
+    assert "the charge stands" in retry.json()["detail"]
+    with pytest.raises(sdk.PublishLostError) as lost:
+        client.publish_frame(frame, epsilon=0.5, idempotency_key=key)
+    assert lost.value.idempotency_key == key
+    assert len(_charged(database_url, key)) == 1  # charged once, released at most once
+    # the node serves on: a new key is evaluated and answered
+    assert _post(node, token, frame, uuid.uuid4().hex).status_code == 200
+
+
+def test_a_publish_longer_than_its_lease_stays_running_and_is_answered(
+    node: Server, database_url: str
+) -> None:
+    client, frame = _slow_publish(node)
+    token, key = client.token or "", uuid.uuid4().hex
+    answer: list[httpx.Response] = []
+    sent = threading.Thread(target=lambda: answer.append(_post(node, token, frame, key)))
+    started = time.monotonic()
+    sent.start()
+    seen = set()
+    while sent.is_alive():
+        response = _state(node, token, key)
+        if response.status_code == 200:
+            seen.add(response.json()["state"])
+        time.sleep(0.05)
+    sent.join()
+    took = time.monotonic() - started
+    assert answer[0].status_code == 200, answer[0].text
+    assert "lost" not in seen and "running" in seen, seen
+    assert took > 1.5, f"the publish took {took:.2f} s: not past its one-second lease"
+    deadline = time.monotonic() + 10
+    while _state(node, token, key).json()["state"] != "answered":  # stored after the answer
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(1.5)  # past the lease: an answered publish stays answered
+    assert _state(node, token, key).json()["state"] == "answered"
+    assert _post(node, token, frame, key).content == answer[0].content
+    assert len(_charged(database_url, key)) == 1
+
+
+def _ignore_transport(fn: object, *args: object) -> None:
+    with contextlib.suppress(httpx.TransportError):  # the node was killed with the request
+        fn(*args)  # type: ignore[operator]
