@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +104,19 @@ def small_dataset() -> dict[str, Any]:
         },
         "bounds": {"age": (0, 120), "bmi": (10, 70)},
     }
+
+
+@pytest.fixture(scope="module")
+def dask_cluster() -> Iterator[Any]:
+    """A Dask cluster of two worker processes, one thread each, for a test module."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def dask_scheduler(dask_cluster: Any) -> str:
+    """The address of that cluster's scheduler."""
+    return str(dask_cluster.scheduler_address)
