@@ -27,6 +27,8 @@ DPNodeError                      any error reported by (or about) the node
 ├── ServerError                  the node failed (5xx); tell its operator
 ├── NodeBusyError                overloaded (503): too many requests at once; retried
 │   └── DatabaseBusyError          database_busy (503): the database kept it waiting
+├── EvaluationUnavailableError   evaluation_unavailable (503): the node's compute cluster
+│                                  is out of reach; nothing was charged; retry later
 ├── NodeUnreachableError         no answer from the node (network, wrong URL); for a
 │                                  publish, ``idempotency_key`` retries it safely
 ├── PrivateValueError            raised locally: code asked for a remote tensor's values
@@ -47,6 +49,7 @@ __all__ = [
     "DPNodeError",
     "DatabaseBusyError",
     "EvaluationError",
+    "EvaluationUnavailableError",
     "GraphError",
     "InvalidPolicyError",
     "InvalidRequestError",
@@ -257,6 +260,14 @@ class DatabaseBusyError(NodeBusyError):
     code = "database_busy"
 
 
+class EvaluationUnavailableError(DPNodeError):
+    """The node evaluates this publish on its compute cluster, which it cannot reach or which
+    has no worker (``503 evaluation_unavailable``, with a ``Retry-After``): nothing was
+    charged or read, so sending it again later is safe. Tell the node's operator if it lasts."""
+
+    code = "evaluation_unavailable"
+
+
 class NodeUnreachableError(DPNodeError):
     """No answer from the node. For a publish, ``idempotency_key`` names the request: it may
     or may not have run, and ``publish_frame(..., idempotency_key=...)`` with that key
@@ -316,6 +327,7 @@ BY_CODE: dict[str, type[DPNodeError]] = {
         ServerError,
         NodeBusyError,
         DatabaseBusyError,
+        EvaluationUnavailableError,
     )
 }
 

@@ -111,7 +111,7 @@ def dask_cluster() -> Iterator[Any]:
     """A Dask cluster of two worker processes, one thread each, for a test module."""
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
     ) as cluster:
         yield cluster
 
