@@ -7,6 +7,10 @@ store's folder or from the S3 bucket (s3rver, as in tests/node/test_storage_s3.p
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -133,3 +137,47 @@ def test_what_goes_to_the_cluster_is_decided_from_public_metadata(tmp_path: Path
     assert columns_for(on, mean, {}) is None
     cumsum = plan(graph_for([_remote(values)["x"].cumsum(0).sum()]), accurate=True)
     assert columns_for(on, cumsum, stored) is None
+
+
+def test_a_worker_killed_during_a_run_changes_no_bit(
+    dask_scheduler: str, tmp_path: Path
+) -> None:
+    """A worker process SIGKILLed while it runs a task of the pass: Dask runs its tasks
+    again on the other worker (and the one its nanny restarts); the sums are the same."""
+    from distributed import Client
+
+    rows = 4_000_000
+    x = np.random.default_rng(3).uniform(-1, 1, rows)
+    store = FileBlobStore(tmp_path / "blobs")
+    stored = {"x": Column(store.put(array_to_bytes(x)), "float64", (rows,))}
+    settings = Settings(data_dir=tmp_path, dask_scheduler=dask_scheduler, dask_min_bytes=0)
+    planned = plan(graph_for([_remote({"x": x})["x"].mean()]), accurate=True)
+    columns = columns_for(settings, planned, stored)
+    assert columns is not None
+    here = run(planned, {"x": x}, block_elements=ELEMENTS).outputs[0]
+    cluster = Cluster(settings)
+    watcher = Client(dask_scheduler, set_as_default=False)
+    try:
+        runner = cluster.runner(planned, columns, cluster.check(), ELEMENTS)
+        pids: dict[str, int] = watcher.run(os.getpid)
+        result: list[Any] = []
+        thread = threading.Thread(target=lambda: result.append(run(planned, {}, runner=runner)))
+        thread.start()
+        killed = None
+        deadline = time.monotonic() + 30
+        while killed is None and thread.is_alive() and time.monotonic() < deadline:
+            busy = [w for w, keys in watcher.processing().items() if keys]
+            if busy:
+                killed = pids[busy[0]]
+                os.kill(killed, signal.SIGKILL)
+            time.sleep(0.005)
+        assert killed is not None, "the run ended before a worker could be killed"
+        thread.join(60)
+        assert not thread.is_alive()
+        assert len(result) == 1
+        assert result[0].outputs[0].tobytes() == here.tobytes()
+        gone = watcher.run(os.getpid)
+        assert killed not in gone.values()
+    finally:
+        watcher.close()
+        cluster.close()
