@@ -50,6 +50,40 @@ def _write(store: FileBlobStore, rows: int) -> Column:
     return Column(store.put_stream(chunks), "float64", (rows,))
 
 
+def _row(
+    store: FileBlobStore, settings: Settings, cluster: Cluster, threads: int, rows: int, repeat: int
+) -> str:
+    """One row count: the column written, the three timings, the table's row."""
+    column = _write(store, rows)
+    # a file written in the last RECENT_NS is hashed again at each open (storage.py): a
+    # stored column is older than that
+    time.sleep(RECENT_NS / 1e9 + 0.5)
+    b = GraphBuilder()
+    name = "dataset:1/x"
+    planned = plan(b.build([b.op("mean", b.input(name, "float64", (rows,)))]), accurate=True)
+    columns = columns_for(settings, planned, {name: column})
+    assert columns is not None
+    x = store.open_array(column.digest, column.dtype, column.shape)
+
+    def numpy() -> Any:
+        return x.mean()
+
+    def blocks() -> Any:
+        return run(planned, {name: x}).outputs[0]
+
+    def dask() -> Any:
+        runner = cluster.runner(planned, columns, threads)
+        return run(planned, {}, runner=runner).outputs[0]
+
+    same = blocks().tobytes() == dask().tobytes()
+    t_np, t_blocks, t_dask = (t * 1e3 for t in interleaved_best([numpy, blocks, dask], repeat))
+    store.delete(column.digest)
+    return (
+        f"| {rows:,} | {t_np:.0f} | {t_blocks:.0f} | {t_blocks / t_np:.2f}x | "
+        f"{t_dask:.0f} | {t_dask / t_blocks:.2f}x | {'equal' if same else 'DIFFER'} |"
+    )
+
+
 def measure(rows_list: list[int], repeat: int, workers: int) -> None:
     from distributed import LocalCluster
 
@@ -70,40 +104,7 @@ def measure(rows_list: list[int], repeat: int, workers: int) -> None:
         threads = cluster.check()
         try:
             for rows in rows_list:
-                column = _write(store, rows)
-                # a file written in the last RECENT_NS is hashed again at each open (storage.py):
-                # a stored column is older than that
-                time.sleep(RECENT_NS / 1e9 + 0.5)
-                b = GraphBuilder()
-                name = "dataset:1/x"
-                planned = plan(
-                    b.build([b.op("mean", b.input(name, "float64", (rows,)))]), accurate=True
-                )
-                columns = columns_for(settings, planned, {name: column})
-                assert columns is not None
-                x = store.open_array(column.digest, column.dtype, column.shape)
-
-                def numpy() -> Any:
-                    return x.mean()
-
-                def blocks() -> Any:
-                    return run(planned, {name: x}).outputs[0]
-
-                def dask() -> Any:
-                    runner = cluster.runner(planned, columns, threads)
-                    return run(planned, {}, runner=runner).outputs[0]
-
-                same = blocks().tobytes() == dask().tobytes()
-                t_np, t_blocks, t_dask = (
-                    t * 1e3 for t in interleaved_best([numpy, blocks, dask], repeat)
-                )
-                print(
-                    f"| {rows:,} | {t_np:.0f} | {t_blocks:.0f} | {t_blocks / t_np:.2f}x | "
-                    f"{t_dask:.0f} | {t_dask / t_blocks:.2f}x | {'equal' if same else 'DIFFER'} |",
-                    flush=True,
-                )
-                del x
-                store.delete(column.digest)
+                print(_row(store, settings, cluster, threads, rows, repeat), flush=True)
         finally:
             cluster.close()
 

@@ -139,9 +139,7 @@ def test_what_goes_to_the_cluster_is_decided_from_public_metadata(tmp_path: Path
     assert columns_for(on, cumsum, stored) is None
 
 
-def test_a_worker_killed_during_a_run_changes_no_bit(
-    dask_scheduler: str, tmp_path: Path
-) -> None:
+def test_a_worker_killed_during_a_run_changes_no_bit(dask_scheduler: str, tmp_path: Path) -> None:
     """A worker process SIGKILLed while it runs a task of the pass: Dask runs its tasks
     again on the other worker (and the one its nanny restarts); the sums are the same."""
     from distributed import Client

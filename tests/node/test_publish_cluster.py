@@ -31,9 +31,7 @@ pytest.importorskip("distributed")
 @pytest.fixture
 def settings(settings: Settings, dask_scheduler: str) -> Settings:
     """The suite's settings, with the module's cluster and a 1 MiB threshold."""
-    return settings.model_copy(
-        update={"dask_scheduler": dask_scheduler, "dask_min_bytes": 1 << 20}
-    )
+    return settings.model_copy(update={"dask_scheduler": dask_scheduler, "dask_min_bytes": 1 << 20})
 
 
 @pytest.fixture
