@@ -263,9 +263,16 @@ class DatabaseBusyError(NodeBusyError):
 class EvaluationUnavailableError(DPNodeError):
     """The node evaluates this publish on its compute cluster, which it cannot reach or which
     has no worker (``503 evaluation_unavailable``, with a ``Retry-After``): nothing was
-    charged or read, so sending it again later is safe. Tell the node's operator if it lasts."""
+    charged or read, so sending it again after ``retry_after`` seconds is safe. Tell the
+    node's operator if it lasts.
+
+    >>> e = error_for(503, "evaluation_unavailable", "no worker", headers={"Retry-After": "30"})
+    >>> type(e).__name__, e.retry_after
+    ('EvaluationUnavailableError', 30)
+    """
 
     code = "evaluation_unavailable"
+    retry_after: int | None = None
 
 
 class NodeUnreachableError(DPNodeError):
@@ -361,7 +368,10 @@ def error_for(
     for name in _EXTRA:
         if extra and name in extra and hasattr(cls, name):
             setattr(error, name, extra[name])
-    if isinstance(error, RateLimitedError | NodeBusyError) and headers is not None:
+    if (
+        isinstance(error, RateLimitedError | NodeBusyError | EvaluationUnavailableError)
+        and headers is not None
+    ):
         retry_after = headers.get("Retry-After", "").strip()
         if retry_after.isdigit():  # seconds; the node never sends the date form
             error.retry_after = int(retry_after)
