@@ -22,6 +22,11 @@ A graph needing the sums of one pass to go on (``x - x.mean()``) takes several p
 the rows; the values between them are small and computed whole. Anything else (a row value
 that is an output, a matmul, an index, a random prim over the rows, a reduction that keeps
 the rows) is evaluated whole by :func:`dpnode.core.engine.evaluator.run`, as before.
+
+A pass is one loop, :func:`pass_sums`, over any range of rows that starts on a block: it
+returns the range's block sums, which :func:`run_blocks` merges in row order. By default one
+range holds all the rows; a ``runner`` may spread the ranges over other processes
+(``dpnode.node.cluster``, on a Dask cluster) and hand back their sums, giving the same bits.
 """
 
 from __future__ import annotations

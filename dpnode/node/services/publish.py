@@ -315,6 +315,8 @@ def publish(
         GraphError, QuotaExceededError: a graph the engine refuses.
         PrivacyTrackingError: a graph whose sensitivity cannot be bounded.
         InvalidRequestError: a bad epsilon or delta.
+        EvaluationUnavailableError: the publish is one for the node's Dask cluster, which
+            cannot be reached or has no worker; nothing is charged.
         PolicyRefusedError, BudgetExceededError, ApprovalRequiredError: the policy or the
             budget refuses the charge; nothing is released.
     """
