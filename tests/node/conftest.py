@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -106,10 +107,21 @@ def small_dataset() -> dict[str, Any]:
     }
 
 
+def require_distributed() -> Any:
+    """``distributed`` (the ``dask`` extra): a skip without it, a failure in CI."""
+    try:
+        import distributed
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("dask[distributed] is required in CI (the dev extra installs it)")
+        pytest.skip("dask[distributed] not installed (pip install 'dpnode[dask]')")
+    return distributed
+
+
 @pytest.fixture(scope="module")
 def dask_cluster() -> Iterator[Any]:
     """A Dask cluster of two worker processes, one thread each, for a test module."""
-    distributed = pytest.importorskip("distributed")
+    distributed = require_distributed()
     with distributed.LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
     ) as cluster:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 import torch
 
 from dpnode.core.engine import plan, run
@@ -24,9 +23,10 @@ from dpnode.node.cluster import Cluster, Column, columns_for
 from dpnode.node.settings import Settings
 from dpnode.node.storage import BlobStore, FileBlobStore, array_to_bytes
 from dpnode.sdk._remote import graph_for, remote_input
+from tests.node.conftest import require_distributed
 from tests.node.test_storage_s3 import KEY, s3_endpoint  # noqa: F401  (a fixture)
 
-pytest.importorskip("distributed")
+require_distributed()
 
 #: 70 blocks of 4096 rows and an odd tail: several ranges per pass, the last one short
 N = 70 * 4096 + 2048 + 7

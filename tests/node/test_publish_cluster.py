@@ -21,11 +21,11 @@ from dpnode.node.cluster import Cluster
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import AuditEvent, LedgerEntry, User
 from dpnode.node.settings import Settings
-from tests.node.conftest import publish, refused, upload_ok
+from tests.node.conftest import publish, refused, require_distributed, upload_ok
 from tests.node.frames import read_frame
 from tests.node.test_publish_blocks import ROWS, _store_dataset
 
-pytest.importorskip("distributed")
+require_distributed()
 
 
 @pytest.fixture
@@ -133,7 +133,7 @@ def test_an_unreachable_cluster_is_refused_before_the_charge(
     column: tuple[int, np.ndarray[Any, Any]],
     small_dataset: dict[str, Any],
 ) -> None:
-    distributed = pytest.importorskip("distributed")
+    distributed = require_distributed()
     small = _small(http, owner_h, small_dataset)
     frame = _mean(column[0])
     with distributed.LocalCluster(
