@@ -31,7 +31,7 @@ RUN groupadd --system --gid 10001 dpnode \
 # whose system Python refuses pip installs, PEP 668).
 COPY pyproject.toml constraints.txt /app/
 RUN python3 -m venv "$VIRTUAL_ENV" \
- && python -c "import tomllib; p = tomllib.load(open('/app/pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['postgres'] + p['optional-dependencies']['s3']))" \
+ && python -c "import tomllib; p = tomllib.load(open('/app/pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['postgres'] + p['optional-dependencies']['s3'] + p['optional-dependencies']['dask']))" \
         > /tmp/requirements.txt \
  && pip install --upgrade pip \
  && pip install -c /app/constraints.txt -r /tmp/requirements.txt \
@@ -42,7 +42,7 @@ RUN python3 -m venv "$VIRTUAL_ENV" \
 # the node's user cannot write it at run time. The last two checks fail the build, rather than
 # the container at start, if torch crept in or a dependency is missing.
 COPY . /app
-RUN pip install --no-deps -c /app/constraints.txt "/app[postgres,s3]" \
+RUN pip install --no-deps -c /app/constraints.txt "/app[postgres,s3,dask]" \
  && rm -rf /app \
  && python -c "import importlib.util, sys; sys.exit('torch must not be in the node image' if importlib.util.find_spec('torch') else 0)" \
  && python -c "import dpnode.node.app, dpnode.node.cli, dpnode.node.db.migrate as m; assert (m.MIGRATIONS_DIR / 'env.py').exists()"

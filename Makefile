@@ -42,6 +42,7 @@ bench: install
 	$(PY) -m bench.engine
 	$(PY) -m bench.noise
 	$(PY) -m bench.publish
+	$(PY) -m bench.dask_publish
 	$(PY) -m bench.sdk
 	$(PY) -m bench.tracking
 	$(PY) -m bench.dpsgd

@@ -3,6 +3,7 @@
     python -m bench.publish [--rows 1000000] [--lr-rows 100000] [--repeat 15] [--stages]
                             [--server] [--compare REV]
     python -m bench.publish --fixed [--big 10000000 [100000000]]   (bench/publish_scale.py)
+    python -m bench.publish --dask [10000000 100000000]   (bench/dask_publish.py)
 
 Each case runs through the whole node in process — the SDK encodes the graph, the HTTP
 API reads it, the engine evaluates and tracks sensitivity, the mechanism noises, the
@@ -330,7 +331,21 @@ def main() -> None:
         "10000000 100000000 (100M: about 3 GB while the column is written)",
     )
     parser.add_argument("--requests", type=int, default=300, help="requests per --fixed case")
+    parser.add_argument(
+        "--dask",
+        type=int,
+        nargs="*",
+        metavar="ROWS",
+        help="only a mean evaluated by blocks in the node and on a 2-worker Dask LocalCluster "
+        "(default 10000000 100000000; bench/dask_publish.py)",
+    )
     args = parser.parse_args()
+    if args.dask is not None:
+        from bench import dask_publish
+
+        rows = [str(r) for r in args.dask or (10_000_000, 100_000_000)]
+        dask_publish.main(["--rows", *rows, "--repeat", str(min(args.repeat, 3))])
+        return
     if args.fixed or args.big:
         from bench import publish_scale
 

@@ -14,6 +14,8 @@ the SDK maps each ``code`` back to a typed exception.
     ├── EvaluationError          evaluation_error     a valid graph failed on its values
     ├── QuotaExceededError       quota_exceeded       graph/compute/memory over a quota
     ├── PayloadTooLargeError     payload_too_large    a request body over its limit
+    ├── EvaluationUnavailableError  evaluation_unavailable  the node's compute cluster is
+    │                                                   out of reach; nothing was done
     ├── AuthenticationError      unauthenticated      missing, bad or expired credentials
     ├── RateLimitedError         rate_limited         too many attempts (logins); retry later
     ├── PermissionDeniedError    forbidden            authenticated but not allowed
@@ -40,6 +42,7 @@ __all__ = [
     "ConflictError",
     "DPNodeError",
     "EvaluationError",
+    "EvaluationUnavailableError",
     "GraphError",
     "InvalidPolicyError",
     "InvalidRequestError",
@@ -108,6 +111,18 @@ class QuotaExceededError(DPNodeError):
 
 class PayloadTooLargeError(DPNodeError):
     code = "payload_too_large"
+
+
+class EvaluationUnavailableError(DPNodeError):
+    """The cluster that evaluates this publish (``dpnode.node.cluster``) cannot be reached,
+    or has no workers: found before anything was charged or read; retry after ``retry_after``
+    seconds. Decided from the cluster's state alone, never from a value."""
+
+    code = "evaluation_unavailable"
+
+    def __init__(self, detail: str, *, retry_after: int) -> None:
+        super().__init__(detail)
+        self.retry_after = retry_after
 
 
 class AuthenticationError(DPNodeError):

@@ -54,6 +54,7 @@ STATUS: dict[type[errors.DPNodeError], int] = {
     errors.PermissionDeniedError: 403,
     errors.NotFoundError: 404,
     errors.ConflictError: 409,
+    errors.EvaluationUnavailableError: 503,
 }
 
 _HTTP_CODES = {
@@ -123,7 +124,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _domain(_: Request, exc: errors.DPNodeError) -> JSONResponse:
         extra = exc.extra()
         headers = None
-        if isinstance(exc, errors.RateLimitedError):
+        if isinstance(exc, errors.RateLimitedError | errors.EvaluationUnavailableError):
             headers = {"Retry-After": str(exc.retry_after)}
         return _body(exc.code, exc.detail, status_for(exc), headers, **extra)
 

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dpnode.core.privacy.cache import TrackingCache
 from dpnode.core.structures import StructureCache
+from dpnode.node.cluster import Cluster
 from dpnode.node.db.session import make_engine, make_sessionmaker, read_engine, serial_engine
 from dpnode.node.services.leases import LeaseKeeper
 from dpnode.node.services.security import password_hasher
@@ -47,6 +48,9 @@ class NodeContext:
     uploads: UploadSessions = field(init=False)
     #: This process's charged, unanswered publishes (see dpnode.node.services.leases).
     leases: LeaseKeeper = field(init=False)
+    #: The Dask cluster large publishes are evaluated on (``DPNODE_DASK_SCHEDULER``), or None
+    #: (see dpnode.node.cluster).
+    cluster: Cluster | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.logins = LoginThrottle.from_settings(self.settings)
@@ -61,6 +65,8 @@ class NodeContext:
         self.uploads = UploadSessions(s.upload_dir, limits)
         self.uploads.sweep()  # sessions abandoned while the node was down
         self.leases = LeaseKeeper(self.sessions, s.publish_lease_seconds)
+        # connected on first use: a node whose scheduler is down still starts and serves
+        self.cluster = Cluster(s) if s.dask_scheduler else None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> NodeContext:
@@ -83,6 +89,8 @@ class NodeContext:
 
     def close(self) -> None:
         self.leases.close()
+        if self.cluster is not None:
+            self.cluster.close()
         self.engine.dispose()
 
 

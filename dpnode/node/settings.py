@@ -68,6 +68,23 @@ class Settings(BaseSettings):
     #: HTTPS to the endpoint (turn off only for a store on loopback or a private network).
     s3_secure: bool = True
 
+    #: A Dask scheduler (``tcp://host:8786``, or ``tls://`` with Dask's TLS settings) whose
+    #: workers evaluate large publishes that only sum over their rows (dpnode.node.cluster);
+    #: empty (the default): every publish is evaluated in the node's process.
+    dask_scheduler: str = ""
+    #: Stored bytes of a publish's row inputs from which it goes to the cluster; below, it is
+    #: evaluated in the node (no round trips for small publishes).
+    dask_min_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    #: The blob folder as the workers see it (the file store: a folder they share with the
+    #: node); empty: the node's own (``data_dir/blobs``), at the same path on every machine.
+    dask_blob_dir: str = ""
+    #: How long to wait for the scheduler when connecting or checking it (answered
+    #: ``503 evaluation_unavailable`` past it), and for a whole evaluation on the cluster.
+    dask_connect_timeout_seconds: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+    dask_timeout_seconds: float = Field(default=3600.0, gt=0, allow_inf_nan=False)
+    #: Seconds a client is asked to wait by that 503 (``Retry-After``).
+    dask_retry_after_seconds: int = Field(default=30, gt=0)
+
     #: Back-pressure, per worker process: requests handled at once; one more is answered
     #: ``503 overloaded`` with ``Retry-After`` at once, before any work (health checks excepted).
     max_requests_in_flight: int = Field(default=64, gt=0)

@@ -28,6 +28,8 @@ DPNodeError                      any error reported by (or about) the node
 ├── ServerError                  the node failed (5xx); tell its operator
 ├── NodeBusyError                overloaded (503): too many requests at once; retried
 │   └── DatabaseBusyError          database_busy (503): the database kept it waiting
+├── EvaluationUnavailableError   evaluation_unavailable (503): the node's compute cluster
+│                                  is out of reach; nothing was charged; retry later
 ├── NodeUnreachableError         no answer from the node (network, wrong URL); for a
 │                                  publish, ``idempotency_key`` retries it safely
 ├── PrivateValueError            raised locally: code asked for a remote tensor's values
@@ -48,6 +50,7 @@ __all__ = [
     "DPNodeError",
     "DatabaseBusyError",
     "EvaluationError",
+    "EvaluationUnavailableError",
     "GraphError",
     "InvalidPolicyError",
     "InvalidRequestError",
@@ -268,6 +271,21 @@ class DatabaseBusyError(NodeBusyError):
     code = "database_busy"
 
 
+class EvaluationUnavailableError(DPNodeError):
+    """The node evaluates this publish on its compute cluster, which it cannot reach or which
+    has no worker (``503 evaluation_unavailable``, with a ``Retry-After``): nothing was
+    charged or read, so sending it again after ``retry_after`` seconds is safe. Tell the
+    node's operator if it lasts.
+
+    >>> e = error_for(503, "evaluation_unavailable", "no worker", headers={"Retry-After": "30"})
+    >>> type(e).__name__, e.retry_after
+    ('EvaluationUnavailableError', 30)
+    """
+
+    code = "evaluation_unavailable"
+    retry_after: int | None = None
+
+
 class NodeUnreachableError(DPNodeError):
     """No answer from the node. For a publish, ``idempotency_key`` names the request: it may
     or may not have run, and ``publish_frame(..., idempotency_key=...)`` with that key
@@ -328,6 +346,7 @@ BY_CODE: dict[str, type[DPNodeError]] = {
         ServerError,
         NodeBusyError,
         DatabaseBusyError,
+        EvaluationUnavailableError,
     )
 }
 
@@ -361,7 +380,10 @@ def error_for(
     for name in _EXTRA:
         if extra and name in extra and hasattr(cls, name):
             setattr(error, name, extra[name])
-    if isinstance(error, RateLimitedError | NodeBusyError) and headers is not None:
+    if (
+        isinstance(error, RateLimitedError | NodeBusyError | EvaluationUnavailableError)
+        and headers is not None
+    ):
         retry_after = headers.get("Retry-After", "").strip()
         if retry_after.isdigit():  # seconds; the node never sends the date form
             error.retry_after = int(retry_after)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +105,30 @@ def small_dataset() -> dict[str, Any]:
         },
         "bounds": {"age": (0, 120), "bmi": (10, 70)},
     }
+
+
+def require_distributed() -> Any:
+    """``distributed`` (the ``dask`` extra): a skip without it, a failure in CI."""
+    try:
+        import distributed
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("dask[distributed] is required in CI (the dev extra installs it)")
+        pytest.skip("dask[distributed] not installed (pip install 'dpnode[dask]')")
+    return distributed
+
+
+@pytest.fixture(scope="module")
+def dask_cluster() -> Iterator[Any]:
+    """A Dask cluster of two worker processes, one thread each, for a test module."""
+    distributed = require_distributed()
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def dask_scheduler(dask_cluster: Any) -> str:
+    """The address of that cluster's scheduler."""
+    return str(dask_cluster.scheduler_address)

@@ -22,13 +22,18 @@ A graph needing the sums of one pass to go on (``x - x.mean()``) takes several p
 the rows; the values between them are small and computed whole. Anything else (a row value
 that is an output, a matmul, an index, a random prim over the rows, a reduction that keeps
 the rows) is evaluated whole by :func:`dpnode.core.engine.evaluator.run`, as before.
+
+A pass is one loop, :func:`pass_sums`, over any range of rows that starts on a block: it
+returns the range's block sums, which :func:`run_blocks` merges in row order. By default one
+range holds all the rows; a ``runner`` may spread the ranges over other processes
+(``dpnode.node.cluster``, on a Dask cluster) and hand back their sums, giving the same bits.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +48,16 @@ from dpnode.core.engine.prims.elementwise import BINARY_PRIMS, UNARY_PRIMS
 from dpnode.core.engine.prims.registry import Call, Scalar, TensorMeta
 from dpnode.core.errors import DPNodeError, EvaluationError
 
-__all__ = ["BLOCK_ELEMENTS", "Schedule", "run_blocks", "schedule"]
+__all__ = [
+    "BLOCK_ELEMENTS",
+    "PassRunner",
+    "RangeSums",
+    "Schedule",
+    "pass_inputs",
+    "pass_sums",
+    "run_blocks",
+    "schedule",
+]
 
 Array = npt.NDArray[Any]
 
@@ -211,9 +225,10 @@ def _call(s: Schedule, calls: Sequence[Call | None], i: int, length: int) -> Cal
     return call
 
 
-def _apply(call: Call, args: list[Any], gen: np.random.Generator) -> Array:
+def _apply(call: Call, args: list[Any], gen: np.random.Generator | None) -> Array:
     prim = REGISTRY[call.op]
     if prim.random:
+        assert gen is not None, "a random prim over the rows is never scheduled"
         call = copy.copy(call)
         call.rng = gen
     try:
@@ -229,6 +244,12 @@ def _apply(call: Call, args: list[Any], gen: np.random.Generator) -> Array:
             f"rule said {meta.dtype.name}{list(meta.shape)}"
         )
     return r
+
+
+#: What one range of rows gives a sum over the rows: its block sums (a float sum: one per
+#: whole ``BLOCK`` of terms, in order) or its exact sum (an integer sum), and the sum of the
+#: tail of fewer than ``BLOCK`` terms (only the range holding the last row has one).
+RangeSums = tuple[list[Array], Array | None]
 
 
 class _Sum:
@@ -248,16 +269,27 @@ class _Sum:
 
     def add(self, block: Array) -> None:
         if not self.blocked:  # integers: exact, wrapping alike in any order
-            part = np.sum(block, axis=self.axes, dtype=self.acc.np)
-            self.parts = [np.add(self.parts[0], part) if self.parts else np.asarray(part)]
+            self.merge(([np.asarray(np.sum(block, axis=self.axes, dtype=self.acc.np))], None))
             return
         y = rows_last(block, self.axes)
         m = y.shape[-1] - y.shape[-1] % BLOCK
-        if m:
-            self.parts.append(block_sums(y[..., :m], self.acc.np))
-        if m < y.shape[-1]:  # only the last block has a tail: the others are whole BLOCKs
-            assert self.tail is None
-            self.tail = np.sum(y[..., m:], axis=-1, dtype=self.acc.np)
+        tail = np.sum(y[..., m:], axis=-1, dtype=self.acc.np) if m < y.shape[-1] else None
+        self.merge(([block_sums(y[..., :m], self.acc.np)] if m else [], tail))
+
+    def merge(self, found: RangeSums) -> None:
+        """Add what the next rows gave (:meth:`add`, or another process's :func:`pass_sums`)."""
+        parts, tail = found
+        if not self.blocked:
+            for part in parts:
+                self.parts = [np.add(self.parts[0], part) if self.parts else np.asarray(part)]
+            return
+        # only the rows' last block has a tail: every other is whole BLOCKs
+        assert self.tail is None, "rows given after the last block"
+        self.parts.extend(parts)
+        self.tail = tail
+
+    def found(self) -> RangeSums:
+        return self.parts, self.tail
 
     def result(self) -> Array:
         c = self.call
@@ -273,6 +305,72 @@ class _Sum:
         return np.asarray(r).astype(c.out().dtype.np, copy=False)
 
 
+#: ``rows(i, start, stop)``: rows ``start:stop`` of input node ``i``'s value
+Rows = Callable[[int, int, int], Array]
+
+#: Runs pass ``p`` of a schedule given the values it uses (:func:`pass_inputs`): what each
+#: range of rows gave each of the pass's sums, the ranges in row order and covering the rows.
+PassRunner = Callable[[int, Mapping[int, Any]], Sequence[Mapping[int, RangeSums]]]
+
+
+def _arg(s: Schedule, a: object, values: Mapping[int, Any], local: Mapping[int, Array]) -> Any:
+    if isinstance(a, Ref):
+        return local[a.index] if s.row[a.index] else values[a.index]
+    return a.value if isinstance(a, Scalar) else None
+
+
+def pass_inputs(s: Schedule, graph: Graph, p: int, values: Mapping[int, Any]) -> dict[int, Any]:
+    """The values computed before pass ``p`` that its row values use."""
+    nodes = graph.nodes
+    used = {
+        a.index
+        for i in s.passes[p].nodes
+        for a in nodes[i].args
+        if isinstance(a, Ref) and not s.row[a.index]
+    }
+    return {i: values[i] for i in sorted(used)}
+
+
+def pass_sums(
+    s: Schedule,
+    graph: Graph,
+    calls: Sequence[Call | None],
+    p: int,
+    values: Mapping[int, Any],
+    rows: Rows,
+    start: int,
+    stop: int,
+    elements: int = BLOCK_ELEMENTS,
+) -> dict[int, RangeSums]:
+    """Pass ``p`` over rows ``start:stop``: what they give each of the pass's sums.
+
+    The one block loop of both :func:`run_blocks` (all the rows) and a node spreading the
+    rows over other processes (``dpnode.node.cluster``). ``start`` is a multiple of
+    ``s.block_rows(elements)``, so the blocks are those of one run over all the rows, and
+    the ranges' sums, merged in row order, are bitwise those of :func:`run_blocks`.
+    ``values``: at least :func:`pass_inputs`. Row values are never random: no generator.
+    """
+    step = s.block_rows(elements)
+    assert start % step == 0, "a range starts on a block"
+    nodes = graph.nodes
+    read = s.passes[p]
+    gathered = {i: _Sum(c) for i in read.sums if (c := calls[i]) is not None}
+    with np.errstate(all="ignore"):
+        for first in range(start, stop, step):
+            last = min(first + step, stop)
+            local: dict[int, Array] = {}
+            for i in read.nodes:
+                node = nodes[i]
+                if node.op == "input":
+                    local[i] = rows(i, first, last)
+                    continue
+                call = _call(s, calls, i, last - first)
+                local[i] = _apply(call, [_arg(s, a, values, local) for a in node.args], None)
+            for i, g in gathered.items():
+                g.add(_arg(s, nodes[i].args[0], values, local))
+    return {i: g.found() for i, g in gathered.items()}
+
+
 def run_blocks(
     s: Schedule,
     graph: Graph,
@@ -280,20 +378,24 @@ def run_blocks(
     bound: Mapping[int, Array],
     gen: np.random.Generator,
     elements: int = BLOCK_ELEMENTS,
+    *,
+    runner: PassRunner | None = None,
 ) -> list[Array]:
     """Evaluate a scheduled graph on blocks of about ``elements`` elements.
 
     ``bound``: the graph's input values by node index, checked against their metadata.
+    ``runner``: runs each pass elsewhere (``bound`` then needs no row input); by default
+    :func:`pass_sums` over all the rows here. Random prims (never on rows) use ``gen``.
     Returns the outputs, fresh arrays the caller may keep or modify.
     """
     nodes = graph.nodes
     values: dict[int, Any] = {i: v for i, v in bound.items() if not s.row[i]}
-    step = s.block_rows(elements)
 
-    def arg(a: object, local: Mapping[int, Array]) -> Any:
-        if isinstance(a, Ref):
-            return local[a.index] if s.row[a.index] else values[a.index]
-        return a.value if isinstance(a, Scalar) else None
+    def here(p: int, given: Mapping[int, Any]) -> list[dict[int, RangeSums]]:
+        def rows(i: int, start: int, stop: int) -> Array:
+            return bound[i][start:stop]
+
+        return [pass_sums(s, graph, calls, p, given, rows, 0, s.rows, elements)]
 
     def small(indices: Sequence[int]) -> None:
         for i in indices:
@@ -303,24 +405,15 @@ def run_blocks(
                 continue
             call = calls[i]
             assert call is not None
-            values[i] = _apply(call, [arg(a, {}) for a in node.args], gen)
+            values[i] = _apply(call, [_arg(s, a, values, {}) for a in node.args], gen)
 
     with np.errstate(all="ignore"):
         for p, read in enumerate(s.passes):
             small(s.small[p])
             gathered = {i: _Sum(c) for i in read.sums if (c := calls[i]) is not None}
-            for start in range(0, s.rows, step):
-                stop = min(start + step, s.rows)
-                local: dict[int, Array] = {}
-                for i in read.nodes:
-                    node = nodes[i]
-                    if node.op == "input":
-                        local[i] = bound[i][start:stop]
-                        continue
-                    call = _call(s, calls, i, stop - start)
-                    local[i] = _apply(call, [arg(a, local) for a in node.args], gen)
+            for found in (runner or here)(p, pass_inputs(s, graph, p, values)):
                 for i, g in gathered.items():
-                    g.add(arg(nodes[i].args[0], local))
+                    g.merge(found[i])
             for i, g in gathered.items():
                 values[i] = g.result()
         small(s.small[len(s.passes)])

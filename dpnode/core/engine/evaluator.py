@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from dpnode.core.engine.blocks import BLOCK_ELEMENTS, Schedule, run_blocks, schedule
+from dpnode.core.engine.blocks import BLOCK_ELEMENTS, PassRunner, Schedule, run_blocks, schedule
 from dpnode.core.engine.dtypes import dtype, from_numpy
 from dpnode.core.engine.graph import Graph, Node, Ref, validate_structure
 from dpnode.core.engine.prims import REGISTRY
@@ -224,6 +224,7 @@ def run(
     rng: np.random.Generator | None = None,
     trackers: Sequence[Tracker] = (),
     block_elements: int | None = BLOCK_ELEMENTS,
+    runner: PassRunner | None = None,
 ) -> Evaluation:
     """Evaluate a graph (planning it first if needed) with optional trackers.
 
@@ -236,6 +237,8 @@ def run(
         inputs: one array per input placeholder, matching its declared dtype and shape.
         rng: the node's generator for random prims (a fresh OS-seeded one if None).
         trackers: per-node computations run alongside the values.
+        runner: runs the block passes elsewhere (:func:`~dpnode.core.engine.blocks.run_blocks`),
+            for a plan with blocks, whatever its rows; ``inputs`` then omits the row inputs.
 
     Raises:
         GraphError, QuotaExceededError: from planning.
@@ -250,6 +253,16 @@ def run(
         raise EvaluationError(f"inputs {sorted(extra)} are not declared by the graph")
     gen = rng if rng is not None else np.random.default_rng()
     blocks = p.blocks
+    if runner is not None:
+        if blocks is None or trackers:
+            raise EvaluationError("internal error: only a block plan, untracked, runs elsewhere")
+        bound = {
+            i: _bind(i, node, p.metas[i], inputs)
+            for i, node in enumerate(g.nodes)
+            if node.op == "input" and not (blocks.row[i] and node.attrs["name"] not in inputs)
+        }
+        elements = block_elements or BLOCK_ELEMENTS
+        return Evaluation(run_blocks(blocks, g, p.calls, bound, gen, elements, runner=runner), {})
     if (
         blocks is not None
         and not trackers

@@ -45,6 +45,7 @@ from dpnode.core.dp import selection
 from dpnode.core.dp.mechanisms import NoisePlan, Release, apply_noise, plan_gaussian, plan_laplace
 from dpnode.core.dp.samplers import Source, word_source
 from dpnode.core.engine import Graph, Plan, plan, run
+from dpnode.core.engine.blocks import PassRunner
 from dpnode.core.engine.graph import Ref
 from dpnode.core.errors import InvalidRequestError
 from dpnode.core.privacy.spec import InputSpec
@@ -394,6 +395,7 @@ def run_release(
     *,
     rng: np.random.Generator | None = None,
     source: Source = "pcg",
+    runner: PassRunner | None = None,
 ) -> Released:
     """Evaluate, clip, and noise: never raises because of a value (see the module docstring).
 
@@ -403,6 +405,8 @@ def run_release(
             so that a failure to read is answered like any other).
         rng: the generator of random prims (a fresh OS-seeded one if None).
         source: the noise's randomness source.
+        runner: evaluates the plan's block passes elsewhere (``inputs`` then omits the row
+            inputs: :func:`~dpnode.core.engine.evaluator.run`); the noise is drawn here.
     """
     if rp.selection is not None:
         return _run_selection(rp, inputs, rng=rng, source=source)
@@ -410,7 +414,7 @@ def run_release(
     flat = np.empty(rp.count)
     try:
         values = inputs() if callable(inputs) else inputs
-        outputs = run(rp.plan, values, rng=rng).outputs
+        outputs = run(rp.plan, values, rng=rng, runner=runner).outputs
         start = 0
         for v in outputs:
             size = v.size

@@ -41,7 +41,8 @@ DESCRIPTIONS: dict[int, str] = {
     429: "Too many attempts: wait the seconds the `Retry-After` header says (`rate_limited`).",
     500: "The node failed unexpectedly (`internal_error`, `storage_error`).",
     503: "Too busy: nothing was done; send it again after the seconds the `Retry-After` "
-    "header says (`overloaded`, `database_busy`).",
+    "header says (`overloaded`, `database_busy`; for a publish also `evaluation_unavailable`: "
+    "the node's compute cluster is out of reach, nothing was charged).",
 }
 
 _AUTHENTICATED = {deps.get_current_user, deps.get_token_user_id}

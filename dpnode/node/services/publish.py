@@ -15,6 +15,12 @@ Order of events, each for a reason:
    its public bounds and noise it (:func:`dpnode.core.privacy.release.run_release`);
 7. return the noised values.
 
+With a Dask cluster configured (``DPNODE_DASK_SCHEDULER``), a large publish that only sums
+over its rows is evaluated in 6 on the cluster's workers, which read the columns themselves
+(:mod:`dpnode.node.cluster`); the noise is still drawn here. Whether it goes there is decided
+after 3 from public metadata, and the cluster is checked before 5: out of reach, the publish
+is refused (``503 evaluation_unavailable``) with nothing charged.
+
 Every refusal (1 to 5) happens before a private value is read, so what a refused
 publish shows — its error type, code, message and time — cannot depend on the data.
 After 5, a publish is always answered with a noised result: a failure there still
@@ -65,6 +71,7 @@ from dpnode.core.errors import (
 from dpnode.core.privacy import InputSpec, PrivacyReport, Subjects, track
 from dpnode.core.privacy.release import ReleasePlan, plan_release, run_release
 from dpnode.core.privacy.subjects import first_rows
+from dpnode.node.cluster import Column, columns_for
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import Dataset, DatasetColumn, Role, User
 from dpnode.node.services import audit, budget, datasets, idempotency, models, users
@@ -107,11 +114,22 @@ class _Inputs:
     private: dict[str, tuple[Dataset, DatasetColumn]]
     dataset_ids: list[int]
 
-    def values(self, context: NodeContext) -> dict[str, npt.NDArray[Any]]:
+    def values(
+        self, context: NodeContext, elsewhere: frozenset[str] = frozenset()
+    ) -> dict[str, npt.NDArray[Any]]:
+        """The inputs' values, but for the private columns read ``elsewhere`` (a cluster)."""
         out = dict(self.public)
         for name, (dataset, column) in self.private.items():
-            out[name] = datasets.read_column(context.store, dataset, column)
+            if name not in elsewhere:
+                out[name] = datasets.read_column(context.store, dataset, column)
         return out
+
+    def stored(self) -> dict[str, Column]:
+        """Where each private column is stored (public metadata: blob, dtype, shape)."""
+        return {
+            name: Column(column.blob, column.dtype, (dataset.row_count, *column.row_shape))
+            for name, (dataset, column) in self.private.items()
+        }
 
 
 def _resolve(context: NodeContext, session: Session, actor: User, graph: Graph) -> _Inputs:
@@ -297,6 +315,8 @@ def publish(
         GraphError, QuotaExceededError: a graph the engine refuses.
         PrivacyTrackingError: a graph whose sensitivity cannot be bounded.
         InvalidRequestError: a bad epsilon or delta.
+        EvaluationUnavailableError: the publish is one for the node's Dask cluster, which
+            cannot be reached or has no worker; nothing is charged.
         PolicyRefusedError, BudgetExceededError, ApprovalRequiredError: the policy or the
             budget refuses the charge; nothing is released.
     """
@@ -326,6 +346,12 @@ def publish(
         tracked=context.tracking.report,
     )
     cost = _cost(rp, request, inputs, graph)
+    # where it is evaluated: decided from public metadata, the cluster checked before the charge
+    cluster = context.cluster
+    columns = None
+    if cluster is not None and rp.selection is None:
+        columns = columns_for(context.settings, rp.plan, inputs.stored())
+    threads = cluster.check() if cluster is not None and columns is not None else 0
     try:
         entry, after = budget.charge(
             context.serial_sessions, context.settings, actor.id, cost, claim=claim
@@ -344,7 +370,12 @@ def publish(
     if claim is not None:  # renewed until the answer is stored (answered)
         context.leases.hold(actor.id, claim.key)
     try:
-        done = run_release(rp, lambda: inputs.values(context))
+        if cluster is not None and columns is not None:
+            names = frozenset(str(rp.plan.graph.nodes[i].attrs["name"]) for i in columns)
+            runner = cluster.runner(rp.plan, columns, threads)
+            done = run_release(rp, lambda: inputs.values(context, names), runner=runner)
+        else:
+            done = run_release(rp, lambda: inputs.values(context))
     except BaseException:  # not answered: the lease lapses, and its retries learn it is lost
         if claim is not None:
             context.leases.release(actor.id, claim.key)
