@@ -52,7 +52,7 @@ class Settings(BaseSettings):
     #: How long a charged publish stays ``running`` without a sign of life from the node
     #: process computing it, which renews it every third of this while it runs; unanswered
     #: past it (the process was killed, or its answer could not be stored), it is ``lost``.
-    publish_lease_seconds: int = Field(default=60, gt=0)
+    publish_lease_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     #: Memory for verified dataset and weight blobs (read and hashed once, LRU); 0: off.
     blob_cache_bytes: int = Field(default=512 * 1024 * 1024, ge=0)
     #: Where blobs live: ``file`` (content-addressed files in ``data_dir/blobs``) or ``s3``

@@ -189,7 +189,7 @@ def record(
     ledger_id: int,
     at: datetime,
     ttl_seconds: int,
-    lease_seconds: int,
+    lease_seconds: float,
 ) -> None:
     """Record ``claim`` for the ledger row just written, in the charging transaction, with a
     lease of ``lease_seconds`` (renewed while the publish runs), and purge expired keys.

@@ -34,7 +34,7 @@ class LeaseKeeper:
     """The keys of this process's charged, unanswered publishes, and the thread renewing
     their leases (started with the first key held, stopped by :meth:`close`)."""
 
-    def __init__(self, sessions: sessionmaker[Session], lease_seconds: int) -> None:
+    def __init__(self, sessions: sessionmaker[Session], lease_seconds: float) -> None:
         self._sessions = sessions
         self.lease_seconds = lease_seconds
         self._held: set[tuple[int, str]] = set()
