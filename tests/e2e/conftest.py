@@ -69,6 +69,18 @@ class Server:
     def output(self) -> str:
         return self.log.read_text()
 
+    def cli(self, *args: str) -> str:
+        """Run ``dpnode ARGS`` against this node's database and data folder; its output."""
+        done = subprocess.run(
+            [sys.executable, "-m", "dpnode", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            cwd=self.log.parent,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
 
 @pytest.fixture
 def server(tmp_path: Path, database_url: str) -> Iterator[Server]:

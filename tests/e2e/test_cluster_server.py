@@ -3,8 +3,6 @@ cluster's worker processes; the cluster gone, a clear error and a node that keep
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +14,6 @@ from tests.e2e.conftest import Server
 from tests.node.conftest import require_distributed
 
 ROWS = 100_000
-
-
-def _cli(server: Server, *args: str) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "dpnode", *args],
-        env=server.env,
-        check=True,
-        capture_output=True,
-        cwd=server.log.parent,
-    )
 
 
 def _dpnode_tasks(dask_scheduler: Any) -> int:
@@ -54,9 +42,9 @@ def test_an_sdk_publish_on_the_cluster_then_the_cluster_gone(
         }
         node.start()
         try:
-            _cli(node, "user", "add", "--email", "o@example.org", "--role", "data_owner",
+            node.cli("user", "add", "--email", "o@example.org", "--role", "data_owner",
                  "--password", "owner password")  # fmt: skip
-            _cli(node, "user", "add", "--email", "s@example.org", "--role", "data_scientist",
+            node.cli("user", "add", "--email", "s@example.org", "--role", "data_scientist",
                  "--password", "scientist password")  # fmt: skip
             owner = sdk.login(node.url, email="o@example.org", password="owner password")
             x = np.random.default_rng(2).uniform(0, 1, ROWS)

@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import io
 import re
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -44,18 +42,6 @@ max_epsilon = 6.0
 """
 
 
-def _cli(server: Server, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "dpnode", *args],
-        env=server.env,
-        capture_output=True,
-        text=True,
-        cwd=server.log.parent,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 def _login(server: Server, email: str) -> sdk.Client:
     return sdk.login(server.url, email=email, password=PASSWORD)
 
@@ -63,15 +49,15 @@ def _login(server: Server, email: str) -> sdk.Client:
 @pytest.fixture
 def clinic(server: Server, tmp_path: Path) -> Server:
     for email, role in ((ADMIN, "admin"), (OWNER, "data_owner"), (ANN, "data_scientist")):
-        _cli(server, "user", "add", "--email", email, "--role", role, "--password", PASSWORD)
-    _cli(server, "user", "add", "--email", BOB, "--role", "data_scientist", "--password", PASSWORD)
+        server.cli("user", "add", "--email", email, "--role", role, "--password", PASSWORD)
+    server.cli("user", "add", "--email", BOB, "--role", "data_scientist", "--password", PASSWORD)
     rng = np.random.default_rng(7)
     _login(server, OWNER).upload_dataset(
         "visits", {"age": rng.integers(18, 90, 400)}, bounds={"age": (0, 120)}, tags=["health"]
     )
     policy = tmp_path / "clinic.toml"
     policy.write_text(POLICY)
-    out = _cli(server, "policy", "apply", str(policy), "--reason", "clinic rules, ticket 42")
+    out = server.cli("policy", "apply", str(policy), "--reason", "clinic rules, ticket 42")
     assert out.strip() == "applied policy 'clinic' as revision 1"
     return server
 
@@ -125,9 +111,9 @@ def test_a_scientist_meets_each_limit_asks_for_more_and_continues(clinic: Server
     assert slow.value.rule == "rate_limit.max_publishes" and slow.value.policy_revision == 2
 
     # The command line sees the same node.
-    budget_line = _cli(clinic, "budget", "show", "--user", ANN)
+    budget_line = clinic.cli("budget", "show", "--user", ANN)
     assert "epsilon 2.25 of 3 spent" in budget_line and "'clinic' (revision 2)" in budget_line
-    history = _cli(clinic, "policy", "show", "--history").splitlines()
+    history = clinic.cli("policy", "show", "--history").splitlines()
     assert [line.split()[0] for line in history] == ["2", "1"]
 
 
@@ -185,9 +171,9 @@ def test_the_audit_log_says_who_learned_what_under_which_policy(clinic: Server) 
     assert (refusal.actor_email, refusal.detail["rule"]) == (BOB, "publish.max_epsilon")
     changes = [(e.action, e.actor_email) for e in admin.audit(action="policy.apply")]
     assert changes == [("policy.apply", ADMIN), ("policy.apply", None)]  # None: the CLI
-    lines = _cli(clinic, "audit", "--action", "privacy.charge").splitlines()
+    lines = clinic.cli("audit", "--action", "privacy.charge").splitlines()
     assert len(lines) == 2 and BOB in lines[0] and '"policy_revision": 2' in lines[0]
-    ledger_lines = _cli(clinic, "ledger").splitlines()
+    ledger_lines = clinic.cli("ledger").splitlines()
     assert [line.rsplit(" ", 1)[1] for line in ledger_lines] == ["2", "1"]
 
 

@@ -20,7 +20,6 @@ from dpnode import sdk
 from dpnode.core.engine import GraphBuilder, encode
 from dpnode.node.db.models import LedgerEntry, PublishKey
 from tests.e2e.conftest import Server
-from tests.e2e.test_publish_server import _run_cli
 
 API = "/api/v1"
 ROWS = 2_000_000
@@ -40,7 +39,7 @@ def _slow_publish(node: Server) -> tuple[sdk.Client, bytes]:
     """A data scientist, and a publish that takes the node two seconds or so: 2M rows through a
     chain of sines (the time depends on the row count alone)."""
     for email, role in (("o@example.org", "data_owner"), ("s@example.org", "data_scientist")):
-        _run_cli(node, "user", "add", "--email", email, "--role", role, "--password", "pw-" + role)
+        node.cli("user", "add", "--email", email, "--role", role, "--password", "pw-" + role)
     owner = sdk.login(node.url, email="o@example.org", password="pw-data_owner")
     column = np.random.default_rng(0).uniform(0, 1, ROWS)
     ds = owner.upload_dataset("slow", {"x": column}, bounds={"x": (0, 1)})

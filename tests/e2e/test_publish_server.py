@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,27 +16,11 @@ from tests.e2e.conftest import Server
 
 def _setup(server: Server) -> tuple[sdk.Client, bytes]:
     owner_pw, ds_pw = "owner password", "scientist password"
-    _run_cli(
-        server,
-        "user",
-        "add",
-        "--email",
-        "o@example.org",
-        "--role",
-        "data_owner",
-        "--password",
-        owner_pw,
+    server.cli(
+        "user", "add", "--email", "o@example.org", "--role", "data_owner", "--password", owner_pw
     )
-    _run_cli(
-        server,
-        "user",
-        "add",
-        "--email",
-        "s@example.org",
-        "--role",
-        "data_scientist",
-        "--password",
-        ds_pw,
+    server.cli(
+        "user", "add", "--email", "s@example.org", "--role", "data_scientist", "--password", ds_pw
     )
     owner = sdk.login(server.url, email="o@example.org", password=owner_pw)
     rng = np.random.default_rng(0)
@@ -47,16 +29,6 @@ def _setup(server: Server) -> tuple[sdk.Client, bytes]:
     x = b.input(f"dataset:{ds.id}/x", "float64", (2000,))
     frame = encode(b.build([b.op("sum", x)]))
     return sdk.login(server.url, email="s@example.org", password=ds_pw), frame
-
-
-def _run_cli(server: Server, *args: str) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "dpnode", *args],
-        env=server.env,
-        check=True,
-        capture_output=True,
-        cwd=server.log.parent,
-    )
 
 
 @pytest.fixture
