@@ -28,8 +28,9 @@ its own group. It computes in float64 and rounds once to ``x``'s dtype.
 An outer part is never built when every row is its own group and the norm is L2 (the
 usual DP-SGD step), as in Opacus's fast gradient clipping: the norm of ``g[i] (x) x[i]``
 is ``||g[i]|| ||x[i]||``, and the clipped sum is ``(s * g)^T x`` for the rows' scales ``s``,
-one product over the rows instead of ``n * p * q`` numbers written and read. Otherwise
-(groups of rows, L1) its rows are built block by block.
+one product over the rows instead of ``n * p * q`` numbers written and read. Otherwise its
+rows are built: block by block for the L1 norm, whole to sum groups of rows (the memory
+quotas count an outer part as built).
 """
 
 from __future__ import annotations
