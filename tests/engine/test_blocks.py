@@ -38,6 +38,14 @@ ONE_D: dict[str, Graphs] = {
     "mean over dim 0, kept": lambda t: t["x"].mean(0, keepdim=True),
     "several outputs": lambda t: [t["x"].mean(), (t["y"].clamp(0, 0.5) + 1).sum()],
     "sums combined": lambda t: (t["x"].mean() + t["y"].sum()) / t["i"].sum(),
+    # values moved within each row: columns joined (as ds.tensors(["x", "y"]) does),
+    # reshaped, picked
+    "columns joined": lambda t: torch.cat(
+        [t["x"].reshape(-1, 1), t["y"].double().unsqueeze(1)], 1
+    ).mean(0),
+    "one column stacked": lambda t: torch.cat([t["x"].reshape(-1, 1)], 1).mean(),
+    "a column of a matrix": lambda t: t["X"][:, 0].mean(),
+    "a matrix reshaped": lambda t: (t["X"].reshape(N, 3, 1).squeeze(2) ** 2).sum(0),
 }
 
 
@@ -119,7 +127,8 @@ FALLBACK: dict[str, Graphs] = {
     "a maximum": lambda t: t["x"].amax(),
     "a sum keeping the rows": lambda t: t["X"].sum(1).mean(),
     "a sum over the rows last": lambda t: t["X"].sum((1, 0)),
-    "a column of a matrix": lambda t: t["X"][:, 0].mean(),
+    "rows sliced": lambda t: t["x"][1:].mean(),
+    "rows joined": lambda t: torch.cat([t["x"], t["x"]]).mean(),
 }
 
 

@@ -1,8 +1,9 @@
 """Evaluate a graph over its rows block by block, when it only sums over them.
 
-Most publishes are elementwise work on the rows of a few columns followed by sums or means
-over the rows (``x.mean()``, ``(x > t).sum()``, a variance's two passes). Evaluated whole,
-each intermediate is as long as the column: a 100M-row ``x.float().mean()`` would hold a
+Most publishes are elementwise work on the rows of a few columns (joined into a matrix,
+reshaped or sliced within each row) followed by sums or means over the rows (``x.mean()``,
+``(x > t).sum()``, a variance's two passes, ``ds.tensors(["a", "b"]).mean(0)``). Evaluated
+whole, each intermediate is as long as the column: a 100M-row ``x.float().mean()`` would hold a
 400 MB copy beside the column. :func:`schedule` recognises such a graph from its plan
 alone (shapes, dtypes and prims: public), and :func:`run_blocks` evaluates it on blocks of
 rows (about :data:`BLOCK_ELEMENTS` elements each), so that nothing larger than a block is
@@ -74,6 +75,11 @@ _ELEMENTWISE = (
         "convert_element_type",
     }
 )
+
+
+#: prims that move values within each row only, when the rows stay axis 0 (checked from
+#: the shapes): ``ds.tensors(["a", "b"])`` joins columns with them
+_ROW_PRESERVING = frozenset({"reshape", "unsqueeze", "squeeze", "cat", "slice"})
 
 
 @dataclass(frozen=True)
@@ -175,6 +181,16 @@ def schedule(
                 # a row argument is aligned on axis 0; any other broadcasts along it
                 if (m.ndim != meta.ndim) if row[r] else (m.ndim == meta.ndim and m.shape[0] != 1):
                     return None
+            row[i] = True
+        elif node.op in _ROW_PRESERVING:
+            # a row's values moved within the row (a column added, columns joined or
+            # picked): the rows stay the rows, and a block's rows are the block's
+            if meta.ndim == 0 or meta.shape[0] != rows:
+                return None
+            if not all(row[r] and metas[r].shape[0] == rows for r in refs):
+                return None
+            if node.op == "slice" and call.dim(call.attr("dim"), metas[refs[0]].ndim) == 0:
+                return None
             row[i] = True
         elif len(refs) == 1 and _sums_rows(call, metas[refs[0]]):
             level[i] = lv + 1
