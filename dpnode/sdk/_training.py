@@ -86,6 +86,10 @@ class PrivateTraining:
             ``loss_fn(model(inputs), targets, reduction="none")``.
         target_epsilon: what the whole run may cost, as the node's ledger counts it.
         steps: how many steps (each one uses every row: a step is an epoch).
+        epochs: Opacus's name for it: with full batches an epoch is one step, so
+            ``epochs=30`` is ``steps=30`` (give one of the two).
+        expected_batch_size: Opacus's batch size: the node trains with full batches, so
+            only the row count is accepted (anything else is refused with the reason).
         max_grad_norm: ``C``, the clipping bound of each subject's gradient.
         target_delta: your allowance's delta, where the node counts every release; leave it
             out to use it, a different value is refused.
@@ -124,18 +128,19 @@ class PrivateTraining:
         *,
         loss_fn: Callable[..., torch.Tensor],
         target_epsilon: float,
-        steps: int,
+        steps: int | None = None,
         max_grad_norm: float,
         target_delta: float | None = None,
+        epochs: int | None = None,
+        expected_batch_size: int | None = None,
         loss_bound: float | None = 10.0,
         loss_weight: float = 0.25,
         subjects: Any = None,
         progress: bool = True,
         client: Any = None,
     ) -> None:
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise DPNodeError(f"steps must be a positive integer, got {steps!r}")
         inputs, targets = data if len(data) == 2 else (None, None)
+        steps = _steps(steps, epochs, expected_batch_size, inputs)
         if not (isinstance(inputs, RemoteTensor) and isinstance(targets, RemoteTensor)):
             raise DPNodeError(
                 "data must be (inputs, targets), two remote tensors with the same rows: "
@@ -343,3 +348,28 @@ def _check_positive(name: str, value: Any, alternative: str = "") -> None:
 
 #: ``sdk.private_training(...)`` plans a run: see :class:`PrivateTraining`.
 private_training = PrivateTraining
+
+
+def _steps(steps: Any, epochs: Any, batch: Any, inputs: Any) -> int:
+    """The run's step count from ``steps`` or Opacus's ``epochs`` (one step each: every
+    step sees every row), refusing an ``expected_batch_size`` other than the row count."""
+    if steps is not None and epochs is not None and steps != epochs:
+        raise DPNodeError(
+            f"steps={steps!r} and epochs={epochs!r} disagree: every step uses every row, so "
+            "an epoch is one step; give one of them"
+        )
+    count = steps if steps is not None else epochs
+    name = "steps" if steps is not None or epochs is None else "epochs"
+    if count is None:
+        raise DPNodeError("pass steps= (each step uses every row, so an epoch is one step)")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise DPNodeError(f"{name} must be a positive integer, got {count!r}")
+    rows = int(inputs.shape[0]) if isinstance(inputs, RemoteTensor) and inputs.dim() else None
+    if batch is not None and batch != rows:
+        raise DPNodeError(
+            f"expected_batch_size={batch!r}: the node trains with full batches (every step "
+            f"uses all {rows} rows); it does not sample batches, which under its neighbours "
+            "(replacing a row) would not lower the noise per step (docs/remote-tensors.md). "
+            "Leave expected_batch_size out"
+        )
+    return count

@@ -135,6 +135,11 @@ def test_a_run_that_does_not_fit_is_refused_before_any_step(
         ({"max_grad_norm": None}, "max_grad_norm"),
         ({"loss_bound": "10"}, "loss_bound"),
         ({"target_epsilon": 1e-12, "steps": 50}, "cannot pay for 50"),
+        # Opacus's arguments: an epoch is one full-batch step; batches are not sampled
+        ({"steps": None}, "pass steps="),
+        ({"steps": None, "epochs": 0}, "epochs must be a positive integer"),
+        ({"epochs": 4}, r"steps=3 and epochs=4 disagree"),
+        ({"expected_batch_size": 64}, "full batches .* all 200 rows"),
     ]
     for change, message in bad:
         kwargs = {
@@ -149,6 +154,9 @@ def test_a_run_that_does_not_fit_is_refused_before_any_step(
     with pytest.raises(sdk.DPNodeError, match="two remote tensors"):
         _plan(model, (torch.zeros(3, 4), y), opt)
     assert ds_client.ledger() == []
+    # said Opacus's way, the same run
+    same = _plan(model, (x, y), opt, steps=None, epochs=3, expected_batch_size=x.shape[0])
+    assert same.steps == 3 and same.plan == _plan(model, (x, y), opt).plan
 
 
 def test_a_loss_that_is_not_per_row_is_refused_before_anything_is_published(
