@@ -77,6 +77,7 @@ def test_tensors_stacks_scalar_columns_and_splits_others(
     assert scan.shape == (40, 2, 3) and label.dtype == torch.bool
     Xs, y = ds.tensors(["age", "scan"], "diabetic")
     assert Xs.shape == (40, 7) and y.shape == (40,)
+    assert ds.tensors(["age", "scan"]).shape == (40, 7)  # one list: its matrix, not a 1-tuple
     a, b = ds.tensors("age", "bmi", stack=False)
     assert (a.dtype, b.dtype) == (torch.int64, torch.float32)
     with sdk.mock(ds) as m:

@@ -70,10 +70,11 @@ def dataset_tensors(
     if not columns:
         raise ValueError("name at least one column")
     if any(isinstance(c, (list, tuple)) for c in columns):
-        return tuple(
+        grouped = tuple(
             _matrix(ds, list(c)) if isinstance(c, (list, tuple)) else column_tensor(ds, c)
             for c in columns
         )
+        return grouped[0] if len(grouped) == 1 else grouped  # one list: its matrix
     names = [str(c) for c in columns]
     if stack is None:
         stack = all(ds.columns[n].shape == () for n in names if n in ds.columns)
