@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 from functools import lru_cache
 from pathlib import Path
@@ -133,6 +134,28 @@ class Settings(BaseSettings):
     def _s3_needs_an_endpoint(self) -> Settings:
         if self.blob_store == "s3" and not self.s3_endpoint:
             raise ValueError("DPNODE_BLOB_STORE=s3 needs DPNODE_S3_ENDPOINT (host:port)")
+        return self
+
+    @model_validator(mode="after")
+    def _extras_installed(self) -> Settings:
+        """A setting that needs an optional dependency names the extra that installs it,
+        when the node starts, rather than failing on the first request that uses it."""
+        needs = [
+            (self.blob_store == "s3", "minio", "DPNODE_BLOB_STORE=s3", "s3"),
+            (bool(self.dask_scheduler), "distributed", "DPNODE_DASK_SCHEDULER", "dask"),
+            (
+                (self.database_url or "").startswith("postgresql"),
+                "psycopg",
+                "a postgresql DPNODE_DATABASE_URL",
+                "postgres",
+            ),
+        ]
+        for wanted, module, setting, extra in needs:
+            if wanted and importlib.util.find_spec(module) is None:
+                raise ValueError(
+                    f"{setting} needs the {module!r} package, which is not installed: "
+                    f"pip install 'dpnode[{extra}]'"
+                )
         return self
 
     @model_validator(mode="after")

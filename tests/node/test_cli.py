@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -272,3 +273,36 @@ def test_dataset_add_from_parquet_with_a_mock(
     np.testing.assert_array_equal(columns["site"], [0 if s == "a" else 1 for s in sites])
     assert len(mock["score"]) == 20
     assert not any(cli_env.upload_dir.iterdir())  # the session's files are gone
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "module", "extra"),
+    [
+        ("DPNODE_DASK_SCHEDULER", "tcp://10.0.0.5:8786", "distributed", "dask"),
+        ("DPNODE_BLOB_STORE", "s3", "minio", "s3"),
+        ("DPNODE_DATABASE_URL", "postgresql+psycopg://db/dpnode", "psycopg", "postgres"),
+    ],
+)
+def test_a_setting_whose_package_is_missing_names_the_extra_at_start(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    variable: str,
+    value: str,
+    module: str,
+    extra: str,
+) -> None:
+    """A node installed without an extra its settings need says so when it starts (exit 2,
+    the pip command), not with a 500 on the first publish that needs it."""
+    monkeypatch.setenv("DPNODE_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("DPNODE_S3_ENDPOINT", "127.0.0.1:9000")
+    monkeypatch.setenv(variable, value)
+    monkeypatch.setitem(sys.modules, module, None)  # the import system's "not installed"
+    get_settings.cache_clear()
+    try:
+        code, _, err = run(capsys, "serve")
+    finally:
+        get_settings.cache_clear()
+    assert code == 2 and "invalid configuration" in err
+    assert f"needs the {module!r} package" in err and f"pip install 'dpnode[{extra}]'" in err
+    assert not (tmp_path / "dpnode.sqlite3").exists()
