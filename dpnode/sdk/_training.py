@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from dpnode.sdk._budget import TrainingRunPlan
+from dpnode.sdk._client import _wants_progress
 from dpnode.sdk._exceptions import (
     ApprovalRequiredError,
     BudgetExceededError,
@@ -98,7 +99,8 @@ class PrivateTraining:
         loss_weight: the loss's share of the noise, as a fraction of the gradients'
             sensitivity.
         subjects: which rows belong to one subject (see :func:`sdk.publish_grads`).
-        progress: show a progress bar (step, epsilon, loss).
+        progress: show a progress bar (step, epsilon, loss); by default as the client's
+            ``progress`` says (``sdk.login(progress=...)``: in a terminal or a notebook).
         client: the node session (default: the one the data came from).
 
     Raises:
@@ -136,7 +138,7 @@ class PrivateTraining:
         loss_bound: float | None = 10.0,
         loss_weight: float = 0.25,
         subjects: Any = None,
-        progress: bool = True,
+        progress: bool | None = None,
         client: Any = None,
     ) -> None:
         inputs, targets = data if len(data) == 2 else (None, None)
@@ -231,6 +233,13 @@ class PrivateTraining:
             found.add(ident)
         return sorted(found)
 
+    def _shows_progress(self) -> bool:
+        if self.progress is not None:
+            return self.progress
+        if active_session() is not None:  # mock mode: no node session to ask
+            return _wants_progress(None)
+        return _wants_progress(getattr(self._client(), "progress", None))
+
     def _client(self) -> Any:
         if self.client is not None:
             return self.client
@@ -302,7 +311,7 @@ class PrivateTraining:
     def __iter__(self) -> Iterator[TrainingStep]:
         """The remaining steps, one at a time, with the progress bar when asked for."""
         bar = None
-        if self.progress:
+        if self._shows_progress():
             from tqdm.auto import tqdm
 
             bar = tqdm(

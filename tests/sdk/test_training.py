@@ -191,6 +191,12 @@ def test_the_progress_bar_shows_step_epsilon_and_loss_and_mock_mode_charges_noth
         mocked = _plan(model, (mx, my), opt, steps=2).fit()
     assert all(h.receipt.mock for h in mocked) and len(mocked) == 2
     assert len(ds_client.ledger()) == 2
+    capsys.readouterr()
+    # left out, the bar follows the client's switch (sdk.login(progress=...))
+    for switch in (False, True):
+        ds_client.progress = switch
+        _plan(model, (x, y), opt, steps=1, progress=None).fit()
+        assert ("private training" in capsys.readouterr().err) is switch
 
 
 LOSSES = {
