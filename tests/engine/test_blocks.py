@@ -46,6 +46,15 @@ ONE_D: dict[str, Graphs] = {
     "one column stacked": lambda t: torch.cat([t["x"].reshape(-1, 1)], 1).mean(),
     "a column of a matrix": lambda t: t["X"][:, 0].mean(),
     "a matrix reshaped": lambda t: (t["X"].reshape(N, 3, 1).squeeze(2) ** 2).sum(0),
+    # products over the rows: a regression's sufficient statistics (sdk.linear_regression)
+    "normal equations": lambda t: [
+        t["X"].T @ t["X"],
+        t["X"].sum(0),
+        t["X"].T @ t["y"].double(),
+        t["y"].double().sum(),
+    ],
+    "a product of computed rows": lambda t: (t["X"] * 2).T @ (t["X"] - t["x"].unsqueeze(1)),
+    "a product in float32": lambda t: t["X"].float().T @ t["y"],
 }
 
 
@@ -127,6 +136,7 @@ FALLBACK: dict[str, Graphs] = {
     "a maximum": lambda t: t["x"].amax(),
     "a sum keeping the rows": lambda t: t["X"].sum(1).mean(),
     "a sum over the rows last": lambda t: t["X"].sum((1, 0)),
+    "rows turned, then summed": lambda t: t["X"].T.sum(1),
     "rows sliced": lambda t: t["x"][1:].mean(),
     "rows joined": lambda t: torch.cat([t["x"], t["x"]]).mean(),
 }

@@ -42,6 +42,7 @@ GRAPHS: dict[str, Graphs] = {
     "integer sum": lambda t: t["i"].sum(),
     "2-d column summed over rows": lambda t: t["X"].sum(0),
     "several outputs": lambda t: [t["y"].std(), (t["X"] * 2).mean(0, keepdim=True)],
+    "normal equations": lambda t: [t["X"].T @ t["X"], t["X"].T @ t["x"], t["X"].sum(0)],
 }
 
 

@@ -43,9 +43,10 @@ import numpy.typing as npt
 
 from dpnode.core.engine.accurate import BLOCK, block_sums, rows_last, total
 from dpnode.core.engine.dtypes import accumulation
-from dpnode.core.engine.graph import Graph, Ref
+from dpnode.core.engine.graph import Graph, Node, Ref
 from dpnode.core.engine.prims import REGISTRY
 from dpnode.core.engine.prims.elementwise import BINARY_PRIMS, UNARY_PRIMS
+from dpnode.core.engine.prims.linalg import matmul_accumulation
 from dpnode.core.engine.prims.registry import Call, Scalar, TensorMeta
 from dpnode.core.errors import DPNodeError, EvaluationError
 
@@ -100,6 +101,9 @@ class Schedule:
         row: per node, whether it is a row value (computed block by block).
         small: per pass, the other nodes computed before it (then the rest, after the last).
         passes: the reads of the rows, in order.
+        turned: ``(permute, row value)`` pairs: a 2-d row value transposed (``x.T``), read
+            only as the left factor of a product over the rows (``x.T @ y``), whose blocks
+            are then the row value's blocks.
     """
 
     rows: int
@@ -107,6 +111,7 @@ class Schedule:
     row: tuple[bool, ...]
     small: tuple[tuple[int, ...], ...]
     passes: tuple[Pass, ...]
+    turned: tuple[tuple[int, int], ...] = ()
     _calls: dict[tuple[int, int], Call] = field(default_factory=dict, compare=False, repr=False)
 
     def block_rows(self, elements: int) -> int:
@@ -159,6 +164,7 @@ def schedule(
     row = [False] * n
     level = [0] * n
     sums: dict[int, list[int]] = {}
+    turned: dict[int, int] = {}  # x.T (a permute) -> x, the row value it turns
     for i, node in enumerate(nodes):
         meta = metas[i]
         if not live[i] or node.op == "constant":
@@ -169,10 +175,19 @@ def schedule(
         refs = [a.index for a in node.args if isinstance(a, Ref)]
         lv = max((level[r] for r in refs), default=0)
         level[i] = lv
+        call = calls[i]
+        if any(r in turned for r in refs):
+            if not _product_over_rows(node.op, refs, turned, row, metas, call, rows):
+                return None  # x.T used otherwise: evaluated whole
+            level[i] = lv + 1
+            sums.setdefault(lv, []).append(i)
+            continue
         if not any(row[r] for r in refs):
             continue
-        call = calls[i]
         assert call is not None
+        if node.op == "permute" and tuple(call.attr("dims")) == (1, 0) and metas[refs[0]].ndim == 2:
+            turned[i] = refs[0]  # its one use must be a product over the rows (checked there)
+            continue
         if node.op in _ELEMENTWISE and not REGISTRY[node.op].random:
             if meta.ndim == 0 or meta.shape[0] != rows:
                 return None
@@ -197,13 +212,13 @@ def schedule(
             sums.setdefault(lv, []).append(i)
         else:
             return None
-    if any(row[o] for o in graph.outputs) or not sums:
+    if any(row[o] or o in turned for o in graph.outputs) or not sums:
         return None
     count = max(sums) + 1
     passes = []
     for p in range(count):
         needed: set[int] = set()
-        stack = [nodes[s].args[0] for s in sums.get(p, [])]
+        stack = [a for s in sums.get(p, []) for a in _summed(nodes[s], turned)]
         while stack:
             a = stack.pop()
             if isinstance(a, Ref) and row[a.index] and a.index not in needed:
@@ -213,10 +228,48 @@ def schedule(
     summed = {i for found in sums.values() for i in found}
     small: list[list[int]] = [[] for _ in range(count + 1)]
     for i, node in enumerate(nodes):
-        if live[i] and not row[i] and node.op != "input" and i not in summed:
+        if live[i] and not row[i] and node.op != "input" and i not in summed and i not in turned:
             small[min(level[i], count)].append(i)
     width = max(math.prod(metas[i].shape[1:]) for i in range(n) if row[i])
-    return Schedule(rows, max(width, 1), tuple(row), tuple(tuple(s) for s in small), tuple(passes))
+    return Schedule(
+        rows,
+        max(width, 1),
+        tuple(row),
+        tuple(tuple(s) for s in small),
+        tuple(passes),
+        tuple(sorted(turned.items())),
+    )
+
+
+def _product_over_rows(
+    op: str,
+    refs: Sequence[int],
+    turned: Mapping[int, int],
+    row: Sequence[bool],
+    metas: Sequence[TensorMeta],
+    call: Call | None,
+    rows: int,
+) -> bool:
+    """Whether a node using a turned row value is ``x.T @ y``: the product of the turned
+    ``x [rows, p]`` and a row value ``y`` (``[rows]`` or ``[rows, q]``), accumulated by the
+    accurate kernel over blocks of ``BLOCK`` rows (so the blocks can give its pieces)."""
+    if op != "matmul" or call is None or len(refs) != 2 or refs[0] not in turned:
+        return False
+    y = refs[1]
+    if y in turned or not row[y] or metas[y].ndim not in (1, 2) or metas[y].shape[0] != rows:
+        return False
+    _, rounds = matmul_accumulation(call)
+    return rounds != rows and call.out().dtype.is_float  # the float64 blocked product
+
+
+def _summed(node: Node, turned: Mapping[int, int]) -> list[object]:
+    """The row values a sum over the rows reads: its argument, or a product's two factors
+    (the turned one by the row value it turns)."""
+    if node.op != "matmul":
+        return [node.args[0]]
+    left, right = node.args[0], node.args[1]
+    assert isinstance(left, Ref)
+    return [Ref(turned[left.index]), right]
 
 
 def _call(s: Schedule, calls: Sequence[Call | None], i: int, length: int) -> Call:
@@ -321,6 +374,62 @@ class _Sum:
         return np.asarray(r).astype(c.out().dtype.np, copy=False)
 
 
+class _Product:
+    """``x.T @ y`` over the rows, gathered block by block: the accurate kernel's float64
+    products of ``BLOCK`` rows at a time (``dpnode.core.engine.prims.linalg``), added in row
+    order as the kernel adds them, so the result is the kernel's, bit for bit."""
+
+    def __init__(self, call: Call) -> None:
+        self.call = call
+        self.acc = matmul_accumulation(call)[0].np
+        self.parts: list[Array] = []
+
+    def add(self, x: Array, y: Array) -> None:
+        left, right = x.T, (y if y.ndim > 1 else y[:, None])
+        for s in range(0, x.shape[0], BLOCK):
+            piece = slice(s, s + BLOCK)
+            self.parts.append(
+                np.matmul(
+                    left[..., piece].astype(self.acc, copy=False),
+                    right[..., piece, :].astype(self.acc, copy=False),
+                )
+            )
+
+    def merge(self, found: RangeSums) -> None:
+        self.parts.extend(found[0])
+
+    def found(self) -> RangeSums:
+        return self.parts, None
+
+    def result(self) -> Array:
+        total_: Array | None = None
+        for part in self.parts:
+            total_ = part if total_ is None else np.add(total_, part, out=total_)
+        assert total_ is not None
+        y = self.call.args[1]
+        assert isinstance(y, TensorMeta)
+        r = total_[..., 0] if y.ndim == 1 else total_
+        return np.asarray(r).astype(self.call.out().dtype.np, copy=False)
+
+
+def _gather(call: Call) -> _Sum | _Product:
+    return _Product(call) if call.op == "matmul" else _Sum(call)
+
+
+def _add(
+    g: _Sum | _Product,
+    s: Schedule,
+    node: Node,
+    values: Mapping[int, Any],
+    local: Mapping[int, Array],
+) -> None:
+    if isinstance(g, _Product):
+        x, y = _summed(node, dict(s.turned))
+        g.add(_arg(s, x, values, local), _arg(s, y, values, local))
+    else:
+        g.add(_arg(s, node.args[0], values, local))
+
+
 #: ``rows(i, start, stop)``: rows ``start:stop`` of input node ``i``'s value
 Rows = Callable[[int, int, int], Array]
 
@@ -370,7 +479,7 @@ def pass_sums(
     assert start % step == 0, "a range starts on a block"
     nodes = graph.nodes
     read = s.passes[p]
-    gathered = {i: _Sum(c) for i in read.sums if (c := calls[i]) is not None}
+    gathered = {i: _gather(c) for i in read.sums if (c := calls[i]) is not None}
     with np.errstate(all="ignore"):
         for first in range(start, stop, step):
             last = min(first + step, stop)
@@ -383,7 +492,7 @@ def pass_sums(
                 call = _call(s, calls, i, last - first)
                 local[i] = _apply(call, [_arg(s, a, values, local) for a in node.args], None)
             for i, g in gathered.items():
-                g.add(_arg(s, nodes[i].args[0], values, local))
+                _add(g, s, nodes[i], values, local)
     return {i: g.found() for i, g in gathered.items()}
 
 
@@ -426,7 +535,7 @@ def run_blocks(
     with np.errstate(all="ignore"):
         for p, read in enumerate(s.passes):
             small(s.small[p])
-            gathered = {i: _Sum(c) for i in read.sums if (c := calls[i]) is not None}
+            gathered = {i: _gather(c) for i in read.sums if (c := calls[i]) is not None}
             for found in (runner or here)(p, pass_inputs(s, graph, p, values)):
                 for i, g in gathered.items():
                     g.merge(found[i])
