@@ -2,7 +2,8 @@
 
 Most publishes are elementwise work on the rows of a few columns (joined into a matrix,
 reshaped or sliced within each row) followed by sums or means over the rows (``x.mean()``,
-``(x > t).sum()``, a variance's two passes, ``ds.tensors(["a", "b"]).mean(0)``). Evaluated
+``(x > t).sum()``, a variance's two passes, ``ds.tensors(["a", "b"]).mean(0)``, a
+regression's ``x.T @ x``). Evaluated
 whole, each intermediate is as long as the column: a 100M-row ``x.float().mean()`` would hold a
 400 MB copy beside the column. :func:`schedule` recognises such a graph from its plan
 alone (shapes, dtypes and prims: public), and :func:`run_blocks` evaluates it on blocks of
