@@ -4,10 +4,11 @@ Most publishes are elementwise work on the rows of a few columns (joined into a 
 reshaped or sliced within each row) followed by sums or means over the rows (``x.mean()``,
 ``(x > t).sum()``, a variance's two passes, ``ds.tensors(["a", "b"]).mean(0)``, a
 regression's ``x.T @ x``). Evaluated whole, each intermediate is as long as the column: a
-100M-row ``x.float().mean()`` would hold a 400 MB copy beside the column. :func:`schedule` recognises such a graph from its plan
-alone (shapes, dtypes and prims: public), and :func:`run_blocks` evaluates it on blocks of
-rows (about :data:`BLOCK_ELEMENTS` elements each), so that nothing larger than a block is
-ever allocated and a mapped column (``dpnode.node.storage``) is read page by page.
+100M-row ``x.float().mean()`` would hold a 400 MB copy beside the column. :func:`schedule`
+recognises such a graph from its plan alone (shapes, dtypes and prims: public), and
+:func:`run_blocks` evaluates it on blocks of rows (about :data:`BLOCK_ELEMENTS` elements
+each), so that nothing larger than a block is ever allocated and a mapped column
+(``dpnode.node.storage``) is read page by page.
 
 Values do not change: elementwise prims compute each element alone, and a sum is the one
 of :func:`dpnode.core.engine.accurate.blocked_sum` taken apart: blocks start at multiples of
@@ -24,7 +25,8 @@ the rows; the values between them are small and computed whole. A product over t
 (``x.T @ y``, the transposed ``x`` read by nothing else) is gathered as the accurate kernel
 computes it: the float64 product of each ``BLOCK`` of rows, added in row order. Anything else
 (a row value that is an output, another matmul, an index, a random prim over the rows, a
-reduction that keeps the rows) is evaluated whole by :func:`dpnode.core.engine.evaluator.run`, as before.
+reduction that keeps the rows) is evaluated whole by :func:`dpnode.core.engine.evaluator.run`,
+as before.
 
 A pass is one loop, :func:`pass_sums`, over any range of rows that starts on a block: it
 returns the range's block sums, which :func:`run_blocks` merges in row order. By default one
