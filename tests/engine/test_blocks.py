@@ -55,6 +55,7 @@ ONE_D: dict[str, Graphs] = {
     ],
     "a product of computed rows": lambda t: (t["X"] * 2).T @ (t["X"] - t["x"].unsqueeze(1)),
     "a product in float32": lambda t: t["X"].float().T @ t["y"],
+    "a covariance (two passes)": lambda t: (t["X"] - t["X"].mean(0)).T @ (t["X"] - t["X"].mean(0)),
 }
 
 
