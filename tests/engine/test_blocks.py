@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpnode.core.engine import plan, run
+from dpnode.core.engine import GraphBuilder, plan, run
 from dpnode.core.engine.accurate import BLOCK, depth
 from dpnode.core.engine.blocks import schedule
 from dpnode.core.privacy import InputSpec, Subjects, track
@@ -190,3 +190,19 @@ def test_blocks_read_a_mapped_column_in_pieces(tmp_path: Any, rng: np.random.Gen
     b = run(planned, {"x": x}, block_elements=None).outputs[0]
     assert a.tobytes() == b.tobytes()
     assert math.isclose(float(a), float(x.mean()), rel_tol=1e-6)
+
+
+def test_a_product_over_the_rows_is_scheduled_whatever_its_permute_says(
+    rng: np.random.Generator,
+) -> None:
+    """``x.T`` written with negative dims (a client's frame, not the SDK's) is the same."""
+    values = _inputs(rng)
+    for dims in ((1, 0), (-1, 0), (-1, -2)):
+        b = GraphBuilder()
+        x = b.input("X", "float64", (N, 3))
+        graph = b.build([b.op("matmul", b.op("permute", x, dims=dims), x)])
+        planned = plan(graph, accurate=True)
+        assert planned.blocks is not None, dims
+        whole = run(planned, {"X": values["X"]}, block_elements=None).outputs[0]
+        blocks = run(planned, {"X": values["X"]}, block_elements=SMALL).outputs[0]
+        assert whole.tobytes() == blocks.tobytes()

@@ -189,7 +189,11 @@ def schedule(
         if not any(row[r] for r in refs):
             continue
         assert call is not None
-        if node.op == "permute" and tuple(call.attr("dims")) == (1, 0) and metas[refs[0]].ndim == 2:
+        if (
+            node.op == "permute"
+            and metas[refs[0]].ndim == 2
+            and tuple(d % 2 for d in call.attr("dims")) == (1, 0)
+        ):
             turned[i] = refs[0]  # its one use must be a product over the rows (checked there)
             continue
         if node.op in _ELEMENTWISE and not REGISTRY[node.op].random:
