@@ -39,6 +39,7 @@ import numpy as np
 
 from dpnode.core.engine.accurate import depth
 from dpnode.core.engine.dtypes import DType, accumulation, opmath
+from dpnode.core.engine.prims.dpsgd import part_arguments
 from dpnode.core.engine.prims.linalg import conv_geometry, matmul_accumulation
 from dpnode.core.privacy.arrays import fit, reduce_array
 from dpnode.core.privacy.rules.base import Ctx, Rule
@@ -260,12 +261,8 @@ def _clip_error(c: Ctx, args: Sequence[State], mag_out: Array) -> Array:
     terms added). An outer part (two factors ``g``, ``x``) counts ``p * q + p + q``
     features (its squared norm is two sums of squares multiplied), and its clipped rows
     two more roundings each (the scale times ``g``, then times ``x``)."""
-    flags = list(c.call.attrs.get("outer") or ()) or [0] * len(args)
-    parts: list[tuple[State, ...]] = []
-    i = 0
-    for f in flags:
-        parts.append(tuple(args[i : i + 1 + f]))
-        i += 1 + f
+    layout = part_arguments(c.call)
+    parts = [tuple(args[i] for i in at) for at in layout]
     rows = args[0].shape[0]
     feat = max(
         sum(
@@ -276,7 +273,7 @@ def _clip_error(c: Ctx, args: Sequence[State], mag_out: Array) -> Array:
         ),
         1,
     )
-    products = 2 if any(flags) else 1
+    products = 2 if any(len(at) == 2 for at in layout) else 1
     bound = float(c.call.attrs["max_norm"])
     u = unit(accumulation(args[0].dtype, True))
     groups = c.args[-1] if len(c.args) > 1 else None

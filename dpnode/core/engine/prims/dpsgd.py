@@ -43,9 +43,10 @@ import numpy as np
 from dpnode.core.engine.prims.registry import Array, AttrSpec, Call, TensorMeta, prim
 
 
-def _layout(c: Call) -> list[tuple[int, ...]]:
+def part_arguments(c: Call) -> list[tuple[int, ...]]:
     """Each part's argument indices: ``(i,)`` for a part given whole, ``(i, i + 1)`` for an
-    outer part given by its two factors (``outer``); the groups are the last argument."""
+    outer part given by its two factors (``outer``); the groups are the last argument. The
+    privacy rule and its rounding bound read the parts the same way."""
     flags = list(c.attr("outer") or ())
     given = len(c.args) - 1
     if not flags:
@@ -67,7 +68,7 @@ def _layout(c: Call) -> list[tuple[int, ...]]:
 def _parts(c: Call) -> list[TensorMeta]:
     """The per-example tensors (an outer part's as if built): ``[n, ...]`` each."""
     parts = []
-    for at in _layout(c):
+    for at in part_arguments(c):
         if len(at) == 1:
             parts.append(c.tensor(at[0]))
             continue
@@ -85,7 +86,7 @@ def _parts(c: Call) -> list[TensorMeta]:
 def _infer(c: Call) -> TensorMeta:
     parts, groups = _parts(c), c.tensor(len(c.args) - 1)
     x = parts[0]
-    for (i, *_), p in zip(_layout(c), parts, strict=True):
+    for (i, *_), p in zip(part_arguments(c), parts, strict=True):
         if not p.dtype.is_float:
             raise c.fail(f"x must be floating point, got {p.dtype.name}", i)
         if p.ndim < 1:
@@ -148,7 +149,7 @@ def _clip_by_subject_norm(c: Call, args: list[Any], out: Array | None) -> Array:
     outer part (``outer``) given by its two factors."""
     groups = args[-1]
     m = c.out()
-    layout = _layout(c)
+    layout = part_arguments(c)
     n = args[0].shape[0]
     if n == 0:
         return np.zeros(m.shape, dtype=m.dtype.np)

@@ -35,6 +35,7 @@ import math
 
 import numpy as np
 
+from dpnode.core.engine.prims.dpsgd import part_arguments
 from dpnode.core.privacy.arrays import fit, reduce_array, varying_axes
 from dpnode.core.privacy.rules.base import Ctx, finish, rule
 from dpnode.core.privacy.state import MIXED, PUBLIC, Array, State, mul0
@@ -63,14 +64,10 @@ def quantile(c: Ctx) -> State:
 
 def clip_parts(c: Ctx) -> list[State]:
     """The states of a clip's parts, an outer part's as :func:`outer_state` builds it."""
-    flags = list(c.call.attrs.get("outer") or ())
-    if not flags:
-        return [c.arg(i) for i in range(len(c.args) - 1)]
-    parts, i = [], 0
-    for f in flags:
-        parts.append(outer_state(c, c.arg(i), c.arg(i + 1)) if f else c.arg(i))
-        i += 1 + f
-    return parts
+    return [
+        outer_state(c, c.arg(at[0]), c.arg(at[1])) if len(at) == 2 else c.arg(at[0])
+        for at in part_arguments(c.call)
+    ]
 
 
 def outer_state(c: Ctx, g: State, x: State) -> State:
