@@ -424,20 +424,6 @@ def _gather(call: Call) -> _Sum | _Product:
     return _Product(call) if call.op == "matmul" else _Sum(call)
 
 
-def _add(
-    g: _Sum | _Product,
-    s: Schedule,
-    node: Node,
-    values: Mapping[int, Any],
-    local: Mapping[int, Array],
-) -> None:
-    if isinstance(g, _Product):
-        x, y = _summed(node, dict(s.turned))
-        g.add(_arg(s, x, values, local), _arg(s, y, values, local))
-    else:
-        g.add(_arg(s, node.args[0], values, local))
-
-
 #: ``rows(i, start, stop)``: rows ``start:stop`` of input node ``i``'s value
 Rows = Callable[[int, int, int], Array]
 
@@ -488,6 +474,8 @@ def pass_sums(
     nodes = graph.nodes
     read = s.passes[p]
     gathered = {i: _gather(c) for i in read.sums if (c := calls[i]) is not None}
+    turned = dict(s.turned)
+    reads = {i: _summed(nodes[i], turned) for i in gathered}  # what each sum adds up
     with np.errstate(all="ignore"):
         for first in range(start, stop, step):
             last = min(first + step, stop)
@@ -500,7 +488,7 @@ def pass_sums(
                 call = _call(s, calls, i, last - first)
                 local[i] = _apply(call, [_arg(s, a, values, local) for a in node.args], None)
             for i, g in gathered.items():
-                _add(g, s, nodes[i], values, local)
+                g.add(*[_arg(s, a, values, local) for a in reads[i]])
     return {i: g.found() for i, g in gathered.items()}
 
 
