@@ -57,11 +57,6 @@ class LeaseKeeper:
         with self._lock:
             self._held.discard((user_id, key))
 
-    @property
-    def held(self) -> int:
-        with self._lock:
-            return len(self._held)
-
     def renew(self) -> int:
         """Push the held keys' leases ``lease_seconds`` ahead, in one statement; how many."""
         with self._lock:
