@@ -20,6 +20,7 @@ from dpnode import sdk
 from dpnode.core.engine import GraphBuilder, encode
 from dpnode.node.db.models import LedgerEntry, PublishKey
 from tests.e2e.conftest import Server
+from tests.e2e.test_load_server import _post_publish
 
 API = "/api/v1"
 ROWS = 2_000_000
@@ -51,16 +52,6 @@ def _slow_publish(node: Server) -> tuple[sdk.Client, bytes]:
     return sdk.login(node.url, email="s@example.org", password="pw-data_scientist"), frame
 
 
-def _post(node: Server, token: str, frame: bytes, key: str) -> httpx.Response:
-    return httpx.post(
-        node.url + API + "/publish",
-        params={"epsilon": 0.5},
-        content=frame,
-        timeout=60,
-        headers={"Authorization": f"Bearer {token}", "Idempotency-Key": key},
-    )
-
-
 def _state(node: Server, token: str, key: str) -> httpx.Response:
     return httpx.get(
         f"{node.url}{API}/publish/keys/{key}",
@@ -87,7 +78,9 @@ def test_a_publish_killed_with_its_process_is_lost_once_its_lease_lapses(
 ) -> None:
     client, frame = _slow_publish(node)
     token, key = client.token or "", uuid.uuid4().hex
-    sent = threading.Thread(target=lambda: _ignore_transport(_post, node, token, frame, key))
+    sent = threading.Thread(
+        target=lambda: _ignore_transport(_post_publish, node.url, token, frame, key, 0.5)
+    )
     sent.start()
     deadline = time.monotonic() + 30
     while (state := _state(node, token, key)).status_code == 404:
@@ -104,7 +97,7 @@ def test_a_publish_killed_with_its_process_is_lost_once_its_lease_lapses(
         time.sleep(0.1)
     assert state.status_code == 200 and state.json()["state"] == "lost"
     assert client.publish_state(key) == "lost"
-    retry = _post(node, token, frame, key)
+    retry = _post_publish(node.url, token, frame, key, 0.5)
     assert retry.status_code == 409 and retry.json()["error"] == "publish_lost", retry.text
     assert "the charge stands" in retry.json()["detail"]
     with pytest.raises(sdk.PublishLostError) as lost:
@@ -112,7 +105,7 @@ def test_a_publish_killed_with_its_process_is_lost_once_its_lease_lapses(
     assert lost.value.idempotency_key == key
     assert len(_charged(database_url, key)) == 1  # charged once, released at most once
     # the node serves on: a new key is evaluated and answered
-    assert _post(node, token, frame, uuid.uuid4().hex).status_code == 200
+    assert _post_publish(node.url, token, frame, uuid.uuid4().hex, 0.5).status_code == 200
 
 
 def test_a_publish_longer_than_its_lease_stays_running_and_is_answered(
@@ -121,7 +114,9 @@ def test_a_publish_longer_than_its_lease_stays_running_and_is_answered(
     client, frame = _slow_publish(node)
     token, key = client.token or "", uuid.uuid4().hex
     answer: list[httpx.Response] = []
-    sent = threading.Thread(target=lambda: answer.append(_post(node, token, frame, key)))
+    sent = threading.Thread(
+        target=lambda: answer.append(_post_publish(node.url, token, frame, key, 0.5))
+    )
     started = time.monotonic()
     sent.start()
     seen = set()
@@ -141,7 +136,7 @@ def test_a_publish_longer_than_its_lease_stays_running_and_is_answered(
         time.sleep(0.05)
     time.sleep(3 * LEASE)  # past the lease: an answered publish stays answered
     assert _state(node, token, key).json()["state"] == "answered"
-    assert _post(node, token, frame, key).content == answer[0].content
+    assert _post_publish(node.url, token, frame, key, 0.5).content == answer[0].content
     assert len(_charged(database_url, key)) == 1
 
 
