@@ -17,7 +17,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from dpnode.core.privacy.cache import TrackingCache
 from dpnode.core.structures import StructureCache
 from dpnode.node.cluster import Cluster
-from dpnode.node.db.session import make_engine, make_sessionmaker, read_engine, serial_engine
+from dpnode.node.db.session import (
+    make_engine,
+    make_sessionmaker,
+    read_engine,
+    relaxed_engine,
+    serial_engine,
+)
 from dpnode.node.services.leases import LeaseKeeper
 from dpnode.node.services.security import password_hasher
 from dpnode.node.services.throttle import LoginThrottle
@@ -35,6 +41,9 @@ class NodeContext:
     serial_sessions: sessionmaker[Session]
     #: Sessions that only read (see dpnode.node.db.session.read_engine).
     read_sessions: sessionmaker[Session]
+    #: Sessions whose commits may be lost to a power failure, for writes a later request can
+    #: do without (see dpnode.node.db.session.relaxed_engine).
+    relaxed_sessions: sessionmaker[Session]
     store: BlobStore
     hasher: PasswordHasher
     #: Graph headers each user already sent (see dpnode.core.structures).
@@ -64,7 +73,9 @@ class NodeContext:
         )
         self.uploads = UploadSessions(s.upload_dir, limits)
         self.uploads.sweep()  # sessions abandoned while the node was down
-        self.leases = LeaseKeeper(self.sessions, s.publish_lease_seconds)
+        self.leases = LeaseKeeper(
+            self.relaxed_sessions, s.publish_lease_seconds, s.publish_key_ttl_seconds
+        )
         # connected on first use: a node whose scheduler is down still starts and serves
         self.cluster = Cluster(s) if s.dask_scheduler else None
 
@@ -82,6 +93,7 @@ class NodeContext:
             sessions=make_sessionmaker(engine),
             serial_sessions=make_sessionmaker(serial_engine(engine)),
             read_sessions=make_sessionmaker(read_engine(engine)),
+            relaxed_sessions=make_sessionmaker(relaxed_engine(engine)),
             store=make_store(settings),
             hasher=password_hasher(settings),
             structures=StructureCache(settings.structure_cache_bytes),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -19,6 +20,7 @@ from dpnode.node.db.models import AuditEvent, LedgerEntry, PublishKey, User
 from dpnode.node.services import budget, idempotency
 from dpnode.node.services import publish as service
 from dpnode.node.services.budget import EPSILON_UNIT, Cost, units_down
+from dpnode.node.services.leases import LeaseKeeper
 from tests.conftest import login, make_user
 from tests.node.conftest import upload_ok
 from tests.node.frames import read_frame
@@ -254,13 +256,13 @@ def test_the_unique_constraint_backs_the_check_up(
     entry, _ = budget.charge(
         context.serial_sessions, context.settings, scientist.id, _cost(dataset_id), claim=claim
     )
-    ttl, lease = context.settings.publish_key_ttl_seconds, context.settings.publish_lease_seconds
+    lease = context.settings.publish_lease_seconds
     with context.serial_sessions() as session, pytest.raises(idempotency.AlreadyClaimed):
-        # skipping ensure_free, as a racing copy past it would
-        idempotency.record(session, scientist.id, claim, entry.id, utcnow(), ttl, lease)
+        # without ensure_free, as a charge does (it looks only before refusing)
+        idempotency.record(session, scientist.id, claim, entry.id, utcnow(), lease)
 
 
-def test_expired_keys_are_purged_when_a_key_is_claimed(
+def test_expired_keys_are_purged_on_the_lease_rounds(
     http: TestClient, context: NodeContext, ds_h: dict[str, str], scientist: User, dataset_id: int
 ) -> None:
     frame = _mean_frame(dataset_id)
@@ -274,10 +276,23 @@ def test_expired_keys_are_purged_when_a_key_is_claimed(
             .values(created_at=utcnow() - timedelta(seconds=ttl + 1))
         )
         session.commit()
-    assert _publish(http, ds_h, frame, "new").status_code == 200
-    with context.sessions() as session:
-        kept = sorted(session.scalars(select(PublishKey.key)))
-    assert kept == ["new", "recent"]
+
+    def kept() -> list[str]:
+        with context.sessions() as session:
+            return sorted(session.scalars(select(PublishKey.key)))
+
+    # until it is purged, the expired key still names its request
+    assert _publish(http, ds_h, frame, "old", epsilon=0.25).status_code == 409
+    keeper = LeaseKeeper(context.relaxed_sessions, 0.03, ttl)  # a round every 10 ms
+    try:
+        keeper.hold(scientist.id, "recent")  # the rounds run while a key is held
+        deadline = time.monotonic() + 10
+        while kept() != ["recent"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        keeper.close()
+    assert kept() == ["recent"]
+    assert _publish(http, ds_h, frame, "old", epsilon=0.25).status_code == 200  # free again
 
 
 def test_a_publish_is_a_job_its_key_names(

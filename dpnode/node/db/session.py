@@ -21,6 +21,15 @@ already released, so the ledger commit pays one fsync of the WAL (~0.2 ms on the
 box's disk, busy or not; slower disks pay more) before the publish releases anything;
 reads (authentication, resolving inputs) write nothing and sync nothing.
 
+Some writes may be lost to a power failure without harm, because a later request can do
+without them: a publish's stored answer (lost, the publish's key lapses and its retries are
+told it is lost, never released again) and lease renewals. Their transactions use
+``relaxed_engine``: on SQLite they commit with ``synchronous=NORMAL`` (no fsync; the WAL is
+synced by the next ``FULL`` commit, the ledger's, so no later ledger row can survive a power
+loss that an earlier answer did not), on PostgreSQL with ``synchronous_commit`` off for
+that transaction (the same guarantee: a crash may lose the last such commits, never
+reorder them after a synchronous one). An application crash loses neither.
+
 Transactions that must be serialised (the budget check and its ledger row) use
 ``serial_engine``: on SQLite their ``BEGIN IMMEDIATE`` takes the write lock up
 front, so two checks can never both read the old balance; on PostgreSQL the
@@ -36,6 +45,8 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 SQLITE_BEGIN = "dpnode_sqlite_begin"
+#: Execution option: this transaction's commit need not survive a power failure.
+RELAXED = "dpnode_relaxed_commit"
 
 
 def _lower(value: Any) -> Any:
@@ -51,13 +62,14 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         engine = create_engine(url, connect_args=connect_args, **kwargs)
 
         @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+        def _sqlite_pragmas(dbapi_connection: Any, record: Any) -> None:
             cursor = dbapi_connection.cursor()
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA synchronous=FULL")  # see the module docstring
             cursor.execute("PRAGMA busy_timeout=30000")
             cursor.close()
+            record.info[RELAXED] = "FULL"
             # SQLite's own lower() folds ASCII only; catalog search must match 'Ärzte' to
             # 'ärzte' as PostgreSQL does, so lower() is Python's, Unicode-aware.
             dbapi_connection.create_function("lower", 1, _lower, deterministic=True)
@@ -65,11 +77,24 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _sqlite_begin(conn: Any) -> None:
-            mode = conn.get_execution_options().get(SQLITE_BEGIN, "IMMEDIATE")
-            conn.exec_driver_sql(f"BEGIN {mode}")
+            options = conn.get_execution_options()
+            # set on the connection while no transaction is open, and kept until changed
+            synchronous = "NORMAL" if options.get(RELAXED) else "FULL"
+            info = conn.connection.info
+            if info.get(RELAXED) != synchronous:
+                conn.exec_driver_sql(f"PRAGMA synchronous={synchronous}")
+                info[RELAXED] = synchronous
+            conn.exec_driver_sql(f"BEGIN {options.get(SQLITE_BEGIN, 'IMMEDIATE')}")
 
         return engine
-    return create_engine(url, pool_pre_ping=True, **kwargs)
+    engine = create_engine(url, pool_pre_ping=True, **kwargs)
+
+    @event.listens_for(engine, "begin")
+    def _relaxed_begin(conn: Any) -> None:
+        if conn.get_execution_options().get(RELAXED):  # for this transaction only
+            conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
+
+    return engine
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
@@ -89,6 +114,12 @@ def read_engine(engine: Engine) -> Engine:
     if engine.dialect.name == "sqlite":
         return engine.execution_options(**{SQLITE_BEGIN: "DEFERRED"})
     return engine
+
+
+def relaxed_engine(engine: Engine) -> Engine:
+    """The same pool, for writes whose commit may be lost to a power failure (see the module
+    docstring): it commits without waiting for the disk. Never for the ledger."""
+    return engine.execution_options(**{RELAXED: True})
 
 
 def serial_engine(engine: Engine) -> Engine:

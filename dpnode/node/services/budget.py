@@ -697,12 +697,20 @@ def charge(
     sampler_epsilon, sampler_delta = sampler_units(cost)
     with serial_sessions() as session:
         user, found = _lock(session, user_id, cost.dataset_ids)
-        if claim is not None:  # under the user's lock: a racing copy has committed or waits
-            idempotency.ensure_free(session, user.id, claim)
+
+        def refusing() -> None:
+            """Before answering with anything but a charge: a copy of this request that
+            raced it and was charged (it committed under the user's lock, which this
+            transaction now holds) makes its answer this request's. A charge needs no
+            look: the key's unique index refuses a second claim (rolling the charge back)."""
+            if claim is not None:
+                idempotency.ensure_free(session, user.id, claim)
+
         at = utcnow()
         in_force = policy_service.current(session)
         missing = sorted(set(cost.dataset_ids) - set(found))
         if missing and in_force.policy.datasets:  # a cap cannot be checked without the name
+            refusing()
             raise NotFoundError(
                 f"dataset {missing[0]} was deleted while this publish ran; nothing was released"
             )
@@ -748,6 +756,7 @@ def charge(
             "graph_hash": cost.graph_hash,
         }
         if decision.outcome is policies.Outcome.NEEDS_APPROVAL:
+            refusing()
             queued = waiting is None
             if waiting is None:
                 waiting = approvals.queue(session, user, cost, decision, in_force.revision)
@@ -764,6 +773,7 @@ def charge(
                 again="publish the same computation again once it is approved",
             )
         if not decision.allowed or decision.granted is None:
+            refusing()
             if waiting is not None and answer is not None and not answer.approved:
                 approvals.use(waiting, None)  # a denial is answered once; asking again queues anew
             audit.record(
@@ -805,8 +815,8 @@ def charge(
                 ],
             )
         if claim is not None:
-            ttl, lease = settings.publish_key_ttl_seconds, settings.publish_lease_seconds
-            idempotency.record(session, user.id, claim, entry.id, at, ttl, lease)
+            lease = settings.publish_lease_seconds
+            idempotency.record(session, user.id, claim, entry.id, at, lease)
             summary["idempotency_key"] = claim.key
         if waiting is not None:
             approvals.use(waiting, entry.id)

@@ -14,7 +14,8 @@ the node ran it. It sends every publish with a key it chose and retries with the
   it stopped: ``dpnode.node.services.leases``); a key that names another request is refused.
 
 A refused publish claims nothing, so its retry is decided again. Rows older than
-``publish_key_ttl_seconds`` are purged whenever a key is claimed.
+``publish_key_ttl_seconds`` are purged by the process that charges publishes, on the rounds
+of its lease renewals (:func:`purge`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -42,6 +43,18 @@ from dpnode.node.db.models import PublishKey
 _KEY = re.compile(r"[\x21-\x7e]{1,128}")
 
 _INSERT = insert(PublishKey)
+#: Run on the session's connection (Core execution, no ORM unit of work): in every publish.
+_TAKEN = select(PublishKey.id).where(
+    PublishKey.user_id == bindparam("user_id"), PublishKey.key == bindparam("key")
+)
+_REPLAY = select(PublishKey.request_hash, PublishKey.response, PublishKey.lease_until).where(
+    PublishKey.user_id == bindparam("user_id"), PublishKey.key == bindparam("key")
+)
+_STORE = (
+    update(PublishKey)
+    .where(PublishKey.user_id == bindparam("of_user"), PublishKey.key == bindparam("of_key"))
+    .values(response=bindparam("answer"))
+)
 
 
 @dataclass(frozen=True)
@@ -96,11 +109,7 @@ def replay(session: Session, user_id: int, claim: Claim) -> bytes | None:
         PublishLostError: the key was charged and its lease lapsed without an answer.
         ConflictError: the key names another request of this user.
     """
-    row = session.execute(
-        select(PublishKey.request_hash, PublishKey.response, PublishKey.lease_until).where(
-            PublishKey.user_id == user_id, PublishKey.key == claim.key
-        )
-    ).first()
+    row = session.connection().execute(_REPLAY, {"user_id": user_id, "key": claim.key}).first()
     if row is None:
         return None
     if row.request_hash != claim.request_hash:
@@ -169,15 +178,14 @@ def state(session: Session, user_id: int, key: str) -> KeyState:
 
 
 def ensure_free(session: Session, user_id: int, claim: Claim) -> None:
-    """Refuse a key another request claimed, first thing in the charging transaction: the
-    caller holds the user's lock (``budget.charge``), so a concurrent claim is seen here.
+    """Refuse a key another request claimed, in the charging transaction before it refuses
+    or queues the publish: the caller holds the user's lock (``budget.charge``), so a
+    concurrent claim is seen here.
 
     Raises:
         AlreadyClaimed: the key is taken; nothing may be charged.
     """
-    taken = session.execute(
-        select(PublishKey.id).where(PublishKey.user_id == user_id, PublishKey.key == claim.key)
-    ).first()
+    taken = session.connection().execute(_TAKEN, {"user_id": user_id, "key": claim.key}).first()
     if taken is not None:
         raise AlreadyClaimed(claim.key)
 
@@ -188,19 +196,16 @@ def record(
     claim: Claim,
     ledger_id: int,
     at: datetime,
-    ttl_seconds: int,
     lease_seconds: float,
 ) -> None:
     """Record ``claim`` for the ledger row just written, in the charging transaction, with a
-    lease of ``lease_seconds`` (renewed while the publish runs), and purge expired keys.
-    The unique constraint backs :func:`ensure_free` up: a duplicate insert fails the whole
-    transaction, charge included.
+    lease of ``lease_seconds`` (renewed while the publish runs). The table's unique
+    constraint refuses a key claimed already (by a copy of the request that raced this one):
+    the insert fails the whole transaction, charge included.
 
     Raises:
         AlreadyClaimed: the key is taken; the caller's transaction is rolled back.
     """
-    expired = at - timedelta(seconds=ttl_seconds)
-    session.execute(delete(PublishKey).where(PublishKey.created_at < expired))
     values = {
         "user_id": user_id,
         "key": claim.key,
@@ -210,17 +215,29 @@ def record(
         "lease_until": at + timedelta(seconds=lease_seconds),
     }
     try:
-        session.execute(_INSERT, values)
+        session.connection().execute(_INSERT, values)
     except IntegrityError as exc:
         raise AlreadyClaimed(claim.key) from exc
 
 
 def store(sessions: sessionmaker[Session], user_id: int, key: str, response: bytes) -> None:
-    """Keep the encoded answer of the publish claimed with ``key``, for its retries."""
+    """Keep the encoded answer of the publish claimed with ``key``, for its retries.
+
+    ``sessions`` may be relaxed (``dpnode.node.db.session.relaxed_engine``): an answer lost
+    to a power failure leaves its key charged and unanswered, and its lease lapses, so its
+    retries are told it is lost; nothing is released twice or without its charge."""
     with sessions() as session:
-        session.execute(
-            update(PublishKey)
-            .where(PublishKey.user_id == user_id, PublishKey.key == key)
-            .values(response=response)
+        session.connection().execute(
+            _STORE, {"of_user": user_id, "of_key": key, "answer": response}
         )
         session.commit()
+
+
+def purge(sessions: sessionmaker[Session], ttl_seconds: float) -> int:
+    """Delete the keys claimed more than ``ttl_seconds`` ago; how many."""
+    expired = utcnow() - timedelta(seconds=ttl_seconds)
+    with sessions() as session:
+        stale = delete(PublishKey).where(PublishKey.created_at < expired)
+        done = session.connection().execute(stale)
+        session.commit()
+    return int(done.rowcount)

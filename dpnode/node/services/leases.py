@@ -8,6 +8,9 @@ when storing the answer fails the key is let go: either way, once the lease laps
 without an answer the publish is ``lost`` (:func:`dpnode.node.services.idempotency.state`),
 and a retry is told so (``publish_lost``) instead of waiting until the key is purged.
 
+The same rounds purge the keys older than ``publish_key_ttl_seconds``
+(:func:`dpnode.node.services.idempotency.purge`), off the publishes' path.
+
 A lost publish is never evaluated or released again: its answer may have been sent before
 the process stopped, so the charge stands. What a lease tells is when a process stopped,
 decided by the clock alone, never by the data.
@@ -24,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dpnode.node.db.base import utcnow
 from dpnode.node.db.models import PublishKey
+from dpnode.node.services import idempotency
 
 __all__ = ["LeaseKeeper"]
 
@@ -34,9 +38,12 @@ class LeaseKeeper:
     """The keys of this process's charged, unanswered publishes, and the thread renewing
     their leases (started with the first key held, stopped by :meth:`close`)."""
 
-    def __init__(self, sessions: sessionmaker[Session], lease_seconds: float) -> None:
+    def __init__(
+        self, sessions: sessionmaker[Session], lease_seconds: float, ttl_seconds: float
+    ) -> None:
         self._sessions = sessions
         self.lease_seconds = lease_seconds
+        self.ttl_seconds = ttl_seconds
         self._held: set[tuple[int, str]] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -80,6 +87,7 @@ class LeaseKeeper:
         while not self._stop.wait(self.lease_seconds / 3):
             try:
                 self.renew()
+                idempotency.purge(self._sessions, self.ttl_seconds)
             except Exception:  # the database is away: try again next time, while it lasts
                 log.exception("could not renew the leases of running publishes")
 

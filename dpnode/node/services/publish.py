@@ -411,7 +411,7 @@ def answered(context: NodeContext, actor_id: int, key: str, response: bytes) -> 
     (the exception is the caller's), the key's lease lapses: its retries are told it is
     lost (``publish_lost``)."""
     try:
-        idempotency.store(context.sessions, actor_id, key, response)
+        idempotency.store(context.relaxed_sessions, actor_id, key, response)
     finally:
         context.leases.release(actor_id, key)
 
