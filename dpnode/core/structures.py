@@ -8,12 +8,17 @@ current weights) change. A publish body is therefore one of:
 
 The node remembers, per user, the header of every frame it decoded successfully,
 keyed by the sha256 of the header's bytes. A reference is expanded to the same
-bytes a full frame would have carried and then decoded and validated exactly like
-one: the cache saves bandwidth and nothing else, and it trusts nothing it did not
-see whole. Entries are per user (one user cannot probe another's structures),
-least-recently-used first out, bounded in bytes by ``DPNODE_STRUCTURE_CACHE_BYTES``,
-and in memory only: after a restart or an eviction the node answers
-``unknown_structure`` and the SDK resends the whole frame once.
+bytes a full frame would have carried. With the header the node keeps what it made
+of it: the validated, planned graph without its constants' values, and where they
+lie in the buffer. A frame whose header it has (sent whole or by reference) is
+rebuilt from that template and its own constants, each checked as a whole frame's
+are, instead of being parsed, validated and planned again: the header was all of
+that the first time, and a plan depends on the header alone (constants' shapes and
+dtypes are in it). It trusts nothing it did not see whole. Entries are per user
+(one user cannot probe another's structures), least-recently-used first out,
+bounded in bytes by ``DPNODE_STRUCTURE_CACHE_BYTES``, and in memory only: after a
+restart or an eviction the node answers ``unknown_structure`` and the SDK resends
+the whole frame once.
 
 >>> cache = StructureCache(max_bytes=1 << 20)
 >>> frame = MAGIC + (16).to_bytes(8, "little") + b'{"nodes":[]}    ' + b"constants"
@@ -84,11 +89,17 @@ def reference(digest: bytes, buffer: bytes) -> bytes:
 
 
 class StructureCache:
-    """Per-user LRU map from header digest to header bytes, bounded in total bytes."""
+    """Per-user LRU map from header digest to header bytes, bounded in total bytes.
+
+    An entry may also keep what the node made of the header when it decoded it whole (a
+    template: the validated, planned graph without its constants' values, and where they
+    lie), so that a frame with the same header is rebuilt from it and its own constants
+    (:func:`dpnode.core.engine.wire.rebind`) instead of being parsed and planned again.
+    """
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[int, bytes], bytes] = OrderedDict()
+        self._entries: OrderedDict[tuple[int, bytes], tuple[bytes, object]] = OrderedDict()
         self._size = 0
         self._lock = threading.Lock()
 
@@ -107,19 +118,30 @@ class StructureCache:
         if len(body) < 4 + _DIGEST:
             raise GraphError("malformed graph reference: shorter than its 32-byte digest")
         digest = bytes(body[4 : 4 + _DIGEST])
-        with self._lock:
-            prefix = self._entries.get((user_id, digest))
-            if prefix is not None:
-                self._entries.move_to_end((user_id, digest))
-        if prefix is None:
+        entry = self._get(user_id, digest)
+        if entry is None:
             raise UnknownStructureError(
                 f"this node has no graph structure {digest.hex()[:16]}... from you (it was "
                 "never sent, evicted, or the node restarted): send the whole frame"
             )
-        return prefix + body[4 + _DIGEST :]
+        return entry[0] + body[4 + _DIGEST :]
 
-    def remember(self, user_id: int, frame: bytes) -> None:
-        """Keep a decoded frame's header for ``user_id`` (no-op for references)."""
+    def template(self, user_id: int, frame: bytes) -> object:
+        """The template remembered with a full frame's header for ``user_id``, or None."""
+        digest = header_digest(frame)
+        entry = None if digest is None else self._get(user_id, digest)
+        return None if entry is None else entry[1]
+
+    def _get(self, user_id: int, digest: bytes) -> tuple[bytes, object] | None:
+        with self._lock:
+            entry = self._entries.get((user_id, digest))
+            if entry is not None:
+                self._entries.move_to_end((user_id, digest))
+        return entry
+
+    def remember(self, user_id: int, frame: bytes, template: object = None) -> None:
+        """Keep a decoded frame's header for ``user_id``, with its ``template`` if given
+        (no-op for references). The bound counts the header's bytes."""
         parts, digest = _split(frame), header_digest(frame)
         if parts is None or digest is None or len(parts[0]) > self.max_bytes:
             return
@@ -128,9 +150,11 @@ class StructureCache:
         with self._lock:
             if key in self._entries:
                 self._entries.move_to_end(key)
+                if template is not None:
+                    self._entries[key] = (prefix, template)
                 return
-            self._entries[key] = prefix
+            self._entries[key] = (prefix, template)
             self._size += len(prefix)
             while self._size > self.max_bytes:
-                _, old = self._entries.popitem(last=False)
+                _, (old, _) = self._entries.popitem(last=False)
                 self._size -= len(old)

@@ -22,7 +22,7 @@ from dpnode.core.engine import (
 )
 from dpnode.core.engine.graph import Graph, Node, Ref, validate_structure
 from dpnode.core.engine.prims.registry import Scalar
-from dpnode.core.engine.wire import MAGIC
+from dpnode.core.engine.wire import MAGIC, Layout, decode_layout, hollow_constants, rebind
 from dpnode.core.errors import (
     GraphError,
     PayloadTooLargeError,
@@ -336,3 +336,51 @@ def test_unknown_prim_on_the_wire_is_named_first() -> None:
     }
     with pytest.raises(GraphError, match=r"node 0 \('__import__'\): unknown prim"):
         decode(_frame(hdr))
+
+
+def _weights_graph(w: np.ndarray, mask: np.ndarray, k: int) -> Graph:
+    b = GraphBuilder()
+    x = b.input("x", "float32", (3,))
+    y = b.op("mul", x, b.constant(w))
+    y = b.op("where", b.constant(mask), y, b.op("add", y, b.constant(np.array([k], np.int64))))
+    return b.build([b.op("sum", y)])
+
+
+def test_rebind_gives_each_frame_its_own_constants_and_checks_them() -> None:
+    """A frame with a header seen before is rebuilt from the first one's hollow template:
+    what decode would give, constants checked as decode checks them."""
+    first = encode(_weights_graph(np.float32([1, 2, 3]), np.array([True, False, True]), 1))
+    later = encode(_weights_graph(np.float32([-4, 5, 0.5]), np.array([False, False, True]), 7))
+    graph, layout = decode_layout(first)
+    assert [i for i, _ in layout.constants] == [1, 3, 4]  # w, mask, k
+    hollow = hollow_constants(graph)
+    assert all(n.value is None or n.value.strides == (0,) * n.value.ndim for n in hollow.nodes)
+    rebuilt, expected = rebind(hollow, layout, later), decode(later)
+    assert rebuilt.outputs == expected.outputs and len(rebuilt.nodes) == len(expected.nodes)
+    for got, want in zip(rebuilt.nodes, expected.nodes, strict=True):
+        assert (got.op, got.args, got.attrs) == (want.op, want.args, want.attrs)
+        if want.value is not None:
+            assert got.value is not None and got.value.dtype == want.value.dtype
+            np.testing.assert_array_equal(got.value, want.value)
+    x = np.float32([1, 1, 1])
+    assert evaluate(rebuilt, {"x": x})[0] == evaluate(expected, {"x": x})[0]
+
+    nan = bytearray(later)
+    at = _offset_in(later, layout, 1) + 4  # w[1]
+    nan[at : at + 4] = np.float32(np.nan).tobytes()
+    with pytest.raises(GraphError, match="node 1 \\('constant'\\): constant contains NaN"):
+        rebind(hollow, layout, bytes(nan))
+    bad_bool = bytearray(later)
+    bad_bool[_offset_in(later, layout, 3)] = 7  # the mask's first byte
+    with pytest.raises(GraphError, match="bool constant holds bytes other than 0 and 1"):
+        rebind(hollow, layout, bytes(bad_bool))
+    with pytest.raises(GraphError, match="lie outside"):
+        rebind(hollow, layout, later[:-20])
+    with pytest.raises(PayloadTooLargeError, match="exceeds"):
+        rebind(hollow, layout, later, WireLimits(max_frame_bytes=len(later) - 1))
+
+
+def _offset_in(frame: bytes, layout: Layout, index: int) -> int:
+    """Where constant node ``index``'s bytes start in ``frame``."""
+    (hlen,) = struct.unpack("<Q", frame[4:12])
+    return 12 + hlen + dict(layout.constants)[index]

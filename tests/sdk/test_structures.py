@@ -10,10 +10,12 @@ import torch.nn.functional as F
 from starlette.testclient import TestClient
 
 from dpnode import sdk
+from dpnode.core.engine import decode
 from dpnode.core.errors import GraphError, UnknownStructureError
 from dpnode.core.structures import REF_MAGIC, StructureCache, header_digest, reference, split
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import User
+from dpnode.node.services import publish as publish_service
 from tests.conftest import PASSWORD
 from tests.sdk.conftest import URL
 
@@ -126,3 +128,39 @@ def test_cache_is_bounded_and_least_recently_used_goes_first() -> None:
         cache.expand(1, REF_MAGIC + b"short")
     cache.remember(1, b"DPG\x01" + (10**6).to_bytes(8, "little"))  # malformed: ignored
     assert len(cache) == 2
+
+
+def test_a_known_structure_is_rebuilt_with_each_frames_own_constants(
+    http: TestClient, scientist: User, cohort: int, context: NodeContext
+) -> None:
+    """The node plans a header once; every later frame with it is evaluated with its own
+    weights, checked as a whole frame's would be."""
+    client, recording = _client(http, scientist.email)
+    _train(client, cohort, steps=2)
+    first, later = (body for _, body, _ in recording.bodies)
+    full = context.structures.expand(scientist.id, later)
+    assert context.structures.template(scientist.id, full) is not None
+    graph, planned = publish_service._decode(context, scientist, later)
+    expected = decode(full)
+    constants = [n.value for n in graph.nodes if n.op == "constant"]
+    assert constants
+    wanted = [n.value for n in expected.nodes if n.op == "constant"]
+    for got, want in zip(constants, wanted, strict=True):
+        assert got is not None and want is not None
+        np.testing.assert_array_equal(got, want)
+    assert planned.graph is graph
+    # the second step's weights are not the first's: a stale template would fail this
+    assert split(first)[1] != later[36:]
+
+    spent = len(client.ledger())
+    poisoned = REF_MAGIC + later[4:36] + b"\xff" * len(later[36:])  # NaN weights
+    response = client._http.post(
+        "/publish",
+        params={"epsilon": 0.1},
+        content=poisoned,
+        headers={"Authorization": f"Bearer {client.token}"},
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["error"] == "invalid_graph"
+    assert "constant contains NaN" in response.json()["detail"]
+    assert len(client.ledger()) == spent

@@ -121,6 +121,25 @@ def _check_shape(where: str, shape: Any) -> tuple[int, ...]:
 _VALID: ByIdentity[bool] = ByIdentity()
 
 
+def check_constant(where: str, value: np.ndarray[Any, Any]) -> None:
+    """Refuse a constant's value that no graph may carry: a NaN."""
+    # via float32: ml_dtypes' bfloat16 is not a NumPy float kind
+    if from_numpy(value.dtype).is_float and np.isnan(value.astype(np.float32, copy=False)).any():
+        raise GraphError(
+            f"{where}: constant contains NaN, which dpnode refuses in public constants"
+        )
+
+
+def with_values(graph: Graph, nodes: Sequence[Node]) -> Graph:
+    """``graph`` with ``nodes`` in place of its own, which differ from them only in the values
+    of constants, of the same shapes and dtypes (each checked by the caller with
+    :func:`check_constant`): as valid as ``graph``, without validating the structure again."""
+    out = Graph(tuple(nodes), graph.outputs, graph.version)
+    if _VALID.get(graph):
+        _VALID.put(out, True)
+    return out
+
+
 def validate_structure(graph: Graph) -> Graph:
     """Check everything that needs no shape inference, returning a normalised graph.
 
@@ -159,12 +178,7 @@ def validate_structure(graph: Graph) -> Graph:
         if n.op == "constant":
             if n.value is None or n.args:
                 raise GraphError(f"{where}: a constant needs a value and no arguments")
-            d = from_numpy(n.value.dtype)
-            # via float32: ml_dtypes' bfloat16 is not a NumPy float kind
-            if d.is_float and np.isnan(n.value.astype(np.float32, copy=False)).any():
-                raise GraphError(
-                    f"{where}: constant contains NaN, which dpnode refuses in public constants"
-                )
+            check_constant(where, n.value)
             nodes.append(n)
             continue
         p = REGISTRY.get(n.op)

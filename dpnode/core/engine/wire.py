@@ -25,18 +25,38 @@ import json
 import math
 import struct
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from dpnode.core.engine.dtypes import dtype, from_numpy
-from dpnode.core.engine.graph import Arg, Graph, Node, Ref, validate_structure
+from dpnode.core.engine.graph import (
+    Arg,
+    Graph,
+    Node,
+    Ref,
+    check_constant,
+    validate_structure,
+    with_values,
+)
+from dpnode.core.engine.identity import ByIdentity
 from dpnode.core.engine.prims import PRIM_VERSION, REGISTRY
 from dpnode.core.engine.prims.registry import AttrValue, Scalar
 from dpnode.core.engine.quotas import WireLimits
 from dpnode.core.errors import GraphError, PayloadTooLargeError
 
-__all__ = ["content_hash", "decode", "encode", "header_of", "structure_hash"]
+__all__ = [
+    "Layout",
+    "content_hash",
+    "decode",
+    "decode_layout",
+    "encode",
+    "header_of",
+    "hollow_constants",
+    "rebind",
+    "structure_hash",
+]
 
 MAGIC = b"DPG\x01"
 _PREFIX = len(MAGIC) + 8
@@ -123,9 +143,26 @@ def encode(graph: Graph) -> bytes:
     return MAGIC + struct.pack("<Q", len(h)) + h + buf
 
 
+#: structure hashes of live graphs: a publish hashes its graph more than once
+_HASHES: ByIdentity[str] = ByIdentity()
+
+
 def structure_hash(graph: Graph) -> str:
     """sha256 of the header: the graph's structure without constant values."""
-    return hashlib.sha256(_canon(header_of(graph))).hexdigest()
+    known = _HASHES.get(graph)
+    if known is None:
+        known = hashlib.sha256(_canon(header_of(graph))).hexdigest()
+        _HASHES.put(graph, known)
+    return known
+
+
+def _same_structure(template: Graph, nodes: list[Node]) -> Graph:
+    """``template`` with other constants' values (checked): as valid, with the same hash."""
+    out = with_values(template, nodes)
+    known = _HASHES.get(template)
+    if known is not None:
+        _HASHES.put(out, known)
+    return out
 
 
 def content_hash(frame: bytes) -> str:
@@ -194,7 +231,9 @@ def _dec_attrs(op: str, raw: Any, where: str) -> dict[str, AttrValue]:
     return out
 
 
-def _dec_constant(raw: Any, buf: memoryview, where: str, budget: list[int]) -> np.ndarray[Any, Any]:
+def _dec_constant(
+    raw: Any, buf: memoryview, where: str, budget: list[int]
+) -> tuple[np.ndarray[Any, Any], int]:
     if not isinstance(raw, dict) or set(raw) != {"dtype", "shape", "offset", "nbytes"}:
         raise _fail(f"{where}: a constant is described by dtype, shape, offset and nbytes")
     d = dtype(raw["dtype"])
@@ -215,13 +254,82 @@ def _dec_constant(raw: Any, buf: memoryview, where: str, budget: list[int]) -> n
     if budget[0] < 0:
         raise PayloadTooLargeError("graph constants exceed the size limit")
     arr = np.frombuffer(buf, dtype=d.np, count=math.prod(shape), offset=offset).reshape(shape)
-    if d.is_bool and arr.view(np.uint8).max(initial=0) > 1:
+    _check_bools(where, arr)
+    return arr, offset
+
+
+def _check_bools(where: str, arr: np.ndarray[Any, Any]) -> None:
+    if arr.dtype == np.bool_ and arr.view(np.uint8).max(initial=0) > 1:
         raise _fail(f"{where}: bool constant holds bytes other than 0 and 1")
-    return arr
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a frame's constants lie in its buffer: (node index, byte offset) of each. Frames
+    with the same header have the same layout (the header says it)."""
+
+    constants: tuple[tuple[int, int], ...]
 
 
 def decode(frame: bytes, limits: WireLimits | None = None) -> Graph:
-    """Parse and validate one frame into a :class:`Graph` (constants are read-only views).
+    """Parse and validate one frame into a :class:`Graph` (constants are read-only views)."""
+    return decode_layout(frame, limits)[0]
+
+
+def rebind(graph: Graph, layout: Layout, frame: bytes, limits: WireLimits | None = None) -> Graph:
+    """``graph``, decoded from a frame with the same header as ``frame`` (the caller knows
+    it: a structure cache keyed by the header's hash), with ``frame``'s constants: what
+    :func:`decode` would return for ``frame``, without parsing and validating the header
+    again. Each constant is checked as :func:`decode` checks it (it lies in the buffer, a
+    bool holds 0 or 1, a float holds no NaN).
+
+    Raises:
+        PayloadTooLargeError: the frame is over ``limits``.
+        GraphError: a constant lies outside the buffer or holds a refused value.
+    """
+    lim = limits or WireLimits()
+    if len(frame) > lim.max_frame_bytes:
+        raise PayloadTooLargeError(
+            f"graph frame of {len(frame):,} bytes exceeds {lim.max_frame_bytes:,}"
+        )
+    (hlen,) = struct.unpack("<Q", bytes(frame[4:_PREFIX]))
+    buf = memoryview(bytes(frame[_PREFIX + hlen :]))
+    nodes = list(graph.nodes)
+    for i, offset in layout.constants:
+        where, old = f"node {i}", nodes[i]
+        assert old.value is not None
+        nbytes = old.value.nbytes
+        if offset + nbytes > len(buf):
+            raise _fail(
+                f"{where}: constant bytes [{offset}, {offset + nbytes}) lie outside "
+                f"the {len(buf)}-byte buffer"
+            )
+        arr = np.frombuffer(buf, dtype=old.value.dtype, count=old.value.size, offset=offset)
+        arr = arr.reshape(old.value.shape)
+        _check_bools(where, arr)
+        check_constant(f"{where} ('constant')", arr)
+        nodes[i] = Node(old.op, old.args, old.attrs, arr)
+    return _same_structure(graph, nodes)
+
+
+def hollow_constants(graph: Graph) -> Graph:
+    """``graph`` with each constant's value replaced by a zero-stride view of its shape and
+    dtype: the template :func:`rebind` fills, holding no constant's bytes."""
+    structure_hash(graph)  # once, for every graph rebuilt from the template
+    nodes = [
+        n
+        if n.value is None
+        else Node(
+            n.op, n.args, n.attrs, np.broadcast_to(np.zeros((), n.value.dtype), n.value.shape)
+        )
+        for n in graph.nodes
+    ]
+    return _same_structure(graph, nodes)
+
+
+def decode_layout(frame: bytes, limits: WireLimits | None = None) -> tuple[Graph, Layout]:
+    """Parse and validate one frame into a :class:`Graph`, and the :class:`Layout` that
+    :func:`rebind` reads the constants of later frames with the same header by.
 
     Raises:
         PayloadTooLargeError: frame, header or constants over ``limits``.
@@ -270,6 +378,7 @@ def decode(frame: bytes, limits: WireLimits | None = None) -> Graph:
         )
     budget = [lim.max_constant_bytes]
     nodes: list[Node] = []
+    layout: list[tuple[int, int]] = []
     for i, rn in enumerate(raw_nodes):
         where = f"node {i}"
         if not isinstance(rn, dict) or not set(rn) <= {"op", "args", "attrs", "constant"}:
@@ -289,9 +398,10 @@ def decode(frame: bytes, limits: WireLimits | None = None) -> Graph:
         attrs = _dec_attrs(op, rn.get("attrs", {}), where)
         value = None
         if op == "constant":
-            value = _dec_constant(rn.get("constant"), buf, where, budget)
+            value, offset = _dec_constant(rn.get("constant"), buf, where, budget)
+            layout.append((i, offset))
         elif "constant" in rn:
             raise _fail(f"{where}: only constant nodes carry constant data")
         nodes.append(Node(op, args, attrs, value))
     outputs = tuple(_int(o, "output", 0, len(nodes) - 1 if nodes else 0) for o in raw_outputs)
-    return validate_structure(Graph(tuple(nodes), outputs, version))
+    return validate_structure(Graph(tuple(nodes), outputs, version)), Layout(tuple(layout))

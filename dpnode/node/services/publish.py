@@ -56,11 +56,11 @@ from dpnode.core.engine import (
     Quotas,
     WireLimits,
     content_hash,
-    decode,
     encode,
     plan,
     structure_hash,
 )
+from dpnode.core.engine.wire import Layout, decode_layout, hollow_constants, rebind
 from dpnode.core.errors import (
     GraphError,
     InvalidRequestError,
@@ -185,14 +185,30 @@ def _resolve(context: NodeContext, session: Session, actor: User, graph: Graph) 
     return _Inputs(specs, public, private, sorted(dataset_ids))
 
 
+@dataclass(frozen=True)
+class _Template:
+    """A header's validated plan (its constants hollow) and where its constants lie."""
+
+    plan: Plan
+    layout: Layout
+
+
 def _decode(context: NodeContext, actor: User, body: bytes) -> tuple[Graph, Plan]:
     """The graph, and its plan for a tracked evaluation (the quotas checked on it)."""
     s = context.settings
     limits = WireLimits(max_frame_bytes=s.max_upload_bytes, max_nodes=s.max_graph_nodes)
     frame = context.structures.expand(actor.id, body)  # a reference to a header sent before
-    graph = decode(frame, limits)
+    template = context.structures.template(actor.id, frame)
+    if isinstance(template, _Template):  # the header was decoded whole before: its constants
+        planned = replace(
+            template.plan, graph=rebind(template.plan.graph, template.layout, frame, limits)
+        )
+        return planned.graph, planned
+    graph, layout = decode_layout(frame, limits)
     planned = plan(graph, _quotas(context), accurate=True)
-    context.structures.remember(actor.id, frame)
+    # kept without the constants' values: a training step's template holds no weights
+    hollow = replace(planned, graph=hollow_constants(graph))
+    context.structures.remember(actor.id, frame, _Template(hollow, layout))
     return graph, planned
 
 
