@@ -16,6 +16,7 @@ from dpnode.core.structures import REF_MAGIC, StructureCache, header_digest, ref
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import User
 from dpnode.node.services import publish as publish_service
+from dpnode.node.services.users import Actor
 from tests.conftest import PASSWORD
 from tests.sdk.conftest import URL
 
@@ -140,7 +141,7 @@ def test_a_known_structure_is_rebuilt_with_each_frames_own_constants(
     first, later = (body for _, body, _ in recording.bodies)
     full = context.structures.expand(scientist.id, later)
     assert context.structures.template(scientist.id, full) is not None
-    graph, planned = publish_service._decode(context, scientist, later)
+    graph, planned = publish_service._decode(context, Actor(scientist.id, scientist.role), later)
     expected = decode(full)
     constants = [n.value for n in graph.nodes if n.op == "constant"]
     assert constants

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 from sqlalchemy import bindparam, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, joinedload, selectinload
+from sqlalchemy.orm import Session, selectinload
 from sqlalchemy.orm.interfaces import LoaderOption
 
 from dpnode.core.errors import (
@@ -252,25 +252,96 @@ def get_dataset(session: Session, ref: int | str) -> Dataset:
     return get_item(session, Dataset, ref, _load_options())
 
 
-#: Built once: every publish runs it for each dataset it reads (building it took longer than
-#: running it on SQLite).
+class ColumnLike(Protocol):
+    """What reading a stored column needs (a :class:`DatasetColumn` or a :class:`ReadColumn`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def row_shape(self) -> Sequence[int]: ...
+    @property
+    def blob(self) -> str: ...
+    @property
+    def mock_blob(self) -> str | None: ...
+
+
+class DatasetLike(Protocol):
+    """What reading a dataset's rows needs (a :class:`Dataset` or a :class:`ReadDataset`)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def row_count(self) -> int: ...
+    @property
+    def mock_row_count(self) -> int | None: ...
+    @property
+    def subjects_blob(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class ReadColumn:
+    """A column's public metadata and where its values are."""
+
+    name: str
+    dtype: str
+    row_shape: tuple[int, ...]
+    lower: float
+    upper: float
+    blob: str
+    mock_blob: str | None
+
+
+@dataclass(frozen=True)
+class ReadDataset:
+    """A dataset as a computation reads it: its rows, subjects and columns (no owner, tags)."""
+
+    id: int
+    name: str
+    row_count: int
+    mock_row_count: int | None
+    subjects_blob: str | None
+    columns: tuple[ReadColumn, ...]
+
+
+#: Built once, plain rows (no ORM objects): every publish runs it for each dataset it reads.
+_D, _C = Dataset.__table__.c, DatasetColumn.__table__.c
 _WITH_COLUMNS = (
-    select(Dataset)
-    .options(joinedload(Dataset.columns))
-    .where(Dataset.id == bindparam("dataset_id"))
+    select(
+        _D.id,
+        _D.name,
+        _D.row_count,
+        _D.mock_row_count,
+        _D.subjects_blob,
+        _C.name,
+        _C.dtype,
+        _C.row_shape,
+        _C.lower,
+        _C.upper,
+        _C.blob,
+        _C.mock_blob,
+    )
+    .select_from(Dataset.__table__.outerjoin(DatasetColumn.__table__))
+    .where(_D.id == bindparam("dataset_id"))
+    .order_by(_C.position)
 )
 
 
-def get_dataset_columns(session: Session, dataset_id: int) -> Dataset:
-    """A dataset with its columns only, in one query: what a computation reads.
-
-    Tags and owner are not loaded (touching them after the session closes fails).
-    """
-    found = session.execute(_WITH_COLUMNS, {"dataset_id": dataset_id})
-    dataset = found.unique().scalar_one_or_none()
-    if dataset is None:
+def get_dataset_columns(session: Session, dataset_id: int) -> ReadDataset:
+    """A dataset with its columns only, in one query: what a computation reads."""
+    rows = session.connection().execute(_WITH_COLUMNS, {"dataset_id": dataset_id}).all()
+    if not rows:
         raise NotFoundError(f"no dataset {dataset_id!r}")
-    return dataset
+    first = rows[0]
+    columns = tuple(
+        ReadColumn(r[5], r[6], tuple(r[7] or ()), r[8], r[9], r[10], r[11])
+        for r in rows
+        if r[5] is not None  # a dataset without columns: one row of NULLs
+    )
+    return ReadDataset(first[0], first[1], first[2], first[3], first[4], columns)
 
 
 def search_datasets(
@@ -312,7 +383,7 @@ def read_columns(store: BlobStore, dataset: Dataset, *, mock: bool) -> dict[str,
 
 
 def read_column(
-    store: BlobStore, dataset: Dataset, column: DatasetColumn, *, mock: bool = False
+    store: BlobStore, dataset: DatasetLike, column: ColumnLike, *, mock: bool = False
 ) -> npt.NDArray[Any]:
     """One stored column, real or mock, verified by hash, read-only and mapped from its file
     (not read into memory: a computation reads the pages it touches)."""
@@ -323,7 +394,7 @@ def read_column(
     return store.open_array(digest, column.dtype, (rows, *column.row_shape))
 
 
-def read_subjects(store: BlobStore, dataset: Dataset) -> npt.NDArray[np.int64] | None:
+def read_subjects(store: BlobStore, dataset: DatasetLike) -> npt.NDArray[np.int64] | None:
     """The subject index of every row, or None when each row is its own subject."""
     if dataset.subjects_blob is None:
         return None
@@ -341,7 +412,7 @@ def read_subjects(store: BlobStore, dataset: Dataset) -> npt.NDArray[np.int64] |
 _STRUCTURES: KeptByBytes[tuple[str, int], Subjects] = KeptByBytes(64 * 1024 * 1024)
 
 
-def subject_structure(store: BlobStore, dataset: Dataset) -> Subjects:
+def subject_structure(store: BlobStore, dataset: DatasetLike) -> Subjects:
     """The structure of the dataset's subject index (the tracker's view of its rows)."""
     digest = dataset.subjects_blob
     if digest is None:

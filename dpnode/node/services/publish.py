@@ -73,7 +73,7 @@ from dpnode.core.privacy.release import ReleasePlan, plan_release, run_release
 from dpnode.core.privacy.subjects import first_rows
 from dpnode.node.cluster import Column, columns_for
 from dpnode.node.context import NodeContext
-from dpnode.node.db.models import Dataset, DatasetColumn, Role, User
+from dpnode.node.db.models import Role, User
 from dpnode.node.services import audit, budget, datasets, idempotency, models, users
 from dpnode.node.services.budget import EPSILON_UNIT, RHO_UNIT, TV_UNIT, Cost
 from dpnode.node.storage import array_from_bytes
@@ -111,7 +111,7 @@ class _Inputs:
     #: public values (model weights, subject groups), read while resolving
     public: dict[str, npt.NDArray[Any]]
     #: private columns, read only once a release has been charged
-    private: dict[str, tuple[Dataset, DatasetColumn]]
+    private: dict[str, tuple[datasets.ReadDataset, datasets.ReadColumn]]
     dataset_ids: list[int]
 
     def values(
@@ -132,15 +132,15 @@ class _Inputs:
         }
 
 
-def _resolve(context: NodeContext, session: Session, actor: User, graph: Graph) -> _Inputs:
+def _resolve(context: NodeContext, session: Session, actor: users.Actor, graph: Graph) -> _Inputs:
     """Public metadata of every input the graph names (and where its values are)."""
     specs: dict[str, InputSpec] = {}
     public: dict[str, npt.NDArray[Any]] = {}
-    private: dict[str, tuple[Dataset, DatasetColumn]] = {}
+    private: dict[str, tuple[datasets.ReadDataset, datasets.ReadColumn]] = {}
     dataset_ids: set[int] = set()
     subjects: dict[int, npt.NDArray[np.int64] | None] = {}
     structures: dict[int, Subjects] = {}
-    loaded: dict[int, Dataset] = {}  # one query per dataset
+    loaded: dict[int, datasets.ReadDataset] = {}  # one query per dataset
     for name in graph.input_names():
         match = _INPUT.match(name)
         if match is None:
@@ -193,7 +193,7 @@ class _Template:
     layout: Layout
 
 
-def _decode(context: NodeContext, actor: User, body: bytes) -> tuple[Graph, Plan]:
+def _decode(context: NodeContext, actor: users.Actor, body: bytes) -> tuple[Graph, Plan]:
     """The graph, and its plan for a tracked evaluation (the quotas checked on it)."""
     s = context.settings
     limits = WireLimits(max_frame_bytes=s.max_upload_bytes, max_nodes=s.max_graph_nodes)
@@ -228,7 +228,7 @@ def sensitivity(context: NodeContext, actor_id: int, frame: bytes) -> PrivacyRep
         AuthenticationError: the account no longer exists or was deactivated.
     """
     with context.read_sessions() as session:
-        actor = users.active(session, actor_id)
+        actor = users.active_actor(session, actor_id)
         graph, planned = _decode(context, actor, frame)
         inputs = _resolve(context, session, actor, graph)
     return track(planned, inputs.specs)
@@ -339,7 +339,7 @@ def publish(
     if key is not None:
         idempotency.check_key(key)
     with context.read_sessions() as session:  # the account, then the inputs: one read
-        actor = users.active(session, actor_id)
+        actor = users.active_actor(session, actor_id)
         charged = budget.quantize_epsilon(request.epsilon)  # a bad epsilon, before any work
         if request.delta is not None:
             _check_delta(request.delta)
