@@ -485,3 +485,56 @@ def test_inplace_binary_into_either_dying_operand(op: str, dtype: str) -> None:
         args[donor] = b.op("mul", args[donor], 1)  # a dying intermediate of the output's shape
         got = evaluate(b.build([b.op(op, *args)]), {"a": a, "b": bv})[0]
         assert got.tolist() == want.tolist(), (op, dtype, donor)
+
+
+def test_convolutions_match_torch_across_geometries() -> None:
+    """Forward and transposed convolutions, 1-3 spatial dims, groups, strides, dilations,
+    paddings (wider than the kernel's reach: the transposed one then crops) and output
+    paddings, against torch in float64."""
+    rng = np.random.default_rng(11)
+    forward = {
+        1: torch.nn.functional.conv1d,
+        2: torch.nn.functional.conv2d,
+        3: torch.nn.functional.conv3d,
+    }
+    transposed = {
+        1: torch.nn.functional.conv_transpose1d,
+        2: torch.nn.functional.conv_transpose2d,
+        3: torch.nn.functional.conv_transpose3d,
+    }
+    checked = 0
+    while checked < 60:
+        nsp = int(rng.integers(1, 4))
+        g = int(rng.choice([1, 2, 3]))
+        cg, og = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+        k = [int(rng.integers(1, 4)) for _ in range(nsp)]
+        stride = [int(rng.integers(1, 4)) for _ in range(nsp)]
+        dilation = [int(rng.integers(1, 3)) for _ in range(nsp)]
+        padding = [int(rng.integers(0, 4)) for _ in range(nsp)]
+        size = [int(rng.integers(2, 7)) for _ in range(nsp)]
+        is_t = bool(rng.integers(0, 2))
+        outpad = [int(rng.integers(0, min(s, d))) for s, d in zip(stride, dilation, strict=True)]
+        x = torch.from_numpy(rng.standard_normal((2, g * cg, *size)))
+        if is_t:
+            w = torch.from_numpy(rng.standard_normal((g * cg, og, *k)))
+            kw = dict(
+                stride=stride, padding=padding, output_padding=outpad, groups=g, dilation=dilation
+            )
+            try:
+                ref = transposed[nsp](x, w, **kw)
+            except RuntimeError:
+                continue  # a geometry torch refuses
+        else:
+            w = torch.from_numpy(rng.standard_normal((g * og, cg, *k)))
+            kw = dict(stride=stride, padding=padding, groups=g, dilation=dilation)
+            try:
+                ref = forward[nsp](x, w, **kw)
+            except RuntimeError:
+                continue
+        b = GraphBuilder()
+        xi = b.input("x", "float64", tuple(x.shape))
+        wi = b.input("w", "float64", tuple(w.shape))
+        g_ = b.build([b.op("convolution", xi, wi, None, transposed=is_t, **kw)])
+        got = evaluate(g_, {"x": to_numpy(x), "w": to_numpy(w)})[0]
+        torch.testing.assert_close(torch.from_numpy(np.ascontiguousarray(got)), ref, msg=str(kw))
+        checked += 1
