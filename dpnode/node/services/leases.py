@@ -89,7 +89,7 @@ class LeaseKeeper:
                 self.renew()
                 idempotency.purge(self._sessions, self.ttl_seconds)
             except Exception:  # the database is away: try again next time, while it lasts
-                log.exception("could not renew the leases of running publishes")
+                log.exception("could not renew the leases of running publishes or purge old keys")
 
     def close(self) -> None:
         self._stop.set()
