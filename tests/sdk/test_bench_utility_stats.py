@@ -122,8 +122,11 @@ def test_opendp_group_means_are_within_the_bmi_bounds(
 def test_opendp_regression_gives_two_coefficients_and_an_intercept(
     releases: dict[str, OpenDPRelease],
 ) -> None:
-    coef = releases[REGRESSION]()
-    assert coef.shape == (3,) and np.all(np.isfinite(coef)), coef
+    coefs = [releases[REGRESSION]() for _ in range(9)]
+    assert all(c.shape == (3,) and np.all(np.isfinite(c)) for c in coefs), coefs
     # the features and the target are scaled into [0, 1]: at the features' centre the
-    # prediction is about the mean target (noised by a few units over 442 rows)
-    assert 0 <= coef[0] / 2 + coef[1] / 2 + coef[2] <= 1, coef
+    # prediction is about the mean target (noised by a few units over 442 rows). One release
+    # falls outside [0, 1] about once in 400 (a noised Gram matrix near singular: over 5000,
+    # from -0.92 to 1.37): the median of nine does not.
+    centre = [c[0] / 2 + c[1] / 2 + c[2] for c in coefs]
+    assert 0 <= float(np.median(centre)) <= 1, coefs

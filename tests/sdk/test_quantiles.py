@@ -84,3 +84,19 @@ def test_quantiles_in_mock_mode_and_of_public_values(
     owner_client.upload_model("public-w", {"w": w}, tags=["demo"], public=True)
     state = ds_client.model("public-w").state_dict()
     assert torch.quantile(state["w"], 0.5).sensitivity().l1 == 0
+
+
+def test_a_columns_quantile_is_a_point_of_its_declared_range(
+    owner_client: sdk.Client, ds_client: sdk.Client
+) -> None:
+    """The candidates of a column's quantile are the 4097 points of its declared bounds (the
+    tracked range is a rounding margin wider: the lowest candidate was 1e-11 below them)."""
+    rng = np.random.default_rng(4)
+    data = {"low": np.full(60, 10.0), "high": np.full(60, 70.0), "bmi": rng.uniform(15, 60, 60)}
+    bounds = {name: (10.0, 70.0) for name in data}
+    ds = ds_client.dataset(owner_client.upload_dataset("ends", data, bounds=bounds).id)
+    assert float(torch.quantile(ds["low"], 0.0).publish(epsilon=4.0)) == 10.0
+    assert float(torch.quantile(ds["high"], 1.0).publish(epsilon=4.0)) == 70.0
+    median = float(torch.median(ds["bmi"]).publish(epsilon=1.0))
+    step = (median - 10.0) * 4096 / 60.0
+    assert step == round(step) and 0 <= step <= 4096

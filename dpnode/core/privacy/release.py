@@ -267,7 +267,15 @@ def _plan_selection(
             raise PrivacyTrackingError(f"node {o} (quantile): the quantiles must be constants")
         out = report.outputs[position]
         integral = not of.metas[of.graph.outputs[position]].dtype.is_float
-        grid = selection.candidates(float(np.min(out.lower)), float(np.max(out.upper)), integral)
+        lo, hi = float(np.min(out.lower)), float(np.max(out.upper))
+        taken_node = nodes[_ref(nodes[o].args[0])]
+        if taken_node.op == "input":  # a column itself: its declared bounds, not the tracked
+            # range, which is a rounding margin wider (the lowest candidate was 1e-11 below)
+            spec = specs[str(taken_node.attrs["name"])]
+            if spec.lower is not None and spec.upper is not None:
+                lo = max(lo, float(np.min(spec.lower)))
+                hi = min(hi, float(np.max(spec.upper)))
+        grid = selection.candidates(lo, hi, integral)
         groups = _groups(nodes[o])
         alphas = [float(v) for v in np.asarray(q.value, dtype=np.float64).reshape(-1)]
         k = moves[position] or 0
