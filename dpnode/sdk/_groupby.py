@@ -187,7 +187,7 @@ class Grouped:
         from dpnode.sdk._remote.dispatch import _wrap, node_of
         from dpnode.sdk._remote.quantiles import selected_quantile
 
-        lo, hi, _, _ = self._scale(column)  # a numeric column with finite bounds
+        self._scale(column)  # a numeric column with finite bounds
         x: torch.Tensor = self.ds[column]
         qs = torch.as_tensor(q, dtype=torch.float64)
         if qs.ndim > 1 or not bool(((qs >= 0) & (qs <= 1)).all()):
@@ -206,9 +206,7 @@ class Grouped:
         )
         meta = torch.empty((len(self.keys), *qs.shape), dtype=x.dtype, device="meta")
         released = publish(_wrap(meta, node, getattr(x, "_source", "")), epsilon=epsilon)
-        # The node's candidates span the range it tracked, which can exceed the declared
-        # bounds by a rounding margin (1e-11 of 70); into them, as post-processing.
-        values = released.clamp(lo, hi).tolist()
+        values = released.tolist()
         out = GroupStatistics(zip(self.keys, values, strict=True))
         out.receipt = released.receipt
         return out

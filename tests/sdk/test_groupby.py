@@ -157,9 +157,9 @@ def test_medians_and_quantiles_per_group_are_selected(
 def test_a_quantile_at_the_end_of_the_range_is_within_the_declared_bounds(
     owner_client: sdk.Client, ds_client: sdk.Client
 ) -> None:
-    """The node's candidates span the range it tracked, a rounding margin wider than the
-    declared bounds: the lowest is some 1e-11 below 10. Every row at the lower bound, the
-    minimum is that candidate, reported within the bounds."""
+    """The node's candidates span the column's tracked range, which was a rounding margin
+    wider than its declared bounds (the lowest candidate some 1e-11 below 10). Every row at
+    the lower bound, the minimum is the lowest candidate: the bound itself."""
     rng = np.random.default_rng(3)
     data = {"sex": rng.integers(0, 2, N), "bmi": np.full(N, 10.0)}
     owner_client.upload_dataset("floor", data, bounds={"sex": (0, 1), "bmi": (10, 70)})

@@ -244,7 +244,7 @@ def _plan_selection(
             joined[len(taken) - 1] = len(taken)
             taken.append(_ref(nodes[o].args[2]))
     of = plan(Graph(nodes, tuple(taken)), accurate=True)
-    report, moves = selection_inputs(of, specs, joined)
+    report, moves, ranges = selection_inputs(of, specs, joined)
     if all(moves[i] is None for i in range(len(taken)) if i not in joined.values()):
         return None  # quantiles of public values: computed exactly, like any public value
     if len(quantiles) != len(outputs):
@@ -265,17 +265,8 @@ def _plan_selection(
         q = nodes[_ref(nodes[o].args[1])]
         if q.op != "constant" or q.value is None:
             raise PrivacyTrackingError(f"node {o} (quantile): the quantiles must be constants")
-        out = report.outputs[position]
         integral = not of.metas[of.graph.outputs[position]].dtype.is_float
-        lo, hi = float(np.min(out.lower)), float(np.max(out.upper))
-        taken_node = nodes[_ref(nodes[o].args[0])]
-        if taken_node.op == "input":  # a column itself: its declared bounds, not the tracked
-            # range, which is a rounding margin wider (the lowest candidate was 1e-11 below)
-            spec = specs[str(taken_node.attrs["name"])]
-            if spec.lower is not None and spec.upper is not None:
-                lo = max(lo, float(np.min(spec.lower)))
-                hi = min(hi, float(np.max(spec.upper)))
-        grid = selection.candidates(lo, hi, integral)
+        grid = selection.candidates(*ranges[position], integral)
         groups = _groups(nodes[o])
         alphas = [float(v) for v in np.asarray(q.value, dtype=np.float64).reshape(-1)]
         k = moves[position] or 0

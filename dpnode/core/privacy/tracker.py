@@ -403,10 +403,13 @@ def selection_inputs(
     graph: Graph | Plan,
     input_specs: Mapping[str, InputSpec],
     joined: Mapping[int, int] | None = None,
-) -> tuple[PrivacyReport, list[int | None]]:
+) -> tuple[PrivacyReport, list[int | None], list[tuple[float, float]]]:
     """What the exponential mechanism needs of each output of ``graph``, from public
-    metadata only: its report (bounds; an output that may be unbounded or NaN is refused)
-    and the most elements of it that replacing one subject can change (None: public).
+    metadata only: its report (bounds; an output that may be unbounded or NaN is refused),
+    the most elements of it that replacing one subject can change (None: public), and the
+    range its candidates span: the tracked interval of its computed values, without the
+    margin the report adds for the tracker's own rounding (a column's range is then its
+    declared bounds, not 1e-11 wider; values outside are clipped into it, each alone).
 
     An element moves when one subject is replaced if the subject owns it and its ``L`` is
     not 0, or if its ``G`` is not 0, or if its computed value may differ from the exact one
@@ -417,6 +420,10 @@ def selection_inputs(
     """
     tracker, outs = _track(_accurate(graph, None), input_specs)
     report = tracker.report(outs)
+    ranges = [
+        (float(np.min(lo, initial=np.inf)), float(np.max(hi, initial=-np.inf)))
+        for lo, hi in (rounding.wide(s) for s in outs)
+    ]
     units = [_movable(s) for s in outs]
     counts: list[int | None] = []
     for i, s in enumerate(outs):
@@ -434,7 +441,7 @@ def selection_inputs(
             counts.append(_moved(base, both, tracker.nsub))
         else:
             counts.append(sum(_moved(u, units[j], tracker.nsub) for j, u in ((i, s), (partner, t))))
-    return report, counts
+    return report, counts, ranges
 
 
 def _movable(s: State) -> tuple[Array, Array]:
