@@ -24,7 +24,7 @@ the whole frame once.
 >>> frame = MAGIC + (16).to_bytes(8, "little") + b'{"nodes":[]}    ' + b"constants"
 >>> cache.expand(7, frame) == frame      # a whole frame passes through...
 True
->>> cache.remember(7, frame)             # ...and is remembered once it decoded
+>>> cache.remember(7, cache.find(7, frame))  # ...and is remembered once it decoded
 >>> ref = reference(header_digest(frame), b"new constants")
 >>> cache.expand(7, ref)[-13:]
 b'new constants'
@@ -40,10 +40,11 @@ import hashlib
 import struct
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from dpnode.core.errors import GraphError, UnknownStructureError
 
-__all__ = ["MAGIC", "REF_MAGIC", "StructureCache", "header_digest", "reference", "split"]
+__all__ = ["MAGIC", "REF_MAGIC", "Found", "StructureCache", "header_digest", "reference", "split"]
 
 MAGIC = b"DPG\x01"
 REF_MAGIC = b"DPR\x01"
@@ -88,6 +89,18 @@ def reference(digest: bytes, buffer: bytes) -> bytes:
     return REF_MAGIC + digest + buffer
 
 
+@dataclass(frozen=True)
+class Found:
+    """What a publish body stands for (:meth:`StructureCache.find`)."""
+
+    #: the full frame
+    frame: bytes
+    #: the sha256 of its header (:func:`header_digest`); None: not a frame
+    digest: bytes | None
+    #: what the node kept with the header for this user, or None
+    template: object
+
+
 class StructureCache:
     """Per-user LRU map from header digest to header bytes, bounded in total bytes.
 
@@ -113,8 +126,20 @@ class StructureCache:
             UnknownStructureError: a reference to a header this user has not sent
                 (or that was evicted): resend the whole frame.
         """
+        return body if body[:4] != REF_MAGIC else self.find(user_id, body).frame
+
+    def find(self, user_id: int, body: bytes) -> Found:
+        """The full frame a body stands for, its header's digest, and the template kept with
+        the header for ``user_id`` (None if none): a reference's digest is the one it
+        carries, a full frame's is hashed once here.
+
+        Raises:
+            UnknownStructureError: as :meth:`expand`.
+        """
         if body[:4] != REF_MAGIC:
-            return body
+            digest = header_digest(body)
+            entry = None if digest is None else self._get(user_id, digest)
+            return Found(body, digest, None if entry is None else entry[1])
         if len(body) < 4 + _DIGEST:
             raise GraphError("malformed graph reference: shorter than its 32-byte digest")
         digest = bytes(body[4 : 4 + _DIGEST])
@@ -124,13 +149,7 @@ class StructureCache:
                 f"this node has no graph structure {digest.hex()[:16]}... from you (it was "
                 "never sent, evicted, or the node restarted): send the whole frame"
             )
-        return entry[0] + body[4 + _DIGEST :]
-
-    def template(self, user_id: int, frame: bytes) -> object:
-        """The template remembered with a full frame's header for ``user_id``, or None."""
-        digest = header_digest(frame)
-        entry = None if digest is None else self._get(user_id, digest)
-        return None if entry is None else entry[1]
+        return Found(entry[0] + body[4 + _DIGEST :], digest, entry[1])
 
     def _get(self, user_id: int, digest: bytes) -> tuple[bytes, object] | None:
         with self._lock:
@@ -139,10 +158,10 @@ class StructureCache:
                 self._entries.move_to_end((user_id, digest))
         return entry
 
-    def remember(self, user_id: int, frame: bytes, template: object = None) -> None:
-        """Keep a decoded frame's header for ``user_id``, with its ``template`` if given
-        (no-op for references). The bound counts the header's bytes."""
-        parts, digest = _split(frame), header_digest(frame)
+    def remember(self, user_id: int, found: Found, template: object = None) -> None:
+        """Keep a decoded frame's header (``found`` by :meth:`find`) for ``user_id``, with its
+        ``template`` if given. The bound counts the header's bytes."""
+        parts, digest = _split(found.frame), found.digest
         if parts is None or digest is None or len(parts[0]) > self.max_bytes:
             return
         prefix = parts[0]

@@ -116,10 +116,10 @@ def test_cache_is_bounded_and_least_recently_used_goes_first() -> None:
 
     a, b, c = frame(b"a" * 20), frame(b"b" * 20), frame(b"c" * 20)
     cache = StructureCache(max_bytes=2 * len(a))
-    cache.remember(1, a)
-    cache.remember(1, b)
+    cache.remember(1, cache.find(1, a))
+    cache.remember(1, cache.find(1, b))
     cache.expand(1, reference(_digest(a), b""))  # a is now the most recent
-    cache.remember(1, c)  # evicts b
+    cache.remember(1, cache.find(1, c))  # evicts b
     assert len(cache) == 2
     assert cache.expand(1, reference(_digest(a), b"x")) == a + b"x"
     with pytest.raises(UnknownStructureError):
@@ -127,7 +127,8 @@ def test_cache_is_bounded_and_least_recently_used_goes_first() -> None:
     assert header_digest(b"\x00" * 40) is None  # not a frame: sent as it is, refused by the node
     with pytest.raises(GraphError, match="shorter than"):
         cache.expand(1, REF_MAGIC + b"short")
-    cache.remember(1, b"DPG\x01" + (10**6).to_bytes(8, "little"))  # malformed: ignored
+    malformed = b"DPG\x01" + (10**6).to_bytes(8, "little")
+    cache.remember(1, cache.find(1, malformed))  # ignored
     assert len(cache) == 2
 
 
@@ -140,8 +141,9 @@ def test_a_known_structure_is_rebuilt_with_each_frames_own_constants(
     _train(client, cohort, steps=2)
     first, later = (body for _, body, _ in recording.bodies)
     full = context.structures.expand(scientist.id, later)
-    assert context.structures.template(scientist.id, full) is not None
-    graph, planned = publish_service._decode(context, Actor(scientist.id, scientist.role), later)
+    found = context.structures.find(scientist.id, later)
+    assert found.frame == full and found.template is not None
+    graph, planned = publish_service._decode(context, Actor(scientist.id, scientist.role), found)
     expected = decode(full)
     constants = [n.value for n in graph.nodes if n.op == "constant"]
     assert constants

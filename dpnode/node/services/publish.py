@@ -71,6 +71,7 @@ from dpnode.core.errors import (
 from dpnode.core.privacy import InputSpec, PrivacyReport, Subjects, track
 from dpnode.core.privacy.release import ReleasePlan, plan_release, run_release
 from dpnode.core.privacy.subjects import first_rows
+from dpnode.core.structures import Found
 from dpnode.node.cluster import Column, columns_for
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import Role, User
@@ -193,22 +194,21 @@ class _Template:
     layout: Layout
 
 
-def _decode(context: NodeContext, actor: users.Actor, body: bytes) -> tuple[Graph, Plan]:
-    """The graph, and its plan for a tracked evaluation (the quotas checked on it)."""
+def _decode(context: NodeContext, actor: users.Actor, found: Found) -> tuple[Graph, Plan]:
+    """The graph of a body ``found`` in the structure cache, and its plan for a tracked
+    evaluation (the quotas checked on it)."""
     s = context.settings
     limits = WireLimits(max_frame_bytes=s.max_upload_bytes, max_nodes=s.max_graph_nodes)
-    frame = context.structures.expand(actor.id, body)  # a reference to a header sent before
-    template = context.structures.template(actor.id, frame)
+    template = found.template
     if isinstance(template, _Template):  # the header was decoded whole before: its constants
-        planned = replace(
-            template.plan, graph=rebind(template.plan.graph, template.layout, frame, limits)
-        )
-        return planned.graph, planned
-    graph, layout = decode_layout(frame, limits)
+        graph = rebind(template.plan.graph, template.layout, found.frame, limits)
+        planned = replace(template.plan, graph=graph)
+        return graph, planned
+    graph, layout = decode_layout(found.frame, limits)
     planned = plan(graph, _quotas(context), accurate=True)
     # kept without the constants' values: a training step's template holds no weights
     hollow = replace(planned, graph=hollow_constants(graph))
-    context.structures.remember(actor.id, frame, _Template(hollow, layout))
+    context.structures.remember(actor.id, found, _Template(hollow, layout))
     return graph, planned
 
 
@@ -229,7 +229,8 @@ def sensitivity(context: NodeContext, actor_id: int, frame: bytes) -> PrivacyRep
     """
     with context.read_sessions() as session:
         actor = users.active_actor(session, actor_id)
-        graph, planned = _decode(context, actor, frame)
+        found = context.structures.find(actor.id, frame)  # a reference names its frame
+        graph, planned = _decode(context, actor, found)
         inputs = _resolve(context, session, actor, graph)
     return track(planned, inputs.specs)
 
@@ -343,16 +344,17 @@ def publish(
         charged = budget.quantize_epsilon(request.epsilon)  # a bad epsilon, before any work
         if request.delta is not None:
             _check_delta(request.delta)
+        found = context.structures.find(actor.id, frame)  # a reference names its frame
         claim = None
         if key is not None:
-            full = context.structures.expand(actor.id, frame)  # a reference names its frame
-            digest = idempotency.request_hash(full, request.epsilon, request.delta, request.run_id)
+            digest = idempotency.request_hash(
+                found.frame, request.epsilon, request.delta, request.run_id
+            )
             claim = idempotency.Claim(key, digest)
             stored = idempotency.replay(session, actor.id, claim)
             if stored is not None:  # answered already: released, nothing new to decide
                 return Replayed(stored)
-            frame = full
-        graph, planned = _decode(context, actor, frame)
+        graph, planned = _decode(context, actor, found)
         inputs = _resolve(context, session, actor, graph)
     rp = plan_release(
         planned,
