@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -252,36 +252,6 @@ def get_dataset(session: Session, ref: int | str) -> Dataset:
     return get_item(session, Dataset, ref, _load_options())
 
 
-class ColumnLike(Protocol):
-    """What reading a stored column needs (a :class:`DatasetColumn` or a :class:`ReadColumn`)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def dtype(self) -> str: ...
-    @property
-    def row_shape(self) -> Sequence[int]: ...
-    @property
-    def blob(self) -> str: ...
-    @property
-    def mock_blob(self) -> str | None: ...
-
-
-class DatasetLike(Protocol):
-    """What reading a dataset's rows needs (a :class:`Dataset` or a :class:`ReadDataset`)."""
-
-    @property
-    def id(self) -> int: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def row_count(self) -> int: ...
-    @property
-    def mock_row_count(self) -> int | None: ...
-    @property
-    def subjects_blob(self) -> str | None: ...
-
-
 @dataclass(frozen=True)
 class ReadColumn:
     """A column's public metadata and where its values are."""
@@ -383,7 +353,11 @@ def read_columns(store: BlobStore, dataset: Dataset, *, mock: bool) -> dict[str,
 
 
 def read_column(
-    store: BlobStore, dataset: DatasetLike, column: ColumnLike, *, mock: bool = False
+    store: BlobStore,
+    dataset: Dataset | ReadDataset,
+    column: DatasetColumn | ReadColumn,
+    *,
+    mock: bool = False,
 ) -> npt.NDArray[Any]:
     """One stored column, real or mock, verified by hash, read-only and mapped from its file
     (not read into memory: a computation reads the pages it touches)."""
@@ -394,7 +368,7 @@ def read_column(
     return store.open_array(digest, column.dtype, (rows, *column.row_shape))
 
 
-def read_subjects(store: BlobStore, dataset: DatasetLike) -> npt.NDArray[np.int64] | None:
+def read_subjects(store: BlobStore, dataset: Dataset | ReadDataset) -> npt.NDArray[np.int64] | None:
     """The subject index of every row, or None when each row is its own subject."""
     if dataset.subjects_blob is None:
         return None
@@ -412,7 +386,7 @@ def read_subjects(store: BlobStore, dataset: DatasetLike) -> npt.NDArray[np.int6
 _STRUCTURES: KeptByBytes[tuple[str, int], Subjects] = KeptByBytes(64 * 1024 * 1024)
 
 
-def subject_structure(store: BlobStore, dataset: DatasetLike) -> Subjects:
+def subject_structure(store: BlobStore, dataset: Dataset | ReadDataset) -> Subjects:
     """The structure of the dataset's subject index (the tracker's view of its rows)."""
     digest = dataset.subjects_blob
     if digest is None:
