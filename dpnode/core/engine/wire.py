@@ -243,24 +243,38 @@ def _dec_constant(
     shape = tuple(_int(s, f"{where} shape", 0, 2**62) for s in shape_raw)
     offset = _int(raw["offset"], f"{where} offset", 0, len(buf))
     nbytes = _int(raw["nbytes"], f"{where} nbytes", 0, len(buf))
-    if offset + nbytes > len(buf):
-        raise _fail(
-            f"{where}: constant bytes [{offset}, {offset + nbytes}) lie outside "
-            f"the {len(buf)}-byte buffer"
-        )
+    _check_in_buffer(where, offset, nbytes, buf)
     if math.prod(shape) * d.itemsize != nbytes:
         raise _fail(f"{where}: {nbytes} bytes do not hold a {d.name} tensor of shape {list(shape)}")
     budget[0] -= nbytes
     if budget[0] < 0:
         raise PayloadTooLargeError("graph constants exceed the size limit")
-    arr = np.frombuffer(buf, dtype=d.np, count=math.prod(shape), offset=offset).reshape(shape)
-    _check_bools(where, arr)
-    return arr, offset
+    return _constant_at(where, buf, offset, d.np, shape), offset
 
 
-def _check_bools(where: str, arr: np.ndarray[Any, Any]) -> None:
+def _check_in_buffer(where: str, offset: int, nbytes: int, buf: memoryview) -> None:
+    if offset + nbytes > len(buf):
+        raise _fail(
+            f"{where}: constant bytes [{offset}, {offset + nbytes}) lie outside "
+            f"the {len(buf)}-byte buffer"
+        )
+
+
+def _constant_at(
+    where: str, buf: memoryview, offset: int, np_dtype: Any, shape: tuple[int, ...]
+) -> np.ndarray[Any, Any]:
+    """The read-only view of a constant's bytes (in the buffer), a bool's checked 0 or 1."""
+    arr = np.frombuffer(buf, dtype=np_dtype, count=math.prod(shape), offset=offset).reshape(shape)
     if arr.dtype == np.bool_ and arr.view(np.uint8).max(initial=0) > 1:
         raise _fail(f"{where}: bool constant holds bytes other than 0 and 1")
+    return arr
+
+
+def _check_frame_size(frame: bytes, lim: WireLimits) -> None:
+    if len(frame) > lim.max_frame_bytes:
+        raise PayloadTooLargeError(
+            f"graph frame of {len(frame):,} bytes exceeds {lim.max_frame_bytes:,}"
+        )
 
 
 @dataclass(frozen=True)
@@ -287,26 +301,15 @@ def rebind(graph: Graph, layout: Layout, frame: bytes, limits: WireLimits | None
         PayloadTooLargeError: the frame is over ``limits``.
         GraphError: a constant lies outside the buffer or holds a refused value.
     """
-    lim = limits or WireLimits()
-    if len(frame) > lim.max_frame_bytes:
-        raise PayloadTooLargeError(
-            f"graph frame of {len(frame):,} bytes exceeds {lim.max_frame_bytes:,}"
-        )
+    _check_frame_size(frame, limits or WireLimits())
     (hlen,) = struct.unpack("<Q", bytes(frame[4:_PREFIX]))
     buf = memoryview(bytes(frame[_PREFIX + hlen :]))
     nodes = list(graph.nodes)
     for i, offset in layout.constants:
         where, old = f"node {i}", nodes[i]
         assert old.value is not None
-        nbytes = old.value.nbytes
-        if offset + nbytes > len(buf):
-            raise _fail(
-                f"{where}: constant bytes [{offset}, {offset + nbytes}) lie outside "
-                f"the {len(buf)}-byte buffer"
-            )
-        arr = np.frombuffer(buf, dtype=old.value.dtype, count=old.value.size, offset=offset)
-        arr = arr.reshape(old.value.shape)
-        _check_bools(where, arr)
+        _check_in_buffer(where, offset, old.value.nbytes, buf)
+        arr = _constant_at(where, buf, offset, old.value.dtype, old.value.shape)
         check_constant(f"{where} ('constant')", arr)
         nodes[i] = Node(old.op, old.args, old.attrs, arr)
     return _same_structure(graph, nodes)
@@ -338,10 +341,7 @@ def decode_layout(frame: bytes, limits: WireLimits | None = None) -> tuple[Graph
     lim = limits or WireLimits()
     if not isinstance(frame, (bytes, bytearray, memoryview)):
         raise _fail("expected bytes")
-    if len(frame) > lim.max_frame_bytes:
-        raise PayloadTooLargeError(
-            f"graph frame of {len(frame):,} bytes exceeds {lim.max_frame_bytes:,}"
-        )
+    _check_frame_size(frame, lim)
     if len(frame) < _PREFIX or bytes(frame[:4]) != MAGIC:
         raise _fail(
             "missing the DPG\\x01 magic; not a dpnode graph frame (or another format version)"
