@@ -43,13 +43,19 @@ from dpnode.node.db.models import PublishKey
 _KEY = re.compile(r"[\x21-\x7e]{1,128}")
 
 _INSERT = insert(PublishKey)
+#: A user's key, bound as ``user_id`` and ``key``.
+_THIS_KEY = (PublishKey.user_id == bindparam("user_id"), PublishKey.key == bindparam("key"))
 #: Run on the session's connection (Core execution, no ORM unit of work): in every publish.
-_TAKEN = select(PublishKey.id).where(
-    PublishKey.user_id == bindparam("user_id"), PublishKey.key == bindparam("key")
-)
+_TAKEN = select(PublishKey.id).where(*_THIS_KEY)
 _REPLAY = select(PublishKey.request_hash, PublishKey.response, PublishKey.lease_until).where(
-    PublishKey.user_id == bindparam("user_id"), PublishKey.key == bindparam("key")
+    *_THIS_KEY
 )
+_STATE = select(
+    PublishKey.ledger_id,
+    PublishKey.created_at,
+    PublishKey.response.is_not(None),
+    PublishKey.lease_until,
+).where(*_THIS_KEY)
 _STORE = (
     update(PublishKey)
     .where(PublishKey.user_id == bindparam("of_user"), PublishKey.key == bindparam("of_key"))
@@ -160,14 +166,7 @@ def state(session: Session, user_id: int, key: str) -> KeyState:
             being decided, refused, or purged after ``publish_key_ttl_seconds``).
     """
     check_key(key)
-    row = session.execute(
-        select(
-            PublishKey.ledger_id,
-            PublishKey.created_at,
-            PublishKey.response.is_not(None),
-            PublishKey.lease_until,
-        ).where(PublishKey.user_id == user_id, PublishKey.key == key)
-    ).first()
+    row = session.connection().execute(_STATE, {"user_id": user_id, "key": key}).first()
     if row is None:
         raise NotFoundError(
             f"no publish was charged under idempotency key {key!r} (not sent yet, still being "
