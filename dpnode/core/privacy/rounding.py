@@ -48,7 +48,7 @@ from dpnode.core.privacy.rules.reductions import dims_of
 from dpnode.core.privacy.state import MIXED, PUBLIC, Array, State
 from dpnode.core.privacy.subjects import rows_of
 
-__all__ = ["LIBM_ULPS", "apply", "fold", "gamma", "unit"]
+__all__ = ["LIBM_ULPS", "apply", "fold", "gamma", "tiny", "unit"]
 
 #: ulps of the result a library function (NumPy's or SciPy's ``exp``, ``log``, ``erf``,
 #: ...) may be off by; their documented errors are at most a few ulps
@@ -103,6 +103,11 @@ ACCUMULATE = frozenset({"sum", "mean", "matmul"})
 def unit(dt: DType) -> float:
     """Unit roundoff of a float dtype (0 for integers and bool, which are exact)."""
     return _UNIT.get(dt.name, 0.0)
+
+
+def tiny(dt: DType) -> float:
+    """The smallest subnormal of a float dtype (0 for integers and bool)."""
+    return _TINY.get(dt.name, 0.0)
 
 
 def gamma(n: int, u: float) -> float:
@@ -220,7 +225,7 @@ def _accumulated(c: Ctx, args: Sequence[State | None], mag_out: Array) -> Array:
     e = gamma(rounds + 2, unit(acc)) * terms
     if acc.name != out.name:
         e = e + unit(out) * mag_out
-    return np.asarray(e + _TINY.get(out.name, 0.0))
+    return np.asarray(e + tiny(out))
 
 
 def _contraction(a: State, b: State, n: int) -> Array:
@@ -292,7 +297,7 @@ def _clip_error(c: Ctx, args: Sequence[State], mag_out: Array) -> Array:
         magnitude = sum(_part_magnitude(p) for p in parts)
         before = 0.0 if alone else lipschitz * gamma(rows + products, u) * magnitude
         e = before + rows * bound * (gamma(feat + 4, u) + gamma(rows + products, u))
-    return np.asarray(e + unit(c.meta.dtype) * mag_out + _TINY.get(c.meta.dtype.name, 0.0))
+    return np.asarray(e + unit(c.meta.dtype) * mag_out + tiny(c.meta.dtype))
 
 
 def _conv_error(c: Ctx, args: Sequence[State | None], mag_out: Array) -> Array:
@@ -311,7 +316,7 @@ def _conv_error(c: Ctx, args: Sequence[State | None], mag_out: Array) -> Array:
         e = gamma(rounds, unit(opmath(out))) * terms
     if opmath(out).name != out.name:
         e = e + unit(out) * mag_out
-    return np.asarray(e + _TINY.get(out.name, 0.0))
+    return np.asarray(e + tiny(out))
 
 
 def _own(c: Ctx, args: Sequence[State | None], lo: Array, hi: Array) -> Array | None:
@@ -324,23 +329,23 @@ def _own(c: Ctx, args: Sequence[State | None], lo: Array, hi: Array) -> Array | 
     mag = _magnitude(lo, hi)
     if _exact_integers(c, args, mag):
         return None
-    u, tiny = _relative(c)
+    u, least = _relative(c)
     if op in STEPS:
         step = STEPS[op]
         if step == 0.0:
             return None
-        return np.asarray(u * mag + tiny if math.isnan(step) else np.full(np.shape(mag), step))
+        return np.asarray(u * mag + least if math.isnan(step) else np.full(np.shape(mag), step))
     if op == "convert_element_type":
         src = args[0]
         assert src is not None
         if src.dtype.name == out.name or (src.dtype.name, out.name) in _WIDENING:
             return None
-        e = u * mag + tiny
+        e = u * mag + least
         if not src.dtype.is_float:  # integers convert exactly up to 2**p
             e = np.where(mag <= _EXACT_INT[out.name], 0.0, e)
         return np.asarray(e)
     if op in ONCE or op in LIBM:
-        return np.asarray(u * mag + tiny)
+        return np.asarray(u * mag + least)
     if op in ACCUMULATE:
         return _accumulated(c, args, mag)
     if op in RESETS:
@@ -358,15 +363,15 @@ def _relative(c: Ctx) -> tuple[float, float]:
     prim whose error is not relative to its own result (sums, clipping)."""
     out = c.meta.dtype
     op = c.node.op
-    tiny = _TINY.get(out.name, 0.0)
+    least = tiny(out)
     if op == "convert_element_type":
-        return unit(out), tiny
+        return unit(out), least
     a, b = unit(opmath(out)), unit(out)
     if op in ONCE or op in STEPS:
-        return a + b + a * b, tiny
+        return a + b + a * b, least
     if op in LIBM:
-        return LIBM_ULPS * 2 * (a + b + a * b), LIBM_ULPS * tiny
-    return math.nan, tiny
+        return LIBM_ULPS * 2 * (a + b + a * b), LIBM_ULPS * least
+    return math.nan, least
 
 
 def integral(s: State | None) -> bool:

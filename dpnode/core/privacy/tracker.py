@@ -250,8 +250,12 @@ class PrivacyTracker:
         """Sensitivities of the outputs whose states are ``states``."""
         # the tracker's own float64 arithmetic (sums of at most ``terms`` terms, chained
         # over the graph) is rounded to nearest: every reported bound is widened by its
-        # relative error so that it holds exactly
-        slack = rounding.gamma(4 * self.terms + 64, rounding.unit(dtype("float64")))
+        # relative error so that it holds exactly, and a nonzero sensitivity also by as many
+        # of the smallest subnormals (a product in the subnormal range errs by up to half of
+        # one absolutely, which no relative margin covers)
+        roundings = 4 * self.terms + 64
+        slack = rounding.gamma(roundings, rounding.unit(dtype("float64")))
+        floor = roundings * rounding.tiny(dtype("float64"))
         outs = []
         for k, s in enumerate(states):
             t1, t2 = joint(s, self.nsub)
@@ -268,7 +272,7 @@ class PrivacyTracker:
             if s.E is not None:  # |f~(D) - f~(D')| <= |f(D) - f(D')| + 2E, element by element
                 r1, r2 = (2 * r for r in rounding.spread(s, s.E))
                 t1, t2 = t1 + r1, t2 + r2
-            t1, t2 = t1 * (1 + slack), t2 * (1 + slack)
+            t1, t2 = (np.where(t > 0, t * (1 + slack) + floor, t) for t in (t1, t2))
             if not s.is_public:  # no subject moves a value beyond its public range
                 w1, w2 = _range_widths(lo, hi)
                 t1, t2 = np.minimum(t1, w1), np.minimum(t2, w2)
