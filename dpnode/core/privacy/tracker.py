@@ -197,7 +197,9 @@ class PrivacyTracker:
         state = relations.narrow(ctx, rounding.apply(ctx, rule))
         if state.shape != meta.shape:  # pragma: no cover - a rule bug, never silently
             raise AssertionError(f"privacy rule of {node.op} gave shape {state.shape}")
-        if meta.dtype.is_float and any(_may_be_nan(a) for a in present):
+        if meta.dtype.is_float and (
+            any(_may_be_nan(a) for a in present) or _infinities_meet(node.op, present)
+        ):
             # a NaN argument makes a NaN (an interval cannot hold it: 1 / (|NaN| + 0.5)
             # would look bounded); a comparison or isnan of it is a bool, and stays bounded
             return _nan(state)
@@ -298,6 +300,47 @@ def _may_be_nan(s: State) -> bool:
     return math.isnan(float(np.min(s.lo, initial=np.inf))) or math.isnan(
         float(np.max(s.hi, initial=-np.inf))
     )
+
+
+#: prims that make no NaN of infinite (not NaN) arguments, or whose rule already gives NaN
+#: bounds where they can: moves and selections, monotone and bounded functions, domains
+#: (NaN outside them), ``mul`` (``0 * inf`` is NaN in its interval corners), ``div`` and
+#: ``sin``/``cos`` (checked in their rules), and the clip (its kernel zeroes a row that is not
+#: finite); ``add``, ``sub``, ``sum`` and ``mean`` are checked by :func:`_infinities_meet`
+_INFINITY_SAFE = frozenset(
+    {
+        "abs", "acos", "acosh", "amax", "amin", "asin", "asinh", "atan", "atanh", "cat",
+        "ceil", "clamp", "clip_by_subject_norm", "convert_element_type", "cos", "cosh", "div",
+        "erf", "erfc", "erfinv", "exp", "exp2", "expand", "expm1", "flip", "floor", "gather",
+        "hypot", "index", "index_select", "log", "log10", "log1p", "log2", "maximum",
+        "minimum", "mul", "neg", "pad", "permute", "quantile", "rand", "reciprocal",
+        "reshape", "round", "rsqrt", "sign", "sin", "sinh", "slice", "sqrt", "squeeze",
+        "tanh", "trunc", "unfold", "unsqueeze", "where",
+    }
+)  # fmt: skip
+
+
+def _infinities_meet(op: str, args: list[State]) -> bool:
+    """Whether infinite argument values may make a NaN that the rule's intervals do not
+    show: ``inf - inf`` (an interval sum adds the lower ends and the upper ends apart, so
+    ``[0, inf] - [0, inf]`` is ``[-inf, inf]``, never NaN), a sum over both infinities, or
+    any prim outside :data:`_INFINITY_SAFE` given an infinite argument (a product of matrices
+    meets ``0 * inf`` and ``inf - inf``; ``pow``, ``fmod``, ...)."""
+    if op in _INFINITY_SAFE:
+        return False
+    up, down = [], []
+    for a in args:
+        lo, hi = rounding.wide(a)
+        with np.errstate(invalid="ignore"):
+            up.append(bool(np.any(np.asarray(hi) == np.inf)))
+            down.append(bool(np.any(np.asarray(lo) == -np.inf)))
+    if op == "add" and len(args) == 2:
+        return (up[0] and down[1]) or (down[0] and up[1])
+    if op == "sub" and len(args) == 2:
+        return (up[0] and up[1]) or (down[0] and down[1])
+    if op in ("sum", "mean") and len(args) == 1:
+        return up[0] and down[0]
+    return any(up) or any(down)
 
 
 def _nan(s: State) -> State:

@@ -272,6 +272,15 @@ def where(c: Ctx) -> State:
     """where(cond, a, b): a jump of the result's width when cond may flip, else 1-Lipschitz."""
     cond, a, b = c.arg(0), c.arg(1), c.arg(2)
     lo, hi = np.minimum(a.lo, b.lo), np.maximum(a.hi, b.hi)
+    if cond.is_public and cond.value is not None:
+        # a known mask picks each element's side (a causal mask's row keeps its finite
+        # scores: its maximum is finite), but an element that would be one infinity exactly
+        # keeps both sides' range: a width of inf - inf is no width the rules can use
+        pick = np.asarray(cond.value, dtype=bool)
+        with np.errstate(invalid="ignore"):
+            plo, phi = np.where(pick, a.lo, b.lo), np.where(pick, a.hi, b.hi)
+            single = np.isinf(plo) & (plo == phi)
+        lo, hi = np.where(single, lo, plo), np.where(single, hi, phi)
     owner, L, G = combine([cond, a, b], [INF, 1.0, 1.0], c.shape)
     return _finish_tables(c, finish(c.meta, lo, hi, owner, L, G))
 
