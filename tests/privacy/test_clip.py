@@ -316,3 +316,41 @@ def test_outer_factors_of_different_subjects_row_by_row_are_refused() -> None:
     out = b.op("clip_by_subject_norm", mixed, g, b.constant(np.arange(6)), max_norm=1.0, outer=[1])
     with pytest.raises(PrivacyTrackingError, match="one subject only"):
         track(b.build([out]), specs)
+
+
+@pytest.mark.parametrize("outer", [False, True])
+def test_rows_that_overflow_are_clipped_to_nothing_and_stay_at_2c(outer: bool) -> None:
+    """Rows whose values may overflow (bounds up to inf) are clipped all the same: the kernel
+    zeroes a row's infinite or NaN values (and scales a row whose norm overflows to 0), so a
+    row's clipped vector is a function of that row alone of norm at most C whatever it holds.
+    A row that could be NaN is refused: which subjects a NaN depends on is not known."""
+    n, d = 6, 3
+    b = GraphBuilder()
+    x = b.input("X", "float64", (n, d))
+    big = b.op("exp", b.op("mul", x, 800.0))  # [1, inf]: exp(800) overflows
+    if outer:
+        parts = [b.op("neg", big), x]
+        out = b.op("clip_by_subject_norm", *parts, b.constant(np.arange(n)), max_norm=C, outer=[1])
+    else:
+        out = b.op("clip_by_subject_norm", b.op("neg", big), b.constant(np.arange(n)), max_norm=C)
+    graph = b.build([out])
+    specs = {"X": InputSpec.private(0.0, 1.0)}
+    report = track(graph, specs)
+    assert report.outputs[0].exact_l2 == 2 * C
+    calm = np.full((n, d), 0.5)
+    wild = calm.copy()
+    wild[2] = [1.0, 0.2, 0.3]  # exp(800) = inf in one element of row 2
+    with np.errstate(over="ignore"):
+        (a,), (w,) = evaluate(graph, {"X": calm}), evaluate(graph, {"X": wild})
+    assert np.isfinite(w).all()
+    assert float(np.linalg.norm(a - w)) <= 2 * C * (1 + 1e-12)
+
+    nan = GraphBuilder()
+    x = nan.input("X", "float64", (n, d))
+    e = nan.op("exp", nan.op("mul", x, 800.0))
+    rows = nan.op("sub", e, e)  # inf - inf
+    nan_graph = nan.build(
+        [nan.op("clip_by_subject_norm", rows, nan.constant(np.arange(n)), max_norm=C)]
+    )
+    with pytest.raises(PrivacyTrackingError, match="may be NaN"):
+        track(nan_graph, specs)

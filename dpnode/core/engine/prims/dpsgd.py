@@ -202,7 +202,16 @@ def _clipped_sums(parts: list[tuple[Array, ...]], max_norm: float, order: int) -
     """Per part, the sum of its rows (float64), each row of all the parts joined scaled down
     to norm ``max_norm`` (L2, or L1 for ``order`` 1). A part is ``(rows,)``, or ``(g, x)``
     for rows ``g[i] (x) x[i]`` (L2 only), whose squared norm is ``|g[i]|^2 |x[i]|^2`` and
-    whose scaled sum is ``(scale * g)^T x``: never built."""
+    whose scaled sum is ``(scale * g)^T x``: never built.
+
+    The arrays are the caller's float64 copies: a NaN or infinite element is set to 0 in
+    them first, so each row's clipped vector is a function of that row alone with norm at
+    most ``max_norm`` whatever its values (a row whose norm overflows scales to 0), which
+    is all the privacy rule assumes. It is done on every row, whatever the values, so that
+    the work does not depend on them."""
+    for part in parts:
+        for f in part:
+            np.nan_to_num(f, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
     if order == 1:
         norms = sum(np.abs(p[0]).sum(axis=1) for p in parts)
     else:

@@ -107,8 +107,11 @@ def clip_by_subject_norm(c: Ctx) -> State:
     for x in parts:
         if not x.shape:
             raise c.fail("needs rows: x must have at least one dim")
-        if not (np.isfinite(x.lo).all() and np.isfinite(x.hi).all()):
-            raise c.fail("the rows to clip must have finite bounds")
+        if bool(np.isnan(x.lo).any() or np.isnan(x.hi).any()):
+            # a NaN bound says a value may be NaN (an operation may leave its domain), and
+            # then which subjects it depends on is not known; infinite bounds are fine: the
+            # kernel clips a row whatever its values, an infinite one to 0
+            raise c.fail("the rows to clip may be NaN (an operation can leave its domain)")
         if any(varying_axes(x.owner, x.shape, exact=True)[1:]) or not np.all(x.G == 0):
             raise c.fail("every row must depend on one subject only (its owner)")
         # one owner per row (checked above): the first element of each row, without
