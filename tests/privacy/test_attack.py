@@ -94,6 +94,21 @@ def op_positive(g: Builder) -> None:
             g.add(g.draw(st.sampled_from(["sqrt", "log", "reciprocal", "rsqrt"])), a.ref)
 
 
+def op_overflow(g: Builder) -> None:
+    """``exp(k x)`` with ``k`` large enough that values at the bounds overflow to infinity
+    (of either sign), then often squashed back into finite bounds: infinities that meet
+    make NaN, which the tracker must foresee."""
+    x = g.pick("f")
+    if x is None:
+        return
+    k = g.draw(st.sampled_from([300.0, 800.0, -800.0]))
+    e = g.add("exp", g.add("mul", x.ref, k).ref)  # type: ignore[union-attr]
+    if e is not None and g.draw(st.booleans()):
+        e = g.add("neg", e.ref)
+    if e is not None and g.draw(st.booleans()):
+        g.add(g.draw(st.sampled_from(["tanh", "atan", "erf"])), e.ref)
+
+
 def op_scalar(g: Builder) -> None:
     x = g.pick("fi")
     if x is None:
@@ -312,6 +327,7 @@ OPS: list[Callable[[Builder], None]] = [
     op_bins,
     op_moment,
     op_softmax,
+    op_overflow,
 ]
 
 

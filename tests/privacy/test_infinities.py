@@ -77,3 +77,19 @@ def test_meeting_infinities_are_refused_or_never_nan(name: str, squash: str) -> 
         with np.errstate(all="ignore"):
             out = float(run(p, data).outputs[0])
         assert not np.isnan(out), f"tracked (range {report.outputs[0].lower}) yet NaN"
+
+
+def test_a_value_that_always_overflows_is_not_tracked_as_exact() -> None:
+    # exp(800) is inf in float32 on every dataset: the error bound of its rounding is
+    # inf - inf, which once counted as no error at all; atan(inf) then claimed the exact
+    # pi/2, which float32 rounds above (a case found by the attack test)
+    b = GraphBuilder()
+    y = b.input("y", "float32", (2,))
+    graph = b.build([b.op("atan", b.op("exp", b.op("mul", y, -800.0)))])
+    try:
+        report = track(graph, {"y": InputSpec.private(-1.0, -1.0)})
+    except PrivacyTrackingError:
+        return
+    with np.errstate(all="ignore"):
+        out = run(plan(graph, accurate=True), {"y": np.full(2, -1.0, np.float32)}).outputs[0]
+    assert np.all(out.astype(np.float64) <= report.outputs[0].upper)

@@ -449,6 +449,7 @@ def apply(c: Ctx, rule: Rule) -> State:
         args = list(c.args)
     own = _own(c, args, base_lo, base_hi)
     e = carried if own is None else carried + own
+    e = np.where(np.isnan(e), np.inf, e)  # an unknown error (inf - inf) is no error bound
     if not np.any(e > 0):
         return replace(s, integral=_integral_result(c, c.args, own))
     if op in STEPS:  # computed arguments already: the result's own error is folded now

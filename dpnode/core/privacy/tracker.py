@@ -296,9 +296,13 @@ def _may_be_nan(s: State) -> bool:
     ``inf / inf``, ``0 / 0``, sin of infinity)."""
     if not s.dtype.is_float:
         return False
-    # a min or max is NaN if any element is (one pass, no temporary array)
-    return math.isnan(float(np.min(s.lo, initial=np.inf))) or math.isnan(
-        float(np.max(s.hi, initial=-np.inf))
+    # a min or max is NaN if any element is (one pass, no temporary array); the computed
+    # values' bounds too (an error bound of inf - inf)
+    ends = [(s.lo, s.hi)] if s.clo is None or s.chi is None else [(s.lo, s.hi), (s.clo, s.chi)]
+    return any(
+        math.isnan(float(np.min(lo, initial=np.inf)))
+        or math.isnan(float(np.max(hi, initial=-np.inf)))
+        for lo, hi in ends
     )
 
 
