@@ -58,6 +58,34 @@ def test_a_training_loop_is_tracked_once_every_few_steps() -> None:
         assert r.l2 <= exact.l2 * (1 + 1e-6) and math.isclose(r.l2, 2.0, rel_tol=1e-3)
 
 
+def test_a_box_too_wide_for_the_graph_is_narrowed_and_a_box_that_holds_widened() -> None:
+    """Rows ``x * log(w)``: a box of 8 steps around ``w = 0.06`` reaches below 0, where log
+    leaves its domain, and the boxed tracking is refused; one of 4 steps holds. The cache
+    narrows the box instead of tracking every step exactly, and a loop that then steps
+    steadily is tracked less and less often as boxes that hold are widened."""
+
+    def rows(w: np.ndarray) -> Graph:
+        b = GraphBuilder()
+        x = b.input("x", "float64", (N, D))
+        r = b.op("mul", x, b.op("log", b.constant(w)))
+        return b.build([b.op("clip_by_subject_norm", r, b.constant(np.arange(N)), max_norm=1.0)])
+
+    specs = {"x": SPECS["x"]}
+    cache = TrackingCache()
+    w = np.full(D, 0.05)
+    misses = []
+    for _ in range(60):
+        before = cache.tracked
+        report = cache.report(_planned(rows(w)), specs)
+        misses.append(cache.tracked > before)
+        assert report.l2 == pytest.approx(2.0, rel=1e-6)
+        w = w + 0.01
+    # tracked at steps 1 and 2 (the box of 8 refused), then boxes of 4, 8, 16, 32 and 64
+    # steps hold (each tracked once more at its end), instead of all 60
+    assert sum(misses) <= 8, misses
+    assert not any(misses[-25:])
+
+
 def test_a_constant_outside_its_box_or_another_changed_constant_is_tracked_again() -> None:
     cache = TrackingCache()
     w, mask = np.full(D, 0.5), np.ones((N, 1))

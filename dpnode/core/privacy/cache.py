@@ -15,8 +15,12 @@ whose bytes differ. A box's radius is :data:`REACH` times the largest change of 
 tensor's elements (plus a small relative margin), so a loop that keeps stepping about as far
 stays inside it for several steps. The boxed report is kept only when it is as tight as the
 exact one (its sensitivities at most a relative ``1e-6`` larger: the noise must not grow for
-the cache) and the boxed tracking refuses nothing the exact one allowed; else the structure
-is tracked exactly every time its constants change. The exact report is kept with the
+the cache) and the boxed tracking refuses nothing the exact one allowed. The reach adapts
+per structure: a box that held doubles it for the next box (up to :data:`_MOST_REACH`, so
+that a loop stepping steadily is tracked less and less often), one that failed (refused:
+the graph's bounds overflow over a wide box, as a transformer's attention's do; or looser)
+halves it, and the reach never comes back to one that failed. Below one step, the
+structure is tracked exactly every time its constants change. The exact report is kept with the
 constants it was tracked with (their bits), so the same publish again reuses it. The report
 used is always one that holds for the constants published, so the release is as sound as
 with exact tracking: the cache decides only how often the tracker runs. All of it is public
@@ -26,6 +30,7 @@ metadata (constants are the client's own public values).
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -43,8 +48,10 @@ from dpnode.core.privacy.tracker import PrivacyReport, track
 
 __all__ = ["REACH", "TrackingCache"]
 
-#: a box reaches this many times an element's last change on either side
+#: a box first reaches this many times an element's last change on either side
 REACH = 8.0
+#: and at most this many
+_MOST_REACH = 64.0
 #: and at least this relative margin of the value (a weight that did not move this step)
 _RELATIVE = 1e-3
 #: a boxed report may be this much looser than the exact one, relatively
@@ -65,7 +72,11 @@ class _Entry:
         default_factory=dict
     )
     fixed: dict[int, npt.NDArray[Any]] = field(default_factory=dict)
-    #: the boxed tracking failed or was looser: track this structure exactly from now on
+    #: boxes reach this many times a constant's last change: doubled after a box that held,
+    #: up to :data:`_MOST_REACH` and below ``ceiling``, the reach of the last box that failed
+    reach: float = REACH
+    ceiling: float = math.inf
+    #: boxes failed at every reach down to one step: track exactly from now on
     exact_only: bool = False
 
 
@@ -105,10 +116,14 @@ class TrackingCache:
         self.tracked += 1
         boxed, boxes = None, {}
         if entry is not None and not entry.exact_only:
-            boxes = _boxes(entry.last, constants)
+            boxes = _boxes(entry.last, constants, entry.reach)
             if boxes:
                 boxed = _boxed_report(planned, specs, boxes, exact)
-                entry.exact_only = boxed is None
+                if boxed is None:  # too wide for the graph (its bounds overflow, or looser)
+                    entry.ceiling, entry.reach = entry.reach, entry.reach / 2
+                    entry.exact_only = entry.reach < 1
+                elif 2 * entry.reach < entry.ceiling:
+                    entry.reach = min(2 * entry.reach, _MOST_REACH)
         known = {i: v for i, v in constants.items() if v is not None}
         with self._lock:
             if entry is None:
@@ -151,10 +166,11 @@ def _specs_key(specs: Mapping[str, InputSpec]) -> str:
 
 
 def _boxes(
-    last: dict[int, npt.NDArray[Any]], now: dict[int, npt.NDArray[Any] | None]
+    last: dict[int, npt.NDArray[Any]], now: dict[int, npt.NDArray[Any] | None], reach: float
 ) -> dict[int, tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]]:
-    """Boxes around the float constants that changed since ``last`` (none if any other
-    constant changed, or one changed shape: then nothing is learnt)."""
+    """Boxes around the float constants that changed since ``last``, ``reach`` times their
+    change (none if any other constant changed, or one changed shape: then nothing is
+    learnt)."""
     boxes = {}
     for i, v in now.items():
         before = last.get(i)
@@ -168,7 +184,7 @@ def _boxes(
         # the tensor's largest step, for all its elements: an optimizer's steps vary per
         # element from one step to the next (momentum changing sign), much less per tensor
         step = float(np.max(np.abs(value - before.astype(np.float64))))
-        radius = REACH * step + _RELATIVE * np.abs(value)
+        radius = reach * step + _RELATIVE * np.abs(value)
         boxes[i] = (value - radius, value + radius)
     return boxes
 
