@@ -41,6 +41,11 @@ def _linear(x: torch.Tensor, weight: Any, bias: Any, rows: slice) -> torch.Tenso
     return out
 
 
+def _per_head(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` for ``(N, heads, ., .)`` operands, one batched product per head."""
+    return torch.stack([torch.matmul(a[:, h], b[:, h]) for h in range(a.shape[1])], dim=1)
+
+
 def _attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -93,23 +98,25 @@ def _attention(
         q = _linear(query, in_proj_weight, in_proj_bias, slice(0, e))
         k = _linear(key, in_proj_weight, in_proj_bias, slice(e, 2 * e))
         v = _linear(value, in_proj_weight, in_proj_bias, slice(2 * e, 3 * e))
-    # (L, N, E) -> (N * heads, L, d): batch row n * heads + h is example n's head h
-    q = q.reshape(length, n * heads, d).transpose(0, 1)
-    k = k.reshape(source, n * heads, d).transpose(0, 1)
-    v = v.reshape(source, n * heads, d).transpose(0, 1)
-    scores = torch.matmul(q, k.transpose(1, 2)) * (1.0 / math.sqrt(d))
+    # (L, N, E) -> (N, heads, L, d), and one product per head (batched over the examples):
+    # examples and heads stay two dims, so the node keeps one bound per head, not one per
+    # example and head (torch folds a 4-d matmul's batch dims into one, and with them
+    # folded every state from the scores on held rows x heads x L x d numbers)
+    q = q.reshape(length, n, heads, d).permute(1, 2, 0, 3)
+    k = k.reshape(source, n, heads, d).permute(1, 2, 3, 0)
+    v = v.reshape(source, n, heads, d).permute(1, 2, 0, 3)
+    scores = _per_head(q, k) * (1.0 / math.sqrt(d))
     if is_causal:
         future = torch.ones(length, source, dtype=torch.bool).triu(1)
         scores = scores.masked_fill(future, -math.inf)
     weights = torch.softmax(scores, dim=-1)
     if training and dropout_p > 0:
         weights = F.dropout(weights, p=dropout_p)
-    out = torch.matmul(weights, v).transpose(0, 1).reshape(length, n, e)
+    out = _per_head(weights, v).permute(2, 0, 1, 3).reshape(length, n, e)
     out = _linear(out, out_proj_weight, out_proj_bias, slice(0, e))
     if not need_weights:
         return out, None
-    per_head = weights.reshape(n, heads, length, source)
-    return out, (per_head.mean(dim=1) if average_attn_weights else per_head)
+    return out, (weights.mean(dim=1) if average_attn_weights else weights)
 
 
 OVERRIDES[F.multi_head_attention_forward] = _attention

@@ -23,6 +23,7 @@ import numpy as np
 
 from dpnode.core.engine.graph import Node
 from dpnode.core.engine.prims.registry import Call, TensorMeta
+from dpnode.core.privacy.arrays import recompact
 from dpnode.core.privacy.state import (
     MIXED,
     PUBLIC,
@@ -241,10 +242,21 @@ def finish(
     return State(
         shape,
         meta.dtype,
-        fit(lo, shape),
-        fit(hi, shape),
+        _small(lo, shape),
+        _small(hi, shape),
         own,
-        fit(L, shape),
-        fit(G, shape),
+        _small(L, shape),
+        _small(G, shape),
         **extra,
     )
+
+
+#: a state's array with more elements is checked for axes along which it repeats
+_LARGE = 1 << 14
+
+
+def _small(a: Array | float, shape: tuple[int, ...]) -> Array:
+    """``a`` fitted to ``shape``, and a large one reduced along the axes where it repeats
+    (bounds that are the same on every row, though an operation computed them per row)."""
+    f = fit(a, shape)
+    return recompact(f) if f.size > _LARGE else f
