@@ -569,6 +569,41 @@ def test_attention_matches_torch_func(rng: np.random.Generator, kind: str) -> No
     _assert_tracked_at_2c_and_sound(model, cols, rng, 20)
 
 
+def test_tracking_attention_keeps_one_bound_per_head_not_per_example(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Attention over examples whose bounds are alike: the tracked bounds of the scores,
+    their softmax and its products are one per head and position, not one per example and
+    head (torch folds a 4-d matmul's examples and heads into one batch dim, along which
+    per-head bounds repeat with a period no broadcast view can hold: every state from the
+    scores on held rows x heads x L x S numbers, and a digits transformer took ~0.6 s to
+    track)."""
+    n, shape = 400, (400, 5, 4)
+    torch.manual_seed(9)
+    model = _Attention(cross=False)
+    X = remote_input("X", shape, torch.float32, private=True)
+    Y = remote_input("y", (n,), torch.int64, private=True)
+    F.cross_entropy(model(X), Y).backward()
+    names = [k for k, _ in model.named_parameters()]
+    samples = per_sample.per_example_grads(list(model.parameters()), names)
+    graph = graph_for([per_sample.clipped_sum(samples, max_norm=C, scale=float(n))])
+    rows = Subjects.identity(n)
+    specs = {"X": InputSpec.private(0.0, 1.0, rows), "y": InputSpec.private(0, 2, rows)}
+    sizes: list[tuple[int, str]] = []
+    visit = tracker_module.PrivacyTracker.visit
+
+    def recording(self: Any, index: int, *args: Any) -> Any:
+        state = visit(self, index, *args)
+        sizes.append((max(np.size(state.lo), np.size(state.hi)), graph.nodes[index].op))
+        return state
+
+    monkeypatch.setattr(tracker_module.PrivacyTracker, "visit", recording)
+    assert track(graph, specs).outputs[0].exact_l2 == 2 * C
+    # every state but the groups' constant (one per row) holds fewer numbers than rows;
+    # rows x heads x 5 x 5 (20,000) before
+    assert max(size for size, op in sizes if op != "constant") < n, max(sizes)
+
+
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_attention_outputs_and_weights_are_torch_s(
     rng: np.random.Generator, is_causal: bool
