@@ -99,17 +99,61 @@ def cases(n: int, m: int, k: int, rng: np.random.Generator) -> list[Case]:
     return out
 
 
+def training_steps(rows: int, rng: np.random.Generator) -> list[Case]:
+    """The graph a DP-SGD step publishes (per-example gradients, clipped and summed), as
+    the SDK records it, for an MLP and a small transformer on digits-shaped rows (8
+    positions of 8 values in [0, 1])."""
+    import torch
+    import torch.nn.functional as F
+
+    from dpnode.sdk import _per_sample as per_sample
+    from dpnode.sdk._remote import graph_for, remote_input
+
+    torch.manual_seed(0)
+    models = {
+        "MLP (64-32-10)": torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
+        ),
+        "transformer layer (width 8, 2 heads)": torch.nn.Sequential(
+            torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True),
+            torch.nn.Flatten(),
+            torch.nn.Linear(64, 10),
+        ),
+    }
+    subjects = Subjects.identity(rows)
+    specs = {"X": InputSpec.private(0.0, 1.0, subjects), "y": InputSpec.private(0, 9, subjects)}
+    data = {
+        "X": rng.uniform(0, 1, (rows, 8, 8)).astype(np.float32),
+        "y": rng.integers(0, 10, rows),
+    }
+    out: list[Case] = []
+    for name, model in models.items():
+        X = remote_input("X", (rows, 8, 8), torch.float32, private=True)
+        Y = remote_input("y", (rows,), torch.int64, private=True)
+        F.cross_entropy(model(X), Y).backward()
+        names = [k for k, _ in model.named_parameters()]
+        samples = per_sample.per_example_grads(list(model.parameters()), names)
+        graph = graph_for([per_sample.clipped_sum(samples, max_norm=1.0, scale=float(rows))])
+        out.append((f"DP-SGD step, {name}, {rows:,} rows", graph, specs, data))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--lr-rows", type=int, default=100_000)
     parser.add_argument("--features", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument(
+        "--step-rows", type=int, default=1797, help="rows of the DP-SGD steps (digits: 1797)"
+    )
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     print("| graph | evaluate ms | track ms | evaluate_tracked ms | ratio |")
     print("|---|---|---|---|---|")
-    for name, graph, specs, data in cases(args.rows, args.lr_rows, args.features, rng):
+    every = cases(args.rows, args.lr_rows, args.features, rng)
+    every += training_steps(args.step_rows, rng)
+    for name, graph, specs, data in every:
         t_eval = best(lambda g=graph, d=data: evaluate(g, d), args.repeat)
         t_track = best(lambda g=graph, s=specs: track(g, s), args.repeat)
         t_both = best(lambda g=graph, d=data, s=specs: evaluate_tracked(g, d, s), args.repeat)

@@ -211,7 +211,7 @@ def _clipped_sums(parts: list[tuple[Array, ...]], max_norm: float, order: int) -
     the work does not depend on them."""
     for part in parts:
         for f in part:
-            np.nan_to_num(f, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
+            np.copyto(f, 0.0, where=~np.isfinite(f))  # a third of np.nan_to_num's time
     if order == 1:
         norms = sum(np.abs(p[0]).sum(axis=1) for p in parts)
     else:
