@@ -93,3 +93,63 @@ def test_a_value_that_always_overflows_is_not_tracked_as_exact() -> None:
     with np.errstate(all="ignore"):
         out = run(plan(graph, accurate=True), {"y": np.full(2, -1.0, np.float32)}).outputs[0]
     assert np.all(out.astype(np.float64) <= report.outputs[0].upper)
+
+
+M = 16
+ALTERNATING = np.resize(SIGNS, M) * 1e308
+
+FINITE: dict[str, Callable[[GraphBuilder, Ref], Ref]] = {
+    # finite terms of both signs whose partial sums overflow apart: NumPy adds 16 terms in
+    # 8 interleaved partial sums, so one is 1e308 + 1e308 = inf and the next -inf
+    "sum of huge terms": lambda b, x: b.op(
+        "sum", b.op("mul", x, b.constant(ALTERNATING)), dims=[0], keepdim=True
+    ),
+    "matmul of huge terms": lambda b, x: b.op(
+        "matmul", b.op("unsqueeze", x, dim=0), b.constant(ALTERNATING[:, None])
+    ),
+    # a negative base to a fractional power
+    "square root by pow": lambda b, x: b.op("pow", b.op("sub", x, 0.5), 0.5),
+    "cube root by pow": lambda b, x: b.op("pow", b.op("sub", x, 0.5), 1 / 3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FINITE))
+def test_finite_values_that_make_nan_are_refused_or_never_nan(name: str) -> None:
+    b = GraphBuilder()
+    x = b.input("x", "float64", (M,))
+    graph = b.build([b.op("sum", b.op("tanh", FINITE[name](b, x)))])
+    try:
+        track(graph, {"x": InputSpec.private(0.0, 1.0)})
+    except PrivacyTrackingError:
+        return
+    p = plan(graph, accurate=True)
+    for value in (1.0, 0.0, 0.25):
+        with np.errstate(all="ignore"):
+            out = float(run(p, {"x": np.full(M, value)}).outputs[0])
+        assert not np.isnan(out)
+
+
+@pytest.mark.parametrize("predicate", ["isnan", "isfinite", "isinf", "gt", "cast"])
+def test_a_predicate_of_a_value_that_may_be_nan_moves_with_any_subject(predicate: str) -> None:
+    # 0 * m is NaN when m, a sum over every row, overflows: whether it is NaN depends on
+    # any row, though 0 * m "does not move". isnan of it was tracked as public (released
+    # with no noise at all: whether any row exceeds a threshold, at epsilon 0)
+    b = GraphBuilder()
+    x = b.input("x", "float64", (N,))
+    m = b.op("sum", b.op("exp", b.op("mul", x, 800.0)))  # inf when a row exceeds ~0.887
+    z = b.op("mul", b.op("unsqueeze", m, dim=0), b.constant(np.zeros(N)))  # N elements
+    if predicate == "gt":
+        flag = b.op("gt", z, -1.0)
+    elif predicate == "cast":
+        flag = b.op("convert_element_type", z, dtype="int64")
+    else:
+        flag = b.op(predicate, z)
+    graph = b.build([b.op("sum", b.op("convert_element_type", flag, dtype="float64"))])
+    try:
+        report = track(graph, {"x": InputSpec.private(0.0, 1.0)})
+    except PrivacyTrackingError:
+        return
+    p = plan(graph, accurate=True)
+    with np.errstate(all="ignore"):
+        calm, wild = (float(run(p, {"x": v}).outputs[0]) for v in (np.zeros(N), np.eye(N)[0]))
+    assert abs(calm - wild) <= report.outputs[0].l1

@@ -343,26 +343,39 @@ def test_tracking_an_mlp_step_keeps_per_row_states_compact(
         F.cross_entropy(logits, Y, reduction="none").mean().backward()
     else:
         F.cross_entropy(logits, Y).backward()
+    fields = ("lo", "hi", "owner", "L", "G", "E", "clo", "chi")
+    sizes = _tracked_sizes(monkeypatch, model, n, {"X": (0.0, 16.0), "y": (0, 9)}, fields)
+    params = sum(p.numel() for p in model.parameters())
+    assert params == 2410 and max(sizes)[0] <= n + params, max(sizes)
+
+
+def _tracked_sizes(
+    monkeypatch: pytest.MonkeyPatch,
+    model: torch.nn.Module,
+    n: int,
+    bounds: dict[str, tuple[float, float]],
+    fields: tuple[str, ...],
+) -> list[tuple[int, str]]:
+    """Track the step ``model``'s backward pass recorded (``n`` rows, one subject each, at
+    exactly 2C), and return, per node, the most numbers any of its state's ``fields`` holds,
+    with the node's prim."""
     names = [k for k, _ in model.named_parameters()]
     samples = per_sample.per_example_grads(list(model.parameters()), names)
     graph = graph_for([per_sample.clipped_sum(samples, max_norm=C, scale=float(n))])
     rows = Subjects.identity(n)
-    specs = {"X": InputSpec.private(0.0, 16.0, rows), "y": InputSpec.private(0, 9, rows)}
+    specs = {name: InputSpec.private(lo, hi, rows) for name, (lo, hi) in bounds.items()}
     sizes: list[tuple[int, str]] = []
     visit = tracker_module.PrivacyTracker.visit
 
     def recording(self: Any, index: int, *args: Any) -> Any:
         state = visit(self, index, *args)
-        fields = ("lo", "hi", "owner", "L", "G", "E", "clo", "chi")
         arrays = [getattr(state, f) for f in fields if getattr(state, f) is not None]
         sizes.append((max(np.size(a) for a in arrays), graph.nodes[index].op))
         return state
 
     monkeypatch.setattr(tracker_module.PrivacyTracker, "visit", recording)
-    report = track(graph, specs)
-    assert report.outputs[0].exact_l2 == 2 * C
-    params = sum(p.numel() for p in model.parameters())
-    assert params == 2410 and max(sizes)[0] <= n + params, max(sizes)
+    assert track(graph, specs).outputs[0].exact_l2 == 2 * C
+    return sizes
 
 
 def _cnn(kind: str) -> torch.nn.Module:
@@ -584,21 +597,7 @@ def test_tracking_attention_keeps_one_bound_per_head_not_per_example(
     X = remote_input("X", shape, torch.float32, private=True)
     Y = remote_input("y", (n,), torch.int64, private=True)
     F.cross_entropy(model(X), Y).backward()
-    names = [k for k, _ in model.named_parameters()]
-    samples = per_sample.per_example_grads(list(model.parameters()), names)
-    graph = graph_for([per_sample.clipped_sum(samples, max_norm=C, scale=float(n))])
-    rows = Subjects.identity(n)
-    specs = {"X": InputSpec.private(0.0, 1.0, rows), "y": InputSpec.private(0, 2, rows)}
-    sizes: list[tuple[int, str]] = []
-    visit = tracker_module.PrivacyTracker.visit
-
-    def recording(self: Any, index: int, *args: Any) -> Any:
-        state = visit(self, index, *args)
-        sizes.append((max(np.size(state.lo), np.size(state.hi)), graph.nodes[index].op))
-        return state
-
-    monkeypatch.setattr(tracker_module.PrivacyTracker, "visit", recording)
-    assert track(graph, specs).outputs[0].exact_l2 == 2 * C
+    sizes = _tracked_sizes(monkeypatch, model, n, {"X": (0.0, 1.0), "y": (0, 2)}, ("lo", "hi"))
     # every state but the groups' constant (one per row) holds fewer numbers than rows;
     # rows x heads x 5 x 5 (20,000) before
     assert max(size for size, op in sizes if op != "constant") < n, max(sizes)

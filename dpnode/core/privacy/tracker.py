@@ -27,6 +27,7 @@ from dpnode.core.privacy import relations, rounding
 from dpnode.core.privacy.rules import RULES, Ctx
 from dpnode.core.privacy.spec import InputSpec
 from dpnode.core.privacy.state import (
+    MIXED,
     PUBLIC,
     Array,
     PrivacyTrackingError,
@@ -197,11 +198,15 @@ class PrivacyTracker:
         state = relations.narrow(ctx, rounding.apply(ctx, rule))
         if state.shape != meta.shape:  # pragma: no cover - a rule bug, never silently
             raise AssertionError(f"privacy rule of {node.op} gave shape {state.shape}")
-        if meta.dtype.is_float and (
-            any(_may_be_nan(a) for a in present) or _infinities_meet(node.op, present)
-        ):
+        if any(_may_be_nan(a) for a in present):
             # a NaN argument makes a NaN (an interval cannot hold it: 1 / (|NaN| + 0.5)
-            # would look bounded); a comparison or isnan of it is a bool, and stays bounded
+            # would look bounded); a comparison, isnan or cast of it is bounded, but whether
+            # it is NaN is not what its argument's changes bound (0 * m is NaN when a sum m
+            # of every row overflows): any subject may move it across its range
+            return _nan(state) if meta.dtype.is_float else _any_subject(state)
+        if meta.dtype.is_float and (
+            _infinities_meet(node.op, present) or _sums_may_overflow(node.op, present, state)
+        ):
             return _nan(state)
         return state
 
@@ -345,6 +350,34 @@ def _infinities_meet(op: str, args: list[State]) -> bool:
     if op in ("sum", "mean") and len(args) == 1:
         return up[0] and down[0]
     return any(up) or any(down)
+
+
+#: prims that add up terms (of one argument, or products of two): NumPy adds them pairwise
+#: or in blocks, so partial sums of finite terms can overflow to +inf and to -inf apart
+_SUMS = frozenset({"sum", "mean", "matmul", "convolution"})
+
+
+def _sums_may_overflow(op: str, args: list[State], state: State) -> bool:
+    """Whether a sum of finite terms may be NaN: its partial sums may overflow (the result's
+    computed bounds are infinite) and its terms may have both signs, so one partial sum
+    may be +inf and another -inf (``[1e308, 1e308, -1e308, -1e308]`` sums to NaN pairwise).
+    Terms of one sign overflow to one infinity only (a softmax's sum of exponentials)."""
+    if op not in _SUMS:
+        return False
+    lo, hi = rounding.wide(state)
+    with np.errstate(invalid="ignore"):
+        if bool(np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
+            return False
+        return any(bool(np.any(np.asarray(rounding.wide(a)[0]) < 0)) for a in args)
+
+
+def _any_subject(s: State) -> State:
+    """``s`` with every element movable by any subject across its whole range."""
+    with np.errstate(invalid="ignore"):
+        width = np.asarray(s.hi, dtype=np.float64) - np.asarray(s.lo, dtype=np.float64)
+    width = np.where(np.isnan(width), np.inf, width)
+    mixed = fit(np.int64(MIXED), s.shape)
+    return s.with_(owner=mixed, L=width, G=width, t1=None, t2=None, table=None, vid=None, tag=None)
 
 
 def _nan(s: State) -> State:

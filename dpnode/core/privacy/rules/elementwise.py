@@ -142,13 +142,15 @@ def _pow(c: Ctx, a: State, b: State) -> Bin:
         else:
             lo, hi = a.lo**p, a.hi**p
         return lo, hi, p * m ** (p - 1), 0.0
-    # fractional or negative powers: monotone on the positive half-line only
+    # fractional or negative powers: monotone on the positive half-line only; a negative
+    # base to a fractional power is NaN (NaN bounds, refused), a 0 to a negative one infinite
     ok = a.lo > 0 if p < 0 else a.lo >= 0
     with np.errstate(all="ignore"):
         ends = [np.where(ok, a.lo, 1.0) ** p, np.where(ok, a.hi, 1.0) ** p]
         slope = np.abs(p) * np.where(ok, n if p < 1 else m, 1.0) ** (p - 1)
-    lo = np.where(ok, np.minimum(*ends), -INF)
-    hi = np.where(ok, np.maximum(*ends), INF)
+    nan = np.asarray(a.lo < 0) & (not p.is_integer())
+    lo = np.where(ok, np.minimum(*ends), np.where(nan, np.nan, -INF))
+    hi = np.where(ok, np.maximum(*ends), np.where(nan, np.nan, INF))
     return lo, hi, np.where(ok, slope, INF), 0.0
 
 
