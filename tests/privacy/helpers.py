@@ -42,8 +42,9 @@ class Column:
             v = hi.copy()
         elif mode == "corners":
             v = np.where(rng.random(self.shape) < 0.5, lo, hi)
-        else:
-            v = lo + (hi - lo) * rng.random(self.shape)
+        else:  # lo + (hi - lo) r overflows for bounds near the largest float
+            r = rng.random(self.shape)
+            v = np.clip(lo * (1 - r) + hi * r, lo, hi)
         if self.dtype in ("int64", "int32", "bool"):
             v = np.clip(np.round(v), np.ceil(lo), np.floor(hi))
         return v.astype(self.dtype)

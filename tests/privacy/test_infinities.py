@@ -12,6 +12,8 @@ chosen to make one.
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -153,3 +155,35 @@ def test_a_predicate_of_a_value_that_may_be_nan_moves_with_any_subject(predicate
     with np.errstate(all="ignore"):
         calm, wild = (float(run(p, {"x": v}).outputs[0]) for v in (np.zeros(N), np.eye(N)[0]))
     assert abs(calm - wild) <= report.outputs[0].l1
+
+
+HUGE: dict[str, tuple[Callable[[GraphBuilder, Ref], Ref], tuple[float, float]]] = {
+    # x + x: widths near the largest float, whose sum is not a float (the tracker crashed
+    # with an OverflowError; it refuses the unbounded sum)
+    "sum of widths beyond the largest float": (lambda b, x: b.op("add", x, x), (0.0, 8.5e307)),
+    # 1e300 / x: max|a| / min|b|^2 overflowed, so the divisor's change counted for 0
+    "a huge divisor": (
+        lambda b, x: b.op("sum", b.op("div", b.constant(np.full(2, 1e300)), x)),
+        (1e300, 2e300),
+    ),
+    # x ** -0.5: the slope 0.5 * (1e300) ** -1.5 underflowed to 0
+    "a slope that underflows": (lambda b, x: b.op("sum", b.op("pow", x, -0.5)), (1e300, 2e300)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HUGE))
+def test_huge_magnitudes_are_tracked_soundly(name: str) -> None:
+    build, (lo, hi) = HUGE[name]
+    b = GraphBuilder()
+    x = b.input("x", "float64", (2,))
+    graph = b.build([build(b, x)])
+    try:
+        report = track(graph, {"x": InputSpec.private(lo, hi)})
+    except PrivacyTrackingError:
+        return  # refused with its reason, not a crash
+    p = plan(graph, accurate=True)
+    ends = [np.array([lo, lo]), np.array([hi, lo]), np.array([hi, hi])]
+    with np.errstate(all="ignore"):
+        outs = [run(p, {"x": v}).outputs[0].astype(np.float64) for v in ends]
+    for a, c in itertools.pairwise(outs):
+        assert math.fsum(np.abs(a - c).reshape(-1).tolist()) <= report.outputs[0].l1

@@ -267,8 +267,9 @@ class PrivacyTracker:
         for k, s in enumerate(states):
             t1, t2 = joint(s, self.nsub)
             lo, hi = (np.broadcast_to(b, s.shape) for b in rounding.wide(s))  # computed values
-            with np.errstate(invalid="ignore"):
-                lo, hi = lo - slack * np.abs(lo), hi + slack * np.abs(hi)
+            with np.errstate(invalid="ignore"):  # a bound of exactly 0 is exact
+                lo = lo - slack * np.abs(lo) - np.where(lo != 0, floor, 0.0)
+                hi = hi + slack * np.abs(hi) + np.where(hi != 0, floor, 0.0)
             if not s.is_public and not (np.isfinite(lo).all() and np.isfinite(hi).all()):
                 raise PrivacyTrackingError(
                     f"output {k}: its values are unbounded (an operation can overflow, divide "
@@ -407,7 +408,11 @@ def _range_widths(lo: Array, hi: Array) -> tuple[float, float]:
     # keeps tiny widths from vanishing in their squares (and huge ones from overflowing)
     margin = 1 + 1e-12
     scaled = w.ravel() / top
-    return math.fsum(w.ravel()) * margin, top * math.sqrt(math.fsum(scaled * scaled)) * margin
+    try:
+        l1 = math.fsum(w.ravel()) * margin
+    except OverflowError:  # widths near the largest float: their sum is not a float
+        l1 = math.inf
+    return l1, top * math.sqrt(math.fsum(scaled * scaled)) * margin
 
 
 def _unknown_public(meta: TensorMeta) -> State:

@@ -78,7 +78,17 @@ def _div(c: Ctx, a: State, b: State) -> Bin:
         zeros = (_amin(a) == 0) & ~ok
     nan = infinite | zeros
     lo, hi = np.where(nan, np.nan, lo), np.where(nan, np.nan, hi)
-    return lo, hi, np.where(ok, 1 / safe, INF), np.where(ok, _amax(a) / safe**2, INF)
+    # max|a| / min|b|^2 divided twice: min|b|^2 overflows (to inf, and the bound to 0) for
+    # divisors above 1e154
+    k_b = np.where(_amax(a) > 0, _positive(_amax(a) / safe / safe), 0.0)
+    return lo, hi, np.where(ok, 1 / safe, INF), np.where(ok, k_b, INF)
+
+
+def _positive(k: Array) -> Array:
+    """A change factor that is positive in exact arithmetic, at least the smallest float: one
+    that underflowed to 0 (``0.5 * (1e300)**-1.5``) would hide a change it multiplies (by
+    up to 1e308) that is a float (``(1e300)**-0.5`` against ``(2e300)**-0.5``)."""
+    return np.maximum(k, np.nextafter(0.0, 1.0))
 
 
 def _extreme(fn: Callable[[Array, Array], Array]) -> Callable[[Ctx, State, State], Bin]:
@@ -151,7 +161,7 @@ def _pow(c: Ctx, a: State, b: State) -> Bin:
     nan = np.asarray(a.lo < 0) & (not p.is_integer())
     lo = np.where(ok, np.minimum(*ends), np.where(nan, np.nan, -INF))
     hi = np.where(ok, np.maximum(*ends), np.where(nan, np.nan, INF))
-    return lo, hi, np.where(ok, slope, INF), 0.0
+    return lo, hi, np.where(ok, _positive(slope), INF), 0.0
 
 
 _COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
