@@ -42,10 +42,12 @@ class Val:
 class Builder:
     """A GraphBuilder that keeps only nodes the engine accepts, with their shapes."""
 
-    def __init__(self, data: st.DataObject) -> None:
+    def __init__(self, data: st.DataObject, dtypes: tuple[str, ...] = ()) -> None:
         self.b = GraphBuilder()
         self.data = data
         self.pool: list[Val] = []
+        #: result dtypes kept besides float64, float32, bool and int64
+        self.dtypes = ("float64", "float32", "bool", "int64", *dtypes)
 
     def draw(self, strategy: st.SearchStrategy[Any]) -> Any:
         return self.data.draw(strategy)
@@ -58,7 +60,7 @@ class Builder:
             self.b.nodes.pop()
             return None
         kind = "b" if meta.dtype.is_bool else ("i" if meta.dtype.is_int else "f")
-        if meta.dtype.name not in ("float64", "float32", "bool", "int64"):
+        if meta.dtype.name not in self.dtypes:
             self.b.nodes.pop()
             return None
         v = Val(ref, meta.shape, kind)
@@ -440,8 +442,17 @@ def op_squash(g: Builder) -> None:
             g.add(name, x.ref)
 
 
+def op_half(g: Builder) -> None:
+    """A cast to a narrow float, whose subnormals NumPy makes in software."""
+    x = g.pick("fi")
+    if x is not None:
+        dtype = g.draw(st.sampled_from(["float16", "bfloat16", "float32"]))
+        g.add("convert_element_type", x.ref, dtype=dtype)
+
+
 WIDE_OPS = [
     *OPS,
+    op_half,
     op_wide_unary,
     op_extreme_scalar,
     op_predicate,
@@ -478,10 +489,11 @@ def wide_columns(draw: st.DrawFn) -> dict[str, Column]:
 def test_tracked_sensitivity_bounds_every_neighbour_at_any_magnitude(
     cols: dict[str, Column], data: st.DataObject, seed: int
 ) -> None:
-    """Bounds up to the largest float, and ops that overflow, underflow and leave their
-    domains: infinities that meet, partial sums that overflow apart, a predicate of a NaN,
-    factors that underflow were each a leak this attack finds on the code before them."""
-    g = Builder(data)
+    """Bounds up to the largest float, casts to float16 and bfloat16, and ops that overflow,
+    underflow and leave their domains: infinities that meet, partial sums that overflow
+    apart, a predicate of a NaN, factors that underflow were each a leak this attack finds
+    on the code before them."""
+    g = Builder(data, dtypes=("float16", "bfloat16"))
     for name, col in cols.items():
         ref = g.b.input(name, col.dtype, col.shape)
         g.pool.append(Val(ref, col.shape, "i" if col.dtype == "int64" else "f"))
