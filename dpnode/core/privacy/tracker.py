@@ -204,9 +204,7 @@ class PrivacyTracker:
             # it is NaN is not what its argument's changes bound (0 * m is NaN when a sum m
             # of every row overflows): any subject may move it across its range
             return _nan(state) if meta.dtype.is_float else _any_subject(state)
-        if meta.dtype.is_float and (
-            _infinities_meet(node.op, present) or _sums_may_overflow(node.op, present, state)
-        ):
+        if meta.dtype.is_float and _makes_nan(node.op, present, state):
             return _nan(state)
         return state
 
@@ -316,7 +314,7 @@ def _may_be_nan(s: State) -> bool:
 #: bounds where they can: moves and selections, monotone and bounded functions, domains
 #: (NaN outside them), ``mul`` (``0 * inf`` is NaN in its interval corners), ``div`` and
 #: ``sin``/``cos`` (checked in their rules), and the clip (its kernel zeroes a row that is not
-#: finite); ``add``, ``sub``, ``sum`` and ``mean`` are checked by :func:`_infinities_meet`
+#: finite); ``add``, ``sub``, ``sum`` and ``mean`` are checked by :func:`_makes_nan`
 _INFINITY_SAFE = frozenset(
     {
         "abs", "acos", "acosh", "amax", "amin", "asin", "asinh", "atan", "atanh", "cat",
@@ -330,46 +328,41 @@ _INFINITY_SAFE = frozenset(
 )  # fmt: skip
 
 
-def _infinities_meet(op: str, args: list[State]) -> bool:
-    """Whether infinite argument values may make a NaN that the rule's intervals do not
-    show: ``inf - inf`` (an interval sum adds the lower ends and the upper ends apart, so
-    ``[0, inf] - [0, inf]`` is ``[-inf, inf]``, never NaN), a sum over both infinities, or
-    any prim outside :data:`_INFINITY_SAFE` given an infinite argument (a product of matrices
-    meets ``0 * inf`` and ``inf - inf``; ``pow``, ``fmod``, ...)."""
-    if op in _INFINITY_SAFE:
-        return False
-    up, down = [], []
-    for a in args:
-        lo, hi = rounding.wide(a)
-        with np.errstate(invalid="ignore"):
-            up.append(bool(np.any(np.asarray(hi) == np.inf)))
-            down.append(bool(np.any(np.asarray(lo) == -np.inf)))
-    if op == "add" and len(args) == 2:
-        return (up[0] and down[1]) or (down[0] and up[1])
-    if op == "sub" and len(args) == 2:
-        return (up[0] and up[1]) or (down[0] and down[1])
-    if op in ("sum", "mean") and len(args) == 1:
-        return up[0] and down[0]
-    return any(up) or any(down)
-
-
 #: prims that add up terms (of one argument, or products of two): NumPy adds them pairwise
 #: or in blocks, so partial sums of finite terms can overflow to +inf and to -inf apart
 _SUMS = frozenset({"sum", "mean", "matmul", "convolution"})
 
 
-def _sums_may_overflow(op: str, args: list[State], state: State) -> bool:
-    """Whether a sum of finite terms may be NaN: its partial sums may overflow (the result's
-    computed bounds are infinite) and its terms may have both signs, so one partial sum
-    may be +inf and another -inf (``[1e308, 1e308, -1e308, -1e308]`` sums to NaN pairwise).
-    Terms of one sign overflow to one infinity only (a softmax's sum of exponentials)."""
-    if op not in _SUMS:
+def _makes_nan(op: str, args: list[State], state: State) -> bool:
+    """Whether the prim may make a NaN that its rule's intervals do not show.
+
+    - Infinite arguments that meet: ``inf - inf`` (an interval sum adds the lower ends and
+      the upper ends apart, so ``[0, inf] - [0, inf]`` is ``[-inf, inf]``, never NaN), a sum
+      over both infinities, or any prim outside :data:`_INFINITY_SAFE` given an infinite
+      argument (a product of matrices meets ``0 * inf``; ``pow``, ``fmod``, ...).
+    - Finite terms whose partial sums may overflow apart: the result's computed bounds are
+      infinite and its terms may have both signs, so one partial sum may be +inf and
+      another -inf (``[1e308, 1e308, -1e308, -1e308]`` sums to NaN pairwise). Terms of one
+      sign overflow to one infinity only (a softmax's sum of exponentials).
+    """
+    if op in _INFINITY_SAFE:
         return False
+    ends = [rounding.wide(a) for a in args]
+    with np.errstate(invalid="ignore"):
+        up = [bool(np.any(np.asarray(hi) == np.inf)) for _, hi in ends]
+        down = [bool(np.any(np.asarray(lo) == -np.inf)) for lo, _ in ends]
+    if op == "add" and len(args) == 2:
+        return (up[0] and down[1]) or (down[0] and up[1])
+    if op == "sub" and len(args) == 2:
+        return (up[0] and up[1]) or (down[0] and down[1])
+    meet = (up[0] and down[0]) if op in ("sum", "mean") and len(args) == 1 else any(up + down)
+    if meet or op not in _SUMS:
+        return meet
     lo, hi = rounding.wide(state)
     with np.errstate(invalid="ignore"):
         if bool(np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
             return False
-        return any(bool(np.any(np.asarray(rounding.wide(a)[0]) < 0)) for a in args)
+        return any(bool(np.any(np.asarray(lo) < 0)) for lo, _ in ends)
 
 
 def _any_subject(s: State) -> State:
