@@ -67,6 +67,17 @@ class Builder:
         self.pool.append(v)
         return v
 
+    def inputs(self, cols: dict[str, Column]) -> None:
+        """Each column as an input of the graph, in the pool."""
+        for name, col in cols.items():
+            ref = self.b.input(name, col.dtype, col.shape)
+            self.pool.append(Val(ref, col.shape, "i" if col.dtype == "int64" else "f"))
+
+    def grow(self, ops: list[Callable[[Builder], None]], least: int, most: int) -> None:
+        """``least`` to ``most`` ops drawn from ``ops``, applied in turn."""
+        for _ in range(self.data.draw(st.integers(least, most))):
+            self.data.draw(st.sampled_from(ops))(self)
+
     def pick(self, kinds: str = "f", ndim_min: int = 0) -> Val | None:
         cands = [v for v in self.pool if v.kind in kinds and len(v.shape) >= ndim_min]
         return self.draw(st.sampled_from(cands)) if cands else None
@@ -358,11 +369,8 @@ def columns(draw: st.DrawFn) -> dict[str, Column]:
 def random_graph(cols: dict[str, Column], data: st.DataObject, *, max_ops: int) -> Graph:
     """A graph of 1 to ``max_ops`` random ops over ``cols``, with two outputs."""
     g = Builder(data)
-    for name, col in cols.items():
-        ref = g.b.input(name, col.dtype, col.shape)
-        g.pool.append(Val(ref, col.shape, "i" if col.dtype == "int64" else "f"))
-    for _ in range(data.draw(st.integers(1, max_ops))):
-        data.draw(st.sampled_from(OPS))(g)
+    g.inputs(cols)
+    g.grow(OPS, 1, max_ops)
     return g.b.build([g.pool[-1].ref, data.draw(st.sampled_from(g.pool)).ref])
 
 
@@ -494,11 +502,8 @@ def test_tracked_sensitivity_bounds_every_neighbour_at_any_magnitude(
     apart, a predicate of a NaN, factors that underflow were each a leak this attack finds
     on the code before them."""
     g = Builder(data, dtypes=("float16", "bfloat16"))
-    for name, col in cols.items():
-        ref = g.b.input(name, col.dtype, col.shape)
-        g.pool.append(Val(ref, col.shape, "i" if col.dtype == "int64" else "f"))
-    for _ in range(data.draw(st.integers(1, 6))):
-        data.draw(st.sampled_from(WIDE_OPS))(g)
+    g.inputs(cols)
+    g.grow(WIDE_OPS, 1, 6)
     graph = g.b.build([g.pool[-1].ref])
     try:
         report = track(graph, {name: col.spec() for name, col in cols.items()})

@@ -18,7 +18,7 @@ from dpnode.core.privacy import InputSpec
 from dpnode.core.privacy.release import plan_release, run_release
 from dpnode.core.privacy.state import PrivacyTrackingError
 from tests.privacy.helpers import Column, neighbours
-from tests.privacy.test_attack import OPS, Builder, Val, columns
+from tests.privacy.test_attack import OPS, Builder, columns
 
 AGE = "dataset:1/age"
 
@@ -153,11 +153,8 @@ def _quantile_graph(cols: dict[str, Column], data: st.DataObject) -> tuple[Graph
     """Random computations, then a quantile of one result: of all of it, or per group of the
     private integer column ``u`` (4 groups) when the result has one value per row."""
     g = Builder(data)
-    for name, col in cols.items():
-        ref = g.b.input(name, col.dtype, col.shape)
-        g.pool.append(Val(ref, col.shape, "i" if col.dtype == "int64" else "f"))
-    for _ in range(data.draw(st.integers(0, 5))):
-        data.draw(st.sampled_from(OPS))(g)
+    g.inputs(cols)
+    g.grow(OPS, 0, 5)
     top = data.draw(st.sampled_from(g.pool))
     q = g.b.constant(np.asarray(data.draw(st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0]))))
     key = g.pool[2]  # "u", in [0, 3]

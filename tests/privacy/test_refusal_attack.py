@@ -23,7 +23,7 @@ from dpnode.core.engine import Graph, GraphBuilder, plan
 from dpnode.core.errors import DPNodeError
 from dpnode.core.privacy.release import plan_release, run_release
 from tests.privacy.helpers import Column, neighbours
-from tests.privacy.test_attack import OPS, Builder, Val, columns
+from tests.privacy.test_attack import OPS, Builder, columns
 
 STATS = {"answered": 0, "refused": 0}
 
@@ -77,11 +77,8 @@ HOSTILE = [op_divide, op_private_index, op_public_only, op_bits]
 
 def hostile_graph(cols: dict[str, Column], data: st.DataObject) -> Graph:
     g = Builder(data)
-    for name, col in cols.items():
-        ref = g.b.input(name, col.dtype, col.shape)
-        g.pool.append(Val(ref, col.shape, "i" if col.dtype == "int64" else "f"))
-    for _ in range(data.draw(st.integers(1, 6))):
-        data.draw(st.sampled_from(OPS + HOSTILE * 3))(g)
+    g.inputs(cols)
+    g.grow(OPS + HOSTILE * 3, 1, 6)
     return g.b.build([g.pool[-1].ref])
 
 

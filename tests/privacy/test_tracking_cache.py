@@ -18,7 +18,7 @@ from dpnode.core.engine.graph import Node
 from dpnode.core.privacy import InputSpec, PrivacyTrackingError, track
 from dpnode.core.privacy.cache import TrackingCache
 from tests.privacy.helpers import Column, assert_sound, neighbours
-from tests.privacy.test_attack import OPS, Builder, Val, columns
+from tests.privacy.test_attack import OPS, Builder, columns
 
 N, D = 40, 5
 
@@ -134,17 +134,14 @@ def _graph_with_constants(cols: dict[str, Any], data: st.DataObject) -> Graph:
     """The attack's random ops after a product with a constant matrix and a constant
     vector (a model's weights), with two outputs."""
     g = Builder(data)
-    for name, col in cols.items():
-        ref = g.b.input(name, col.dtype, col.shape)
-        g.pool.append(Val(ref, col.shape, "i" if col.dtype == "int64" else "f"))
+    g.inputs(cols)
     x, y = g.pool[0], g.pool[1]
     k = data.draw(st.integers(1, 3))
     w = data.draw(st.lists(st.floats(-2, 2), min_size=x.shape[1] * k, max_size=x.shape[1] * k))
     g.add("matmul", x.ref, g.b.constant(np.array(w).reshape(x.shape[1], k)))
     v = data.draw(st.lists(st.floats(-2, 2), min_size=y.shape[0], max_size=y.shape[0]))
     g.add("mul", y.ref, g.b.constant(np.array(v, dtype=np.float32)))
-    for _ in range(data.draw(st.integers(0, 5))):
-        data.draw(st.sampled_from(OPS))(g)
+    g.grow(OPS, 0, 5)
     return g.b.build([g.pool[-1].ref, data.draw(st.sampled_from(g.pool)).ref])
 
 
