@@ -5,11 +5,21 @@ write lock up front. A deferred transaction that reads and then writes (a login
 reads the user, then appends its audit line) cannot wait for the lock once another
 writer has committed since its read: SQLite fails it at once with "database is
 locked", so a burst of logins or uploads turned into 500s. Taking the lock first
-makes concurrent requests queue behind ``busy_timeout`` instead; the price is that
-SQLite runs one transaction at a time, so nothing slow (a computation) should run
-while a session holds a transaction open. Transactions that only read (a publish's
-account and inputs) use ``read_engine`` and begin deferred: they take no lock.
-PostgreSQL is unaffected.
+makes concurrent requests queue instead; the price is that SQLite runs one transaction
+at a time, so nothing slow (a computation) should run while a session holds a transaction
+open. Transactions that only read (a publish's account and inputs) use ``read_engine`` and
+begin deferred: they take no lock. PostgreSQL is unaffected.
+
+The queue: SQLite's own wait for a lock (``busy_timeout``) polls it, sleeping 1, 2, 5, 10
+and up to 100 ms between tries, so a transaction that finds the lock taken for a fraction
+of a millisecond sleeps for at least one, and under load most of the process's writers
+sleep while the lock is free. The writers of one process therefore first queue on a lock
+of their own (one per database file), which hands over as soon as a transaction commits
+or rolls back; only then do they ``BEGIN IMMEDIATE``, which finds SQLite's lock free but
+for other processes (the command line, a second node on the same file), for which
+``busy_timeout`` still waits. The queue orders; it protects nothing (SQLite's lock does):
+a writer that waits more than :data:`BUSY_TIMEOUT_SECONDS` for it fails as SQLite's own
+wait would, with "database is locked" (``503 database_busy``).
 
 Durability: WAL with ``synchronous=FULL``, set explicitly (some SQLite builds default
 WAL databases to NORMAL). SQLite's documentation: in WAL mode a committed transaction
@@ -39,14 +49,77 @@ implicit transactions are switched off so that SQLAlchemy emits every BEGIN.
 
 from __future__ import annotations
 
+import os
+import sqlite3
+import threading
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 SQLITE_BEGIN = "dpnode_sqlite_begin"
 #: Execution option: this transaction's commit need not survive a power failure.
 RELAXED = "dpnode_relaxed_commit"
+#: How long a SQLite transaction waits for the write lock (in this process's queue, then in
+#: SQLite's ``busy_timeout`` for other processes) before failing with "database is locked".
+BUSY_TIMEOUT_SECONDS = 30.0
+
+#: The write queue of each SQLite database file this process opened, by its real path.
+_QUEUES: dict[str, threading.Lock] = {}
+_QUEUES_LOCK = threading.Lock()
+
+
+def _queue_for(url: str) -> threading.Lock | None:
+    """The write queue of ``url``'s database file (``None`` in memory: one per connection)."""
+    parsed = make_url(url)
+    database = parsed.database or ""
+    if database in ("", ":memory:") or parsed.query.get("mode") == "memory":
+        return None
+    path = os.path.realpath(database.removeprefix("file:"))
+    with _QUEUES_LOCK:
+        return _QUEUES.setdefault(path, threading.Lock())
+
+
+class _QueuedConnection(sqlite3.Connection):
+    """pysqlite's connection, whose write transactions queue in this process first (see the
+    module docstring): :meth:`enter_queue` before ``BEGIN IMMEDIATE``, and the turn passes on
+    when the transaction commits, rolls back or the connection closes, whoever ends it."""
+
+    queue: threading.Lock | None = None
+    _turn = False
+
+    def enter_queue(self, statement: str) -> None:
+        if self.queue is None or self._turn:
+            return
+        if not self.queue.acquire(timeout=BUSY_TIMEOUT_SECONDS):
+            locked = sqlite3.OperationalError("database is locked")
+            raise OperationalError(statement, None, locked)
+        self._turn = True
+
+    def leave_queue(self) -> None:
+        if self._turn:
+            self._turn = False
+            assert self.queue is not None
+            self.queue.release()
+
+    def commit(self) -> None:
+        try:
+            super().commit()
+        finally:
+            self.leave_queue()
+
+    def rollback(self) -> None:
+        try:
+            super().rollback()
+        finally:
+            self.leave_queue()
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.leave_queue()
 
 
 def _lower(value: Any) -> Any:
@@ -58,7 +131,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     if url.startswith("sqlite"):
         connect_args = kwargs.pop("connect_args", {})
         connect_args.setdefault("check_same_thread", False)
-        connect_args.setdefault("timeout", 30)
+        connect_args.setdefault("timeout", BUSY_TIMEOUT_SECONDS)
+        connect_args.setdefault("factory", _QueuedConnection)
+        queue = _queue_for(url)
         engine = create_engine(url, connect_args=connect_args, **kwargs)
 
         @event.listens_for(engine, "connect")
@@ -67,8 +142,10 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA synchronous=FULL")  # see the module docstring
-            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_SECONDS * 1000)}")
             cursor.close()
+            if isinstance(dbapi_connection, _QueuedConnection):
+                dbapi_connection.queue = queue
             record.info[RELAXED] = "FULL"
             # SQLite's own lower() folds ASCII only; catalog search must match 'Ärzte' to
             # 'ärzte' as PostgreSQL does, so lower() is Python's, Unicode-aware.
@@ -84,7 +161,17 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             if info.get(RELAXED) != synchronous:
                 conn.exec_driver_sql(f"PRAGMA synchronous={synchronous}")
                 info[RELAXED] = synchronous
-            conn.exec_driver_sql(f"BEGIN {options.get(SQLITE_BEGIN, 'IMMEDIATE')}")
+            begin = f"BEGIN {options.get(SQLITE_BEGIN, 'IMMEDIATE')}"
+            raw = conn.connection.dbapi_connection
+            queued = isinstance(raw, _QueuedConnection) and begin != "BEGIN DEFERRED"
+            if queued:
+                raw.enter_queue(begin)
+            try:
+                conn.exec_driver_sql(begin)
+            except BaseException:
+                if queued:
+                    raw.leave_queue()
+                raise
 
         return engine
     engine = create_engine(url, pool_pre_ping=True, **kwargs)
