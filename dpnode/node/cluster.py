@@ -47,6 +47,7 @@ from dpnode.core.engine import Plan
 from dpnode.core.engine.blocks import BLOCK_ELEMENTS, PassRunner, RangeSums, Schedule, pass_sums
 from dpnode.core.engine.graph import Graph
 from dpnode.core.engine.prims.registry import Call
+from dpnode.core.engine.subnormals import single_threaded_blas
 from dpnode.core.errors import EvaluationUnavailableError
 from dpnode.node.settings import Settings
 from dpnode.node.storage import BlobStore, FileBlobStore
@@ -190,6 +191,7 @@ def _pass_range(
     elements: int,
 ) -> dict[int, RangeSums]:
     """One task: pass ``p`` over rows ``start:stop`` of the stored columns, on a worker."""
+    single_threaded_blas()  # as on the node (dpnode.core.engine.subnormals)
     store = _worker_store(spec)
     arrays = {i: store.open_array(c.digest, c.dtype, c.shape) for i, c in columns.items()}
 

@@ -14,6 +14,7 @@ from pydantic import SecretStr
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from dpnode.core.engine.subnormals import single_threaded_blas
 from dpnode.core.privacy.cache import TrackingCache
 from dpnode.core.structures import StructureCache
 from dpnode.node.cluster import Cluster
@@ -81,6 +82,7 @@ class NodeContext:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> NodeContext:
+        single_threaded_blas()  # the engine's products flush as it does (its module says why)
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         if settings.token_secret.get_secret_value() == PLACEHOLDER_SECRET:
             # Development without a configured secret: never sign with a well-known string.

@@ -206,6 +206,20 @@ def test_strings_are_stored_as_indices_into_the_declared_categories(
     np.testing.assert_array_equal(download(http, owner_h, "d")["c"], [1, 2, 0, 1])
 
 
+def test_subnormal_values_are_stored_as_zeros(http: TestClient, owner_h: dict[str, str]) -> None:
+    """The engine's arithmetic never meets a subnormal value (its time would count them:
+    dpnode.core.engine.subnormals), so uploads store them as +0."""
+    data = {
+        "d": np.array([1e-310, -1e-310, 0.5, -2.0]),
+        "f": np.array([1e-40, -1e-40, 0.5, 3.0], dtype=np.float32),
+    }
+    upload_ok(http, owner_h, "d", data, bounds={"d": (-2, 1), "f": (-1, 3)})
+    back = download(http, owner_h, "d")
+    assert back["d"].tolist() == [0.0, 0.0, 0.5, -2.0]
+    assert back["f"].tolist() == [0.0, 0.0, 0.5, 3.0] and back["f"].dtype == np.float32
+    assert not np.any(np.signbit(back["d"][:2])) and not np.any(np.signbit(back["f"][:2]))
+
+
 def test_bool_columns_are_bounded_by_zero_and_one(
     http: TestClient, owner_h: dict[str, str]
 ) -> None:

@@ -52,6 +52,7 @@ from dpnode.core.engine.prims import REGISTRY
 from dpnode.core.engine.prims.elementwise import BINARY_PRIMS, UNARY_PRIMS
 from dpnode.core.engine.prims.linalg import matmul_accumulation
 from dpnode.core.engine.prims.registry import Call, Scalar, TensorMeta
+from dpnode.core.engine.subnormals import flushing
 from dpnode.core.errors import DPNodeError, EvaluationError
 
 __all__ = [
@@ -476,7 +477,7 @@ def pass_sums(
     gathered = {i: _gather(c) for i in read.sums if (c := calls[i]) is not None}
     turned = dict(s.turned)
     reads = {i: _summed(nodes[i], turned) for i in gathered}  # what each sum adds up
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), flushing():  # dpnode.core.engine.subnormals
         for first in range(start, stop, step):
             last = min(first + step, stop)
             local: dict[int, Array] = {}
@@ -528,7 +529,7 @@ def run_blocks(
             assert call is not None
             values[i] = _apply(call, [_arg(s, a, values, {}) for a in node.args], gen)
 
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), flushing():
         for p, read in enumerate(s.passes):
             small(s.small[p])
             gathered = {i: _gather(c) for i in read.sums if (c := calls[i]) is not None}

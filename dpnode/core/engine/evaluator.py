@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,6 +31,7 @@ from dpnode.core.engine.graph import Graph, Node, Ref, validate_structure
 from dpnode.core.engine.prims import REGISTRY
 from dpnode.core.engine.prims.registry import ArgMeta, Call, Scalar, TensorMeta
 from dpnode.core.engine.quotas import Quotas
+from dpnode.core.engine.subnormals import flushing
 from dpnode.core.errors import DPNodeError, EvaluationError, GraphError, QuotaExceededError
 
 __all__ = ["Evaluation", "Plan", "Tracker", "evaluate", "infer", "plan", "run"]
@@ -282,7 +284,10 @@ def run(
     ] * n  # node whose fresh buffer holds the value; -1: caller's or constant, never written
     sharers: dict[int, int] = {}
     states: list[list[Any]] = [[None] * n for _ in trackers]
-    with np.errstate(all="ignore"):
+    # Subnormal results flushed to zero while the kernels run (dpnode.core.engine.subnormals);
+    # trackers visit in between, with IEEE gradual underflow, so then only around each kernel.
+    each_kernel = flushing if trackers else nullcontext
+    with np.errstate(all="ignore"), nullcontext() if trackers else flushing():
         for i, node in enumerate(g.nodes):
             meta = p.metas[i]
             if node.op == "input":
@@ -307,7 +312,8 @@ def run(
                 ]
                 out = _donor(i, node, meta, values, owner, sharers, p) if prim.inplace else None
                 try:
-                    r = prim.kernel(call, args, out)
+                    with each_kernel():
+                        r = prim.kernel(call, args, out)
                 except DPNodeError:
                     raise
                 except (ArithmeticError, ValueError, IndexError, TypeError, MemoryError) as e:

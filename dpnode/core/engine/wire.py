@@ -44,6 +44,7 @@ from dpnode.core.engine.identity import ByIdentity
 from dpnode.core.engine.prims import PRIM_VERSION, REGISTRY
 from dpnode.core.engine.prims.registry import AttrValue, Scalar
 from dpnode.core.engine.quotas import WireLimits
+from dpnode.core.engine.subnormals import flush
 from dpnode.core.errors import GraphError, PayloadTooLargeError
 
 __all__ = [
@@ -263,11 +264,16 @@ def _check_in_buffer(where: str, offset: int, nbytes: int, buf: memoryview) -> N
 def _constant_at(
     where: str, buf: memoryview, offset: int, np_dtype: Any, shape: tuple[int, ...]
 ) -> np.ndarray[Any, Any]:
-    """The read-only view of a constant's bytes (in the buffer), a bool's checked 0 or 1."""
+    """The read-only view of a constant's bytes (in the buffer), a bool's checked 0 or 1, and
+    subnormal floats flushed to zero (a read-only copy then): the engine's arithmetic never
+    meets one (:mod:`dpnode.core.engine.subnormals`)."""
     arr = np.frombuffer(buf, dtype=np_dtype, count=math.prod(shape), offset=offset).reshape(shape)
     if arr.dtype == np.bool_ and arr.view(np.uint8).max(initial=0) > 1:
         raise _fail(f"{where}: bool constant holds bytes other than 0 and 1")
-    return arr
+    flushed = flush(arr)
+    if flushed is not arr:
+        flushed.flags.writeable = False
+    return flushed  # type: ignore[no-any-return]
 
 
 def _check_frame_size(frame: bytes, lim: WireLimits) -> None:

@@ -54,9 +54,12 @@ __all__ = ["LIBM_ULPS", "apply", "fold", "gamma", "tiny", "unit"]
 #: ...) may be off by; their documented errors are at most a few ulps
 LIBM_ULPS = 32
 
-#: unit roundoff (half an ulp of 1) and the smallest subnormal per float dtype
+#: unit roundoff (half an ulp of 1), and the smallest normal per float dtype: the engine
+#: flushes results that would be subnormal to zero (dpnode.core.engine.subnormals), so a
+#: rounding may be off by that much in absolute terms (or by the smallest subnormal's half,
+#: where the platform cannot flush: less)
 _UNIT = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
-_TINY = {"float64": 2.0**-1074, "float32": 2.0**-149, "float16": 2.0**-24, "bfloat16": 2.0**-133}
+_TINY = {"float64": 2.0**-1022, "float32": 2.0**-126, "float16": 2.0**-14, "bfloat16": 2.0**-126}
 #: integers a float dtype holds exactly (up to 2**p)
 _EXACT_INT = {"float64": 2.0**53, "float32": 2.0**24, "float16": 2.0**11, "bfloat16": 2.0**8}
 #: float casts that keep every value
@@ -106,7 +109,8 @@ def unit(dt: DType) -> float:
 
 
 def tiny(dt: DType) -> float:
-    """The smallest subnormal of a float dtype (0 for integers and bool)."""
+    """The absolute error one rounding of a float dtype may add: its smallest normal, as
+    results below it are flushed to zero (0 for integers and bool)."""
     return _TINY.get(dt.name, 0.0)
 
 

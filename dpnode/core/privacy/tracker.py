@@ -48,6 +48,10 @@ __all__ = [
     "track",
 ]
 
+#: the tracker's own float64 arithmetic keeps IEEE gradual underflow (never in the
+#: engine's flush-to-zero mode): its roundings err by half of this, absolutely
+_SMALLEST_SUBNORMAL = 2.0**-1074
+
 
 @dataclass(frozen=True)
 class OutputSensitivity:
@@ -260,7 +264,7 @@ class PrivacyTracker:
         # one absolutely, which no relative margin covers)
         roundings = 4 * self.terms + 64
         slack = rounding.gamma(roundings, rounding.unit(dtype("float64")))
-        floor = roundings * rounding.tiny(dtype("float64"))
+        floor = roundings * _SMALLEST_SUBNORMAL  # its own arithmetic never flushes to zero
         outs = []
         for k, s in enumerate(states):
             t1, t2 = joint(s, self.nsub)

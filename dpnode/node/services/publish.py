@@ -60,6 +60,7 @@ from dpnode.core.engine import (
     plan,
     structure_hash,
 )
+from dpnode.core.engine.subnormals import flush
 from dpnode.core.engine.wire import Layout, decode_layout, hollow_constants, rebind
 from dpnode.core.errors import (
     GraphError,
@@ -178,8 +179,8 @@ def _resolve(context: NodeContext, session: Session, actor: users.Actor, graph: 
                 f"model {model.name!r} is private: publishing results computed from its "
                 "weights is not supported yet; ask its owner to make it public"
             )
-        weights = array_from_bytes(
-            context.store.get(tensor.blob), tensor.dtype, tuple(tensor.shape)
+        weights = flush(  # the engine's arithmetic never meets a subnormal value
+            array_from_bytes(context.store.get(tensor.blob), tensor.dtype, tuple(tensor.shape))
         )
         specs[name] = InputSpec.public(weights)
         public[name] = weights

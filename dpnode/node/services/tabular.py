@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from dpnode.core.engine.subnormals import flush
 from dpnode.core.errors import UploadRejectedError
 
 #: dtypes a column or a weight tensor may have (by NumPy name).
@@ -269,6 +270,9 @@ def encode_block(
                 )
             else:
                 values = np.where(bad, np.asarray(fill, dtype=values.dtype), values)
+        # subnormal values are stored as zeros: the engine's arithmetic never meets one, so
+        # a publish's time cannot count them (dpnode.core.engine.subnormals)
+        values = flush(values)
         # -0.0 + 0.0 is +0.0: a zero's sign is a bit the bounds do not speak of, and an
         # output such as x * 0.0 (sensitivity 0, so released as computed) would carry it
         values = values + values.dtype.type(0.0)
