@@ -22,3 +22,22 @@ def test_bench_quick_run_agrees_with_numpy(script: str, cases: int) -> None:
     ).stdout
     rows = [line for line in out.splitlines() if line.startswith("| ") and "x |" in line]
     assert len(rows) == cases, out
+
+
+def test_side_channels_bench_runs_both_attacks_before_and_after() -> None:
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "side_channels.py"), "--rows", "20000", "--chain", "4"]
+        + ["--repeat", "1"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "x |" in line]
+    assert len(rows) == 4, out
+    assert [r.split(" | ")[0] for r in rows] == [
+        "| subnormals: the engine",
+        "| subnormals: the engine before",
+        "| a choice: the engine",
+        "| a choice: the engine before",
+    ]

@@ -3,7 +3,7 @@ make an answered publish's time count the rows a private predicate holds for.
 
 Results that would be subnormal are flushed to zero while the engine evaluates (and only
 then), constants arrive flushed, and the tracker's rounding model counts the flush. The time
-itself is measured in ``bench/subnormals.py`` (tests assert behaviour, not time).
+itself is measured by ``bench/side_channels.py`` (tests assert behaviour, not time).
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import threading
 import numpy as np
 import pytest
 
-from dpnode.core.engine import GraphBuilder, encode, evaluate, plan, run
-from dpnode.core.engine import subnormals
+from dpnode.core.engine import GraphBuilder, encode, evaluate, plan, run, subnormals
 from dpnode.core.engine.wire import decode
 from dpnode.core.privacy import InputSpec, track
 
@@ -115,6 +114,8 @@ def test_flush_keeps_other_values_and_dtypes() -> None:
     assert subnormals.flush(normal) is normal
     ints = np.array([0, 1], dtype=np.int64)
     assert subnormals.flush(ints) is ints
+    scalar = np.array(-1e-310)  # a 0-d constant, as a graph's scalars are
+    assert subnormals.flush(scalar).tolist() == 0.0 and subnormals.flush(np.array(3.0)) == 3.0
 
 
 @pytest.mark.skipif(not subnormals.SUPPORTED, reason="no flush-to-zero mode here")

@@ -156,9 +156,8 @@ def flush(a: Any) -> Any:
     """
     if not isinstance(a, np.ndarray) or a.dtype not in _NORMAL:
         return a
-    small = np.abs(a) < _NORMAL[a.dtype]
-    np.logical_and(small, a != 0, out=small)
-    if not small.any():
+    small = (np.abs(a) < _NORMAL[a.dtype]) & (a != 0)
+    if not np.any(small):
         return a
     out = np.array(a, copy=True)
     np.copyto(out, np.copysign(0.0, out).astype(a.dtype), where=small)

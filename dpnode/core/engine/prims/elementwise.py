@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import scipy.special  # type: ignore[import-untyped,unused-ignore]
 
+from dpnode.core.engine.constant_time import select
 from dpnode.core.engine.dtypes import BOOL, DEFAULT_FLOAT, DType, dtype, opmath
 from dpnode.core.engine.prims.registry import (
     Array,
@@ -375,10 +376,11 @@ def _where_infer(c: Call) -> TensorMeta:
 
 @prim("where", privacy="rule", args=3, infer=_where_infer, scalar_args=frozenset({1, 2}))
 def _where(c: Call, args: list[Any], out: Array | None) -> Array:
-    """where(cond, a, b): a where cond else b; a and b promote like torch.where."""
+    """where(cond, a, b): a where cond else b; a and b promote like torch.where. In time
+    that does not depend on ``cond`` (:mod:`dpnode.core.engine.constant_time`)."""
     cond, a, b = args
     d = c.out().dtype
-    return np.asarray(np.where(cond, as_np(a, d), as_np(b, d)))
+    return select(cond, as_np(a, d), as_np(b, d), d.np)
 
 
 def _clamp_infer(c: Call) -> TensorMeta:

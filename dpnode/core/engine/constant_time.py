@@ -1,0 +1,82 @@
+"""Choosing between values in time that does not depend on which are chosen.
+
+``np.where(cond, a, b)`` branches on each element: on the dev box it takes 0.9 ms for 2
+million float64 values when ``cond`` is all true or all false and 7.2 ms when it is a random
+half, and ``np.copyto(dst, src, where=cond)`` takes 0.1 ms when ``cond`` is all false. On a
+private condition (``where(x > t, ...)``, the rows whose gradient norm exceeds the clipping
+bound) the time of an answered publish then shows how many rows the condition holds for.
+
+:func:`select` blends the bits instead, ``b ^ ((a ^ b) & mask)`` with a mask of all ones
+where ``cond`` holds: four passes of integer arithmetic over every element, whatever the
+values (about 2.5 ms for the same 2 million), and the exact bits of ``a`` or ``b`` (NaN
+payloads, signed zeros), as ``np.where`` gives. The engine's ``where`` prim and the DP-SGD
+clip use it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = ["select"]
+
+#: the unsigned integer dtype of each item size, whose bits an array is blended as
+_BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+#: elements blended at once (a mask of 512 KiB in float64)
+_CHUNK = 1 << 16
+
+
+def select(
+    cond: Any, a: Any, b: Any, dtype: Any = None, *, out: np.ndarray[Any, Any] | None = None
+) -> np.ndarray[Any, Any]:
+    """``np.where(cond, a, b)`` (cast to ``dtype``, by default their result type), in time
+    that depends on the shapes and dtype only.
+
+    ``out``: where to write the result (it may be ``a`` or ``b``: each element is read
+    before it is written).
+
+    >>> select(np.array([True, False, True]), np.array([1.0, 2.0, -0.0]), 9.0).tolist()
+    [1.0, 9.0, -0.0]
+    """
+    cond = np.asarray(cond, dtype=np.bool_)
+    d = np.dtype(dtype) if dtype is not None else np.result_type(a, b)
+    bits = _BITS.get(d.itemsize)
+    if bits is None:  # no integer of this width (complex128): as NumPy does
+        return np.asarray(np.where(cond, a, b), dtype=d)
+    a = np.asarray(a, dtype=d)
+    b = np.asarray(b, dtype=d)
+    shape = np.broadcast_shapes(cond.shape, a.shape, b.shape)
+    if out is None:
+        out = np.empty(shape, dtype=d)
+    elif out.shape != shape or out.dtype != d:
+        raise ValueError(f"out is {out.dtype}{list(out.shape)}, the result {d}{list(shape)}")
+    ones = np.array(np.iinfo(bits).max, dtype=bits)
+    conds = np.broadcast_to(cond, shape)
+    ua = np.broadcast_to(a, shape).view(bits)
+    ub = np.broadcast_to(b, shape).view(bits)
+    result = out.view(bits)
+    aliased = np.may_share_memory(out, b)  # the first pass would write over b
+    if not shape:
+        _blend(conds, ua, ub, result, ones, np.empty((), bits), aliased)
+        return out
+    # by blocks of leading rows, so that the mask stays in the cache (and is allocated once)
+    step = max(1, _CHUNK // max(1, math.prod(shape[1:])))
+    mask = np.empty((min(step, shape[0]), *shape[1:]), dtype=bits)
+    for start in range(0, shape[0], step):
+        rows = slice(start, start + step)
+        part = result[rows]
+        _blend(conds[rows], ua[rows], ub[rows], part, ones, mask[: part.shape[0]], aliased)
+    return out
+
+
+def _blend(cond: Any, ua: Any, ub: Any, result: Any, ones: Any, mask: Any, aliased: bool) -> None:
+    """``result = ub ^ ((ua ^ ub) & mask)``, ``mask`` all ones where ``cond``: four passes of
+    integer arithmetic, the same whatever the values."""
+    np.multiply(cond, ones, out=mask, dtype=mask.dtype)
+    if aliased:
+        ub = ub.copy()
+    np.bitwise_xor(ua, ub, out=result)
+    np.bitwise_and(result, mask, out=result)
+    np.bitwise_xor(result, ub, out=result)
