@@ -24,10 +24,12 @@ def test_bench_quick_run_agrees_with_numpy(script: str, cases: int) -> None:
     assert len(rows) == cases, out
 
 
+QUICK_SIDE_CHANNELS = ("--rows", "20000", "--chain", "4", "--repeat", "1")
+
+
 def test_side_channels_bench_runs_both_attacks_before_and_after() -> None:
     out = subprocess.run(
-        [sys.executable, str(BENCH / "side_channels.py"), "--rows", "20000", "--chain", "4"]
-        + ["--repeat", "1"],
+        [sys.executable, str(BENCH / "side_channels.py"), *QUICK_SIDE_CHANNELS],
         check=True,
         capture_output=True,
         text=True,
