@@ -23,7 +23,9 @@ import numpy as np
 __all__ = ["select"]
 
 #: the unsigned integer dtype of each item size, whose bits an array is blended as
-_BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_BITS: dict[int, np.dtype[Any]] = {
+    n: np.dtype(t) for n, t in ((1, np.uint8), (2, np.uint16), (4, np.uint32), (8, np.uint64))
+}
 #: elements blended at once (a mask of 512 KiB in float64)
 _CHUNK = 1 << 16
 
@@ -52,7 +54,7 @@ def select(
         out = np.empty(shape, dtype=d)
     elif out.shape != shape or out.dtype != d:
         raise ValueError(f"out is {out.dtype}{list(out.shape)}, the result {d}{list(shape)}")
-    ones = np.array(np.iinfo(bits).max, dtype=bits)
+    ones = np.full((), -1, dtype=np.int64).astype(bits)  # every bit set
     conds = np.broadcast_to(cond, shape)
     ua = np.broadcast_to(a, shape).view(bits)
     ub = np.broadcast_to(b, shape).view(bits)
