@@ -231,10 +231,10 @@ def _pow_int(c: Call, a: Array, b: Array) -> Array:
     if np.any(b < 0):
         # torch: base**negative is 1 for base 1, +-1 for base -1, else 0
         neg = b < 0
-        r = np.power(a, np.where(neg, 0, b))
+        r = np.power(a, select(neg, 0, b))
         odd = (b % 2) != 0
-        special = np.where(a == 1, 1, np.where(a == -1, np.where(odd, -1, 1), 0))
-        return np.where(neg, special, r).astype(a.dtype, copy=False)
+        special = select(a == 1, 1, select(a == -1, select(odd, -1, 1), 0))
+        return select(neg, special, r).astype(a.dtype, copy=False)
     return np.power(a, b)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from dpnode.core.engine.constant_time import select
 from dpnode.core.engine.prims.elementwise import as_np
 from dpnode.core.engine.prims.registry import (
     Array,
@@ -40,7 +41,7 @@ def _in_range(c: Call, idx: Array, n: int, arg: int, *, negative: bool = False) 
     """
     if c.total:
         if negative:
-            idx = np.where(idx < 0, idx + n, idx)
+            idx = select(idx < 0, idx + n, idx)
         return np.clip(idx, 0, max(n - 1, 0)) if idx.size else idx
     low = -n if negative else 0
     if idx.size and (idx.min() < low or idx.max() >= n):

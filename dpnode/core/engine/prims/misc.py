@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from dpnode.core.engine.constant_time import select
 from dpnode.core.engine.dtypes import DTYPES, INT64, dtype
 from dpnode.core.engine.prims.registry import Array, AttrSpec, Call, Scalar, TensorMeta, prim
 from dpnode.core.engine.promotion import Kind, Operand, result_type, scalar_dtype
@@ -204,7 +205,7 @@ def _quantiles_of(flat: Array, qs: Array, how: str, skip_nan: bool, compute: Any
         low = low.astype(compute)
         w = np.full_like(ranks, 0.5) if how == "midpoint" else ranks - below.astype(compute)
         # torch's lerp: from the nearer end
-        low = np.where(w < 0.5, low + w * (high - low), high - (high - low) * (1 - w))
+        low = select(w < 0.5, low + w * (high - low), high - (high - low) * (1 - w))
     return np.asarray(low, dtype=np.float64)
 
 
@@ -390,6 +391,6 @@ def _searchsorted(c: Call, args: list[Any], out: Array | None) -> Array:
             mid = (start + end) >> 1
             mv = flat_rows[row_of, np.minimum(mid, n - 1)]
             go_right = ~(mv > flat_v) if right else ~(mv >= flat_v)
-            start = np.where(active & go_right, mid + 1, start)
-            end = np.where(active & ~go_right, mid, end)
+            start = select(active & go_right, mid + 1, start)
+            end = select(active & ~go_right, mid, end)
     return start.reshape(c.out().shape).astype(c.out().dtype.np)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from dpnode.core.engine.accurate import blocked_sum
+from dpnode.core.engine.constant_time import select
 from dpnode.core.engine.dtypes import BOOL, DTYPES, INT64, DType, accumulation, dtype, opmath
 from dpnode.core.engine.prims.registry import Array, AttrSpec, Call, Privacy, TensorMeta, prim
 
@@ -227,7 +228,7 @@ def _cumarg(c: Call, x: Array, fn: Any) -> Array:
     shape = [1] * x.ndim
     shape[d] = x.shape[d]
     pos = np.arange(x.shape[d], dtype=np.int64).reshape(shape)
-    return np.asarray(np.maximum.accumulate(np.where(take, pos, 0), axis=d), dtype=np.int64)
+    return np.asarray(np.maximum.accumulate(select(take, pos, 0), axis=d), dtype=np.int64)
 
 
 @prim(
