@@ -40,7 +40,6 @@ from typing import Any
 
 import numpy as np
 
-from dpnode.core.engine.constant_time import select
 from dpnode.core.engine.prims.registry import Array, AttrSpec, Call, TensorMeta, prim
 
 
@@ -190,6 +189,17 @@ def _clip_by_subject_norm(c: Call, args: list[Any], out: Array | None) -> Array:
     return np.asarray(total.reshape(m.shape)).astype(m.dtype.np)
 
 
+#: the exponent bits of a float64, all set in an infinity or a NaN
+_EXPONENT = np.uint64(0x7FF0000000000000)
+
+
+def _zero_nonfinite(f: Array) -> None:
+    """Set the NaN and infinite elements of the float64 array ``f`` to +0, in place, by
+    integer arithmetic on their bits: the same three passes whatever the values."""
+    bits = f.view(np.uint64)
+    np.multiply(bits, (bits & _EXPONENT) != _EXPONENT, out=bits)
+
+
 def _outer(g: Array, x: Array) -> Array:
     """Each row's outer product ``g[i] (x) x[i]``, flattened: ``[n, p * q]``."""
     return (g[:, :, None] * x[:, None, :]).reshape(g.shape[0], -1)
@@ -209,17 +219,18 @@ def _clipped_sums(parts: list[tuple[Array, ...]], max_norm: float, order: int) -
     them first, so each row's clipped vector is a function of that row alone with norm at
     most ``max_norm`` whatever its values (a row whose norm overflows scales to 0), which
     is all the privacy rule assumes. It is done on every row, whatever the values, so that
-    the work does not depend on them (a choice by bits: :mod:`dpnode.core.engine.constant_time`;
-    ``np.copyto(where=)`` skips what it need not write)."""
+    the work does not depend on them (``np.copyto(where=)`` skips what it need not write, and
+    ``np.where`` branches: :mod:`dpnode.core.engine.constant_time`)."""
     for part in parts:
         for f in part:
-            select(np.isfinite(f), f, 0.0, out=f)
+            _zero_nonfinite(f)
     if order == 1:
         norms = sum(np.abs(p[0]).sum(axis=1) for p in parts)
     else:
         norms = np.sqrt(sum(math.prod(np.einsum("ij,ij->i", f, f) for f in p) for p in parts))
     with np.errstate(divide="ignore", invalid="ignore"):
-        scale = select(norms > max_norm, max_norm / norms, 1.0)
+        # min(1, C / norm) without a branch: fmin takes 1 over a NaN (a norm of inf * 0)
+        scale = np.fmin(max_norm / norms, 1.0)
     return [
         np.asarray(scale @ p[0]) if len(p) == 1 else ((scale[:, None] * p[0]).T @ p[1]).reshape(-1)
         for p in parts
