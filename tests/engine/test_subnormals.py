@@ -133,3 +133,18 @@ def test_the_tracked_bounds_hold_for_flushed_results() -> None:
     assert np.all(computed == 0)
     assert np.all(out.lower <= computed) and np.all(computed <= out.upper)
     assert float(np.min(out.lower)) <= 0.0 < TINY
+
+
+@pytest.mark.skipif(not subnormals.SUPPORTED, reason="no flush-to-zero mode here")
+def test_the_tracker_computes_public_values_as_the_engine_does() -> None:
+    """``(1e-300 * 1e-20) * 1e300`` is public: the tracker computes it itself and treats it
+    as exact. Under gradual underflow it is 1e-20, in the engine 0: the tracker must compute
+    it in the engine's mode, or ``x * p`` is bounded in [5e-21, 1e-20] and computed as 0."""
+    b = GraphBuilder()
+    x = b.input("x", "float64", (4,))
+    p = b.op("mul", b.op("mul", b.constant(np.array(1e-300)), 1e-20), 1e300)
+    graph = b.build([b.op("mul", x, p)])
+    out = track(graph, {"x": InputSpec.private(0.5, 1.0)}).outputs[0]
+    (computed,) = evaluate(graph, {"x": np.array([0.5, 0.6, 0.9, 1.0])})
+    assert np.all(computed == 0)
+    assert np.all(out.lower <= computed) and np.all(computed <= out.upper)

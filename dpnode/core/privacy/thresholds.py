@@ -28,6 +28,7 @@ from dpnode.core.engine.dtypes import opmath
 from dpnode.core.engine.prims import REGISTRY
 from dpnode.core.engine.prims.elementwise import as_np, operands_of
 from dpnode.core.engine.promotion import result_type
+from dpnode.core.engine.subnormals import flushing
 from dpnode.core.privacy.arrays import pad_left
 from dpnode.core.privacy.rules.base import Ctx
 from dpnode.core.privacy.state import Array, State
@@ -177,6 +178,7 @@ def threshold_table(c: Ctx, x: State, xi: int) -> Table | None:
     args: list[Any] = [None, None]
     args[xi] = pad_left(reps.astype(x.dtype.np), nd + 1)
     args[oi] = c.raw[oi] if c.raw[oi] is not None else pad_left(np.asarray(raw), nd)[..., None]
-    vals = np.asarray(REGISTRY[c.node.op].kernel(c.call, args, None))
+    with flushing():  # in the engine's mode (its values to the bit)
+        vals = np.asarray(REGISTRY[c.node.op].kernel(c.call, args, None))
     root = pad_left(ids_of(x.vid), nd)
     return Table(root, vals, bps, ok, (lo, hi, x.dtype.name))

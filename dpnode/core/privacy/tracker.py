@@ -23,6 +23,7 @@ from dpnode.core.engine import REGISTRY, Graph, Plan, Quotas, plan, run
 from dpnode.core.engine.dtypes import dtype, from_numpy
 from dpnode.core.engine.graph import Node, Ref
 from dpnode.core.engine.prims import Call, Scalar, TensorMeta
+from dpnode.core.engine.subnormals import flushing
 from dpnode.core.privacy import relations, rounding
 from dpnode.core.privacy.rules import RULES, Ctx
 from dpnode.core.privacy.spec import InputSpec
@@ -246,8 +247,8 @@ class PrivacyTracker:
                 vals.append(np.asarray(st.value))
             else:
                 return None
-        try:
-            with np.errstate(all="ignore"):
+        try:  # in the engine's mode, so that the value is the engine's to the bit
+            with np.errstate(all="ignore"), flushing():
                 v = np.asarray(REGISTRY[c.node.op].kernel(c.call, vals, None))
         except Exception:  # random prims (no generator here) and the like: value unknown
             return None

@@ -21,6 +21,7 @@ from dpnode.core.engine.dtypes import opmath
 from dpnode.core.engine.prims import REGISTRY
 from dpnode.core.engine.prims.elementwise import BINARY_PRIMS, operands_of
 from dpnode.core.engine.promotion import result_type
+from dpnode.core.engine.subnormals import flushing
 from dpnode.core.privacy.arrays import pad_left, recompact
 from dpnode.core.privacy.rules.base import Ctx, combine, finish, rule
 from dpnode.core.privacy.rules.moments import centred_tag
@@ -225,8 +226,8 @@ def kernel_on_tables(c: Ctx, tables: list[Table | None]) -> Table | None:
             return None
     if root is None:
         return None
-    try:
-        with np.errstate(all="ignore"):
+    try:  # in the engine's mode (its values to the bit: dpnode.core.engine.subnormals)
+        with np.errstate(all="ignore"), flushing():
             vals = np.asarray(REGISTRY[c.node.op].kernel(c.call, args, None))
     except Exception:  # a kernel that cannot take the extra axis: no table, still sound
         return None
