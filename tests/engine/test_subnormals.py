@@ -148,3 +148,22 @@ def test_the_tracker_computes_public_values_as_the_engine_does() -> None:
     (computed,) = evaluate(graph, {"x": np.array([0.5, 0.6, 0.9, 1.0])})
     assert np.all(computed == 0)
     assert np.all(out.lower <= computed) and np.all(computed <= out.upper)
+
+
+@pytest.mark.skipif(not subnormals.SUPPORTED, reason="no flush-to-zero mode here")
+def test_a_sum_whose_partial_sums_flush_is_covered_by_its_sensitivity() -> None:
+    """Adding subnormal values is exact under gradual underflow; flushed, every partial sum
+    below the smallest normal is lost. Replacing one row of ``[2^-1023] * 3`` by 0 moves
+    the exact sum by 2^-1023 and the computed one by three times that (the rest flushes):
+    each addition may err by the smallest normal, and an L2 rounding that small must not
+    vanish in its square (it was reported as 0, found by the attack test)."""
+    b = GraphBuilder()
+    x = b.input("x", "float64", (3, 1))
+    graph = b.build([b.op("sum", x)])
+    half = 2.0**-1023
+    out = track(graph, {"x": InputSpec.private(0.0, half)}).outputs[0]
+    (one,) = evaluate(graph, {"x": np.full((3, 1), half)})
+    (two,) = evaluate(graph, {"x": np.array([[0.0], [half], [half]])})
+    moved = abs(float(one) - float(two))
+    assert moved > half  # the flush made it move further than in exact arithmetic
+    assert moved <= out.l2 and moved <= out.l1

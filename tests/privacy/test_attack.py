@@ -472,10 +472,13 @@ WIDE_OPS = [
 
 @st.composite
 def wide_columns(draw: st.DrawFn) -> dict[str, Column]:
-    """Columns whose bounds reach anywhere up to the largest float."""
+    """Columns whose bounds reach anywhere up to the largest float, or down to where every
+    value is subnormal (where the engine's results flush to zero)."""
     n = draw(st.integers(2, 5))
     d = draw(st.integers(1, 3))
-    mag = draw(st.sampled_from([1.0, 1e3, 1e150, 1e300, 1.7e308]))
+    mag = draw(
+        st.sampled_from([1.0, 1e3, 1e150, 1e300, 1.7e308, 1e-150, 1e-300, 2.0**-1022, 1e-310])
+    )
     lo = np.array(draw(st.lists(st.floats(-1, 1), min_size=d, max_size=d))) * mag
     width = np.array(draw(st.lists(st.floats(0, 1), min_size=d, max_size=d))) * mag
     ylo = draw(st.floats(-1, 1)) * mag

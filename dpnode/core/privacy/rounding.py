@@ -150,7 +150,14 @@ def spread(s: State, E: Array) -> tuple[float, float]:
         e = np.where(mask, E, 0.0)
         everything = tuple(range(len(s.shape)))
         r1 = float(reduce_array(e, s.shape, everything).sum())
-        r2 = float(np.sqrt(reduce_array(e * e, s.shape, everything).sum()))
+        # scaled by the largest, so that errors near the smallest normal do not vanish in
+        # their squares (an L2 rounding of 2^-1022 was counted as 0)
+        top = float(np.max(e)) if np.size(e) else 0.0
+        if top == 0.0 or not math.isfinite(top):
+            r2 = top
+        else:
+            scaled = e / top
+            r2 = top * float(np.sqrt(reduce_array(scaled * scaled, s.shape, everything).sum()))
     return (r1 if not math.isnan(r1) else math.inf), (r2 if not math.isnan(r2) else math.inf)
 
 
@@ -204,14 +211,18 @@ def _perturbation(s: State | None) -> State | None:
 
 def _accumulated(c: Ctx, args: Sequence[State | None], mag_out: Array) -> Array:
     """Rounding of a float sum, mean or matrix product: ``gamma`` of its length times
-    the sum of the terms' magnitudes, plus the final rounding to the result dtype."""
+    the sum of the terms' magnitudes, plus the final rounding to the result dtype; and,
+    absolutely, the smallest normal for each of its ``2 n + 2`` operations (a product or
+    conversion and an addition per term, a mean's division: each result below it is
+    flushed to zero, an error no relative bound covers)."""
     out = c.meta.dtype
     op = c.node.op
     if op == "matmul":
         a, b = args[0], args[1]
         assert a is not None and b is not None
         acc, rounds = matmul_accumulation(c.call)
-        terms = _contraction(a, b, a.shape[-1])
+        n = a.shape[-1]
+        terms = _contraction(a, b, n)
     else:
         x = args[0]
         assert x is not None
@@ -226,7 +237,7 @@ def _accumulated(c: Ctx, args: Sequence[State | None], mag_out: Array) -> Array:
         if op == "mean":
             terms = terms / max(n, 1)
     # a product or conversion per term, its additions; a mean divides once more
-    e = gamma(rounds + 2, unit(acc)) * terms
+    e = gamma(rounds + 2, unit(acc)) * terms + (2 * n + 2) * tiny(acc)
     if acc.name != out.name:
         e = e + unit(out) * mag_out
     return np.asarray(e + tiny(out))
@@ -301,6 +312,12 @@ def _clip_error(c: Ctx, args: Sequence[State], mag_out: Array) -> Array:
         magnitude = sum(_part_magnitude(p) for p in parts)
         before = 0.0 if alone else lipschitz * gamma(rows + products, u) * magnitude
         e = before + rows * bound * (gamma(feat + 4, u) + gamma(rows + products, u))
+        # results below the smallest normal flush to zero: each square, sum and product
+        # errs by it absolutely, and a norm's squares that flush move its scale (by at most
+        # 2 feat tiny / bound relatively, on a row of norm about bound)
+        e = e + rows * tiny(accumulation(args[0].dtype, True)) * (
+            2 * feat * (1 + 1 / bound) + products + 4
+        )
     return np.asarray(e + unit(c.meta.dtype) * mag_out + tiny(c.meta.dtype))
 
 
@@ -317,7 +334,7 @@ def _conv_error(c: Ctx, args: Sequence[State | None], mag_out: Array) -> Array:
     rounds = (geo["cin"] // geo["g"]) * taps + taps + 2
     with np.errstate(invalid="ignore"):
         terms = magnitude_terms(c, _magnitude(*wide(x)), x)
-        e = gamma(rounds, unit(opmath(out))) * terms
+        e = gamma(rounds, unit(opmath(out))) * terms + rounds * tiny(opmath(out))
     if opmath(out).name != out.name:
         e = e + unit(out) * mag_out
     return np.asarray(e + tiny(out))
@@ -367,7 +384,8 @@ def _relative(c: Ctx) -> tuple[float, float]:
     prim whose error is not relative to its own result (sums, clipping)."""
     out = c.meta.dtype
     op = c.node.op
-    least = tiny(out)
+    # flushed to zero below the smallest normal: in the operation dtype, then in the result's
+    least = tiny(out) + (tiny(opmath(out)) if opmath(out).name != out.name else 0.0)
     if op == "convert_element_type":
         return unit(out), least
     a, b = unit(opmath(out)), unit(out)
