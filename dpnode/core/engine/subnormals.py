@@ -11,8 +11,8 @@ row above ``t``, about 60 ms with a quarter or more).
 Two measures close it:
 
 * **No arithmetic result is subnormal.** While the engine evaluates private values, the
-  evaluating thread runs with the CPU's *flush to zero* mode (x86-64: ``MXCSR.FTZ``; AArch64:
-  ``FPCR.FZ``): a result that would be subnormal is ``±0`` instead, at full speed. The tracker's
+  evaluating thread runs with the CPU's *flush to zero* mode (x86-64's ``MXCSR.FTZ``): a
+  result that would be subnormal is ``±0`` instead, at full speed. The tracker's
   rounding model counts this: the absolute error of a rounding is up to the smallest *normal*
   float (:func:`dpnode.core.privacy.rounding.tiny`), not the smallest subnormal.
 * **No operand the analyst chooses is subnormal.** Constants and public values arrive in the
@@ -25,8 +25,8 @@ The mode is set per thread, for the evaluation only (:func:`flushing`): elsewher
 tracker's own arithmetic, the noise) IEEE gradual underflow holds. BLAS runs its matrix
 products in the calling thread (:func:`single_threaded_blas`), so they run under the same mode.
 Where the mode cannot be set (a C library without ``fegetenv``/``fesetenv``, a CPU other than
-x86-64 and AArch64), :data:`SUPPORTED` is false and evaluation runs as before; the node logs a
-warning when it starts.
+x86-64), :data:`SUPPORTED` is false and evaluation runs as before; the node logs a warning
+when it starts.
 """
 
 from __future__ import annotations
@@ -57,15 +57,12 @@ _NORMAL = {
 def _environment() -> tuple[Any, int, int, int] | None:
     """``(libm, fenv_t size, byte offset, flag)`` of the flush-to-zero control, or None.
 
-    glibc's ``fenv_t`` holds the SSE control register ``MXCSR`` at byte 28 on x86-64 (FTZ is
-    bit 15) and the ``FPCR`` at byte 0 on AArch64 (FZ is bit 24); ``fesetenv`` loads them."""
-    machine = platform.machine().lower()
-    if machine in ("x86_64", "amd64"):
-        layout = (32, 28, 1 << 15)
-    elif machine in ("aarch64", "arm64"):
-        layout = (8, 0, 1 << 24)
-    else:
+    glibc's ``fenv_t`` holds the SSE control register ``MXCSR`` at byte 28 on x86-64, whose
+    FTZ (bit 15) flushes results only; ``fesetenv`` loads it. (AArch64's ``FPCR.FZ`` also
+    reads subnormal *operands* as zero, which the tracker's model does not cover: not used.)"""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
         return None
+    layout = (32, 28, 1 << 15)
     name = ctypes.util.find_library("m")
     if name is None or platform.system() != "Linux":
         return None
