@@ -228,14 +228,13 @@ def _trunc_div(a: Array, b: Array, out: Array | None = None) -> Array:
 
 
 def _pow_int(c: Call, a: Array, b: Array) -> Array:
-    if np.any(b < 0):
-        # torch: base**negative is 1 for base 1, +-1 for base -1, else 0
-        neg = b < 0
-        r = np.power(a, select(neg, 0, b))
-        odd = (b % 2) != 0
-        special = select(a == 1, 1, select(a == -1, select(odd, -1, 1), 0))
-        return select(neg, special, r).astype(a.dtype, copy=False)
-    return np.power(a, b)
+    """torch: base**negative is 1 for base 1, +-1 for base -1, else 0. The same work
+    whether or not an exponent is negative (a branch on it would show in the time)."""
+    neg = b < 0
+    r = np.power(a, select(neg, 0, b))
+    odd = (b % 2) != 0
+    special = select(a == 1, 1, select(a == -1, select(odd, -1, 1), 0))
+    return select(neg, special, r).astype(a.dtype, copy=False)
 
 
 def _binary(

@@ -384,10 +384,10 @@ def _searchsorted(c: Call, args: list[Any], out: Array | None) -> Array:
     end = np.full(flat_v.shape, n, dtype=np.int64)
     right = bool(c.attrs.get("right"))
     with np.errstate(invalid="ignore"):
-        while True:
+        # as many halvings as the longest search takes, whatever the values: a loop that
+        # stopped once every search had would take a step less on some of them
+        for _ in range(n.bit_length() + 1):
             active = start < end
-            if not active.any():
-                break
             mid = (start + end) >> 1
             mv = flat_rows[row_of, np.minimum(mid, n - 1)]
             go_right = ~(mv > flat_v) if right else ~(mv >= flat_v)
