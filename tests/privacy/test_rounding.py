@@ -178,3 +178,37 @@ def test_subnormal_moments_are_covered_by_the_trackers_own_rounding() -> None:
         d2[rng.integers(n)] = rng.choice([0.0, hi, rng.uniform(0, hi)])
         a, c = (run(p, {"x": d}).outputs[0].astype(np.float64) for d in (d1, d2))
         assert float(np.abs(a - c).max()) <= bound
+
+
+@pytest.mark.parametrize("outputs", [1, 2, 5])
+@pytest.mark.parametrize("hi", [1.0, 1e-100, 1e-160, 1e-170, 1e-300, 1e-310, 1e150, 1e300])
+def test_the_joint_sensitivity_of_all_outputs_covers_each_at_any_magnitude(
+    outputs: int, hi: float
+) -> None:
+    # the mechanism is calibrated to the report's L1 and L2 over all outputs: its L2 came
+    # from squares, and a lone sum of values in [0, 1e-170] had a joint L2 of 0, so the
+    # Gaussian released it without noise; its squares of 1e150 overflowed (a refusal)
+    from fractions import Fraction
+
+    from dpnode.core.privacy.release import plan_release, run_release
+
+    b = GraphBuilder()
+    x = b.input("x", "float64", (40,))
+    scales = [1.0, 0.5, 0.25, 2.0**-60, 1e-30][:outputs]
+    graph = b.build([b.op("sum", b.op("mul", x, s)) for s in scales])
+    specs = {"x": InputSpec.private(0.0, hi, np.arange(40) % 8)}  # 5 rows a subject
+    report = track(graph, specs)
+    per_l1 = [[Fraction(float(v)) for v in o.per_subject_l1] for o in report.outputs]
+    per_l2 = [[Fraction(float(v)) for v in o.per_subject_l2] for o in report.outputs]
+    exact_l1 = max(sum(col) for col in zip(*per_l1, strict=True))
+    exact_l2_squared = max(sum(v * v for v in col) for col in zip(*per_l2, strict=True))
+    assert exact_l1 > 0 and exact_l2_squared > 0
+    assert Fraction(report.l1) >= exact_l1
+    assert Fraction(report.l2) ** 2 >= exact_l2_squared
+    assert report.l2 <= report.l1  # and not loose: no worse than the L1 bound
+    # so the Gaussian adds noise: releases of the exact sums would all be the same
+    rp = plan_release(plan(graph, accurate=True), specs, epsilon=1.0, delta=1e-6)
+    assert rp.noise.sensitivity >= report.l2 and rp.noise.scale > 0
+    data = {"x": np.random.default_rng(1).uniform(0, hi, 40)}
+    released = {tuple(map(float, run_release(rp, data).values)) for _ in range(30)}
+    assert len(released) > 1  # (each is clipped to its range: at 1e-310, 0 half the time)

@@ -92,14 +92,12 @@ class PrivacyReport:
     @functools.cached_property
     def l1(self) -> float:
         """L1 sensitivity of all outputs released together (worst subject, summed)."""
-        total = functools.reduce(np.add, [o.per_subject_l1 for o in self.outputs], np.zeros(1))
-        return float(total.max(initial=0.0))
+        return _joined([o.per_subject_l1 for o in self.outputs], squares=False)
 
     @functools.cached_property
     def l2(self) -> float:
         """L2 sensitivity of all outputs released together."""
-        sq = functools.reduce(np.add, [o.per_subject_l2**2 for o in self.outputs], np.zeros(1))
-        return float(np.sqrt(sq.max(initial=0.0)))
+        return _joined([o.per_subject_l2 for o in self.outputs], squares=True)
 
     def split(self, flat: npt.NDArray[np.float64]) -> list[npt.NDArray[np.float64]]:
         """All outputs' elements, flattened one after the other, back in their shapes."""
@@ -109,6 +107,29 @@ class PrivacyReport:
             pieces.append(flat[start : start + size].reshape(out.shape))
             start += size
         return pieces
+
+
+def _joined(parts: list[Array], *, squares: bool) -> float:
+    """The worst subject's L1 (sum) or L2 (root of the sum of squares) over the outputs'
+    per-subject bounds ``parts``, rounded up.
+
+    The L2 is computed on the bounds divided by a power of two above the largest, so that
+    no square underflows or overflows: a lone output's L2 of 1e-170 squared to 0, and the
+    Gaussian released its value without noise. The float64 sums and root are widened by
+    their relative error."""
+    if len(parts) == 1:
+        return float(parts[0].max(initial=0.0))  # no arithmetic: exact
+    top = max(float(p.max(initial=0.0)) for p in parts)
+    if top == 0.0 or not math.isfinite(top):
+        return top
+    if not squares:
+        total = float(functools.reduce(np.add, parts).max(initial=0.0))
+    else:
+        scale = math.ldexp(1.0, math.frexp(top)[1])  # dividing by it is exact (to 2^-1022)
+        sq = functools.reduce(np.add, [np.square(p / scale) for p in parts])
+        total = math.sqrt(float(sq.max(initial=0.0))) * scale
+    widened = total * (1 + rounding.gamma(len(parts) + 3, rounding.unit(dtype("float64"))))
+    return math.nextafter(widened, math.inf)
 
 
 class PrivacyTracker:
