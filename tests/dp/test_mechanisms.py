@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from fractions import Fraction
 
 import numpy as np
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from dpnode.core.dp import Charge, gaussian, gaussian_scale, laplace, laplace_scale
 from dpnode.core.dp.accounting import calibrate_rho
 from dpnode.core.dp.grid import FINENESS_BITS, on_grid, round_to_grid
+from dpnode.core.dp.mechanisms import plan_gaussian, plan_laplace
 from dpnode.core.dp.samplers import MAX_SCALE
 from dpnode.core.errors import EvaluationError, InvalidRequestError
 from tests.dp.stats import (
@@ -119,6 +121,22 @@ def test_refuses_a_privacy_parameter_no_grid_can_serve() -> None:
         laplace([1.0, 2.0], sensitivity_l1=1.0, epsilon=1e-300)
     with pytest.raises(InvalidRequestError, match="rho=1e-30 is too small for 2 values"):
         gaussian([1.0, 2.0], sensitivity_l2=1.0, rho=1e-30)
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        lambda: plan_laplace(sensitivity_l1=1e305, epsilon=1e-4, count=3),
+        lambda: plan_laplace(sensitivity_l1=1e308, epsilon=0.5, count=3),
+        lambda: plan_gaussian(sensitivity_l2=1e305, epsilon=1e-3, delta=1e-6, count=3),
+        lambda: plan_gaussian(sensitivity_l2=1e307, rho=1e-3, count=3),
+    ],
+)
+def test_refuses_noise_beyond_the_largest_float(plan: Callable[[], object]) -> None:
+    # the grid fits the samplers, but its scale (or the rounded query's sensitivity) in
+    # float64 overflowed: an OverflowError, which the node answered with a 500
+    with pytest.raises(InvalidRequestError, match="would exceed the largest float64"):
+        plan()
 
 
 @pytest.mark.parametrize(

@@ -17,14 +17,18 @@ from typing import Any
 import numpy as np
 import pytest
 from scipy import stats
+from sqlalchemy import func, select
 from starlette.testclient import TestClient
 
 from dpnode.core.engine import GraphBuilder, Ref, encode
 from dpnode.node.context import NodeContext
+from dpnode.node.db.models import LedgerEntry
 from tests.node.conftest import post_frame, upload_ok
 from tests.node.frames import read_frame
 
 N = 8
+#: rows of the float columns, wide enough that a sum's noise is not clipped
+ROWS = 400
 #: A graph over one dataset: the builder, the dataset's id and the column names.
 Attack = Callable[[GraphBuilder, int], list[Ref]]
 
@@ -48,10 +52,12 @@ def _pair(
     return ids[0], ids[1]
 
 
-def _send(http: TestClient, ds_h: dict[str, str], ident: int, attack: Attack, eps: float) -> Any:
+def _send(
+    http: TestClient, ds_h: dict[str, str], ident: int, attack: Attack, eps: float, more: str = ""
+) -> Any:
     b = GraphBuilder()
     frame = encode(b.build(attack(b, ident)))
-    return post_frame(http, f"/api/v1/publish?epsilon={eps}", ds_h, frame)
+    return post_frame(http, f"/api/v1/publish?epsilon={eps}{more}", ds_h, frame)
 
 
 def _shown(response: Any, ident: int) -> tuple[int, str, str]:
@@ -274,3 +280,47 @@ def test_the_sign_of_a_zero_computed_on_the_node_is_not_released(
         assert response.status_code == 200, response.text
         manifest, _ = read_frame(response.content)
         assert manifest["receipt"]["sensitivity_l1"] >= 1.0  # noised as a 0/1 that may flip
+
+
+def _float_pair(http: TestClient, owner_h: dict[str, str], name: str, hi: float) -> tuple[int, int]:
+    """Neighbours of ROWS values in [0, hi]: all hi / 2, and row 0 at 0 instead."""
+    column = {"values": np.full(ROWS, hi / 2), "dtype": np.float64}
+    return _pair(http, owner_h, name, column, (0.0, hi), hi / 2, 0.0)
+
+
+def _total(b: GraphBuilder, ident: int) -> list[Ref]:
+    return [b.op("sum", b.input(f"dataset:{ident}/v", "float64", (ROWS,)))]
+
+
+def test_a_sum_of_tiny_values_is_noised_under_the_gaussian(
+    http: TestClient, owner_h: dict[str, str], ds_h: dict[str, str]
+) -> None:
+    # its L2 sensitivity (1e-170) squared to 0 when the outputs' joint L2 was computed, and
+    # the Gaussian released the exact sum (row 0's value, read at any epsilon)
+    hi = 1e-170
+    ids = _float_pair(http, owner_h, "tiny", hi)
+    for ident in ids:
+        answers = set()
+        for _ in range(3):  # the sum is 200 hi, its noise a few hi: never clipped
+            response = _send(http, ds_h, ident, _total, 0.5, "&delta=1e-7")
+            assert response.status_code == 200, response.text
+            manifest, arrays = read_frame(response.content)
+            assert manifest["receipt"]["sensitivity_l2"] >= hi
+            answers.add(float(arrays["output/0"]))
+        assert len(answers) > 1, answers  # (the exact sum, three times, before)
+
+
+def test_noise_beyond_the_largest_float_is_refused_from_public_bounds_alone(
+    context: NodeContext, http: TestClient, owner_h: dict[str, str], ds_h: dict[str, str]
+) -> None:
+    # a sum of values up to 1e305 at a small epsilon: the noise's scale overflows a float64;
+    # it was a 500 (OverflowError), and is a refusal, the same on neighbours, charging nothing
+    ids = _float_pair(http, owner_h, "huge", 1e305)
+    for eps, more in ((0.0001, ""), (0.001, "&delta=1e-6")):
+        shown = [_shown(_send(http, ds_h, i, _total, eps, more), i) for i in ids]
+        assert shown[0] == shown[1], shown
+        status, code, detail = shown[0]
+        assert (status, code) == (422, "invalid_request"), shown
+        assert "would exceed the largest float64" in detail, detail
+    with context.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(LedgerEntry)) == 0

@@ -99,6 +99,17 @@ def _sensitivity(name: str, value: float) -> float:
     return v
 
 
+def _beyond_float64(units: float, k: int, sens: float, budget: str) -> float:
+    """``units`` grid steps of ``2^k``, or a clear refusal where that exceeds a float64."""
+    try:
+        return math.ldexp(units, k)
+    except OverflowError:
+        raise InvalidRequestError(
+            f"the noise for a sensitivity of {sens:g} at {budget} would exceed the largest "
+            "float64: narrow the inputs' bounds or spend more"
+        ) from None
+
+
 def _as_values(values: npt.ArrayLike) -> npt.NDArray[np.float64]:
     try:
         return np.array(values, dtype=np.float64)
@@ -224,8 +235,8 @@ def plan_laplace(*, sensitivity_l1: float, epsilon: float, count: int) -> NoiseP
         mechanism="laplace",
         count=count,
         grid_exponent=k,
-        scale=math.ldexp(t, k),
-        sensitivity=math.ldexp(float(d_int), k),
+        scale=_beyond_float64(t, k, sens, f"epsilon {eps:g}"),
+        sensitivity=_beyond_float64(float(d_int), k, sens, f"epsilon {eps:g}"),
         epsilon=eps,
         rho=0.0,
         sampler_tv=count * sampler.tv_bound,
@@ -265,8 +276,8 @@ def plan_gaussian(
         mechanism="gaussian",
         count=count,
         grid_exponent=k,
-        scale=math.ldexp(s, k),
-        sensitivity=math.ldexp(d2, k),
+        scale=_beyond_float64(s, k, sens, f"rho {target:g}"),
+        sensitivity=_beyond_float64(d2, k, sens, f"rho {target:g}"),
         epsilon=0.0,
         rho=target,
         sampler_tv=count * sampler.tv_bound,

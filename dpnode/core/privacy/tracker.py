@@ -125,7 +125,8 @@ def _joined(parts: list[Array], *, squares: bool) -> float:
     if not squares:
         total = float(functools.reduce(np.add, parts).max(initial=0.0))
     else:
-        scale = math.ldexp(1.0, math.frexp(top)[1])  # dividing by it is exact (to 2^-1022)
+        # a power of two in (top / 2, top]: dividing by it is exact (to 2^-1022)
+        scale = math.ldexp(1.0, math.frexp(top)[1] - 1)
         sq = functools.reduce(np.add, [np.square(p / scale) for p in parts])
         total = math.sqrt(float(sq.max(initial=0.0))) * scale
     widened = total * (1 + rounding.gamma(len(parts) + 3, rounding.unit(dtype("float64"))))
