@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import Any
 
 import ml_dtypes
@@ -203,3 +205,46 @@ def test_bad_outer_parts_are_refused_before_running(
     groups = b.input("s", "int64", (5,))
     with pytest.raises(GraphError, match=message):
         plan(b.build([b.op("clip_by_subject_norm", *args, groups, max_norm=1.0, outer=outer)]))
+
+
+def _norm(v: Any) -> Fraction:
+    """The Euclidean norm of ``v``'s float64 values, to a relative 1e-15 whatever their
+    magnitudes (``math.hypot`` scales; no square underflows or overflows)."""
+    return Fraction(math.hypot(*np.asarray(v, dtype=np.float64).ravel().tolist()))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    dtype=st.sampled_from(["float64", "float32"]),
+    exponents=st.tuples(*[st.floats(0, 1)] * 3),
+    e_c=st.integers(-290, 300),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_row_is_clipped_to_the_bound_at_any_magnitude(
+    dtype: str, exponents: tuple[float, ...], e_c: int, seed: int
+) -> None:
+    """One row (its own group) of an outer part ``g (x) x`` and a plain part, each factor at
+    its own magnitude (anywhere in its dtype's range), and a bound at another: the clipped
+    row's norm is at most the bound. Its norm came from squares: a float64 ``g`` of 1e-170
+    squared to 0 and an ``x`` of 1e170 to infinity, their product was NaN, and the row (one
+    subject's data) was not clipped."""
+    rng = np.random.default_rng(seed)
+    low, high = (-300, 300) if dtype == "float64" else (-44, 38)
+    e_g, e_x, e_b = (round(low + f * (high - low)) for f in exponents)
+    g, x, bias = (
+        (rng.uniform(-1, 1, (1, k)) * 10.0**e).astype(dtype)
+        for k, e in ((3, e_g), (4, e_x), (2, e_b))
+    )
+    bound = 10.0 ** (e_c if dtype == "float64" else min(e_c, 37))  # (a float32 output's range)
+    got = clip_outer(g, x, bias, np.zeros(1, dtype=np.int64), bound)
+    assert np.isfinite(got).all()
+    norm = _norm(got)
+    assert norm <= Fraction(bound) * (1 + Fraction(1, 10**6)) + Fraction(1e-290), (norm, bound)
+    row = _norm(g) * _norm(x), _norm(bias)
+    whole = row[0] ** 2 + row[1] ** 2
+    if dtype == "float64" and max(abs(e_g), abs(e_x), abs(e_b), abs(e_c)) <= 100:
+        if whole <= Fraction(bound) ** 2 * (1 - Fraction(1, 10**6)):  # untouched
+            want = np.concatenate([(g[0][:, None] * x[0][None, :]).ravel(), bias[0]])
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-300)
+        elif whole >= Fraction(bound) ** 2 * (1 + Fraction(1, 10**6)):  # on the sphere
+            assert norm >= Fraction(bound) * (1 - Fraction(1, 10**9)) - Fraction(1e-290)

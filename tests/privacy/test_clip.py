@@ -319,10 +319,11 @@ def test_outer_factors_of_different_subjects_row_by_row_are_refused() -> None:
 
 
 @pytest.mark.parametrize("outer", [False, True])
-def test_rows_that_overflow_are_clipped_to_nothing_and_stay_at_2c(outer: bool) -> None:
+def test_rows_that_overflow_are_clipped_and_stay_at_2c(outer: bool) -> None:
     """Rows whose values may overflow (bounds up to inf) are clipped all the same: the kernel
-    zeroes a row's infinite or NaN values (and scales a row whose norm overflows to 0), so a
-    row's clipped vector is a function of that row alone of norm at most C whatever it holds.
+    zeroes a row's infinite or NaN values (and computes a float64 row's norm scaled, so that
+    it does not overflow), so a row's clipped vector is a function of that row alone of norm
+    at most C whatever it holds.
     A row that could be NaN is refused: which subjects a NaN depends on is not known."""
     n, d = 6, 3
     b = GraphBuilder()
@@ -354,3 +355,35 @@ def test_rows_that_overflow_are_clipped_to_nothing_and_stay_at_2c(outer: bool) -
     )
     with pytest.raises(PrivacyTrackingError, match="may be NaN"):
         track(nan_graph, specs)
+
+
+@pytest.mark.parametrize(("tiny", "huge"), [(1e-170, 1e170), (1e-155, 1e154), (1e-300, 1e299)])
+def test_a_tiny_public_factor_times_a_huge_private_one_is_clipped(
+    rng: np.random.Generator, tiny: float, huge: float
+) -> None:
+    # a linear layer's gradient g (x) x with a public g of 1e-170 on row 0 and the private
+    # x scaled by 1e170: |g|^2 underflowed, |x|^2 overflowed (or flushed and stayed finite),
+    # the row's norm came out NaN or 0 and the row was not clipped: a publish at epsilon 1
+    # showed row 0's value to within 0.05 (the noise was for 2C = 0.02)
+    n, bound = 20, 0.01
+    b = GraphBuilder()
+    x = b.input("X", "float64", (n, 1))
+    g = np.zeros((n, 1))
+    g[0, 0] = tiny
+    scaled = b.op("mul", x, huge)
+    out = b.op(
+        "clip_by_subject_norm",
+        b.constant(g),
+        scaled,
+        b.constant(np.arange(n)),
+        max_norm=bound,
+        outer=[1],
+    )
+    graph = b.build([out])
+    report = track(graph, {"X": InputSpec.private(0.0, 1.0)})
+    assert report.outputs[0].l2 == pytest.approx(2 * bound, rel=1e-9)
+    for secret in (0.0, 0.3, 1.0):
+        d1 = {"X": rng.uniform(0, 1, (n, 1))}
+        d2 = {"X": d1["X"].copy()}
+        d1["X"][0, 0], d2["X"][0, 0] = secret, 1.0 - secret
+        assert_sound(graph, report, d1, d2)

@@ -35,6 +35,7 @@ quotas count an outer part as built).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -158,6 +159,7 @@ def _clip_by_subject_norm(c: Call, args: list[Any], out: Array | None) -> Array:
     sorted_groups = np.asarray(groups)[order]
     starts = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
     max_norm, norm_ord = c.attr("max_norm"), c.attr("ord")
+    wide = m.dtype.np == np.float64  # a float32's squares and their products fit a float64
     if len(starts) == n:
         # every row its own group (the usual case): the rows are the group sums already.
         # Taken in blocks of rows, so that each float64 copy stays in cache (a sixth of the
@@ -171,7 +173,9 @@ def _clip_by_subject_norm(c: Call, args: list[Any], out: Array | None) -> Array:
             ]
             if norm_ord == 1:  # an L1 norm does not factor: outer parts built
                 blocks = [(_outer(*b) if len(b) == 2 else b[0],) for b in blocks]
-            for total, part in zip(totals, _clipped_sums(blocks, max_norm, norm_ord), strict=True):
+            for total, part in zip(
+                totals, _clipped_sums(blocks, max_norm, norm_ord, wide), strict=True
+            ):
                 total += part
     else:
         sums = [
@@ -184,10 +188,13 @@ def _clip_by_subject_norm(c: Call, args: list[Any], out: Array | None) -> Array:
             )
             for part in parts
         ]
-        totals = _clipped_sums([(s,) for s in sums], max_norm, norm_ord)
+        totals = _clipped_sums([(s,) for s in sums], max_norm, norm_ord, wide)
     total = totals[0] if len(totals) == 1 else np.concatenate(totals)
     return np.asarray(total.reshape(m.shape)).astype(m.dtype.np)
 
+
+#: the smallest normal float64: a clip's scale below it is taken as 0
+_SMALLEST_NORMAL = float(np.finfo(np.float64).tiny)
 
 #: the exponent bits of a float64, all set in an infinity or a NaN
 _EXPONENT = np.uint64(0x7FF0000000000000)
@@ -209,29 +216,74 @@ def _outer(g: Array, x: Array) -> Array:
 _BLOCK_ROWS = 128
 
 
-def _clipped_sums(parts: list[tuple[Array, ...]], max_norm: float, order: int) -> list[Array]:
+def _clipped_sums(
+    parts: list[tuple[Array, ...]], max_norm: float, order: int, wide: bool
+) -> list[Array]:
     """Per part, the sum of its rows (float64), each row of all the parts joined scaled down
     to norm ``max_norm`` (L2, or L1 for ``order`` 1). A part is ``(rows,)``, or ``(g, x)``
-    for rows ``g[i] (x) x[i]`` (L2 only), whose squared norm is ``|g[i]|^2 |x[i]|^2`` and
-    whose scaled sum is ``(scale * g)^T x``: never built.
+    for rows ``g[i] (x) x[i]`` (L2 only), whose norm is ``|g[i]| |x[i]|`` and whose scaled
+    sum is ``(scale * g)^T x``: never built.
 
     The arrays are the caller's float64 copies: a NaN or infinite element is set to 0 in
     them first, so each row's clipped vector is a function of that row alone with norm at
-    most ``max_norm`` whatever its values (a row whose norm overflows scales to 0), which
-    is all the privacy rule assumes. It is done on every row, whatever the values, so that
-    the work does not depend on them (``np.copyto(where=)`` skips what it need not write, and
-    ``np.where`` branches: :mod:`dpnode.core.engine.constant_time`)."""
+    most ``max_norm`` whatever its values, which is all the privacy rule assumes. It is
+    done on every row, whatever the values, so that the work does not depend on them
+    (``np.copyto(where=)`` skips what it need not write, and ``np.where`` branches:
+    :mod:`dpnode.core.engine.constant_time`).
+
+    ``wide``: the values are float64's. An L2 norm of narrower values (float32, float16,
+    bfloat16: magnitudes within ``[2^-149, 2^128]``) is computed from their squares, which,
+    summed and multiplied by a factor's, stay within float64's normal range. A float64's
+    norm is computed on each row divided by a power of two near its largest element
+    (:func:`_l2_scales`): from plain squares, a factor ``g`` of ``1e-170`` squared to 0 and
+    an ``x`` of ``1e170`` to infinity, their product was NaN, and the row was not clipped.
+    Which way is taken depends on the dtype alone."""
     for part in parts:
         for f in part:
             _zero_nonfinite(f)
     if order == 1:
         norms = sum(np.abs(p[0]).sum(axis=1) for p in parts)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            # min(1, C / norm) without a branch: an overflowed norm scales its row to 0
+            scale = np.fmin(max_norm / norms, 1.0)
+    elif wide:
+        scale = _l2_scales(parts, max_norm)
     else:
         norms = np.sqrt(sum(math.prod(np.einsum("ij,ij->i", f, f) for f in p) for p in parts))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        # min(1, C / norm) without a branch: fmin takes 1 over a NaN (a norm of inf * 0)
-        scale = np.fmin(max_norm / norms, 1.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scale = np.fmin(max_norm / norms, 1.0)  # fmin: 1 over a zero row's C / 0
+    # a subnormal scale may have been rounded up by far more than a relative unit (where the
+    # CPU does not flush it to zero): a row of norm beyond C * 2^1022 scales to 0 instead
+    np.multiply(scale, scale >= _SMALLEST_NORMAL, out=scale)
     return [
         np.asarray(scale @ p[0]) if len(p) == 1 else ((scale[:, None] * p[0]).T @ p[1]).reshape(-1)
         for p in parts
     ]
+
+
+def _l2_scales(parts: list[tuple[Array, ...]], max_norm: float) -> Array:
+    """Each row's ``min(1, max_norm / |row|)``, the row's parts joined (an outer part's
+    norm the product of its factors' norms), with no square that underflows or overflows:
+    each factor's rows are divided by ``2^e``, ``e`` the exponent of their largest
+    magnitude (exact, but for elements below ``2^(e - 1022)``), so that their squares sum
+    to between 1/4 and the row's width, and the exponents are added as integers. The same
+    passes whatever the values: no branch."""
+    exponents, squares = [], []
+    for part in parts:
+        e_part = np.zeros(part[0].shape[0], dtype=np.int64)
+        s_part = np.ones(part[0].shape[0])
+        for f in part:
+            largest = np.maximum(f.max(axis=1, initial=0.0), -f.min(axis=1, initial=0.0))
+            e = np.frexp(largest)[1].astype(np.int64)  # largest < 2^e (0 for a zero row)
+            scaled = np.ldexp(f, -e[:, None])
+            e_part += e
+            s_part *= np.einsum("ij,ij->i", scaled, scaled)
+        exponents.append(e_part)
+        squares.append(s_part)
+    top = functools.reduce(np.maximum, exponents)
+    total = sum(np.ldexp(s, 2 * (e - top)) for e, s in zip(exponents, squares, strict=True))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        # |row| = 2^top sqrt(total): min(1, (max_norm 2^-top) / sqrt(total)); fmin takes 1
+        # over a zero row's 0 / 0, and an underflowed numerator scales a row of norm beyond
+        # max_norm 2^1074 to 0
+        return np.asarray(np.fmin(np.ldexp(max_norm, -top) / np.sqrt(total), 1.0))
