@@ -126,6 +126,24 @@ def test_refuses_a_privacy_parameter_no_grid_can_serve() -> None:
 @pytest.mark.parametrize(
     "plan",
     [
+        lambda: plan_laplace(sensitivity_l1=1.0, epsilon=1e20, count=3),
+        lambda: plan_laplace(sensitivity_l1=1e-170, epsilon=5e-324, count=1),
+        lambda: plan_gaussian(sensitivity_l2=1.0, epsilon=1e-100, delta=1e-100, count=3),
+        lambda: plan_gaussian(sensitivity_l2=1.0, epsilon=1e100, delta=1e-6, count=3),
+    ],
+)
+def test_epsilons_far_outside_the_nodes_range_are_refused_clearly(
+    plan: Callable[[], object],
+) -> None:
+    # a decimal.DivisionByZero, a ZeroDivisionError and OverflowErrors before (the node
+    # refuses an epsilon outside [1e-9, 1e6] first; the library's callers got these)
+    with pytest.raises(InvalidRequestError, match="ask for an epsilon between 1e-9 and 1e6"):
+        plan()
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
         lambda: plan_laplace(sensitivity_l1=1e305, epsilon=1e-4, count=3),
         lambda: plan_laplace(sensitivity_l1=1e308, epsilon=0.5, count=3),
         lambda: plan_gaussian(sensitivity_l2=1e305, epsilon=1e-3, delta=1e-6, count=3),

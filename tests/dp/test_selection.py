@@ -247,3 +247,20 @@ def test_moving_a_value_between_groups_stays_within_e_to_the_epsilon(alpha: floa
 
 def _score(values: np.ndarray, c: float, a: Fraction) -> Fraction:
     return -abs((1 - a) * int(np.sum(values < c)) - a * int(np.sum(values > c)))
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 0.1, 0.7, 1e-9, 3.3e-300, 1e6])
+@pytest.mark.parametrize("count", [1, 3, 7, 49])
+def test_the_quantiles_shares_never_add_up_to_more_than_epsilon(epsilon: float, count: int) -> None:
+    # epsilon / count rounded to nearest may round up: the shares are rounded down
+    grid = selection.candidates(0.0, 1.0, False)
+    alphas = [(i + 1) / (count + 1) for i in range(count)]
+    sel = selection.plan_selection(epsilon=epsilon, outputs=[(grid, alphas, 1, 0)])
+    assert sum(Fraction(s.epsilon) for s in sel.selections) <= Fraction(epsilon)
+
+
+def test_an_epsilon_too_small_to_share_is_refused() -> None:
+    # the share underflowed to 0 and the plan divided by it: a bare ZeroDivisionError
+    grid = selection.candidates(0.0, 1.0, False)
+    with pytest.raises(InvalidRequestError, match="too small to share among 2 quantiles"):
+        selection.plan_selection(epsilon=5e-324, outputs=[(grid, [0.25, 0.75], 1, 0)])

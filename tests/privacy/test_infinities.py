@@ -187,3 +187,14 @@ def test_huge_magnitudes_are_tracked_soundly(name: str) -> None:
         outs = [run(p, {"x": v}).outputs[0].astype(np.float64) for v in ends]
     for a, c in itertools.pairwise(outs):
         assert math.fsum(np.abs(a - c).reshape(-1).tolist()) <= report.outputs[0].l1
+
+
+@pytest.mark.parametrize("bound", [1e308, 1.7e308])
+def test_integer_bounds_wider_than_the_float_range_are_tracked(bound: float) -> None:
+    # their width overflowed to inf, and the tracker's small-domain tables raised a bare
+    # OverflowError (int(inf)) where the values' own range (int64's) is what counts
+    b = GraphBuilder()
+    x = b.input("x", "int64", (10,))
+    graph = b.build([b.op("sum", x)])
+    report = track(graph, {"x": InputSpec.private(-bound, bound)})
+    assert report.l1 == pytest.approx(2.0**64, rel=1e-6)

@@ -21,10 +21,12 @@ the request.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal
+from typing import Literal, ParamSpec, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -97,6 +99,29 @@ def _sensitivity(name: str, value: float) -> float:
     if not (math.isfinite(v) and v >= 0):
         raise InvalidRequestError(f"{name} must be finite and >= 0, got {value!r}")
     return v
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def refusing_arithmetic(plan: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``plan``, with an arithmetic error on its public parameters (a division by zero or an
+    overflow, at an epsilon far outside what the node accepts) raised as a clear
+    :class:`InvalidRequestError` instead."""
+
+    @functools.wraps(plan)
+    def planned(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return plan(*args, **kwargs)
+        except ArithmeticError as exc:
+            asked = ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if isinstance(v, int | float))
+            raise InvalidRequestError(
+                f"the noise cannot be computed for {asked} ({exc}): ask for an epsilon "
+                "between 1e-9 and 1e6"
+            ) from None
+
+    return planned
 
 
 def _beyond_float64(units: float, k: int, sens: float, budget: str) -> float:
@@ -209,6 +234,7 @@ def apply_noise(
     )
 
 
+@refusing_arithmetic
 def plan_laplace(*, sensitivity_l1: float, epsilon: float, count: int) -> NoisePlan:
     """Plan discrete Laplace noise on a 2^k grid for ``count`` values: epsilon-DP.
 
@@ -244,6 +270,7 @@ def plan_laplace(*, sensitivity_l1: float, epsilon: float, count: int) -> NoiseP
     )
 
 
+@refusing_arithmetic
 def plan_gaussian(
     *,
     sensitivity_l2: float,

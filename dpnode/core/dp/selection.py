@@ -51,6 +51,7 @@ beyond the exponent 40. So the released candidate's law is within total variatio
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -58,7 +59,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpnode.core.dp import samplers
-from dpnode.core.dp.mechanisms import float_at_least
+from dpnode.core.dp.mechanisms import float_at_least, refusing_arithmetic
 from dpnode.core.errors import InvalidRequestError
 
 __all__ = [
@@ -161,6 +162,7 @@ class SelectionPlan:
         return sum(s.count for s in self.selections)
 
 
+@refusing_arithmetic
 def plan_selection(
     *, epsilon: float, outputs: list[tuple[npt.NDArray[np.float64], list[float], int, int]]
 ) -> SelectionPlan:
@@ -179,7 +181,14 @@ def plan_selection(
     """
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise InvalidRequestError(f"epsilon must be finite and > 0, got {epsilon!r}")
-    share = epsilon / max(1, sum(len(alphas) for _, alphas, _, _ in outputs))
+    asked = max(1, sum(len(alphas) for _, alphas, _, _ in outputs))
+    share = epsilon / asked
+    if Fraction(share) * asked > Fraction(epsilon):  # rounded up: the shares would exceed it
+        share = math.nextafter(share, 0.0)
+    if not share >= sys.float_info.min:
+        raise InvalidRequestError(
+            f"epsilon={epsilon!r} is too small to share among {asked} quantiles"
+        )
     selections, tv = [], 0.0
     whole = 2**ALPHA_BITS
     for grid, alphas, k, groups in outputs:

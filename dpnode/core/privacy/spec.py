@@ -117,7 +117,8 @@ class InputSpec:
             )
         # a view of the read-only subject column: rules recognise it (dpnode.core.privacy.subjects)
         owner = subj.reshape((1,) * axis + (n,) + (1,) * (len(shape) - axis - 1))
-        width = hi - lo
+        with np.errstate(over="ignore"):  # bounds wider than the largest float: unbounded
+            width = hi - lo
         zero = fit(0.0, shape)
         return State(
             shape,

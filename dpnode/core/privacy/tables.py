@@ -139,9 +139,11 @@ def make_root(s: State, index: int) -> Table | None:
     lo, hi = np.broadcast_arrays(lo, hi)
     if not (np.isfinite(lo).all() and np.isfinite(hi).all()) or (hi < lo).any():
         return None
-    width = int((hi - lo).max()) + 1
-    if width > MAX_DOMAIN:
+    with np.errstate(over="ignore"):  # bounds wider than the largest float: no table
+        span = float((hi - lo).max())
+    if not span < MAX_DOMAIN:
         return None
+    width = int(span) + 1
     dom = np.minimum(lo[..., None] + np.arange(width), hi[..., None])
     vals = dom.astype(s.dtype.np)
     return Table(root_ids(index, s.shape), vals)
