@@ -324,3 +324,20 @@ def test_noise_beyond_the_largest_float_is_refused_from_public_bounds_alone(
         assert "would exceed the largest float64" in detail, detail
     with context.sessions() as session:
         assert session.scalar(select(func.count()).select_from(LedgerEntry)) == 0
+
+
+def test_an_output_infinite_whatever_the_data_is_refused_before_the_charge(
+    context: NodeContext, http: TestClient, owner_h: dict[str, str], ds_h: dict[str, str]
+) -> None:
+    # a public infinite value next to a private sum: its widened lower bound was inf - inf,
+    # NaN; it passed the plan, was charged, and the noise then raised on it
+    ids = _float_pair(http, owner_h, "inf", 1.0)
+
+    def attack(b: GraphBuilder, ident: int) -> list[Ref]:
+        return [*_total(b, ident), b.op("mul", b.constant(np.array([np.inf, 2.0])), 1.0)]
+
+    status, code, detail = _same_on_neighbours(http, ds_h, ids, attack)
+    assert (status, code) == (422, "invalid_request"), detail
+    assert "infinite or NaN whatever the data" in detail
+    with context.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(LedgerEntry)) == 0

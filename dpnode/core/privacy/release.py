@@ -145,6 +145,11 @@ def plan_release(
     ]
     lower = _flat([lo for lo, _ in ends], report)
     upper = _flat([hi for _, hi in ends], report)
+    if not ((lower < math.inf).all() and (upper > -math.inf).all()):  # NaN or infinite
+        raise InvalidRequestError(  # (a private output's bounds were checked finite)
+            "an output is infinite or NaN whatever the data (a public value): there is "
+            "nothing to noise; compute it without publishing"
+        )
     # Narrowing the clip to what the grid holds is post-processing (clipping never widens
     # a difference); only absurd magnitudes (beyond 2^1000 grid steps) are touched.
     limit = sys.float_info.max
@@ -422,12 +427,13 @@ def run_release(
     except Exception as exc:  # once charged, always answered
         failure = f"{type(exc).__name__}: {exc}"
         flat[:] = rp.fallback
-    # the same work whatever the values: clip, then a NaN becomes its public stand-in
+    # the same work whatever the values: clip, then a NaN (or an infinite value of a public
+    # output, whose range is unknown) becomes its public stand-in
     np.clip(flat, rp.lower, rp.upper, out=flat)
-    nan = np.isnan(flat)
+    nan = ~np.isfinite(flat)
     np.copyto(flat, rp.fallback, where=nan)
     if failure is None and nan.any():  # a tracker that missed a NaN: the operator hears of it
-        failure = f"{int(nan.sum())} NaN values replaced by their public stand-ins"
+        failure = f"{int(nan.sum())} NaN or infinite values replaced by their public stand-ins"
     release = apply_noise(flat, rp.noise, source=source)
     # Free post-processing: a noised value outside its public range is moved to the range's
     # nearer end (never further from the true value, which lies inside); + 0.0 keeps a
