@@ -116,7 +116,8 @@ FUNCTIONS: dict[str, Fn] = {
     "reciprocal": Fn(_reciprocal_rng, _reciprocal_delta),
     "tanh": _lipschitz(np.tanh, True, lambda x: 1 - np.tanh(x) ** 2, _closest0),
     "atan": _lipschitz(np.arctan, True, lambda x: 1 / (1 + x * x), _closest0),
-    "asinh": _lipschitz(np.arcsinh, True, lambda x: 1 / np.sqrt(1 + x * x), _closest0),
+    # 1 / sqrt(1 + x^2) from hypot: x * x overflowed above 1.3e154 and made the slope 0
+    "asinh": _lipschitz(np.arcsinh, True, lambda x: 1 / np.hypot(1.0, x), _closest0),
     "erf": _lipschitz(scipy.special.erf, True, lambda x: 2 / _SQRT_PI * np.exp(-x * x), _closest0),
     "erfc": _lipschitz(
         scipy.special.erfc, False, lambda x: 2 / _SQRT_PI * np.exp(-x * x), _closest0
