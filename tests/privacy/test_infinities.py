@@ -21,6 +21,7 @@ import pytest
 
 from dpnode.core.engine import GraphBuilder, Ref, plan, run
 from dpnode.core.privacy import InputSpec, PrivacyTrackingError, track
+from tests.privacy.helpers import assert_sound
 
 N = 4
 SIGNS = np.array([1.0, -1.0, 1.0, -1.0])
@@ -198,3 +199,37 @@ def test_integer_bounds_wider_than_the_float_range_are_tracked(bound: float) -> 
     graph = b.build([b.op("sum", x)])
     report = track(graph, {"x": InputSpec.private(-bound, bound)})
     assert report.l1 == pytest.approx(2.0**64, rel=1e-6)
+
+
+@pytest.mark.parametrize("offset", [0, 1000])
+def test_an_int64_sum_whose_bound_rounds_to_2_63_is_seen_to_wrap(offset: int) -> None:
+    # the tracker's bounds are float64, where int64's largest value rounds to 2^63: a sum
+    # whose exact bound was 2^63 (or a little above) was not seen to wrap, and it did, by
+    # the whole range, against a tracked change of one row's
+    n, top = 1000, 1000
+    c = 2**63 - n * top + offset  # sum(x) + c wraps iff sum(x) >= n * top - offset
+    b = GraphBuilder()
+    x = b.input("x", "int64", (n,))
+    graph = b.build([b.op("add", b.op("sum", x), c)])
+    report = track(graph, {"x": InputSpec.private(0, top)})
+    d1 = {"x": np.full(n, top, dtype=np.int64)}
+    d1["x"][:2] = 0
+    d2 = {"x": d1["x"].copy()}
+    d2["x"][0] = top  # its sum now wraps past 2^63 - 1 when offset > 0
+    assert_sound(graph, report, d1, d2)
+
+
+def test_an_integer_beyond_2_53_is_charged_for_its_conversion_to_float64() -> None:
+    # a count offset by 2^62 moves by 2 inside int64, but by 1024 once the release converts
+    # it to float64 (across a rounding boundary): an analyst learned the count, crossing a
+    # boundary of their choice, through noise for a change of 2
+    n = 10
+    b = GraphBuilder()
+    x = b.input("x", "int64", (n,))
+    graph = b.build([b.op("add", b.op("sum", x), 2**62 + 511)])
+    report = track(graph, {"x": InputSpec.private(0, 2)})
+    d1 = {"x": np.zeros(n, dtype=np.int64)}
+    d2 = {"x": d1["x"].copy()}
+    d2["x"][0] = 2
+    assert_sound(graph, report, d1, d2)
+    assert report.outputs[0].l1 >= 1024

@@ -109,6 +109,15 @@ class PrivacyReport:
         return pieces
 
 
+def _as_float64_error(lo: Array, hi: Array) -> Array:
+    """How far an integer in ``[lo, hi]`` moves when the release converts it to float64:
+    half a float64 step at its magnitude beyond 2^53, none below (a count offset by 2^62
+    moved by 1024 when it moved by 1, across a rounding boundary)."""
+    with np.errstate(invalid="ignore"):
+        magnitude = np.maximum(np.abs(lo), np.abs(hi))
+        return np.where(magnitude >= 2.0**53, np.spacing(magnitude) / 2, 0.0)
+
+
 def _joined(parts: list[Array], *, squares: bool) -> float:
     """The worst subject's L1 (sum) or L2 (root of the sum of squares) over the outputs'
     per-subject bounds ``parts``, rounded up.
@@ -302,8 +311,11 @@ class PrivacyTracker:
                 )
             exact1, exact2 = float(t1.max(initial=0.0)), float(t2.max(initial=0.0))
             r1 = r2 = 0.0
-            if s.E is not None:  # |f~(D) - f~(D')| <= |f(D) - f(D')| + 2E, element by element
-                r1, r2 = (2 * r for r in rounding.spread(s, s.E))
+            E = s.E
+            if s.dtype.is_int:  # released as float64, which rounds an integer beyond 2^53
+                E = _as_float64_error(lo, hi) if E is None else E + _as_float64_error(lo, hi)
+            if E is not None:  # |f~(D) - f~(D')| <= |f(D) - f(D')| + 2E, element by element
+                r1, r2 = (2 * r for r in rounding.spread(s, E))
                 t1, t2 = t1 + r1, t2 + r2
             t1, t2 = (np.where(t > 0, t * (1 + slack) + floor, t) for t in (t1, t2))
             if not s.is_public:  # no subject moves a value beyond its public range

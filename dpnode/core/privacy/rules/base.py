@@ -209,8 +209,14 @@ def finish(
             lo = np.where(lo < dmin, -np.inf, lo)
             hi = np.where(hi > dmax, np.inf, hi)
         else:
-            # an integer result outside the dtype may have wrapped: anything in range
-            wrap = (lo < dmin) | (hi > dmax)
+            # an integer result outside the dtype may have wrapped: anything in range. The
+            # bounds are float64's: a limit that rounds (int64's 2^63 - 1 is 2^63) is crossed
+            # by a bound at it too (a sum whose exact bound was 2^63 wrapped, unseen)
+            npd: Any = meta.dtype.np
+            info = np.iinfo(npd) if meta.dtype.is_int else None
+            below = lo <= dmin if info is not None and int(dmin) != info.min else lo < dmin
+            above = hi >= dmax if info is not None and int(dmax) != info.max else hi > dmax
+            wrap = below | above
             lo = np.where(wrap, dmin, np.maximum(lo, dmin))
             hi = np.where(wrap, dmax, np.minimum(hi, dmax))
             L = np.where(wrap & (L > 0), np.inf, L)
