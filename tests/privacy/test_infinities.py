@@ -233,3 +233,23 @@ def test_an_integer_beyond_2_53_is_charged_for_its_conversion_to_float64() -> No
     d2["x"][0] = 2
     assert_sound(graph, report, d1, d2)
     assert report.outputs[0].l1 >= 1024
+
+
+def test_a_cast_to_bfloat16_overflows_at_its_own_largest_value() -> None:
+    # bfloat16's largest finite value is 3.3895e38, not float32's 3.4028e38: a float32 in
+    # between became inf in the engine and was tracked as finite (the sum then jumped by
+    # the whole range at the release); now such a graph is refused as unbounded
+    n = 16
+    b = GraphBuilder()
+    x = b.input("x", "float32", (n,))
+    y = b.op(
+        "convert_element_type", b.op("convert_element_type", x, dtype="bfloat16"), dtype="float64"
+    )
+    graph = b.build([b.op("sum", y)])
+    with pytest.raises(PrivacyTrackingError, match="unbounded"):
+        track(graph, {"x": InputSpec.private(3.0e38, float(np.float32(3.4e38)))})
+    report = track(graph, {"x": InputSpec.private(3.0e38, 3.38e38)})  # within: tracked
+    d1 = {"x": np.full(n, 3.0e38, dtype=np.float32)}
+    d2 = {"x": d1["x"].copy()}
+    d2["x"][0] = 3.38e38
+    assert_sound(graph, report, d1, d2)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import scipy.special
 
@@ -193,8 +194,8 @@ def widen(lo: Array, hi: Array, dt: DType) -> tuple[Array, Array]:
     """
     if not dt.is_float:
         return lo, hi
-    npd: Any = np.float32 if dt.np.kind == "V" else dt.np
-    eps = float(np.finfo(npd).eps)
+    npd: Any = dt.np
+    eps = float(ml_dtypes.finfo(npd).eps)  # type: ignore[no-untyped-call]  # bfloat16: 2^-7
     with np.errstate(all="ignore"):
         d = 64 * eps * np.maximum(np.abs(lo), np.abs(hi))
     return lo - d, hi + d
