@@ -253,3 +253,39 @@ def test_a_cast_to_bfloat16_overflows_at_its_own_largest_value() -> None:
     d2 = {"x": d1["x"].copy()}
     d2["x"][0] = 3.38e38
     assert_sound(graph, report, d1, d2)
+
+
+@pytest.mark.parametrize("op", ["matmul", "convolution"])
+def test_a_float32_product_beyond_float32_is_refused_where_it_accumulates_in_float32(
+    op: str,
+) -> None:
+    # a short contraction accumulates in float32: x * 1e10 above 3.4e38 overflowed to inf
+    # (x - y of two such products: NaN or inf) while the exact result, tracked in float64,
+    # was finite; the release clipped it to a bound, a jump far beyond the tracked change
+    n = 16
+    b = GraphBuilder()
+    x = b.input("x", "float32", (n, 2))
+    w = np.array([[1e10], [-1e10]], dtype=np.float32)
+    if op == "matmul":
+        y = b.op("matmul", x, b.constant(w))
+    else:
+        y = b.op(
+            "convolution",
+            b.op("unsqueeze", x, dim=1),
+            b.constant(w.reshape(1, 1, 2)),
+            None,
+            stride=(1,),
+            padding=(0,),
+            dilation=(1,),
+            groups=1,
+        )
+    graph = b.build([b.op("sum", y)])
+    lo = float(np.float32(3.3e28))
+    with pytest.raises(PrivacyTrackingError, match="unbounded"):
+        track(graph, {"x": InputSpec.private(lo, float(np.float32(3.5e28)))})
+    hi = float(np.float32(3.3e27))  # products within float32: tracked, and sound
+    report = track(graph, {"x": InputSpec.private(float(np.float32(3.0e27)), hi)})
+    d1 = {"x": np.full((n, 2), 3.0e27, dtype=np.float32)}
+    d2 = {"x": d1["x"].copy()}
+    d2["x"][0, 0] = hi
+    assert_sound(graph, report, d1, d2)

@@ -60,6 +60,13 @@ LIBM_ULPS = 32
 #: where the platform cannot flush: less)
 _UNIT = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 _TINY = {"float64": 2.0**-1022, "float32": 2.0**-126, "float16": 2.0**-14, "bfloat16": 2.0**-126}
+#: the largest finite value of each float dtype
+_LARGEST = {
+    "float64": float(np.finfo(np.float64).max),
+    "float32": float(np.finfo(np.float32).max),
+    "float16": 65504.0,
+    "bfloat16": 3.3895313892515355e38,
+}
 #: integers a float dtype holds exactly (up to 2**p)
 _EXACT_INT = {"float64": 2.0**53, "float32": 2.0**24, "float16": 2.0**11, "bfloat16": 2.0**8}
 #: float casts that keep every value
@@ -240,7 +247,18 @@ def _accumulated(c: Ctx, args: Sequence[State | None], mag_out: Array) -> Array:
     e = gamma(rounds + 2, unit(acc)) * terms + (2 * n + 2) * tiny(acc)
     if acc.name != out.name:
         e = e + unit(out) * mag_out
-    return np.asarray(e + tiny(out))
+    return _within(acc, terms, rounds + 2, np.asarray(e + tiny(out)))
+
+
+def _within(acc: DType, terms: Array, rounds: int, e: Array) -> Array:
+    """``e``, or infinity (no bound: refused) where the terms' magnitudes, summed and
+    rounded ``rounds`` times, may exceed what the accumulation dtype ``acc`` holds: a
+    product or partial sum overflows to inf there (a float32 product accumulated in
+    float32 did, though the exact result, tracked in float64, was finite)."""
+    largest = _LARGEST.get(acc.name, math.inf)
+    margin = 1 + gamma(rounds, unit(acc))
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.asarray(np.where(terms * margin < largest, e, math.inf))
 
 
 def _contraction(a: State, b: State, n: int) -> Array:
@@ -337,7 +355,7 @@ def _conv_error(c: Ctx, args: Sequence[State | None], mag_out: Array) -> Array:
         e = gamma(rounds, unit(opmath(out))) * terms + rounds * tiny(opmath(out))
     if opmath(out).name != out.name:
         e = e + unit(out) * mag_out
-    return np.asarray(e + tiny(out))
+    return _within(opmath(out), terms, rounds, np.asarray(e + tiny(out)))
 
 
 def _own(c: Ctx, args: Sequence[State | None], lo: Array, hi: Array) -> Array | None:
