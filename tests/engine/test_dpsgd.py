@@ -217,23 +217,25 @@ def _norm(v: Any) -> Fraction:
 @given(
     dtype=st.sampled_from(["float64", "float32"]),
     exponents=st.tuples(*[st.floats(0, 1)] * 3),
+    zeros=st.tuples(*[st.booleans()] * 3),
     e_c=st.integers(-290, 300),
     seed=st.integers(0, 2**32 - 1),
 )
 def test_a_row_is_clipped_to_the_bound_at_any_magnitude(
-    dtype: str, exponents: tuple[float, ...], e_c: int, seed: int
+    dtype: str, exponents: tuple[float, ...], zeros: tuple[bool, ...], e_c: int, seed: int
 ) -> None:
     """One row (its own group) of an outer part ``g (x) x`` and a plain part, each factor at
     its own magnitude (anywhere in its dtype's range), and a bound at another: the clipped
     row's norm is at most the bound. Its norm came from squares: a float64 ``g`` of 1e-170
     squared to 0 and an ``x`` of 1e170 to infinity, their product was NaN, and the row (one
-    subject's data) was not clipped."""
+    subject's data) was not clipped. A factor may be zero: a zero g's exponent was taken as
+    0, so a zero g times an x of 1e300 outweighed the other parts, which went unclipped."""
     rng = np.random.default_rng(seed)
     low, high = (-300, 300) if dtype == "float64" else (-44, 38)
     e_g, e_x, e_b = (round(low + f * (high - low)) for f in exponents)
     g, x, bias = (
-        (rng.uniform(-1, 1, (1, k)) * 10.0**e).astype(dtype)
-        for k, e in ((3, e_g), (4, e_x), (2, e_b))
+        (rng.uniform(-1, 1, (1, k)) * 10.0**e * (not zero)).astype(dtype)
+        for k, e, zero in zip((3, 4, 2), (e_g, e_x, e_b), zeros, strict=True)
     )
     bound = 10.0 ** (e_c if dtype == "float64" else min(e_c, 37))  # (a float32 output's range)
     got = clip_outer(g, x, bias, np.zeros(1, dtype=np.int64), bound)

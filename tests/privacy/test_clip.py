@@ -387,3 +387,30 @@ def test_a_tiny_public_factor_times_a_huge_private_one_is_clipped(
         d2 = {"X": d1["X"].copy()}
         d1["X"][0, 0], d2["X"][0, 0] = secret, 1.0 - secret
         assert_sound(graph, report, d1, d2)
+
+
+def test_a_zero_factor_times_a_huge_one_does_not_leave_the_other_parts_unclipped() -> None:
+    # a linear layer whose output gradient is 0 for a row (a dead ReLU, or * 0) and whose
+    # input is huge (a public weight of 1e300): its factor exponents added up to about 997,
+    # the row's other parts' squares underflowed next to it, and the row went unclipped
+    n = 4
+    b = GraphBuilder()
+    x = b.input("X", "float64", (n, 3))
+    zero = b.op("mul", x, 0.0)
+    huge = b.op("add", b.op("mul", x, 1e300), 1e300)
+    other = b.op("mul", x, 100.0)  # another parameter's rows: norm up to 173 >> C
+    out = b.op(
+        "clip_by_subject_norm",
+        zero,
+        huge,
+        other,
+        b.constant(np.arange(n)),
+        max_norm=1.0,
+        outer=[1, 0],
+    )
+    graph = b.build([out])
+    report = track(graph, {"X": InputSpec.private(-1.0, 1.0)})
+    d1 = {"X": np.full((n, 3), 0.5)}
+    d2 = {"X": d1["X"].copy()}
+    d1["X"][0], d2["X"][0] = 1.0, -1.0
+    assert_sound(graph, report, d1, d2)

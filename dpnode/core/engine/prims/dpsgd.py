@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from dpnode.core.engine.constant_time import select
 from dpnode.core.engine.prims.registry import Array, AttrSpec, Call, TensorMeta, prim
 
 
@@ -193,6 +194,9 @@ def _clip_by_subject_norm(c: Call, args: list[Any], out: Array | None) -> Array:
     return np.asarray(total.reshape(m.shape)).astype(m.dtype.np)
 
 
+#: the exponent of a zero row of a part, below any a float64 can have
+_NO_EXPONENT = -(1 << 20)
+
 #: the smallest normal float64: a clip's scale below it is taken as 0
 _SMALLEST_NORMAL = float(np.finfo(np.float64).tiny)
 
@@ -278,7 +282,10 @@ def _l2_scales(parts: list[tuple[Array, ...]], max_norm: float) -> Array:
             scaled = np.ldexp(f, -e[:, None])
             e_part += e
             s_part *= np.einsum("ij,ij->i", scaled, scaled)
-        exponents.append(e_part)
+        # a zero row of a part takes no part in the row's exponent: its factor's exponent
+        # is 0 (a zero g times an x of 1e300 gave 997, every other part's squares then
+        # underflowed next to it and the row was not clipped)
+        exponents.append(select(s_part > 0, e_part, _NO_EXPONENT, np.int64))
         squares.append(s_part)
     top = functools.reduce(np.maximum, exponents)
     total = sum(np.ldexp(s, 2 * (e - top)) for e, s in zip(exponents, squares, strict=True))
