@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 
 from dpnode.core.engine import GraphBuilder, Ref, plan, run
-from dpnode.core.privacy import InputSpec, evaluate_tracked, track
+from dpnode.core.privacy import InputSpec, PrivacyTrackingError, evaluate_tracked, track
 
 N = 7
 TRIES = 3000
@@ -212,3 +213,47 @@ def test_the_joint_sensitivity_of_all_outputs_covers_each_at_any_magnitude(
     data = {"x": np.random.default_rng(1).uniform(0, hi, 40)}
     released = {tuple(map(float, run_release(rp, data).values)) for _ in range(30)}
     assert len(released) > 1  # (each is clipped to its range: at 1e-310, 0 half the time)
+
+
+def test_operands_the_kernel_narrows_are_tracked_as_narrowed() -> None:
+    # the kernel casts a wider operand (a 0-d float64 constant or tensor of a float32 one,
+    # a Python scalar of a float16 choice) to its compute dtype and rounds a choice to the
+    # result's; the tracker used their exact values: 1e-20 - x was 0 in float32 for the x
+    # nearest 1e-20 and tracked as at least 3e-28; float16 maximum(x, 1e-20) was 0 and
+    # tracked as at least 1e-20 (a log of either, summed, jumped to -inf at the release)
+    import ml_dtypes
+
+    from tests.privacy.helpers import assert_sound
+
+    def computed_within(graph: Any, specs: dict[str, InputSpec], data: dict[str, Any]) -> None:
+        out = track(graph, specs).outputs[0]
+        got = run(plan(graph, accurate=True), data).outputs[0].astype(np.float64)
+        assert np.all(got >= out.lower) and np.all(got <= out.upper), (got, out.lower, out.upper)
+
+    x32 = float(np.float32(1e-20))
+    b = GraphBuilder()
+    x = b.input("x", "float32", (4,))
+    graph = b.build([b.op("sub", b.constant(np.array(1e-20)), x)])
+    specs = {"x": InputSpec.private(-1.0, x32)}
+    computed_within(graph, specs, {"x": np.full(4, x32, dtype=np.float32)})
+    logged = b.build([b.op("sum", b.op("log", b.op("sub", b.constant(np.array(1e-20)), x)))])
+    with pytest.raises(PrivacyTrackingError, match="unbounded"):  # the log of a possible 0
+        track(logged, specs)
+
+    for dt, scalar in (("float16", 1e-20), ("bfloat16", 1e20)):
+        b = GraphBuilder()
+        x = b.input("x", dt, (2,))
+        graph = b.build([b.op("maximum", x, scalar)])
+        values = np.array([-1.0, 0.0]).astype(ml_dtypes.bfloat16 if dt == "bfloat16" else dt)
+        computed_within(graph, {"x": InputSpec.private(-1.0, 1.0)}, {"x": values})
+
+    b = GraphBuilder()
+    x = b.input("x", "float32", (8,))
+    m = b.op("sum", b.input("m", "float64", (8,)))  # a private 0-d float64
+    graph = b.build([b.op("sum", b.op("sub", x, m))])
+    specs = {"x": InputSpec.private(0.0, 1.0), "m": InputSpec.private(0.0, 1e10)}
+    report = track(graph, specs)
+    d1 = {"x": np.full(8, 0.5, dtype=np.float32), "m": np.full(8, 1e10 / 3)}
+    d2 = {"x": d1["x"].copy(), "m": d1["m"].copy()}
+    d2["m"][0] = 1e10
+    assert_sound(graph, report, d1, d2)

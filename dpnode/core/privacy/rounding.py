@@ -34,18 +34,21 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
 from dpnode.core.engine.accurate import depth
 from dpnode.core.engine.dtypes import DType, accumulation, opmath
 from dpnode.core.engine.prims.dpsgd import part_arguments
+from dpnode.core.engine.prims.elementwise import BINARY_PRIMS, operands_of
 from dpnode.core.engine.prims.linalg import conv_geometry, matmul_accumulation
+from dpnode.core.engine.promotion import result_type
 from dpnode.core.privacy.arrays import fit, reduce_array
 from dpnode.core.privacy.rules.base import Ctx, Rule
 from dpnode.core.privacy.rules.conv import magnitude_terms
 from dpnode.core.privacy.rules.reductions import dims_of
-from dpnode.core.privacy.state import MIXED, PUBLIC, Array, State
+from dpnode.core.privacy.state import MIXED, PUBLIC, Array, State, public_state
 from dpnode.core.privacy.subjects import rows_of
 
 __all__ = ["LIBM_ULPS", "apply", "fold", "gamma", "tiny", "unit"]
@@ -363,9 +366,17 @@ def _own(c: Ctx, args: Sequence[State | None], lo: Array, hi: Array) -> Array | 
     (computed) arguments, per element; None when it is exact."""
     out = c.meta.dtype
     op = c.node.op
-    if not out.is_float or op in EXACT:
+    if not out.is_float:
         return None
     mag = _magnitude(lo, hi)
+    if op in EXACT:
+        # a choice computed in a wider dtype than the result's: a Python scalar or a wider
+        # operand it picks is rounded to the result (float16 maximum(x, 1e-20) is 0)
+        wider = opmath(out).name != out.name and any(
+            r is not None or (a is not None and a.dtype.name != out.name)
+            for r, a in zip(c.raw, args, strict=False)
+        )
+        return np.asarray(unit(out) * mag + tiny(out)) if wider else None
     if _exact_integers(c, args, mag):
         return None
     u, least = _relative(c)
@@ -466,8 +477,53 @@ def _nonneg(c: Ctx, args: Sequence[State | None], base_lo: Array) -> Array | boo
     return False
 
 
+def _narrowed(c: Ctx) -> Ctx:
+    """``c`` with each tensor argument of a binary elementwise prim as its kernel computes
+    with it: cast to the compute dtype, which may round it (a 0-d float64 operand of a
+    float32 tensor is cast to float32: ``1e-20 - x`` was 0 for the x nearest 1e-20, and
+    tracked as at least 3e-28), overflow it, or wrap an integer. A known value is cast;
+    an unknown one carries the cast's error."""
+    family = BINARY_PRIMS.get(c.node.op)
+    if family is None or family == "logical":
+        return c
+    promoted = c.meta.dtype if family == "float" else result_type(operands_of(c.call))
+    cd = opmath(promoted)
+    args = list(c.args)
+    for i, a in enumerate(args):
+        if a is None or c.refs[i] is None or a.dtype.name == cd.name or a.dtype.is_bool:
+            continue
+        if (a.dtype.name, cd.name) in _WIDENING:
+            continue
+        if a.value is not None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                args[i] = public_state(np.asarray(a.value).astype(cd.np), cd)
+            continue
+        lo, hi = wide(a)
+        with np.errstate(invalid="ignore", over="ignore"):
+            mag = _magnitude(lo, hi)
+            if cd.is_float:
+                e = unit(cd) * mag + tiny(cd)
+                if not a.dtype.is_float:  # integers convert exactly up to 2**p
+                    e = np.where(mag <= _EXACT_INT[cd.name], 0.0, e)
+                largest = _LARGEST[cd.name] / (1 + unit(cd))
+            else:  # an integer narrowed: exact in range, wrapped beyond it
+                e = np.zeros(np.shape(mag))
+                info: Any = np.iinfo(cd.np)
+                largest = float(min(-float(info.min), float(info.max)))
+            e = np.where(mag < largest, e, np.inf)
+        if np.any(e > 0):
+            total = np.asarray(e if a.E is None else a.E + e)
+            with np.errstate(invalid="ignore"):
+                clo, chi = fit(lo - e, a.shape), fit(hi + e, a.shape)
+            args[i] = replace(a, dtype=cd, E=total, clo=clo, chi=chi)
+        else:
+            args[i] = replace(a, dtype=cd)
+    return replace(c, args=args)
+
+
 def apply(c: Ctx, rule: Rule) -> State:
     """The state of prim application ``c`` under ``rule``, with its rounding error."""
+    c = _narrowed(c)
     op = c.node.op
     inexact = any(a is not None and a.E is not None for a in c.args)
     if inexact and (op in STEPS or op in RESETS or not c.meta.dtype.is_float):
