@@ -45,7 +45,7 @@ from dpnode.core.engine.prims.elementwise import BINARY_PRIMS, operands_of
 from dpnode.core.engine.prims.linalg import conv_geometry, matmul_accumulation
 from dpnode.core.engine.promotion import result_type
 from dpnode.core.privacy.arrays import fit, reduce_array
-from dpnode.core.privacy.rules.base import Ctx, Rule
+from dpnode.core.privacy.rules.base import Ctx, Rule, largest_finite
 from dpnode.core.privacy.rules.conv import magnitude_terms
 from dpnode.core.privacy.rules.reductions import dims_of
 from dpnode.core.privacy.state import MIXED, PUBLIC, Array, State, public_state
@@ -63,13 +63,6 @@ LIBM_ULPS = 32
 #: where the platform cannot flush: less)
 _UNIT = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 _TINY = {"float64": 2.0**-1022, "float32": 2.0**-126, "float16": 2.0**-14, "bfloat16": 2.0**-126}
-#: the largest finite value of each float dtype
-_LARGEST = {
-    "float64": float(np.finfo(np.float64).max),
-    "float32": float(np.finfo(np.float32).max),
-    "float16": 65504.0,
-    "bfloat16": 3.3895313892515355e38,
-}
 #: integers a float dtype holds exactly (up to 2**p)
 _EXACT_INT = {"float64": 2.0**53, "float32": 2.0**24, "float16": 2.0**11, "bfloat16": 2.0**8}
 #: float casts that keep every value
@@ -258,7 +251,7 @@ def _within(acc: DType, terms: Array, rounds: int, e: Array) -> Array:
     rounded ``rounds`` times, may exceed what the accumulation dtype ``acc`` holds: a
     product or partial sum overflows to inf there (a float32 product accumulated in
     float32 did, though the exact result, tracked in float64, was finite)."""
-    largest = _LARGEST.get(acc.name, math.inf)
+    largest = largest_finite(acc)
     margin = 1 + gamma(rounds, unit(acc))
     with np.errstate(invalid="ignore", over="ignore"):
         return np.asarray(np.where(terms * margin < largest, e, math.inf))
@@ -478,11 +471,12 @@ def _nonneg(c: Ctx, args: Sequence[State | None], base_lo: Array) -> Array | boo
 
 
 def _narrowed(c: Ctx) -> Ctx:
-    """``c`` with each tensor argument of a binary elementwise prim as its kernel computes
-    with it: cast to the compute dtype, which may round it (a 0-d float64 operand of a
+    """``c`` with each argument of a binary elementwise prim as its kernel computes with it:
+    cast to the compute dtype. A Python scalar is cast (``1e300`` is infinite in float32,
+    and ``0 * inf`` is NaN there). A tensor's cast may round it (a 0-d float64 operand of a
     float32 tensor is cast to float32: ``1e-20 - x`` was 0 for the x nearest 1e-20, and
-    tracked as at least 3e-28), overflow it, or wrap an integer. A known value is cast;
-    an unknown one carries the cast's error."""
+    tracked as at least 3e-28), overflow it, or wrap an integer: a known value is cast, an
+    unknown one carries the cast's error."""
     family = BINARY_PRIMS.get(c.node.op)
     if family is None or family == "logical":
         return c
@@ -490,6 +484,10 @@ def _narrowed(c: Ctx) -> Ctx:
     cd = opmath(promoted)
     args = list(c.args)
     for i, a in enumerate(args):
+        if c.raw[i] is not None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                args[i] = public_state(np.asarray(c.raw[i]).astype(cd.np), cd)
+            continue
         if a is None or c.refs[i] is None or a.dtype.name == cd.name or a.dtype.is_bool:
             continue
         if (a.dtype.name, cd.name) in _WIDENING:
@@ -505,7 +503,7 @@ def _narrowed(c: Ctx) -> Ctx:
                 e = unit(cd) * mag + tiny(cd)
                 if not a.dtype.is_float:  # integers convert exactly up to 2**p
                     e = np.where(mag <= _EXACT_INT[cd.name], 0.0, e)
-                largest = _LARGEST[cd.name] / (1 + unit(cd))
+                largest = largest_finite(cd) / (1 + unit(cd))
             else:  # an integer narrowed: exact in range, wrapped beyond it
                 e = np.zeros(np.shape(mag))
                 info: Any = np.iinfo(cd.np)

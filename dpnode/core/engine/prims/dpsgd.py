@@ -245,17 +245,18 @@ def _clipped_sums(
     for part in parts:
         for f in part:
             _zero_nonfinite(f)
-    if order == 1:
-        norms = sum(np.abs(p[0]).sum(axis=1) for p in parts)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            # min(1, C / norm) without a branch: an overflowed norm scales its row to 0
-            scale = np.fmin(max_norm / norms, 1.0)
-    elif wide:
+    if order == 2 and wide:
         scale = _l2_scales(parts, max_norm)
     else:
-        norms = np.sqrt(sum(math.prod(np.einsum("ij,ij->i", f, f) for f in p) for p in parts))
+        if order == 1:
+            norms = sum(np.abs(p[0]).sum(axis=1) for p in parts)
+        else:
+            squares = sum(math.prod(np.einsum("ij,ij->i", f, f) for f in p) for p in parts)
+            norms = np.sqrt(squares)
         with np.errstate(divide="ignore", invalid="ignore"):
-            scale = np.fmin(max_norm / norms, 1.0)  # fmin: 1 over a zero row's C / 0
+            # min(1, C / norm) without a branch: an overflowed norm scales its row to 0,
+            # and fmin takes 1 over a zero row's C / 0
+            scale = np.fmin(max_norm / norms, 1.0)
     # a subnormal scale may have been rounded up by far more than a relative unit (where the
     # CPU does not flush it to zero): a row of norm beyond C * 2^1022 scales to 0 instead
     np.multiply(scale, scale >= _SMALLEST_NORMAL, out=scale)

@@ -22,6 +22,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from dpnode.core.engine.dtypes import DType
 from dpnode.core.engine.graph import Node
 from dpnode.core.engine.prims.registry import Call, TensorMeta
 from dpnode.core.privacy.arrays import recompact
@@ -178,9 +179,13 @@ def _dtype_limits(meta: TensorMeta) -> tuple[float, float]:
     if d.is_int:
         info = np.iinfo(npd)
         return float(info.min), float(info.max)
-    # bfloat16's largest is 3.3895e38, not float32's 3.4028e38
-    fin = ml_dtypes.finfo(npd)  # type: ignore[no-untyped-call]
-    return -float(fin.max), float(fin.max)
+    return -largest_finite(d), largest_finite(d)
+
+
+def largest_finite(d: DType) -> float:
+    """A float dtype's largest finite value (bfloat16's is 3.3895e38, not float32's)."""
+    npd: Any = d.np
+    return float(ml_dtypes.finfo(npd).max)  # type: ignore[no-untyped-call]
 
 
 def finish(

@@ -17,16 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from dpnode.core.engine.dtypes import opmath
 from dpnode.core.engine.prims import REGISTRY
-from dpnode.core.engine.prims.elementwise import BINARY_PRIMS, operands_of
-from dpnode.core.engine.promotion import result_type
 from dpnode.core.engine.subnormals import flushing
 from dpnode.core.privacy.arrays import pad_left, recompact
 from dpnode.core.privacy.rules.base import Ctx, combine, finish, rule
 from dpnode.core.privacy.rules.moments import centred_tag
 from dpnode.core.privacy.rules.unary import tighten, widen
-from dpnode.core.privacy.state import Array, State, public_state
+from dpnode.core.privacy.state import Array, State
 from dpnode.core.privacy.tables import Table, make_root
 from dpnode.core.privacy.thresholds import refine_all, threshold_table
 
@@ -241,31 +238,10 @@ def _finish_tables(c: Ctx, s: State) -> State:
     return tighten(s, t) if t is not None else s
 
 
-def _as_computed(c: Ctx) -> Ctx:
-    """``c`` with each Python scalar argument as the kernel computes with it: cast to the
-    prim's compute dtype (``1e300`` is infinite in float32, and ``0 * inf`` is NaN there)."""
-    if all(r is None for r in c.raw):
-        return c
-    family = BINARY_PRIMS[c.node.op]
-    if family == "float":
-        computed = opmath(c.meta.dtype)
-    elif family == "logical":
-        return c
-    else:
-        computed = opmath(result_type(operands_of(c.call)))
-    args = list(c.args)
-    for i, raw in enumerate(c.raw):
-        if raw is not None:
-            with np.errstate(over="ignore", invalid="ignore"):
-                args[i] = public_state(np.asarray(raw).astype(computed.np), computed)
-    return replace(c, args=args)
-
-
 @rule(*_BINARY)
 def binary(c: Ctx) -> State:
     """Binary elementwise prims: interval result and per-argument change factors."""
-    c = _as_computed(c)
-    a, b = c.arg(0), c.arg(1)
+    a, b = c.arg(0), c.arg(1)  # (Python scalars cast as the kernel does: rounding.apply)
     with np.errstate(all="ignore"):
         lo, hi, ka, kb = _BINARY[c.node.op](c, a, b)
     owner, L, G = combine([a, b], [ka, kb], c.shape)
