@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import ml_dtypes
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -135,3 +136,16 @@ def test_unary_ops_agree_with_the_engine_and_torch(name: str, a: Any) -> None:
         rtol=2e-3 if expected.dtype == torch.float16 else None,
         atol=1e-3 if expected.dtype == torch.float16 else None,
     )
+
+
+def test_bfloat16_local_tensors_travel_with_their_exact_values() -> None:
+    """torch has no NumPy view of bfloat16; a local bfloat16 tensor (a bfloat16 model's
+    weights) still travels as a constant, bit for bit."""
+    w = torch.tensor([1.5, -2.25, 1 / 3, 3.0e38, 2.0**-120, -0.0], dtype=torch.bfloat16)
+    a = remote_input("a", (6,), torch.bfloat16)
+    r = a * w + w
+    assert r.dtype == torch.bfloat16
+    av = torch.tensor([0.5, 7.0, 3.0, 1.0, 1.0, 2.0], dtype=torch.bfloat16)
+    (got,) = evaluate([r], {"a": av.float().numpy().astype(ml_dtypes.bfloat16)})
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got.view(torch.int16), (av * w + w).view(torch.int16))

@@ -75,6 +75,19 @@ def test_a_run_spends_its_target_on_the_ledger_and_trains(
         run.step()
 
 
+def test_a_bfloat16_model_trains_remotely_and_stays_bfloat16(
+    data: tuple[sdk.DatasetHandle, dict], sqlite_only: None
+) -> None:
+    ds, _ = data
+    model = _model().to(torch.bfloat16)
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = ds.tensors("x", "label")
+    history = _plan(model, (x.to(torch.bfloat16), y), steps=2).fit()
+    assert len(history) == 2 and math.isfinite(history[-1].loss)
+    for p, q in zip(model.parameters(), before, strict=True):
+        assert p.dtype == torch.bfloat16 and not torch.equal(p.detach(), q)
+
+
 def test_the_released_loss_is_the_clipped_mean_loss_plus_its_noise(
     data: tuple[sdk.DatasetHandle, dict], ds_client: sdk.Client, sqlite_only: None
 ) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 import torch
@@ -68,6 +69,7 @@ NP_OF: dict[torch.dtype, Any] = {
     torch.int32: np.int32,
     torch.int64: np.int64,
     torch.float16: np.float16,
+    torch.bfloat16: ml_dtypes.bfloat16,
     torch.float32: np.float32,
     torch.float64: np.float64,
 }
@@ -179,7 +181,11 @@ def constant(t: torch.Tensor) -> Node:
         node = Node("where", (constant(t.isnan()), nan, filled), {})
         node.shape, node.dtype = tuple(t.shape), t.dtype
         return node
-    arr = t.cpu().contiguous().numpy().copy()
+    t = t.cpu().contiguous()
+    # torch has no NumPy view of bfloat16: via float32, which holds every bfloat16 exactly
+    arr = (
+        t.float().numpy().astype(NP_OF[t.dtype]) if t.dtype == torch.bfloat16 else t.numpy().copy()
+    )
     arr.flags.writeable = False
     return Node("constant", (), {}, arr, tuple(t.shape), t.dtype)
 
