@@ -215,6 +215,29 @@ def test_the_joint_sensitivity_of_all_outputs_covers_each_at_any_magnitude(
     assert len(released) > 1  # (each is clipped to its range: at 1e-310, 0 half the time)
 
 
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+def test_a_choice_rounds_what_it_picks_and_not_its_condition_or_index(dt: str) -> None:
+    # a float16 choice is computed in float32: a picked value of another dtype is rounded
+    # to the result, a bool condition or an integer index is not a value it picks
+    def bounds(build: Callable[[GraphBuilder, Ref], Ref]) -> tuple[float, float]:
+        b = GraphBuilder()
+        out = track(b.build([build(b, b.input("x", dt, (4,)))]), {"x": InputSpec.private(0, 1)})
+        return float(np.min(out.outputs[0].lower)), float(np.max(out.outputs[0].upper))
+
+    ulp = 2.0 ** -(11 if dt == "float16" else 8)  # a rounding to the result: half an ulp of 1
+    idx = np.array([3, 0], dtype=np.int64)
+    for picks in (
+        lambda b, x: b.op("where", b.op("gt", x, 0.5), x, b.op("neg", x)),
+        lambda b, x: b.op("gather", x, b.constant(idx), dim=0),
+        lambda b, x: b.op("index_select", x, b.constant(idx), dim=0),
+        lambda b, x: b.op("index", x, b.constant(idx)),
+    ):
+        lo, hi = bounds(picks)
+        assert hi == pytest.approx(1, abs=ulp / 100) and lo in (0, pytest.approx(-1, abs=ulp / 100))
+    wide = np.full(4, 2049, dtype=np.int64)  # not a float16 (nor a bfloat16): rounded
+    assert bounds(lambda b, x: b.op("where", b.op("gt", x, 0.5), x, b.constant(wide)))[1] > 2049
+
+
 def test_operands_the_kernel_narrows_are_tracked_as_narrowed() -> None:
     # the kernel casts a wider operand (a 0-d float64 constant or tensor of a float32 one,
     # a Python scalar of a float16 choice) to its compute dtype and rounds a choice to the

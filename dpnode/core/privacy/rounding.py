@@ -354,6 +354,14 @@ def _conv_error(c: Ctx, args: Sequence[State | None], mag_out: Array) -> Array:
     return _within(opmath(out), terms, rounds, np.asarray(e + tiny(out)))
 
 
+def _picked(op: str, i: int) -> bool:
+    """Whether argument ``i`` of the choice ``op`` is one whose values the result takes (not
+    ``where``'s condition, nor an index of ``gather``, ``index_select`` or ``index``)."""
+    if op == "where":
+        return i != 0
+    return i == 0 or op not in ("gather", "index_select", "index")
+
+
 def _own(c: Ctx, args: Sequence[State | None], lo: Array, hi: Array) -> Array | None:
     """Bound on how far this prim's computed result is from its exact result on the same
     (computed) arguments, per element; None when it is exact."""
@@ -364,10 +372,11 @@ def _own(c: Ctx, args: Sequence[State | None], lo: Array, hi: Array) -> Array | 
     mag = _magnitude(lo, hi)
     if op in EXACT:
         # a choice computed in a wider dtype than the result's: a Python scalar or a wider
-        # operand it picks is rounded to the result (float16 maximum(x, 1e-20) is 0)
+        # operand it picks is rounded to the result (float16 maximum(x, 1e-20) is 0); a
+        # condition or an index is not picked, so not rounded
         wider = opmath(out).name != out.name and any(
-            r is not None or (a is not None and a.dtype.name != out.name)
-            for r, a in zip(c.raw, args, strict=False)
+            _picked(op, i) and (r is not None or (a is not None and a.dtype.name != out.name))
+            for i, (r, a) in enumerate(zip(c.raw, args, strict=False))
         )
         return np.asarray(unit(out) * mag + tiny(out)) if wider else None
     if _exact_integers(c, args, mag):
