@@ -341,3 +341,21 @@ def test_an_output_infinite_whatever_the_data_is_refused_before_the_charge(
     assert "infinite or NaN whatever the data" in detail
     with context.sessions() as session:
         assert session.scalar(select(func.count()).select_from(LedgerEntry)) == 0
+
+
+def test_a_quantile_of_no_quantiles_is_refused_before_the_charge(
+    context: NodeContext, http: TestClient, owner_h: dict[str, str], ds_h: dict[str, str]
+) -> None:
+    # torch.quantile(x, torch.tensor([])): it was charged, then answered 500 (the selection
+    # took the minimum of no candidates), and its idempotency key was left running
+    ids = _float_pair(http, owner_h, "noq", 1.0)
+
+    def attack(b: GraphBuilder, ident: int) -> list[Ref]:
+        x = b.input(f"dataset:{ident}/v", "float64", (ROWS,))
+        return [b.op("quantile", x, b.constant(np.zeros(0)))]
+
+    status, code, detail = _same_on_neighbours(http, ds_h, ids, attack)
+    assert (status, code) == (422, "invalid_request"), detail
+    assert "no quantiles" in detail
+    with context.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(LedgerEntry)) == 0

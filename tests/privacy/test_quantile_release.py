@@ -146,6 +146,26 @@ def test_a_failed_evaluation_still_answers_with_a_candidate() -> None:
     assert done.failure is not None and done.values[0] in rp.selection.selections[0].grid
 
 
+def test_a_quantile_of_no_quantiles_is_refused_before_any_value() -> None:
+    # an empty q was planned, charged, then failed in the selection (a 500 after the charge)
+    with pytest.raises(InvalidRequestError, match="no quantiles"):
+        _plan(_graph(20, q=np.zeros(0)), {AGE: InputSpec.private(0.0, 120.0, None)})
+
+
+def test_a_failed_selection_still_answers_with_the_public_stand_ins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rp = _plan(_graph(20), {AGE: InputSpec.private(0.0, 120.0, None)})
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("a bug in the selection")
+
+    monkeypatch.setattr(selection, "select_quantiles", broken)
+    done = run_release(rp, {AGE: np.full(20, 30.0)})
+    assert done.failure == "ValueError: a bug in the selection"
+    assert done.values[0] == rp.fallback[0] == rp.selection.selections[0].grid[0]
+
+
 # -- the attack: random computations, then a quantile of their result ---------------------
 
 

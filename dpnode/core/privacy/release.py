@@ -274,6 +274,11 @@ def _plan_selection(
         grid = selection.candidates(*ranges[position], integral)
         groups = _groups(nodes[o])
         alphas = [float(v) for v in np.asarray(q.value, dtype=np.float64).reshape(-1)]
+        if not alphas:
+            raise InvalidRequestError(
+                f"node {o} (quantile) asks for no quantiles (q is empty): there is nothing "
+                "to publish"
+            )
         k = moves[position] or 0
         parts.append((grid, alphas, k, groups))
         shape = tuple(np.shape(q.value))
@@ -349,6 +354,31 @@ def _run_selection(
     except Exception as exc:  # once charged, always answered: public stand-ins
         failure = f"{type(exc).__name__}: {exc}"
         taken = [np.zeros(m.shape, dtype=m.dtype.np) for m in metas]
+    try:
+        flat_all = _select(rp, taken, source)
+    except Exception as exc:  # a bug: the public stand-ins, as for a failed evaluation
+        failure = failure or f"{type(exc).__name__}: {exc}"
+        flat_all = rp.fallback.copy()
+    release = Release(
+        values=flat_all,
+        mechanism="exponential",
+        grid_exponent=None,
+        scale=rp.noise.scale,
+        sensitivity=rp.noise.sensitivity,
+        epsilon=rp.noise.epsilon,
+        rho=0.0,
+        sampler_tv=rp.noise.sampler_tv,
+    )
+    return Released(rp.report.split(flat_all + 0.0), release, failure)
+
+
+def _select(
+    rp: ReleasePlan, taken: list[npt.NDArray[Any]], source: Source
+) -> npt.NDArray[np.float64]:
+    """The selected quantiles, flat, from the values they are taken of."""
+    sel = rp.selection
+    assert sel is not None
+    metas = rp.plan.outputs
     words = word_source(source)
     pieces: list[npt.NDArray[np.float64]] = []
     position, j = 0, 0
@@ -371,18 +401,7 @@ def _run_selection(
             chosen = np.round(chosen)
         pieces.append(chosen.reshape(-1))
         position += 2 if grouped else 1
-    flat_all = np.concatenate(pieces) if pieces else np.zeros(0)
-    release = Release(
-        values=flat_all,
-        mechanism="exponential",
-        grid_exponent=None,
-        scale=rp.noise.scale,
-        sensitivity=rp.noise.sensitivity,
-        epsilon=rp.noise.epsilon,
-        rho=0.0,
-        sampler_tv=rp.noise.sampler_tv,
-    )
-    return Released(rp.report.split(flat_all + 0.0), release, failure)
+    return np.concatenate(pieces) if pieces else np.zeros(0)
 
 
 def _flat(parts: list[npt.NDArray[Any]], report: PrivacyReport) -> npt.NDArray[np.float64]:
