@@ -215,6 +215,25 @@ def test_several_parts_are_clipped_as_one_vector_per_row(
         assert_sound(graph, r, *neighbours(cols, rng))
 
 
+@pytest.mark.parametrize("first", [True, False])
+def test_a_part_with_no_values_in_its_rows_adds_nothing(
+    rng: np.random.Generator, first: bool
+) -> None:
+    # an (n, 0) part (a slice or a pad down to no columns) raised IndexError in the rule,
+    # where the owner of each row was read from its first value
+    n = 12
+    b = GraphBuilder()
+    x = b.input("x", "float64", (n, 3))
+    empty = b.op("slice", x, dim=1, start=0, end=0, step=1)
+    parts = (empty, x) if first else (x, empty)
+    graph = b.build([b.op("clip_by_subject_norm", *parts, b.constant(np.arange(n)), max_norm=C)])
+    r = track(graph, {"x": InputSpec.private(-1.0, 1.0)})
+    assert r.outputs[0].shape == (3,) and r.outputs[0].exact_l2 == 2 * C
+    cols = {"x": Column("float64", (n, 3), -1.0, 1.0, None)}
+    for _ in range(50):
+        assert_sound(graph, r, *neighbours(cols, rng))
+
+
 def test_parts_of_different_subjects_row_by_row_are_refused() -> None:
     b = GraphBuilder()
     w = b.input("w", "float64", (6, 2))

@@ -103,10 +103,12 @@ def clip_by_subject_norm(c: Ctx) -> State:
     bound = float(c.call.attrs.get("max_norm", math.nan))
     if not (math.isfinite(bound) and bound > 0):
         raise c.fail(f"max_norm must be finite and positive, got {bound}")
+    if not all(x.shape for x in parts):
+        raise c.fail("needs rows: x must have at least one dim")
+    # a part with no values in its rows adds nothing to a row's norm nor to the output
+    parts = [x for x in parts if math.prod(x.shape[1:]) > 0]
     rows: Array | None = None
     for x in parts:
-        if not x.shape:
-            raise c.fail("needs rows: x must have at least one dim")
         if bool(np.isnan(x.lo).any() or np.isnan(x.hi).any()):
             # a NaN bound says a value may be NaN (an operation may leave its domain), and
             # then which subjects it depends on is not known; infinite bounds are fine: the
