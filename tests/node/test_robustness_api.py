@@ -300,3 +300,55 @@ def test_the_column_limit_is_enforced(context: NodeContext, owner_h: dict[str, s
             assert post_frame(http, DATASETS, owner_h, frame).status_code == 201
     finally:
         narrow.close()
+
+
+BIG = "99999999999999999999"  # beyond any id: the database's are signed 64-bit
+
+
+def test_a_number_beyond_any_id_is_refused_or_not_found_and_never_a_500(
+    http: TestClient, admin_h: dict[str, str], ds_h: dict[str, str]
+) -> None:
+    # each reached the database, where SQLite raised OverflowError binding it: a 500
+    from dpnode.core.engine import GraphBuilder, encode
+
+    b = GraphBuilder()
+    frame = encode(b.build([b.op("sum", b.input(f"dataset:{BIG}/x", "float64", (3,)))]))
+    frame_h = {"Content-Type": "application/octet-stream"}
+    run = {"steps": 1, "epsilon": 0.1, "delta": 1e-7, "values": 1}
+    cases: list[tuple[dict[str, str], str, str, dict[str, Any], int]] = [
+        (ds_h, "GET", f"{DATASETS}/{BIG}", {}, 404),
+        (ds_h, "GET", f"{DATASETS}/{BIG}/mock", {}, 404),
+        (ds_h, "DELETE", f"{DATASETS}/{BIG}", {}, 404),
+        (ds_h, "GET", f"{MODELS}/{BIG}", {}, 404),
+        (ds_h, "GET", f"/api/v1/ledger?dataset_id={BIG}", {}, 422),
+        (ds_h, "GET", f"/api/v1/ledger?before_id={BIG}", {}, 422),
+        (ds_h, "POST", "/api/v1/publish?epsilon=0.1", {"content": frame, "headers": frame_h}, 404),
+        (ds_h, "POST", "/api/v1/sensitivity", {"content": frame, "headers": frame_h}, 404),
+        (ds_h, "POST", f"/api/v1/publish?epsilon=0.1&run={BIG}", {"content": frame}, 422),
+        (ds_h, "POST", "/api/v1/publish/runs", {"json": run | {"dataset_ids": [int(BIG)]}}, 422),
+        (ds_h, "POST", "/api/v1/publish/runs", {"json": run | {"steps": int(BIG)}}, 422),
+        (admin_h, "GET", f"/api/v1/budget?user_id={BIG}", {}, 422),
+        (admin_h, "GET", f"/api/v1/budget/grants?user_id={BIG}", {}, 422),
+        (admin_h, "GET", f"/api/v1/budget/requests?user_id={BIG}", {}, 422),
+        (admin_h, "POST", f"/api/v1/budget/requests/{BIG}/approve", {"json": {}}, 422),
+        (admin_h, "POST", "/api/v1/budget/grants", {"json": {"user": int(BIG), "epsilon": 1}}, 422),
+        (admin_h, "GET", f"/api/v1/audit?before_id={BIG}", {}, 422),
+        (admin_h, "GET", f"/api/v1/audit?actor_id={BIG}", {}, 422),
+        (admin_h, "POST", f"/api/v1/publish/approvals/{BIG}/approve", {"json": {}}, 422),
+        (admin_h, "GET", f"/api/v1/policy/revisions/{BIG}", {}, 422),
+        (admin_h, "PATCH", f"/api/v1/users/{BIG}", {"json": {"active": False}}, 422),
+    ]
+    for headers, method, path, more, status in cases:
+        sent = more.pop("headers", {})
+        response = http.request(method, path, headers=headers | sent, **more)
+        assert response.status_code == status, (method, path, response.text)
+    assert http.get("/api/v1/health").json()["status"] == "ok"
+
+
+def test_a_time_whose_utc_is_beyond_the_calendar_is_the_calendars_end(
+    http: TestClient, ds_h: dict[str, str]
+) -> None:
+    # astimezone(UTC) of 9999-12-31T23:59:59-23:59 overflows: it was a 500
+    for params in ({"until": "9999-12-31T23:59:59-23:59"}, {"since": "0001-01-01T00:00:00+23:59"}):
+        response = http.get("/api/v1/ledger", params=params, headers=ds_h)
+        assert response.status_code == 200 and response.json() == [], response.text

@@ -267,6 +267,10 @@ def test_limits_and_inconsistent_plans(
     tiny = plan(rows=100_000, block_rows=1)
     assert "block_rows" in refused(tiny, 422, "upload_rejected")
     other = plan(tensors=[{"name": "data/y", "dtype": "float64", "shape": []}])
+    for bounds in ([5, 1], [0, "inf"], ["-inf", 1]):  # refused when the session opens
+        # (they were refused at finalize, after every chunk had been sent)
+        detail = refused(plan(bounds={"x": bounds}), 422, "upload_rejected")
+        assert "must be finite with low <= high" in detail
     assert "must be the declared columns" in refused(other, 422, "upload_rejected")
     limit = context.settings.max_upload_sessions
     for _ in range(limit):

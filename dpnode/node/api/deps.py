@@ -7,13 +7,13 @@ from collections.abc import Iterator
 from typing import Annotated
 
 from argon2 import PasswordHasher
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from dpnode.core.errors import AuthenticationError, PayloadTooLargeError, PermissionDeniedError
 from dpnode.node.context import NodeContext
-from dpnode.node.db.models import Role, User
+from dpnode.node.db.models import MAX_ID, Role, User
 from dpnode.node.services import users
 from dpnode.node.services.security import read_token
 from dpnode.node.services.throttle import LoginThrottle
@@ -195,10 +195,18 @@ async def get_uploads(context: ContextDep) -> UploadSessions:
 UploadsDep = Annotated[UploadSessions, Depends(get_uploads)]
 
 
-def item_ref(ref: str) -> int | str:
-    """A dataset or model path segment: all digits is an id, anything else a name.
+#: an id in a path or a query (a larger number than the database holds is refused, 422)
+PathId = Annotated[int, Path(ge=0, le=MAX_ID)]
+QueryId = Annotated[int | None, Query(ge=0, le=MAX_ID)]
 
-    >>> item_ref("42"), item_ref("diabetes")
-    (42, 'diabetes')
+
+def item_ref(ref: str) -> int | str:
+    """A dataset or model path segment: ASCII digits are an id, anything else a name (so a
+    number beyond any id is a name, which no dataset has: not found).
+
+    >>> item_ref("42"), item_ref("diabetes"), item_ref("99999999999999999999"), item_ref("²")
+    (42, 'diabetes', '99999999999999999999', '²')
     """
-    return int(ref) if ref.isdigit() else ref
+    if ref.isascii() and ref.isdigit() and int(ref) <= MAX_ID:
+        return int(ref)
+    return ref

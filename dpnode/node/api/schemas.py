@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
-from dpnode.node.db.models import Role
+from dpnode.node.db.models import MAX_ID, Role
 
 
 class Schema(BaseModel):
@@ -27,6 +27,10 @@ class ErrorBody(BaseModel):
     rule: str | None = Field(default=None, description="the policy rule that refused")
     policy: str | None = Field(default=None, description="the policy in force")
     policy_revision: int | None = Field(default=None, description="its revision")
+
+
+#: an id in a request body (a larger number than any id is refused before the database)
+Id = Annotated[int, Field(ge=0, le=MAX_ID)]
 
 
 class LoginRequest(Schema):
@@ -286,7 +290,7 @@ class BudgetRequestCreate(AmountRequest):
 
 
 class BudgetGrantCreate(AmountRequest):
-    user: int | str = Field(description="the user's id or email")
+    user: Id | str = Field(description="the user's id or email")
     reason: str = Field(min_length=1, max_length=10_000)
 
 
@@ -355,13 +359,16 @@ class RunPlanCreate(Schema):
     """A training run's public plan: ``steps`` Gaussian publishes at ``(epsilon, delta)``
     each, noising at most ``values`` values each, reading ``dataset_ids``."""
 
-    steps: int = Field(ge=1, strict=True)
+    steps: int = Field(ge=1, le=MAX_ID, strict=True)
     epsilon: float = Field(gt=0, allow_inf_nan=False, description="each step's epsilon")
     delta: float = Field(gt=0, lt=1, allow_inf_nan=False, description="each step's delta")
     values: int = Field(
-        ge=1, strict=True, description="the most values one step publishes (its parameters)"
+        ge=1,
+        le=MAX_ID,
+        strict=True,
+        description="the most values one step publishes (its parameters)",
     )
-    dataset_ids: list[int] = Field(default_factory=list, max_length=1000)
+    dataset_ids: list[Id] = Field(default_factory=list, max_length=1000)
     description: str = Field(default="", max_length=500)
 
 

@@ -23,6 +23,10 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from dpnode.node.db.base import Base, Timestamped, UTCDateTime, utcnow
 
+#: the largest id a table holds (a signed 64-bit integer): a larger number names no row, and
+#: must not reach the database (SQLite raises OverflowError binding it)
+MAX_ID = 2**63 - 1
+
 
 class Role(enum.StrEnum):
     ADMIN = "admin"

@@ -75,7 +75,7 @@ from dpnode.core.privacy.subjects import first_rows
 from dpnode.core.structures import Found
 from dpnode.node.cluster import Column, columns_for
 from dpnode.node.context import NodeContext
-from dpnode.node.db.models import Role, User
+from dpnode.node.db.models import MAX_ID, Role, User
 from dpnode.node.services import audit, budget, datasets, idempotency, models, users
 from dpnode.node.services.budget import EPSILON_UNIT, RHO_UNIT, TV_UNIT, Cost
 from dpnode.node.storage import array_from_bytes
@@ -151,6 +151,8 @@ def _resolve(context: NodeContext, session: Session, actor: users.Actor, graph: 
                 "'dataset:<id>/<column>' or 'model:<id>/<tensor>'"
             )
         kind, ident, part = match.group(1), int(match.group(2)), match.group(3)
+        if ident > MAX_ID:  # no such id (and beyond what the database can be asked)
+            raise NotFoundError(f"no {kind} {ident}")
         if kind == "dataset":
             if ident not in loaded:
                 loaded[ident] = datasets.get_dataset_columns(session, ident)

@@ -94,7 +94,7 @@ def check_array(kind: str, name: str, array: npt.NDArray[Any], max_elements: int
         )
 
 
-def _check_bounds(column: str, bounds: Any) -> tuple[float, float]:
+def check_bounds(column: str, bounds: Any) -> tuple[float, float]:
     try:
         lower, upper = (float(b) for b in bounds)
     except (TypeError, ValueError):
@@ -190,7 +190,7 @@ def numeric_contract(
     elif dtype.kind == "b":
         lower, upper = 0.0, 1.0
     elif column in spec.bounds:
-        lower, upper = _check_bounds(column, spec.bounds[column])
+        lower, upper = check_bounds(column, spec.bounds[column])
         if dtype.kind in "iuf":
             lower, upper = _within_dtype(column, dtype, lower, upper)
     else:

@@ -54,7 +54,7 @@ from dpnode.node.db.models import Dataset, User
 from dpnode.node.services.catalog import release_blobs, require_uploader
 from dpnode.node.services.datasets import get_dataset
 from dpnode.node.services.finalize import store_received
-from dpnode.node.services.tabular import STORABLE_DTYPES, ColumnSpec, check_name
+from dpnode.node.services.tabular import STORABLE_DTYPES, ColumnSpec, check_bounds, check_name
 from dpnode.node.storage import BlobStore
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{24}$")
@@ -189,6 +189,8 @@ def _check_plan(plan: UploadPlan, limits: UploadLimits) -> None:
         raise UploadRejectedError("mock_rows declared, but no mock tensors")
     for name in plan.columns:
         check_name("column", name)
+    for name, bounds in plan.bounds.items():  # before any chunk is sent, not at finalize
+        check_bounds(name, bounds)
     for part in plan.parts:
         if part.dtype not in STORABLE_DTYPES:
             raise UploadRejectedError(

@@ -4,7 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from dpnode.node.api.deps import AdminUser, CurrentUser, SessionDep
+from dpnode.node.api.deps import AdminUser, CurrentUser, PathId, SessionDep
 from dpnode.node.api.openapi import errors
 from dpnode.node.api.schemas import ApprovalAnswer, PublishApprovalPublic
 from dpnode.node.db.models import PublishApproval
@@ -59,7 +59,7 @@ def list_publish_approvals(
 
 @router.post("/{approval_id}/approve", responses=errors(404, 409))
 def approve_publish(
-    session: SessionDep, admin: AdminUser, approval_id: int, body: ApprovalAnswer
+    session: SessionDep, admin: AdminUser, approval_id: PathId, body: ApprovalAnswer
 ) -> PublishApprovalPublic:
     """Approve a waiting publish: the user's next identical publish runs, once; or a
     training run: its planned steps run (admins)."""
@@ -69,7 +69,7 @@ def approve_publish(
 
 @router.post("/{approval_id}/deny", responses=errors(404, 409))
 def deny_publish(
-    session: SessionDep, admin: AdminUser, approval_id: int, body: ApprovalAnswer
+    session: SessionDep, admin: AdminUser, approval_id: PathId, body: ApprovalAnswer
 ) -> PublishApprovalPublic:
     """Deny a waiting publish, saying why (admins)."""
     row = approvals.answer(session, admin, approval_id, approve=False, reason=body.reason)

@@ -4,7 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from dpnode.node.api.deps import AdminUser, SessionDep
+from dpnode.node.api.deps import AdminUser, QueryId, SessionDep
 from dpnode.node.api.schemas import AuditEventPublic
 from dpnode.node.services import audit
 
@@ -16,8 +16,8 @@ def list_audit_events(
     session: SessionDep,
     _admin: AdminUser,
     action: str | None = None,
-    actor_id: int | None = None,
-    before_id: int | None = None,
+    actor_id: QueryId = None,
+    before_id: QueryId = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[AuditEventPublic]:
     """The audit log, newest first (admins)."""

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -8,7 +8,14 @@ from pydantic import AwareDatetime
 from sqlalchemy import select
 
 from dpnode.core.errors import PermissionDeniedError
-from dpnode.node.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
+from dpnode.node.api.deps import (
+    AdminUser,
+    CurrentUser,
+    PathId,
+    QueryId,
+    SessionDep,
+    SettingsDep,
+)
 from dpnode.node.api.openapi import errors
 from dpnode.node.api.schemas import (
     BudgetGrantCreate,
@@ -110,20 +117,31 @@ def _subject(user: User, user_id: int | None) -> int:
 
 @router.get("/budget", responses=errors(403))
 def get_budget(
-    session: SessionDep, settings: SettingsDep, user: CurrentUser, user_id: int | None = None
+    session: SessionDep, settings: SettingsDep, user: CurrentUser, user_id: QueryId = None
 ) -> BudgetPublic:
     """Your privacy budget under the policy in force (admins: anyone's, with ``user_id``)."""
     return budget_public(budget.budget_of(session, settings, _subject(user, user_id)))
+
+
+def _utc(at: datetime | None) -> datetime | None:
+    """``at`` in UTC; a time whose UTC falls outside the years 1 to 9999 (``9999-12-31T23:59
+    -05:00``), at the end of that range: no charge is beyond it."""
+    if at is None:
+        return None
+    try:
+        return at.astimezone(UTC)
+    except OverflowError:
+        return (datetime.max if at.year == datetime.max.year else datetime.min).replace(tzinfo=UTC)
 
 
 @router.get("/ledger", responses=errors(403))
 def get_ledger(
     session: SessionDep,
     user: CurrentUser,
-    user_id: int | None = None,
+    user_id: QueryId = None,
     all_users: bool = False,
-    dataset_id: int | None = None,
-    before_id: int | None = None,
+    dataset_id: QueryId = None,
+    before_id: QueryId = None,
     since: AwareDatetime | None = None,
     until: AwareDatetime | None = None,
     limit: Limit = 100,
@@ -139,8 +157,8 @@ def get_ledger(
         subject,
         dataset_id=dataset_id,
         before_id=before_id,
-        since=None if since is None else since.astimezone(UTC),
-        until=None if until is None else until.astimezone(UTC),
+        since=_utc(since),
+        until=_utc(until),
         limit=limit,
     )
     owners = select(User).where(User.id.in_({e.user_id for e in entries}))
@@ -164,7 +182,7 @@ def list_budget_requests(
     session: SessionDep,
     user: CurrentUser,
     status: str | None = None,
-    user_id: int | None = None,
+    user_id: QueryId = None,
     limit: Limit = 100,
 ) -> list[BudgetRequestPublic]:
     """Budget requests, newest first: admins see everyone's, anyone else their own."""
@@ -178,7 +196,7 @@ def _grant_of(session: SessionDep, row: BudgetRequest) -> BudgetGrant | None:
 
 @router.post("/budget/requests/{request_id}/approve", responses=errors(404, 409))
 def approve_budget_request(
-    session: SessionDep, admin: AdminUser, request_id: int, body: BudgetRequestAnswer
+    session: SessionDep, admin: AdminUser, request_id: PathId, body: BudgetRequestAnswer
 ) -> BudgetRequestPublic:
     """Approve a pending request, granting what was asked or ``epsilon``/``delta`` (admins)."""
     row = budget_requests.answer_request(
@@ -195,7 +213,7 @@ def approve_budget_request(
 
 @router.post("/budget/requests/{request_id}/deny", responses=errors(404, 409))
 def deny_budget_request(
-    session: SessionDep, admin: AdminUser, request_id: int, body: BudgetRequestAnswer
+    session: SessionDep, admin: AdminUser, request_id: PathId, body: BudgetRequestAnswer
 ) -> BudgetRequestPublic:
     """Deny a pending request, saying why (admins)."""
     row = budget_requests.answer_request(
@@ -217,7 +235,7 @@ def create_grant(
 
 @router.get("/budget/grants", responses=errors(403))
 def list_grants(
-    session: SessionDep, user: CurrentUser, user_id: int | None = None, limit: Limit = 100
+    session: SessionDep, user: CurrentUser, user_id: QueryId = None, limit: Limit = 100
 ) -> list[BudgetGrantPublic]:
     """Budget grants, newest first: yours (admins: anyone's, or everyone's without ``user_id``)."""
     subject = user_id if user.role is Role.ADMIN else _subject(user, user_id)

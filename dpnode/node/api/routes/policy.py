@@ -4,7 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from dpnode.node.api.deps import AdminUser, SessionDep
+from dpnode.node.api.deps import AdminUser, PathId, SessionDep
 from dpnode.node.api.openapi import errors
 from dpnode.node.api.schemas import PolicyApply, PolicyRevisionPublic
 from dpnode.node.db.models import PolicyRevision
@@ -69,6 +69,6 @@ def list_revisions(
 
 
 @router.get("/revisions/{revision}", responses=errors(404))
-def get_revision(session: SessionDep, _admin: AdminUser, revision: int) -> PolicyRevisionPublic:
+def get_revision(session: SessionDep, _admin: AdminUser, revision: PathId) -> PolicyRevisionPublic:
     """One policy revision (admins)."""
     return revision_public(service.get_revision(session, revision))

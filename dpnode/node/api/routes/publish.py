@@ -11,6 +11,7 @@ from dpnode.node.api.deps import ContextDep, CurrentUser, LimitedBody, ReadSessi
 from dpnode.node.api.openapi import GRAPH_FRAME, errors, frame_body, frame_response
 from dpnode.node.api.schemas import OutputSensitivityPublic, PublishKeyPublic, SensitivityPublic
 from dpnode.node.context import NodeContext
+from dpnode.node.db.models import MAX_ID
 from dpnode.node.services import idempotency
 from dpnode.node.services import publish as service
 
@@ -41,7 +42,11 @@ async def publish(
     delta: Delta = None,
     run: Annotated[
         int | None,
-        Query(description="the training run this publish is a step of (POST /publish/runs)"),
+        Query(
+            ge=0,
+            le=MAX_ID,
+            description="the training run this publish is a step of (POST /publish/runs)",
+        ),
     ] = None,
     idempotency_key: Annotated[
         str | None,

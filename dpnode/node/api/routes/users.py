@@ -3,7 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter, status
 
 from dpnode.core.errors import PermissionDeniedError
-from dpnode.node.api.deps import AdminUser, CurrentUser, HasherDep, SessionDep
+from dpnode.node.api.deps import AdminUser, CurrentUser, HasherDep, PathId, SessionDep
 from dpnode.node.api.openapi import errors
 from dpnode.node.api.schemas import UserCreate, UserPublic, UserUpdate
 from dpnode.node.db.models import Role
@@ -33,7 +33,7 @@ def create_user(
 
 @router.patch("/{user_id}", responses=errors(404, 409))
 def update_user(
-    user_id: int, body: UserUpdate, session: SessionDep, hasher: HasherDep, actor: AdminUser
+    user_id: PathId, body: UserUpdate, session: SessionDep, hasher: HasherDep, actor: AdminUser
 ) -> UserPublic:
     """Change a user's role, active flag or password (admins)."""
     user = users.update_user(
