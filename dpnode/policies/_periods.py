@@ -100,6 +100,9 @@ class Period:
         start = self.anchor + self.index(at) * self.length
         return start, start + self.length
 
-    def contains(self, at: datetime, other: datetime) -> bool:
-        """Whether ``other`` falls in the same window as ``at``."""
-        return self.index(at) == self.index(other)
+    def counts_at(self, at: datetime, other: datetime) -> bool:
+        """Whether what was charged at ``other`` counts in the window of ``at``: it falls in
+        that window or a later one. A charge dated after ``at``'s window was spent already,
+        stamped by a clock ahead of the one reading ``at`` (another worker's): it counts now
+        and again in its own window, never in neither."""
+        return self.index(other) >= self.index(at)

@@ -65,7 +65,7 @@ class Context:
 
     def in_window(self, period: Period | None, charge: Charge) -> bool:
         """Whether ``charge`` counts in the request's window of ``period`` (always, if none)."""
-        return period is None or period.contains(self.request.at, charge.at)
+        return period is None or period.counts_at(self.request.at, charge.at)
 
     @property
     def user_spent(self) -> Spent:

@@ -57,7 +57,8 @@ def test_decisions_on_the_sums_equal_decisions_on_the_whole_ledger(
     with context.sessions() as session:
         for _ in range(40):
             user: User = users[int(rng.integers(3))]
-            at = now - timedelta(minutes=float(rng.uniform(0, 300)))
+            # some rows dated ahead (a worker's clock ahead), some beyond the next windows
+            at = now - timedelta(minutes=float(rng.uniform(-150, 300)))
             chosen = [ids[n] for n in ("a", "b") if rng.random() < 0.5]
             eps = int(rng.integers(0, 4)) * 10**8
             rho = int(rng.integers(0, 2)) * 10**6
@@ -88,3 +89,24 @@ def test_decisions_on_the_sums_equal_decisions_on_the_whole_ledger(
                 on_sums = policies.decide(policy, puser, request, sums, defaults=DEFAULTS)
                 whole = policies.decide(policy, puser, request, full, defaults=DEFAULTS)
                 assert on_sums == whole
+
+
+def test_a_charge_dated_ahead_does_not_hide_the_windows_spending(context: NodeContext) -> None:
+    # The user's rows of the window were summed and dated by the newest: one stamped in the
+    # next window by a clock ahead took the whole sum out of this one, and with it the budget.
+    user = make_user(context, "ahead@example.org", "data_scientist")
+    puser = policies.User(user.id, user.email, "data_scientist")
+    now = datetime(2026, 3, 1, 10, 17, tzinfo=UTC)
+    with context.sessions() as session:
+        for at in (now - timedelta(minutes=5), now + timedelta(minutes=50)):
+            session.add(
+                LedgerEntry(at=at, user_id=user.id, mechanism="laplace", epsilon_units=15 * 10**8)
+            )
+        session.commit()
+        policy = LOOSE.model_copy(update={"rate_limit": None})
+        request = policies.PublishRequest(at=now, datasets={}, epsilon_units=10**8)
+        decision = policies.decide(
+            policy, puser, request, _charges(session, policy, request, puser), defaults=DEFAULTS
+        )
+        assert decision.outcome == "refuse", decision
+        assert decision.rule == "roles.data_scientist.epsilon"

@@ -25,7 +25,8 @@ def test_windows_tile_time(length: timedelta, anchor: datetime, at: datetime) ->
     assert (start - anchor) % length == timedelta(0)
     assert period.window(end)[0] == end  # a boundary starts the next window
     assert period.window(end - timedelta(microseconds=1))[0] == start
-    assert period.contains(at, start) and not period.contains(at, end)
+    assert period.counts_at(at, start) and not period.counts_at(at, start - length)
+    assert period.counts_at(at, end) and period.counts_at(at, end + 5 * length)
 
 
 @settings(deadline=None)

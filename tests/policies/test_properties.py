@@ -169,7 +169,8 @@ def total(charges: Iterable[Charge]) -> Charge:
 def windows(
     charges: list[Charge], renewal: dict[str, Any] | None, at: datetime | None = None
 ) -> Iterable[list[Charge]]:
-    """Charges grouped by renewal window (one group without renewal); only ``at``'s if given."""
+    """Charges grouped by renewal window (one group without renewal); if ``at`` is given, what
+    counts at ``at``: its window's and any later (dated ahead: spent already)."""
     if renewal is None:
         yield charges
         return
@@ -181,7 +182,8 @@ def windows(
     if at is None:
         yield from groups.values()
     else:
-        yield groups[(at - anchor) // length]
+        now = (at - anchor) // length
+        yield [c for k, group in groups.items() if k >= now for c in group]
 
 
 def user_limits(data: dict[str, Any], user: User) -> tuple[int, int]:
