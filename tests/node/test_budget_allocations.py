@@ -121,3 +121,22 @@ def test_a_thousand_values_at_allocation_40_until_the_budget_is_really_spent(
     assert refused.status_code == 403 and refused.json()["rule"] == "roles.data_scientist.epsilon"
     # The deltas of those releases of 1,000 values: one unit of 1e-18 each.
     assert body["spent_delta"] == pytest.approx(400e-18)
+
+
+def test_a_delta_below_the_ledger_unit_is_above_a_cap_of_zero(
+    http: TestClient, admin_h: dict[str, str], owner_h: dict[str, str], ds_h: dict[str, str]
+) -> None:
+    # The asked delta was rounded down to whole units (1e-18) before the per-publish cap and
+    # the approval threshold compared it: 9e-19 was "0" and passed a cap of 0, though the
+    # Gaussian is calibrated to 9e-19 and so promises no pure guarantee.
+    frame = _sum_frame(_dataset(http, owner_h))
+    for toml, error, rule in (
+        ("[publish]\nmax_delta = 0\n", "policy_refused", "publish.max_delta"),
+        ("[approval]\ndelta_above = 0\n", "approval_required", "approval.delta_above"),
+    ):
+        response = http.put("/api/v1/policy", json={"toml": toml, "reason": "r"}, headers=admin_h)
+        assert response.status_code == 200, response.text
+        refused = publish(http, ds_h, frame, 1.0, delta=9e-19)
+        assert refused.status_code == 403, refused.text
+        assert (refused.json()["error"], refused.json()["rule"]) == (error, rule)
+        assert publish(http, ds_h, frame, 1.0).status_code == 200  # pure: no delta at all

@@ -83,8 +83,24 @@ def units_down(value: float, unit: Fraction, what: str) -> int:
     >>> units_down(0.1, EPSILON_UNIT, "epsilon"), units_down(1e-6, DELTA_UNIT, "delta")
     (100000000, 1000000000000)
     """
+    return math.floor(_decimal(value, what) / unit)
+
+
+def delta_asked_units(delta: float) -> int:
+    """The delta a release promises, in whole units rounded up: what per-publish caps and
+    approval thresholds compare (a Gaussian is calibrated to the delta asked, so one below
+    the unit promises more than nothing). The decimal the person wrote, as in
+    :func:`units_down`.
+
+    >>> delta_asked_units(9e-19), delta_asked_units(3e-6)
+    (1, 3000000000000)
+    """
+    return math.ceil(_decimal(delta, "delta") / DELTA_UNIT)
+
+
+def _decimal(value: float, what: str) -> Fraction:
     _check_amount(value, what)
-    return math.floor(Fraction(Decimal(repr(float(value)))) / unit)
+    return Fraction(Decimal(repr(float(value))))
 
 
 def units_up(value: float, unit: Fraction, what: str) -> int:

@@ -278,9 +278,7 @@ def _cost(rp: ReleasePlan, request: PublishRequest, inputs: _Inputs, graph: Grap
         # the exact computation (constants included) an admin's approval covers, computed
         # only when the policy gates publishes.
         asked_epsilon_units=budget.units_down(request.epsilon, EPSILON_UNIT, "epsilon"),
-        asked_delta_units=0
-        if request.delta is None
-        else budget.units_down(request.delta, budget.DELTA_UNIT, "delta"),
+        asked_delta_units=0 if request.delta is None else budget.delta_asked_units(request.delta),
         frame_hash=lambda: content_hash(encode(graph)),
         run_id=request.run_id,
     )
@@ -310,7 +308,7 @@ def gaussian_cost(epsilon: float, delta: float, values: int) -> Cost:
         rho_units=budget.units_up(noise.rho, RHO_UNIT, "rho"),
         tv_units=budget.units_up(noise.sampler_tv, TV_UNIT, "sampler deviation"),
         asked_epsilon_units=budget.units_down(epsilon, EPSILON_UNIT, "epsilon"),
-        asked_delta_units=budget.units_down(delta, budget.DELTA_UNIT, "delta"),
+        asked_delta_units=budget.delta_asked_units(delta),
     )
 
 
