@@ -89,12 +89,16 @@ def converted_units(rho_units: int, delta_units: int, convert: RhoToEpsilon) -> 
     """Epsilon units that ``rho_units`` of zCDP cost at ``delta_units``, rounded up.
 
     Returns 0 for no rho, and ``None`` (does not fit any budget) for a rho with no delta to
-    convert at. The float arguments are rounded conservatively (rho up, delta down).
+    convert at. The float arguments are rounded conservatively (rho up, delta down); a delta
+    of 1 or more (grants may add up to it, and it promises nothing) converts at the largest
+    float below 1.
 
     >>> converted_units(500_000_000, 10**12, bun_steinke)
     5756521770
     >>> converted_units(0, 0, bun_steinke), converted_units(1, 0, bun_steinke)
     (0, None)
+    >>> converted_units(10**9, 3 * 10**18, bun_steinke)
+    1000000030
     """
     if rho_units == 0:
         return 0
@@ -104,6 +108,6 @@ def converted_units(rho_units: int, delta_units: int, convert: RhoToEpsilon) -> 
     rho, delta = float(exact_rho), float(exact_delta)
     if Fraction(rho) < exact_rho:
         rho = math.nextafter(rho, math.inf)
-    if Fraction(delta) > exact_delta:
-        delta = math.nextafter(delta, 0.0)
+    if Fraction(delta) > exact_delta or delta >= 1.0:
+        delta = math.nextafter(min(delta, 1.0), 0.0)
     return units_up(convert(rho, delta), EPSILON_UNIT, "converted epsilon")

@@ -140,3 +140,18 @@ def test_a_delta_below_the_ledger_unit_is_above_a_cap_of_zero(
         assert refused.status_code == 403, refused.text
         assert (refused.json()["error"], refused.json()["rule"]) == (error, rule)
         assert publish(http, ds_h, frame, 1.0).status_code == 200  # pure: no delta at all
+
+
+def test_grants_adding_up_to_a_delta_beyond_one_leave_the_node_answering(
+    http: TestClient, admin_h: dict[str, str], owner_h: dict[str, str], ds_h: dict[str, str]
+) -> None:
+    # Each grant is below 1, their total is not: converting rho at a delta of 1.8 raised
+    # ValueError, and every Gaussian publish and budget read of the user answered 500.
+    frame = _sum_frame(_dataset(http, owner_h))
+    scientist = http.get("/api/v1/users/me", headers=ds_h).json()["id"]
+    for _ in range(2):
+        grant = {"user": scientist, "epsilon": 1.0, "delta": 0.9, "reason": "r"}
+        assert http.post("/api/v1/budget/grants", json=grant, headers=admin_h).status_code == 201
+    assert _receipt(publish(http, ds_h, frame, 1.0, delta=1e-6))["mechanism"] == "gaussian"
+    body = _budget(http, ds_h)
+    assert body["delta"] > 1 and 0 < body["spent_epsilon"] < 11
