@@ -24,7 +24,13 @@ from dpnode.policies._records import (
     Remaining,
     User,
 )
-from dpnode.policies._units import delta_units, epsilon_units, format_delta, format_epsilon
+from dpnode.policies._units import (
+    DELTA_UNIT,
+    delta_units,
+    epsilon_units,
+    format_delta,
+    format_epsilon,
+)
 
 __all__ = ["RULES", "Context", "Verdict", "rule"]
 
@@ -103,7 +109,11 @@ def describe_cost(cost: Spent) -> str:
     if cost.epsilon_units or not cost.rho_units:
         parts.append(f"epsilon {format_epsilon(cost.epsilon_units)}")
     if cost.delta_units:
-        parts.append(f"delta {format_delta(cost.delta_units)}")
+        vacuous = cost.delta_units * DELTA_UNIT >= 1
+        parts.append(
+            f"delta {format_delta(cost.delta_units)}"
+            + (" (a delta of 1 or more promises nothing)" if vacuous else "")
+        )
     return ", ".join(parts)
 
 

@@ -3,6 +3,8 @@ per-publish caps, the total against the budget, dataset caps and approval thresh
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from dpnode.policies import (
@@ -102,3 +104,16 @@ def test_a_run_is_of_gaussian_steps() -> None:
         RunRequest(3, publish(0.1))
     with pytest.raises(ValueError, match="steps"):
         RunRequest(0, STEP)
+
+
+def test_a_run_whose_samplers_cost_a_delta_of_one_or_more_says_it_promises_nothing(
+    defaults: Allowance,
+) -> None:
+    # At a large epsilon each step's sampler costs a whole delta: ten steps read "delta 10"
+    step = replace(STEP, extra_delta_units=10**18)
+    d = decide_run(load_policy(""), ALICE, RunRequest(10, step), [], defaults=defaults)
+    assert d.outcome is Outcome.REFUSE
+    assert "delta 10 (a delta of 1 or more promises nothing)" in d.reason
+    assert (
+        "promises nothing" not in decide(load_policy(""), ALICE, STEP, [], defaults=defaults).reason
+    )
