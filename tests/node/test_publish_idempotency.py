@@ -325,3 +325,34 @@ def test_a_publish_is_a_job_its_key_names(
     malformed = state("a%20b")
     assert malformed.status_code == 422 and "idempotency key" in malformed.json()["detail"]
     assert http.get("/api/v1/publish/keys/job").status_code == 401
+
+
+def test_a_failed_evaluation_stores_its_answer_even_if_the_operators_record_fails(
+    http: TestClient,
+    context: NodeContext,
+    ds_h: dict[str, str],
+    dataset_id: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The audit line ran first among the tasks after the answer, and one that raised kept
+    # the answer from being stored: the key stayed running, every retry was told to wait.
+    def unreadable(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("the column's file is gone")
+
+    failed: list[str] = []
+
+    def audit_fails(*args: Any, **kwargs: Any) -> None:
+        failed.append("record")
+        raise RuntimeError("the database is busy")
+
+    monkeypatch.setattr(context.store, "open_array", unreadable)
+    monkeypatch.setattr(service, "record_failure", audit_fails)
+    frame = _mean_frame(dataset_id)
+    first = _publish(http, ds_h, frame, "k-failed")
+    assert first.status_code == 200, first.text  # the public stand-in, charged
+    monkeypatch.undo()
+    assert failed == ["record"]  # the evaluation failed, and so did its audit line
+    state = http.get("/api/v1/publish/keys/k-failed", headers=ds_h)
+    assert state.json()["state"] == "answered", state.text
+    retry = _publish(http, ds_h, frame, "k-failed")
+    assert retry.status_code == 200 and retry.content == first.content

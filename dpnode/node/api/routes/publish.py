@@ -69,8 +69,6 @@ async def publish(
     )
     if isinstance(done, service.Replayed):
         return Response(done.body, media_type=frames.MEDIA_TYPE)
-    if done.failure is not None:  # after the response: its time must not depend on it
-        background.add_task(service.record_failure, context, user_id, done)
     try:
         arrays = {f"output/{i}": v for i, v in enumerate(done.values)}
         content = frames.encode(arrays, {"receipt": done.receipt})
@@ -78,21 +76,34 @@ async def publish(
         if idempotency_key is not None:  # no answer to store: its retries learn it is lost
             service.let_go(context, user_id, idempotency_key)
         raise
-    if idempotency_key is not None:
-        # Stored after the answer is sent: the client does not wait for a second commit. A
-        # retry arriving before it is stored is told the publish still runs and waits.
-        ledger_id = done.receipt["ledger_id"]
-        background.add_task(_store_answer, context, user_id, idempotency_key, content, ledger_id)
+    if idempotency_key is not None or done.failure is not None:
+        # After the answer is sent: the client does not wait for a second commit, and the
+        # answer's time does not show a failure. A retry arriving before the answer is stored
+        # is told the publish still runs and waits.
+        background.add_task(_after_answer, context, user_id, idempotency_key, content, done)
     return Response(content, media_type=frames.MEDIA_TYPE)
 
 
-def _store_answer(
-    context: NodeContext, user_id: int, key: str, content: bytes, ledger_id: int
+def _after_answer(
+    context: NodeContext,
+    user_id: int,
+    key: str | None,
+    content: bytes,
+    done: service.Published,
 ) -> None:
+    """Store the answer under its key, then tell the operator of a failed evaluation: in
+    that order, each whatever the other does (a key whose answer is never stored stays
+    ``running`` until it expires, and its retries wait)."""
+    ledger_id = done.receipt["ledger_id"]
+    if key is not None:
+        try:
+            service.answered(context, user_id, key, content)
+        except Exception:  # charged and answered: a retry is told it runs until it expires
+            log.exception("could not store the answer of publish %s", ledger_id)
     try:
-        service.answered(context, user_id, key, content)
-    except Exception:  # charged and answered: a retry is told it runs until the key expires
-        log.exception("could not store the answer of publish %s", ledger_id)
+        service.record_failure(context, user_id, done)
+    except Exception:
+        log.exception("could not record the failed evaluation of publish %s", ledger_id)
 
 
 @router.get("/publish/keys/{key}", responses=errors(404, 422))
