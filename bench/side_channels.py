@@ -1,6 +1,7 @@
 """What an answered publish's time shows about a private predicate, before and after.
 
     python -m bench.side_channels [--rows 2000000] [--chain 40] [--repeat 7] [--node]
+    python -m bench.side_channels --kernels [--rows 1000000]
 
 Two graphs an analyst could send to learn how many rows lie above ``t`` from the time of a
 publish alone (its released mean is noised as any other):
@@ -18,6 +19,12 @@ node evaluates a publish, and as it did before (gradual underflow, ``np.where``)
 ``--node``, the whole publish as an analyst sees it, against a ``dpnode serve`` process
 (epsilon 0.001 each, the time of the HTTP request). The ratio of the slowest to the fastest
 threshold is what the time shows: 1.0x is nothing.
+
+``--kernels`` surveys the elementwise kernels that have a privacy rule instead: each one
+evaluated by the engine (flush-to-zero included) on ``--rows`` values all near one magnitude,
+for several magnitudes, best of ``--repeat`` interleaved. A kernel whose time moves with the
+magnitude lets a graph that steers private values into its slow range (``sinh(700 * x)``,
+clamped afterwards to keep the sensitivity small) count rows from the clock.
 """
 
 from __future__ import annotations
@@ -134,13 +141,59 @@ def node(args: argparse.Namespace, x: np.ndarray[Any, Any]) -> None:
                 _row(f"{label}: a publish through `dpnode serve`", best)
 
 
+#: Kernel, second operand (None: unary), the magnitudes its first operand is evaluated at.
+KERNELS: tuple[tuple[str, float | None, tuple[float, ...]], ...] = (
+    ("exp", None, (-1000, -740, -720, -100, 0, 100, 700, 709.5, 720)),
+    ("expm1", None, (-100, 0, 100, 709.5, 720)),
+    ("sinh", None, (1, 30, 300, 700, 709.5, 720)),
+    ("cosh", None, (1, 300, 700, 710, 720)),
+    ("log", None, (0, 1e-300, 1, 1e300)),
+    ("sin", None, (0.1, 3, 100, 1000, 1e4, 1e6, 1e22)),
+    ("cos", None, (0.1, 3, 100, 1000, 1e4, 1e6, 1e22)),
+    ("tanh", None, (0, 1, 30, 1000)),
+    ("erf", None, (0, 0.5, 1, 3, 5, 10)),
+    ("erfc", None, (-5, 0, 0.5, 1, 3, 10, 30)),
+    ("sqrt", None, (0, 1, 1e300)),
+    ("fmod", 1.0, (0.5, 2, 64, 2.0**20, 2.0**40, 2.0**53, 1e100)),
+    ("remainder", 1.0, (0.5, 2, 64, 2.0**20, 2.0**40, 2.0**53, 1e100)),
+    ("floor_divide", 1.0, (0.5, 2, 64, 2.0**20, 2.0**53, 1e100)),
+    ("pow", 2.5, (0, 1e-300, 1e-10, 1, 1e100, 1e200, 1e300)),
+)
+
+
+def kernels(args: argparse.Namespace) -> None:
+    """The time of each kernel on values near each magnitude, as the engine evaluates them."""
+    wobble = 1 + np.random.default_rng(0).uniform(0, 1e-3, args.rows)
+    print(f"\n# Elementwise kernels on {args.rows:,} values: best of {args.repeat}, ms\n")
+    print("| kernel | time at each magnitude | slowest / fastest |")
+    print("|---|---|---|")
+    for name, other, magnitudes in KERNELS:
+        b = GraphBuilder()
+        x = b.input("x", "float64", (args.rows,))
+        y = b.op(name, x) if other is None else b.op(name, x, other)
+        graph = b.build([b.op("sum", y)])
+
+        def timed(value: float, graph: Graph = graph) -> Callable[[], object]:
+            column = value * wobble
+            return lambda: evaluate(graph, {"x": column})
+
+        with np.errstate(all="ignore"):
+            best = interleaved_best([timed(m) for m in magnitudes], args.repeat)
+        cells = ", ".join(f"{m:g}: {t * 1e3:.1f}" for m, t in zip(magnitudes, best, strict=True))
+        print(f"| {name} | {cells} | {max(best) / min(best):.1f}x |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--chain", type=int, default=40)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--node", action="store_true", help="also through a served node")
+    parser.add_argument("--kernels", action="store_true", help="survey the kernels instead")
     args = parser.parse_args()
+    if args.kernels:
+        kernels(args)
+        return
     x = np.random.default_rng(0).uniform(0, 1, args.rows)
     shares = " | ".join(f"{np.mean(x > t):.0%} of rows above t" for t in THRESHOLDS)
     print(f"# {args.rows:,} rows, {args.chain} divisions: best of {args.repeat}, ms\n")

@@ -359,3 +359,21 @@ def test_a_quantile_of_no_quantiles_is_refused_before_the_charge(
     assert "no quantiles" in detail
     with context.sessions() as session:
         assert session.scalar(select(func.count()).select_from(LedgerEntry)) == 0
+
+
+def test_a_kernel_steered_into_its_slow_range_is_refused_before_the_charge(
+    context: NodeContext, http: TestClient, owner_h: dict[str, str], ds_h: dict[str, str]
+) -> None:
+    # sum(clamp(sinh(700 x), 0, 1)) was answered at epsilon 0.001 in 21 ms on a million rows
+    # of 0 and 107 ms on a million rows of 1: a count read from the clock
+    ids = _float_pair(http, owner_h, "slow", 1.0)
+
+    def attack(b: GraphBuilder, ident: int) -> list[Ref]:
+        v = b.input(f"dataset:{ident}/v", "float64", (ROWS,))
+        return [b.op("sum", b.op("clamp", b.op("sinh", b.op("mul", v, 700.0)), 0.0, 1.0))]
+
+    status, code, detail = _same_on_neighbours(http, ds_h, ids, attack, eps=0.001)
+    assert (status, code) == (422, "untrackable_graph"), detail
+    assert "outside [-640, 640] (float64)" in detail
+    with context.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(LedgerEntry)) == 0

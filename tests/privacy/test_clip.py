@@ -347,7 +347,8 @@ def test_rows_that_overflow_are_clipped_and_stay_at_2c(outer: bool) -> None:
     n, d = 6, 3
     b = GraphBuilder()
     x = b.input("X", "float64", (n, d))
-    big = b.op("exp", b.op("mul", x, 800.0))  # [1, inf]: exp(800) overflows
+    # [1, inf]: e^690 e^110 overflows (exp itself stays where its time is flat)
+    big = b.op("mul", b.op("exp", b.op("mul", x, 690.0)), b.op("exp", b.op("mul", x, 110.0)))
     if outer:
         parts = [b.op("neg", big), x]
         out = b.op("clip_by_subject_norm", *parts, b.constant(np.arange(n)), max_norm=C, outer=[1])
@@ -367,7 +368,9 @@ def test_rows_that_overflow_are_clipped_and_stay_at_2c(outer: bool) -> None:
 
     nan = GraphBuilder()
     x = nan.input("X", "float64", (n, d))
-    e = nan.op("exp", nan.op("mul", x, 800.0))
+    e = nan.op(
+        "mul", nan.op("exp", nan.op("mul", x, 690.0)), nan.op("exp", nan.op("mul", x, 110.0))
+    )
     rows = nan.op("sub", e, e)  # inf - inf
     nan_graph = nan.build(
         [nan.op("clip_by_subject_norm", rows, nan.constant(np.arange(n)), max_norm=C)]

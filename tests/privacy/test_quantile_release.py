@@ -105,7 +105,7 @@ def test_integer_values_give_integer_candidates() -> None:
             "constants",
         ),
         (  # values that may be infinite: no public range to select from
-            lambda b, x, q: [b.op("quantile", b.op("log", x), q, interpolation="lower")],
+            lambda b, x, q: [b.op("quantile", b.op("div", 1.0, x), q, interpolation="lower")],
             PrivacyTrackingError,
             "unbounded",
         ),

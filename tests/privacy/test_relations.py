@@ -23,6 +23,10 @@ from tests.privacy.helpers import Column, assert_sound, neighbours
 N, K = 5, 10
 
 
+#: The SDK's ``rules_nn.SOFTMAX_FLOOR`` (this module runs without torch)
+SOFTMAX_FLOOR = -512.0
+
+
 def _logits(b: GraphBuilder, dtype: str, scale: float) -> Ref:
     x = b.input("x", dtype, (N, K))
     return b.op("mul", x, scale)
@@ -31,7 +35,7 @@ def _logits(b: GraphBuilder, dtype: str, scale: float) -> Ref:
 def _softmax_parts(b: GraphBuilder, x: Ref, dim: int, of: Ref | None = None) -> tuple[Ref, Ref]:
     """x - amax(of, dim) and its exp, as the SDK's ``_softmax_parts`` records them."""
     z = b.op("sub", x, b.op("amax", x if of is None else of, dims=(dim,), keepdim=True))
-    return z, b.op("exp", z)
+    return z, b.op("exp", b.op("maximum", z, SOFTMAX_FLOOR))
 
 
 def _log_softmax(b: GraphBuilder, x: Ref, dim: int = 1, sum_dim: int | None = None) -> Ref:

@@ -3,7 +3,8 @@
 
 The SDK records ``softmax`` and ``log_softmax`` over ``dim`` as
 
-    m = amax(x, dims=(dim,), keepdim=True);  z = x - m;  e = exp(z);  s = sum(e, dims=(dim,))
+    m = amax(x, dims=(dim,), keepdim=True);  z = x - m;  e = exp(max(z, -512))
+    s = sum(e, dims=(dim,))
     softmax = e / s;  log_softmax = z - log(s)
 
 Interval arithmetic treats ``m`` as independent of ``x``, so ``z`` gets the upper bound
@@ -105,6 +106,15 @@ def narrow(c: Ctx, s: State) -> State:
         and dims_of(c, len(a.shape)) == a.tag.dims
     ):
         return _bounded(s, lo=1.0)  # a count: exact in any dtype that holds it
+    elif (
+        op == "maximum"
+        and isinstance(a.tag, _Shifted)
+        and not a.tag.exp
+        and s.shape == a.shape
+        and _at_most_zero(c.args[1])
+    ):
+        # a floor below 0 (the SDK's before exp): each max is still 0, exactly
+        return s.with_(tag=a.tag)
     elif op == "exp" and isinstance(a.tag, _Shifted) and not a.tag.exp:
         return s.with_(tag=_Shifted(a.tag.dims, exp=True))
     elif (
@@ -116,6 +126,11 @@ def narrow(c: Ctx, s: State) -> State:
     ):
         return _bounded(s, lo=1.0 - _SUM_SLACK_UNITS * unit(c.meta.dtype))
     return s
+
+
+def _at_most_zero(x: State | None) -> bool:
+    """Whether ``x`` is public and nowhere above 0."""
+    return x is not None and x.is_public and bool(np.all(np.asarray(x.hi) <= 0.0))
 
 
 def _below_infinity(x: State) -> bool:

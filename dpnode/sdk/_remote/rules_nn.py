@@ -242,11 +242,21 @@ def _avg_pool2d_backward(
 # -- softmax and activation gradients: direct rules (torch's decompositions are slow to trace) --
 
 
+#: exp's argument in a softmax is taken at least this: below, the node's float64 kernel
+#: would take a slower path (docs/privacy.md, "What an answered publish's time shows"), and
+#: e^-512 (4e-223) beside the 1 of the largest term changes no probability a float can hold.
+SOFTMAX_FLOOR = -512.0
+
+
+def _softmax_exp(shifted: Node) -> Node:
+    return prim("exp", prim("maximum", shifted, SOFTMAX_FLOOR))
+
+
 def _softmax_parts(x: Node, dim: int, dtype: torch.dtype) -> tuple[Node, Node]:
     if x.dtype != dtype:
         x = prim("convert_element_type", x, dtype=dtype_name(dtype))
     shifted = prim("sub", x, prim("amax", x, dims=(dim,), keepdim=True))
-    return shifted, prim("exp", shifted)
+    return shifted, _softmax_exp(shifted)
 
 
 @implements(aten._softmax.default)
@@ -274,7 +284,7 @@ def _log_softmax_backward(
     out: torch.Tensor, grad: Node, y: Node, dim: int, input_dtype: torch.dtype
 ) -> Node:
     return prim(
-        "sub", grad, prim("mul", prim("exp", y), prim("sum", grad, dims=(dim,), keepdim=True))
+        "sub", grad, prim("mul", _softmax_exp(y), prim("sum", grad, dims=(dim,), keepdim=True))
     )
 
 
