@@ -98,7 +98,9 @@ class Renewal(_Model):
 
     @field_serializer("anchor")
     def _dump_anchor(self, value: datetime) -> str:
-        return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ").replace(".000000Z", "Z")
+        # isoformat writes every year in four digits (strftime's %Y writes 999 for 999)
+        text = value.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+        return text.replace(".000000Z", "Z")
 
     def period(self) -> Period:
         """The windows this renewal defines."""
@@ -254,6 +256,8 @@ def load_policy(text: str) -> Policy:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError([("", f"not valid TOML: {exc}")]) from None
+    except RecursionError:
+        raise PolicyError([("", "not valid TOML: nested too deeply")]) from None
     return Policy.from_dict(data)
 
 

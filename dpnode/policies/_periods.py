@@ -25,6 +25,10 @@ _UNITS: dict[str, timedelta] = {
 _PATTERN = re.compile(r"([1-9][0-9]{0,8})([smhdw])")
 
 
+#: The longest period: windows around any time of use end within the calendar.
+LONGEST = timedelta(days=36_500)
+
+
 def parse_period(text: str) -> timedelta:
     """A length such as ``"30d"``: a positive whole number and one unit of s, m, h, d or w.
 
@@ -45,7 +49,10 @@ def parse_period(text: str) -> timedelta:
         raise ValueError(
             f"bad period {text!r}: write a whole number and a unit s, m, h, d or w, e.g. '30d'"
         )
-    return int(match.group(1)) * _UNITS[match.group(2)]
+    count, unit = int(match.group(1)), _UNITS[match.group(2)]
+    if count > LONGEST // unit:  # windows must end within the calendar
+        raise ValueError(f"period {text!r} is longer than {LONGEST.days} days")
+    return count * unit
 
 
 def format_period(length: timedelta) -> str:
@@ -69,7 +76,10 @@ def as_utc(at: datetime) -> datetime:
     """
     if at.tzinfo is None or at.utcoffset() is None:
         raise ValueError(f"datetime {at.isoformat()} has no time zone; give it in UTC")
-    return at.astimezone(UTC)
+    try:
+        return at.astimezone(UTC)
+    except OverflowError:  # 9999-12-31T23:59:59-01:00 is past the calendar's end in UTC
+        raise ValueError(f"datetime {at.isoformat()} is beyond the calendar in UTC") from None
 
 
 @dataclass(frozen=True)

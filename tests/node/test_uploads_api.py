@@ -272,6 +272,9 @@ def test_limits_and_inconsistent_plans(
         detail = refused(plan(bounds={"x": bounds}), 422, "upload_rejected")
         assert "must be finite with low <= high" in detail
     assert "must be the declared columns" in refused(other, 422, "upload_rejected")
+    # the stream is data first: listed mock first, the real values were stored as the mock
+    mock_first = plan(mock_rows=10, tensors=tensors(x, "mock") + tensors(x, "data"))
+    assert "data tensors first" in refused(mock_first, 422, "upload_rejected")
     limit = context.settings.max_upload_sessions
     for _ in range(limit):
         assert plan().status_code == 201

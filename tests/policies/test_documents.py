@@ -245,3 +245,29 @@ def test_any_json_either_validates_or_raises_policy_error(data: Any) -> None:
         assert exc.problems and all(isinstance(k, str) for k, _ in exc.problems)
     else:
         assert Policy.from_dict(json.loads(policy.to_json())) == policy
+
+
+def test_an_anchor_before_year_1000_round_trips() -> None:
+    # strftime wrote year 999 as "999": the stored text could not be read back, and every
+    # budget read, publish and policy change after it failed
+    policy = policies.load_policy('[renewal]\nevery = "30d"\nanchor = 0999-01-01T00:00:00Z\n')
+    assert policy.to_dict()["renewal"]["anchor"] == "0999-01-01T00:00:00Z"
+    assert policies.Policy.from_dict(policy.to_dict()) == policy
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[renewal]\nevery = "3000000d"\nanchor = 2026-01-01T00:00:00Z', "longer than 36500 days"),
+        ('[rate_limit]\nmax_publishes = 1\nwindow = "600000w"', "longer than 36500 days"),
+        ('[renewal]\nevery = "9999999999999999999999d"\nanchor = 2026-01-01T00:00:00Z', "bad"),
+        ('[renewal]\nevery = "1d"\nanchor = 9999-12-31T23:59:59-23:59', "beyond the calendar"),
+        ('[renewal]\nevery = "1d"\nanchor = 0001-01-01T00:00:00+23:59', "beyond the calendar"),
+        ("x = " + "[" * 5000 + "]" * 5000, "nested too deeply"),
+    ],
+)
+def test_documents_the_calendar_cannot_hold_are_refused(text: str, message: str) -> None:
+    # each was accepted and then made every budget read and publish a 500 (OverflowError),
+    # or was a 500 itself (RecursionError)
+    with pytest.raises(policies.PolicyError, match=message):
+        policies.load_policy(text)

@@ -23,9 +23,10 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from dpnode.node.db.base import Base, Timestamped, UTCDateTime, utcnow
 
-#: the largest id a table holds (a signed 64-bit integer): a larger number names no row, and
-#: must not reach the database (SQLite raises OverflowError binding it)
-MAX_ID = 2**63 - 1
+#: the largest id a table holds (ids are ``Integer`` columns: signed 32-bit on PostgreSQL):
+#: a larger number names no row, and must not reach the database (PostgreSQL raises
+#: NumericValueOutOfRange comparing it with an id, SQLite OverflowError beyond 64 bits)
+MAX_ID = 2**31 - 1
 
 
 class Role(enum.StrEnum):

@@ -178,6 +178,10 @@ def _check_plan(plan: UploadPlan, limits: UploadLimits) -> None:
     mock = [n.removeprefix("mock/") for n in names if n.startswith("mock/")]
     if len(data) + len(mock) != len(names):
         raise UploadRejectedError("upload tensors are named data/<column> or mock/<column>")
+    if any(n.startswith("mock/") for n in names[: len(data)]):
+        # the stream is laid out data first (UploadPlan.sections): a mock tensor listed
+        # before a data one numbered the files otherwise, and real values became the mock
+        raise UploadRejectedError("list the data tensors first, then the mock tensors")
     if data != plan.columns:
         raise UploadRejectedError(
             f"the data tensors {data[:10]} must be the declared columns, in order: "
