@@ -384,3 +384,12 @@ def _offset_in(frame: bytes, layout: Layout, index: int) -> int:
     """Where constant node ``index``'s bytes start in ``frame``."""
     (hlen,) = struct.unpack("<Q", frame[4:12])
     return 12 + hlen + dict(layout.constants)[index]
+
+
+def test_an_expand_to_a_negative_size_is_refused_when_planned() -> None:
+    # a size-1 dim took any size, -2 included: the privacy rule's broadcast then raised
+    # ValueError (a 500 from /sensitivity and /publish)
+    b = GraphBuilder()
+    x = b.input("x", "float64", (1,))
+    with pytest.raises(GraphError, match="cannot expand to a negative size -2 at dim 0"):
+        plan(b.build([b.op("expand", x, shape=[-2])]))

@@ -27,7 +27,13 @@ def _tensor(dtype: str, shape: list[Any], size: int) -> dict[str, Any]:
 GOOD = dataset_frame("good", {"x": np.array([1.0, 2.0])}, bounds={"x": (0, 5)})
 HEADER_LENGTH = struct.unpack("<Q", GOOD[:8])[0]
 
+
 #: (body, expected status, code, expected message or its start)
+def _nested_header(depth: int) -> bytes:
+    header = b'{"a": ' + b"[" * depth + b"]" * depth + b"}"
+    return len(header).to_bytes(8, "little") + header
+
+
 MALFORMED: list[tuple[bytes, int, str, str]] = [
     (b"", 422, "invalid_request", "the body is not a tensor frame: it is shorter than 8 bytes"),
     (b"\x01\x02", 422, "invalid_request", "the body is not a tensor frame: it is shorter"),
@@ -161,6 +167,24 @@ MALFORMED: list[tuple[bytes, int, str, str]] = [
         "upload_rejected",
         "tensor 'data/x' of shape [1000000000000000000000000000000] is over the limit of "
         "500000 elements",
+    ),
+    (  # a dimension beyond float64: its element count raised OverflowError (a 500)
+        raw_frame({"data/x": _tensor("F64", [10**400], 16)}, b"\0" * 16),
+        422,
+        "upload_rejected",
+        "tensor 'data/x' of shape [1000000",
+    ),
+    (  # a dtype that is not a string: TypeError, unhashable (a 500)
+        raw_frame({"data/x": {"dtype": ["F64"], "shape": [1], "data_offsets": [0, 8]}}),
+        422,
+        "invalid_request",
+        "tensor 'data/x' has dtype ['F64'], which the node cannot read",
+    ),
+    (  # a header nested too deeply for the JSON parser: RecursionError (a 500)
+        _nested_header(100_000),
+        422,
+        "invalid_request",
+        "the tensor frame's header is nested too deeply",
     ),
     (
         dataset_frame("x", {"x": np.zeros(500_001, dtype=np.bool_)}),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpnode.core.engine import REGISTRY, GraphBuilder, Ref
+from dpnode.core.engine import REGISTRY, GraphBuilder, Ref, evaluate
 from dpnode.core.engine.dtypes import dtype
 from dpnode.core.engine.graph import Node
 from dpnode.core.engine.prims import Call, TensorMeta
@@ -251,3 +251,16 @@ def test_a_monotone_function_far_from_zero_is_bounded_by_its_slope(
             d1, d2 = base.copy(), base.copy()
             d1[0], d2[0] = a, c
             assert_sound(graph, report, {"x": d1}, {"x": d2})
+
+
+@pytest.mark.parametrize(("op", "value"), [("any", False), ("all", True)])
+def test_any_and_all_over_empty_rows_are_public(op: str, value: bool) -> None:
+    # a column whose rows hold no value (row shape [0], which uploads accept): aggregating
+    # the owners of no elements raised ValueError (a 500 from /sensitivity and /publish)
+    b = GraphBuilder()
+    x = b.input("x", "float64", (5, 0))
+    graph = b.build([b.op(op, x, dims=(1,))])
+    (out,) = track(graph, {"x": InputSpec.private(0.0, 1.0)}).outputs
+    assert out.l1 == 0.0
+    (got,) = evaluate(graph, {"x": np.zeros((5, 0))})
+    assert got.tolist() == [value] * 5

@@ -8,6 +8,7 @@ cannot express code, so decoding never runs anything a client sent. The manifest
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Mapping
 from typing import Any
@@ -37,6 +38,8 @@ def _header(data: bytes) -> dict[str, Any]:
         header = json.loads(data[8 : 8 + length])
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidRequestError(f"the tensor frame's header is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidRequestError("the tensor frame's header is nested too deeply") from None
     if not isinstance(header, dict):
         raise InvalidRequestError("the tensor frame's header must be a JSON object")
     return header
@@ -55,6 +58,8 @@ def decode(data: bytes, *, max_elements: int) -> tuple[dict[str, Any], dict[str,
         manifest = json.loads(metadata.get(MANIFEST_KEY, "{}"))
     except (AttributeError, TypeError, json.JSONDecodeError) as exc:
         raise InvalidRequestError(f"the frame's manifest is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidRequestError("the frame's manifest is nested too deeply") from None
     if not isinstance(manifest, dict):
         raise InvalidRequestError("the frame's manifest must be a JSON object")
     for name, info in header.items():
@@ -64,12 +69,12 @@ def decode(data: bytes, *, max_elements: int) -> tuple[dict[str, Any], dict[str,
         if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
             raise InvalidRequestError(f"tensor {name!r} has a malformed shape in the frame")
         dtype = info.get("dtype")
-        if dtype not in READABLE_DTYPES:
+        if not isinstance(dtype, str) or dtype not in READABLE_DTYPES:
             raise InvalidRequestError(
                 f"tensor {name!r} has dtype {dtype!r}, which the node cannot read; send one of: "
                 + ", ".join(sorted(READABLE_DTYPES))
             )
-        if int(np.prod(shape, dtype=np.float64)) > max_elements:
+        if math.prod(shape) > max_elements:  # exact: Python integers
             raise UploadRejectedError(
                 f"tensor {name!r} of shape {shape} is over the limit of {max_elements} elements"
             )

@@ -72,6 +72,8 @@ def _expand_infer(c: Call) -> TensorMeta:
         have = x.shape[i - lead]
         if s == -1:
             out.append(have)
+        elif s < 0:
+            raise c.fail(f"cannot expand to a negative size {s} at dim {i}", "shape")
         elif have == s or have == 1:
             out.append(s)
         else:

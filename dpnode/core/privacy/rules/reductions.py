@@ -248,6 +248,11 @@ def mean(c: Ctx) -> State:
 def _extreme(c: Ctx, fn: str, bool_out: bool) -> State:
     x = c.arg(0)
     dims = dims_of(c, len(x.shape)) if x.shape else ()
+    if bool_out and math.prod(x.shape) == 0:
+        # any of nothing is False and all of nothing True, on every dataset (a column of
+        # empty rows: aggregating its owners raised ValueError)
+        empty = np.full(c.shape, fn == "min", dtype=c.meta.dtype.np)
+        return public_state(empty, c.meta.dtype)
     owner, L, G, _ = aggregate(x, dims, c.nsub, "max")
     if bool_out:
         # any/all test for nonzero: a jump, not 1-Lipschitz unless the input is bool
