@@ -20,6 +20,7 @@ from dpnode.core import errors
 from dpnode.node import console
 from dpnode.node.api import docs, openapi
 from dpnode.node.api.backpressure import InFlightLimit, thread_tokens
+from dpnode.node.api.nul import RefuseNul
 from dpnode.node.api.routes import (
     approvals,
     audit,
@@ -196,6 +197,7 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
         app.include_router(module.router, prefix=API_PREFIX)
     app.include_router(console.router)  # the browser console, outside the OpenAPI schema
     install_error_handlers(app)
+    app.add_middleware(RefuseNul)  # inside the in-flight limit: added first
     app.add_middleware(
         InFlightLimit,
         limit=ctx.settings.max_requests_in_flight,

@@ -376,3 +376,31 @@ def test_a_time_whose_utc_is_beyond_the_calendar_is_the_calendars_end(
     for params in ({"until": "9999-12-31T23:59:59-23:59"}, {"since": "0001-01-01T00:00:00+23:59"}):
         response = http.get("/api/v1/ledger", params=params, headers=ds_h)
         assert response.status_code == 200 and response.json() == [], response.text
+
+
+def test_text_with_a_nul_character_is_refused_before_the_database(
+    http: TestClient, admin_h: dict[str, str], owner_h: dict[str, str], ds_h: dict[str, str]
+) -> None:
+    # PostgreSQL's text cannot hold NUL: each reached the database and answered 500 (a login
+    # too, unauthenticated); SQLite stored it ("ds@x\0" another account)
+    nul = "a\x00b"
+    frame = dataset_frame("d", {"x": np.zeros(3)}, bounds={"x": (0, 1)}, description=nul)
+    cases: list[tuple[dict[str, str], str, str, dict[str, Any]]] = [
+        ({}, "POST", "/api/v1/auth/login", {"json": {"email": nul, "password": "p"}}),
+        (ds_h, "GET", f"{DATASETS}?text=a%00b", {}),
+        (ds_h, "GET", f"{DATASETS}/a%00b", {}),
+        (ds_h, "POST", "/api/v1/budget/requests", {"json": {"epsilon": 1, "reason": nul}}),
+        (admin_h, "PUT", "/api/v1/policy", {"json": {"toml": "", "reason": nul}}),
+        (admin_h, "POST", "/api/v1/users", {"json": {"email": nul, "role": "admin"}}),
+        (owner_h, "POST", DATASETS, {"content": frame}),
+    ]
+    for headers, method, path, more in cases:
+        if "content" in more:
+            headers = headers | {"Content-Type": "application/octet-stream"}
+        response = http.request(method, path, headers=headers, **more)
+        assert response.status_code == 422, (method, path, response.text)
+        assert "NUL character" in response.json()["detail"], response.text
+    big = {"toml": "# " + "x" * (4 * 2**20), "reason": "r"}
+    response = http.put("/api/v1/policy", json=big, headers=admin_h)
+    assert response.status_code == 413 and response.json()["error"] == "payload_too_large"
+    assert http.get("/api/v1/users/me", headers=ds_h).status_code == 200

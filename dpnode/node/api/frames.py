@@ -34,6 +34,8 @@ def _header(data: bytes) -> dict[str, Any]:
     (length,) = struct.unpack("<Q", data[:8])
     if length > len(data) - 8:
         raise InvalidRequestError("the tensor frame's header runs past the end of the body")
+    if b"\\u0000" in data[8 : 8 + length]:  # a NUL in a name or the manifest (see api.nul)
+        raise InvalidRequestError("the tensor frame's header may not contain the NUL character")
     try:
         header = json.loads(data[8 : 8 + length])
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -116,16 +116,16 @@ def _calls(dependant: Dependant) -> Iterator[Callable[..., Any]]:
 def derived_statuses(route: APIRoute) -> set[int]:
     """The error statuses a route answers because of its dependencies and parameters."""
     calls = set(_calls(route.dependant))
-    statuses = {500, 503}  # any request may meet a full node (InFlightLimit)
+    # any request may meet a full node (InFlightLimit) or carry a NUL in its URL (RefuseNul)
+    statuses = {422, 500, 503}
     if calls & _AUTHENTICATED:
         statuses.add(401)
     if deps.get_admin in calls:
         statuses.add(403)
     if deps.read_limited_body in calls:
         statuses |= {413, 422}
-    d = route.dependant
-    if d.query_params or d.path_params or d.header_params or d.body_params:
-        statuses.add(422)
+    if route.dependant.body_params:  # a JSON body, read whole by RefuseNul up to its limit
+        statuses.add(413)
     return statuses
 
 
