@@ -5,15 +5,16 @@ from __future__ import annotations
 import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 from sqlalchemy import event
 from starlette.testclient import TestClient
 
-from dpnode.core.errors import ConflictError
+from dpnode.core.errors import ConflictError, NotFoundError
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import User
-from dpnode.node.services import datasets, models, users
+from dpnode.node.services import audit, datasets, models, users
 from dpnode.node.services.datasets import DatasetUpload
 from dpnode.node.services.models import ModelUpload
 from dpnode.node.services.tabular import ColumnSpec
@@ -125,3 +126,36 @@ def test_two_creations_racing_for_one_name_get_a_conflict_not_a_500(
         with ThreadPoolExecutor(2) as pool:
             results = sorted(pool.map(create, [kind, kind]))
         assert results == [conflict, "created"]
+
+
+def test_two_deletes_racing_for_one_dataset_delete_it_once(
+    context: NodeContext, http: TestClient, monkeypatch: Any
+) -> None:
+    # Both requests read the dataset before either deleted it: on PostgreSQL both answered
+    # 204 and wrote an audit event each. Each pauses before its audit event; with the row
+    # locked, the second one waits for the first instead (the pause gives up after a second).
+    owner = make_user(context, "racer@example.org", "data_owner")
+    h = login(http, "racer@example.org", PASSWORD)
+    assert upload(http, h, "doomed", {"x": np.zeros(3)}, bounds={"x": (0, 1)}).status_code == 201
+    pause = threading.Barrier(2, timeout=1)
+    record = audit.record
+
+    def paused(*args: Any, **kwargs: Any) -> Any:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            pause.wait()
+        return record(*args, **kwargs)
+
+    monkeypatch.setattr(audit, "record", paused)
+
+    def delete(_: int) -> str:
+        with context.sessions() as session:
+            actor = session.get(User, owner.id)
+            assert actor is not None
+            try:
+                datasets.delete_dataset(session, context.store, actor, "doomed")
+            except NotFoundError:
+                return "not found"
+            return "deleted"
+
+    with ThreadPoolExecutor(2) as pool:
+        assert sorted(pool.map(delete, range(2))) == ["deleted", "not found"]

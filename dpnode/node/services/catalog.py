@@ -82,6 +82,12 @@ def delete_item(
     """Delete ``item`` (its owner or an admin), audit it, then free its unused blobs."""
     kind = item.__tablename__[:-1]
     require_owner(actor, item.owner_id, f"{kind} {item.name!r}")
+    # Lock the row and read it again: on PostgreSQL concurrent deletes of one item each read
+    # it before any deleted it, and each answered 204 and wrote its audit event.
+    entity = type(item)
+    locked = select(entity.id).where(entity.id == item.id).with_for_update()
+    if session.scalar(locked) is None:
+        raise NotFoundError(f"no {kind} {item.id}")
     audit.record(
         session, actor, f"{kind}.delete", target_type=kind, target_id=item.id, name=item.name
     )
