@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from dpnode.core.engine.subnormals import flush
+from dpnode.node.services.tabular import MAX_CATEGORIES
 from tests.node.conftest import refused, upload, upload_ok
 from tests.node.frames import read_frame
 
@@ -205,6 +206,18 @@ def test_strings_are_stored_as_indices_into_the_declared_categories(
         "categories": ["c", "b", "a"],
     }
     np.testing.assert_array_equal(download(http, owner_h, "d")["c"], [1, 2, 0, 1])
+
+
+def test_more_categories_than_allowed_are_refused(
+    http: TestClient, owner_h: dict[str, str]
+) -> None:
+    # every catalog listing carries a column's categories: 2 million made each one 20 MB
+    many = [f"c{i}" for i in range(MAX_CATEGORIES + 1)]
+    response = upload(
+        http, owner_h, "d", {"c": np.zeros(2, dtype=np.int64)}, categories={"c": many}
+    )
+    assert response.status_code == 422, response.text
+    assert f"at most {MAX_CATEGORIES} are allowed" in response.json()["detail"]
 
 
 def test_subnormal_values_are_stored_as_zeros(http: TestClient, owner_h: dict[str, str]) -> None:

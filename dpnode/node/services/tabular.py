@@ -185,6 +185,12 @@ def numeric_contract(
     categories = spec.categories.get(column)
     if dtype.name not in STORABLE_DTYPES:
         check_array("column", column, np.empty(0, dtype), 0)
+    if categories is not None and len(categories) > MAX_CATEGORIES:
+        # every listing of the catalog carries them: 2 million made each one 20 MB
+        raise UploadRejectedError(
+            f"column {column!r} declares {len(categories)} categories; at most "
+            f"{MAX_CATEGORIES} are allowed"
+        )
     if categories is not None:
         lower, upper = 0.0, len(categories) - 1.0
     elif dtype.kind == "b":
