@@ -404,3 +404,10 @@ def test_text_with_a_nul_character_is_refused_before_the_database(
     response = http.put("/api/v1/policy", json=big, headers=admin_h)
     assert response.status_code == 413 and response.json()["error"] == "payload_too_large"
     assert http.get("/api/v1/users/me", headers=ds_h).status_code == 200
+
+
+def test_a_json_body_without_a_content_type_is_read_for_a_nul_too(http: TestClient) -> None:
+    body = json.dumps({"email": "a\x00b", "password": "p"}).encode()
+    for kind in ({}, {"Content-Type": "Application/JSON"}):
+        response = http.post("/api/v1/auth/login", content=body, headers=kind)
+        assert response.status_code == 422 and "NUL" in response.json()["detail"], response.text
