@@ -208,6 +208,20 @@ def test_strings_are_stored_as_indices_into_the_declared_categories(
     np.testing.assert_array_equal(download(http, owner_h, "d")["c"], [1, 2, 0, 1])
 
 
+def test_a_subnormal_bound_moves_outward_off_the_subnormals(
+    http: TestClient, owner_h: dict[str, str]
+) -> None:
+    # values clamped to it were stored subnormal (flushed before they were clipped)
+    for k, (dtype, bound) in enumerate(((np.float64, 1e-310), (np.float32, 1e-40))):
+        data = {"x": np.array([0.0, 0.5, -1.0], dtype=dtype)}
+        bounds = {"x": (-bound, bound)}
+        body = upload_ok(http, owner_h, f"sub{k}", data, bounds=bounds, clamp=True)
+        tiny = float(np.finfo(dtype).tiny)
+        assert column(body, "x")["bounds"] == [-tiny, tiny]
+        back = download(http, owner_h, f"sub{k}")["x"]
+        assert back.tolist() == [0.0, tiny, -tiny]  # normal, not subnormal
+
+
 def test_more_categories_than_allowed_are_refused(
     http: TestClient, owner_h: dict[str, str]
 ) -> None:
@@ -388,7 +402,10 @@ def _expected_bounds(dtype: np.dtype[Any], lower: float, upper: float) -> tuple[
         lo = np.nextafter(lo, dtype.type(-np.inf))
     if float(hi) < upper:
         hi = np.nextafter(hi, dtype.type(np.inf))
-    return float(lo), float(hi)
+    tiny = float(np.finfo(dtype).tiny)  # and off the subnormals, outward
+    low = float(lo) if abs(float(lo)) >= tiny else (-tiny if float(lo) < 0 else 0.0)
+    high = float(hi) if abs(float(hi)) >= tiny else (tiny if float(hi) > 0 else 0.0)
+    return low, high
 
 
 @PROPERTY

@@ -77,6 +77,14 @@ def test_duplicate_email_is_a_conflict_whatever_its_case(
 ) -> None:
     detail = refused(create(http, admin_h, "DS@Example.org", "data_owner"), 409, "conflict")
     assert detail == "a user with email ds@example.org already exists"
+    # fullwidth letters are the same address; a zero-width space would be another that
+    # looks the same: refused
+    detail = refused(create(http, admin_h, "ＤＳ@example.org", "data_owner"), 409, "conflict")
+    assert detail == "a user with email ds@example.org already exists"
+    invisible = refused(
+        create(http, admin_h, "d\u200bs@example.org", "data_owner"), 422, "invalid_request"
+    )
+    assert invisible.endswith("is not a valid email address")
 
 
 def test_listing_users(

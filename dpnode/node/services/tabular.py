@@ -108,6 +108,23 @@ def check_bounds(column: str, bounds: Any) -> tuple[float, float]:
     return lower, upper
 
 
+def _outside_subnormals(dtype: np.dtype[Any], lower: float, upper: float) -> tuple[float, float]:
+    """Bounds moved outward off the dtype's subnormal range: to 0 or to its smallest normal.
+
+    Values are stored with subnormals as 0 (:mod:`dpnode.core.engine.subnormals`); one
+    clamped to a subnormal bound stayed subnormal, and its time could be counted.
+
+    >>> _outside_subnormals(np.dtype("float64"), 1e-310, 1e-310)
+    (0.0, 2.2250738585072014e-308)
+    """
+    tiny = float(np.finfo(dtype).tiny)
+    if abs(lower) < tiny:
+        lower = -tiny if lower < 0 else 0.0
+    if abs(upper) < tiny:
+        upper = tiny if upper > 0 else 0.0
+    return lower, upper
+
+
 def _within_dtype(
     column: str, dtype: np.dtype[Any], lower: float, upper: float
 ) -> tuple[float, float]:
@@ -207,7 +224,7 @@ def numeric_contract(
     fill_lower, fill_upper = lower, upper
     stored = np.dtype(np.int64) if categories is not None and dtype.kind == "f" else dtype
     if stored.kind == "f":
-        lower, upper = _representable(stored, lower, upper)
+        lower, upper = _outside_subnormals(stored, *_representable(stored, lower, upper))
     if stored.kind in "iu":
         # Integer columns can only hold whole numbers: tighten the bounds to them.
         lower, upper = float(math.ceil(lower)), float(math.floor(upper))

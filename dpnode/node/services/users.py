@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import NamedTuple
 
 from argon2 import PasswordHasher
@@ -34,11 +35,14 @@ _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 def normalise_email(email: str) -> str:
     """Lower-cased, stripped email, refused when it does not look like one.
 
-    >>> normalise_email("  Ada@Example.org ")
-    'ada@example.org'
+    >>> normalise_email("  Ada@Example.org "), normalise_email("ＡＤＡ@example.org")
+    ('ada@example.org', 'ada@example.org')
     """
-    email = email.strip().lower()
-    if len(email) > 320 or not _EMAIL.match(email):
+    # fullwidth letters are their ASCII selves; an invisible character (a zero-width space)
+    # would make another account that looks the same
+    email = unicodedata.normalize("NFKC", email).strip().lower()
+    invisible = any(unicodedata.category(ch) in ("Cc", "Cf") for ch in email)
+    if len(email) > 320 or invisible or not _EMAIL.match(email):
         raise InvalidRequestError(f"{email!r} is not a valid email address")
     return email
 
