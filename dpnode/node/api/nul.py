@@ -7,9 +7,10 @@ another account there. No name, email or text of the node has a use for it, so a
 whose path, query or JSON body carries one is refused whole, on both databases. A tensor
 frame's header is checked where frames are decoded (:mod:`dpnode.node.api.frames`).
 
-A JSON body, or one without a content type (FastAPI reads it as JSON), is read here: it is
-small, the node's JSON requests being forms, not data (one over :data:`MAX_JSON_BYTES` is
-refused, 413). It is handed on unchanged; bodies of other types pass through unread.
+A body sent as JSON is read here: it is small, the node's JSON requests being forms, not
+data (one over :data:`MAX_JSON_BYTES` is refused, 413). It is handed on unchanged. Bodies of
+other types, and of none (a tensor frame may come without one; FastAPI reads no JSON from
+such a body either), pass through unread.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ class RefuseNul:
             await _refuse(send, 422, "invalid_request", DETAIL)
             return
         headers = dict(scope.get("headers") or [])
-        kind = headers.get(b"content-type", b"").lower()
-        if kind and b"json" not in kind:  # a frame or a form: no JSON text to read
+        if b"json" not in headers.get(b"content-type", b"").lower():
+            # a frame, or a body of no declared type (which may be a frame): not read
             await self.app(scope, receive, send)
             return
         messages: list[Message] = []
