@@ -288,6 +288,12 @@ def _float_pair(http: TestClient, owner_h: dict[str, str], name: str, hi: float)
     return _pair(http, owner_h, name, column, (0.0, hi), hi / 2, 0.0)
 
 
+def _charges(context: NodeContext) -> int:
+    """The ledger's rows: a refusal before the charge leaves none."""
+    with context.sessions() as session:
+        return int(session.scalar(select(func.count()).select_from(LedgerEntry)) or 0)
+
+
 def _total(b: GraphBuilder, ident: int) -> list[Ref]:
     return [b.op("sum", b.input(f"dataset:{ident}/v", "float64", (ROWS,)))]
 
@@ -322,8 +328,7 @@ def test_noise_beyond_the_largest_float_is_refused_from_public_bounds_alone(
         status, code, detail = shown[0]
         assert (status, code) == (422, "invalid_request"), shown
         assert "would exceed the largest float64" in detail, detail
-    with context.sessions() as session:
-        assert session.scalar(select(func.count()).select_from(LedgerEntry)) == 0
+    assert _charges(context) == 0
 
 
 def test_an_output_infinite_whatever_the_data_is_refused_before_the_charge(
@@ -339,8 +344,7 @@ def test_an_output_infinite_whatever_the_data_is_refused_before_the_charge(
     status, code, detail = _same_on_neighbours(http, ds_h, ids, attack)
     assert (status, code) == (422, "invalid_request"), detail
     assert "infinite or NaN whatever the data" in detail
-    with context.sessions() as session:
-        assert session.scalar(select(func.count()).select_from(LedgerEntry)) == 0
+    assert _charges(context) == 0
 
 
 def test_a_quantile_of_no_quantiles_is_refused_before_the_charge(
@@ -357,8 +361,7 @@ def test_a_quantile_of_no_quantiles_is_refused_before_the_charge(
     status, code, detail = _same_on_neighbours(http, ds_h, ids, attack)
     assert (status, code) == (422, "invalid_request"), detail
     assert "no quantiles" in detail
-    with context.sessions() as session:
-        assert session.scalar(select(func.count()).select_from(LedgerEntry)) == 0
+    assert _charges(context) == 0
 
 
 def test_a_kernel_steered_into_its_slow_range_is_refused_before_the_charge(
@@ -375,5 +378,4 @@ def test_a_kernel_steered_into_its_slow_range_is_refused_before_the_charge(
     status, code, detail = _same_on_neighbours(http, ds_h, ids, attack, eps=0.001)
     assert (status, code) == (422, "untrackable_graph"), detail
     assert "outside [-640, 640] (float64)" in detail
-    with context.sessions() as session:
-        assert session.scalar(select(func.count()).select_from(LedgerEntry)) == 0
+    assert _charges(context) == 0
