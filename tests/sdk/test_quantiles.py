@@ -30,10 +30,11 @@ def test_median_and_quantiles_publish_by_the_exponential_mechanism(
     assert "exponential mechanism" in str(receipt)
 
     q = torch.tensor([0.25, 0.5, 0.75])
-    quartiles = torch.quantile(ds["bmi"], q).publish(epsilon=3.0)
-    assert quartiles.shape == (3,) and quartiles.receipt.noise_scale == pytest.approx(2.0)
+    quartiles = torch.quantile(ds["bmi"], q).publish(epsilon=6.0)
+    assert quartiles.shape == (3,) and quartiles.receipt.noise_scale == pytest.approx(1.0)
     assert torch.all((quartiles >= 10) & (quartiles <= 70))
-    # at epsilon 1 each, 40 values: on this data each lands within the middle of the range
+    # at epsilon 2 each, 40 values: on this data each lands within the middle of the range
+    # (at epsilon 1 each, a quartile once landed 24 away and failed a CI run)
     truth = np.quantile(data["bmi"], [0.25, 0.5, 0.75])
     assert np.all(np.abs(quartiles.numpy() - truth) < 20)
     for call in (
