@@ -92,3 +92,80 @@ def test_every_listed_kernel_has_a_rule_and_ranges_that_hold_a_value() -> None:
         assert any(r is not None for r in ranges), name
         for r in ranges:
             assert r is None or r[0] < r[1], (name, r)
+
+
+#: Float rounding divisions: NumPy's kernels loop over the quotient's bits and branch on the
+#: signs (fmod 45x from a quotient below 1 to 2^53); the engine's are constant-time below a
+#: cap (dpnode/core/engine/division.py), which a private dividend's bounds must respect.
+DIVISIONS = [
+    ("float64", "fmod", 1.0, 2.0**26),
+    ("float64", "remainder", 1.0, 1e300),
+    ("float64", "floor_divide", 0.5, 2.0**25),  # quotient 2^26
+    ("float32", "remainder", 1.0, 2.0**20),  # float32's cap is 2^20 on the bounds
+    ("float64", "fmod", 2.0**-1000, 1.0),  # a divisor below 2^-900
+]
+
+
+@pytest.mark.parametrize(("dtype", "op", "divisor", "hi"), DIVISIONS)
+def test_a_float_division_whose_quotient_may_pass_the_cap_is_refused(
+    dtype: str, op: str, divisor: float, hi: float
+) -> None:
+    attack = lambda b, x: b.op("clamp", b.op(op, x, divisor), 0.0, 1.0)  # noqa: E731
+    with pytest.raises(PrivacyTrackingError, match="the time of the answer would show"):
+        _track(dtype, attack, 0.0, hi)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "op", "divisor", "lo", "hi"),
+    [
+        ("float64", "fmod", 1.0, -(2.0**24), 2.0**24),
+        ("float64", "floor_divide", 10.0, 0.0, 120.0),  # ages into decades
+        ("float32", "remainder", -0.25, -1000.0, 1000.0),
+        ("int64", "remainder", 7, -(2.0**40), 2.0**40),  # integers: constant time at any size
+        ("float64", "trunc_divide", 1e-300, 0.0, 1.0),  # trunc(x / v): one division
+    ],
+)
+def test_a_division_below_the_cap_is_tracked(
+    dtype: str, op: str, divisor: float, lo: float, hi: float
+) -> None:
+    _track(dtype, lambda b, x: b.op("clamp", b.op(op, x, divisor), -1e9, 1e9), lo, hi)
+
+
+def test_a_dividend_pinned_to_one_value_may_lie_beyond_the_cap() -> None:
+    pinned = lambda b, x: b.op("fmod", b.op("clamp", x, 1e300, 1e300), 3.0)  # noqa: E731
+    _track("float64", pinned, 0.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "p", "lo", "hi"),
+    [
+        ("float64", 2.5, 0.0, 1.0),  # a base of 0 (27 ms against 5 per million)
+        ("float64", 7.0, -1.0, 1.0),  # a negative base (171 ms against 5)
+        ("float64", 1.7, 1.0, 1e200),  # the result overflows
+        ("float64", 2.5, 1e-200, 1.0),  # the result underflows
+        ("float32", 2.5, 1.0, 1e20),
+        ("float16", 3.0, -1.0, 1.0),  # float16 goes through the library's pow
+    ],
+)
+def test_a_private_base_that_may_reach_pows_slow_range_is_refused(
+    dtype: str, p: float, lo: float, hi: float
+) -> None:
+    attack = lambda b, x: b.op("clamp", b.op("pow", x, p), 0.0, 1.0)  # noqa: E731
+    with pytest.raises(PrivacyTrackingError, match="the time of the answer would show"):
+        _track(dtype, attack, lo, hi)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "p", "lo", "hi"),
+    [
+        ("float64", 2.5, 1e-3, 1e3),
+        ("float32", 1.7, 1e-3, 1e3),
+        ("float64", 3.0, -1.0, 1.0),  # x * x * x, as torch computes it
+        ("float32", -2.0, -5.0, 5.0),  # 1 / (x * x)
+        ("float64", 0.5, 0.0, 1.0),  # a square root
+    ],
+)
+def test_a_base_inside_pows_flat_range_or_a_flat_exponent_is_tracked(
+    dtype: str, p: float, lo: float, hi: float
+) -> None:
+    _track(dtype, lambda b, x: b.op("clamp", b.op("pow", x, p), -1e9, 1e9), lo, hi)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import scipy.special  # type: ignore[import-untyped,unused-ignore]
 
+from dpnode.core.engine import division
 from dpnode.core.engine.constant_time import select
 from dpnode.core.engine.dtypes import BOOL, DEFAULT_FLOAT, DType, dtype, opmath
 from dpnode.core.engine.prims.registry import (
@@ -221,8 +222,8 @@ def _trunc_div(a: Array, b: Array, out: Array | None = None) -> Array:
         return np.asarray(np.trunc(r, out=r))
     # floor and trunc differ where the division is inexact and signs differ; computed
     # first because ``out`` may be the buffer of a or b
-    fix = (np.remainder(a, b) != 0) & ((a < 0) != (b < 0))
-    q = np.asarray(np.floor_divide(a, b, out=out))
+    fix = (division.remainder(a, b) != 0) & ((a < 0) != (b < 0))
+    q = np.asarray(division.floor_divide(a, b, out=out))
     np.add(q, fix.astype(q.dtype), out=q)
     return q
 
@@ -235,6 +236,23 @@ def _pow_int(c: Call, a: Array, b: Array) -> Array:
     odd = (b % 2) != 0
     special = select(a == 1, 1, select(a == -1, select(odd, -1, 1), 0))
     return select(neg, special, r).astype(a.dtype, copy=False)
+
+
+#: Exponents that torch's CPU kernel computes with arithmetic rather than ``std::pow`` in
+#: float32 and float64 (``pow_tensor_scalar_optimized_kernel``), as the engine does too: the
+#: same bits as torch, and time that does not depend on the base. The library's ``pow``
+#: takes 25 to 50 times as long for a base of 0, a negative base, or a result near overflow
+#: or underflow; the privacy tracker keeps private bases of the other exponents, and of
+#: every exponent in float16 and bfloat16 (the library's ``pow`` there, as torch's), away
+#: from those.
+FLAT_EXPONENTS: dict[float, Callable[[Array], Array]] = {
+    2.0: lambda x: x * x,
+    3.0: lambda x: x * x * x,
+    0.5: np.sqrt,
+    -0.5: lambda x: 1 / np.sqrt(x),
+    -1.0: lambda x: 1 / x,
+    -2.0: lambda x: 1 / (x * x),
+}
 
 
 def _binary(
@@ -299,6 +317,11 @@ def _binary(
             _int_zero_check(c, b, cd)
         if name == "pow" and cd.is_int:
             return np.asarray(_pow_int(c, a, b)).astype(res.np, copy=False)
+        if name == "pow" and not res.is_low_precision and b.ndim == 0:
+            flat = FLAT_EXPONENTS.get(float(b))
+            if flat is not None:
+                with np.errstate(all="ignore"):
+                    return np.asarray(flat(a)).astype(res.np, copy=False)
         if name == "trunc_divide" and res.is_low_precision:
             # torch rounds the quotient to the low precision before truncating
             q = np.asarray(np.divide(a, b)).astype(res.np)
@@ -323,11 +346,11 @@ _binary("add", np.add, "same", privacy="rule")
 _binary("sub", np.subtract, "same", privacy="rule")
 _binary("mul", np.multiply, "same", privacy="rule")
 _binary("div", np.true_divide, "float", privacy="rule")
-_binary("floor_divide", np.floor_divide, "same", refused=_F, zero_check=True, privacy="rule")
+_binary("floor_divide", division.floor_divide, "same", refused=_F, zero_check=True, privacy="rule")
 _binary("trunc_divide", _trunc_div, "same", refused=_F, zero_check=True, privacy="rule")
 # NumPy's remainder takes the divisor's sign, like torch's (Python's %)
-_binary("remainder", np.remainder, "same", refused=_F, zero_check=True, privacy="rule")
-_binary("fmod", np.fmod, "same", refused=_F, zero_check=True, privacy="rule")
+_binary("remainder", division.remainder, "same", refused=_F, zero_check=True, privacy="rule")
+_binary("fmod", division.fmod, "same", refused=_F, zero_check=True, privacy="rule")
 _binary("pow", np.power, "same", refused=_F, privacy="rule")
 _binary("maximum", np.maximum, "same", privacy="rule")
 _binary("minimum", np.minimum, "same", privacy="rule")

@@ -17,13 +17,16 @@ from typing import Any
 
 import numpy as np
 
+from dpnode.core.engine import division
 from dpnode.core.engine.prims import REGISTRY
+from dpnode.core.engine.prims.elementwise import FLAT_EXPONENTS
 from dpnode.core.engine.subnormals import flushing
 from dpnode.core.privacy.arrays import pad_left, recompact
+from dpnode.core.privacy.rounding import wide
 from dpnode.core.privacy.rules.base import Ctx, combine, finish, rule
 from dpnode.core.privacy.rules.moments import centred_tag
 from dpnode.core.privacy.rules.unary import tighten, widen
-from dpnode.core.privacy.state import Array, State
+from dpnode.core.privacy.state import PUBLIC, Array, State
 from dpnode.core.privacy.tables import Table, make_root
 from dpnode.core.privacy.thresholds import refine_all, threshold_table
 
@@ -117,8 +120,33 @@ def _public_divisor(c: Ctx, b: State) -> Array:
     return np.asarray(b.value, dtype=np.float64)
 
 
+def _check_quotient(c: Ctx, a: State, v: Array) -> None:
+    """Refuse a float rounding division whose time could show a private dividend: the
+    engine's constant-time kernels (:mod:`dpnode.core.engine.division`) need quotients below
+    their cap and divisors in their range. Half the cap, on the bounds of the computed
+    values; a dividend that is one value whatever the data takes one time."""
+    if not c.meta.dtype.is_float or a.is_public:
+        return
+    cap = division.MAX_QUOTIENT[8 if c.meta.dtype.name == "float64" else 4] / 2
+    lo, hi = division.DIVISOR_RANGE
+    m = np.abs(v)
+    alo, ahi = wide(a)
+    with np.errstate(invalid="ignore", over="ignore"):
+        inside = (np.maximum(np.abs(alo), np.abs(ahi)) < cap * m) & (m >= lo) & (m <= hi)
+        inside = inside | (alo == ahi)
+    if np.any((a.owner != PUBLIC) & ~inside):
+        raise c.fail(
+            f"its kernel takes the same time whatever the values only for quotients below "
+            f"{cap:.0f} ({c.meta.dtype.name}) and divisors between 2^-900 and 2^900; this "
+            "private dividend's bounds allow more, and the time of the answer would show "
+            "private values. Clamp the dividend first"
+        )
+
+
 def _floor_div(c: Ctx, a: State, b: State) -> Bin:
     v = _public_divisor(c, b)
+    if c.node.op == "floor_divide":
+        _check_quotient(c, a, v)
     alo, ahi = widen(a.lo, a.hi, c.meta.dtype)
     ps = [alo / v, ahi / v]
     lo, hi = widen(np.minimum(*ps), np.maximum(*ps), c.meta.dtype)
@@ -128,10 +156,40 @@ def _floor_div(c: Ctx, a: State, b: State) -> Bin:
 
 def _remainder(c: Ctx, a: State, b: State) -> Bin:
     m = np.abs(_public_divisor(c, b))
+    _check_quotient(c, a, m)
     if c.node.op == "remainder":  # sign follows the divisor
         v = np.asarray(b.value, dtype=np.float64)
         return np.where(v > 0, 0.0, -m), np.where(v > 0, m, 0.0), INF, INF
     return np.where(a.lo < 0, -m, 0.0), np.where(a.hi > 0, m, 0.0), INF, INF
+
+
+#: ``|log|`` of the results the library's ``pow`` computes in the same time, by compute dtype
+#: (float64, float32): as its ``exp`` (``python -m bench.side_channels --kernels``).
+_POW_FLAT_LOG = {8: 700.0, 4: 80.0}
+
+
+def _check_pow_timing(c: Ctx, a: State, p: float) -> None:
+    """Refuse a private base that may lie where the library's ``pow`` is slow: at 0, below
+    0, or where the result nears overflow or underflow (the exponents the engine computes
+    with arithmetic, :data:`FLAT_EXPONENTS`, take one time anywhere)."""
+    d = c.meta.dtype
+    if not d.is_float or a.is_public or p in (0.0, 1.0):
+        return
+    if p in FLAT_EXPONENTS and not d.is_low_precision:
+        return
+    edge = _POW_FLAT_LOG[8 if c.meta.dtype.name == "float64" else 4] / abs(p)
+    lo, hi = float(np.exp(-edge)), float(np.exp(edge))
+    alo, ahi = wide(a)
+    with np.errstate(invalid="ignore"):
+        inside = ((alo >= lo) & (ahi <= hi)) | (alo == ahi)
+    if np.any((a.owner != PUBLIC) & ~inside):
+        raise c.fail(
+            f"pow to {p:g} takes longer where the base is 0 or negative or the result nears "
+            f"overflow or underflow, and this private base's bounds reach beyond [{lo:.6g}, "
+            f"{hi:.6g}] ({c.meta.dtype.name}): the time of the answer would show private "
+            "values. Clamp the base into that range first (in float32 and float64, exponents "
+            "2, 3, 0.5, -0.5, -1 and -2 take one time for any base)"
+        )
 
 
 def _pow(c: Ctx, a: State, b: State) -> Bin:
@@ -140,6 +198,7 @@ def _pow(c: Ctx, a: State, b: State) -> Bin:
             "pow needs a public scalar exponent (a private or tensor exponent has no rule)"
         )
     p = float(b.value)
+    _check_pow_timing(c, a, p)
     if p == 0:
         one = np.ones(())
         return one, one, 0.0, 0.0
