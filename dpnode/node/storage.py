@@ -48,7 +48,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -58,6 +58,7 @@ import numpy.typing as npt
 __all__ = [
     "BlobCache",
     "BlobStore",
+    "Claim",
     "CorruptBlobError",
     "FileBlobStore",
     "VerifiedFiles",
@@ -75,9 +76,16 @@ class CorruptBlobError(RuntimeError):
     """A stored blob is missing or no longer matches its hash (an operator problem)."""
 
 
+#: Called by a write with the blob's digest, once every byte is hashed and before the store
+#: looks for a copy it already has (``dpnode.node.services.blobs`` holds the blob there).
+Claim = Callable[[str], None]
+
+
 class BlobStore(Protocol):
-    def put(self, data: bytes) -> str: ...
-    def put_stream(self, chunks: Iterable[bytes | memoryview]) -> str: ...
+    def put(self, data: bytes, *, claim: Claim | None = None) -> str: ...
+    def put_stream(
+        self, chunks: Iterable[bytes | memoryview], *, claim: Claim | None = None
+    ) -> str: ...
     def get(self, digest: str) -> bytes: ...
     def delete(self, digest: str) -> None: ...
     def open_array(self, digest: str, dtype: str, shape: tuple[int, ...]) -> npt.NDArray[Any]: ...
@@ -196,16 +204,20 @@ class FileBlobStore:
             raise ValueError(f"not a SHA-256 digest: {digest!r}")
         return self.root / digest[:2] / digest
 
-    def put(self, data: bytes) -> str:
-        """Store ``data`` and return its SHA-256 hex digest."""
-        return self.put_stream((data,))
+    def put(self, data: bytes, *, claim: Claim | None = None) -> str:
+        """Store ``data`` and return its SHA-256 hex digest (``claim`` as in :meth:`put_stream`)."""
+        return self.put_stream((data,), claim=claim)
 
-    def put_stream(self, chunks: Iterable[bytes | memoryview]) -> str:
+    def put_stream(
+        self, chunks: Iterable[bytes | memoryview], *, claim: Claim | None = None
+    ) -> str:
         """Store the concatenation of ``chunks`` and return its SHA-256 hex digest.
 
         Each chunk is hashed and written as it comes (one chunk in memory at a time) to a
         temporary file beside the blobs, which is renamed to its digest once complete and
-        synced: a failure (or an exception from ``chunks``) leaves nothing behind.
+        synced: a failure (or an exception from ``chunks`` or ``claim``) leaves nothing
+        behind. ``claim`` is called with the digest before the store looks for a file it
+        already has under that name, which it then keeps rather than writing another.
         """
         self.root.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
@@ -218,6 +230,8 @@ class FileBlobStore:
                 f.flush()
                 os.fsync(f.fileno())
             digest = sha.hexdigest()
+            if claim is not None:
+                claim(digest)
             path = self._path(digest)
             if path.exists():
                 Path(tmp).unlink()

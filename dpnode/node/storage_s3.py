@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy.typing as npt
 
-from dpnode.node.storage import CorruptBlobError, FileBlobStore
+from dpnode.node.storage import Claim, CorruptBlobError, FileBlobStore
 
 __all__ = ["S3BlobStore"]
 
@@ -99,14 +99,17 @@ class S3BlobStore:
             raise
         return True
 
-    def put(self, data: bytes) -> str:
-        """Store ``data`` and return its SHA-256 hex digest."""
-        return self.put_stream((data,))
+    def put(self, data: bytes, *, claim: Claim | None = None) -> str:
+        """Store ``data`` and return its SHA-256 hex digest (``claim`` as in :meth:`put_stream`)."""
+        return self.put_stream((data,), claim=claim)
 
-    def put_stream(self, chunks: Iterable[bytes | memoryview]) -> str:
+    def put_stream(
+        self, chunks: Iterable[bytes | memoryview], *, claim: Claim | None = None
+    ) -> str:
         """Store the concatenation of ``chunks``: hashed into the local cache a chunk at a
-        time, then sent as a multipart upload of ``part_bytes`` parts (unless present)."""
-        digest = self.local.put_stream(chunks)
+        time, then sent as a multipart upload of ``part_bytes`` parts (unless present).
+        ``claim`` is called with the digest before the bucket is asked for the object."""
+        digest = self.local.put_stream(chunks, claim=claim)
         key = self._key(digest)
         if not self._exists(key):
             self.client.fput_object(

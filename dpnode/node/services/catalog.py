@@ -1,4 +1,4 @@
-"""What datasets and models share: tags, ownership checks and blob bookkeeping."""
+"""What datasets and models share: tags, ownership checks and deletion."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, func, select, union_all
+from sqlalchemy import Select, func, select
 from sqlalchemy.orm import QueryableAttribute, Session
 from sqlalchemy.orm.interfaces import LoaderOption
 
@@ -16,8 +16,8 @@ from dpnode.core.errors import (
     PermissionDeniedError,
     UploadRejectedError,
 )
-from dpnode.node.db.models import Dataset, DatasetColumn, Model, ModelTensor, Role, User
-from dpnode.node.services import audit
+from dpnode.node.db.models import Dataset, Model, Role, User
+from dpnode.node.services import audit, blobs
 from dpnode.node.services.tabular import check_name
 from dpnode.node.storage import BlobStore
 
@@ -93,7 +93,7 @@ def delete_item(
     )
     session.delete(item)
     session.commit()
-    release_blobs(session, store, digests)
+    blobs.release(session, store, digests)
 
 
 def filter_catalog(
@@ -135,26 +135,3 @@ def require_owner(actor: User, owner_id: int, what: str) -> None:
     """The owner of an item, or an admin."""
     if actor.role is not Role.ADMIN and actor.id != owner_id:
         raise PermissionDeniedError(f"only the owner of {what} or an admin may do this")
-
-
-def _referenced(session: Session, digests: Sequence[str]) -> set[str]:
-    columns = (
-        select(DatasetColumn.blob.label("d")),
-        select(DatasetColumn.mock_blob.label("d")),
-        select(Dataset.subjects_blob.label("d")),
-        select(ModelTensor.blob.label("d")),
-        select(Model.architecture_blob.label("d")),
-    )
-    refs = union_all(*columns).subquery()
-    return set(session.scalars(select(refs.c.d).where(refs.c.d.in_(list(digests)))))
-
-
-def release_blobs(session: Session, store: BlobStore, digests: Iterable[str | None]) -> None:
-    """Delete the blobs no row refers to any more (call after the deleting commit)."""
-    candidates = sorted({d for d in digests if d})
-    if not candidates:
-        return
-    still_used = _referenced(session, candidates)
-    for digest in candidates:
-        if digest not in still_used:
-            store.delete(digest)

@@ -22,7 +22,7 @@ from dpnode.core.errors import (
 from dpnode.core.privacy import Subjects
 from dpnode.core.privacy.subjects import KeptByBytes
 from dpnode.node.db.models import Dataset, DatasetColumn, DatasetTag, Role, User
-from dpnode.node.services import audit
+from dpnode.node.services import audit, blobs
 from dpnode.node.services.catalog import (
     check_item_name,
     delete_item,
@@ -165,8 +165,8 @@ def create_dataset(
                 lower=column.lower,
                 upper=column.upper,
                 categories=column.categories,
-                blob=store.put(array_to_bytes(column.values)),
-                mock_blob=store.put(array_to_bytes(mock.columns[position].values))
+                blob=blobs.put(session, store, array_to_bytes(column.values)),
+                mock_blob=blobs.put(session, store, array_to_bytes(mock.columns[position].values))
                 if mock
                 else None,
             )
@@ -174,7 +174,7 @@ def create_dataset(
         ],
         row_count=table.row_count,
         mock_row_count=mock.row_count if mock else None,
-        subjects_blob=store.put(array_to_bytes(table.subjects))
+        subjects_blob=blobs.put(session, store, array_to_bytes(table.subjects))
         if table.subjects is not None
         else None,
         subject_count=table.subject_count,

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from dpnode.core.errors import UploadRejectedError
 from dpnode.node.db.models import Dataset, User
+from dpnode.node.services import blobs
 from dpnode.node.services.datasets import (
     DatasetUpload,
     StoredColumn,
@@ -117,7 +118,7 @@ def store_received(
         if name_ == spec.subject_id:
             values = _part_array(path, index, part, plan.rows)
             subjects, subject_count, max_rows = subject_index(name_, values)
-            subjects_blob = store.put(array_to_bytes(subjects))
+            subjects_blob = blobs.put(session, store, array_to_bytes(subjects))
             written.append(subjects_blob)
             continue
         dtype = np.dtype(part.dtype)
@@ -126,7 +127,7 @@ def store_received(
             name_, np.empty((0, *part.row_shape), dtype), contract, spec, Violations()
         ).dtype
         blocks = _part_blocks(path, index, part, plan.rows)
-        blob = store.put_stream(_encoded_chunks(name_, blocks, spec, dtype))
+        blob = blobs.put_stream(session, store, _encoded_chunks(name_, blocks, spec, dtype))
         written.append(blob)
         columns.append(
             StoredColumn(
@@ -157,7 +158,7 @@ def store_received(
         with_mock = replace(upload, mock_order=plan.mock_columns, mock=mock_arrays)
         mock = prepare_mock(with_mock, real, max_elements=max_elements)
         mock_rows = mock.row_count
-        mock_blobs = [store.put(array_to_bytes(m.values)) for m in mock.columns]
+        mock_blobs = [blobs.put(session, store, array_to_bytes(m.values)) for m in mock.columns]
         written += mock_blobs
         columns = [replace(c, mock_blob=b) for c, b in zip(columns, mock_blobs, strict=True)]
     table = StoredTable(columns, plan.rows, mock_rows, subjects_blob, subject_count, max_rows)

@@ -20,7 +20,7 @@ from dpnode.core.errors import (
     UploadRejectedError,
 )
 from dpnode.node.db.models import Model, ModelTag, ModelTensor, Role, User
-from dpnode.node.services import audit
+from dpnode.node.services import audit, blobs
 from dpnode.node.services.catalog import (
     check_item_name,
     delete_item,
@@ -80,7 +80,9 @@ def create_model(
         check_array("weight", tensor_name, array, max_elements)
         if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
             raise UploadRejectedError(f"weight {tensor_name!r} has NaN or infinite values")
-    architecture_blob = store.put(upload.architecture) if upload.architecture is not None else None
+    architecture_blob = (
+        blobs.put(session, store, upload.architecture) if upload.architecture is not None else None
+    )
     model = Model(
         name=name,
         description=upload.description,
@@ -98,7 +100,7 @@ def create_model(
                 name=tensor_name,
                 dtype=array.dtype.name,
                 shape=list(array.shape),
-                blob=store.put(array_to_bytes(array)),
+                blob=blobs.put(session, store, array_to_bytes(array)),
             )
         )
     session.add(model)

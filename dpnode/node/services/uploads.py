@@ -51,7 +51,8 @@ from dpnode.core.errors import (
     UploadRejectedError,
 )
 from dpnode.node.db.models import Dataset, User
-from dpnode.node.services.catalog import release_blobs, require_uploader
+from dpnode.node.services import blobs
+from dpnode.node.services.catalog import require_uploader
 from dpnode.node.services.datasets import get_dataset
 from dpnode.node.services.finalize import store_received
 from dpnode.node.services.tabular import STORABLE_DTYPES, ColumnSpec, check_bounds, check_name
@@ -449,7 +450,7 @@ class UploadSessions:
                 )
             except (UploadRejectedError, ConflictError):
                 session.rollback()
-                release_blobs(session, store, written)  # those no other item uses
+                blobs.release(session, store, written)  # those no other item uses
                 shutil.rmtree(path, ignore_errors=True)
                 raise
             for part in path.glob("part-*"):
