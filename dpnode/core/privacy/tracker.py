@@ -358,7 +358,7 @@ _INFINITY_SAFE = frozenset(
     {
         "abs", "acos", "acosh", "amax", "amin", "asin", "asinh", "atan", "atanh", "cat",
         "ceil", "clamp", "clip_by_subject_norm", "convert_element_type", "cos", "cosh", "div",
-        "erf", "erfc", "erfinv", "exp", "exp2", "expand", "expm1", "flip", "floor", "gather",
+        "erf", "erfc", "exp", "exp2", "expand", "expm1", "flip", "floor", "gather",
         "hypot", "index", "index_select", "log", "log10", "log1p", "log2", "maximum",
         "minimum", "mul", "neg", "pad", "permute", "quantile", "rand", "reciprocal",
         "reshape", "round", "rsqrt", "sign", "sin", "sinh", "slice", "sqrt", "squeeze",
