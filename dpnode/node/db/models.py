@@ -28,6 +28,12 @@ from dpnode.node.db.base import Base, Timestamped, UTCDateTime, utcnow
 #: NumericValueOutOfRange comparing it with an id, SQLite OverflowError beyond 64 bits)
 MAX_ID = 2**31 - 1
 
+#: ``__table_args__`` of every table whose rows have an id of their own: on SQLite the id is
+#: AUTOINCREMENT, so a deleted row's id is never given to a new row. Without it SQLite gives
+#: the largest id plus one, and an approval, a ledger filter or a client naming the newest
+#: dataset, once deleted, named the next upload. PostgreSQL's sequences never reuse an id.
+NEVER_REUSE_IDS: dict[str, Any] = {"sqlite_autoincrement": True}
+
 
 class Role(enum.StrEnum):
     ADMIN = "admin"
@@ -37,6 +43,7 @@ class Role(enum.StrEnum):
 
 class User(Timestamped, Base):
     __tablename__ = "users"
+    __table_args__ = NEVER_REUSE_IDS
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     email: Mapped[str] = mapped_column(String(320), unique=True)
@@ -49,6 +56,7 @@ class User(Timestamped, Base):
 
 class Dataset(Timestamped, Base):
     __tablename__ = "datasets"
+    __table_args__ = NEVER_REUSE_IDS
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
@@ -74,7 +82,7 @@ class Dataset(Timestamped, Base):
 
 class DatasetColumn(Base):
     __tablename__ = "dataset_columns"
-    __table_args__ = (UniqueConstraint("dataset_id", "name"),)
+    __table_args__ = (UniqueConstraint("dataset_id", "name"), NEVER_REUSE_IDS)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     dataset_id: Mapped[int] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
@@ -102,6 +110,7 @@ class DatasetTag(Base):
 
 class Model(Timestamped, Base):
     __tablename__ = "models"
+    __table_args__ = NEVER_REUSE_IDS
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
@@ -122,7 +131,7 @@ class Model(Timestamped, Base):
 
 class ModelTensor(Base):
     __tablename__ = "model_tensors"
-    __table_args__ = (UniqueConstraint("model_id", "name"),)
+    __table_args__ = (UniqueConstraint("model_id", "name"), NEVER_REUSE_IDS)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
@@ -146,6 +155,7 @@ class AuditEvent(Base):
     """One line of the append-only audit log (database triggers refuse UPDATE and DELETE)."""
 
     __tablename__ = "audit_events"
+    __table_args__ = NEVER_REUSE_IDS
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
@@ -166,6 +176,7 @@ class LedgerEntry(Base):
     """
 
     __tablename__ = "ledger_entries"
+    __table_args__ = NEVER_REUSE_IDS
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
@@ -225,6 +236,7 @@ class PolicyRevision(Base):
     """
 
     __tablename__ = "policy_revisions"
+    __table_args__ = NEVER_REUSE_IDS
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
@@ -245,6 +257,7 @@ class BudgetGrant(Base):
     """
 
     __tablename__ = "budget_grants"
+    __table_args__ = NEVER_REUSE_IDS
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
@@ -278,6 +291,7 @@ class BudgetRequest(Timestamped, Base):
     """A user asking for more budget; an admin approves (with an amount) or denies it once."""
 
     __tablename__ = "budget_requests"
+    __table_args__ = NEVER_REUSE_IDS
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
@@ -307,6 +321,7 @@ class PublishApproval(Timestamped, Base):
     """
 
     __tablename__ = "publish_approvals"
+    __table_args__ = NEVER_REUSE_IDS
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
@@ -347,7 +362,7 @@ class PublishKey(Base):
     """
 
     __tablename__ = "publish_keys"
-    __table_args__ = (UniqueConstraint("user_id", "key"),)
+    __table_args__ = (UniqueConstraint("user_id", "key"), NEVER_REUSE_IDS)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))

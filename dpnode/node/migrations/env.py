@@ -45,19 +45,50 @@ def run_migrations_offline() -> None:
         context.run_migrations()
 
 
+def _foreign_keys(connection: Connection, on: bool | None = None) -> bool:
+    """SQLite's ``foreign_keys`` pragma, set to ``on`` first unless ``None``. Outside a
+    transaction only (inside one SQLite ignores it): through the driver's connection, which
+    does not begin one as SQLAlchemy's would."""
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    if on is not None:
+        driver.execute(f"PRAGMA foreign_keys={'ON' if on else 'OFF'}")
+    return bool(driver.execute("PRAGMA foreign_keys").fetchone()[0])
+
+
+def _migrate(connection: Connection) -> None:
+    """Run the migrations in one transaction. On SQLite with foreign keys off, as SQLite's
+    own procedure for altering a table asks: a table rebuilt in batch mode is dropped and
+    created again, and with them on, dropping a table others refer to would delete their
+    rows (``ON DELETE CASCADE``) or fail. They are checked before the transaction commits,
+    when a migration ran (the check reads every row that has a foreign key)."""
+    sqlite = connection.dialect.name == "sqlite" and not connection.in_transaction()
+    enforced = sqlite and _foreign_keys(connection)
+    _configure(connection)
+    if enforced:
+        _foreign_keys(connection, on=False)
+    try:
+        with context.begin_transaction():
+            before = context.get_context().get_current_heads()
+            context.run_migrations()
+            if enforced and context.get_context().get_current_heads() != before:
+                broken = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
+                if broken:
+                    raise RuntimeError(f"the migrated database breaks foreign keys: {broken}")
+    finally:
+        if enforced:
+            _foreign_keys(connection, on=True)
+
+
 def run_migrations_online() -> None:
     connection = config.attributes.get("connection")
     if connection is not None:
-        _configure(connection)
-        with context.begin_transaction():
-            context.run_migrations()
+        _migrate(connection)
         return
     engine = make_engine(_url())
     try:
         with engine.connect() as conn:
-            _configure(conn)
-            with context.begin_transaction():
-                context.run_migrations()
+            _migrate(conn)
     finally:
         engine.dispose()
 
