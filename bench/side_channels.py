@@ -30,6 +30,7 @@ clamped afterwards to keep the sensitivity small) count rows from the clock.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 import time
@@ -46,6 +47,8 @@ from bench.timing import interleaved_best
 from dpnode.core.engine import GraphBuilder, encode, evaluate, subnormals
 from dpnode.core.engine.graph import Graph
 from dpnode.core.engine.prims import elementwise
+from dpnode.core.engine.prims.elementwise import FLAT_EXPONENTS
+from dpnode.core.privacy.rules.unary import TIMING_FLAT
 
 THRESHOLDS = (1.0, 0.5, 0.0)
 
@@ -148,12 +151,14 @@ KERNELS: tuple[tuple[str, float | None, tuple[float, ...]], ...] = (
     ("sinh", None, (1, 30, 300, 700, 709.5, 720)),
     ("cosh", None, (1, 300, 700, 710, 720)),
     ("log", None, (0, 1e-300, 1, 1e300)),
-    ("sin", None, (0.1, 3, 100, 1000, 1e4, 1e6, 1e22)),
-    ("cos", None, (0.1, 3, 100, 1000, 1e4, 1e6, 1e22)),
+    # the engine's own below 2^19 (dpnode.core.engine.flat_math); beyond, NumPy's
+    ("sin", None, (-500, 0, 0.1, 3, 100, 1000, 1e5, 5e5, 1e22)),
+    ("cos", None, (-500, 0, 0.1, 3, 100, 1000, 1e5, 5e5, 1e22)),
     ("tanh", None, (0, 1, 30, 1000)),
     ("erf", None, (-3, 0, 0.5, 1, 3, 5, 10)),
     ("erfc", None, (-5, 0, 0.5, 1, 3, 10, 26, 30)),
     ("sqrt", None, (0, 1, 1e300)),
+    ("hypot", 1.0, (0, 1e-300, 1, 1e150, 1e300)),
     # quotients below the cap a private dividend is held to (2^25); beyond, NumPy's kernels
     ("fmod", 1.0, (-64, 0, 0.5, 2, 64, 2.0**20, 2.0**25)),
     ("remainder", 1.0, (-64, 0, 0.5, 2, 64, 2.0**20, 2.0**25)),
@@ -161,6 +166,16 @@ KERNELS: tuple[tuple[str, float | None, tuple[float, ...]], ...] = (
     ("pow", 2.5, (0, 1e-300, 1e-10, 1, 1e100, 1e200, 1e300)),
     ("pow", 3.0, (-3, 0, 1e-300, 3, 1e300)),
 )
+
+
+def _private_may_reach(name: str, other: float | None, m: float) -> bool:
+    """Whether a private float64 argument may lie at ``m`` (the mix is drawn from those)."""
+    flat = TIMING_FLAT.get(name, (None, None))[0]
+    if flat is not None:
+        return flat[0] <= m * 1.001 and m <= flat[1]
+    if name == "pow" and other is not None and other not in FLAT_EXPONENTS:
+        return m > 0 and abs(math.log(m)) * abs(other) < 700
+    return True
 
 
 def kernels(args: argparse.Namespace) -> None:
@@ -181,7 +196,8 @@ def kernels(args: argparse.Namespace) -> None:
             return lambda: evaluate(graph, {"x": column})
 
         columns = [m * wobble for m in magnitudes]
-        columns.append(rng.choice(np.asarray(magnitudes, dtype=np.float64), args.rows) * wobble)
+        mixed = [m for m in magnitudes if _private_may_reach(name, other, m)]
+        columns.append(rng.choice(np.asarray(mixed, dtype=np.float64), args.rows) * wobble)
         with np.errstate(all="ignore"):
             best = interleaved_best([timed(c) for c in columns], args.repeat)
         cells = ", ".join(f"{m:g}: {t * 1e3:.1f}" for m, t in zip(magnitudes, best, strict=False))

@@ -220,7 +220,8 @@ def _counts(
     if groups is None:
         groups = np.zeros(values.size, dtype=np.int64)
     inside = (groups >= 0) & (groups < count)
-    row = np.where(inside, groups, count) * (m + 1)  # a discarded row for the rest
+    # a discarded row for the rest; arithmetic, not np.where, which branches on each element
+    row = (groups * inside + count * ~inside) * (m + 1)
     # x < c[j] iff j >= #{c <= x}; x > c[j] iff j < #{c < x}
     at_or_below = np.searchsorted(grid, values, side="right") + row
     below = np.searchsorted(grid, values, side="left") + row

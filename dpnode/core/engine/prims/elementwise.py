@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import scipy.special  # type: ignore[import-untyped,unused-ignore]
 
-from dpnode.core.engine import division, error_function
+from dpnode.core.engine import division, error_function, flat_math
 from dpnode.core.engine.constant_time import select
 from dpnode.core.engine.dtypes import BOOL, DEFAULT_FLOAT, DType, dtype, opmath
 from dpnode.core.engine.prims.registry import (
@@ -158,7 +158,7 @@ def _reciprocal(x: Array, out: Array | None = None) -> Array:
 
 
 _F = frozenset({"bool"})
-for _name, _fn in {
+_FLOAT_FUNCTIONS: dict[str, UfuncLike] = {
     "exp": np.exp,
     "exp2": np.exp2,
     "log": np.log,
@@ -169,8 +169,8 @@ for _name, _fn in {
     "sqrt": np.sqrt,
     "rsqrt": _rsqrt,
     "reciprocal": _reciprocal,
-    "sin": np.sin,
-    "cos": np.cos,
+    "sin": flat_math.sin,
+    "cos": flat_math.cos,
     "asin": np.arcsin,
     "acos": np.arccos,
     "atan": np.arctan,
@@ -182,7 +182,8 @@ for _name, _fn in {
     "atanh": np.arctanh,
     "erf": error_function.erf,
     "erfc": error_function.erfc,
-}.items():
+}
+for _name, _fn in _FLOAT_FUNCTIONS.items():
     _unary(_name, _fn, "float", privacy="rule")
 _unary("tan", np.tan, "float", privacy="public_only")
 # SciPy's erfinv takes 3 to 7 times as long across (0, 1) by its argument (900 at 1), with no
@@ -357,7 +358,7 @@ _binary("pow", np.power, "same", refused=_F, privacy="rule")
 _binary("maximum", np.maximum, "same", privacy="rule")
 _binary("minimum", np.minimum, "same", privacy="rule")
 _binary("atan2", np.arctan2, "float", privacy="public_only")
-_binary("hypot", np.hypot, "same", privacy="rule")
+_binary("hypot", flat_math.hypot, "same", privacy="rule")
 _binary("copysign", np.copysign, "float", privacy="public_only")
 for _name, _fn in {
     "eq": np.equal,
