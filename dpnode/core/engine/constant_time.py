@@ -16,11 +16,12 @@ clip use it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["select"]
+__all__ = ["by_blocks", "select"]
 
 #: the unsigned integer dtype of each item size, whose bits an array is blended as
 _BITS: dict[int, np.dtype[Any]] = {
@@ -28,6 +29,8 @@ _BITS: dict[int, np.dtype[Any]] = {
 }
 #: elements blended at once (a mask of 512 KiB in float64)
 _CHUNK = 1 << 16
+#: elements a kernel of many passes computes at once (:func:`by_blocks`: 128 KiB in float64)
+_BLOCK = 1 << 14
 
 
 def select(
@@ -82,3 +85,14 @@ def _blend(cond: Any, ua: Any, ub: Any, result: Any, ones: Any, mask: Any, alias
     np.bitwise_xor(ua, ub, out=result)
     np.bitwise_and(result, mask, out=result)
     np.bitwise_xor(result, ub, out=result)
+
+
+def by_blocks(fn: Callable[..., np.ndarray[Any, Any]], *arrays: Any) -> np.ndarray[Any, Any]:
+    """``fn`` of same-shaped float64 arrays, elementwise, computed by blocks that stay in the
+    cache: a kernel of twenty passes over its temporaries runs 2 to 3 times as fast."""
+    shape = np.shape(arrays[0])
+    flats = [np.ascontiguousarray(a, dtype=np.float64).reshape(-1) for a in arrays]
+    r = np.empty(flats[0].size, dtype=np.float64)
+    for start in range(0, r.size, _BLOCK):
+        r[start : start + _BLOCK] = fn(*(f[start : start + _BLOCK] for f in flats))
+    return r.reshape(shape)

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from dpnode.core.engine.constant_time import select
+from dpnode.core.engine.constant_time import by_blocks, select
 
 __all__ = ["MAX_QUOTIENT", "fits", "floor_divide", "fmod", "remainder"]
 
@@ -88,14 +88,15 @@ def _float(kind: str, a: Array, b: Array) -> Array | None:
     if not fits(a, b):
         return None
     out = a.dtype if a.dtype == b.dtype else np.result_type(a, b)
-    a64, b64 = (np.asarray(t, dtype=np.float64) for t in np.broadcast_arrays(a, b))
+    a64, b64 = np.broadcast_arrays(a, b)
+    if kind == "fmod":
+        fn = _fmod64
+    elif kind == "floor_divide":
+        fn = lambda x, v: _parts64(x, v)[0]  # noqa: E731
+    else:
+        fn = lambda x, v: _parts64(x, v)[1]  # noqa: E731
     with np.errstate(all="ignore"):
-        if kind == "fmod":
-            r = _fmod64(a64, b64)
-        else:
-            floor, mod = _parts64(a64, b64)
-            r = floor if kind == "floor_divide" else mod
-    return r.astype(out, copy=False)
+        return by_blocks(fn, a64, b64).astype(out, copy=False)
 
 
 def _int_floor(a: Array, b: Array) -> Array:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import scipy.special  # type: ignore[import-untyped,unused-ignore]
 
-from dpnode.core.engine.constant_time import select
+from dpnode.core.engine.constant_time import by_blocks, select
 
 __all__ = ["erf", "erfc"]
 
@@ -46,30 +46,32 @@ def _result(r: Array, x: Array, out: Array | None) -> Array:
     return out
 
 
+def _erf(x: Array) -> Array:
+    a = np.abs(x)
+    small = a < 1.0
+    inner = scipy.special.erf(select(small, x, 0.5))
+    outer = np.copysign(1.0 - scipy.special.erfc(np.clip(a, 1.0, _ERF_ONE)), x)
+    return select(np.isnan(x), x, select(small, inner, outer))
+
+
+def _erfc(x: Array) -> Array:
+    a = np.abs(x)
+    small = a < 1.0
+    inner = 1.0 - scipy.special.erf(select(small, x, 0.5))
+    middle = scipy.special.erfc(np.clip(a, 1.0, _BELOW_HIGH))
+    high = scipy.special.erfc(np.clip(a, _HIGH, _LAST))
+    tail = select(a < _HIGH, middle, select(a <= _LAST, high, 0.0))
+    tail = select(x < 0, 2.0 - tail, tail)
+    return select(np.isnan(x), x, select(small, inner, tail))
+
+
 def erf(x: Array, out: Array | None = None) -> Array:
     """``scipy.special.erf(x)`` (written into ``out`` if given)."""
-    x64 = np.asarray(x, dtype=np.float64)
     with np.errstate(all="ignore"):
-        a = np.abs(x64)
-        small = a < 1.0
-        inner = scipy.special.erf(select(small, x64, 0.5))
-        outer = np.copysign(1.0 - scipy.special.erfc(np.clip(a, 1.0, _ERF_ONE)), x64)
-        r = select(small, inner, outer)
-        r = select(np.isnan(x64), x64, r)
-    return _result(r, x, out)
+        return _result(by_blocks(_erf, x), x, out)
 
 
 def erfc(x: Array, out: Array | None = None) -> Array:
     """``scipy.special.erfc(x)`` (written into ``out`` if given)."""
-    x64 = np.asarray(x, dtype=np.float64)
     with np.errstate(all="ignore"):
-        a = np.abs(x64)
-        small = a < 1.0
-        inner = 1.0 - scipy.special.erf(select(small, x64, 0.5))
-        middle = scipy.special.erfc(np.clip(a, 1.0, _BELOW_HIGH))
-        high = scipy.special.erfc(np.clip(a, _HIGH, _LAST))
-        tail = select(a < _HIGH, middle, select(a <= _LAST, high, 0.0))
-        tail = select(x64 < 0, 2.0 - tail, tail)
-        r = select(small, inner, tail)
-        r = select(np.isnan(x64), x64, r)
-    return _result(r, x, out)
+        return _result(by_blocks(_erfc, x), x, out)

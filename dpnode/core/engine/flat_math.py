@@ -28,12 +28,11 @@ the error the tracker allows a library function (``LIBM_ULPS``); the library's i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from dpnode.core.engine.constant_time import select
+from dpnode.core.engine.constant_time import by_blocks, select
 
 __all__ = ["cos", "hypot", "sin"]
 
@@ -68,18 +67,8 @@ def hypot(a: Array, b: Array, out: Array | None = None) -> Array:
         r = np.hypot(a, b)
     else:
         with np.errstate(all="ignore"):
-            r = _blocks(_hypot, x, y)
+            r = by_blocks(_hypot, x, y)
     return _result(r, dtype, out)
-
-
-def _blocks(fn: Callable[..., Array], *arrays: Array) -> Array:
-    """``fn`` of same-shaped float64 arrays, computed by blocks that stay in the cache."""
-    shape = arrays[0].shape
-    flats = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
-    r = np.empty(flats[0].size, dtype=np.float64)
-    for start in range(0, r.size, _BLOCK):
-        r[start : start + _BLOCK] = fn(*(f[start : start + _BLOCK] for f in flats))
-    return r.reshape(shape)
 
 
 def _result(r: Any, dtype: Any, out: Array | None) -> Array:
@@ -96,8 +85,6 @@ _P2 = float.fromhex("0x1.0b4611a600000p-34")
 _P3 = float.fromhex("0x1.3198a2e000000p-69")
 _P4 = float.fromhex("0x1.b839a252049c1p-104")
 _TWO_OVER_PI = float.fromhex("0x1.45f306dc9c883p-1")
-#: elements computed at once (a few arrays of 128 KiB)
-_BLOCK = 1 << 14
 #: arguments reduced in constant time: n * _P1 exact for |n| < 2^20
 _REDUCED = 2.0**19
 #: Taylor coefficients: sin r = r + r^3 S(r^2), cos r = 1 - r^2 / 2 + r^4 C(r^2)
@@ -152,7 +139,7 @@ def _trig(kind: str, x: Array, out: Array | None) -> Array:
         r = np.sin(x) if kind == "sin" else np.cos(x)
     else:
         with np.errstate(all="ignore"):
-            r = _blocks(lambda part: _pick(kind, part, *_sin_cos(part)), x64)
+            r = by_blocks(lambda part: _pick(kind, part, *_sin_cos(part)), x64)
     return _result(r, dtype, out)
 
 
