@@ -25,6 +25,7 @@ takes the same time whatever the values:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -84,19 +85,20 @@ def _parts64(a: Array, b: Array) -> tuple[Array, Array]:
     return floor, mod
 
 
+_FLOAT_KERNELS: dict[str, Callable[[Array, Array], Array]] = {
+    "fmod": _fmod64,
+    "floor_divide": lambda a, b: _parts64(a, b)[0],
+    "remainder": lambda a, b: _parts64(a, b)[1],
+}
+
+
 def _float(kind: str, a: Array, b: Array) -> Array | None:
     if not fits(a, b):
         return None
     out = a.dtype if a.dtype == b.dtype else np.result_type(a, b)
     a64, b64 = np.broadcast_arrays(a, b)
-    if kind == "fmod":
-        fn = _fmod64
-    elif kind == "floor_divide":
-        fn = lambda x, v: _parts64(x, v)[0]  # noqa: E731
-    else:
-        fn = lambda x, v: _parts64(x, v)[1]  # noqa: E731
     with np.errstate(all="ignore"):
-        return by_blocks(fn, a64, b64).astype(out, copy=False)
+        return by_blocks(_FLOAT_KERNELS[kind], a64, b64).astype(out, copy=False)
 
 
 def _int_floor(a: Array, b: Array) -> Array:
