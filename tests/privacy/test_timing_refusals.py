@@ -100,8 +100,8 @@ def test_every_listed_kernel_has_a_rule_and_ranges_that_hold_a_value() -> None:
 DIVISIONS = [
     ("float64", "fmod", 1.0, 2.0**26),
     ("float64", "remainder", 1.0, 1e300),
-    ("float64", "floor_divide", 0.5, 2.0**25),  # quotient 2^26
-    ("float32", "remainder", 1.0, 2.0**20),  # float32's cap is 2^20 on the bounds
+    ("float64", "floor_divide", 0.5, 2.0**25 * 1.01),  # a quotient above 2^26
+    ("float32", "remainder", 1.0, 1.5 * 2.0**20),  # float32: up to 2^20 on the bounds
     ("float64", "fmod", 2.0**-1000, 1.0),  # a divisor below 2^-900
 ]
 

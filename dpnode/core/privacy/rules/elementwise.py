@@ -22,11 +22,10 @@ from dpnode.core.engine.prims import REGISTRY
 from dpnode.core.engine.prims.elementwise import FLAT_EXPONENTS
 from dpnode.core.engine.subnormals import flushing
 from dpnode.core.privacy.arrays import pad_left, recompact
-from dpnode.core.privacy.rounding import wide
 from dpnode.core.privacy.rules.base import Ctx, combine, finish, rule
 from dpnode.core.privacy.rules.moments import centred_tag
-from dpnode.core.privacy.rules.unary import tighten, widen
-from dpnode.core.privacy.state import PUBLIC, Array, State
+from dpnode.core.privacy.rules.unary import refuse_outside, tighten, widen
+from dpnode.core.privacy.state import Array, State
 from dpnode.core.privacy.tables import Table, make_root
 from dpnode.core.privacy.thresholds import refine_all, threshold_table
 
@@ -128,19 +127,20 @@ def _check_quotient(c: Ctx, a: State, v: Array) -> None:
     if not c.meta.dtype.is_float or a.is_public:
         return
     cap = division.MAX_QUOTIENT[8 if c.meta.dtype.name == "float64" else 4] / 2
-    lo, hi = division.DIVISOR_RANGE
+    low, high = division.DIVISOR_RANGE
     m = np.abs(v)
-    alo, ahi = wide(a)
-    with np.errstate(invalid="ignore", over="ignore"):
-        inside = (np.maximum(np.abs(alo), np.abs(ahi)) < cap * m) & (m >= lo) & (m <= hi)
-        inside = inside | (alo == ahi)
-    if np.any((a.owner != PUBLIC) & ~inside):
-        raise c.fail(
-            f"its kernel takes the same time whatever the values only for quotients below "
-            f"{cap:.0f} ({c.meta.dtype.name}) and divisors between 2^-900 and 2^900; this "
-            "private dividend's bounds allow more, and the time of the answer would show "
-            "private values. Clamp the dividend first"
-        )
+    with np.errstate(over="ignore"):
+        reach = np.where((m >= low) & (m <= high), cap * m, np.nan)  # NaN: no dividend fits
+    refuse_outside(
+        c,
+        a,
+        -reach,
+        reach,
+        f"its kernel takes the same time whatever the values only for quotients up to "
+        f"{cap:.0f} ({c.meta.dtype.name}) and divisors between 2^-900 and 2^900; this "
+        "private dividend's bounds allow more, and the time of the answer would show "
+        "private values. Clamp the dividend first",
+    )
 
 
 def _floor_div(c: Ctx, a: State, b: State) -> Bin:
@@ -179,17 +179,17 @@ def _check_pow_timing(c: Ctx, a: State, p: float) -> None:
         return
     edge = _POW_FLAT_LOG[8 if c.meta.dtype.name == "float64" else 4] / abs(p)
     lo, hi = float(np.exp(-edge)), float(np.exp(edge))
-    alo, ahi = wide(a)
-    with np.errstate(invalid="ignore"):
-        inside = ((alo >= lo) & (ahi <= hi)) | (alo == ahi)
-    if np.any((a.owner != PUBLIC) & ~inside):
-        raise c.fail(
-            f"pow to {p:g} takes longer where the base is 0 or negative or the result nears "
-            f"overflow or underflow, and this private base's bounds reach beyond [{lo:.6g}, "
-            f"{hi:.6g}] ({c.meta.dtype.name}): the time of the answer would show private "
-            "values. Clamp the base into that range first (in float32 and float64, exponents "
-            "2, 3, 0.5, -0.5, -1 and -2 take one time for any base)"
-        )
+    refuse_outside(
+        c,
+        a,
+        lo,
+        hi,
+        f"pow to {p:g} takes longer where the base is 0 or negative or the result nears "
+        f"overflow or underflow, and this private base's bounds reach beyond [{lo:.6g}, "
+        f"{hi:.6g}] ({c.meta.dtype.name}): the time of the answer would show private "
+        "values. Clamp the base into that range first (in float32 and float64, exponents "
+        "2, 3, 0.5, -0.5, -1 and -2 take one time for any base)",
+    )
 
 
 def _pow(c: Ctx, a: State, b: State) -> Bin:

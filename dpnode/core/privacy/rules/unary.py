@@ -26,7 +26,15 @@ from dpnode.core.privacy.rules.base import Ctx, finish, rule
 from dpnode.core.privacy.state import PUBLIC, Array, State, mul0
 from dpnode.core.privacy.tables import Table
 
-__all__ = ["FUNCTIONS", "TIMING_FLAT", "Fn", "check_timing", "tighten", "widen"]
+__all__ = [
+    "FUNCTIONS",
+    "TIMING_FLAT",
+    "Fn",
+    "check_timing",
+    "refuse_outside",
+    "tighten",
+    "widen",
+]
 
 F = Callable[[Array], Array]
 
@@ -239,16 +247,27 @@ def check_timing(c: Ctx, x: State) -> None:
     if flat is None or x.is_public:
         return
     lo, hi = flat
-    xlo, xhi = wide(x)  # the kernel reads the computed values
+    refuse_outside(
+        c,
+        x,
+        lo,
+        hi,
+        f"its kernel's time depends on where its argument lies outside [{lo:.6g}, "
+        f"{hi:.6g}] ({c.meta.dtype.name}), and this private argument's bounds reach "
+        "beyond: the time of the answer would show private values. Clamp the argument "
+        "into that range first",
+    )
+
+
+def refuse_outside(c: Ctx, x: State, lo: Any, hi: Any, message: str) -> None:
+    """Refuse, with ``message``, a private argument with an element whose bounds (of the
+    computed values, which the kernel reads) may leave ``[lo, hi]`` (a NaN end: anywhere)
+    and take more than one value: one value whatever the data takes one time."""
+    xlo, xhi = wide(x)
     with np.errstate(invalid="ignore"):
         inside = ((xlo >= lo) & (xhi <= hi)) | (xlo == xhi)
     if np.any((x.owner != PUBLIC) & ~inside):
-        raise c.fail(
-            f"its kernel's time depends on where its argument lies outside [{lo:.6g}, "
-            f"{hi:.6g}] ({c.meta.dtype.name}), and this private argument's bounds reach "
-            "beyond: the time of the answer would show private values. Clamp the argument "
-            "into that range first"
-        )
+        raise c.fail(message)
 
 
 def _apply(c: Ctx, fn: Fn) -> State:
