@@ -187,8 +187,8 @@ def _check_pow_timing(c: Ctx, a: State, p: float) -> None:
         f"pow to {p:g} takes longer where the base is 0 or negative or the result nears "
         f"overflow or underflow, and this private base's bounds reach beyond [{lo:.6g}, "
         f"{hi:.6g}] ({c.meta.dtype.name}): the time of the answer would show private "
-        "values. Clamp the base into that range first (in float32 and float64, exponents "
-        "2, 3, 0.5, -0.5, -1 and -2 take one time for any base)",
+        "values. Clamp the base into that range first (in float32 and float64, the integer "
+        "exponents from -16 to 16, 0.5 and -0.5 take one time for any base)",
     )
 
 
