@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import shutil
 import time
 from typing import Any
@@ -15,6 +17,7 @@ from tests.node.conftest import blob_files, refused, upload_ok
 from tests.node.frames import read_frame
 
 UPLOADS = "/api/v1/uploads"
+JSON = {"Content-Type": "application/json"}
 
 
 def stream(columns: dict[str, np.ndarray[Any, Any]], block_rows: int) -> bytes:
@@ -258,7 +261,9 @@ def test_limits_and_inconsistent_plans(
             "tensors": tensors(x, "data"),
             "bounds": {"x": [0, 1]},
         } | changes
-        return http.post(UPLOADS, json=body, headers=owner_h)
+        # allow_nan: an infinite bound as JSON text (1e999 reads as infinity), not a string
+        text = json.dumps(body).replace("Infinity", "1e999")
+        return http.post(UPLOADS, content=text, headers=owner_h | JSON)
 
     huge = plan(rows=10**9, block_rows=10**6)
     assert "over the limit of" in refused(huge, 422, "upload_rejected")
@@ -267,11 +272,14 @@ def test_limits_and_inconsistent_plans(
     tiny = plan(rows=100_000, block_rows=1)
     assert "block_rows" in refused(tiny, 422, "upload_rejected")
     other = plan(tensors=[{"name": "data/y", "dtype": "float64", "shape": []}])
-    for bounds in ([5, 1], [0, "inf"], ["-inf", 1]):  # refused when the session opens
+    for bounds in ([5, 1], [0, math.inf], [-math.inf, 1]):  # refused when the session opens
         # (they were refused at finalize, after every chunk had been sent)
         detail = refused(plan(bounds={"x": bounds}), 422, "upload_rejected")
         assert "must be finite with low <= high" in detail
     assert "must be the declared columns" in refused(other, 422, "upload_rejected")
+    for bounds in ([0, "inf"], ["0", 1]):  # a number in a string is no number (read as one)
+        detail = refused(plan(bounds={"x": bounds}), 422, "invalid_request")
+        assert "Input should be a valid number" in detail
     # the stream is data first: listed mock first, the real values were stored as the mock
     mock_first = plan(mock_rows=10, tensors=tensors(x, "mock") + tensors(x, "data"))
     assert "data tensors first" in refused(mock_first, 422, "upload_rejected")

@@ -12,6 +12,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from dpnode.core.errors import AuthenticationError, PayloadTooLargeError, PermissionDeniedError
+from dpnode.node.api.numbers import IntegerText, read_id
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import MAX_ID, Role, User
 from dpnode.node.services import users
@@ -196,17 +197,16 @@ UploadsDep = Annotated[UploadSessions, Depends(get_uploads)]
 
 
 #: an id in a path or a query (a larger number than the database holds is refused, 422)
-PathId = Annotated[int, Path(ge=0, le=MAX_ID)]
-QueryId = Annotated[int | None, Query(ge=0, le=MAX_ID)]
+PathId = Annotated[int, Path(ge=0, le=MAX_ID), IntegerText]
+QueryId = Annotated[int | None, Query(ge=0, le=MAX_ID), IntegerText]
 
 
 def item_ref(ref: str) -> int | str:
-    """A dataset or model path segment: ASCII digits are an id, anything else a name (so a
-    number beyond any id is a name, which no dataset has: not found).
+    """A dataset or model path segment: an id as JSON writes it is an id, anything else a
+    name (so a number beyond any id is a name, which no dataset has: not found).
 
     >>> item_ref("42"), item_ref("diabetes"), item_ref("99999999999999999999"), item_ref("²")
     (42, 'diabetes', '99999999999999999999', '²')
     """
-    if ref.isascii() and ref.isdigit() and int(ref) <= MAX_ID:
-        return int(ref)
-    return ref
+    found = read_id(ref)  # int() of 5000 digits raised: a 500
+    return ref if found is None else found

@@ -6,7 +6,15 @@ import math
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+)
 
 from dpnode.node.db.models import MAX_ID, Role
 
@@ -30,7 +38,7 @@ class ErrorBody(BaseModel):
 
 
 #: an id in a request body (a larger number than any id is refused before the database)
-Id = Annotated[int, Field(ge=0, le=MAX_ID)]
+Id = Annotated[StrictInt, Field(ge=0, le=MAX_ID)]
 
 
 class LoginRequest(Schema):
@@ -93,10 +101,10 @@ class TableDeclarations(Schema):
     """How the columns of a table are declared: its public contract."""
 
     columns: list[str] = Field(description="column order")
-    bounds: dict[str, tuple[float, float]] = Field(default_factory=dict)
+    bounds: dict[str, tuple[StrictFloat, StrictFloat]] = Field(default_factory=dict)
     categories: dict[str, list[str]] = Field(default_factory=dict)
     clamp: StrictBool | list[str] = False
-    fill: dict[str, float] = Field(default_factory=dict)
+    fill: dict[str, StrictFloat] = Field(default_factory=dict)
     subject_id: str | None = None
     mock_columns: list[str] | None = None
 
@@ -281,8 +289,8 @@ class PolicyRevisionPublic(Schema):
 class AmountRequest(Schema):
     """An amount of privacy budget; delta defaults to 0."""
 
-    epsilon: float = Field(ge=0, allow_inf_nan=False)
-    delta: float = Field(default=0.0, ge=0, lt=1, allow_inf_nan=False)
+    epsilon: float = Field(ge=0, allow_inf_nan=False, strict=True)
+    delta: float = Field(default=0.0, ge=0, lt=1, allow_inf_nan=False, strict=True)
 
 
 class BudgetRequestCreate(AmountRequest):
@@ -297,8 +305,8 @@ class BudgetGrantCreate(AmountRequest):
 class BudgetRequestAnswer(Schema):
     """Approve (optionally with a different amount than asked) or deny."""
 
-    epsilon: float | None = Field(default=None, ge=0, allow_inf_nan=False)
-    delta: float | None = Field(default=None, ge=0, lt=1, allow_inf_nan=False)
+    epsilon: float | None = Field(default=None, ge=0, allow_inf_nan=False, strict=True)
+    delta: float | None = Field(default=None, ge=0, lt=1, allow_inf_nan=False, strict=True)
     reason: str = Field(default="", max_length=10_000)
 
 
@@ -360,8 +368,12 @@ class RunPlanCreate(Schema):
     each, noising at most ``values`` values each, reading ``dataset_ids``."""
 
     steps: int = Field(ge=1, le=MAX_ID, strict=True)
-    epsilon: float = Field(gt=0, allow_inf_nan=False, description="each step's epsilon")
-    delta: float = Field(gt=0, lt=1, allow_inf_nan=False, description="each step's delta")
+    epsilon: float = Field(
+        gt=0, allow_inf_nan=False, strict=True, description="each step's epsilon"
+    )
+    delta: float = Field(
+        gt=0, lt=1, allow_inf_nan=False, strict=True, description="each step's delta"
+    )
     values: int = Field(
         ge=1,
         le=MAX_ID,
@@ -394,7 +406,7 @@ class ApprovalAnswer(Schema):
 class UploadTensor(Schema):
     name: str = Field(description="data/<column> or mock/<column>", max_length=210)
     dtype: str = Field(description="NumPy dtype name; strings travel as int64 category indices")
-    shape: list[int] = Field(default_factory=list, description="the shape of one row")
+    shape: list[StrictInt] = Field(default_factory=list, description="the shape of one row")
 
 
 class UploadCreate(TableDeclarations):
@@ -403,9 +415,9 @@ class UploadCreate(TableDeclarations):
     name: str = Field(min_length=1, max_length=200)
     description: str = Field(default="", max_length=10_000)
     tags: list[str] = Field(default_factory=list)
-    rows: int = Field(gt=0)
-    mock_rows: int | None = Field(default=None, gt=0)
-    block_rows: int = Field(gt=0, description="rows per block of the byte stream")
+    rows: int = Field(gt=0, strict=True)
+    mock_rows: int | None = Field(default=None, gt=0, strict=True)
+    block_rows: int = Field(gt=0, strict=True, description="rows per block of the byte stream")
     tensors: list[UploadTensor]
 
 

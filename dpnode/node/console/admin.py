@@ -16,7 +16,8 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from dpnode.core.errors import InvalidRequestError
-from dpnode.node.api.deps import HasherDep, SessionDep, SettingsDep
+from dpnode.node.api.deps import HasherDep, PathId, SessionDep, SettingsDep
+from dpnode.node.api.numbers import IntegerText, is_number
 from dpnode.node.api.routes import approvals as approval_routes
 from dpnode.node.api.routes import audit as audit_routes
 from dpnode.node.api.routes import budget as budget_routes
@@ -55,10 +56,9 @@ def _amount(form: dict[str, str], name: str) -> float | None:
     raw = form.get(name, "").strip()
     if not raw:
         return None
-    try:
-        return float(raw)
-    except ValueError:
-        raise InvalidRequestError(f"{name} must be a number, not {raw!r}") from None
+    if not is_number(raw):  # float() reads 1_0 as 10, and other scripts' digits
+        raise InvalidRequestError(f"{name} must be a number such as 0.5 or 1e-6, not {raw!r}")
+    return float(raw)
 
 
 @router.get("/users")
@@ -82,7 +82,7 @@ def user_create(
 
 @router.post("/users/{user_id}")
 def user_update(
-    user_id: int, session: SessionDep, hasher: HasherDep, admin: ConsoleAdmin, form: Form
+    user_id: PathId, session: SessionDep, hasher: HasherDep, admin: ConsoleAdmin, form: Form
 ) -> Response:
     active = form.get("is_active")
     body = UserUpdate(
@@ -106,7 +106,11 @@ def budgets(
 
 @router.get("/budgets/{user_id}")
 def user_budget(
-    request: Request, user_id: int, session: SessionDep, settings: SettingsDep, admin: ConsoleAdmin
+    request: Request,
+    user_id: PathId,
+    session: SessionDep,
+    settings: SettingsDep,
+    admin: ConsoleAdmin,
 ) -> Response:
     view = budget_view(session, settings, admin, user_id)
     requests = budget_routes.list_budget_requests(session, admin, user_id=user_id, limit=50)
@@ -140,7 +144,7 @@ def pending(
 
 @router.post("/approvals/{approval_id}/{answer}")
 def answer_publish(
-    approval_id: int, answer: str, session: SessionDep, admin: ConsoleAdmin, form: Form
+    approval_id: PathId, answer: str, session: SessionDep, admin: ConsoleAdmin, form: Form
 ) -> Response:
     body = ApprovalAnswer(reason=form.get("reason", ""))
     if answer == "approve":
@@ -154,7 +158,7 @@ def answer_publish(
 
 @router.post("/budget-requests/{request_id}/{answer}")
 def answer_budget_request(
-    request_id: int, answer: str, session: SessionDep, admin: ConsoleAdmin, form: Form
+    request_id: PathId, answer: str, session: SessionDep, admin: ConsoleAdmin, form: Form
 ) -> Response:
     reason = form.get("reason", "")
     if answer == "approve":
@@ -235,7 +239,7 @@ def audit_log(
     action: str | None = None,
     actor_id: str | None = None,
     before_id: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    limit: Annotated[int, Query(ge=1, le=1000), IntegerText] = 100,
 ) -> Response:
     events = audit_routes.list_audit_events(
         session,

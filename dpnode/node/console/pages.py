@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from dpnode.core.errors import AuthenticationError, InvalidRequestError, RateLimitedError
 from dpnode.node.api.deps import ClientAddress, HasherDep, LoginThrottleDep, SessionDep, SettingsDep
+from dpnode.node.api.numbers import IntegerText
 from dpnode.node.api.routes import approvals as approval_routes
 from dpnode.node.api.routes import budget as budget_routes
 from dpnode.node.api.routes import datasets as dataset_routes
@@ -177,7 +178,7 @@ def ledger(
     since: str | None = None,
     until: str | None = None,
     before_id: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    limit: Annotated[int, Query(ge=1, le=1000), IntegerText] = 100,
 ) -> Response:
     """The ledger as ``GET /api/v1/ledger`` gives it: admins filter by user (or see everyone's),
     others see their own; by dataset and by day for everyone."""

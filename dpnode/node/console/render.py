@@ -24,7 +24,9 @@ from pydantic import ValidationError
 
 from dpnode.core import errors
 from dpnode.core.errors import InvalidRequestError
+from dpnode.node.api.numbers import read_id
 from dpnode.node.console.session import CSRF_FIELD, CsrfError, SignInRequired
+from dpnode.node.db.models import MAX_ID
 
 log = logging.getLogger("dpnode")
 
@@ -139,13 +141,14 @@ def _validation(exc: RequestValidationError | ValidationError) -> str:
 
 
 def optional_int(value: str | None, what: str) -> int | None:
-    """A number typed in a filter form; empty means no filter.
+    """An id typed in a filter form, read as the API reads one; empty means no filter.
 
     >>> optional_int("", "user"), optional_int("7", "user")
     (None, 7)
     """
     if not value:
         return None
-    if not value.isdigit():
-        raise InvalidRequestError(f"{what} must be a number, not {value!r}")
-    return int(value)
+    found = read_id(value)  # isdigit() took '²' (int() raised) and '١' (int() read 1)
+    if found is None:
+        raise InvalidRequestError(f"{what} must be a number from 0 to {MAX_ID}, not {value!r}")
+    return found

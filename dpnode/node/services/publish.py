@@ -80,7 +80,8 @@ from dpnode.node.services import audit, budget, datasets, idempotency, models, u
 from dpnode.node.services.budget import EPSILON_UNIT, RHO_UNIT, TV_UNIT, Cost
 from dpnode.node.storage import array_from_bytes
 
-_INPUT = re.compile(r"^(dataset|model):(\d+)/(.+)$")
+#: an id as JSON writes it (``\d`` took other scripts' digits: ``dataset:١/x`` read dataset 1)
+_INPUT = re.compile(r"(dataset|model):(0|[1-9][0-9]*)/(.+)")
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ def _resolve(context: NodeContext, session: Session, actor: users.Actor, graph: 
     structures: dict[int, Subjects] = {}
     loaded: dict[int, datasets.ReadDataset] = {}  # one query per dataset
     for name in graph.input_names():
-        match = _INPUT.match(name)
+        match = _INPUT.fullmatch(name)
         if match is None:
             raise GraphError(
                 f"input {name!r} names no data on this node: inputs are "

@@ -16,6 +16,7 @@ from dpnode.node.api.deps import (
     SessionDep,
     SettingsDep,
 )
+from dpnode.node.api.numbers import IntegerText
 from dpnode.node.api.openapi import errors
 from dpnode.node.api.schemas import (
     BudgetGrantCreate,
@@ -32,7 +33,7 @@ from dpnode.node.services.budget import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, TV_U
 
 router = APIRouter(tags=["budget"])
 
-Limit = Annotated[int, Query(ge=1, le=1000)]
+Limit = Annotated[int, Query(ge=1, le=1000), IntegerText]
 
 
 def budget_public(b: Status) -> BudgetPublic:

@@ -5,6 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from dpnode.node.api.deps import AdminUser, PathId, SessionDep
+from dpnode.node.api.numbers import IntegerText
 from dpnode.node.api.openapi import errors
 from dpnode.node.api.schemas import PolicyApply, PolicyRevisionPublic
 from dpnode.node.db.models import PolicyRevision
@@ -62,7 +63,7 @@ def apply_policy(session: SessionDep, admin: AdminUser, body: PolicyApply) -> Po
 def list_revisions(
     session: SessionDep,
     _admin: AdminUser,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    limit: Annotated[int, Query(ge=1, le=1000), IntegerText] = 100,
 ) -> list[PolicyRevisionPublic]:
     """Every policy revision, newest first (admins)."""
     return [revision_public(r) for r in service.history(session, limit=limit)]

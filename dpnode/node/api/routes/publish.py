@@ -8,6 +8,7 @@ from starlette.concurrency import run_in_threadpool
 
 from dpnode.node.api import frames
 from dpnode.node.api.deps import ContextDep, CurrentUser, LimitedBody, ReadSessionDep, TokenUserId
+from dpnode.node.api.numbers import IntegerText, NumberText
 from dpnode.node.api.openapi import GRAPH_FRAME, errors, frame_body, frame_response
 from dpnode.node.api.schemas import OutputSensitivityPublic, PublishKeyPublic, SensitivityPublic
 from dpnode.node.context import NodeContext
@@ -18,9 +19,13 @@ from dpnode.node.services import publish as service
 router = APIRouter(tags=["publish"])
 log = logging.getLogger("dpnode")
 
-Epsilon = Annotated[float, Query(description="privacy loss to spend; > 0", allow_inf_nan=True)]
+Epsilon = Annotated[
+    float, Query(description="privacy loss to spend; > 0", allow_inf_nan=True), NumberText
+]
 Delta = Annotated[
-    float | None, Query(description="omit for Laplace (pure epsilon); set for Gaussian")
+    float | None,
+    Query(description="omit for Laplace (pure epsilon); set for Gaussian"),
+    NumberText,
 ]
 
 
@@ -47,6 +52,7 @@ async def publish(
             le=MAX_ID,
             description="the training run this publish is a step of (POST /publish/runs)",
         ),
+        IntegerText,
     ] = None,
     idempotency_key: Annotated[
         str | None,
@@ -127,7 +133,7 @@ async def sensitivity(
     body: LimitedBody,
     context: ContextDep,
     user_id: TokenUserId,
-    epsilon: float | None = None,
+    epsilon: Annotated[float | None, Query(), NumberText] = None,
     delta: Delta = None,
 ) -> SensitivityPublic:
     """Sensitivity of a graph's outputs (and the noise scale for ``epsilon``): free."""

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, status
 
 from dpnode.node.api.deps import ChunkBody, CurrentUser, SessionDep, StoreDep, UploadsDep
+from dpnode.node.api.numbers import IntegerText
 from dpnode.node.api.openapi import errors
 from dpnode.node.api.routes.datasets import dataset_public
 from dpnode.node.api.schemas import DatasetPublic, UploadCreate, UploadPublic
@@ -53,7 +54,7 @@ def put_chunk(
     body: ChunkBody,
     uploads: UploadsDep,
     actor: CurrentUser,
-    offset: Annotated[int, Query(ge=0)],
+    offset: Annotated[int, Query(ge=0), IntegerText],
     sha256: Annotated[str | None, Header(alias="X-Content-SHA256")] = None,
 ) -> UploadPublic:
     """Write the chunk ``body`` at ``offset`` of the stream, checked against its SHA-256."""
