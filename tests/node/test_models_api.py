@@ -188,3 +188,15 @@ def test_architecture_files_are_limited_to_one_mebibyte(
             assert response.status_code == 201, response.text
     finally:
         roomy.close()
+
+
+def test_public_is_a_json_boolean(http: TestClient, owner_h: dict[str, str]) -> None:
+    # pydantic's lax bool read "yes", "on", "1", "true" and 1 as true: a model made public
+    for public in ("yes", "on", "1", "true", 1, "false", 0, None):
+        response = upload_model(http, owner_h, "m", weights(), public=public)
+        detail = refused(response, 422, "invalid_request")
+        assert detail.startswith("invalid model manifest:") and "public" in detail, public
+    assert http.get(MODELS, headers=owner_h).json() == []
+    for public in (True, False):
+        response = upload_model(http, owner_h, f"m-{public}", weights(), public=public)
+        assert response.status_code == 201 and response.json()["public"] is public

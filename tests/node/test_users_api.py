@@ -203,3 +203,16 @@ def test_deactivated_user_is_refused_at_login_and_with_an_existing_token(
 
     http.patch(f"{USERS}/{scientist.id}", json={"is_active": True}, headers=admin_h)
     assert http.get(f"{USERS}/me", headers=login(http, scientist.email)).status_code == 200
+
+
+def test_is_active_is_a_json_boolean(
+    http: TestClient, admin_h: dict[str, str], scientist: User
+) -> None:
+    # pydantic's lax bool read "off", "no", "0", "false" and 0 as false: an account deactivated
+    url = f"{USERS}/{scientist.id}"
+    for flag in ("off", "no", "0", "false", 0, "on", "yes"):
+        response = http.patch(url, json={"is_active": flag}, headers=admin_h)
+        assert refused(response, 422, "invalid_request") == (
+            "invalid request: is_active: Input should be a valid boolean"
+        ), flag
+    assert http.get(f"{USERS}/me", headers=login(http, scientist.email)).status_code == 200

@@ -60,7 +60,7 @@ class UserCreate(Schema):
 
 class UserUpdate(Schema):
     role: str | None = None
-    is_active: bool | None = None
+    is_active: StrictBool | None = None
     password: str | None = Field(default=None, max_length=1024)
 
 
@@ -151,7 +151,7 @@ class ModelManifest(Schema):
     name: str = Field(min_length=1, max_length=200)
     description: str = Field(default="", max_length=10_000)
     tags: list[str] = Field(default_factory=list)
-    public: bool = False
+    public: StrictBool = False
     architecture_filename: str | None = Field(default=None, max_length=200)
     tensors: list[str] = Field(description="weight names, in order")
 
