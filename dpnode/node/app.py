@@ -59,7 +59,6 @@ STATUS: dict[type[errors.DPNodeError], int] = {
 }
 
 _HTTP_CODES = {
-    400: "invalid_request",
     401: "unauthenticated",
     403: "forbidden",
     404: "not_found",
@@ -88,6 +87,20 @@ def _body(
         headers = {"WWW-Authenticate": "Bearer", **(headers or {})}
     body = {"error": code, "detail": detail, **extra}
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+#: Why a JSON body could not be read, by what its parser raised (FastAPI answers 400 for
+#: all but a syntax error, which is a 422 like any other malformed input).
+_UNREADABLE: dict[type[Exception], str] = {
+    RecursionError: "the JSON body is nested too deeply",
+    UnicodeDecodeError: "the JSON body is not UTF-8 text",
+}
+
+
+def _unreadable_message(exc: StarletteHTTPException) -> str:
+    cause = exc.__cause__
+    why = next((m for cls, m in _UNREADABLE.items() if isinstance(cause, cls)), str(exc.detail))
+    return f"invalid request: {why}"
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -135,6 +148,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:  # a body FastAPI could not read: malformed input
+            return _body("invalid_request", _unreadable_message(exc), 422)
         return _body(
             _HTTP_CODES.get(exc.status_code, "http_error"), str(exc.detail), exc.status_code
         )

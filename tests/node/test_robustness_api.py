@@ -423,3 +423,23 @@ def test_a_frame_without_a_content_type_is_not_read_as_json(
     # a frame's length prefix holds zero bytes: read as JSON text, it was refused as a NUL
     response = http.post(DATASETS, content=GOOD, headers=owner_h)
     assert response.status_code == 201, response.text
+
+
+def test_a_json_body_its_parser_cannot_read_is_malformed_input(
+    http: TestClient, admin_h: dict[str, str]
+) -> None:
+    # its parser's RecursionError and UnicodeDecodeError were FastAPI's 400, undocumented
+    deep = b"[" * 100_000 + b"]" * 100_000
+    cases = [
+        (b'{"email": ' + deep + b', "password": "p"}', "the JSON body is nested too deeply"),
+        (b'{"email": "\xff", "password": "p"}', "the JSON body is not UTF-8 text"),
+        (b'{"email": "a", "password": "p"', "30: JSON decode error"),  # as before
+    ]
+    json_h = {"Content-Type": "application/json"}
+    for body, message in cases:
+        response = http.post("/api/v1/auth/login", content=body, headers=json_h)
+        assert refused(response, 422, "invalid_request") == f"invalid request: {message}"
+    policy = b'{"reason": "r", "document": {"a": ' + deep + b"}}"
+    response = http.put("/api/v1/policy", content=policy, headers=admin_h | json_h)
+    assert refused(response, 422, "invalid_request").endswith("nested too deeply")
+    assert http.get("/api/v1/policy", headers=admin_h).json()["revision"] is None
