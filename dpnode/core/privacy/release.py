@@ -52,7 +52,7 @@ from dpnode.core.privacy.spec import InputSpec
 from dpnode.core.privacy.state import PrivacyTrackingError
 from dpnode.core.privacy.tracker import OutputSensitivity, PrivacyReport, selection_inputs, track
 
-__all__ = ["ReleasePlan", "Released", "plan_release", "run_release"]
+__all__ = ["ReleasePlan", "Released", "output_ranges", "plan_release", "run_release"]
 
 #: Grid indices are kept below 2^this (the grid check in dpnode.core.dp.grid allows more).
 _GRID_INDEX_BITS = 1000
@@ -138,6 +138,29 @@ def plan_release(
         noise = plan_laplace(sensitivity_l1=report.l1, epsilon=epsilon, count=count)
     else:
         noise = plan_gaussian(sensitivity_l2=report.l2, count=count, epsilon=epsilon, delta=delta)
+    lower, upper = output_ranges(planned, report)
+    # Narrowing the clip to what the grid holds is post-processing (clipping never widens
+    # a difference); only absurd magnitudes (beyond 2^1000 grid steps) are touched.
+    limit = sys.float_info.max
+    if noise.grid_exponent is not None and _GRID_INDEX_BITS + noise.grid_exponent < 1024:
+        limit = math.ldexp(1.0, _GRID_INDEX_BITS + noise.grid_exponent)
+    np.clip(lower, -limit, limit, out=lower)
+    np.clip(upper, -limit, limit, out=upper)
+    fallback = np.clip(np.zeros(count), lower, upper)
+    symmetric = tuple(_symmetric(planned.graph, o) for o in planned.graph.outputs)
+    return ReleasePlan(planned, report, noise, lower, upper, fallback, symmetric=symmetric)
+
+
+def output_ranges(
+    planned: Plan, report: PrivacyReport
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Per released element (flattened), the public range its value lies in: the tracked
+    bounds, an integer output's rounded inward to integers.
+
+    Raises:
+        InvalidRequestError: an output is infinite or NaN whatever the data (the mean of no
+            rows): a public value, with nothing to noise.
+    """
     # an integer output's values are integers: its range's ends are too
     ends = [
         (o.lower, o.upper) if m.dtype.is_float else (np.ceil(o.lower), np.floor(o.upper))
@@ -150,16 +173,7 @@ def plan_release(
             "an output is infinite or NaN whatever the data (a public value): there is "
             "nothing to noise; compute it without publishing"
         )
-    # Narrowing the clip to what the grid holds is post-processing (clipping never widens
-    # a difference); only absurd magnitudes (beyond 2^1000 grid steps) are touched.
-    limit = sys.float_info.max
-    if noise.grid_exponent is not None and _GRID_INDEX_BITS + noise.grid_exponent < 1024:
-        limit = math.ldexp(1.0, _GRID_INDEX_BITS + noise.grid_exponent)
-    np.clip(lower, -limit, limit, out=lower)
-    np.clip(upper, -limit, limit, out=upper)
-    fallback = np.clip(np.zeros(count), lower, upper)
-    symmetric = tuple(_symmetric(planned.graph, o) for o in planned.graph.outputs)
-    return ReleasePlan(planned, report, noise, lower, upper, fallback, symmetric=symmetric)
+    return lower, upper
 
 
 #: prims that keep a symmetric matrix symmetric when their other arguments are scalars

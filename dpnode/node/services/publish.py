@@ -70,7 +70,7 @@ from dpnode.core.errors import (
     PublishInProgressError,
 )
 from dpnode.core.privacy import InputSpec, PrivacyReport, Subjects, track
-from dpnode.core.privacy.release import ReleasePlan, plan_release, run_release
+from dpnode.core.privacy.release import ReleasePlan, output_ranges, plan_release, run_release
 from dpnode.core.privacy.subjects import first_rows
 from dpnode.core.structures import Found
 from dpnode.node.cluster import Column, columns_for
@@ -230,13 +230,17 @@ def sensitivity(context: NodeContext, actor_id: int, frame: bytes) -> PrivacyRep
 
     Raises:
         AuthenticationError: the account no longer exists or was deactivated.
+        InvalidRequestError: an output is infinite or NaN whatever the data, which a
+            publish refuses too (its bounds are not numbers).
     """
     with context.read_sessions() as session:
         actor = users.active_actor(session, actor_id)
         found = context.structures.find(actor.id, frame)  # a reference names its frame
         graph, planned = _decode(context, actor, found)
         inputs = _resolve(context, session, actor, graph)
-    return track(planned, inputs.specs)
+    report = track(planned, inputs.specs)
+    output_ranges(planned, report)  # refused as a publish of it is (JSON has no NaN)
+    return report
 
 
 def _float_at_most(x: Fraction) -> float:
