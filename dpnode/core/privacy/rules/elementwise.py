@@ -173,7 +173,7 @@ def _check_pow_timing(c: Ctx, a: State, p: float) -> None:
     0, or where the result nears overflow or underflow (the exponents the engine computes
     with arithmetic, :data:`FLAT_EXPONENTS`, take one time anywhere)."""
     d = c.meta.dtype
-    if not d.is_float or a.is_public or p in (0.0, 1.0):
+    if not d.is_float or a.is_public or p in (0.0, 1.0):  # NumPy's own loops, not pow: flat
         return
     if p in FLAT_EXPONENTS and not d.is_low_precision:
         return
