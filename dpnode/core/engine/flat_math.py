@@ -2,8 +2,8 @@
 
 ``sin`` and ``cos``: the library's pick a formula by magnitude (a tiny argument, below 0.855,
 below 2.43, reduced by multiples of pi/2) and then by the reduced argument's quadrant and
-size, each a branch on the value: 1.9 times as long at 500 as at 0 within the range the
-tracker allows private arguments (``[-512, 512]``). Here every element takes the same steps:
+size, each a branch on the value: 1.9 times as long at 500 as at 0, inside the range the
+tracker allowed private arguments (``[-512, 512]``). Here every element takes the same steps:
 ``n = rint(x * 2/pi)``; ``x - n pi/2`` as a double-double, with pi/2 in four parts of which
 the first three have 33 bits (each product with ``n`` exact, ``|n| < 2^20``) and error-free
 sums (Knuth's TwoSum) carrying what each subtraction rounds off, so the reduced argument is
@@ -11,7 +11,7 @@ good to about 2^-150 of pi/2 however close ``x`` lies to a multiple of it; both 
 polynomials on it (to ``r^19`` and ``r^20``: the next terms are below 2^-72 of the result on
 ``|r| <= pi/4``), with the low part's first-order term; the quadrant picks one of them and
 its sign by a bit blend. The results are within 2 units in the last place of the exact
-values (``tests/engine/test_flat_math.py`` checks them against 200-bit arithmetic, near
+values (``tests/engine/test_flat_math.py`` checks them against 300-bit arithmetic, near
 multiples of pi/2 included), where the library's are within 1; the tracker allows a library
 function ``LIBM_ULPS``. Arguments beyond ``[-2^19, 2^19]`` (public ones only) take NumPy's.
 
