@@ -199,6 +199,8 @@ UploadsDep = Annotated[UploadSessions, Depends(get_uploads)]
 #: an id in a path or a query (a larger number than the database holds is refused, 422)
 PathId = Annotated[int, Path(ge=0, le=MAX_ID), IntegerText]
 QueryId = Annotated[int | None, Query(ge=0, le=MAX_ID), IntegerText]
+#: how many rows a listing answers at most
+Limit = Annotated[int, Query(ge=1, le=1000), IntegerText]
 
 
 def item_ref(ref: str) -> int | str:

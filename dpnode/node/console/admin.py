@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import difflib
 import json
-from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from dpnode.core.errors import InvalidRequestError
-from dpnode.node.api.deps import HasherDep, PathId, SessionDep, SettingsDep
-from dpnode.node.api.numbers import IntegerText, is_number
+from dpnode.node.api.deps import HasherDep, Limit, PathId, SessionDep, SettingsDep
+from dpnode.node.api.numbers import is_number
 from dpnode.node.api.routes import approvals as approval_routes
 from dpnode.node.api.routes import audit as audit_routes
 from dpnode.node.api.routes import budget as budget_routes
@@ -239,7 +238,7 @@ def audit_log(
     action: str | None = None,
     actor_id: str | None = None,
     before_id: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=1000), IntegerText] = 100,
+    limit: Limit = 100,
 ) -> Response:
     events = audit_routes.list_audit_events(
         session,

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import hmac
 from datetime import UTC, datetime, time, timedelta
-from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from dpnode.core.errors import AuthenticationError, InvalidRequestError, RateLimitedError
-from dpnode.node.api.deps import ClientAddress, HasherDep, LoginThrottleDep, SessionDep, SettingsDep
-from dpnode.node.api.numbers import IntegerText
+from dpnode.node.api.deps import (
+    ClientAddress,
+    HasherDep,
+    Limit,
+    LoginThrottleDep,
+    SessionDep,
+    SettingsDep,
+)
 from dpnode.node.api.routes import approvals as approval_routes
 from dpnode.node.api.routes import budget as budget_routes
 from dpnode.node.api.routes import datasets as dataset_routes
@@ -178,7 +183,7 @@ def ledger(
     since: str | None = None,
     until: str | None = None,
     before_id: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=1000), IntegerText] = 100,
+    limit: Limit = 100,
 ) -> Response:
     """The ledger as ``GET /api/v1/ledger`` gives it: admins filter by user (or see everyone's),
     others see their own; by dataset and by day for everyone."""

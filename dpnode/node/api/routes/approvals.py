@@ -1,11 +1,8 @@
 from __future__ import annotations
 
-from typing import Annotated
+from fastapi import APIRouter
 
-from fastapi import APIRouter, Query
-
-from dpnode.node.api.deps import AdminUser, CurrentUser, PathId, SessionDep
-from dpnode.node.api.numbers import IntegerText
+from dpnode.node.api.deps import AdminUser, CurrentUser, Limit, PathId, SessionDep
 from dpnode.node.api.openapi import errors
 from dpnode.node.api.schemas import ApprovalAnswer, PublishApprovalPublic
 from dpnode.node.db.models import PublishApproval
@@ -50,7 +47,7 @@ def list_publish_approvals(
     session: SessionDep,
     user: CurrentUser,
     status: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=1000), IntegerText] = 100,
+    limit: Limit = 100,
 ) -> list[PublishApprovalPublic]:
     """Publishes and training runs waiting for (or answered by) an admin: admins see all,
     others their own."""

@@ -1,11 +1,8 @@
 from __future__ import annotations
 
-from typing import Annotated
+from fastapi import APIRouter
 
-from fastapi import APIRouter, Query
-
-from dpnode.node.api.deps import AdminUser, QueryId, SessionDep
-from dpnode.node.api.numbers import IntegerText
+from dpnode.node.api.deps import AdminUser, Limit, QueryId, SessionDep
 from dpnode.node.api.schemas import AuditEventPublic
 from dpnode.node.services import audit
 
@@ -19,7 +16,7 @@ def list_audit_events(
     action: str | None = None,
     actor_id: QueryId = None,
     before_id: QueryId = None,
-    limit: Annotated[int, Query(ge=1, le=1000), IntegerText] = 100,
+    limit: Limit = 100,
 ) -> list[AuditEventPublic]:
     """The audit log, newest first (admins)."""
     events = audit.list_events(

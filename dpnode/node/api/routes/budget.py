@@ -1,9 +1,8 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter
 from pydantic import AwareDatetime
 from sqlalchemy import select
 
@@ -11,12 +10,12 @@ from dpnode.core.errors import PermissionDeniedError
 from dpnode.node.api.deps import (
     AdminUser,
     CurrentUser,
+    Limit,
     PathId,
     QueryId,
     SessionDep,
     SettingsDep,
 )
-from dpnode.node.api.numbers import IntegerText
 from dpnode.node.api.openapi import errors
 from dpnode.node.api.schemas import (
     BudgetGrantCreate,
@@ -32,8 +31,6 @@ from dpnode.node.services import budget, budget_requests
 from dpnode.node.services.budget import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, TV_UNIT, Status
 
 router = APIRouter(tags=["budget"])
-
-Limit = Annotated[int, Query(ge=1, le=1000), IntegerText]
 
 
 def budget_public(b: Status) -> BudgetPublic:

@@ -10,13 +10,13 @@ from dpnode.core.errors import InvalidRequestError, UploadRejectedError
 from dpnode.node.api import frames
 from dpnode.node.api.deps import (
     CurrentUser,
+    Limit,
     LimitedBody,
     SessionDep,
     SettingsDep,
     StoreDep,
     item_ref,
 )
-from dpnode.node.api.numbers import IntegerText
 from dpnode.node.api.openapi import DATASET_FRAME, errors, frame_body, frame_response
 from dpnode.node.api.schemas import ColumnPublic, DatasetManifest, DatasetPublic
 from dpnode.node.db.models import Dataset
@@ -125,7 +125,7 @@ def list_datasets(
     _user: CurrentUser,
     tags: Annotated[list[str], Query()] = [],  # noqa: B006  (FastAPI copies defaults)
     text: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=1000), IntegerText] = 100,
+    limit: Limit = 100,
 ) -> list[DatasetPublic]:
     """Datasets with all the given tags whose name or description contains ``text``."""
     found = datasets.search_datasets(session, tags=tags, text=text, limit=limit)

@@ -10,13 +10,13 @@ from dpnode.core.errors import InvalidRequestError
 from dpnode.node.api import frames
 from dpnode.node.api.deps import (
     CurrentUser,
+    Limit,
     LimitedBody,
     SessionDep,
     SettingsDep,
     StoreDep,
     item_ref,
 )
-from dpnode.node.api.numbers import IntegerText
 from dpnode.node.api.openapi import MODEL_FRAME, errors, frame_body, frame_response
 from dpnode.node.api.schemas import ModelManifest, ModelPublic, TensorPublic
 from dpnode.node.db.models import Model
@@ -102,7 +102,7 @@ def list_models(
     _user: CurrentUser,
     tags: Annotated[list[str], Query()] = [],  # noqa: B006  (FastAPI copies defaults)
     text: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=1000), IntegerText] = 100,
+    limit: Limit = 100,
 ) -> list[ModelPublic]:
     """Models with all the given tags whose name or description contains ``text``."""
     return [

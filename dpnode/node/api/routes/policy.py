@@ -1,11 +1,8 @@
 from __future__ import annotations
 
-from typing import Annotated
+from fastapi import APIRouter
 
-from fastapi import APIRouter, Query
-
-from dpnode.node.api.deps import AdminUser, PathId, SessionDep
-from dpnode.node.api.numbers import IntegerText
+from dpnode.node.api.deps import AdminUser, Limit, PathId, SessionDep
 from dpnode.node.api.openapi import errors
 from dpnode.node.api.schemas import PolicyApply, PolicyRevisionPublic
 from dpnode.node.db.models import PolicyRevision
@@ -63,7 +60,7 @@ def apply_policy(session: SessionDep, admin: AdminUser, body: PolicyApply) -> Po
 def list_revisions(
     session: SessionDep,
     _admin: AdminUser,
-    limit: Annotated[int, Query(ge=1, le=1000), IntegerText] = 100,
+    limit: Limit = 100,
 ) -> list[PolicyRevisionPublic]:
     """Every policy revision, newest first (admins)."""
     return [revision_public(r) for r in service.history(session, limit=limit)]

@@ -4,8 +4,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
-from dpnode.node.api.deps import CurrentUser, ReadSessionDep
-from dpnode.node.api.numbers import IntegerText
+from dpnode.node.api.deps import CurrentUser, Limit, ReadSessionDep
 from dpnode.node.api.routes.datasets import dataset_public
 from dpnode.node.api.routes.models import model_public
 from dpnode.node.api.schemas import SearchResults
@@ -21,7 +20,7 @@ def search(
     tags: Annotated[list[str], Query()] = [],  # noqa: B006  (FastAPI copies defaults)
     text: str | None = None,
     kind: Literal["any", "dataset", "model"] = "any",
-    limit: Annotated[int, Query(ge=1, le=1000), IntegerText] = 100,
+    limit: Limit = 100,
 ) -> SearchResults:
     """Datasets and models carrying all of ``tags`` and matching ``text`` (name, description)."""
     found_datasets = (
