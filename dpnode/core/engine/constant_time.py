@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["by_blocks", "select"]
+__all__ = ["by_blocks", "into", "select"]
 
 #: the unsigned integer dtype of each item size, whose bits an array is blended as
 _BITS: dict[int, np.dtype[Any]] = {
@@ -98,3 +98,13 @@ def by_blocks(fn: Callable[..., np.ndarray[Any, Any]], *arrays: Any) -> np.ndarr
     for start in range(0, r.size, _BLOCK):
         r[start : start + _BLOCK] = fn(*(f[start : start + _BLOCK] for f in flats))
     return r.reshape(shape)
+
+
+def into(r: Any, out: np.ndarray[Any, Any] | None, dtype: Any = None) -> np.ndarray[Any, Any]:
+    """A kernel's result ``r`` (cast to ``dtype``, if given), written into ``out`` if the
+    caller passed one, as a ufunc's ``out=`` does."""
+    r = np.asarray(r, dtype=dtype)
+    if out is None:
+        return r  # type: ignore[no-any-return]
+    np.copyto(out, r)
+    return out

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from dpnode.core.engine.constant_time import by_blocks, select
+from dpnode.core.engine.constant_time import by_blocks, into, select
 
 __all__ = ["MAX_QUOTIENT", "fits", "floor_divide", "fmod", "remainder"]
 
@@ -114,36 +114,29 @@ def _int_floor(a: Array, b: Array) -> Array:
     return np.asarray((q - (negative & inexact).astype(d)) * (b != 0))  # by 0: 0, as NumPy
 
 
-def _into(r: Any, out: Array | None) -> Array:
-    if out is None:
-        return np.asarray(r)
-    np.copyto(out, r)
-    return out
-
-
 def floor_divide(a: Array, b: Array, out: Array | None = None) -> Array:
     """``np.floor_divide(a, b)``; divisors are nonzero."""
     if a.dtype.kind == "f" or b.dtype.kind == "f":
         r = _float("floor_divide", a, b)
-        return _into(np.floor_divide(a, b) if r is None else r, out)
+        return into(np.floor_divide(a, b) if r is None else r, out)
     with np.errstate(all="ignore"):
-        return _into(_int_floor(a, b), out)
+        return into(_int_floor(a, b), out)
 
 
 def remainder(a: Array, b: Array, out: Array | None = None) -> Array:
     """``np.remainder(a, b)``: the divisor's sign, as torch's and Python's ``%``."""
     if a.dtype.kind == "f" or b.dtype.kind == "f":
         r = _float("remainder", a, b)
-        return _into(np.remainder(a, b) if r is None else r, out)
+        return into(np.remainder(a, b) if r is None else r, out)
     with np.errstate(all="ignore"):
-        return _into((a - _int_floor(a, b) * b) * (b != 0), out)
+        return into((a - _int_floor(a, b) * b) * (b != 0), out)
 
 
 def fmod(a: Array, b: Array, out: Array | None = None) -> Array:
     """``np.fmod(a, b)``: the dividend's sign, as C's and torch's ``fmod``."""
     if a.dtype.kind == "f" or b.dtype.kind == "f":
         r = _float("fmod", a, b)
-        return _into(np.fmod(a, b) if r is None else r, out)
+        return into(np.fmod(a, b) if r is None else r, out)
     with np.errstate(all="ignore"):
         m = (a - _int_floor(a, b) * b) * (b != 0)
-        return _into(m - b * ((m != 0) & ((a < 0) != (b < 0))), out)
+        return into(m - b * ((m != 0) & ((a < 0) != (b < 0))), out)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import scipy.special  # type: ignore[import-untyped,unused-ignore]
 
-from dpnode.core.engine.constant_time import by_blocks, select
+from dpnode.core.engine.constant_time import by_blocks, into, select
 
 __all__ = ["erf", "erfc"]
 
@@ -37,13 +37,6 @@ _BELOW_HIGH = float(np.nextafter(_HIGH, 0.0))
 _ERF_ONE = 6.0
 #: the largest argument whose erfc is a normal float; beyond, it is flushed to 0
 _LAST = 26.54325845425098
-
-
-def _result(r: Array, x: Array, out: Array | None) -> Array:
-    if out is None:
-        return np.asarray(r, dtype=np.asarray(x).dtype)
-    np.copyto(out, r, casting="same_kind")
-    return out
 
 
 def _erf(x: Array) -> Array:
@@ -68,10 +61,10 @@ def _erfc(x: Array) -> Array:
 def erf(x: Array, out: Array | None = None) -> Array:
     """``scipy.special.erf(x)`` (written into ``out`` if given)."""
     with np.errstate(all="ignore"):
-        return _result(by_blocks(_erf, x), x, out)
+        return into(by_blocks(_erf, x), out, np.asarray(x).dtype)
 
 
 def erfc(x: Array, out: Array | None = None) -> Array:
     """``scipy.special.erfc(x)`` (written into ``out`` if given)."""
     with np.errstate(all="ignore"):
-        return _result(by_blocks(_erfc, x), x, out)
+        return into(by_blocks(_erfc, x), out, np.asarray(x).dtype)

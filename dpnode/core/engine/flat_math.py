@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from dpnode.core.engine.constant_time import by_blocks, select
+from dpnode.core.engine.constant_time import by_blocks, into, select
 
 __all__ = ["cos", "hypot", "sin"]
 
@@ -68,15 +68,7 @@ def hypot(a: Array, b: Array, out: Array | None = None) -> Array:
     else:
         with np.errstate(all="ignore"):
             r = by_blocks(_hypot, x, y)
-    return _result(r, dtype, out)
-
-
-def _result(r: Any, dtype: Any, out: Array | None) -> Array:
-    r = np.asarray(r, dtype=dtype)
-    if out is None:
-        return r  # type: ignore[no-any-return]
-    np.copyto(out, r)
-    return out
+    return into(r, out, dtype)
 
 
 #: pi/2 = _P1 + _P2 + _P3 + _P4 to about 2^-160; the first three have 33 significant bits
@@ -140,7 +132,7 @@ def _trig(kind: str, x: Array, out: Array | None) -> Array:
     else:
         with np.errstate(all="ignore"):
             r = by_blocks(lambda part: _pick(kind, part, *_sin_cos(part)), x64)
-    return _result(r, dtype, out)
+    return into(r, out, dtype)
 
 
 def sin(x: Array, out: Array | None = None) -> Array:
