@@ -7,6 +7,8 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
+import httpx
 import numpy as np
 from sqlalchemy import text
 from starlette.testclient import TestClient
@@ -265,6 +267,35 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(
     response = http.post(MODELS, content=big, headers=owner_h | FRAME)
     refused(response, 413, "payload_too_large")
     assert post_frame(http, DATASETS, owner_h, GOOD).status_code == 201
+
+
+def test_a_content_length_is_ascii_digits(
+    http: TestClient, context: NodeContext, owner_h: dict[str, str]
+) -> None:
+    # TestClient re-encodes header values as UTF-8: the app is called as a server would,
+    # with the header's bytes as they came (Starlette reads them as Latin-1)
+    async def post(length: bytes) -> httpx.Response:
+        transport = httpx.ASGITransport(app=http.app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
+            headers = [*owner_h.items(), *FRAME.items(), ("Content-Length", length)]
+            return await c.post(DATASETS, content=GOOD, headers=headers)
+
+    # '²' (isdigit(), which int() cannot read) was a 500; '+N' or ' N' went unread
+    for length in (b"\xb2", f"{len(GOOD)}\xb2".encode("latin-1"), b"+1", b" 1", b"0x10", b"-1"):
+        detail = refused(anyio.run(post, length), 422, "invalid_request")
+        shown = length.decode("latin-1")
+        assert detail == (
+            f"the Content-Length header must be a number of bytes in ASCII digits, not {shown!r}"
+        )
+    limit = context.settings.max_upload_bytes
+    # int() cannot read more than 4300 digits: a 500
+    detail = refused(anyio.run(post, b"9" * 5000), 413, "payload_too_large")
+    assert detail == f"request body is over the {limit}-byte limit"
+    detail = refused(anyio.run(post, b"0" * 5000 + b"%d" % (limit + 1)), 413, "payload_too_large")
+    assert detail == f"request body of {limit + 1} bytes is over the {limit}-byte limit"
+    assert http.get(DATASETS, headers=owner_h).json() == []
+    # HTTP's 1*DIGIT: leading zeros are a length all the same
+    assert anyio.run(post, b"000%d" % len(GOOD)).status_code == 201
 
 
 def test_http_level_errors_have_the_same_shape(http: TestClient, owner_h: dict[str, str]) -> None:

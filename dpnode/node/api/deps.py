@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -11,7 +12,12 @@ from fastapi import Depends, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from dpnode.core.errors import AuthenticationError, PayloadTooLargeError, PermissionDeniedError
+from dpnode.core.errors import (
+    AuthenticationError,
+    InvalidRequestError,
+    PayloadTooLargeError,
+    PermissionDeniedError,
+)
 from dpnode.node.api.numbers import IntegerText, read_id
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import MAX_ID, Role, User
@@ -169,12 +175,36 @@ async def read_chunk_body(request: Request) -> bytes:
     return await _read_body(request, _context_of(request).settings.max_upload_chunk_bytes)
 
 
+#: HTTP's Content-Length: ASCII digits (``isdigit()`` took ``²``, which int() cannot read)
+_LENGTH = re.compile(r"[0-9]+")
+#: more digits than any body's length has (int() raises beyond 4300)
+_LONGEST = 19
+
+
+def _declared_length(request: Request) -> int | None:
+    """The body's length as its Content-Length headers declare it (the largest, if several;
+    None if none); ``10**19`` stands for any longer number.
+
+    Raises:
+        InvalidRequestError: a Content-Length that is not ASCII digits.
+    """
+    lengths = []
+    for value in request.headers.getlist("content-length"):
+        if _LENGTH.fullmatch(value) is None:
+            raise InvalidRequestError(
+                "the Content-Length header must be a number of bytes in ASCII digits, "
+                f"not {value[:40]!r}"
+            )
+        digits = value.lstrip("0") or "0"
+        lengths.append(int(digits) if len(digits) <= _LONGEST else 10**_LONGEST)
+    return max(lengths, default=None)
+
+
 async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLargeError(
-            f"request body of {declared} bytes is over the {limit}-byte limit"
-        )
+    declared = _declared_length(request)
+    if declared is not None and declared > limit:
+        of = f"of {declared} bytes " if declared < 10**_LONGEST else ""
+        raise PayloadTooLargeError(f"request body {of}is over the {limit}-byte limit")
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
