@@ -246,6 +246,23 @@ def test_grants_to_unknown_users_and_bad_answers_are_refused(
     assert http.get("/api/v1/health").status_code == 200
 
 
+def test_a_grants_user_is_an_id_as_json_writes_it_or_an_email(
+    http: TestClient, admin_h: dict[str, str], scientist: User
+) -> None:
+    grants = "/api/v1/budget/grants"
+    arabic = str(scientist.id).translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
+    # isdigit() took '١' (read as id 1) and '0N' (id N); '²' and 5000 digits made int() raise
+    for user in (arabic, f"0{scientist.id}", "²", "9" * 5000, f" {scientist.id}"):
+        body = {"user": user, "epsilon": 1.0, "reason": "r"}
+        detail = refused(http.post(grants, json=body, headers=admin_h), 422, "invalid_request")
+        assert detail.endswith("is not a valid email address"), detail
+    assert http.get(grants, headers=admin_h).json() == []
+    for user in (str(scientist.id), scientist.id, scientist.email):
+        body = {"user": user, "epsilon": 1.0, "reason": "r"}
+        granted = http.post(grants, json=body, headers=admin_h)
+        assert granted.status_code == 201 and granted.json()["user_id"] == scientist.id
+
+
 def test_a_publish_over_the_threshold_waits_and_runs_once_when_approved(
     http: TestClient, admin: User, owner: User, scientist: User
 ) -> None:

@@ -1,67 +1,33 @@
-"""A number written as text (a query, a path, a form field) is read as JSON writes it.
+"""A number in a query or a path is read as JSON writes it (:mod:`dpnode.node.numbers`).
 
-Parsers disagree on which texts are numbers: Python's ``float`` and ``int`` read ``1_0`` as
-10 and take surrounding spaces, Arabic-Indic and fullwidth digits; pydantic, reading a
-query, takes ``1_0``, ``" 1 "``, ``+1``, ``.5`` and ``1.``. The node answers every request
-as a release, so it reads only the one spelling every parser agrees on: ASCII digits as
-JSON writes a number, with an optional ``-``, fraction and exponent (``0.5``, ``-2``,
-``1e-06``: what ``str()`` of a Python number gives). A query's epsilon or delta may also be
-``inf``, ``-inf`` or ``nan``, as ``str()`` writes them, so that the service refuses them
-with its own message, as before. Anything else is refused, 422. A JSON body's numbers are
-JSON's already; its schemas take no number as a string (:mod:`dpnode.node.api.schemas`).
+Pydantic, reading a query, takes ``1_0``, ``" 1 "``, ``+1``, ``.5`` and ``1.`` as numbers;
+:data:`NumberText` and :data:`IntegerText` refuse any text that is not a number as JSON
+writes it before pydantic reads it. A query's epsilon or delta may also be ``inf``,
+``-inf`` or ``nan``, as ``str()`` writes them, so that the service refuses them with its own
+message, as before. Anything else is refused, 422. A JSON body's numbers are JSON's already;
+its schemas take no number as a string (:mod:`dpnode.node.api.schemas`).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
 from pydantic import BeforeValidator
 from pydantic_core import PydanticCustomError
 
-from dpnode.node.db.models import MAX_ID
+from dpnode.node.numbers import INTEGER, NUMBER, is_integer, is_number, read_id
 
-#: RFC 8259's number (``[0-9]`` is ASCII: ``\d`` would take any script's digits).
-NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
-#: ... without a fraction or an exponent.
-INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")
-
-
-def is_number(text: str) -> bool:
-    """Whether ``text`` is a number as JSON writes it.
-
-    >>> [is_number(t) for t in ("0.5", "-2", "1e-06", "1E+3", "-0")]
-    [True, True, True, True, True]
-    >>> [is_number(t) for t in ("1_0", " 1", "+1", ".5", "1.", "01", "inf", "\\u0661", "\\uff11")]
-    [False, False, False, False, False, False, False, False, False]
-    """
-    return NUMBER.fullmatch(text) is not None
-
-
-def is_integer(text: str) -> bool:
-    """Whether ``text`` is a whole number as JSON writes it: digits, perhaps a ``-``.
-
-    >>> [is_integer(t) for t in ("7", "-0", "7.0", "1e3", "07", "\\u00b2", "")]
-    [True, True, False, False, False, False, False]
-    """
-    return INTEGER.fullmatch(text) is not None
-
-
-def read_id(text: str) -> int | None:
-    """The id ``text`` spells as JSON writes a whole number; None if it spells none, or a
-    negative one, or one beyond any id (:data:`~dpnode.node.db.models.MAX_ID`).
-
-    >>> read_id("42"), read_id("0"), read_id("042"), read_id("-1"), read_id("\u00b2")
-    (42, 0, None, None, None)
-    >>> read_id("2147483648"), read_id("9" * 5000)  # int() raises beyond 4300 digits
-    (None, None)
-    """
-    if len(text) > len(str(MAX_ID)) or not is_integer(text) or text.startswith("-"):
-        return None
-    found = int(text)
-    return found if found <= MAX_ID else None
-
+__all__ = [
+    "INTEGER",
+    "NONFINITE",
+    "NUMBER",
+    "IntegerText",
+    "NumberText",
+    "is_integer",
+    "is_number",
+    "read_id",
+]
 
 #: The floats JSON cannot hold, as ``str()`` writes them (a client's ``epsilon=nan``).
 NONFINITE = frozenset({"inf", "-inf", "nan"})

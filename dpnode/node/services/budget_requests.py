@@ -18,6 +18,7 @@ from dpnode.core.errors import (
 )
 from dpnode.node.db.base import utcnow
 from dpnode.node.db.models import BudgetGrant, BudgetRequest, RequestStatus, Role, User
+from dpnode.node.numbers import read_id
 from dpnode.node.services import audit, budget, users
 
 __all__ = [
@@ -45,21 +46,24 @@ def _reason(reason: str, what: str) -> str:
 
 
 def find_user(session: Session, ref: int | str) -> User:
-    """A user by id or email.
+    """A user by id or email: a text that spells an id as JSON writes one (``"42"``, from the
+    command line or a JSON body) is an id, any other an email.
 
     Raises:
         NotFoundError: no such user.
+        InvalidRequestError: a text that is neither an id nor an email (``"²"``, ``"042"``).
     """
-    if isinstance(ref, int) or (isinstance(ref, str) and ref.isdigit()):
-        user = session.get(User, int(ref))
-        if user is None:
-            raise NotFoundError(f"no user with id {ref}")
-        return user
-    email = users.normalise_email(ref)
-    found = session.scalar(select(User).where(User.email == email))
-    if found is None:
-        raise NotFoundError(f"no user with email {email}")
-    return found
+    ident = ref if isinstance(ref, int) else read_id(ref)  # isdigit() took '²' and '١'
+    if ident is None:
+        email = users.normalise_email(str(ref))
+        found = session.scalar(select(User).where(User.email == email))
+        if found is None:
+            raise NotFoundError(f"no user with email {email}")
+        return found
+    user = session.get(User, ident)
+    if user is None:
+        raise NotFoundError(f"no user with id {ident}")
+    return user
 
 
 def request_budget(
