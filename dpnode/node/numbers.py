@@ -18,12 +18,14 @@ import re
 
 from dpnode.node.db.models import MAX_ID
 
-__all__ = ["INTEGER", "NUMBER", "is_integer", "is_number", "read_id"]
+__all__ = ["DIGITS", "INTEGER", "NUMBER", "is_integer", "is_number", "looks_like_id", "read_id"]
 
 #: RFC 8259's number (``[0-9]`` is ASCII: ``\d`` would take any script's digits).
 NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 #: ... without a fraction or an exponent.
 INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")
+#: ASCII digits alone.
+DIGITS = re.compile(r"[0-9]+")
 
 
 def is_number(text: str) -> bool:
@@ -59,3 +61,14 @@ def read_id(text: str) -> int | None:
         return None
     found = int(text)
     return found if found <= MAX_ID else None
+
+
+def looks_like_id(text: str) -> bool:
+    """Whether ``text`` is ASCII digits alone: every text :func:`read_id` reads as an id, and
+    those it does not only for a leading zero or for being beyond any id today. A dataset or
+    model may not be named so, where a path reads a name or an id from one text.
+
+    >>> [looks_like_id(t) for t in ("42", "042", "9" * 30, "-1", "4a", "\u0661\u0662", "\u00b2")]
+    [True, True, True, False, False, False, False]
+    """
+    return DIGITS.fullmatch(text) is not None

@@ -340,14 +340,19 @@ def test_string_subject_ids(http: TestClient, owner_h: dict[str, str]) -> None:
 def test_names_a_url_cannot_reach_are_refused(
     http: TestClient, owner_h: dict[str, str], small_dataset: dict[str, Any]
 ) -> None:
-    # "/datasets/2024" reads as an id and "/datasets/a/b" matches no route.
-    for name in ("2024", "a/b"):
+    # "/datasets/2024" reads as an id and "/datasets/a/b" matches no route; "0024" and
+    # numbers beyond any id read as names today, and are kept for ids all the same
+    for name in ("2024", "a/b", "0024", "9" * 30):
         detail = refused(upload(http, owner_h, name, **small_dataset), 422, "upload_rejected")
         assert detail == (
             f"dataset name {name!r} cannot be used in URLs: it must not contain '/' nor be all "
-            "digits (those are read as ids)"
+            "digits 0-9 (those are read as ids)"
         )
     detail = refused(upload_model(http, owner_h, "7", {"w": np.ones(1)}), 422, "upload_rejected")
     assert detail.startswith("model name '7' cannot be used in URLs")
-    upload_ok(http, owner_h, "2024-q1", **small_dataset)
-    assert http.get(f"{DATASETS}/2024-q1", headers=owner_h).json()["name"] == "2024-q1"
+    # other scripts' digits name no id anywhere (isdigit() refused them): a path reads a name
+    for name in ("2024-q1", "١٢", "²", "-1"):
+        upload_ok(http, owner_h, name, **small_dataset)
+        assert http.get(f"{DATASETS}/{name}", headers=owner_h).json()["name"] == name
+    upload_model(http, owner_h, "٧", {"w": np.ones(1)}).raise_for_status()
+    assert http.get("/api/v1/models/٧", headers=owner_h).json()["name"] == "٧"

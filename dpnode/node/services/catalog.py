@@ -17,6 +17,7 @@ from dpnode.core.errors import (
     UploadRejectedError,
 )
 from dpnode.node.db.models import Dataset, Model, Role, User
+from dpnode.node.numbers import looks_like_id
 from dpnode.node.services import audit, blobs
 from dpnode.node.services.tabular import check_name
 from dpnode.node.storage import BlobStore
@@ -44,16 +45,18 @@ def normalise_tags(tags: Iterable[str]) -> list[str]:
 
 
 def check_item_name(kind: str, name: str) -> str:
-    """A dataset or model name that ``/{kind}s/{name}`` can reach: no ``/``, not all digits.
+    """A dataset or model name that ``/{kind}s/{name}`` can reach: no ``/``, not ASCII digits
+    alone (:func:`~dpnode.node.numbers.looks_like_id`). ``isdigit()`` refused other scripts'
+    digits too, which no reader takes for an id.
 
-    >>> check_item_name("dataset", "diabetes-2024")
-    'diabetes-2024'
+    >>> check_item_name("dataset", "diabetes-2024"), check_item_name("dataset", "\u0661\u0662")
+    ('diabetes-2024', '١٢')
     """
     check_name(kind, name)
-    if "/" in name or name.isdigit():
+    if "/" in name or looks_like_id(name):
         raise UploadRejectedError(
             f"{kind} name {name!r} cannot be used in URLs: it must not contain '/' nor be all "
-            "digits (those are read as ids)"
+            "digits 0-9 (those are read as ids)"
         )
     return name
 
