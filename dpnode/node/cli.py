@@ -23,6 +23,7 @@ from dpnode.core.ingest import TableSource, arrow_source, chunks_of, session_req
 from dpnode.node.context import NodeContext
 from dpnode.node.db import migrate
 from dpnode.node.db.models import PolicyRevision, Role, User
+from dpnode.node.numbers import read_id
 from dpnode.node.services import approvals, audit, budget, budget_requests, datasets, users
 from dpnode.node.services import policy as policy_service
 from dpnode.node.services.uploads import plan_from_request
@@ -349,7 +350,10 @@ def cmd_ledger(args: argparse.Namespace) -> None:
         user_id = None if not args.user else budget_requests.find_user(session, args.user).id
         dataset_id = None
         if args.dataset:
-            ref = int(args.dataset) if args.dataset.isdigit() else args.dataset
+            # an id as JSON writes it, or a name, as /datasets/{ref} reads it (isdigit() took
+            # '١' for id 1, and int() could not read '²')
+            ident = read_id(args.dataset)
+            ref = args.dataset if ident is None else ident
             dataset_id = datasets.get_dataset(session, ref).id
         entries = budget.ledger_of(session, user_id, dataset_id=dataset_id, limit=args.limit)
         emails = {u.id: u.email for u in users.list_users(session)}

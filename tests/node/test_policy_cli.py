@@ -85,6 +85,35 @@ def test_policy_budget_ledger_and_audit_commands(
     assert "command line" in line and '"reason": "x"' in line and '"operator":' in line
 
 
+def test_a_ledger_dataset_is_an_id_as_json_writes_it_or_a_name(
+    cli_env: Settings,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    _users(capsys)
+    table = tmp_path / "t.csv"
+    table.write_text("x\n1\n2\n")
+    bounds = tmp_path / "t.toml"
+    bounds.write_text("[bounds]\nx = [0, 5]\n")
+    for name in ("a", "١"):  # ids 1 and 2
+        add = ("dataset", "add", str(table), "--name", name, "--bounds", str(bounds))
+        code, _, err = run(capsys, *add, "--owner", "root@example.org")
+        assert code == 0, err
+    context = NodeContext.from_settings(cli_env)
+    try:
+        budget.charge(context.serial_sessions, cli_env, 2, Cost("laplace", 10**9, dataset_ids=[2]))
+    finally:
+        context.close()
+    # isdigit() read '١' as id 1 and '02' as id 2; int() could not read '²'
+    for ref in ("2", "١"):
+        code, out, err = run(capsys, "ledger", "--dataset", ref)
+        assert code == 0 and "datasets [2]" in out and len(out.splitlines()) == 1, (ref, out, err)
+    assert run(capsys, "ledger", "--dataset", "a") == (0, "", "")
+    for ref in ("02", "²", "9" * 5000):
+        code, _, err = run(capsys, "ledger", "--dataset", ref)
+        assert code == 2 and f"no dataset {ref!r}" in err, (ref, err)
+
+
 def test_approval_list_shows_runs_with_their_steps(
     cli_env: Settings,  # noqa: F811
     capsys: pytest.CaptureFixture[str],
