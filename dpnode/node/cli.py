@@ -23,7 +23,7 @@ from dpnode.core.ingest import TableSource, arrow_source, chunks_of, session_req
 from dpnode.node.context import NodeContext
 from dpnode.node.db import migrate
 from dpnode.node.db.models import PolicyRevision, Role, User
-from dpnode.node.numbers import read_id
+from dpnode.node.numbers import NONFINITE, is_integer, is_number, read_id
 from dpnode.node.services import approvals, audit, budget, budget_requests, datasets, users
 from dpnode.node.services import policy as policy_service
 from dpnode.node.services.uploads import plan_from_request
@@ -406,6 +406,27 @@ def _safe_url(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
+# A number argument is read as the API reads one (dpnode.node.numbers): int() and float()
+# read '1_0' as 10, ' 5' as 5 and '٣' as 3.
+
+
+def _whole(text: str) -> int:
+    if not is_integer(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number as JSON writes it (ASCII digits, an optional '-')"
+        )
+    return int(text)
+
+
+def _number(text: str) -> float:
+    if not (is_number(text) or text in NONFINITE):  # inf and nan: the service refuses them
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number as JSON writes it (ASCII digits, an optional '-', "
+            "fraction and exponent)"
+        )
+    return float(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpnode", description="A differential-privacy data node.")
     parser.add_argument("--version", action="version", version=f"dpnode {__version__}")
@@ -413,13 +434,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="migrate the database, then serve the API")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=_whole, default=8000)
     serve.add_argument(
         "--demo", action="store_true", help="seed demo accounts and datasets (development only)"
     )
     serve.add_argument(
         "--workers",
-        type=int,
+        type=_whole,
         default=1,
         help="worker processes sharing the port (more than 1 needs PostgreSQL)",
     )
@@ -473,9 +494,9 @@ def build_parser() -> argparse.ArgumentParser:
         dest="policy_command", required=True, metavar="ACTION"
     )
     show = pol.add_parser("show", help="print the policy in force (or a revision, or history)")
-    show.add_argument("--revision", type=int, help="a past revision")
+    show.add_argument("--revision", type=_whole, help="a past revision")
     show.add_argument("--history", action="store_true", help="list every revision")
-    show.add_argument("--limit", type=int, default=100)
+    show.add_argument("--limit", type=_whole, default=100)
     show.set_defaults(func=cmd_policy_show)
     papply = pol.add_parser("apply", help="validate a TOML policy file and put it in force")
     papply.add_argument("file", type=Path, metavar="FILE.toml")
@@ -487,8 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     grant = bud.add_parser("grant", help="add budget to a user's allocation")
     grant.add_argument("--user", required=True, help="email or id")
-    grant.add_argument("--epsilon", type=float, required=True)
-    grant.add_argument("--delta", type=float, default=0.0)
+    grant.add_argument("--epsilon", type=_number, required=True)
+    grant.add_argument("--delta", type=_number, default=0.0)
     grant.add_argument("--reason", required=True, help="why, for the audit log")
     grant.set_defaults(func=cmd_budget_grant)
     bshow = bud.add_parser("show", help="budgets under the policy in force")
@@ -498,19 +519,19 @@ def build_parser() -> argparse.ArgumentParser:
     led = sub.add_parser("ledger", help="privacy charges, newest first")
     led.add_argument("--user", help="email or id")
     led.add_argument("--dataset", help="name or id")
-    led.add_argument("--limit", type=int, default=100)
+    led.add_argument("--limit", type=_whole, default=100)
     led.set_defaults(func=cmd_ledger)
 
     appr = sub.add_parser("approval", help="publishes and training runs waiting for an admin")
     appr_sub = appr.add_subparsers(dest="approval_command", required=True, metavar="ACTION")
     alist = appr_sub.add_parser("list", help="requests, newest first (runs show their steps)")
     alist.add_argument("--status", help="pending, approved, denied or used")
-    alist.add_argument("--limit", type=int, default=100)
+    alist.add_argument("--limit", type=_whole, default=100)
     alist.set_defaults(func=cmd_approval_list)
 
     aud = sub.add_parser("audit", help="the audit log, newest first")
     aud.add_argument("--action", help="e.g. privacy.charge, policy.apply, budget.grant")
-    aud.add_argument("--limit", type=int, default=100)
+    aud.add_argument("--limit", type=_whole, default=100)
     aud.set_defaults(func=cmd_audit)
     return parser
 

@@ -18,7 +18,16 @@ import re
 
 from dpnode.node.db.models import MAX_ID
 
-__all__ = ["DIGITS", "INTEGER", "NUMBER", "is_integer", "is_number", "looks_like_id", "read_id"]
+__all__ = [
+    "DIGITS",
+    "INTEGER",
+    "NONFINITE",
+    "NUMBER",
+    "is_integer",
+    "is_number",
+    "looks_like_id",
+    "read_id",
+]
 
 #: RFC 8259's number (``[0-9]`` is ASCII: ``\d`` would take any script's digits).
 NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
@@ -26,6 +35,10 @@ NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")
 #: ASCII digits alone.
 DIGITS = re.compile(r"[0-9]+")
+#: The floats JSON cannot hold, as ``str()`` writes them (a client's ``epsilon=nan``): where
+#: an epsilon or a delta is read from text, they are taken so that the service refuses them
+#: with its own message.
+NONFINITE = frozenset({"inf", "-inf", "nan"})
 
 
 def is_number(text: str) -> bool:

@@ -76,6 +76,29 @@ def test_unknown_role_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str
     assert "invalid choice: 'wizard'" in capsys.readouterr().err
 
 
+def test_a_number_argument_is_written_as_json_writes_one(
+    cli_env: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # int() and float() read '1_0' as 10, ' 5' as 5 and '٣' as 3: a grant of 10 for '1_0'
+    grant = ("budget", "grant", "--user", "nobody@example.org", "--reason", "r", "--epsilon")
+    for argv, option in (
+        ((*grant, "1_0"), "--epsilon"),
+        ((*grant, "1", "--delta", "+0.5"), "--delta"),
+        (("ledger", "--limit", " 5"), "--limit"),
+        (("audit", "--limit", "1e1"), "--limit"),
+        (("policy", "show", "--revision", "٣"), "--revision"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(list(argv))
+        assert exit_info.value.code == 2
+        assert f"argument {option}: {argv[-1]!r} is not " in capsys.readouterr().err
+    # as JSON (and str()) writes them; inf and nan are the service's to refuse, as before
+    for epsilon, message in (("1e-1", "no user with email"), ("nan", "finite number")):
+        code, _, err = run(capsys, *grant, epsilon)
+        assert code == 2 and message in err, err
+    assert run(capsys, "ledger", "--limit", "5") == (0, "", "")
+
+
 def test_dataset_add_from_csv(
     cli_env: Settings, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

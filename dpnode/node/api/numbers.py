@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BeforeValidator
 from pydantic_core import PydanticCustomError
 
-from dpnode.node.numbers import INTEGER, NUMBER, is_integer, is_number, read_id
+from dpnode.node.numbers import INTEGER, NONFINITE, NUMBER, is_integer, is_number, read_id
 
 __all__ = [
     "INTEGER",
@@ -28,9 +28,6 @@ __all__ = [
     "is_number",
     "read_id",
 ]
-
-#: The floats JSON cannot hold, as ``str()`` writes them (a client's ``epsilon=nan``).
-NONFINITE = frozenset({"inf", "-inf", "nan"})
 
 
 def _spelled(test: Callable[[str], bool], what: str) -> BeforeValidator:
