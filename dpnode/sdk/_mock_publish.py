@@ -33,7 +33,9 @@ if TYPE_CHECKING:
 
 __all__ = ["mock_release"]
 
-_INPUT = re.compile(r"^(dataset|model):(\d+)/(.+)$")
+#: a graph input as the node reads it: an id as JSON writes it (``\d`` took any script's
+#: digits, ``dataset:١/x`` for dataset 1, and ``01`` for 1), a part without a line break
+_INPUT = re.compile(r"(dataset|model):(0|[1-9][0-9]*)/(.+)")
 
 
 def _inputs(
@@ -46,7 +48,7 @@ def _inputs(
     specs: dict[str, InputSpec] = {}
     values: dict[str, npt.NDArray[Any]] = {}
     for name in names:
-        match = _INPUT.match(name)
+        match = _INPUT.fullmatch(name)
         handle = handles.get((match.group(1) == "dataset", int(match.group(2)))) if match else None
         if match is None or handle is None:
             raise DPNodeError(

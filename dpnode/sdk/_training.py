@@ -55,8 +55,9 @@ __all__ = ["PrivateTraining", "TrainingStep", "private_training"]
 
 #: weight of the last released loss in the bar's moving average
 _SMOOTHING = 0.3
-#: a graph input holding a dataset's column (or its subjects): ``dataset:<id>/...``
-_DATASET = re.compile(r"^dataset:(\d+)/")
+#: a graph input holding a dataset's column (or its subjects): ``dataset:<id>/...``, with
+#: the id as the node reads it, as JSON writes it (``\d`` took ``dataset:١/x`` for dataset 1)
+_DATASET = re.compile(r"dataset:(0|[1-9][0-9]*)/.+")
 
 
 @dataclass(frozen=True)
@@ -227,7 +228,7 @@ class PrivateTraining:
         if isinstance(self.subjects, RemoteTensor):
             tensors.append(self.subjects)
         names = graph_for(tensors).input_names()
-        found = {int(m.group(1)) for n in names if (m := _DATASET.match(n))}
+        found = {int(m.group(1)) for n in names if (m := _DATASET.fullmatch(n))}
         ident = getattr(self.subjects, "id", None)  # a DatasetHandle: its @subject column
         if isinstance(ident, int):
             found.add(ident)

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from dpnode import sdk
+from dpnode.sdk._remote import remote_input
 from tests.sdk.conftest import cohort, remote_dataset
 
 
@@ -76,3 +77,18 @@ def test_refusals_are_the_nodes_and_free_previews_stay_on_the_node(
         stray = ds_client.dataset(other.id)["v"]
         with pytest.raises(sdk.DPNodeError, match="no mock values"):
             stray.sum().publish(epsilon=1.0)
+
+
+def test_an_input_the_node_reads_no_data_of_has_no_mock_values(
+    owner_client: sdk.Client, ds_client: sdk.Client
+) -> None:
+    # the node reads 'dataset:<id>/' with an id as JSON writes it: '\d+' took '٣' for 3
+    # and '03' for 3, and the mock publish failed on a KeyError instead of saying so
+    ds = remote_dataset(owner_client, ds_client)
+    arabic = str(ds.id).translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
+    with sdk.mock(ds):
+        for spelled in (arabic, f"0{ds.id}"):
+            stray = remote_input(f"dataset:{spelled}/age", (30,), torch.int64, origin=ds_client)
+            with pytest.raises(sdk.DPNodeError, match="no mock values"):
+                stray.float().mean().publish(epsilon=1.0)
+        assert ds["age"].float().mean().publish(epsilon=1.0).receipt.mock

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from dpnode import sdk
+from dpnode.sdk._remote import remote_input
 
 N, MOCK = 200, 20
 C = 1.0
@@ -309,6 +310,30 @@ def test_a_run_above_the_approval_threshold_waits_once_for_all_its_steps(
     F.cross_entropy(model(x), y).backward()
     with pytest.raises(sdk.ApprovalRequiredError):
         sdk.publish_grads(model, epsilon=run.plan.epsilon, delta=run.plan.delta, max_grad_norm=C)
+
+
+def test_a_run_reads_the_datasets_the_node_reads(
+    data: tuple[sdk.DatasetHandle, dict],
+    owner_client: sdk.Client,
+    ds_client: sdk.Client,
+    admin_client: sdk.Client,
+    sqlite_only: None,
+) -> None:
+    # the node reads 'dataset:<id>/' with an id as JSON writes it: the run's '\d+' took
+    # '٢' for 2 and '02' for 2, and planned the run as reading a dataset it does not read
+    ds, _ = data
+    other = owner_client.upload_dataset("other", {"v": np.ones(N)}, bounds={"v": (0, 1)})
+    admin_client.set_policy("[approval]\nepsilon_above = 0.5\n", reason="runs need a look")
+    x, y = ds.tensors("x", "label")
+    arabic = str(other.id).translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
+    for spelled in (arabic, f"0{other.id}"):
+        stray = remote_input(f"dataset:{spelled}/v", (N, 1), torch.float32, origin=ds_client)
+        with pytest.raises(sdk.ApprovalRequiredError) as waiting:
+            _plan(_model(), (x + 0 * stray, y), target_epsilon=2.0)
+        (pending,) = [
+            a for a in admin_client.publish_approvals() if a.id == waiting.value.approval_id
+        ]
+        assert pending.dataset_ids == (ds.id,)
 
 
 def test_a_denied_run_reports_the_admins_reason(
