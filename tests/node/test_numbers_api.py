@@ -71,6 +71,27 @@ def test_a_query_or_path_integer_spelled_otherwise_than_json_is_refused(
             assert WHOLE in refused(revision, 422, "invalid_request")
 
 
+def test_a_query_flag_is_true_or_false_as_json_writes_it(
+    http: TestClient, admin_h: dict[str, str], ds_h: dict[str, str]
+) -> None:
+    # pydantic read a query's '1', 'yes', 'on', 't' or 'True' as true and '0', 'no', 'off' or
+    # 'f' as false
+    for text in ("1", "0", "yes", "no", "on", "off", "t", "f", "y", "n", "True", "FALSE", " true"):
+        for headers in (admin_h, ds_h):
+            response = http.get("/api/v1/ledger", params={"all_users": text}, headers=headers)
+            detail = refused(response, 422, "invalid_request")
+            assert detail == (
+                "invalid request: query.all_users: Input should be true or false, as JSON "
+                "writes them"
+            ), text
+    for text in ("true", "false"):
+        response = http.get("/api/v1/ledger", params={"all_users": text}, headers=admin_h)
+        assert response.status_code == 200 and response.json() == [], response.text
+    response = http.get("/api/v1/ledger", params={"all_users": "true"}, headers=ds_h)
+    refused(response, 403, "forbidden")
+    assert http.get("/api/v1/ledger", params={"all_users": "false"}, headers=ds_h).json() == []
+
+
 def test_a_json_number_must_be_a_json_number(
     http: TestClient, owner_h: dict[str, str], ds_h: dict[str, str]
 ) -> None:

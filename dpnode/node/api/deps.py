@@ -18,7 +18,7 @@ from dpnode.core.errors import (
     PayloadTooLargeError,
     PermissionDeniedError,
 )
-from dpnode.node.api.numbers import IntegerText, read_id
+from dpnode.node.api.numbers import BoolText, IntegerText, read_id
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import MAX_ID, Role, User
 from dpnode.node.services import users
@@ -231,6 +231,8 @@ PathId = Annotated[int, Path(ge=0, le=MAX_ID), IntegerText]
 QueryId = Annotated[int | None, Query(ge=0, le=MAX_ID), IntegerText]
 #: how many rows a listing answers at most
 Limit = Annotated[int, Query(ge=1, le=1000), IntegerText]
+#: a flag in a query: ``true`` or ``false``
+QueryFlag = Annotated[bool, Query(), BoolText]
 
 
 def item_ref(ref: str) -> int | str:

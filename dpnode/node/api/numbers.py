@@ -1,11 +1,13 @@
-"""A number in a query or a path is read as JSON writes it (:mod:`dpnode.node.numbers`).
+"""A number or a flag in a query or a path is read as JSON writes it.
 
-Pydantic, reading a query, takes ``1_0``, ``" 1 "``, ``+1``, ``.5`` and ``1.`` as numbers;
-:data:`NumberText` and :data:`IntegerText` refuse any text that is not a number as JSON
-writes it before pydantic reads it. A query's epsilon or delta may also be ``inf``,
-``-inf`` or ``nan``, as ``str()`` writes them, so that the service refuses them with its own
-message, as before. Anything else is refused, 422. A JSON body's numbers are JSON's already;
-its schemas take no number as a string (:mod:`dpnode.node.api.schemas`).
+Pydantic, reading a query, takes ``1_0``, ``" 1 "``, ``+1``, ``.5`` and ``1.`` as numbers, and
+``1``, ``yes``, ``on``, ``t`` or ``True`` as true. :data:`NumberText`, :data:`IntegerText` and
+:data:`BoolText` refuse, before pydantic reads it, any text that is not a number as JSON writes
+one (:mod:`dpnode.node.numbers`), or ``true`` or ``false``. A query's epsilon or delta may also
+be ``inf``, ``-inf`` or ``nan``, as ``str()`` writes them, so that the service refuses them
+with its own message, as before. Anything else is refused, 422. A JSON body's numbers and flags
+are JSON's already; its schemas take no number or flag as a string
+(:mod:`dpnode.node.api.schemas`).
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from pydantic_core import PydanticCustomError
 from dpnode.node.numbers import INTEGER, NONFINITE, NUMBER, is_integer, is_number, read_id
 
 __all__ = [
+    "FLAGS",
     "INTEGER",
     "NONFINITE",
     "NUMBER",
+    "BoolText",
     "IntegerText",
     "NumberText",
     "is_integer",
@@ -30,11 +34,15 @@ __all__ = [
 ]
 
 
-def _spelled(test: Callable[[str], bool], what: str) -> BeforeValidator:
+#: A flag as JSON writes it: pydantic would read these and ten more spellings.
+FLAGS = frozenset({"true", "false"})
+
+
+def _spelled(test: Callable[[str], bool], what: str, kind: str = "number") -> BeforeValidator:
     def check(value: Any) -> Any:
         if isinstance(value, str) and not test(value):
-            raise PydanticCustomError("number_syntax", f"Input should be {what}")
-        return value  # pydantic reads it: the same number, whichever parser
+            raise PydanticCustomError(f"{kind}_syntax", f"Input should be {what}")
+        return value  # pydantic reads it: the same number (or flag), whichever parser
 
     return BeforeValidator(check)
 
@@ -53,3 +61,5 @@ IntegerText = _spelled(
     is_integer,
     "a whole number as JSON writes it (ASCII digits, an optional '-'; no '_', '+', '.' or spaces)",
 )
+#: A bool parameter's text.
+BoolText = _spelled(FLAGS.__contains__, "true or false, as JSON writes them", "bool")
