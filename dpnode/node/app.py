@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -103,9 +104,22 @@ def _unreadable_message(exc: StarletteHTTPException) -> str:
     return f"invalid request: {why}"
 
 
+def _syntax_error(exc: RequestValidationError, err: dict[str, Any]) -> str:
+    """What is wrong in a JSON body its parser refused, and where (line and column), as the
+    parser says it: FastAPI's own message is only "JSON decode error"."""
+    loc, why = err.get("loc", ()), err.get("ctx", {}).get("error", "")
+    position = loc[-1] if loc else None
+    if isinstance(exc.body, str) and isinstance(position, int) and isinstance(why, str) and why:
+        return f"the JSON body is not valid JSON: {json.JSONDecodeError(why, exc.body, position)}"
+    return "the JSON body is not valid JSON"
+
+
 def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors():
+        if err.get("type") == "json_invalid":
+            parts.append(_syntax_error(exc, err))
+            continue
         where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
         parts.append(f"{where}: {err.get('msg', 'invalid')}")
     return "invalid request: " + "; ".join(parts)

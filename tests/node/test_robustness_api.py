@@ -459,12 +459,28 @@ def test_a_frame_without_a_content_type_is_not_read_as_json(
 def test_a_json_body_its_parser_cannot_read_is_malformed_input(
     http: TestClient, admin_h: dict[str, str]
 ) -> None:
-    # its parser's RecursionError and UnicodeDecodeError were FastAPI's 400, undocumented
+    # its parser's RecursionError and UnicodeDecodeError were FastAPI's 400, undocumented;
+    # a syntax error was "30: JSON decode error", which said neither what nor where
     deep = b"[" * 100_000 + b"]" * 100_000
     cases = [
         (b'{"email": ' + deep + b', "password": "p"}', "the JSON body is nested too deeply"),
         (b'{"email": "\xff", "password": "p"}', "the JSON body is not UTF-8 text"),
-        (b'{"email": "a", "password": "p"', "30: JSON decode error"),  # as before
+        (
+            b'{"email": "a", "password": "p"',
+            "the JSON body is not valid JSON: Expecting ',' delimiter: line 1 column 31 (char 30)",
+        ),
+        (
+            b'{"email": ',
+            "the JSON body is not valid JSON: Expecting value: line 1 column 11 (char 10)",
+        ),
+        (
+            b'{\n  "email": "a"\n  "password": "p"\n}',
+            "the JSON body is not valid JSON: Expecting ',' delimiter: line 3 column 3 (char 19)",
+        ),
+        (
+            '{"email": "é", "password": "p"} x'.encode(),  # columns count characters
+            "the JSON body is not valid JSON: Extra data: line 1 column 33 (char 32)",
+        ),
     ]
     json_h = {"Content-Type": "application/json"}
     for body, message in cases:
