@@ -38,6 +38,7 @@ DPNodeError                      any error reported by (or about) the node
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -355,6 +356,10 @@ BY_CODE: dict[str, type[DPNodeError]] = {
 _EXTRA = ("rule", "policy", "policy_revision", "reason", "approval_id", "offset")
 
 
+#: HTTP's Retry-After as seconds (delay-seconds: ASCII digits), up to 9 of them
+_SECONDS = re.compile(r"[0-9]{1,9}")
+
+
 def error_for(
     status: int,
     code: str | None,
@@ -385,6 +390,8 @@ def error_for(
         and headers is not None
     ):
         retry_after = headers.get("Retry-After", "").strip()
-        if retry_after.isdigit():  # seconds; the node never sends the date form
+        # seconds, in ASCII digits (isdigit() took '²', which int() cannot read); the node
+        # never sends the date form, nor more than 9 digits
+        if _SECONDS.fullmatch(retry_after):
             error.retry_after = int(retry_after)
     return error

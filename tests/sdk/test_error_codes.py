@@ -31,3 +31,12 @@ def test_every_node_code_maps_to_a_class_of_the_same_name_and_parent() -> None:
 def test_an_unknown_code_still_raises_a_typed_error() -> None:
     err = client.error_for(418, "teapot", "short and stout")
     assert type(err) is client.DPNodeError and err.code == "teapot" and err.status == 418
+
+
+def test_a_retry_after_is_seconds_in_ascii_digits() -> None:
+    # isdigit() took '²' (int() raised: a ValueError in place of the node's error) and '١'
+    for header in ("²", "١", "1²", " +1", "1.5", "9" * 5000, "Wed, 21 Oct 2026 07:28:00 GMT"):
+        err = client.error_for(503, "overloaded", "busy", headers={"Retry-After": header})
+        assert type(err) is client.NodeBusyError and err.retry_after is None, header
+    err = client.error_for(429, "rate_limited", "wait", headers={"Retry-After": "007"})
+    assert err.retry_after == 7
