@@ -54,6 +54,12 @@ class Settings(BaseSettings):
     #: process computing it, which renews it every third of this while it runs; unanswered
     #: past it (the process was killed, or its answer could not be stored), it is ``lost``.
     publish_lease_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    #: Pads the time of every charged publish's answer (its time shows what the evaluation on
+    #: private values took): answered no earlier than this many seconds after the request
+    #: arrived, or the first doubling of it the evaluation fits in, so the time shows only
+    #: which doubling (dpnode.node.services.publish.answer_delay); 0 (the default): answered
+    #: as soon as it is ready.
+    publish_time_quantum_seconds: float = Field(default=0.0, ge=0, le=600, allow_inf_nan=False)
     #: Memory for verified dataset and weight blobs (read and hashed once, LRU); 0: off.
     blob_cache_bytes: int = Field(default=512 * 1024 * 1024, ge=0)
     #: Where blobs live: ``file`` (content-addressed files in ``data_dir/blobs``) or ``s3``

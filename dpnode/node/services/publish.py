@@ -13,7 +13,8 @@ Order of events, each for a reason:
    rate limit, approvals and the budget decide here;
 6. only then read the private columns, evaluate with total kernels, clip every output to
    its public bounds and noise it (:func:`dpnode.core.privacy.release.run_release`);
-7. return the noised values.
+7. return the noised values; with ``DPNODE_PUBLISH_TIME_QUANTUM_SECONDS`` set, no earlier
+   than the padded time :func:`answer_delay` gives (the route waits for it).
 
 With a Dask cluster configured (``DPNODE_DASK_SCHEDULER``), a large publish that only sums
 over its rows is evaluated in 6 on the cluster's workers, which read the columns themselves
@@ -438,6 +439,28 @@ def answered(context: NodeContext, actor_id: int, key: str, response: bytes) -> 
         idempotency.store(context.relaxed_sessions, actor_id, key, response)
     finally:
         context.leases.release(actor_id, key)
+
+
+def answer_delay(quantum: float, elapsed: float) -> float:
+    """How long to hold a charged publish's answer, ready ``elapsed`` seconds after its request
+    arrived, so that it goes out at ``quantum * 2^k`` seconds, the smallest such time with
+    ``k >= 0`` not before it is ready; 0 without a quantum.
+
+    The evaluation on private values takes part of ``elapsed``. Its time is then shown only
+    through ``k``: nothing while it fits in ``quantum``, and only which doubling it needed
+    beyond (docs/privacy.md, "What an answered publish's time shows").
+
+    >>> answer_delay(0.5, 0.1), answer_delay(0.5, 0.5), answer_delay(0.5, 0.75)
+    (0.4, 0.0, 0.25)
+    >>> answer_delay(0.0, 0.1), answer_delay(0.5, 3.0)
+    (0.0, 1.0)
+    """
+    if quantum <= 0:
+        return 0.0
+    at = quantum
+    while at < elapsed:
+        at *= 2
+    return at - elapsed
 
 
 def let_go(context: NodeContext, actor_id: int, key: str) -> None:
