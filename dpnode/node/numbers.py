@@ -1,4 +1,4 @@
-"""A number written as text (a query, a path, a form field, a name) is read as JSON writes it.
+"""A number written as text (a query, a path, a form field, an option) is read as JSON writes it.
 
 Parsers disagree on which texts are numbers: Python's ``float`` and ``int`` read ``1_0`` as
 10 and take surrounding spaces, Arabic-Indic and fullwidth digits, and ``str.isdigit`` takes
@@ -6,10 +6,10 @@ Parsers disagree on which texts are numbers: Python's ``float`` and ``int`` read
 ``+1``, ``.5`` and ``1.``. The node answers every request as a release, so it reads only the
 one spelling every parser agrees on: ASCII digits as JSON writes a number, with an optional
 ``-``, fraction and exponent (``0.5``, ``-2``, ``1e-06``: what ``str()`` of a Python number
-gives). The HTTP layer's checks of query and path parameters are
-:mod:`dpnode.node.api.numbers`; services read ids with :func:`read_id` (a text that names a
-user or a dataset by id or by name, on the command line or in a JSON body), below the HTTP
-layer they may not import.
+gives). The HTTP layer's checks of query and path parameters are in
+:mod:`dpnode.node.api.numbers`. This module sits below the HTTP layer, so that services and the
+command line read the same way: a text that names a user or a dataset by id or else by email or
+name is an id only if :func:`read_id` reads one.
 """
 
 from __future__ import annotations
