@@ -35,7 +35,11 @@ once, since the mapping shares the page cache), a wall clock set back by more th
 Writes stream: :meth:`FileBlobStore.put_stream` takes chunks (an iterator, or a file
 through :func:`file_chunks`), hashes them as they are written to a temporary file in the
 store's directory, and renames that file to its digest at the end, so a blob of any size
-is stored with one chunk in memory and a reader never sees a partial blob.
+is stored with one chunk in memory and a reader never sees a partial blob. The two halves
+can be apart: :meth:`FileBlobStore.stage` writes and hashes (the long part), and
+:meth:`FileBlobStore.keep` claims the digest and renames (a moment), so that a caller can
+stage a whole table before it begins the transaction its rows commit in (SQLite's write
+lock is then held for the renames, not for the writing).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -61,6 +66,7 @@ __all__ = [
     "Claim",
     "CorruptBlobError",
     "FileBlobStore",
+    "Staged",
     "VerifiedFiles",
     "array_chunks",
     "array_from_bytes",
@@ -81,11 +87,24 @@ class CorruptBlobError(RuntimeError):
 Claim = Callable[[str], None]
 
 
+@dataclass(frozen=True)
+class Staged:
+    """A blob written and hashed beside the store but not in it yet: :meth:`BlobStore.keep`
+    puts it there, :meth:`BlobStore.discard` drops it."""
+
+    digest: str
+    #: The temporary file that holds its bytes, synced.
+    path: Path
+
+
 class BlobStore(Protocol):
     def put(self, data: bytes, *, claim: Claim | None = None) -> str: ...
     def put_stream(
         self, chunks: Iterable[bytes | memoryview], *, claim: Claim | None = None
     ) -> str: ...
+    def stage(self, chunks: Iterable[bytes | memoryview]) -> Staged: ...
+    def keep(self, staged: Staged, *, claim: Claim | None = None) -> str: ...
+    def discard(self, staged: Staged) -> None: ...
     def get(self, digest: str) -> bytes: ...
     def delete(self, digest: str) -> None: ...
     def open_array(self, digest: str, dtype: str, shape: tuple[int, ...]) -> npt.NDArray[Any]: ...
@@ -213,12 +232,14 @@ class FileBlobStore:
     ) -> str:
         """Store the concatenation of ``chunks`` and return its SHA-256 hex digest.
 
-        Each chunk is hashed and written as it comes (one chunk in memory at a time) to a
-        temporary file beside the blobs, which is renamed to its digest once complete and
-        synced: a failure (or an exception from ``chunks`` or ``claim``) leaves nothing
-        behind. ``claim`` is called with the digest before the store looks for a file it
-        already has under that name, which it then keeps rather than writing another.
+        :meth:`stage`, then :meth:`keep`: a failure (or an exception from ``chunks`` or
+        ``claim``) leaves nothing behind.
         """
+        return self.keep(self.stage(chunks), claim=claim)
+
+    def stage(self, chunks: Iterable[bytes | memoryview]) -> Staged:
+        """Write the concatenation of ``chunks`` beside the blobs, hashed as it comes (one
+        chunk in memory at a time) and synced; an exception from ``chunks`` leaves nothing."""
         self.root.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
         try:
@@ -229,19 +250,35 @@ class FileBlobStore:
                     f.write(chunk)
                 f.flush()
                 os.fsync(f.fileno())
-            digest = sha.hexdigest()
-            if claim is not None:
-                claim(digest)
-            path = self._path(digest)
-            if path.exists():
-                Path(tmp).unlink()
-                return digest
-            path.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        return digest
+        return Staged(sha.hexdigest(), Path(tmp))
+
+    def keep(self, staged: Staged, *, claim: Claim | None = None) -> str:
+        """Put a staged blob in the store under its digest; the digest.
+
+        ``claim`` is called with the digest before the store looks for a file it already
+        has under that name, which it then keeps rather than the staged copy. The staged
+        file is gone afterwards, whatever happens (an exception from ``claim`` included).
+        """
+        try:
+            if claim is not None:
+                claim(staged.digest)
+            path = self._path(staged.digest)
+            if path.exists():
+                staged.path.unlink()
+                return staged.digest
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staged.path, path)
+        except BaseException:
+            self.discard(staged)
+            raise
+        return staged.digest
+
+    def discard(self, staged: Staged) -> None:
+        """Drop a staged blob that will not be kept."""
+        staged.path.unlink(missing_ok=True)
 
     def get(self, digest: str) -> bytes:
         """Return the bytes stored under ``digest``, verified against it (once, if cached)."""

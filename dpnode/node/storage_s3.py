@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy.typing as npt
 
-from dpnode.node.storage import Claim, CorruptBlobError, FileBlobStore
+from dpnode.node.storage import Claim, CorruptBlobError, FileBlobStore, Staged
 
 __all__ = ["S3BlobStore"]
 
@@ -109,13 +109,26 @@ class S3BlobStore:
         """Store the concatenation of ``chunks``: hashed into the local cache a chunk at a
         time, then sent as a multipart upload of ``part_bytes`` parts (unless present).
         ``claim`` is called with the digest before the bucket is asked for the object."""
-        digest = self.local.put_stream(chunks, claim=claim)
+        return self.keep(self.stage(chunks), claim=claim)
+
+    def stage(self, chunks: Iterable[bytes | memoryview]) -> Staged:
+        """Write and hash ``chunks`` beside the local cache (:meth:`FileBlobStore.stage`)."""
+        return self.local.stage(chunks)
+
+    def keep(self, staged: Staged, *, claim: Claim | None = None) -> str:
+        """Put a staged blob in the local cache (``claim`` as in :meth:`FileBlobStore.keep`),
+        then in the bucket unless it is there."""
+        digest = self.local.keep(staged, claim=claim)
         key = self._key(digest)
         if not self._exists(key):
             self.client.fput_object(
                 self.bucket, key, str(self.local._path(digest)), part_size=self.part_bytes
             )
         return digest
+
+    def discard(self, staged: Staged) -> None:
+        """Drop a staged blob that will not be kept."""
+        self.local.discard(staged)
 
     def get(self, digest: str) -> bytes:
         """The bytes stored under ``digest``, verified against it (downloaded once)."""

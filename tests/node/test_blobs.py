@@ -28,7 +28,7 @@ from dpnode.node.services.datasets import DatasetUpload
 from dpnode.node.services.models import ModelUpload
 from dpnode.node.services.tabular import ColumnSpec
 from dpnode.node.services.uploads import UploadPart, UploadPlan
-from dpnode.node.storage import BlobStore, FileBlobStore, array_to_bytes
+from dpnode.node.storage import BlobStore, FileBlobStore, Staged, array_to_bytes
 from tests.conftest import make_user
 
 #: How long an upload waits, after storing its first blob, for a deletion to finish.
@@ -55,6 +55,9 @@ class PausingStore:
 
     def put_stream(self, chunks: Iterable[bytes | memoryview], **options: Any) -> str:
         return self._after(self.store.put_stream(chunks, **options))
+
+    def keep(self, staged: Staged, **options: Any) -> str:  # a staged blob (chunked uploads)
+        return self._after(self.store.keep(staged, **options))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)

@@ -220,6 +220,32 @@ def test_a_failed_stream_leaves_nothing(tmp_path: Path) -> None:
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
 
 
+def test_a_staged_blob_is_in_the_store_only_once_kept(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path)
+
+    def files() -> set[str]:
+        return {p.name for p in tmp_path.rglob("*") if p.is_file()}
+
+    staged = store.stage(iter([b"abc", b"def"]))
+    assert staged.digest == hashlib.sha256(b"abcdef").hexdigest()
+    assert files() == {staged.path.name} and staged.path.name.startswith(".tmp-")
+    claimed: list[str] = []
+    assert store.keep(staged, claim=claimed.append) == staged.digest == claimed[0]
+    assert files() == {staged.digest} and store.get(staged.digest) == b"abcdef"
+    again = store.stage([b"abcdef"])  # the same bytes: the stored copy stays, this one goes
+    assert store.keep(again) == staged.digest and files() == {staged.digest}
+    dropped = store.stage([b"other"])
+    store.discard(dropped)
+    assert files() == {staged.digest}
+
+    def refuse(digest: str) -> None:
+        raise RuntimeError("not now")
+
+    with pytest.raises(RuntimeError, match="not now"):
+        store.keep(store.stage([b"refused"]), claim=refuse)
+    assert files() == {staged.digest}
+
+
 def test_files_and_arrays_stream_in_pieces(tmp_path: Path) -> None:
     store = FileBlobStore(tmp_path / "blobs")
     source = tmp_path / "source.bin"

@@ -7,9 +7,11 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import pytest
 from starlette.testclient import TestClient
 
 from dpnode.node.context import NodeContext
@@ -292,3 +294,54 @@ def test_limits_and_inconsistent_plans(
     assert http.delete(f"{UPLOADS}/{listed[0]['id']}", headers=owner_h).status_code == 204
     assert plan().status_code == 201  # a place freed
     shutil.rmtree(context.settings.upload_dir)
+
+
+def test_a_finalize_streams_its_table_without_holding_the_write_lock(
+    http: TestClient, owner_h: dict[str, str], context: NodeContext, monkeypatch: Any
+) -> None:
+    """On SQLite a writing transaction holds the database's write lock, which every publish
+    waits for; a finalize streams the whole table (seconds for hundreds of millions of rows)
+    before its transaction begins. Another writer commits in the middle of the stream; then a
+    refused column leaves no staged file behind."""
+    import sqlite3
+
+    from dpnode.node.services import finalize
+
+    if context.engine.dialect.name != "sqlite":
+        pytest.skip("PostgreSQL has no database-wide write lock")
+    database = context.engine.url.database
+    assert database is not None
+    writes: list[str] = []
+    real = finalize._encoded_chunks
+
+    def meanwhile(*args: Any) -> Iterator[memoryview]:
+        chunks = real(*args)
+        yield next(chunks)
+        other = sqlite3.connect(database, timeout=0.2, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("COMMIT")
+            writes.append("committed")
+        except sqlite3.OperationalError as exc:
+            writes.append(str(exc))
+        finally:
+            other.close()
+        yield from chunks
+
+    monkeypatch.setattr(finalize, "_encoded_chunks", meanwhile)
+    columns = {"x": np.linspace(0, 1, 50_000), "y": np.zeros(50_000)}
+    declared = {"bounds": {"x": [0, 1], "y": [0, 1]}}
+    created = open_session(http, owner_h, "streamed", columns, 10_000, **declared)
+    send(http, owner_h, created["id"], stream(columns, 10_000), 1 << 20)
+    response = http.post(f"{UPLOADS}/{created['id']}/finalize", headers=owner_h)
+    assert response.status_code == 201, response.text
+    assert writes == ["committed", "committed"]
+
+    stored = blob_files(context)
+    columns["y"][-1] = 2.0  # past its bound: refused after x was staged
+    created = open_session(http, owner_h, "refused", columns, 10_000, **declared)
+    send(http, owner_h, created["id"], stream(columns, 10_000), 1 << 20)
+    response = http.post(f"{UPLOADS}/{created['id']}/finalize", headers=owner_h)
+    refused(response, 422, "upload_rejected")
+    root = context.settings.blob_dir
+    assert blob_files(context) == stored and not list(root.rglob(".tmp-*"))

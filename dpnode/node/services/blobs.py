@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from dpnode.node.db.models import Dataset, DatasetColumn, Model, ModelTensor
 from dpnode.node.db.session import SQLITE_BEGIN
-from dpnode.node.storage import BlobStore
+from dpnode.node.storage import BlobStore, Staged
 
 #: Every column that names a blob.
 _REFERRING = (
@@ -67,9 +67,10 @@ def put(session: Session, store: BlobStore, data: bytes) -> str:
     return store.put(data, claim=partial(_hold, session))
 
 
-def put_stream(session: Session, store: BlobStore, chunks: Iterable[bytes | memoryview]) -> str:
-    """Store the concatenation of ``chunks`` as :func:`put` stores bytes."""
-    return store.put_stream(chunks, claim=partial(_hold, session))
+def keep(session: Session, store: BlobStore, staged: Staged) -> str:
+    """Put a blob staged before the transaction (``store.stage``) in the store, for a row
+    ``session`` will commit, as :func:`put` stores bytes; its digest, held until then."""
+    return store.keep(staged, claim=partial(_hold, session))
 
 
 def _referenced(session: Session, digest: str) -> bool:

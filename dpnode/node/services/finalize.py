@@ -11,7 +11,7 @@ whole (the subject structure needs every id; mock data is small).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +41,7 @@ from dpnode.node.services.tabular import (
     numeric_contract,
     subject_index,
 )
-from dpnode.node.storage import BlobStore, array_chunks, array_to_bytes
+from dpnode.node.storage import BlobStore, Staged, array_chunks, array_to_bytes
 
 if TYPE_CHECKING:
     from dpnode.node.services.uploads import UploadPart, UploadPlan
@@ -79,7 +79,7 @@ def _encoded_chunks(
         block = encode_block(name, raw, contract, spec, violations)
         if not (violations.non_finite or violations.outside):
             yield from array_chunks(block)
-    # Raised inside put_stream, which then keeps nothing of this column.
+    # Raised inside the store's stage, which then keeps nothing of this column.
     violations.check(name, contract)
 
 
@@ -92,7 +92,15 @@ def store_received(
     max_elements: int,
     written: list[str],
 ) -> Dataset:
-    """Store the received columns (noting each digest in ``written``) and register them."""
+    """Store the received columns (noting each digest in ``written``) and register them.
+
+    Every blob is staged first (:meth:`~dpnode.node.storage.FileBlobStore.stage`: encoded,
+    hashed and written beside the store), before ``session`` begins its transaction; the
+    transaction then checks the name, keeps the staged blobs and registers the dataset. On
+    SQLite that transaction holds the database's write lock, which the node's publishes
+    wait for: it is held for the renames, not for streaming the table. Nothing staged is
+    left behind on a refusal or a failure.
+    """
     spec = plan.spec
     upload = DatasetUpload(
         name=plan.name,
@@ -102,11 +110,37 @@ def store_received(
         order=plan.columns,
         columns={},
     )
-    name, tags = check_new_dataset(session, actor, plan.name, plan.tags)
     check_declarations(plan.columns, plan.columns, spec)
-    columns: list[StoredColumn] = []
-    subjects_blob: str | None = None
+    staged: list[Staged] = []
+    digests: list[str] = []
+    try:
+        stored = _stage_table(store, path, plan, upload, max_elements, staged)
+        name, tags = check_new_dataset(session, actor, plan.name, plan.tags)
+        for blob in staged:
+            digests.append(blobs.keep(session, store, blob))
+            written.append(digests[-1])
+    except BaseException:
+        for blob in staged[len(digests) :]:  # those not kept (a failed keep drops its own)
+            store.discard(blob)
+        raise
+    return register_dataset(session, actor, upload, stored(digests), name=name, tags=tags)
+
+
+def _stage_table(
+    store: BlobStore,
+    path: Path,
+    plan: UploadPlan,
+    upload: DatasetUpload,
+    max_elements: int,
+    staged: list[Staged],
+) -> Callable[[list[str]], StoredTable]:
+    """Stage every blob of the received table (appending each to ``staged``, in the order
+    they are to be kept), reading nothing from the database; and how to make the stored
+    table from the digests they are kept under (by position in ``staged``)."""
+    spec = plan.spec
+    subjects_at: int | None = None
     subject_count, max_rows = plan.rows, 1
+    columns: list[tuple[StoredColumn, int]] = []
     kept: list[PreparedColumn] = []
     mock_arrays: dict[str, npt.NDArray[Any]] = {}
     for index, part in enumerate(plan.parts):
@@ -118,8 +152,8 @@ def store_received(
         if name_ == spec.subject_id:
             values = _part_array(path, index, part, plan.rows)
             subjects, subject_count, max_rows = subject_index(name_, values)
-            subjects_blob = blobs.put(session, store, array_to_bytes(subjects))
-            written.append(subjects_blob)
+            staged.append(store.stage((array_to_bytes(subjects),)))
+            subjects_at = len(staged) - 1
             continue
         dtype = np.dtype(part.dtype)
         contract = numeric_contract(name_, dtype, spec)
@@ -127,20 +161,18 @@ def store_received(
             name_, np.empty((0, *part.row_shape), dtype), contract, spec, Violations()
         ).dtype
         blocks = _part_blocks(path, index, part, plan.rows)
-        blob = blobs.put_stream(session, store, _encoded_chunks(name_, blocks, spec, dtype))
-        written.append(blob)
-        columns.append(
-            StoredColumn(
-                name_,
-                stored_dtype.name,
-                list(part.row_shape),
-                contract.lower,
-                contract.upper,
-                contract.categories,
-                blob,
-                None,
-            )
+        staged.append(store.stage(_encoded_chunks(name_, blocks, spec, dtype)))
+        column = StoredColumn(
+            name_,
+            stored_dtype.name,
+            list(part.row_shape),
+            contract.lower,
+            contract.upper,
+            contract.categories,
+            "",
+            None,
         )
+        columns.append((column, len(staged) - 1))
         kept.append(
             PreparedColumn(
                 name_,
@@ -153,13 +185,24 @@ def store_received(
     if not columns:
         raise UploadRejectedError("a dataset needs at least one column besides the subject id")
     mock_rows = None
+    mock_at: list[int] = []
     if mock_arrays:
         real = PreparedTable(kept, plan.rows, None, subject_count, max_rows)
         with_mock = replace(upload, mock_order=plan.mock_columns, mock=mock_arrays)
         mock = prepare_mock(with_mock, real, max_elements=max_elements)
         mock_rows = mock.row_count
-        mock_blobs = [blobs.put(session, store, array_to_bytes(m.values)) for m in mock.columns]
-        written += mock_blobs
-        columns = [replace(c, mock_blob=b) for c, b in zip(columns, mock_blobs, strict=True)]
-    table = StoredTable(columns, plan.rows, mock_rows, subjects_blob, subject_count, max_rows)
-    return register_dataset(session, actor, upload, table, name=name, tags=tags)
+        for m in mock.columns:
+            staged.append(store.stage((array_to_bytes(m.values),)))
+            mock_at.append(len(staged) - 1)
+
+    mocks: list[int | None] = list(mock_at) if mock_at else [None] * len(columns)
+
+    def stored(digests: list[str]) -> StoredTable:
+        named = [
+            replace(c, blob=digests[at], mock_blob=None if m is None else digests[m])
+            for (c, at), m in zip(columns, mocks, strict=True)
+        ]
+        subjects_blob = None if subjects_at is None else digests[subjects_at]
+        return StoredTable(named, plan.rows, mock_rows, subjects_blob, subject_count, max_rows)
+
+    return stored
