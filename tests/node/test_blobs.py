@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import sqlite3
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,15 +23,17 @@ import numpy as np
 import pytest
 from sqlalchemy.orm import Session
 
+from dpnode.core.errors import ConflictError
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import User
-from dpnode.node.services import datasets, models
+from dpnode.node.services import datasets, finalize, models
 from dpnode.node.services.datasets import DatasetUpload
 from dpnode.node.services.models import ModelUpload
 from dpnode.node.services.tabular import ColumnSpec
 from dpnode.node.services.uploads import UploadPart, UploadPlan
 from dpnode.node.storage import BlobStore, FileBlobStore, Staged, array_to_bytes
 from tests.conftest import make_user
+from tests.node.conftest import blob_files
 
 #: How long an upload waits, after storing its first blob, for a deletion to finish.
 PAUSE = 0.5
@@ -160,3 +164,61 @@ def test_uploads_of_the_same_bytes_in_opposite_orders_do_not_wait_for_each_other
     with ThreadPoolExecutor(2) as pool:
         ids = list(pool.map(upload, ["xy", "yx"], [["x", "y"], ["y", "x"]]))
     assert len(set(ids)) == 2
+
+
+@pytest.mark.parametrize("kind", UPLOADS)
+def test_an_item_whose_name_is_taken_at_the_last_moment_leaves_no_blob(
+    context: NodeContext, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A concurrent upload may take the name between the check and the rows (PostgreSQL; on
+    SQLite the write lock orders them): simulated by skipping the check. The refused item's
+    blobs are released, the winner's stay."""
+    owner = make_user(context, "racer@example.org", "data_owner")
+    with context.sessions() as session:
+        shared = UPLOADS[kind](context, session, context.store, owner, "taken")
+    before = blob_files(context)
+
+    def unchecked(session: Session, actor: User, name: str, tags: Any) -> tuple[str, list[str]]:
+        return name, []
+
+    monkeypatch.setattr(datasets, "check_new_dataset", unchecked)
+    monkeypatch.setattr(finalize, "check_new_dataset", unchecked)
+    monkeypatch.setattr(models, "check_model_name", lambda session, name: None)
+    monkeypatch.setattr(sys.modules[__name__], "VALUES", np.linspace(0.0, 0.5, 7))
+    with context.sessions() as session, pytest.raises(ConflictError, match="already exists"):
+        UPLOADS[kind](context, session, context.store, owner, "taken")
+    assert blob_files(context) == before
+    assert FileBlobStore(context.settings.blob_dir).get(shared)  # the winner's, still there
+    assert not list(context.settings.blob_dir.rglob(".tmp-*"))
+
+
+def test_a_one_request_upload_stores_its_bytes_without_holding_the_write_lock(
+    context: NodeContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On SQLite another writer commits while an upload's blobs are written and hashed: the
+    upload's transaction (the write lock every publish waits for) begins after."""
+    if context.engine.dialect.name != "sqlite":
+        pytest.skip("PostgreSQL has no database-wide write lock")
+    database = context.engine.url.database
+    assert database is not None
+    owner = make_user(context, "owner@example.org", "data_owner")
+    writes: list[str] = []
+    real = FileBlobStore.stage
+
+    def stage(self: FileBlobStore, chunks: Iterable[bytes | memoryview]) -> Staged:
+        other = sqlite3.connect(database, timeout=0.2, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("COMMIT")
+            writes.append("committed")
+        except sqlite3.OperationalError as exc:
+            writes.append(str(exc))
+        finally:
+            other.close()
+        return real(self, chunks)
+
+    monkeypatch.setattr(FileBlobStore, "stage", stage)
+    for kind in ("one request", "model"):
+        with context.sessions() as session:
+            UPLOADS[kind](context, session, context.store, owner, kind)
+    assert writes and set(writes) == {"committed"}, writes

@@ -21,8 +21,9 @@ holds a blob before it checks the references and until it has deleted it:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
+from typing import TypeVar
 
 from sqlalchemy import select, text, union_all
 from sqlalchemy.orm import Session
@@ -30,6 +31,8 @@ from sqlalchemy.orm import Session
 from dpnode.node.db.models import Dataset, DatasetColumn, Model, ModelTensor
 from dpnode.node.db.session import SQLITE_BEGIN
 from dpnode.node.storage import BlobStore, Staged
+
+T = TypeVar("T")
 
 #: Every column that names a blob.
 _REFERRING = (
@@ -67,10 +70,49 @@ def put(session: Session, store: BlobStore, data: bytes) -> str:
     return store.put(data, claim=partial(_hold, session))
 
 
-def keep(session: Session, store: BlobStore, staged: Staged) -> str:
-    """Put a blob staged before the transaction (``store.stage``) in the store, for a row
-    ``session`` will commit, as :func:`put` stores bytes; its digest, held until then."""
-    return store.keep(staged, claim=partial(_hold, session))
+def stage(store: BlobStore, blobs: Iterable[Iterable[bytes | memoryview]]) -> list[Staged]:
+    """Write and hash each blob (its chunks) beside the store, before any transaction: the
+    long part of storing, done without holding anything. None is left if one fails."""
+    staged: list[Staged] = []
+    try:
+        for chunks in blobs:
+            staged.append(store.stage(chunks))
+    except BaseException:
+        discard(store, staged)
+        raise
+    return staged
+
+
+def discard(store: BlobStore, staged: Iterable[Staged]) -> None:
+    """Drop staged blobs that will not be kept."""
+    for blob in staged:
+        store.discard(blob)
+
+
+def register_with(
+    session: Session,
+    store: BlobStore,
+    staged: Sequence[Staged],
+    register: Callable[[list[str]], T],
+) -> T:
+    """Put staged blobs in the store, each held as :func:`put` holds it, then call
+    ``register`` with their digests (in order) to write and commit the rows naming them.
+
+    Whatever fails (a name taken by a concurrent upload, say), nothing is left behind: the
+    staged blobs not kept are dropped, the transaction is rolled back, and those kept are
+    released unless another row uses them.
+    """
+    digests: list[str] = []
+    try:
+        for blob in staged:
+            digests.append(store.keep(blob, claim=partial(_hold, session)))
+        return register(digests)
+    except BaseException:
+        discard(store, staged[len(digests) :])  # a failed keep dropped its own already
+        if digests:
+            session.rollback()
+            release(session, store, digests)
+        raise
 
 
 def _referenced(session: Session, digest: str) -> bool:

@@ -146,41 +146,56 @@ def create_dataset(
 ) -> Dataset:
     """Validate an upload against its declared contract and store it.
 
+    The table is checked and its blobs staged before ``session`` begins the transaction
+    that registers it (on SQLite that one holds the write lock the node's publishes wait
+    for), and a failure leaves nothing behind (:func:`blobs.register_with`).
+
     Raises:
         PermissionDeniedError: ``actor`` is a data scientist.
         ConflictError: a dataset with this name exists.
         UploadRejectedError: the data breaks its declarations (the message says where).
     """
-    name, tags = check_new_dataset(session, actor, upload.name, upload.tags)
+    require_uploader(actor, "dataset")  # the cheap refusals before the work (again below)
+    check_item_name("dataset", upload.name)
     table = prepare_table(
         upload.columns, upload.spec, order=upload.order, max_elements=max_elements
     )
     mock = prepare_mock(upload, table, max_elements) if upload.mock is not None else None
-    stored = StoredTable(
-        columns=[
-            StoredColumn(
-                name=column.name,
-                dtype=column.values.dtype.name,
-                row_shape=column.row_shape,
-                lower=column.lower,
-                upper=column.upper,
-                categories=column.categories,
-                blob=blobs.put(session, store, array_to_bytes(column.values)),
-                mock_blob=blobs.put(session, store, array_to_bytes(mock.columns[position].values))
-                if mock
-                else None,
-            )
-            for position, column in enumerate(table.columns)
-        ],
-        row_count=table.row_count,
-        mock_row_count=mock.row_count if mock else None,
-        subjects_blob=blobs.put(session, store, array_to_bytes(table.subjects))
-        if table.subjects is not None
-        else None,
-        subject_count=table.subject_count,
-        max_rows_per_subject=table.max_rows_per_subject,
-    )
-    return register_dataset(session, actor, upload, stored, name=name, tags=tags)
+    arrays = [column.values for column in table.columns]
+    arrays += [column.values for column in mock.columns] if mock else []
+    arrays += [table.subjects] if table.subjects is not None else []
+    staged = blobs.stage(store, ((array_to_bytes(a),) for a in arrays))
+    try:
+        name, tags = check_new_dataset(session, actor, upload.name, upload.tags)
+    except BaseException:
+        blobs.discard(store, staged)
+        raise
+    count = len(table.columns)
+
+    def register(digests: list[str]) -> Dataset:
+        stored = StoredTable(
+            columns=[
+                StoredColumn(
+                    name=column.name,
+                    dtype=column.values.dtype.name,
+                    row_shape=column.row_shape,
+                    lower=column.lower,
+                    upper=column.upper,
+                    categories=column.categories,
+                    blob=digests[position],
+                    mock_blob=digests[count + position] if mock else None,
+                )
+                for position, column in enumerate(table.columns)
+            ],
+            row_count=table.row_count,
+            mock_row_count=mock.row_count if mock else None,
+            subjects_blob=digests[-1] if table.subjects is not None else None,
+            subject_count=table.subject_count,
+            max_rows_per_subject=table.max_rows_per_subject,
+        )
+        return register_dataset(session, actor, upload, stored, name=name, tags=tags)
+
+    return blobs.register_with(session, store, staged, register)
 
 
 def register_dataset(

@@ -90,16 +90,15 @@ def store_received(
     path: Path,
     plan: UploadPlan,
     max_elements: int,
-    written: list[str],
 ) -> Dataset:
-    """Store the received columns (noting each digest in ``written``) and register them.
+    """Store the received columns and register them.
 
     Every blob is staged first (:meth:`~dpnode.node.storage.FileBlobStore.stage`: encoded,
     hashed and written beside the store), before ``session`` begins its transaction; the
     transaction then checks the name, keeps the staged blobs and registers the dataset. On
     SQLite that transaction holds the database's write lock, which the node's publishes
-    wait for: it is held for the renames, not for streaming the table. Nothing staged is
-    left behind on a refusal or a failure.
+    wait for: it is held for the renames, not for streaming the table. Nothing is left
+    behind on a refusal or a failure (:func:`~dpnode.node.services.blobs.register_with`).
     """
     spec = plan.spec
     upload = DatasetUpload(
@@ -112,18 +111,20 @@ def store_received(
     )
     check_declarations(plan.columns, plan.columns, spec)
     staged: list[Staged] = []
-    digests: list[str] = []
     try:
         stored = _stage_table(store, path, plan, upload, max_elements, staged)
         name, tags = check_new_dataset(session, actor, plan.name, plan.tags)
-        for blob in staged:
-            digests.append(blobs.keep(session, store, blob))
-            written.append(digests[-1])
     except BaseException:
-        for blob in staged[len(digests) :]:  # those not kept (a failed keep drops its own)
-            store.discard(blob)
+        blobs.discard(store, staged)
         raise
-    return register_dataset(session, actor, upload, stored(digests), name=name, tags=tags)
+    return blobs.register_with(
+        session,
+        store,
+        staged,
+        lambda digests: register_dataset(
+            session, actor, upload, stored(digests), name=name, tags=tags
+        ),
+    )
 
 
 def _stage_table(

@@ -57,6 +57,10 @@ def create_model(
 ) -> Model:
     """Store a model's weights (finite values only) and metadata.
 
+    Every tensor is checked and its blob staged before ``session`` begins the transaction
+    that registers the model, and a failure leaves nothing behind
+    (:func:`blobs.register_with`), as for a dataset.
+
     Raises:
         PermissionDeniedError: ``actor`` is a data scientist.
         ConflictError: a model with this name exists.
@@ -65,8 +69,6 @@ def create_model(
     require_uploader(actor, "model")
     name = check_item_name("model", upload.name)
     tags = normalise_tags(upload.tags)
-    if session.scalar(select(Model.id).where(Model.name == name)) is not None:
-        raise ConflictError(f"a model named {name!r} already exists")
     if len(set(upload.order)) != len(upload.order) or set(upload.order) != set(upload.weights):
         raise UploadRejectedError("the weight names declared do not match the tensors sent")
     if not upload.weights:
@@ -80,48 +82,69 @@ def create_model(
         check_array("weight", tensor_name, array, max_elements)
         if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
             raise UploadRejectedError(f"weight {tensor_name!r} has NaN or infinite values")
-    architecture_blob = (
-        blobs.put(session, store, upload.architecture) if upload.architecture is not None else None
-    )
-    model = Model(
-        name=name,
-        description=upload.description,
-        owner_id=actor.id,
-        is_public=upload.public,
-        architecture_filename=upload.architecture_filename if architecture_blob else None,
-        architecture_blob=architecture_blob,
-        tags=[ModelTag(tag=t) for t in tags],
-    )
-    for position, tensor_name in enumerate(upload.order):
-        array = upload.weights[tensor_name]
-        model.tensors.append(
-            ModelTensor(
-                position=position,
-                name=tensor_name,
-                dtype=array.dtype.name,
-                shape=list(array.shape),
-                blob=blobs.put(session, store, array_to_bytes(array)),
-            )
-        )
-    session.add(model)
+    pieces = [array_to_bytes(upload.weights[t]) for t in upload.order]
+    if upload.architecture is not None:
+        pieces.append(upload.architecture)
+    staged = blobs.stage(store, ((piece,) for piece in pieces))
     try:
-        session.flush()
-    except IntegrityError:  # a concurrent request took the name after the check above
-        session.rollback()
-        raise ConflictError(f"a model named {name!r} already exists") from None
-    audit.record(
-        session,
-        actor,
-        "model.upload",
-        target_type="model",
-        target_id=model.id,
-        name=name,
-        tensors=len(upload.order),
-        public=upload.public,
-        tags=tags,
-    )
-    session.commit()
-    return get_model(session, model.id)
+        check_model_name(session, name)
+    except BaseException:
+        blobs.discard(store, staged)
+        raise
+
+    def register(digests: list[str]) -> Model:
+        architecture_blob = digests[-1] if upload.architecture is not None else None
+        model = Model(
+            name=name,
+            description=upload.description,
+            owner_id=actor.id,
+            is_public=upload.public,
+            architecture_filename=upload.architecture_filename if architecture_blob else None,
+            architecture_blob=architecture_blob,
+            tags=[ModelTag(tag=t) for t in tags],
+        )
+        for position, tensor_name in enumerate(upload.order):
+            array = upload.weights[tensor_name]
+            model.tensors.append(
+                ModelTensor(
+                    position=position,
+                    name=tensor_name,
+                    dtype=array.dtype.name,
+                    shape=list(array.shape),
+                    blob=digests[position],
+                )
+            )
+        session.add(model)
+        try:
+            session.flush()
+        except IntegrityError:  # a concurrent request took the name after the check above
+            session.rollback()
+            raise ConflictError(f"a model named {name!r} already exists") from None
+        audit.record(
+            session,
+            actor,
+            "model.upload",
+            target_type="model",
+            target_id=model.id,
+            name=name,
+            tensors=len(upload.order),
+            public=upload.public,
+            tags=tags,
+        )
+        session.commit()
+        return get_model(session, model.id)
+
+    return blobs.register_with(session, store, staged, register)
+
+
+def check_model_name(session: Session, name: str) -> None:
+    """Refuse a name another model has (in ``session``'s transaction, before the rows).
+
+    Raises:
+        ConflictError: a model with this name exists.
+    """
+    if session.scalar(select(Model.id).where(Model.name == name)) is not None:
+        raise ConflictError(f"a model named {name!r} already exists")
 
 
 def get_model(session: Session, ref: int | str) -> Model:

@@ -51,7 +51,6 @@ from dpnode.core.errors import (
     UploadRejectedError,
 )
 from dpnode.node.db.models import Dataset, User
-from dpnode.node.services import blobs
 from dpnode.node.services.catalog import require_uploader
 from dpnode.node.services.datasets import get_dataset
 from dpnode.node.services.finalize import store_received
@@ -443,14 +442,11 @@ class UploadSessions:
                     f"upload session {upload_id!r} holds {received} of {plan.size} bytes: send "
                     "the rest before finalizing"
                 )
-            written: list[str] = []
             try:
                 dataset = store_received(
-                    session, store, actor, path, plan, self.limits.max_elements, written
+                    session, store, actor, path, plan, self.limits.max_elements
                 )
-            except (UploadRejectedError, ConflictError):
-                session.rollback()
-                blobs.release(session, store, written)  # those no other item uses
+            except (UploadRejectedError, ConflictError):  # it stored nothing: the session goes
                 shutil.rmtree(path, ignore_errors=True)
                 raise
             for part in path.glob("part-*"):
