@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,22 @@ def refused(response: Response, status: int, code: str) -> str:
     assert isinstance(body["detail"], str) and body["detail"]
     detail: str = body["detail"]
     return detail
+
+
+def write_elsewhere(context: NodeContext) -> str:
+    """Take SQLite's write lock from another connection, waiting at most 0.2 s, and commit:
+    ``"committed"``, or SQLite's refusal (``"database is locked"``) while the node holds it."""
+    database = context.engine.url.database
+    assert database is not None
+    other = sqlite3.connect(database, timeout=0.2, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("COMMIT")
+        return "committed"
+    except sqlite3.OperationalError as exc:
+        return str(exc)
+    finally:
+        other.close()
 
 
 def blob_files(context: NodeContext) -> set[Path]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import sqlite3
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -33,7 +32,7 @@ from dpnode.node.services.tabular import ColumnSpec
 from dpnode.node.services.uploads import UploadPart, UploadPlan
 from dpnode.node.storage import BlobStore, FileBlobStore, Staged, array_to_bytes
 from tests.conftest import make_user
-from tests.node.conftest import blob_files
+from tests.node.conftest import blob_files, write_elsewhere
 
 #: How long an upload waits, after storing its first blob, for a deletion to finish.
 PAUSE = 0.5
@@ -199,22 +198,12 @@ def test_a_one_request_upload_stores_its_bytes_without_holding_the_write_lock(
     upload's transaction (the write lock every publish waits for) begins after."""
     if context.engine.dialect.name != "sqlite":
         pytest.skip("PostgreSQL has no database-wide write lock")
-    database = context.engine.url.database
-    assert database is not None
     owner = make_user(context, "owner@example.org", "data_owner")
     writes: list[str] = []
     real = FileBlobStore.stage
 
     def stage(self: FileBlobStore, chunks: Iterable[bytes | memoryview]) -> Staged:
-        other = sqlite3.connect(database, timeout=0.2, isolation_level=None)
-        try:
-            other.execute("BEGIN IMMEDIATE")
-            other.execute("COMMIT")
-            writes.append("committed")
-        except sqlite3.OperationalError as exc:
-            writes.append(str(exc))
-        finally:
-            other.close()
+        writes.append(write_elsewhere(context))
         return real(self, chunks)
 
     monkeypatch.setattr(FileBlobStore, "stage", stage)

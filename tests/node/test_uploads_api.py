@@ -15,7 +15,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from dpnode.node.context import NodeContext
-from tests.node.conftest import blob_files, refused, upload_ok
+from tests.node.conftest import blob_files, refused, upload_ok, write_elsewhere
 from tests.node.frames import read_frame
 
 UPLOADS = "/api/v1/uploads"
@@ -303,29 +303,17 @@ def test_a_finalize_streams_its_table_without_holding_the_write_lock(
     waits for; a finalize streams the whole table (seconds for hundreds of millions of rows)
     before its transaction begins. Another writer commits in the middle of the stream; then a
     refused column leaves no staged file behind."""
-    import sqlite3
-
     from dpnode.node.services import finalize
 
     if context.engine.dialect.name != "sqlite":
         pytest.skip("PostgreSQL has no database-wide write lock")
-    database = context.engine.url.database
-    assert database is not None
     writes: list[str] = []
     real = finalize._encoded_chunks
 
     def meanwhile(*args: Any) -> Iterator[memoryview]:
         chunks = real(*args)
         yield next(chunks)
-        other = sqlite3.connect(database, timeout=0.2, isolation_level=None)
-        try:
-            other.execute("BEGIN IMMEDIATE")
-            other.execute("COMMIT")
-            writes.append("committed")
-        except sqlite3.OperationalError as exc:
-            writes.append(str(exc))
-        finally:
-            other.close()
+        writes.append(write_elsewhere(context))
         yield from chunks
 
     monkeypatch.setattr(finalize, "_encoded_chunks", meanwhile)
