@@ -92,6 +92,36 @@ def test_a_query_flag_is_true_or_false_as_json_writes_it(
     assert http.get("/api/v1/ledger", params={"all_users": "false"}, headers=ds_h).json() == []
 
 
+def test_a_query_time_is_rfc_3339_with_its_offset(
+    http: TestClient, admin_h: dict[str, str], ds_h: dict[str, str]
+) -> None:
+    # pydantic read '1700000000' as seconds since 1970, '20000000000' as milliseconds, and a
+    # space or a lowercase 't' for the 'T'
+    for text in (
+        "1700000000",
+        "20000000000",
+        "1700000000.5",
+        "2026-11-27 09:30:00+00:00",
+        "2026-11-27t09:30:00Z",
+        "2026-11-27T09:30Z",
+        "2026-11-27T09:30:00+0100",
+        "2026-11-27T09:30:00z",
+        "２026-11-27T09:30:00Z",
+    ):
+        for key in ("since", "until"):
+            response = http.get("/api/v1/ledger", params={key: text}, headers=ds_h)
+            detail = refused(response, 422, "invalid_request")
+            assert detail.startswith(
+                f"invalid request: query.{key}: Input should be a time as RFC 3339 writes it"
+            ), (text, detail)
+    for text in ("2026-11-27T09:30:00Z", "2026-11-27T10:30:00.5+01:00", "0001-01-01T00:00:00Z"):
+        response = http.get("/api/v1/ledger", params={"since": text}, headers=admin_h)
+        assert response.status_code == 200 and response.json() == [], response.text
+    # no offset: which time it names depends on the zone, so it is refused as before
+    response = http.get("/api/v1/ledger", params={"since": "2026-11-27T09:30:00"}, headers=ds_h)
+    refused(response, 422, "invalid_request")
+
+
 def test_a_json_number_must_be_a_json_number(
     http: TestClient, owner_h: dict[str, str], ds_h: dict[str, str]
 ) -> None:

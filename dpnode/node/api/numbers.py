@@ -12,6 +12,7 @@ are JSON's already; its schemas take no number or flag as a string
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -63,3 +64,17 @@ IntegerText = _spelled(
 )
 #: A bool parameter's text.
 BoolText = _spelled(FLAGS.__contains__, "true or false, as JSON writes them", "bool")
+
+#: A time as ``datetime.isoformat()`` writes an aware one (RFC 3339: a ``T``, seconds, an
+#: optional fraction, ``Z`` or an offset). Pydantic also reads ``1700000000`` as seconds since
+#: 1970 and ``20000000000`` as milliseconds, and a space for the ``T``.
+TIME = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?(?:Z|[+-][0-9]{2}:[0-9]{2})"
+)
+#: A time parameter's text.
+TimeText = _spelled(
+    lambda text: TIME.fullmatch(text) is not None,
+    "a time as RFC 3339 writes it, with its offset (2026-11-27T09:30:00Z, "
+    "2026-11-27T10:30:00.5+01:00)",
+    "datetime",
+)

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Annotated
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from pydantic import AwareDatetime
 from sqlalchemy import select
 
@@ -17,6 +18,7 @@ from dpnode.node.api.deps import (
     SessionDep,
     SettingsDep,
 )
+from dpnode.node.api.numbers import TimeText
 from dpnode.node.api.openapi import errors
 from dpnode.node.api.schemas import (
     BudgetGrantCreate,
@@ -141,8 +143,8 @@ def get_ledger(
     all_users: QueryFlag = False,
     dataset_id: QueryId = None,
     before_id: QueryId = None,
-    since: AwareDatetime | None = None,
-    until: AwareDatetime | None = None,
+    since: Annotated[AwareDatetime | None, Query(), TimeText] = None,
+    until: Annotated[AwareDatetime | None, Query(), TimeText] = None,
     limit: Limit = 100,
 ) -> list[LedgerEntryPublic]:
     """Your privacy charges, newest first. Admins: anyone's (``user_id``) or everyone's
