@@ -12,7 +12,6 @@ distinct subjects unless the mock data carries the dataset's subject column.
 from __future__ import annotations
 
 import math
-import re
 import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,7 @@ import numpy.typing as npt
 
 from dpnode.core import errors as node_errors
 from dpnode.core.engine import plan
+from dpnode.core.inputs import INPUT
 from dpnode.core.privacy import InputSpec
 from dpnode.core.privacy.release import plan_release, run_release
 from dpnode.core.privacy.subjects import first_rows
@@ -32,10 +32,6 @@ if TYPE_CHECKING:
     from dpnode.sdk._remote.mock import MockSession
 
 __all__ = ["mock_release"]
-
-#: a graph input as the node reads it: an id as JSON writes it (``\d`` took any script's
-#: digits, ``dataset:١/x`` for dataset 1, and ``01`` for 1), a part without a line break
-_INPUT = re.compile(r"(dataset|model):(0|[1-9][0-9]*)/(.+)")
 
 
 def _inputs(
@@ -48,7 +44,7 @@ def _inputs(
     specs: dict[str, InputSpec] = {}
     values: dict[str, npt.NDArray[Any]] = {}
     for name in names:
-        match = _INPUT.fullmatch(name)
+        match = INPUT.fullmatch(name)  # as the node reads it
         handle = handles.get((match.group(1) == "dataset", int(match.group(2)))) if match else None
         if match is None or handle is None:
             raise DPNodeError(

@@ -32,13 +32,13 @@ releases no loss. The loss shown is a moving average of the released values.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from dpnode.core.inputs import INPUT
 from dpnode.sdk._budget import TrainingRunPlan
 from dpnode.sdk._client import _wants_progress
 from dpnode.sdk._exceptions import (
@@ -55,9 +55,6 @@ __all__ = ["PrivateTraining", "TrainingStep", "private_training"]
 
 #: weight of the last released loss in the bar's moving average
 _SMOOTHING = 0.3
-#: a graph input holding a dataset's column (or its subjects): ``dataset:<id>/...``, with
-#: the id as the node reads it, as JSON writes it (``\d`` took ``dataset:١/x`` for dataset 1)
-_DATASET = re.compile(r"dataset:(0|[1-9][0-9]*)/.+")
 
 
 @dataclass(frozen=True)
@@ -228,7 +225,9 @@ class PrivateTraining:
         if isinstance(self.subjects, RemoteTensor):
             tensors.append(self.subjects)
         names = graph_for(tensors).input_names()
-        found = {int(m.group(1)) for n in names if (m := _DATASET.fullmatch(n))}
+        # the datasets the node reads: inputs holding a column (or the subjects) of one
+        named = (INPUT.fullmatch(n) for n in names)
+        found = {int(m.group(2)) for m in named if m is not None and m.group(1) == "dataset"}
         ident = getattr(self.subjects, "id", None)  # a DatasetHandle: its @subject column
         if isinstance(ident, int):
             found.add(ident)

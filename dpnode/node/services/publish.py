@@ -41,7 +41,6 @@ answer (:func:`answered`) once it is sent.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
@@ -70,6 +69,7 @@ from dpnode.core.errors import (
     PermissionDeniedError,
     PublishInProgressError,
 )
+from dpnode.core.inputs import INPUT
 from dpnode.core.privacy import InputSpec, PrivacyReport, Subjects, track
 from dpnode.core.privacy.release import ReleasePlan, output_ranges, plan_release, run_release
 from dpnode.core.privacy.subjects import first_rows
@@ -80,9 +80,6 @@ from dpnode.node.db.models import MAX_ID, Role, User
 from dpnode.node.services import audit, budget, datasets, idempotency, models, users
 from dpnode.node.services.budget import EPSILON_UNIT, RHO_UNIT, TV_UNIT, Cost
 from dpnode.node.storage import array_from_bytes
-
-#: an id as JSON writes it (``\d`` took other scripts' digits: ``dataset:١/x`` read dataset 1)
-_INPUT = re.compile(r"(dataset|model):(0|[1-9][0-9]*)/(.+)")
 
 
 @dataclass(frozen=True)
@@ -146,7 +143,7 @@ def _resolve(context: NodeContext, session: Session, actor: users.Actor, graph: 
     structures: dict[int, Subjects] = {}
     loaded: dict[int, datasets.ReadDataset] = {}  # one query per dataset
     for name in graph.input_names():
-        match = _INPUT.fullmatch(name)
+        match = INPUT.fullmatch(name)
         if match is None:
             raise GraphError(
                 f"input {name!r} names no data on this node: inputs are "
