@@ -32,6 +32,7 @@ from dpnode.node.db.models import Dataset, DatasetColumn, Model, ModelTensor
 from dpnode.node.db.session import SQLITE_BEGIN
 from dpnode.node.storage import BlobStore, Staged
 
+C = TypeVar("C")
 T = TypeVar("T")
 
 #: Every column that names a blob.
@@ -93,20 +94,24 @@ def register_with(
     session: Session,
     store: BlobStore,
     staged: Sequence[Staged],
-    register: Callable[[list[str]], T],
+    check: Callable[[], C],
+    register: Callable[[C, list[str]], T],
 ) -> T:
-    """Put staged blobs in the store, each held as :func:`put` holds it, then call
-    ``register`` with their digests (in order) to write and commit the rows naming them.
+    """Call ``check`` (the refusals that read ``session``'s transaction, a name taken, say),
+    then put staged blobs in the store, each held as :func:`put` holds it, then call
+    ``register`` with what ``check`` returned and the digests (in order) to write and commit
+    the rows naming them.
 
-    Whatever fails (a name taken by a concurrent upload, say), nothing is left behind: the
-    staged blobs not kept are dropped, the transaction is rolled back, and those kept are
-    released unless another row uses them.
+    Whatever fails (``check``, or a name taken by a concurrent upload at the rows), nothing is
+    left behind: the staged blobs not kept are dropped, the transaction is rolled back, and
+    those kept are released unless another row uses them.
     """
     digests: list[str] = []
     try:
+        checked = check()
         for blob in staged:
             digests.append(store.keep(blob, claim=partial(_hold, session)))
-        return register(digests)
+        return register(checked, digests)
     except BaseException:
         discard(store, staged[len(digests) :])  # a failed keep dropped its own already
         if digests:

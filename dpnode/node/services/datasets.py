@@ -165,14 +165,10 @@ def create_dataset(
     arrays += [column.values for column in mock.columns] if mock else []
     arrays += [table.subjects] if table.subjects is not None else []
     staged = blobs.stage(store, ((array_to_bytes(a),) for a in arrays))
-    try:
-        name, tags = check_new_dataset(session, actor, upload.name, upload.tags)
-    except BaseException:
-        blobs.discard(store, staged)
-        raise
     count = len(table.columns)
 
-    def register(digests: list[str]) -> Dataset:
+    def register(checked: tuple[str, list[str]], digests: list[str]) -> Dataset:
+        name, tags = checked
         stored = StoredTable(
             columns=[
                 StoredColumn(
@@ -195,7 +191,13 @@ def create_dataset(
         )
         return register_dataset(session, actor, upload, stored, name=name, tags=tags)
 
-    return blobs.register_with(session, store, staged, register)
+    return blobs.register_with(
+        session,
+        store,
+        staged,
+        lambda: check_new_dataset(session, actor, upload.name, upload.tags),
+        register,
+    )
 
 
 def register_dataset(

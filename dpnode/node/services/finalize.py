@@ -113,17 +113,20 @@ def store_received(
     staged: list[Staged] = []
     try:
         stored = _stage_table(store, path, plan, upload, max_elements, staged)
-        name, tags = check_new_dataset(session, actor, plan.name, plan.tags)
     except BaseException:
         blobs.discard(store, staged)
         raise
+
+    def register(checked: tuple[str, list[str]], digests: list[str]) -> Dataset:
+        name, tags = checked
+        return register_dataset(session, actor, upload, stored(digests), name=name, tags=tags)
+
     return blobs.register_with(
         session,
         store,
         staged,
-        lambda digests: register_dataset(
-            session, actor, upload, stored(digests), name=name, tags=tags
-        ),
+        lambda: check_new_dataset(session, actor, plan.name, plan.tags),
+        register,
     )
 
 

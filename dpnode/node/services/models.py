@@ -86,13 +86,8 @@ def create_model(
     if upload.architecture is not None:
         pieces.append(upload.architecture)
     staged = blobs.stage(store, ((piece,) for piece in pieces))
-    try:
-        check_model_name(session, name)
-    except BaseException:
-        blobs.discard(store, staged)
-        raise
 
-    def register(digests: list[str]) -> Model:
+    def register(_: None, digests: list[str]) -> Model:
         architecture_blob = digests[-1] if upload.architecture is not None else None
         model = Model(
             name=name,
@@ -134,7 +129,9 @@ def create_model(
         session.commit()
         return get_model(session, model.id)
 
-    return blobs.register_with(session, store, staged, register)
+    return blobs.register_with(
+        session, store, staged, lambda: check_model_name(session, name), register
+    )
 
 
 def check_model_name(session: Session, name: str) -> None:
