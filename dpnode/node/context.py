@@ -88,14 +88,15 @@ class NodeContext:
             # Development without a configured secret: never sign with a well-known string.
             secret = SecretStr(_local_secret(settings.data_dir / "token-secret"))
             settings = settings.model_copy(update={"token_secret": secret})
-        engine = make_engine(settings.resolved_database_url, **pool_options(settings))
+        pool = pool_options(settings)
+        engine = make_engine(settings.resolved_database_url, **pool)
         return cls(
             settings=settings,
             engine=engine,
             sessions=make_sessionmaker(engine),
             serial_sessions=make_sessionmaker(serial_engine(engine)),
             read_sessions=make_sessionmaker(read_engine(engine)),
-            relaxed_sessions=make_sessionmaker(relaxed_engine(engine)),
+            relaxed_sessions=make_sessionmaker(relaxed_engine(engine, **pool)),
             store=make_store(settings),
             hasher=password_hasher(settings),
             structures=StructureCache(settings.structure_cache_bytes),
@@ -105,6 +106,9 @@ class NodeContext:
         self.leases.close()
         if self.cluster is not None:
             self.cluster.close()
+        relaxed = self.relaxed_sessions.kw["bind"]
+        if relaxed.pool is not self.engine.pool:  # a pool of its own (relaxed_engine)
+            relaxed.dispose()
         self.engine.dispose()
 
 

@@ -364,6 +364,7 @@ def gaussian(
     return apply_noise(x, plan, source=source)
 
 
+@functools.lru_cache(maxsize=256)  # public numbers in, exact arithmetic: once, not per publish
 def _laplace_grid(sens: float, eps: float, n: int) -> tuple[int, float, int]:
     """Grid exponent k, scale t (grid units) and rounded-query L1 sensitivity (grid units)."""
     k = grid.finest_exponent(sens, n, norm=1)
@@ -379,6 +380,7 @@ def _laplace_grid(sens: float, eps: float, n: int) -> tuple[int, float, int]:
         k += 1
 
 
+@functools.lru_cache(maxsize=256)  # public numbers in, exact arithmetic: once, not per publish
 def _gaussian_grid(sens: float, rho: float, n: int) -> tuple[int, float, float]:
     """Grid exponent k, parameter s (grid units) and rounded-query L2 sensitivity (grid units)."""
     k = grid.finest_exponent(sens, n, norm=2)

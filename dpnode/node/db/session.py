@@ -203,9 +203,17 @@ def read_engine(engine: Engine) -> Engine:
     return engine
 
 
-def relaxed_engine(engine: Engine) -> Engine:
-    """The same pool, for writes whose commit may be lost to a power failure (see the module
-    docstring): it commits without waiting for the disk. Never for the ledger."""
+def relaxed_engine(engine: Engine, **kwargs: Any) -> Engine:
+    """For writes whose commit may be lost to a power failure (see the module docstring): it
+    commits without waiting for the disk. Never for the ledger.
+
+    On a SQLite file it is a pool of its own (``kwargs``: its options), whose connections
+    switch to ``synchronous=NORMAL`` once and stay there: sharing ``engine``'s pool, a
+    publish's stored answer and its next charge each switched their connection over (a
+    statement each, on every publish). In memory (a database per pool) and on PostgreSQL
+    (``SET LOCAL``, one transaction's setting) it shares ``engine``'s pool."""
+    if engine.dialect.name == "sqlite" and _queue_for(str(engine.url)) is not None:
+        engine = make_engine(engine.url.render_as_string(hide_password=False), **kwargs)
     return engine.execution_options(**{RELAXED: True})
 
 

@@ -400,6 +400,22 @@ _LOCK_USER = _USER.with_for_update(key_share=True)
 _LOCK_DATASETS = _USER_DATASETS.with_for_update(key_share=True)
 
 
+def _of_user(column: Any) -> Any:
+    return select(column).where(_TOTALS.c.user_id == bindparam("user_id")).scalar_subquery()
+
+
+#: What a charge reads after the lock (see :func:`_lock`): the policy revision in force, the
+#: user's ledger total (NULLs: no row) and whether any budget was granted to them.
+_STATE = (
+    *policy_service.NEWEST,
+    *(_of_user(_TOTALS.c[k]) for k in ("epsilon_units", "rho_units", "tv_units", "newest_at")),
+    select(_GRANTS.c.id).where(_GRANTS.c.user_id == bindparam("user_id")).exists(),
+)
+_READ_STATE = select(*_STATE)
+#: SQLite: the account and the state in one statement (BEGIN IMMEDIATE serialised it all).
+_USER_STATE = _USER.add_columns(*_STATE)
+
+
 _INSERT_LEDGER = insert(LedgerEntry)
 _INSERT_READS = insert(LedgerEntryDataset)
 
@@ -412,9 +428,10 @@ class Account(NamedTuple):
     role: Role
 
 
-def policy_user(session: Session, user: User | Account) -> policies.User:
-    """``user`` as the policies see it, with every budget grant made to them."""
-    grants = session.connection().execute(_GRANTS_OF, {"user_id": user.id})
+def policy_user(session: Session, user: User | Account, *, granted: bool = True) -> policies.User:
+    """``user`` as the policies see it, with every budget grant made to them (none read when
+    the caller found none: ``granted`` false)."""
+    grants = session.connection().execute(_GRANTS_OF, {"user_id": user.id}) if granted else ()
     return policies.User(
         user.id,
         user.email,
@@ -456,6 +473,7 @@ def _load(
     policy: policies.Policy,
     request: policies.PublishRequest,
     user: policies.User,
+    total: tuple[int, int, int, datetime | None] | None = None,
 ) -> _Ledger:
     """The ledger as :func:`policies.decide` needs it, in a few rows whatever its length.
 
@@ -469,7 +487,8 @@ def _load(
     delta is in ``tv_units`` already (costed when it was charged), so sums add up exactly.
     Decisions on these equal decisions on the whole ledger (tests/node/test_budget_scope.py).
     All the user's rows (no renewal, none passed one by one) are read as their total, which
-    the database keeps equal to their sum (tests/node/test_ledger_totals.py).
+    the database keeps equal to their sum (tests/node/test_ledger_totals.py): ``total`` when
+    the caller read it in this transaction (:func:`_lock`).
     """
 
     def charge(
@@ -524,12 +543,9 @@ def _load(
                 extra_at = recent[-1].at
     connection = session.connection()
     if since is None and not listed:  # all the user's rows: their total, one row
-        total = connection.execute(_TOTAL, {"user_id": user_id}).first()
-        mine = (
-            (0, 0, 0, None)
-            if total is None
-            else (int(total[0]), int(total[1]), int(total[2]), total[3])
-        )
+        if total is None:
+            total = _total(connection.execute(_TOTAL, {"user_id": user_id}).first())
+        mine = total
     else:
         rest = _MINE if since is None else _MINE_SINCE
         if listed:
@@ -650,26 +666,59 @@ def budget_of(session: Session, settings: Settings, user_id: int) -> Status:
     return _status(session, settings, in_force, policy_user(session, user), utcnow())
 
 
-def _lock(
-    session: Session, user_id: int, dataset_ids: Sequence[int]
-) -> tuple[Account, dict[int, str]]:
+def _total(row: Any) -> tuple[int, int, int, datetime | None]:
+    """A ledger total as :func:`_load` uses it (no row or NULLs: nothing spent)."""
+    if row is None or row[3] is None:
+        return (0, 0, 0, None)
+    return (int(row[0]), int(row[1]), int(row[2]), row[3])
+
+
+@dataclass(frozen=True)
+class _Locked:
+    """What a charging transaction reads first, under the user's lock (:func:`_lock`)."""
+
+    user: Account
+    #: the name of each dataset found, by id
+    found: dict[int, str]
+    in_force: InForce
+    #: the user as the policies see it, with their grants
+    puser: policies.User
+    #: the user's ledger total, for :func:`_load`
+    total: tuple[int, int, int, datetime | None]
+
+
+def _lock(session: Session, user_id: int, dataset_ids: Sequence[int]) -> _Locked:
     """Lock the user, then the datasets in id order (PostgreSQL; SQLite's BEGIN IMMEDIATE has
     already serialised the whole transaction). Every publish takes its locks in this order,
     so two publishes cannot wait on each other in a cycle. ``FOR NO KEY UPDATE`` serialises
     charges as ``FOR UPDATE`` would, without blocking rows that merely reference the user or
-    the dataset (an audit line, a login) meanwhile. Returns the user and the name of each
-    dataset found, by id."""
+    the dataset (an audit line, a login) meanwhile.
+
+    Then reads the policy in force, the user's grants and ledger total: on PostgreSQL in a
+    statement of their own after the lock, whose snapshot has every charge committed before
+    the lock was granted (read in the locking statement, they would be as of before its wait:
+    a charge committed meanwhile would be missed); on SQLite with the account.
+    """
     connection = session.connection()
-    postgres = connection.dialect.name != "sqlite"
-    row = connection.execute(_LOCK_USER if postgres else _USER, {"user_id": user_id}).first()
-    if row is None:
+    values = {"user_id": user_id}
+    if connection.dialect.name != "sqlite":
+        row = connection.execute(_LOCK_USER, values).first()
+        state = None if row is None else connection.execute(_READ_STATE, values).one()
+    else:
+        row = connection.execute(_USER_STATE, values).first()
+        state = None if row is None else row[3:]
+    if row is None or state is None:
         raise NotFoundError(f"no user with id {user_id}")
-    user = Account(*row)
-    if not dataset_ids:
-        return user, {}
-    query = _LOCK_DATASETS if postgres else _USER_DATASETS
-    found = connection.execute(query, {"ids": sorted(set(dataset_ids))})
-    return user, {int(ident): str(name) for ident, name in found}
+    user = Account(*row[:3])
+    found: dict[int, str] = {}
+    if dataset_ids:
+        postgres = connection.dialect.name != "sqlite"
+        query = _LOCK_DATASETS if postgres else _USER_DATASETS
+        rows = connection.execute(query, {"ids": sorted(set(dataset_ids))})
+        found = {int(ident): str(name) for ident, name in rows}
+    in_force = policy_service.in_force(session, (state[0], state[1]))
+    puser = policy_user(session, user, granted=bool(state[6]))
+    return _Locked(user, found, in_force, puser, _total(state[2:6]))
 
 
 def _refusal(decision: policies.Decision, in_force: InForce, **more: Any) -> PolicyRefusedError:
@@ -712,7 +761,8 @@ def charge(
     # Pure arithmetic on public quantities: done before the serialised transaction.
     sampler_epsilon, sampler_delta = sampler_units(cost)
     with serial_sessions() as session:
-        user, found = _lock(session, user_id, cost.dataset_ids)
+        locked = _lock(session, user_id, cost.dataset_ids)
+        user, found, in_force, puser = locked.user, locked.found, locked.in_force, locked.puser
 
         def refusing() -> None:
             """Before answering with anything but a charge: a copy of this request that
@@ -723,14 +773,12 @@ def charge(
                 idempotency.ensure_free(session, user.id, claim)
 
         at = utcnow()
-        in_force = policy_service.current(session)
         missing = sorted(set(cost.dataset_ids) - set(found))
         if missing and in_force.policy.datasets:  # a cap cannot be checked without the name
             refusing()
             raise NotFoundError(
                 f"dataset {missing[0]} was deleted while this publish ran; nothing was released"
             )
-        puser = policy_user(session, user)
         defaults = _defaults(settings)
         names = {name: ident for ident, name in found.items()}
         request = policies.PublishRequest(
@@ -742,7 +790,7 @@ def charge(
             extra_delta_units=sampler_delta,
             extra_epsilon_units=sampler_epsilon,
         )
-        ledger = _load(session, in_force.policy, request, puser)
+        ledger = _load(session, in_force.policy, request, puser, locked.total)
         charges = ledger.charges
         gate = in_force.policy.approval
         gated = gate.epsilon_above is not None or gate.delta_above is not None

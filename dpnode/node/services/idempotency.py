@@ -24,6 +24,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -47,9 +48,9 @@ _INSERT = insert(PublishKey)
 _THIS_KEY = (PublishKey.user_id == bindparam("user_id"), PublishKey.key == bindparam("key"))
 #: Run on the session's connection (Core execution, no ORM unit of work): in every publish.
 _TAKEN = select(PublishKey.id).where(*_THIS_KEY)
-_REPLAY = select(PublishKey.request_hash, PublishKey.response, PublishKey.lease_until).where(
-    *_THIS_KEY
-)
+#: What :func:`replay` reads of a key (see :func:`answer_of`).
+ANSWER = (PublishKey.request_hash, PublishKey.response, PublishKey.lease_until)
+_REPLAY = select(*ANSWER).where(*_THIS_KEY)
 _STATE = select(
     PublishKey.ledger_id,
     PublishKey.created_at,
@@ -116,7 +117,16 @@ def replay(session: Session, user_id: int, claim: Claim) -> bytes | None:
         ConflictError: the key names another request of this user.
     """
     row = session.connection().execute(_REPLAY, {"user_id": user_id, "key": claim.key}).first()
-    if row is None:
+    return None if row is None else answer_of(row, claim)
+
+
+def answer_of(row: Any, claim: Claim) -> bytes | None:
+    """:func:`replay`'s answer from the key's :data:`ANSWER` columns, read by the caller (all
+    ``None``: an unused key, as an outer join reads it).
+
+    Raises: as :func:`replay`.
+    """
+    if row.request_hash is None:  # never NULL in a stored key
         return None
     if row.request_hash != claim.request_hash:
         raise ConflictError(

@@ -22,7 +22,17 @@ from dpnode.core.errors import InvalidPolicyError, NotFoundError
 from dpnode.node.db.models import Dataset, PolicyRevision, User
 from dpnode.node.services import audit
 
-__all__ = ["Applied", "InForce", "apply", "current", "get_revision", "history", "parse"]
+__all__ = [
+    "NEWEST",
+    "Applied",
+    "InForce",
+    "apply",
+    "current",
+    "get_revision",
+    "history",
+    "in_force",
+    "parse",
+]
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,14 @@ def _builtin() -> policies.Policy:
     return policies.default_policy()
 
 
+#: The newest revision's id and hash as two columns of a caller's own statement (NULLs: none),
+#: for :func:`in_force` (the publish transaction reads them with the account it locks).
+NEWEST = (
+    _NEWEST.with_only_columns(_REVISIONS.c.id).scalar_subquery(),
+    _NEWEST.with_only_columns(_REVISIONS.c.content_hash).scalar_subquery(),
+)
+
+
 def current(session: Session) -> InForce:
     """The policy in force: the newest revision, else the built-in default.
 
@@ -71,14 +89,19 @@ def current(session: Session) -> InForce:
     it is decided by the revision in force at that instant) and its document only when that
     revision was not parsed before.
     """
-    connection = session.connection()
-    newest = connection.execute(_NEWEST).first()
-    if newest is None:
+    newest = session.connection().execute(_NEWEST).first()
+    return in_force(session, None if newest is None else (newest[0], newest[1]))
+
+
+def in_force(session: Session, newest: tuple[int | None, str | None] | None) -> InForce:
+    """:func:`current`, from the newest revision's id and hash as the caller read them in
+    ``session``'s transaction (:data:`NEWEST`; ``None`` or NULLs: no revision)."""
+    if newest is None or newest[0] is None:
         return InForce(_builtin(), None)
     key = (int(newest[0]), str(newest[1]))
     policy = _PARSED.get(key)
     if policy is None:
-        document = connection.execute(_DOCUMENT, {"id": key[0]}).scalar_one()
+        document = session.connection().execute(_DOCUMENT, {"id": key[0]}).scalar_one()
         policy = policies.Policy.from_dict(document)
         if len(_PARSED) >= _PARSED_MAX:
             _PARSED.clear()  # rare: 64 revisions applied while the node runs

@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from sqlalchemy import and_, bindparam, select
 from sqlalchemy.orm import Session
 
 from dpnode.core.dp.mechanisms import gaussian_scale, laplace_scale, plan_gaussian
@@ -76,7 +77,7 @@ from dpnode.core.privacy.subjects import first_rows
 from dpnode.core.structures import Found
 from dpnode.node.cluster import Column, columns_for
 from dpnode.node.context import NodeContext
-from dpnode.node.db.models import MAX_ID, Role, User
+from dpnode.node.db.models import MAX_ID, PublishKey, Role, User
 from dpnode.node.services import audit, budget, datasets, idempotency, models, users
 from dpnode.node.services.budget import EPSILON_UNIT, RHO_UNIT, TV_UNIT, Cost
 from dpnode.node.storage import array_from_bytes
@@ -315,6 +316,15 @@ def gaussian_cost(epsilon: float, delta: float, values: int) -> Cost:
     )
 
 
+#: The account as :func:`users.actor_of` reads it, with what is stored under the publish's
+#: idempotency key (NULLs: unused).
+_ACCOUNT_AND_KEY = (
+    select(*users.ACTOR, *idempotency.ANSWER)
+    .outerjoin(PublishKey, and_(PublishKey.user_id == User.id, PublishKey.key == bindparam("key")))
+    .where(User.id == bindparam("user_id"))
+)
+
+
 def publish(
     context: NodeContext,
     actor_id: int,
@@ -344,7 +354,12 @@ def publish(
     if key is not None:
         idempotency.check_key(key)
     with context.read_sessions() as session:  # the account, then the inputs: one read
-        actor = users.active_actor(session, actor_id)
+        if key is None:
+            actor = users.active_actor(session, actor_id)
+        else:  # the account, with what is stored under the key: one statement
+            values = {"user_id": actor_id, "key": key}
+            account = session.connection().execute(_ACCOUNT_AND_KEY, values).first()
+            actor = users.actor_of(account)
         charged = budget.quantize_epsilon(request.epsilon)  # a bad epsilon, before any work
         if request.delta is not None:
             _check_delta(request.delta)
@@ -355,7 +370,7 @@ def publish(
                 found.frame, request.epsilon, request.delta, request.run_id
             )
             claim = idempotency.Claim(key, digest)
-            stored = idempotency.replay(session, actor.id, claim)
+            stored = idempotency.answer_of(account, claim)
             if stored is not None:  # answered already: released, nothing new to decide
                 return Replayed(stored)
         graph, planned = _decode(context, actor, found)

@@ -29,7 +29,6 @@ from dpnode import policies
 from dpnode.core.errors import InvalidRequestError, NotFoundError
 from dpnode.node.db.base import utcnow
 from dpnode.node.services import approvals, audit, budget
-from dpnode.node.services import policy as policy_service
 from dpnode.node.services.publish import gaussian_cost
 from dpnode.node.settings import Settings
 
@@ -116,13 +115,12 @@ def plan(
     key = run.key()
     # The same steps as the publish transaction (budget.charge): lock, read, decide.
     with serial_sessions() as session:
-        user, found = budget._lock(session, user_id, run.dataset_ids)
+        locked = budget._lock(session, user_id, run.dataset_ids)
+        user, found, in_force, puser = locked.user, locked.found, locked.in_force, locked.puser
         missing = sorted(set(run.dataset_ids) - set(found))
         if missing:
             raise NotFoundError(f"no dataset with id {missing[0]}")
         at = utcnow()
-        in_force = policy_service.current(session)
-        puser = budget.policy_user(session, user)
         defaults = budget._defaults(settings)
         step = policies.PublishRequest(
             at=at,
@@ -141,7 +139,7 @@ def plan(
         if approved is not None and approved.steps_used:
             # the steps already taken under it are in the ledger: judge the steps left
             judged = policies.RunRequest(max(1, run.steps - approved.steps_used), step)
-        ledger = budget._load(session, in_force.policy, step, puser)
+        ledger = budget._load(session, in_force.policy, step, puser, locked.total)
         decision = policies.decide_run(
             in_force.policy, puser, judged, ledger.charges, defaults=defaults, approval=answer
         )

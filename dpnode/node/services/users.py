@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from argon2 import PasswordHasher
 from sqlalchemy import bindparam, func, select
@@ -197,7 +197,9 @@ class Actor(NamedTuple):
     role: Role
 
 
-_ACTOR = select(User.id, User.role, User.is_active).where(User.id == bindparam("user_id"))
+#: What :func:`actor_of` reads of an account.
+ACTOR = (User.id, User.role, User.is_active)
+_ACTOR = select(*ACTOR).where(User.id == bindparam("user_id"))
 
 
 def active_actor(session: Session, user_id: int) -> Actor:
@@ -206,7 +208,16 @@ def active_actor(session: Session, user_id: int) -> Actor:
     Raises:
         AuthenticationError: no such account, or it was deactivated.
     """
-    row = session.connection().execute(_ACTOR, {"user_id": user_id}).first()
+    return actor_of(session.connection().execute(_ACTOR, {"user_id": user_id}).first())
+
+
+def actor_of(row: Any) -> Actor:
+    """:func:`active_actor`'s check on a row the caller read with the account's ``id``,
+    ``role`` and ``is_active`` (``None``: no such account).
+
+    Raises:
+        AuthenticationError: no such account, or it was deactivated.
+    """
     if row is None or not row.is_active:
         raise AuthenticationError(_GONE)
     return Actor(row.id, row.role)
