@@ -48,6 +48,7 @@ import hashlib
 import math
 import mmap
 import os
+import re
 import tempfile
 import threading
 import time
@@ -205,6 +206,8 @@ RECENT_NS = 2_000_000_000
 #: blobs of at least this many bytes are mapped by open_array; smaller ones are read into
 #: the cache (a publish of a small column then makes no system call for it)
 MAP_BYTES = 16 << 20
+#: How a blob is named: its SHA-256, in lowercase hex.
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 #: bytes hashed per update while verifying a mapping (hashlib releases the GIL meanwhile)
 _HASH_CHUNK = 16 << 20
@@ -219,7 +222,7 @@ class FileBlobStore:
         self.verified = VerifiedFiles()
 
     def _path(self, digest: str) -> Path:
-        if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
+        if _DIGEST.fullmatch(digest) is None:
             raise ValueError(f"not a SHA-256 digest: {digest!r}")
         return self.root / digest[:2] / digest
 
@@ -282,7 +285,7 @@ class FileBlobStore:
 
     def get(self, digest: str) -> bytes:
         """Return the bytes stored under ``digest``, verified against it (once, if cached)."""
-        path = self._path(digest)
+        path = self._path(digest)  # a malformed digest is refused, cached or not
         cached = self.cache.get(digest)
         if cached is not None:
             return cached
@@ -307,7 +310,6 @@ class FileBlobStore:
             CorruptBlobError: the file is missing, of the wrong size for ``dtype`` and
                 ``shape``, or does not match its hash.
         """
-        path = self._path(digest)
         kind = np.dtype(dtype)
         size = kind.itemsize * math.prod(shape)
         if size < MAP_BYTES:  # small: read, verified and kept in the cache, as by get
@@ -318,6 +320,7 @@ class FileBlobStore:
                     f"{kind.name} array of shape {list(shape)}"
                 )
             return array_from_bytes(data, dtype, shape)
+        path = self._path(digest)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:

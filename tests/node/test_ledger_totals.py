@@ -148,3 +148,33 @@ def test_the_models_match_the_migrations(context: NodeContext) -> None:
     check(context.settings.resolved_database_url)
     with context.engine.connect() as connection:
         assert connection.execute(text("SELECT count(*) FROM ledger_totals")).scalar() == 0
+
+
+def test_a_charge_reads_the_total_a_charge_it_waited_for_committed(
+    context: NodeContext, scientist: User
+) -> None:
+    """Forced interleaving: a charge holds the user's lock and writes a ledger row; a second
+    charge waits for the lock; the first commits. What the second reads (its total, hence its
+    decision) has the first's row, on both databases: on PostgreSQL the lock waits in its own
+    statement, and a statement reading the total with the lock would have read it as of
+    before its wait."""
+    at = datetime.now(UTC)
+    first = context.serial_sessions()
+    try:
+        budget._lock(first, scientist.id, [])
+        first.connection().execute(insert(LedgerEntry), [_row(scientist, at, 3 * TENTH)])
+        with ThreadPoolExecutor(1) as pool:
+
+            def second() -> tuple[int, int, int, datetime | None]:
+                with context.serial_sessions() as session:
+                    return budget._lock(session, scientist.id, []).total
+
+            waiting = pool.submit(second)
+            with contextlib.suppress(TimeoutError):
+                waiting.result(timeout=0.5)  # it waits for the lock (SQLite: its BEGIN)
+            assert not waiting.done()
+            first.commit()
+            total = waiting.result(timeout=30)
+    finally:
+        first.close()
+    assert total[0] == 3 * TENTH and total[3] is not None

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -51,6 +51,39 @@ def test_a_relaxed_transaction_skips_the_sync_and_the_next_one_syncs_again(
         assert setting(context.serial_sessions) == durable
         assert setting(context.sessions) == durable
         assert setting(context.read_sessions) == durable
+
+
+def test_relaxed_and_durable_commits_switch_no_setting_back_and_forth(
+    context: NodeContext,
+) -> None:
+    """On a SQLite file the relaxed transactions have connections of their own: a publish's
+    stored answer and its next charge switch no connection between NORMAL and FULL (a
+    statement each, on every publish); on PostgreSQL the setting is one transaction's."""
+    relaxed = context.relaxed_sessions.kw["bind"]
+    postgres = context.engine.dialect.name == "postgresql"
+    assert (relaxed.pool is context.engine.pool) == postgres
+    switches: list[str] = []
+
+    def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if "synchronous" in statement.lower():
+            switches.append(statement)
+
+    engines = [context.engine] if postgres else [context.engine, relaxed]
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", seen)
+    try:
+        for _ in range(4):
+            for sessions in (context.relaxed_sessions, context.serial_sessions):
+                with sessions() as session:
+                    session.connection().exec_driver_sql("SELECT 1")
+                    session.commit()
+    finally:
+        for engine in engines:
+            event.remove(engine, "before_cursor_execute", seen)
+    if postgres:  # SET LOCAL, in each relaxed transaction only
+        assert switches == ["SET LOCAL synchronous_commit TO OFF"] * 4
+    else:  # once, the first time the relaxed connection is used
+        assert switches == ["PRAGMA synchronous=NORMAL"]
 
 
 def _queue(engine: Engine) -> threading.Lock:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
 from fractions import Fraction
+from functools import cached_property, lru_cache
 from typing import Any, NamedTuple
 
 from sqlalchemy import and_, bindparam, func, insert, or_, select
@@ -219,9 +220,14 @@ class Status:
         reserved = self.conversion_delta_units if used.rho_units else 0
         return limit.epsilon_used(used, policies.filter_epsilon), used.delta_units + reserved
 
+    @cached_property
+    def _used(self) -> tuple[int | None, int]:
+        """:meth:`used_units` of this window, worked out once (a receipt reads it thrice)."""
+        return self.used_units()
+
     def spent(self) -> tuple[float, float]:
         """(epsilon, delta) used in the current window, as the privacy filter counts them."""
-        epsilon, delta = self.used_units()
+        epsilon, delta = self._used
         return math.inf if epsilon is None else float(epsilon * EPSILON_UNIT), float(
             delta * DELTA_UNIT
         )
@@ -233,7 +239,7 @@ class Status:
     @property
     def remaining_delta(self) -> float:
         """The allocation's delta less what :meth:`spent` counts (never negative)."""
-        _, delta = self.used_units()
+        _, delta = self._used
         return float(max(0, self.status.allocation.delta_units - delta) * DELTA_UNIT)
 
     @property
@@ -339,7 +345,7 @@ def receipt_terms(
         used.rho_units - entry.rho_units,
     )
     eps_before, delta_before = after.used_units(before)
-    eps_after, delta_after = after.used_units(used)
+    eps_after, delta_after = after._used
     charged = None if eps_after is None or eps_before is None else eps_after - eps_before
     spent_epsilon, spent_delta = after.spent()
     sampler_epsilon = entry.epsilon_units if entry.rho_units else 0
@@ -359,7 +365,12 @@ def receipt_terms(
 
 
 def _defaults(settings: Settings) -> policies.Allowance:
-    return policies.Allowance.of(settings.default_epsilon_budget, settings.default_delta_budget)
+    return _allowance(settings.default_epsilon_budget, settings.default_delta_budget)
+
+
+@lru_cache(maxsize=16)  # the node's defaults: the same two numbers on every publish
+def _allowance(epsilon: float, delta: float) -> policies.Allowance:
+    return policies.Allowance.of(epsilon, delta)
 
 
 _GRANTS = BudgetGrant.__table__
