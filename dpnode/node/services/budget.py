@@ -712,18 +712,14 @@ def _lock(session: Session, user_id: int, dataset_ids: Sequence[int]) -> _Locked
     """
     connection = session.connection()
     values = {"user_id": user_id}
-    if connection.dialect.name != "sqlite":
-        row = connection.execute(_LOCK_USER, values).first()
-        state = None if row is None else connection.execute(_READ_STATE, values).one()
-    else:
-        row = connection.execute(_USER_STATE, values).first()
-        state = None if row is None else row[3:]
-    if row is None or state is None:
+    postgres = connection.dialect.name != "sqlite"
+    row = connection.execute(_LOCK_USER if postgres else _USER_STATE, values).first()
+    if row is None:
         raise NotFoundError(f"no user with id {user_id}")
+    state: Sequence[Any] = connection.execute(_READ_STATE, values).one() if postgres else row[3:]
     user = Account(*row[:3])
     found: dict[int, str] = {}
     if dataset_ids:
-        postgres = connection.dialect.name != "sqlite"
         query = _LOCK_DATASETS if postgres else _USER_DATASETS
         rows = connection.execute(query, {"ids": sorted(set(dataset_ids))})
         found = {int(ident): str(name) for ident, name in rows}
