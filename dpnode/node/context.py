@@ -25,6 +25,7 @@ from dpnode.node.db.session import (
     relaxed_engine,
     serial_engine,
 )
+from dpnode.node.services.datasets import KnownDatasets
 from dpnode.node.services.leases import LeaseKeeper
 from dpnode.node.services.security import password_hasher
 from dpnode.node.services.throttle import LoginThrottle
@@ -52,6 +53,9 @@ class NodeContext:
     #: Reports of graph structures tracked with their changing constants boxed
     #: (see dpnode.core.privacy.cache): a training loop's steps are tracked once every few steps.
     tracking: TrackingCache = field(default_factory=TrackingCache)
+    #: The metadata of the datasets this process has computed on, checked by each charge
+    #: (see dpnode.node.services.datasets.KnownDatasets): a publish on them reads none.
+    known_datasets: KnownDatasets = field(default_factory=KnownDatasets)
     #: Recent login attempts and failures, kept in this process (see dpnode.node.services.throttle).
     logins: LoginThrottle = field(init=False)
     #: Chunked uploads in progress, kept as files (see dpnode.node.services.uploads).

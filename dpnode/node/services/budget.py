@@ -47,6 +47,7 @@ from dpnode import policies
 from dpnode.core.dp import accounting
 from dpnode.core.dp.mechanisms import float_at_least
 from dpnode.core.errors import (
+    AuthenticationError,
     BudgetExceededError,
     InvalidRequestError,
     NotFoundError,
@@ -62,7 +63,7 @@ from dpnode.node.db.models import (
     Role,
     User,
 )
-from dpnode.node.services import approvals, audit, idempotency
+from dpnode.node.services import approvals, audit, idempotency, users
 from dpnode.node.services import policy as policy_service
 from dpnode.node.services.policy import InForce
 from dpnode.node.settings import Settings
@@ -398,7 +399,7 @@ _TOTAL = select(
 ).where(_TOTALS.c.user_id == bindparam("user_id"))
 _USERS = User.__table__
 #: The account as a charge needs it (a plain row: no ORM object is built).
-_USER = select(_USERS.c.id, _USERS.c.email, _USERS.c.role).where(
+_USER = select(_USERS.c.id, _USERS.c.email, _USERS.c.role, _USERS.c.is_active).where(
     _USERS.c.id == bindparam("user_id")
 )
 _USER_DATASETS = (
@@ -714,9 +715,9 @@ def _lock(session: Session, user_id: int, dataset_ids: Sequence[int]) -> _Locked
     values = {"user_id": user_id}
     postgres = connection.dialect.name != "sqlite"
     row = connection.execute(_LOCK_USER if postgres else _USER_STATE, values).first()
-    if row is None:
-        raise NotFoundError(f"no user with id {user_id}")
-    state: Sequence[Any] = connection.execute(_READ_STATE, values).one() if postgres else row[3:]
+    if row is None or not row[3]:  # a publish comes with a token: its account is gone
+        raise AuthenticationError(users.GONE)
+    state: Sequence[Any] = connection.execute(_READ_STATE, values).one() if postgres else row[4:]
     user = Account(*row[:3])
     found: dict[int, str] = {}
     if dataset_ids:
@@ -781,7 +782,7 @@ def charge(
 
         at = utcnow()
         missing = sorted(set(cost.dataset_ids) - set(found))
-        if missing and in_force.policy.datasets:  # a cap cannot be checked without the name
+        if missing:  # its metadata may have been known before (publish.KnownDatasets)
             refusing()
             raise NotFoundError(
                 f"dataset {missing[0]} was deleted while this publish ran; nothing was released"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -329,6 +331,43 @@ def get_dataset_columns(session: Session, dataset_id: int) -> ReadDataset:
         if r[5] is not None  # a dataset without columns: one row of NULLs
     )
     return ReadDataset(first[0], first[1], first[2], first[3], first[4], columns)
+
+
+class KnownDatasets:
+    """The datasets this process has read for a computation (:class:`ReadDataset`), by id, so
+    that a publish on them reads no metadata from the database.
+
+    Sound because a dataset's metadata never changes once stored (nothing updates a dataset or
+    its columns) and ids are never reused (``NEVER_REUSE_IDS``): an entry is right for as long
+    as its dataset exists. Whether it still does is decided by the charge of every publish,
+    under its lock (``budget.charge`` refuses a dataset deleted meanwhile, charging nothing),
+    so every process of a node may keep its own. At most ``max_entries``, least recently used
+    out; safe to share between threads.
+    """
+
+    def __init__(self, max_entries: int = 1024) -> None:
+        self.max_entries = max_entries
+        self._known: OrderedDict[int, ReadDataset] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, ident: int) -> ReadDataset | None:
+        with self._lock:
+            found = self._known.get(ident)
+            if found is not None:
+                self._known.move_to_end(ident)
+            return found
+
+    def add(self, dataset: ReadDataset) -> None:
+        with self._lock:
+            self._known[dataset.id] = dataset
+            self._known.move_to_end(dataset.id)
+            while len(self._known) > self.max_entries:
+                self._known.popitem(last=False)
+
+    def forget(self, idents: Iterable[int]) -> None:
+        with self._lock:
+            for ident in idents:
+                self._known.pop(ident, None)
 
 
 def search_datasets(

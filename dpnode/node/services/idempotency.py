@@ -8,10 +8,12 @@ the node ran it. It sends every publish with a key it chose and retries with the
   charged at most once however many copies race;
 - once the release is answered, its encoded response is stored on the key's row; the values
   and receipt were released already, so storing them releases nothing new;
-- a retry is looked up before anything else is done: a stored answer is returned as it is,
-  without planning, evaluating or charging anything; a claimed key without an answer yet is
-  refused as still running, or as lost once its lease lapsed (the node process computing
-  it stopped: ``dpnode.node.services.leases``); a key that names another request is refused.
+- a retry's key is looked up with the account when the publish reads its inputs, else when
+  its charge finds the key taken (a refusal looks first: ``ensure_free``; a charge fails on
+  the unique index and is rolled back): a stored answer is returned as it is, neither
+  evaluated nor charged again; a claimed key without an answer yet is refused as still
+  running, or as lost once its lease lapsed (the node process computing it stopped:
+  ``dpnode.node.services.leases``); a key that names another request is refused.
 
 A refused publish claims nothing, so its retry is decided again. Rows older than
 ``publish_key_ttl_seconds`` are purged by the process that charges publishes, on the rounds

@@ -28,8 +28,12 @@ After 5, a publish is always answered with a noised result: a failure there stil
 costs the charge, is recorded in the audit log for the operator, and is not reported to
 the analyst (docs/privacy.md, the threat model).
 
-1 to 3 share one read-only transaction (on SQLite a deferred one, which locks nothing).
-No database transaction is open during 4 and 6.
+1 to 3 share one read-only transaction (on SQLite a deferred one, which locks nothing), but
+on datasets this process has computed on before (``context.known_datasets``,
+:class:`dpnode.node.services.datasets.KnownDatasets`): then no transaction comes before 5,
+which checks the account and that every dataset still exists, and any refusal before it
+checks the account first, so that a deactivated account is told nothing else. No database
+transaction is open during 4 and 6.
 
 A publish may come with an idempotency key (``dpnode.node.services.idempotency``). A retry with a
 key already answered is answered, right after 1, with the stored answer: nothing is
@@ -64,6 +68,7 @@ from dpnode.core.engine import (
 from dpnode.core.engine.subnormals import flush
 from dpnode.core.engine.wire import Layout, decode_layout, hollow_constants, rebind
 from dpnode.core.errors import (
+    DPNodeError,
     GraphError,
     InvalidRequestError,
     NotFoundError,
@@ -134,8 +139,24 @@ class _Inputs:
         }
 
 
-def _resolve(context: NodeContext, session: Session, actor: users.Actor, graph: Graph) -> _Inputs:
-    """Public metadata of every input the graph names (and where its values are)."""
+@dataclass(frozen=True)
+class _Read:
+    """A read transaction's session, and the account it read."""
+
+    session: Session
+    actor: users.Actor
+    #: the account's row, with what is stored under the publish's idempotency key (if sent)
+    account: Any = None
+
+
+class _Unknown(Exception):
+    """An input this process does not know yet: the publish reads the inputs in a transaction."""
+
+
+def _resolve(context: NodeContext, read: _Read | None, graph: Graph) -> _Inputs:
+    """Public metadata of every input the graph names (and where its values are): read in
+    ``read``'s transaction, or with ``read`` None from what this process knows of the datasets
+    (``context.known_datasets``), raising :class:`_Unknown` for anything else."""
     specs: dict[str, InputSpec] = {}
     public: dict[str, npt.NDArray[Any]] = {}
     private: dict[str, tuple[datasets.ReadDataset, datasets.ReadColumn]] = {}
@@ -155,7 +176,14 @@ def _resolve(context: NodeContext, session: Session, actor: users.Actor, graph: 
             raise NotFoundError(f"no {kind} {ident}")
         if kind == "dataset":
             if ident not in loaded:
-                loaded[ident] = datasets.get_dataset_columns(session, ident)
+                known = context.known_datasets.get(ident)
+                if known is None and read is None:
+                    raise _Unknown
+                if known is None and read is not None:
+                    known = datasets.get_dataset_columns(read.session, ident)
+                    context.known_datasets.add(known)
+                assert known is not None
+                loaded[ident] = known
             dataset = loaded[ident]
             column = next((c for c in dataset.columns if c.name == part), None)
             if dataset.id not in subjects:  # one read per dataset, not per column
@@ -172,10 +200,13 @@ def _resolve(context: NodeContext, session: Session, actor: users.Actor, graph: 
             private[name] = (dataset, column)
             dataset_ids.add(dataset.id)
             continue
-        model = models.get_model(session, ident)
+        if read is None:  # a model's weights and who may use them: read each time
+            raise _Unknown
+        model = models.get_model(read.session, ident)
         tensor = next((t for t in model.tensors if t.name == part), None)
         if tensor is None:
             raise NotFoundError(f"model {model.name!r} has no tensor {part!r}")
+        actor = read.actor
         if not model.is_public and actor.role is not Role.ADMIN and actor.id != model.owner_id:
             raise PermissionDeniedError(
                 f"model {model.name!r} is private: publishing results computed from its "
@@ -197,7 +228,7 @@ class _Template:
     layout: Layout
 
 
-def _decode(context: NodeContext, actor: users.Actor, found: Found) -> tuple[Graph, Plan]:
+def _decode(context: NodeContext, actor_id: int, found: Found) -> tuple[Graph, Plan]:
     """The graph of a body ``found`` in the structure cache, and its plan for a tracked
     evaluation (the quotas checked on it)."""
     s = context.settings
@@ -211,7 +242,7 @@ def _decode(context: NodeContext, actor: users.Actor, found: Found) -> tuple[Gra
     planned = plan(graph, _quotas(context), accurate=True)
     # kept without the constants' values: a training step's template holds no weights
     hollow = replace(planned, graph=hollow_constants(graph))
-    context.structures.remember(actor.id, found, _Template(hollow, layout))
+    context.structures.remember(actor_id, found, _Template(hollow, layout))
     return graph, planned
 
 
@@ -235,8 +266,8 @@ def sensitivity(context: NodeContext, actor_id: int, frame: bytes) -> PrivacyRep
     with context.read_sessions() as session:
         actor = users.active_actor(session, actor_id)
         found = context.structures.find(actor.id, frame)  # a reference names its frame
-        graph, planned = _decode(context, actor, found)
-        inputs = _resolve(context, session, actor, graph)
+        graph, planned = _decode(context, actor.id, found)
+        inputs = _resolve(context, _Read(session, actor), graph)
     report = track(planned, inputs.specs)
     output_ranges(planned, report)  # refused as a publish of it is (JSON has no NaN)
     return report
@@ -316,6 +347,108 @@ def gaussian_cost(epsilon: float, delta: float, values: int) -> Cost:
     )
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """A publish's graph and inputs, decoded and resolved (steps 2 and 3)."""
+
+    charged: Fraction
+    claim: idempotency.Claim | None
+    graph: Graph
+    planned: Plan
+    inputs: _Inputs
+
+
+@dataclass(frozen=True)
+class _Decided:
+    """A publish decided from public metadata (step 4): what to charge, where to evaluate."""
+
+    claim: idempotency.Claim | None
+    inputs: _Inputs
+    rp: ReleasePlan
+    cost: Cost
+    #: the graph's columns the Dask cluster reads (``None``: evaluated here), its threads
+    columns: Any
+    threads: int
+
+
+def _read_account(session: Session, actor_id: int, key: str | None) -> _Read:
+    """The caller's account in ``session`` (and what is stored under ``key``).
+
+    Raises:
+        AuthenticationError: the account no longer exists or was deactivated.
+    """
+    if key is None:
+        return _Read(session, users.active_actor(session, actor_id))
+    values = {"user_id": actor_id, "key": key}  # the account and the key: one statement
+    account = session.connection().execute(_ACCOUNT_AND_KEY, values).first()
+    return _Read(session, users.actor_of(account), account)
+
+
+def _prepare(
+    context: NodeContext,
+    actor_id: int,
+    frame: bytes,
+    request: PublishRequest,
+    key: str | None,
+    read: _Read | None,
+) -> _Prepared | Replayed:
+    """Check the privacy parameters, decode and plan the graph and resolve its inputs (in
+    ``read``'s transaction, or from what this process knows: see :func:`_resolve`). A key
+    answered already is answered from ``read``'s account row."""
+    charged = budget.quantize_epsilon(request.epsilon)  # a bad epsilon, before any work
+    if request.delta is not None:
+        _check_delta(request.delta)
+    found = context.structures.find(actor_id, frame)  # a reference names its frame
+    claim = None
+    if key is not None:
+        digest = idempotency.request_hash(
+            found.frame, request.epsilon, request.delta, request.run_id
+        )
+        claim = idempotency.Claim(key, digest)
+        stored = None if read is None else idempotency.answer_of(read.account, claim)
+        if stored is not None:  # answered already: released, nothing new to decide
+            return Replayed(stored)
+    graph, planned = _decode(context, actor_id, found)
+    return _Prepared(charged, claim, graph, planned, _resolve(context, read, graph))
+
+
+def _plan(context: NodeContext, request: PublishRequest, prepared: _Prepared) -> _Decided:
+    """Track the graph, plan the noise and the cost, and where it is evaluated (step 4)."""
+    inputs = prepared.inputs
+    rp = plan_release(
+        prepared.planned,
+        inputs.specs,
+        epsilon=_float_at_most(prepared.charged),
+        delta=request.delta,
+        tracked=context.tracking.report,
+    )
+    cost = _cost(rp, request, inputs, prepared.graph)
+    # where it is evaluated: decided from public metadata, the cluster checked before the charge
+    cluster = context.cluster
+    columns = None
+    if cluster is not None and rp.selection is None:
+        columns = columns_for(context.settings, rp.plan, inputs.stored())
+    threads = cluster.check() if cluster is not None and columns is not None else 0
+    return _Decided(prepared.claim, inputs, rp, cost, columns, threads)
+
+
+def _decide(
+    context: NodeContext,
+    actor_id: int,
+    frame: bytes,
+    request: PublishRequest,
+    key: str | None,
+) -> _Decided:
+    """Steps 2 to 4 from what this process knows of the inputs, without a transaction.
+
+    Raises:
+        _Unknown: an input it does not know: the caller reads them.
+    """
+    prepared = _prepare(context, actor_id, frame, request, key, None)
+    assert not isinstance(prepared, Replayed)  # a key's answer is read with the account
+    return _plan(context, request, prepared)
+
+
 #: The account as :func:`users.actor_of` reads it, with what is stored under the publish's
 #: idempotency key (NULLs: unused).
 _ACCOUNT_AND_KEY = (
@@ -334,7 +467,8 @@ def publish(
 ) -> Published | Replayed:
     """Decide, charge, then evaluate, noise and release (see the module docstring).
 
-    ``actor_id`` comes from a verified token; the account is read with the inputs. ``key``:
+    ``actor_id`` comes from a verified token; the account is read with the inputs, or
+    checked by the charge (see the module docstring). ``key``:
     the request's idempotency key; a retry of a request already answered under it gets
     that answer (:class:`Replayed`), neither evaluated nor charged again.
 
@@ -350,53 +484,36 @@ def publish(
             cannot be reached or has no worker; nothing is charged.
         PolicyRefusedError, BudgetExceededError, ApprovalRequiredError: the policy or the
             budget refuses the charge; nothing is released.
+        NotFoundError: a dataset was deleted since it was read; nothing is charged.
     """
     if key is not None:
         idempotency.check_key(key)
-    with context.read_sessions() as session:  # the account, then the inputs: one read
-        if key is None:
-            actor = users.active_actor(session, actor_id)
-        else:  # the account, with what is stored under the key: one statement
-            values = {"user_id": actor_id, "key": key}
-            account = session.connection().execute(_ACCOUNT_AND_KEY, values).first()
-            actor = users.actor_of(account)
-        charged = budget.quantize_epsilon(request.epsilon)  # a bad epsilon, before any work
-        if request.delta is not None:
-            _check_delta(request.delta)
-        found = context.structures.find(actor.id, frame)  # a reference names its frame
-        claim = None
-        if key is not None:
-            digest = idempotency.request_hash(
-                found.frame, request.epsilon, request.delta, request.run_id
-            )
-            claim = idempotency.Claim(key, digest)
-            stored = idempotency.answer_of(account, claim)
-            if stored is not None:  # answered already: released, nothing new to decide
-                return Replayed(stored)
-        graph, planned = _decode(context, actor, found)
-        inputs = _resolve(context, session, actor, graph)
-    rp = plan_release(
-        planned,
-        inputs.specs,
-        epsilon=_float_at_most(charged),
-        delta=request.delta,
-        tracked=context.tracking.report,
-    )
-    cost = _cost(rp, request, inputs, graph)
-    # where it is evaluated: decided from public metadata, the cluster checked before the charge
-    cluster = context.cluster
-    columns = None
-    if cluster is not None and rp.selection is None:
-        columns = columns_for(context.settings, rp.plan, inputs.stored())
-    threads = cluster.check() if cluster is not None and columns is not None else 0
+    try:  # from the inputs this process knows: no transaction before the charge's
+        decided = _decide(context, actor_id, frame, request, key)
+    except _Unknown:  # the account, then the inputs: one read
+        with context.read_sessions() as session:
+            read = _read_account(session, actor_id, key)
+            prepared = _prepare(context, actor_id, frame, request, key, read)
+        if isinstance(prepared, Replayed):
+            return prepared
+        decided = _plan(context, request, prepared)
+    except DPNodeError:  # refused from public metadata: said only to an active account
+        with context.read_sessions() as session:
+            users.active_actor(session, actor_id)
+        raise
+    claim, inputs, rp, cost = decided.claim, decided.inputs, decided.rp, decided.cost
+    cluster, columns, threads = context.cluster, decided.columns, decided.threads
     try:
         entry, after = budget.charge(
-            context.serial_sessions, context.settings, actor.id, cost, claim=claim
+            context.serial_sessions, context.settings, actor_id, cost, claim=claim
         )
-    except idempotency.AlreadyClaimed:  # a copy of this request was charged meanwhile
+    except NotFoundError:  # a dataset deleted since it was read: nothing was charged
+        context.known_datasets.forget(inputs.dataset_ids)
+        raise
+    except idempotency.AlreadyClaimed:  # a copy of this request was charged, or answered
         assert claim is not None
         with context.read_sessions() as session:
-            stored = idempotency.replay(session, actor.id, claim)
+            stored = idempotency.replay(session, actor_id, claim)
         if stored is None:  # its key expired between the two reads
             raise PublishInProgressError(
                 f"the publish with idempotency key {key!r} was just charged by another "
@@ -405,7 +522,7 @@ def publish(
         return Replayed(stored)
     # Charged: from here on the data is read, and the publish is always answered.
     if claim is not None:  # renewed until the answer is stored (answered)
-        context.leases.hold(actor.id, claim.key)
+        context.leases.hold(actor_id, claim.key)
     try:
         if cluster is not None and columns is not None:
             names = frozenset(str(rp.plan.graph.nodes[i].attrs["name"]) for i in columns)
@@ -415,7 +532,7 @@ def publish(
             done = run_release(rp, lambda: inputs.values(context))
     except BaseException:  # not answered: the lease lapses, and its retries learn it is lost
         if claim is not None:
-            context.leases.release(actor.id, claim.key)
+            context.leases.release(actor_id, claim.key)
         raise
     release = done.release
     receipt = {

@@ -174,7 +174,8 @@ def authenticate(
 
 #: Built once: every request with a token reads its account.
 _BY_ID = select(User).where(User.id == bindparam("user_id"))
-_GONE = "this account no longer exists or is deactivated"
+#: What a token whose account is gone is told.
+GONE = "this account no longer exists or is deactivated"
 
 
 def active(session: Session, user_id: int) -> User:
@@ -185,7 +186,7 @@ def active(session: Session, user_id: int) -> User:
     """
     user = session.scalar(_BY_ID, {"user_id": user_id})
     if user is None or not user.is_active:
-        raise AuthenticationError(_GONE)
+        raise AuthenticationError(GONE)
     return user
 
 
@@ -219,7 +220,7 @@ def actor_of(row: Any) -> Actor:
         AuthenticationError: no such account, or it was deactivated.
     """
     if row is None or not row.is_active:
-        raise AuthenticationError(_GONE)
+        raise AuthenticationError(GONE)
     return Actor(row.id, row.role)
 
 
