@@ -324,7 +324,7 @@ def sampler_units(cost: Cost) -> tuple[int, int]:
 
 
 def receipt_terms(
-    entry: LedgerEntry, after: Status, *, asked_epsilon: float, asked_delta: float | None
+    entry: Charged, after: Status, *, asked_epsilon: float, asked_delta: float | None
 ) -> dict[str, Any]:
     """The budget fields of a publish's receipt, from what :func:`charge` returned.
 
@@ -407,9 +407,19 @@ _USER_DATASETS = (
     .where(_DATASETS.c.id.in_(bindparam("ids", expanding=True)))
     .order_by(_DATASETS.c.id)
 )
+#: The same for one dataset, the usual case (an expanding IN is rendered anew on each call).
+_USER_DATASET = select(_DATASETS.c.id, _DATASETS.c.name).where(_DATASETS.c.id == bindparam("id"))
 #: The same, locking the rows on PostgreSQL (see :func:`_lock`).
 _LOCK_USER = _USER.with_for_update(key_share=True)
 _LOCK_DATASETS = _USER_DATASETS.with_for_update(key_share=True)
+_LOCK_DATASET = _USER_DATASET.with_for_update(key_share=True)
+#: By (PostgreSQL, one dataset).
+_DATASET_QUERIES = {
+    (False, False): _USER_DATASETS,
+    (False, True): _USER_DATASET,
+    (True, False): _LOCK_DATASETS,
+    (True, True): _LOCK_DATASET,
+}
 
 
 def _of_user(column: Any) -> Any:
@@ -710,6 +720,10 @@ def _lock(session: Session, user_id: int, dataset_ids: Sequence[int]) -> _Locked
     statement of their own after the lock, whose snapshot has every charge committed before
     the lock was granted (read in the locking statement, they would be as of before its wait:
     a charge committed meanwhile would be missed); on SQLite with the account.
+
+    Raises:
+        AuthenticationError: the account no longer exists or was deactivated (whoever asks
+            for a charge holds a token for it).
     """
     connection = session.connection()
     values = {"user_id": user_id}
@@ -720,9 +734,11 @@ def _lock(session: Session, user_id: int, dataset_ids: Sequence[int]) -> _Locked
     state: Sequence[Any] = connection.execute(_READ_STATE, values).one() if postgres else row[4:]
     user = Account(*row[:3])
     found: dict[int, str] = {}
-    if dataset_ids:
-        query = _LOCK_DATASETS if postgres else _USER_DATASETS
-        rows = connection.execute(query, {"ids": sorted(set(dataset_ids))})
+    ids = sorted(set(dataset_ids))
+    if ids:
+        one = len(ids) == 1
+        query = _DATASET_QUERIES[postgres, one]
+        rows = connection.execute(query, {"id": ids[0]} if one else {"ids": ids})
         found = {int(ident): str(name) for ident, name in rows}
     in_force = policy_service.in_force(session, (state[0], state[1]))
     puser = policy_user(session, user, granted=bool(state[6]))
@@ -743,6 +759,23 @@ def _refusal(decision: policies.Decision, in_force: InForce, **more: Any) -> Pol
     )
 
 
+@dataclass(frozen=True)
+class Charged:
+    """The ledger row :func:`charge` wrote, as it wrote it (a ``ledger_entries`` row)."""
+
+    id: int
+    at: datetime
+    user_id: int
+    mechanism: str
+    epsilon_units: int
+    rho_units: int
+    tv_units: int
+    dataset_ids: list[int]
+    graph_hash: str | None
+    detail: dict[str, Any]
+    policy_revision: int | None
+
+
 def charge(
     serial_sessions: sessionmaker[Session],
     settings: Settings,
@@ -750,7 +783,7 @@ def charge(
     cost: Cost,
     *,
     claim: idempotency.Claim | None = None,
-) -> tuple[LedgerEntry, Status]:
+) -> tuple[Charged, Status]:
     """Decide the cost under the policy in force and record it, atomically.
 
     ``serial_sessions`` must be bound to ``dpnode.node.db.session.serial_engine``. Returns the
@@ -762,7 +795,8 @@ def charge(
             nothing is recorded in the ledger. ``rule`` and ``policy_revision`` say which.
         PolicyRefusedError: another rule refused it (per-publish cap, rate limit, denial).
         ApprovalRequiredError: the publish waits for an admin; a pending request is stored.
-        NotFoundError: no such user, or a dataset read was deleted meanwhile.
+        AuthenticationError: the account no longer exists or was deactivated.
+        NotFoundError: a dataset read was deleted meanwhile; nothing is recorded.
         idempotency.AlreadyClaimed: another request charged ``claim``'s key; nothing is
             recorded (the caller answers with that request's answer).
     """
@@ -860,24 +894,23 @@ def charge(
             session.commit()
             raise _refusal(decision, in_force)
         # The rows are written with plain INSERTs (no unit of work: nothing is read back).
-        entry = LedgerEntry(
-            at=at,
-            user_id=user.id,
-            mechanism=cost.mechanism,
-            epsilon_units=decision.granted.epsilon_units,
-            rho_units=decision.granted.rho_units,
+        values: dict[str, Any] = {
+            "at": at,
+            "user_id": user.id,
+            "mechanism": cost.mechanism,
+            "epsilon_units": decision.granted.epsilon_units,
+            "rho_units": decision.granted.rho_units,
             # The samplers' delta, in delta units (see the module docstring).
-            tv_units=decision.granted.delta_units,
-            dataset_ids=sorted(set(cost.dataset_ids)),
-            graph_hash=cost.graph_hash,
-            detail=cost.detail,
-            policy_revision=in_force.revision,
-        )
+            "tv_units": decision.granted.delta_units,
+            "dataset_ids": sorted(set(cost.dataset_ids)),
+            "graph_hash": cost.graph_hash,
+            "detail": cost.detail,
+            "policy_revision": in_force.revision,
+        }
         connection = session.connection()
-        values = {c.key: getattr(entry, c.key) for c in _LEDGER.columns if c.key != "id"}
         key = connection.execute(_INSERT_LEDGER, values).inserted_primary_key
         assert key is not None
-        entry.id = key[0]
+        entry = Charged(id=key[0], **values)
         if entry.dataset_ids:
             connection.execute(
                 _INSERT_READS,

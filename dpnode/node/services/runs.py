@@ -107,7 +107,8 @@ def plan(
         PolicyRefusedError: a step is over a per-publish cap, or an admin denied the run
             (reported once, with the admin's reason).
         ApprovalRequiredError: the run waits for an admin; one pending request is stored.
-        NotFoundError: no such user or dataset.
+        AuthenticationError: the account no longer exists or was deactivated.
+        NotFoundError: no such dataset.
     """
     _check(run)
     step_cost = gaussian_cost(run.epsilon, run.delta, run.values)
