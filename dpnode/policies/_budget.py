@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 from fractions import Fraction
+from functools import cached_property, lru_cache
 
 from dpnode.policies._conversion import RhoToEpsilon, converted_units
 from dpnode.policies._document import ROLES, Amounts, Policy
@@ -61,6 +62,12 @@ class Spent:
         )
 
 
+@lru_cache(maxsize=64)
+def _decimal(value: float) -> Fraction:
+    """The exact decimal ``value`` was written as (a policy's few numbers, read per decision)."""
+    return Fraction(Decimal(repr(value)))
+
+
 @dataclass(frozen=True)
 class Limit:
     """An epsilon and delta ceiling; ``None`` leaves that side unlimited.
@@ -75,9 +82,9 @@ class Limit:
     @classmethod
     def for_policy(cls, policy: Policy, epsilon: int | None, delta: int | None) -> Limit:
         """A limit under ``policy``'s delta split."""
-        return cls(epsilon, delta, Fraction(Decimal(repr(policy.zcdp_delta_share))))
+        return cls(epsilon, delta, _decimal(policy.zcdp_delta_share))
 
-    @property
+    @cached_property
     def conversion_delta_units(self) -> int:
         """``delta_z``: the delta reserved for converting rho."""
         return 0 if self.delta_units is None else math.floor(self.delta_units * self.share)

@@ -498,7 +498,7 @@ def run_blocks(
     graph: Graph,
     calls: Sequence[Call | None],
     bound: Mapping[int, Array],
-    gen: np.random.Generator,
+    gen: np.random.Generator | None,
     elements: int = BLOCK_ELEMENTS,
     *,
     runner: PassRunner | None = None,

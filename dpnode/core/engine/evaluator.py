@@ -253,7 +253,9 @@ def run(
     extra = set(inputs) - declared
     if extra:
         raise EvaluationError(f"inputs {sorted(extra)} are not declared by the graph")
-    gen = rng if rng is not None else np.random.default_rng()
+    gen = rng
+    if gen is None and any(n.op in REGISTRY and REGISTRY[n.op].random for n in g.nodes):
+        gen = np.random.default_rng()  # seeded from the OS: only for a graph that draws
     blocks = p.blocks
     if runner is not None:
         if blocks is None or trackers:
@@ -302,6 +304,7 @@ def run(
                 prim = REGISTRY[node.op]
                 if prim.random:
                     # a private copy: a Plan may be shared by concurrent runs
+                    assert gen is not None
                     call = copy.copy(call)
                     call.rng = gen
                 args = [

@@ -102,7 +102,12 @@ def delta_asked_units(delta: float) -> int:
 
 def _decimal(value: float, what: str) -> Fraction:
     _check_amount(value, what)
-    return Fraction(Decimal(repr(float(value))))
+    return _exact(float(value))
+
+
+@lru_cache(maxsize=256)  # the few amounts asked again and again (a training run's epsilon)
+def _exact(value: float) -> Fraction:
+    return Fraction(Decimal(repr(value)))
 
 
 def units_up(value: float, unit: Fraction, what: str) -> int:
