@@ -341,13 +341,22 @@ class KnownDatasets:
     its columns) and ids are never reused (``NEVER_REUSE_IDS``): an entry is right for as long
     as its dataset exists. Whether it still does is decided by the charge of every publish,
     under its lock (``budget.charge`` refuses a dataset deleted meanwhile, charging nothing),
-    so every process of a node may keep its own. At most ``max_entries``, least recently used
-    out; safe to share between threads.
+    so every process of a node may keep its own. At most ``max_columns`` columns' metadata
+    (a few hundred bytes each), least recently used out; a dataset wider than that is read each
+    time. Safe to share between threads.
+
+    >>> known = KnownDatasets(max_columns=3)
+    >>> column = ReadColumn("x", "float64", (), 0.0, 1.0, "0" * 64, None)
+    >>> for ident in (1, 2, 3):
+    ...     known.add(ReadDataset(ident, f"d{ident}", 10, None, None, (column,) * ident))
+    >>> known.get(1), known.get(2), known.get(3) is not None  # 1 and 2 made way for 3
+    (None, None, True)
     """
 
-    def __init__(self, max_entries: int = 1024) -> None:
-        self.max_entries = max_entries
+    def __init__(self, max_columns: int = 100_000) -> None:
+        self.max_columns = max_columns
         self._known: OrderedDict[int, ReadDataset] = OrderedDict()
+        self._columns = 0
         self._lock = threading.Lock()
 
     def get(self, ident: int) -> ReadDataset | None:
@@ -358,16 +367,25 @@ class KnownDatasets:
             return found
 
     def add(self, dataset: ReadDataset) -> None:
+        width = max(len(dataset.columns), 1)
+        if width > self.max_columns:
+            return
         with self._lock:
+            self._drop(dataset.id)
             self._known[dataset.id] = dataset
-            self._known.move_to_end(dataset.id)
-            while len(self._known) > self.max_entries:
-                self._known.popitem(last=False)
+            self._columns += width
+            while self._columns > self.max_columns:
+                self._drop(next(iter(self._known)))
 
     def forget(self, idents: Iterable[int]) -> None:
         with self._lock:
             for ident in idents:
-                self._known.pop(ident, None)
+                self._drop(ident)
+
+    def _drop(self, ident: int) -> None:
+        gone = self._known.pop(ident, None)
+        if gone is not None:
+            self._columns -= max(len(gone.columns), 1)
 
 
 def search_datasets(
