@@ -2,8 +2,8 @@
 
 Order of events, each for a reason:
 
-1. read the caller's account (a deactivated one is refused before any work) and check
-   the epsilon and delta asked for;
+1. read the caller's account (a deactivated one is told nothing but that: see below) and
+   check the epsilon and delta asked for;
 2. decode and plan the graph (quotas refuse it before any data is read or allocated);
 3. resolve its inputs' public metadata — dataset columns' declared bounds and subject
    structure, public model weights — and check that the caller may use each;
