@@ -56,7 +56,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -67,6 +67,7 @@ __all__ = [
     "Claim",
     "CorruptBlobError",
     "FileBlobStore",
+    "SizedLru",
     "Staged",
     "VerifiedFiles",
     "array_chunks",
@@ -98,6 +99,10 @@ class Staged:
     path: Path
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
 class BlobStore(Protocol):
     def put(self, data: bytes, *, claim: Claim | None = None) -> str: ...
     def put_stream(
@@ -111,12 +116,56 @@ class BlobStore(Protocol):
     def open_array(self, digest: str, dtype: str, shape: tuple[int, ...]) -> npt.NDArray[Any]: ...
 
 
-class BlobCache:
+class SizedLru(Generic[K, V]):
+    """At most ``max_size`` worth of values (each weighing ``weight(value)``), least recently
+    used out; a value heavier than the whole budget is never kept. For immutable values: a key
+    kept already keeps its value. Safe to share between threads (one lock guards the index).
+    """
+
+    def __init__(self, max_size: int, weight: Callable[[V], int]) -> None:
+        self.max_size = max_size
+        self.size = 0
+        self._weight = weight
+        self._kept: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            value = self._kept.get(key)
+            if value is not None:
+                self._kept.move_to_end(key)
+            return value
+
+    def add(self, key: K, value: V) -> None:
+        weight = self._weight(value)
+        if weight > self.max_size:
+            return
+        with self._lock:
+            if key in self._kept:
+                self._kept.move_to_end(key)
+                return
+            self._kept[key] = value
+            self.size += weight
+            while self.size > self.max_size:
+                _, old = self._kept.popitem(last=False)
+                self.size -= self._weight(old)
+
+    def discard(self, key: K) -> None:
+        with self._lock:
+            value = self._kept.pop(key, None)
+            if value is not None:
+                self.size -= self._weight(value)
+
+    def keys(self) -> list[K]:
+        with self._lock:
+            return list(self._kept)
+
+
+class BlobCache(SizedLru[str, bytes]):
     """Verified blobs in memory, at most ``max_bytes`` of them, least recently used out.
 
-    Safe to share between threads: one lock guards the index; the bytes themselves are
-    immutable. A blob larger than the whole budget is never cached; ``max_bytes`` 0
-    disables the cache.
+    The bytes are immutable, named by their hash. A blob larger than the whole budget is never
+    cached; ``max_bytes`` 0 disables the cache.
 
     >>> cache = BlobCache(10)
     >>> cache.add("a", b"12345"); cache.add("b", b"67890"); cache.get("a")
@@ -126,41 +175,10 @@ class BlobCache:
     """
 
     def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.size = 0
-        self._blobs: OrderedDict[str, bytes] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, digest: str) -> bytes | None:
-        with self._lock:
-            data = self._blobs.get(digest)
-            if data is not None:
-                self._blobs.move_to_end(digest)
-            return data
-
-    def add(self, digest: str, data: bytes) -> None:
-        """Keep ``data`` (already verified against ``digest``), evicting old blobs to fit."""
-        if len(data) > self.max_bytes:
-            return
-        with self._lock:
-            if digest in self._blobs:
-                self._blobs.move_to_end(digest)
-                return
-            self._blobs[digest] = data
-            self.size += len(data)
-            while self.size > self.max_bytes:
-                _, old = self._blobs.popitem(last=False)
-                self.size -= len(old)
-
-    def discard(self, digest: str) -> None:
-        with self._lock:
-            data = self._blobs.pop(digest, None)
-            if data is not None:
-                self.size -= len(data)
+        super().__init__(max_bytes, len)
 
     def digests(self) -> list[str]:
-        with self._lock:
-            return list(self._blobs)
+        return self.keys()
 
 
 #: (device, inode, size, mtime ns, ctime ns) of an open file

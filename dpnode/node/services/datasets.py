@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -35,7 +33,7 @@ from dpnode.node.services.catalog import (
     require_uploader,
 )
 from dpnode.node.services.tabular import ColumnSpec, PreparedTable, prepare_table
-from dpnode.node.storage import BlobStore, array_from_bytes, array_to_bytes
+from dpnode.node.storage import BlobStore, SizedLru, array_from_bytes, array_to_bytes
 
 
 @dataclass(frozen=True)
@@ -333,7 +331,11 @@ def get_dataset_columns(session: Session, dataset_id: int) -> ReadDataset:
     return ReadDataset(first[0], first[1], first[2], first[3], first[4], columns)
 
 
-class KnownDatasets:
+def _width(dataset: ReadDataset) -> int:
+    return max(len(dataset.columns), 1)
+
+
+class KnownDatasets(SizedLru[int, ReadDataset]):
     """The datasets this process has read for a computation (:class:`ReadDataset`), by id, so
     that a publish on them reads no metadata from the database.
 
@@ -348,44 +350,20 @@ class KnownDatasets:
     >>> known = KnownDatasets(max_columns=3)
     >>> column = ReadColumn("x", "float64", (), 0.0, 1.0, "0" * 64, None)
     >>> for ident in (1, 2, 3):
-    ...     known.add(ReadDataset(ident, f"d{ident}", 10, None, None, (column,) * ident))
+    ...     known.keep(ReadDataset(ident, f"d{ident}", 10, None, None, (column,) * ident))
     >>> known.get(1), known.get(2), known.get(3) is not None  # 1 and 2 made way for 3
     (None, None, True)
     """
 
     def __init__(self, max_columns: int = 100_000) -> None:
-        self.max_columns = max_columns
-        self._known: OrderedDict[int, ReadDataset] = OrderedDict()
-        self._columns = 0
-        self._lock = threading.Lock()
+        super().__init__(max_columns, _width)
 
-    def get(self, ident: int) -> ReadDataset | None:
-        with self._lock:
-            found = self._known.get(ident)
-            if found is not None:
-                self._known.move_to_end(ident)
-            return found
-
-    def add(self, dataset: ReadDataset) -> None:
-        width = max(len(dataset.columns), 1)
-        if width > self.max_columns:
-            return
-        with self._lock:
-            self._drop(dataset.id)
-            self._known[dataset.id] = dataset
-            self._columns += width
-            while self._columns > self.max_columns:
-                self._drop(next(iter(self._known)))
+    def keep(self, dataset: ReadDataset) -> None:
+        self.add(dataset.id, dataset)
 
     def forget(self, idents: Iterable[int]) -> None:
-        with self._lock:
-            for ident in idents:
-                self._drop(ident)
-
-    def _drop(self, ident: int) -> None:
-        gone = self._known.pop(ident, None)
-        if gone is not None:
-            self._columns -= max(len(gone.columns), 1)
+        for ident in idents:
+            self.discard(ident)
 
 
 def search_datasets(

@@ -181,7 +181,7 @@ def _resolve(context: NodeContext, read: _Read | None, graph: Graph) -> _Inputs:
                     raise _Unknown
                 if known is None and read is not None:
                     known = datasets.get_dataset_columns(read.session, ident)
-                    context.known_datasets.add(known)
+                    context.known_datasets.keep(known)
                 assert known is not None
                 loaded[ident] = known
             dataset = loaded[ident]
