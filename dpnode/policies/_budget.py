@@ -19,15 +19,14 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from decimal import Decimal
 from fractions import Fraction
-from functools import cached_property, lru_cache
+from functools import cached_property
 
 from dpnode.policies._conversion import RhoToEpsilon, converted_units
 from dpnode.policies._document import ROLES, Amounts, Policy
 from dpnode.policies._periods import as_utc
 from dpnode.policies._records import Allowance, Charge, Grant, User
-from dpnode.policies._units import delta_units, epsilon_units
+from dpnode.policies._units import decimal, delta_units, epsilon_units
 
 __all__ = ["Allocation", "Limit", "Spent", "allocation_for", "apply_grant"]
 
@@ -62,12 +61,6 @@ class Spent:
         )
 
 
-@lru_cache(maxsize=64)
-def _decimal(value: float) -> Fraction:
-    """The exact decimal ``value`` was written as (a policy's few numbers, read per decision)."""
-    return Fraction(Decimal(repr(value)))
-
-
 @dataclass(frozen=True)
 class Limit:
     """An epsilon and delta ceiling; ``None`` leaves that side unlimited.
@@ -82,7 +75,7 @@ class Limit:
     @classmethod
     def for_policy(cls, policy: Policy, epsilon: int | None, delta: int | None) -> Limit:
         """A limit under ``policy``'s delta split."""
-        return cls(epsilon, delta, _decimal(policy.zcdp_delta_share))
+        return cls(epsilon, delta, decimal(policy.zcdp_delta_share))
 
     @cached_property
     def conversion_delta_units(self) -> int:

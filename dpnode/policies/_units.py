@@ -13,11 +13,13 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 from fractions import Fraction
+from functools import lru_cache
 
 __all__ = [
     "DELTA_UNIT",
     "EPSILON_UNIT",
     "RHO_UNIT",
+    "decimal",
     "delta_units",
     "epsilon_units",
     "format_delta",
@@ -38,6 +40,16 @@ def _check(value: float, what: str) -> None:
         raise ValueError(f"{what} must be a finite number >= 0, got {value!r}")
 
 
+@lru_cache(maxsize=256)  # the few amounts read again and again (a training run's epsilon)
+def decimal(value: float) -> Fraction:
+    """The decimal a person wrote as the float ``value``: its shortest ``repr``, exactly.
+
+    >>> decimal(0.1), decimal(1e-6)
+    (Fraction(1, 10), Fraction(1, 1000000))
+    """
+    return Fraction(Decimal(repr(float(value))))
+
+
 def units_down(value: float, unit: Fraction, what: str = "amount") -> int:
     """``value`` in whole ``unit``\\ s, rounded down, reading the float as its shortest decimal.
 
@@ -50,7 +62,7 @@ def units_down(value: float, unit: Fraction, what: str = "amount") -> int:
     0
     """
     _check(value, what)
-    return math.floor(Fraction(Decimal(repr(float(value)))) / unit)
+    return math.floor(decimal(value) / unit)
 
 
 def units_up(value: float, unit: Fraction, what: str = "amount") -> int:

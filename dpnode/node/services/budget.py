@@ -35,7 +35,6 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from decimal import Decimal
 from fractions import Fraction
 from functools import cached_property, lru_cache
 from typing import Any, NamedTuple
@@ -102,12 +101,7 @@ def delta_asked_units(delta: float) -> int:
 
 def _decimal(value: float, what: str) -> Fraction:
     _check_amount(value, what)
-    return _exact(float(value))
-
-
-@lru_cache(maxsize=256)  # the few amounts asked again and again (a training run's epsilon)
-def _exact(value: float) -> Fraction:
-    return Fraction(Decimal(repr(value)))
+    return policies.decimal(value)
 
 
 def units_up(value: float, unit: Fraction, what: str) -> int:
@@ -578,7 +572,7 @@ def _load(
         if listed:
             rest = rest.where(_LEDGER.c.id.not_in(listed))
         row = connection.execute(rest, {"user_id": user_id, "since": since}).one()
-        mine = (int(row[0]), int(row[1]), int(row[2]), row[3])
+        mine = _total(row)  # sums of no rows are 0, their newest NULL
     newest_at = mine[3]
     if newest_at is not None:
         found.append(charge(newest_at, user_id, (), *mine[:3]))
