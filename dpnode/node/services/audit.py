@@ -7,6 +7,8 @@ from typing import Any, Protocol
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
+from dpnode.node.db.base import table_of, utcnow
+from dpnode.node.db.direct import Direct
 from dpnode.node.db.models import AuditEvent
 
 
@@ -42,7 +44,9 @@ def record(
     return event
 
 
-_INSERT = insert(AuditEvent)
+_AUDIT = table_of(AuditEvent)
+_KEYS = ("at", "actor_id", "actor_email", "action", "target_type", "target_id", "detail")
+_INSERT = Direct(insert(_AUDIT), _KEYS)
 
 
 def append(
@@ -54,9 +58,11 @@ def append(
     target_id: int | None = None,
     **detail: Any,
 ) -> None:
-    """:func:`record`, written at once with one INSERT rather than by the ORM at the next
-    flush: for the publish transaction, which writes its few rows without a unit of work."""
+    """:func:`record`, written at once with one INSERT on the cursor (:class:`Direct`) rather
+    than by the ORM at the next flush: for the publish transaction, which writes its few rows
+    without a unit of work."""
     row = {
+        "at": utcnow(),
         "actor_id": actor.id if actor is not None else None,
         "actor_email": actor.email if actor is not None else None,
         "action": action,
@@ -64,7 +70,7 @@ def append(
         "target_id": target_id,
         "detail": detail,
     }
-    session.connection().execute(_INSERT, row)
+    _INSERT.execute(session.connection(), row)
 
 
 def list_events(

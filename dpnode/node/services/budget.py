@@ -52,7 +52,8 @@ from dpnode.core.errors import (
     NotFoundError,
     PolicyRefusedError,
 )
-from dpnode.node.db.base import utcnow
+from dpnode.node.db.base import table_of, utcnow
+from dpnode.node.db.direct import Direct
 from dpnode.node.db.models import (
     BudgetGrant,
     Dataset,
@@ -374,7 +375,7 @@ def _allowance(epsilon: float, delta: float) -> policies.Allowance:
 
 
 _GRANTS = BudgetGrant.__table__
-_LEDGER = LedgerEntry.__table__
+_LEDGER = table_of(LedgerEntry)
 _DATASETS = Dataset.__table__
 # The statements of every publish, built once: building a statement costs more than running
 # it on SQLite (the values are bound per call).
@@ -412,13 +413,10 @@ _USER_DATASET = select(_DATASETS.c.id, _DATASETS.c.name).where(_DATASETS.c.id ==
 _LOCK_USER = _USER.with_for_update(key_share=True)
 _LOCK_DATASETS = _USER_DATASETS.with_for_update(key_share=True)
 _LOCK_DATASET = _USER_DATASET.with_for_update(key_share=True)
-#: By (PostgreSQL, one dataset).
-_DATASET_QUERIES = {
-    (False, False): _USER_DATASETS,
-    (False, True): _USER_DATASET,
-    (True, False): _LOCK_DATASETS,
-    (True, True): _LOCK_DATASET,
-}
+#: One dataset's, run on the cursor (:class:`Direct`), by PostgreSQL; several datasets' (an
+#: expanding IN), by PostgreSQL.
+_DATASET_QUERY = {False: Direct(_USER_DATASET), True: Direct(_LOCK_DATASET)}
+_DATASETS_QUERY = {False: _USER_DATASETS, True: _LOCK_DATASETS}
 
 
 def _of_user(column: Any) -> Any:
@@ -432,13 +430,28 @@ _STATE = (
     *(_of_user(_TOTALS.c[k]) for k in ("epsilon_units", "rho_units", "tv_units", "newest_at")),
     select(_GRANTS.c.id).where(_GRANTS.c.user_id == bindparam("user_id")).exists(),
 )
-_READ_STATE = select(*_STATE)
+_READ_STATE = Direct(select(*_STATE))
 #: SQLite: the account and the state in one statement (BEGIN IMMEDIATE serialised it all).
-_USER_STATE = _USER.add_columns(*_STATE)
+_USER_STATE = Direct(_USER.add_columns(*_STATE))
+_LOCK_USER_DIRECT = Direct(_LOCK_USER)
 
-
-_INSERT_LEDGER = insert(LedgerEntry)
-_INSERT_READS = insert(LedgerEntryDataset)
+#: The rows of a charge: every column given (``Direct`` computes no Python default).
+_LEDGER_KEYS = (
+    "at",
+    "user_id",
+    "mechanism",
+    "epsilon_units",
+    "rho_units",
+    "tv_units",
+    "dataset_ids",
+    "graph_hash",
+    "detail",
+    "policy_revision",
+)
+_INSERT_LEDGER = Direct(insert(_LEDGER).returning(_LEDGER.c.id), _LEDGER_KEYS)
+_INSERT_READS = Direct(
+    insert(table_of(LedgerEntryDataset)), ("ledger_id", "dataset_id", "dataset_name")
+)
 
 
 class Account(NamedTuple):
@@ -727,18 +740,19 @@ def _lock(session: Session, user_id: int, dataset_ids: Sequence[int]) -> _Locked
     connection = session.connection()
     values = {"user_id": user_id}
     postgres = connection.dialect.name != "sqlite"
-    row = connection.execute(_LOCK_USER if postgres else _USER_STATE, values).first()
-    if row is None or not row[3]:  # a publish comes with a token: its account is gone
+    rows = (_LOCK_USER_DIRECT if postgres else _USER_STATE).execute(connection, values)
+    if not rows or not rows[0][3]:  # a publish comes with a token: its account is gone
         raise AuthenticationError(users.GONE)
-    state: Sequence[Any] = connection.execute(_READ_STATE, values).one() if postgres else row[4:]
+    row = rows[0]
+    state: Sequence[Any] = _READ_STATE.execute(connection, values)[0] if postgres else row[4:]
     user = Account(*row[:3])
     found: dict[int, str] = {}
     ids = sorted(set(dataset_ids))
-    if ids:
-        one = len(ids) == 1
-        query = _DATASET_QUERIES[postgres, one]
-        rows = connection.execute(query, {"id": ids[0]} if one else {"ids": ids})
-        found = {int(ident): str(name) for ident, name in rows}
+    if len(ids) == 1:
+        found = dict(_DATASET_QUERY[postgres].execute(connection, {"id": ids[0]}))
+    elif ids:
+        several = connection.execute(_DATASETS_QUERY[postgres], {"ids": ids}).all()
+        found = {int(ident): str(name) for ident, name in several}
     in_force = policy_service.in_force(session, (state[0], state[1]))
     puser = policy_user(session, user, granted=bool(state[6]))
     return _Locked(user, found, in_force, puser, _total(state[2:6]))
@@ -907,17 +921,14 @@ def charge(
             "policy_revision": in_force.revision,
         }
         connection = session.connection()
-        key = connection.execute(_INSERT_LEDGER, values).inserted_primary_key
-        assert key is not None
-        entry = Charged(id=key[0], **values)
-        if entry.dataset_ids:
-            connection.execute(
-                _INSERT_READS,
-                [
-                    {"ledger_id": entry.id, "dataset_id": d, "dataset_name": found.get(d)}
-                    for d in entry.dataset_ids
-                ],
-            )
+        ((ident,),) = _INSERT_LEDGER.execute(connection, values)
+        entry = Charged(id=ident, **values)
+        reads = [
+            {"ledger_id": entry.id, "dataset_id": d, "dataset_name": found.get(d)}
+            for d in entry.dataset_ids
+        ]
+        if reads:
+            _INSERT_READS.execute(connection, reads[0] if len(reads) == 1 else reads)
         if claim is not None:
             lease = settings.publish_lease_seconds
             idempotency.record(session, user.id, claim, entry.id, at, lease)

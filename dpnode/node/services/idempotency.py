@@ -39,13 +39,17 @@ from dpnode.core.errors import (
     PublishInProgressError,
     PublishLostError,
 )
-from dpnode.node.db.base import utcnow
+from dpnode.node.db.base import table_of, utcnow
+from dpnode.node.db.direct import Direct
 from dpnode.node.db.models import PublishKey
 
 #: Printable ASCII without spaces, as an HTTP header carries it untouched.
 _KEY = re.compile(r"[\x21-\x7e]{1,128}")
 
-_INSERT = insert(PublishKey)
+_INSERT = Direct(
+    insert(table_of(PublishKey)),
+    ("user_id", "key", "request_hash", "ledger_id", "created_at", "lease_until"),
+)
 #: A user's key, bound as ``user_id`` and ``key``.
 _THIS_KEY = (PublishKey.user_id == bindparam("user_id"), PublishKey.key == bindparam("key"))
 #: Run on the session's connection (Core execution, no ORM unit of work): in every publish.
@@ -59,8 +63,8 @@ _STATE = select(
     PublishKey.response.is_not(None),
     PublishKey.lease_until,
 ).where(*_THIS_KEY)
-_STORE = (
-    update(PublishKey)
+_STORE = Direct(
+    update(table_of(PublishKey))
     .where(PublishKey.user_id == bindparam("of_user"), PublishKey.key == bindparam("of_key"))
     .values(response=bindparam("answer"))
 )
@@ -226,7 +230,7 @@ def record(
         "lease_until": at + timedelta(seconds=lease_seconds),
     }
     try:
-        session.connection().execute(_INSERT, values)
+        _INSERT.execute(session.connection(), values)
     except IntegrityError as exc:
         raise AlreadyClaimed(claim.key) from exc
 
@@ -238,8 +242,8 @@ def store(sessions: sessionmaker[Session], user_id: int, key: str, response: byt
     to a power failure leaves its key charged and unanswered, and its lease lapses, so its
     retries are told it is lost; nothing is released twice or without its charge."""
     with sessions() as session:
-        session.connection().execute(
-            _STORE, {"of_user": user_id, "of_key": key, "answer": response}
+        _STORE.execute(
+            session.connection(), {"of_user": user_id, "of_key": key, "answer": response}
         )
         session.commit()
 
