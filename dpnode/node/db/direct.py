@@ -87,13 +87,12 @@ class Direct:
                 raise ValueError(f"an expanding parameter ({name}): use Connection.execute")
             value = _REQUIRED if bind.required else bind.effective_value
             binds.append((name, value, bind.type.dialect_impl(dialect).bind_processor(dialect)))
-        columns: tuple[_Processor, ...] = ()
         selected: Any = ()
         if isinstance(self.statement, Select):
             selected = self.statement.selected_columns
         elif isinstance(self.statement, Insert):
             selected = self.statement.exported_columns  # its RETURNING, if any
-        columns = tuple(
+        columns: tuple[_Processor, ...] = tuple(
             c.type.dialect_impl(dialect).result_processor(dialect, None) for c in selected
         )
         return _Prepared(compiled.string, tuple(binds), positional, columns)
@@ -128,9 +127,9 @@ class Direct:
         prepared = self.prepared(dialect)
         many = not isinstance(values, Mapping)
         parameters: Any = (
-            [self._parameters(prepared, v) for v in values]
-            if not isinstance(values, Mapping)
-            else self._parameters(prepared, values)
+            self._parameters(prepared, values)
+            if isinstance(values, Mapping)
+            else [self._parameters(prepared, v) for v in values]
         )
         fairy = connection.connection
         cursor = fairy.cursor()
