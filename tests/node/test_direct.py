@@ -38,7 +38,7 @@ from sqlalchemy import (
 from dpnode.node.context import NodeContext
 from dpnode.node.db.base import UTCDateTime
 from dpnode.node.db.direct import Direct
-from dpnode.node.db.models import User
+from dpnode.node.db.models import AuditEvent, LedgerEntry, LedgerEntryDataset, PublishKey, User
 from dpnode.node.services import audit, budget, idempotency
 
 
@@ -122,8 +122,6 @@ def test_the_node_s_own_direct_statements_write_what_the_orm_reads(
 ) -> None:
     """A charge's ledger row, its dataset, key and audit line, written directly, read back
     through the ORM models every other part of the node reads them with."""
-    from dpnode.node.db.models import AuditEvent, LedgerEntry, LedgerEntryDataset, PublishKey
-
     at = datetime(2026, 11, 27, 9, 30, tzinfo=UTC)
     values = {
         "at": at,

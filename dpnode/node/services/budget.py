@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from fractions import Fraction
 from functools import cached_property, lru_cache
@@ -435,24 +435,6 @@ _READ_STATE = Direct(select(*_STATE))
 _USER_STATE = Direct(_USER.add_columns(*_STATE))
 _LOCK_USER_DIRECT = Direct(_LOCK_USER)
 
-#: The rows of a charge: every column given (``Direct`` computes no Python default).
-_LEDGER_KEYS = (
-    "at",
-    "user_id",
-    "mechanism",
-    "epsilon_units",
-    "rho_units",
-    "tv_units",
-    "dataset_ids",
-    "graph_hash",
-    "detail",
-    "policy_revision",
-)
-_INSERT_LEDGER = Direct(insert(_LEDGER).returning(_LEDGER.c.id), _LEDGER_KEYS)
-_INSERT_READS = Direct(
-    insert(table_of(LedgerEntryDataset)), ("ledger_id", "dataset_id", "dataset_name")
-)
-
 
 class Account(NamedTuple):
     """The user a charge is for, as its transaction reads (and locks) the row."""
@@ -787,6 +769,16 @@ class Charged:
     graph_hash: str | None
     detail: dict[str, Any]
     policy_revision: int | None
+
+
+#: The rows of a charge: every column given (``Direct`` computes no Python default), the
+#: ledger row's as :class:`Charged` holds them.
+_INSERT_LEDGER = Direct(
+    insert(_LEDGER).returning(_LEDGER.c.id), [f.name for f in fields(Charged) if f.name != "id"]
+)
+_INSERT_READS = Direct(
+    insert(table_of(LedgerEntryDataset)), ("ledger_id", "dataset_id", "dataset_name")
+)
 
 
 def charge(

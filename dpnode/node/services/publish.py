@@ -177,12 +177,11 @@ def _resolve(context: NodeContext, read: _Read | None, graph: Graph) -> _Inputs:
         if kind == "dataset":
             if ident not in loaded:
                 known = context.known_datasets.get(ident)
-                if known is None and read is None:
-                    raise _Unknown
-                if known is None and read is not None:
+                if known is None:
+                    if read is None:
+                        raise _Unknown
                     known = datasets.get_dataset_columns(read.session, ident)
                     context.known_datasets.keep(known)
-                assert known is not None
                 loaded[ident] = known
             dataset = loaded[ident]
             column = next((c for c in dataset.columns if c.name == part), None)
