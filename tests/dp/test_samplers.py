@@ -124,6 +124,30 @@ def test_os_source_draws_the_same_law() -> None:
         samplers.word_source("lcg")  # type: ignore[arg-type]
 
 
+def test_auto_source_draws_small_samples_from_the_os(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default takes a small draw's words from os.urandom, a large one's from PCG64DXSM,
+    and both follow the law (many small draws, pooled, against the pmf)."""
+    calls: list[int] = []
+    real = samplers.os.urandom
+
+    def counting(n: int) -> bytes:
+        calls.append(n)
+        return real(n)
+
+    monkeypatch.setattr(samplers.os, "urandom", counting)
+    t = 50.0
+    plan = laplace_plan(t)
+    small = samplers.OS_WORDS // plan.word_rows
+    z = np.concatenate([sample(plan, small) for _ in range(100_000 // small + 1)])
+    assert calls and set(calls) == {8 * small * plan.word_rows}
+    assert chi_square_pvalue(z, laplace_cdf(t), laplace_edges(t, 100)) > ALPHA
+    calls.clear()
+    sample(plan, small + 1)
+    assert all(n <= 32 for n in calls)  # a seed at most: the words are the generator's
+    with pytest.raises(ValueError, match="needs the number of words"):
+        samplers.word_source("auto")
+
+
 def _words_for(plan: samplers.LaplacePlan, outcome_bin: int, count: int) -> np.ndarray:
     """Words that all pick `outcome_bin` of the top table and bin 0 of every digit table."""
     lookups = len(plan.tables)

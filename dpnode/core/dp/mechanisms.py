@@ -195,7 +195,7 @@ class NoisePlan:
 
 
 def apply_noise(
-    values: npt.ArrayLike, plan: NoisePlan, *, source: samplers.Source = "pcg"
+    values: npt.ArrayLike, plan: NoisePlan, *, source: samplers.Source = "auto"
 ) -> Release:
     """Noise ``values`` as ``plan`` says: the data-dependent half of a release.
 
