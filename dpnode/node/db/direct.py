@@ -32,9 +32,19 @@ from typing import Any
 
 from sqlalchemy import exc
 from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.orm import Session
 from sqlalchemy.sql import Executable, Insert, Select
 
-__all__ = ["Direct"]
+__all__ = ["Direct", "connection_of"]
+
+
+def connection_of(on: Session | Connection) -> Connection:
+    """The connection statements of ``on`` run on: ``on`` itself, or a session's (which
+    begins its transaction). A service that runs only Core statements takes either, so that
+    a charge can run it on a bare connection, without a session's work around each
+    transaction (:func:`dpnode.node.services.budget.charge`)."""
+    return on if isinstance(on, Connection) else on.connection()
+
 
 _Processor = Callable[[Any], Any] | None
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from sqlalchemy import insert, select
+from sqlalchemy import Connection, insert, select
 from sqlalchemy.orm import Session
 
 from dpnode.node.db.base import table_of, utcnow
-from dpnode.node.db.direct import Direct
+from dpnode.node.db.direct import Direct, connection_of
 from dpnode.node.db.models import AuditEvent
 
 
@@ -50,7 +50,7 @@ _INSERT = Direct(insert(_AUDIT), _KEYS)
 
 
 def append(
-    session: Session,
+    on: Session | Connection,
     actor: Actor | None,
     action: str,
     *,
@@ -70,7 +70,7 @@ def append(
         "target_id": target_id,
         "detail": detail,
     }
-    _INSERT.execute(session.connection(), row)
+    _INSERT.execute(connection_of(on), row)
 
 
 def list_events(

@@ -39,7 +39,7 @@ from fractions import Fraction
 from functools import cached_property, lru_cache
 from typing import Any, NamedTuple
 
-from sqlalchemy import and_, bindparam, func, insert, or_, select
+from sqlalchemy import Connection, Engine, and_, bindparam, func, insert, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from dpnode import policies
@@ -53,7 +53,7 @@ from dpnode.core.errors import (
     PolicyRefusedError,
 )
 from dpnode.node.db.base import table_of, utcnow
-from dpnode.node.db.direct import Direct
+from dpnode.node.db.direct import Direct, connection_of
 from dpnode.node.db.models import (
     BudgetGrant,
     Dataset,
@@ -444,10 +444,12 @@ class Account(NamedTuple):
     role: Role
 
 
-def policy_user(session: Session, user: User | Account, *, granted: bool = True) -> policies.User:
+def policy_user(
+    on: Session | Connection, user: User | Account, *, granted: bool = True
+) -> policies.User:
     """``user`` as the policies see it, with every budget grant made to them (none read when
     the caller found none: ``granted`` false)."""
-    grants = session.connection().execute(_GRANTS_OF, {"user_id": user.id}) if granted else ()
+    grants = connection_of(on).execute(_GRANTS_OF, {"user_id": user.id}) if granted else ()
     return policies.User(
         user.id,
         user.email,
@@ -485,7 +487,7 @@ def _charges(
 
 
 def _load(
-    session: Session,
+    on: Session | Connection,
     policy: policies.Policy,
     request: policies.PublishRequest,
     user: policies.User,
@@ -536,6 +538,7 @@ def _load(
         )
         return LedgerEntry.id.in_(entries)
 
+    connection = connection_of(on)
     period = None if policy.renewal is None else policy.renewal.period()
     since = None if period is None else period.window(request.at)[0]
     found: list[policies.Charge] = []
@@ -548,16 +551,15 @@ def _load(
         # reaches the limit, the newest max_publishes of them (when the next one is free).
         cutoff = request.at - policies.parse_period(limit.window)
         in_window = own.where(LedgerEntry.at > cutoff)
-        count = int(session.scalar(in_window.with_only_columns(func.count())) or 0)
+        count = int(connection.scalar(in_window.with_only_columns(func.count())) or 0)
         if count >= limit.max_publishes:
             newest = in_window.order_by(LedgerEntry.at.desc(), LedgerEntry.id.desc())
-            recent = list(session.scalars(newest.limit(limit.max_publishes)))
+            recent = connection.execute(newest.limit(limit.max_publishes)).all()
             listed = [e.id for e in recent]
-            found += _listed(session, recent, capped, charge, user_id)
+            found += _listed(connection, recent, capped, charge, user_id)
             extra = count - len(recent)  # in the window, summed below: counted by markers
             if recent:
                 extra_at = recent[-1].at
-    connection = session.connection()
     if since is None and not listed:  # all the user's rows: their total, one row
         if total is None:
             total = _total(connection.execute(_TOTAL, {"user_id": user_id}).first())
@@ -581,20 +583,21 @@ def _load(
             touching = touching.where(LedgerEntry.at >= cap_since)
         if listed:  # not the rows passed one by one above
             touching = touching.where(LedgerEntry.id.not_in(listed))
-        eps, rho, tv, newest = session.execute(touching.with_only_columns(*_SUMS)).one()
+        eps, rho, tv, newest = connection.execute(touching.with_only_columns(*_SUMS)).one()
         if newest is not None:
             found.append(charge(newest, 0, (dataset_id,), int(eps), int(rho), int(tv)))
     return _Ledger(found, mine, bool(listed), count)
 
 
 def _listed(
-    session: Session,
-    rows: list[LedgerEntry],
+    connection: Connection,
+    rows: Sequence[Any],
     capped: dict[int, str],
     charge: Any,
     user_id: int,
 ) -> list[policies.Charge]:
-    """Rows passed one by one, each listing the capped datasets it read by name too."""
+    """Rows passed one by one (``ledger_entries`` rows), each listing the capped datasets it
+    read by name too."""
     named: dict[int, set[int]] = {}
     if capped and rows:
         index = select(LedgerEntryDataset).where(
@@ -602,7 +605,7 @@ def _listed(
             LedgerEntryDataset.dataset_name.in_(list(capped.values())),
         )
         by_name = {name: dataset_id for dataset_id, name in capped.items()}
-        for row in session.scalars(index):
+        for row in connection.execute(index):
             named.setdefault(row.ledger_id, set()).add(by_name[str(row.dataset_name)])
     return [
         charge(
@@ -618,14 +621,14 @@ def _listed(
 
 
 def _status(
-    session: Session,
+    on: Session | Connection,
     settings: Settings,
     in_force: InForce,
     user: policies.User,
     at: datetime,
 ) -> Status:
     defaults = _defaults(settings)
-    ledger = _load(session, in_force.policy, policies.PublishRequest(at), user)
+    ledger = _load(on, in_force.policy, policies.PublishRequest(at), user)
     return _status_of(in_force, user, ledger.charges, at, defaults)
 
 
@@ -703,7 +706,7 @@ class _Locked:
     total: tuple[int, int, int, datetime | None]
 
 
-def _lock(session: Session, user_id: int, dataset_ids: Sequence[int]) -> _Locked:
+def _lock(on: Session | Connection, user_id: int, dataset_ids: Sequence[int]) -> _Locked:
     """Lock the user, then the datasets in id order (PostgreSQL; SQLite's BEGIN IMMEDIATE has
     already serialised the whole transaction). Every publish takes its locks in this order,
     so two publishes cannot wait on each other in a cycle. ``FOR NO KEY UPDATE`` serialises
@@ -719,7 +722,7 @@ def _lock(session: Session, user_id: int, dataset_ids: Sequence[int]) -> _Locked
         AuthenticationError: the account no longer exists or was deactivated (whoever asks
             for a charge holds a token for it).
     """
-    connection = session.connection()
+    connection = connection_of(on)
     values = {"user_id": user_id}
     postgres = connection.dialect.name != "sqlite"
     rows = (_LOCK_USER_DIRECT if postgres else _USER_STATE).execute(connection, values)
@@ -735,8 +738,8 @@ def _lock(session: Session, user_id: int, dataset_ids: Sequence[int]) -> _Locked
     elif ids:
         several = connection.execute(_DATASETS_QUERY[postgres], {"ids": ids}).all()
         found = {int(ident): str(name) for ident, name in several}
-    in_force = policy_service.in_force(session, (state[0], state[1]))
-    puser = policy_user(session, user, granted=bool(state[6]))
+    in_force = policy_service.in_force(connection, (state[0], state[1]))
+    puser = policy_user(connection, user, granted=bool(state[6]))
     return _Locked(user, found, in_force, puser, _total(state[2:6]))
 
 
@@ -781,6 +784,30 @@ _INSERT_READS = Direct(
 )
 
 
+class _Transaction:
+    """A charge's transaction on ``connection``, with an ORM session joined to it for the rare
+    paths that need one (approvals, a refusal's audit line), made on first use. The session
+    never commits or closes the transaction (a rollback does roll it back): :meth:`commit`
+    writes what it holds, then commits."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self._session: Session | None = None
+
+    @property
+    def session(self) -> Session:
+        if self._session is None:
+            self._session = Session(
+                self.connection, join_transaction_mode="rollback_only", expire_on_commit=False
+            )
+        return self._session
+
+    def commit(self) -> None:
+        if self._session is not None:
+            self._session.flush()
+        self.connection.commit()
+
+
 def charge(
     serial_sessions: sessionmaker[Session],
     settings: Settings,
@@ -807,8 +834,13 @@ def charge(
     """
     # Pure arithmetic on public quantities: done before the serialised transaction.
     sampler_epsilon, sampler_delta = sampler_units(cost)
-    with serial_sessions() as session:
-        locked = _lock(session, user_id, cost.dataset_ids)
+    serial: Engine = serial_sessions.kw["bind"]
+    # On a bare connection (closing it rolls back what is not committed): the ORM only where
+    # a rare path needs it (:class:`_Transaction`).
+    with serial.connect() as connection:
+        connection.begin()
+        tx = _Transaction(connection)
+        locked = _lock(connection, user_id, cost.dataset_ids)
         user, found, in_force, puser = locked.user, locked.found, locked.in_force, locked.puser
 
         def refusing() -> None:
@@ -817,7 +849,7 @@ def charge(
             transaction now holds) makes its answer this request's. A charge needs no
             look: the key's unique index refuses a second claim (rolling the charge back)."""
             if claim is not None:
-                idempotency.ensure_free(session, user.id, claim)
+                idempotency.ensure_free(connection, user.id, claim)
 
         at = utcnow()
         missing = sorted(set(cost.dataset_ids) - set(found))
@@ -837,7 +869,7 @@ def charge(
             extra_delta_units=sampler_delta,
             extra_epsilon_units=sampler_epsilon,
         )
-        ledger = _load(session, in_force.policy, request, puser, locked.total)
+        ledger = _load(connection, in_force.policy, request, puser, locked.total)
         charges = ledger.charges
         gate = in_force.policy.approval
         gated = gate.epsilon_above is not None or gate.delta_above is not None
@@ -846,9 +878,9 @@ def charge(
         waiting = None
         if gated and cost.run_id is not None:  # a planned step: under its run's approval
             count = gaussian_count(cost.tv_units)
-            waiting = approvals.run_step(session, user.id, cost, values=count)
+            waiting = approvals.run_step(tx.session, user.id, cost, values=count)
         if gated and waiting is None:
-            waiting = approvals.find(session, user.id, cost)
+            waiting = approvals.find(tx.session, user.id, cost)
         answer = None if waiting is None else approvals.answer_of(waiting)
         if answer is not None:
             decision = policies.decide_approved(
@@ -870,9 +902,9 @@ def charge(
             refusing()
             queued = waiting is None
             if waiting is None:
-                waiting = approvals.queue(session, user, cost, decision, in_force.revision)
-            raise approvals.waiting(
-                session,
+                waiting = approvals.queue(tx.session, user, cost, decision, in_force.revision)
+            error = approvals.waiting(
+                tx.session,
                 user,
                 waiting,
                 queued=queued,
@@ -883,12 +915,14 @@ def charge(
                 what="this publish",
                 again="publish the same computation again once it is approved",
             )
+            tx.commit()  # what ``waiting`` wrote (it rolled back all else)
+            raise error
         if not decision.allowed or decision.granted is None:
             refusing()
             if waiting is not None and answer is not None and not answer.approved:
                 approvals.use(waiting, None)  # a denial is answered once; asking again queues anew
             audit.record(
-                session,
+                tx.session,
                 user,
                 "publish.refused",
                 target_type="user",
@@ -896,7 +930,7 @@ def charge(
                 reason=decision.reason,
                 **summary,
             )
-            session.commit()
+            tx.commit()
             raise _refusal(decision, in_force)
         # The rows are written with plain INSERTs (no unit of work: nothing is read back).
         values: dict[str, Any] = {
@@ -912,7 +946,6 @@ def charge(
             "detail": cost.detail,
             "policy_revision": in_force.revision,
         }
-        connection = session.connection()
         ((ident,),) = _INSERT_LEDGER.execute(connection, values)
         entry = Charged(id=ident, **values)
         reads = [
@@ -923,7 +956,7 @@ def charge(
             _INSERT_READS.execute(connection, reads[0] if len(reads) == 1 else reads)
         if claim is not None:
             lease = settings.publish_lease_seconds
-            idempotency.record(session, user.id, claim, entry.id, at, lease)
+            idempotency.record(connection, user.id, claim, entry.id, at, lease)
             summary["idempotency_key"] = claim.key
         if waiting is not None:
             approvals.use(waiting, entry.id)
@@ -932,7 +965,7 @@ def charge(
                 summary["run_id"] = waiting.id
                 summary["run_step"] = waiting.steps_used
         audit.append(
-            session,
+            connection,
             user,
             "privacy.charge",
             target_type="ledger",
@@ -946,9 +979,8 @@ def charge(
         )
         after = _after(in_force, defaults, puser, ledger, decision.granted)
         if after is None:
-            session.flush()
-            after = _status(session, settings, in_force, puser, at)
-        session.commit()
+            after = _status(connection, settings, in_force, puser, at)
+        tx.commit()
         return entry, after
 
 

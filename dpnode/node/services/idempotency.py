@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, delete, insert, select, update
+from sqlalchemy import Connection, bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -40,7 +40,7 @@ from dpnode.core.errors import (
     PublishLostError,
 )
 from dpnode.node.db.base import table_of, utcnow
-from dpnode.node.db.direct import Direct
+from dpnode.node.db.direct import Direct, connection_of
 from dpnode.node.db.models import PublishKey
 
 #: Printable ASCII without spaces, as an HTTP header carries it untouched.
@@ -192,7 +192,7 @@ def state(session: Session, user_id: int, key: str) -> KeyState:
     return KeyState(key, row[0], row[1], answered, lost=not answered and _lapsed(row[3]))
 
 
-def ensure_free(session: Session, user_id: int, claim: Claim) -> None:
+def ensure_free(on: Session | Connection, user_id: int, claim: Claim) -> None:
     """Refuse a key another request claimed, in the charging transaction before it refuses
     or queues the publish: the caller holds the user's lock (``budget.charge``), so a
     concurrent claim is seen here.
@@ -200,13 +200,13 @@ def ensure_free(session: Session, user_id: int, claim: Claim) -> None:
     Raises:
         AlreadyClaimed: the key is taken; nothing may be charged.
     """
-    taken = session.connection().execute(_TAKEN, {"user_id": user_id, "key": claim.key}).first()
+    taken = connection_of(on).execute(_TAKEN, {"user_id": user_id, "key": claim.key}).first()
     if taken is not None:
         raise AlreadyClaimed(claim.key)
 
 
 def record(
-    session: Session,
+    on: Session | Connection,
     user_id: int,
     claim: Claim,
     ledger_id: int,
@@ -230,7 +230,7 @@ def record(
         "lease_until": at + timedelta(seconds=lease_seconds),
     }
     try:
-        _INSERT.execute(session.connection(), values)
+        _INSERT.execute(connection_of(on), values)
     except IntegrityError as exc:
         raise AlreadyClaimed(claim.key) from exc
 

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import Connection, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from dpnode import policies
 from dpnode.core.errors import InvalidPolicyError, NotFoundError
+from dpnode.node.db.direct import connection_of
 from dpnode.node.db.models import Dataset, PolicyRevision, User
 from dpnode.node.services import audit
 
@@ -93,15 +94,15 @@ def current(session: Session) -> InForce:
     return in_force(session, None if newest is None else (newest[0], newest[1]))
 
 
-def in_force(session: Session, newest: tuple[int | None, str | None] | None) -> InForce:
+def in_force(on: Session | Connection, newest: tuple[int | None, str | None] | None) -> InForce:
     """:func:`current`, from the newest revision's id and hash as the caller read them in
-    ``session``'s transaction (:data:`NEWEST`; ``None`` or NULLs: no revision)."""
+    ``on``'s transaction (:data:`NEWEST`; ``None`` or NULLs: no revision)."""
     if newest is None or newest[0] is None:
         return InForce(_builtin(), None)
     key = (int(newest[0]), str(newest[1]))
     policy = _PARSED.get(key)
     if policy is None:
-        document = session.connection().execute(_DOCUMENT, {"id": key[0]}).scalar_one()
+        document = connection_of(on).execute(_DOCUMENT, {"id": key[0]}).scalar_one()
         policy = policies.Policy.from_dict(document)
         if len(_PARSED) >= _PARSED_MAX:
             _PARSED.clear()  # rare: 64 revisions applied while the node runs
