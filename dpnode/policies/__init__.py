@@ -61,6 +61,7 @@ from dpnode.policies._units import (
     decimal,
     delta_units,
     epsilon_units,
+    in_float,
     units_down,
     units_up,
 )
@@ -112,6 +113,7 @@ __all__ = [
     "epsilon_units",
     "filter_epsilon",
     "format_period",
+    "in_float",
     "ledger_scope",
     "load_policy",
     "load_policy_file",

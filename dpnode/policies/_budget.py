@@ -15,7 +15,6 @@ not (see :mod:`dpnode.policies._conversion` for the epsilon side).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -80,7 +79,10 @@ class Limit:
     @cached_property
     def conversion_delta_units(self) -> int:
         """``delta_z``: the delta reserved for converting rho."""
-        return 0 if self.delta_units is None else math.floor(self.delta_units * self.share)
+        if self.delta_units is None:
+            return 0
+        share = self.share  # floor(delta * share) in integers: exact, and no Fraction built
+        return self.delta_units * share.numerator // share.denominator
 
     def epsilon_used(self, spent: Spent, convert: RhoToEpsilon) -> int | None:
         """Pure epsilon plus converted rho; ``None`` when rho cannot be converted at all."""

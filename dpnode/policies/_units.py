@@ -24,6 +24,7 @@ __all__ = [
     "epsilon_units",
     "format_delta",
     "format_epsilon",
+    "in_float",
     "units_down",
     "units_up",
 ]
@@ -96,13 +97,23 @@ def delta_units(delta: float) -> int:
     return units_down(delta, DELTA_UNIT, "delta")
 
 
+def in_float(units: int, unit: Fraction) -> float:
+    """``units`` whole ``unit``\\ s as the nearest float: ``float(units * unit)``, without the
+    Fraction (a quotient of integers is correctly rounded, as ``Fraction.__float__`` is).
+
+    >>> in_float(1, EPSILON_UNIT), in_float(3, DELTA_UNIT) == float(3 * DELTA_UNIT)
+    (1e-09, True)
+    """
+    return units * unit.numerator / unit.denominator
+
+
 def format_epsilon(units: int) -> str:
     """Epsilon (or rho) units as a short decimal for messages.
 
     >>> format_epsilon(1_500_000_000), format_epsilon(1)
     ('1.5', '1e-09')
     """
-    return f"{float(units * EPSILON_UNIT):.9g}"
+    return f"{in_float(units, EPSILON_UNIT):.9g}"
 
 
 def format_delta(units: int) -> str:
@@ -111,4 +122,4 @@ def format_delta(units: int) -> str:
     >>> format_delta(1_000_000_000_000), format_delta(0)
     ('1e-06', '0')
     """
-    return f"{float(units * DELTA_UNIT):.6g}"
+    return f"{in_float(units, DELTA_UNIT):.6g}"

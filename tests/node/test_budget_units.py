@@ -6,10 +6,13 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dpnode import policies
 from dpnode.core.dp import accounting
+from dpnode.core.errors import InvalidRequestError
 from dpnode.node.services.budget import (
     DELTA_UNIT,
     EPSILON_UNIT,
@@ -18,6 +21,7 @@ from dpnode.node.services.budget import (
     Cost,
     _tv_delta_units,
     gaussian_count,
+    quantize_epsilon,
     sampler_units,
     units_up,
 )
@@ -85,3 +89,15 @@ def test_a_gaussian_release_pays_the_accounting_terms_rounded_up() -> None:
     # A rho the samplers' precision cannot certify costs a whole delta: no budget fits it.
     tv = units_up(accounting.GAUSSIAN_TV, TV_UNIT, "tv")
     assert sampler_units(Cost("gaussian", rho_units=500 * 10**9, tv_units=tv))[1] == WHOLE
+
+
+@given(st.integers(min_value=-(10**30), max_value=10**30))
+def test_in_float_is_the_fractions_float(units: int) -> None:
+    for unit in (EPSILON_UNIT, DELTA_UNIT, TV_UNIT):
+        assert policies.in_float(units, unit) == float(units * unit)
+
+
+def test_quantize_epsilon_refuses_a_flag_even_after_the_number() -> None:
+    assert quantize_epsilon(1.0) == 1
+    with pytest.raises(InvalidRequestError):
+        quantize_epsilon(True)

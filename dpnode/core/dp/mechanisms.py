@@ -317,7 +317,7 @@ def laplace(
     *,
     sensitivity_l1: float,
     epsilon: float,
-    source: samplers.Source = "pcg",
+    source: samplers.Source = "auto",
 ) -> Release:
     """Release ``values`` with discrete Laplace noise on a 2^k grid: epsilon-DP.
 
@@ -343,7 +343,7 @@ def gaussian(
     rho: float | None = None,
     epsilon: float | None = None,
     delta: float | None = None,
-    source: samplers.Source = "pcg",
+    source: samplers.Source = "auto",
 ) -> Release:
     """Release ``values`` with discrete Gaussian noise on a 2^k grid: rho-zCDP.
 

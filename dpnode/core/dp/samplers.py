@@ -365,15 +365,14 @@ def word_source(source: Source = "pcg", words: int | None = None) -> WordSource:
         source: ``"pcg"`` (PCG64DXSM seeded with 256 bits from :func:`secrets.randbits`),
             ``"os"`` (every word from :func:`os.urandom`) or ``"auto"`` (``"os"`` for a
             stream of at most :data:`OS_WORDS` words, else ``"pcg"``).
-        words: how many words the stream will give in all (``"auto"`` needs it).
+        words: how many words the stream will give in all, if known (``"auto"`` takes a
+            stream of unknown length from ``"pcg"``).
 
     Raises:
-        ValueError: on an unknown source, or ``"auto"`` without ``words``.
+        ValueError: on an unknown source.
     """
     if source == "auto":
-        if words is None:
-            raise ValueError("source 'auto' needs the number of words the stream gives")
-        source = "os" if words <= OS_WORDS else "pcg"
+        source = "os" if words is not None and words <= OS_WORDS else "pcg"
     if source == "pcg":
         bits = np.random.PCG64DXSM(secrets.randbits(256))
 

@@ -431,7 +431,7 @@ def run_release(
     inputs: Mapping[str, npt.NDArray[Any]] | Callable[[], Mapping[str, npt.NDArray[Any]]],
     *,
     rng: np.random.Generator | None = None,
-    source: Source = "pcg",
+    source: Source = "auto",
     runner: PassRunner | None = None,
 ) -> Released:
     """Evaluate, clip, and noise: never raises because of a value (see the module docstring).

@@ -67,6 +67,7 @@ from dpnode.node.services import approvals, audit, idempotency, users
 from dpnode.node.services import policy as policy_service
 from dpnode.node.services.policy import InForce
 from dpnode.node.settings import Settings
+from dpnode.policies import in_float
 
 EPSILON_UNIT = Fraction(1, 10**9)
 RHO_UNIT = Fraction(1, 10**9)
@@ -122,6 +123,7 @@ def _check_amount(value: float, what: str) -> None:
         raise InvalidRequestError(f"{what} must be a finite number >= 0, got {value!r}")
 
 
+@lru_cache(maxsize=256, typed=True)  # a publish reads it thrice; typed: True is no epsilon
 def quantize_epsilon(epsilon: float) -> Fraction:
     """The epsilon a mechanism is calibrated to and charged: ``epsilon`` rounded down to
     the ledger's unit, refused when nothing is left.
@@ -206,11 +208,11 @@ class Status:
 
     @property
     def epsilon(self) -> float:
-        return float(self.status.allocation.epsilon_units * EPSILON_UNIT)
+        return in_float(self.status.allocation.epsilon_units, EPSILON_UNIT)
 
     @property
     def delta(self) -> float:
-        return float(self.status.allocation.delta_units * DELTA_UNIT)
+        return in_float(self.status.allocation.delta_units, DELTA_UNIT)
 
     def used_units(self, used: policies.Spent | None = None) -> tuple[int | None, int]:
         """(epsilon, delta) units ``used`` (default: this window's) counts for, as the filter
@@ -229,24 +231,24 @@ class Status:
     def spent(self) -> tuple[float, float]:
         """(epsilon, delta) used in the current window, as the privacy filter counts them."""
         epsilon, delta = self._used
-        return math.inf if epsilon is None else float(epsilon * EPSILON_UNIT), float(
-            delta * DELTA_UNIT
+        return math.inf if epsilon is None else in_float(epsilon, EPSILON_UNIT), in_float(
+            delta, DELTA_UNIT
         )
 
     @property
     def remaining_epsilon(self) -> float:
-        return float(self.status.remaining.epsilon_units * EPSILON_UNIT)
+        return in_float(self.status.remaining.epsilon_units, EPSILON_UNIT)
 
     @property
     def remaining_delta(self) -> float:
         """The allocation's delta less what :meth:`spent` counts (never negative)."""
         _, delta = self._used
-        return float(max(0, self.status.allocation.delta_units - delta) * DELTA_UNIT)
+        return in_float(max(0, self.status.allocation.delta_units - delta), DELTA_UNIT)
 
     @property
     def sampler_delta(self) -> float:
         """The samplers' deltas in the current window (part of :meth:`spent`'s delta)."""
-        return float(self.status.spent.delta_units * DELTA_UNIT)
+        return in_float(self.status.spent.delta_units, DELTA_UNIT)
 
     def describe(self) -> str:
         return self.status.remaining.describe()
@@ -270,7 +272,7 @@ def _tv_delta_units(tv_units: int, epsilon_units: int) -> int:
     """
     if tv_units == 0:
         return 0
-    epsilon = float(epsilon_units * EPSILON_UNIT)
+    epsilon = in_float(epsilon_units, EPSILON_UNIT)
     if epsilon > 700:  # e^epsilon overflows: far beyond any budget's delta
         return _WHOLE_DELTA
     factor = math.nextafter(math.exp(math.nextafter(epsilon, math.inf)), math.inf)
@@ -351,13 +353,13 @@ def receipt_terms(
     spent_epsilon, spent_delta = after.spent()
     sampler_epsilon = entry.epsilon_units if entry.rho_units else 0
     return {
-        "epsilon": math.inf if charged is None else float(charged * EPSILON_UNIT),
-        "delta": float((delta_after - delta_before) * DELTA_UNIT),
+        "epsilon": math.inf if charged is None else in_float(charged, EPSILON_UNIT),
+        "delta": in_float(delta_after - delta_before, DELTA_UNIT),
         "asked_epsilon": float(quantize_epsilon(asked_epsilon)),
         "asked_delta": asked_delta,
-        "rho": float(entry.rho_units * RHO_UNIT),
-        "sampler_epsilon": float(sampler_epsilon * EPSILON_UNIT),
-        "sampler_delta": float(entry.tv_units * DELTA_UNIT),
+        "rho": in_float(entry.rho_units, RHO_UNIT),
+        "sampler_epsilon": in_float(sampler_epsilon, EPSILON_UNIT),
+        "sampler_delta": in_float(entry.tv_units, DELTA_UNIT),
         "spent_epsilon": spent_epsilon,
         "spent_delta": spent_delta,
         "remaining_epsilon": after.remaining_epsilon,
