@@ -248,3 +248,41 @@ def test_the_same_publish_again_reuses_its_exact_report() -> None:
     zero[0] = -0.0
     fresh.report(_planned(_dpsgd(w, zero)), SPECS)
     assert (fresh.tracked, fresh.hits) == (2, 0)
+
+
+def test_a_reused_report_keeps_its_release_plan_for_the_same_parameters() -> None:
+    """The training loop's steps inside a box share their report; the release plan worked out
+    from it (noise, clip ranges, fallback) is kept with it per epsilon and delta, equal to
+    one worked out afresh, and shared read-only."""
+    from dpnode.core.privacy.release import plan_release
+
+    cache = TrackingCache()
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=D)
+    plans = []
+    for _ in range(6):
+        plans.append(
+            plan_release(_planned(_dpsgd(w)), SPECS, epsilon=1.0, delta=None, tracked=cache.report)
+        )
+        w = w + rng.uniform(-0.01, 0.01, D)
+    shared = [p for p in plans[1:] if p.report is plans[-1].report]
+    assert len(shared) >= 2 and all(p.lower is shared[0].lower for p in shared)
+    p_report = shared[0].report
+    # the same report as a new object, which keeps nothing: worked out again, the same
+    fresh = plan_release(
+        shared[0].plan, SPECS, epsilon=1.0, delta=None, tracked=lambda p, s: replace(p_report)
+    )
+    assert fresh.lower is not shared[0].lower
+    public = ("mechanism", "count", "grid_exponent", "scale", "sensitivity", "epsilon", "rho")
+    assert all(getattr(fresh.noise, f) == getattr(shared[0].noise, f) for f in public)
+    for name in ("lower", "upper", "fallback"):
+        kept = getattr(shared[0], name)
+        assert np.array_equal(kept, getattr(fresh, name)) and not kept.flags.writeable
+    other = plan_release(
+        shared[0].plan, SPECS, epsilon=0.5, delta=None, tracked=lambda p, s: shared[0].report
+    )
+    assert other.noise.scale == 2 * shared[0].noise.scale
+    gaussian = plan_release(
+        shared[0].plan, SPECS, epsilon=1.0, delta=1e-6, tracked=lambda p, s: shared[0].report
+    )
+    assert gaussian.noise.mechanism == "gaussian" and len(shared[0].report.kept) == 3

@@ -44,7 +44,7 @@ import numpy.typing as npt
 from dpnode.core.dp import selection
 from dpnode.core.dp.mechanisms import NoisePlan, Release, apply_noise, plan_gaussian, plan_laplace
 from dpnode.core.dp.samplers import Source, word_source
-from dpnode.core.engine import Graph, Plan, plan, run
+from dpnode.core.engine import Graph, Plan, plan, run, structure_hash
 from dpnode.core.engine.blocks import PassRunner
 from dpnode.core.engine.graph import Ref
 from dpnode.core.errors import InvalidRequestError
@@ -133,6 +133,42 @@ def plan_release(
     if chosen is not None:
         return chosen
     report = tracked(planned, specs)
+    # A report reused (the same publish again, a training loop's steps) keeps what follows
+    # from it, for the same structure and privacy parameters: all of it public.
+    key = (structure_hash(planned.graph), epsilon, delta)
+    kept = report.kept.get(key)
+    if kept is None:
+        kept = _public_plan(planned, report, epsilon=epsilon, delta=delta)
+        if kept.noise.count <= _KEPT_VALUES:
+            if len(report.kept) >= _KEPT_PLANS:
+                report.kept.clear()
+            report.kept[key] = kept
+    return ReleasePlan(
+        planned, report, kept.noise, kept.lower, kept.upper, kept.fallback, symmetric=kept.symmetric
+    )
+
+
+#: A release of at most this many values keeps its plan's arrays with its report (larger ones
+#: cost as much to keep as to work out again), and a report keeps at most this many plans.
+_KEPT_VALUES = 4096
+_KEPT_PLANS = 8
+
+
+@dataclass(frozen=True)
+class _PublicPlan:
+    """What a release plan works out from its report (:func:`plan_release`); the arrays are
+    read-only, as a plan kept is shared by the releases that use it."""
+
+    noise: NoisePlan
+    lower: npt.NDArray[np.float64]
+    upper: npt.NDArray[np.float64]
+    fallback: npt.NDArray[np.float64]
+    symmetric: tuple[bool, ...]
+
+
+def _public_plan(
+    planned: Plan, report: PrivacyReport, *, epsilon: float, delta: float | None
+) -> _PublicPlan:
     count = sum(math.prod(o.shape) for o in report.outputs)
     if delta is None:
         noise = plan_laplace(sensitivity_l1=report.l1, epsilon=epsilon, count=count)
@@ -147,8 +183,10 @@ def plan_release(
     np.clip(lower, -limit, limit, out=lower)
     np.clip(upper, -limit, limit, out=upper)
     fallback = np.clip(np.zeros(count), lower, upper)
+    for array in (lower, upper, fallback):
+        array.flags.writeable = False
     symmetric = tuple(_symmetric(planned.graph, o) for o in planned.graph.outputs)
-    return ReleasePlan(planned, report, noise, lower, upper, fallback, symmetric=symmetric)
+    return _PublicPlan(noise, lower, upper, fallback, symmetric)
 
 
 def output_ranges(

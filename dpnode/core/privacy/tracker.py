@@ -99,6 +99,13 @@ class PrivacyReport:
         """L2 sensitivity of all outputs released together."""
         return _joined([o.per_subject_l2 for o in self.outputs], squares=True)
 
+    @functools.cached_property
+    def kept(self) -> dict[Any, Any]:
+        """Public values worked out from this report, kept with it for its next use (a
+        report a :class:`~dpnode.core.privacy.cache.TrackingCache` reuses): the release
+        plans of :func:`dpnode.core.privacy.release.plan_release`."""
+        return {}
+
     def split(self, flat: npt.NDArray[np.float64]) -> list[npt.NDArray[np.float64]]:
         """All outputs' elements, flattened one after the other, back in their shapes."""
         pieces, start = [], 0
