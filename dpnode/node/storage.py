@@ -231,6 +231,11 @@ _DIGEST = re.compile(r"[0-9a-f]{64}")
 _HASH_CHUNK = 16 << 20
 
 
+def _check_digest(digest: str) -> None:
+    if _DIGEST.fullmatch(digest) is None:
+        raise ValueError(f"not a SHA-256 digest: {digest!r}")
+
+
 class FileBlobStore:
     """Content-addressed files under ``root``, with a cache of ``cache_bytes`` of verified blobs."""
 
@@ -240,8 +245,7 @@ class FileBlobStore:
         self.verified = VerifiedFiles()
 
     def _path(self, digest: str) -> Path:
-        if _DIGEST.fullmatch(digest) is None:
-            raise ValueError(f"not a SHA-256 digest: {digest!r}")
+        _check_digest(digest)
         return self.root / digest[:2] / digest
 
     def put(self, data: bytes, *, claim: Claim | None = None) -> str:
@@ -303,12 +307,12 @@ class FileBlobStore:
 
     def get(self, digest: str) -> bytes:
         """Return the bytes stored under ``digest``, verified against it (once, if cached)."""
-        path = self._path(digest)  # a malformed digest is refused, cached or not
+        _check_digest(digest)  # a malformed digest is refused, cached or not
         cached = self.cache.get(digest)
         if cached is not None:
             return cached
         try:
-            data = path.read_bytes()
+            data = self._path(digest).read_bytes()
         except FileNotFoundError:
             raise CorruptBlobError(f"blob {digest} is missing from {self.root}") from None
         if hashlib.sha256(data).hexdigest() != digest:
