@@ -26,7 +26,9 @@ statements built once (all of a user's rows, under a policy without renewal, as 
 total the database keeps: ``dpnode.node.db.models.LedgerTotal``), writes its three rows (ledger,
 datasets read, audit) as plain INSERTs, and derives the budget after the charge from the
 sums it read plus the new row instead of reading them again (tests/node/test_budget_after.py
-checks they agree).
+checks they agree). It runs on a bare connection: an ORM session, whose work around a
+transaction costs more than the charge's statements, joins it only on the rare paths that
+need one (:class:`_Transaction`).
 """
 
 from __future__ import annotations
