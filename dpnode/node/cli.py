@@ -77,7 +77,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
     )
     if args.workers == 1:
         uvicorn.run(
-            create_app(context=context), host=args.host, port=args.port, log_level=args.log_level
+            create_app(context=context),
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            timeout_keep_alive=settings.keep_alive_seconds,
         )
         return
     # Several processes: each builds its own context (engine, caches) from the same settings;
@@ -90,6 +94,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         host=args.host,
         port=args.port,
         log_level=args.log_level,
+        timeout_keep_alive=settings.keep_alive_seconds,
     )
 
 

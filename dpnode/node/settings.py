@@ -97,6 +97,11 @@ class Settings(BaseSettings):
     max_requests_in_flight: int = Field(default=64, gt=0)
     #: The ``Retry-After`` (seconds) of that 503.
     overload_retry_after_seconds: int = Field(default=1, gt=0)
+    #: Seconds a connection may stay idle between requests before the node closes it: longer
+    #: than clients keep one for reuse (httpx, the SDK's client: 5 s). With both at 5 s, a
+    #: client could send a request on a connection the node was closing that instant, and
+    #: see the connection reset (about one request in a thousand at 256 clients).
+    keep_alive_seconds: int = Field(default=30, gt=0, le=3600)
     #: PostgreSQL connections each worker process keeps open (as many again are opened under
     #: load, then closed); SQLite gets a connection per request in flight, as they cost a file
     #: handle. A request that waits longer than ``database_pool_timeout_seconds`` for one is
