@@ -413,8 +413,8 @@ _USER_DATASETS = (
 )
 #: The same for one dataset, the usual case (an expanding IN is rendered anew on each call).
 _USER_DATASET = select(_DATASETS.c.id, _DATASETS.c.name).where(_DATASETS.c.id == bindparam("id"))
-#: The same, locking the rows on PostgreSQL (see :func:`_lock`).
-_LOCK_USER = _USER.with_for_update(key_share=True)
+#: The same, locking the rows on PostgreSQL (see :func:`_lock`); the account's on the cursor.
+_LOCK_USER = Direct(_USER.with_for_update(key_share=True))
 _LOCK_DATASETS = _USER_DATASETS.with_for_update(key_share=True)
 _LOCK_DATASET = _USER_DATASET.with_for_update(key_share=True)
 #: One dataset's, run on the cursor (:class:`Direct`), by PostgreSQL; several datasets' (an
@@ -437,7 +437,6 @@ _STATE = (
 _READ_STATE = Direct(select(*_STATE))
 #: SQLite: the account and the state in one statement (BEGIN IMMEDIATE serialised it all).
 _USER_STATE = Direct(_USER.add_columns(*_STATE))
-_LOCK_USER_DIRECT = Direct(_LOCK_USER)
 
 
 class Account(NamedTuple):
@@ -729,7 +728,7 @@ def _lock(on: Session | Connection, user_id: int, dataset_ids: Sequence[int]) ->
     connection = connection_of(on)
     values = {"user_id": user_id}
     postgres = connection.dialect.name != "sqlite"
-    rows = (_LOCK_USER_DIRECT if postgres else _USER_STATE).execute(connection, values)
+    rows = (_LOCK_USER if postgres else _USER_STATE).execute(connection, values)
     if not rows or not rows[0][3]:  # a publish comes with a token: its account is gone
         raise AuthenticationError(users.GONE)
     row = rows[0]
