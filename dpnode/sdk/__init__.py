@@ -18,13 +18,12 @@ from dpnode.sdk._budget import (
     BudgetGrant,
     BudgetRequest,
     BudgetStatus,
-    LedgerEntry,
     PolicyRevision,
     PublishApproval,
     TrainingRunPlan,
 )
 from dpnode.sdk._client import Client
-from dpnode.sdk._display import AuditLog, Columns, Grants, Ledger, Records
+from dpnode.sdk._display import AuditLog, Columns, Grants, Records
 from dpnode.sdk._exceptions import (
     ApprovalRequiredError,
     AuthenticationError,
@@ -58,6 +57,7 @@ from dpnode.sdk._exceptions import (
     UploadRejectedError,
 )
 from dpnode.sdk._handles import AuditEvent, ColumnInfo, DatasetHandle, ModelHandle, TensorInfo, User
+from dpnode.sdk._ledger import Ledger, LedgerEntry, LedgerLine, LedgerRun
 from dpnode.sdk._publish import (
     Receipt,
     Sensitivity,
@@ -66,7 +66,12 @@ from dpnode.sdk._publish import (
     publish_grads,
     sensitivity,
 )
-from dpnode.sdk._regression import LinearRegression, linear_regression
+from dpnode.sdk._regression import (
+    LinearRegression,
+    LogisticRegression,
+    linear_regression,
+    logistic_regression,
+)
 from dpnode.sdk._remote import MockSession, RemoteTensor, mock
 from dpnode.sdk._steps import StepBudget, step_budget
 from dpnode.sdk._training import PrivateTraining, TrainingStep, private_training
@@ -96,7 +101,10 @@ __all__ = [
     "InvalidRequestError",
     "Ledger",
     "LedgerEntry",
+    "LedgerLine",
+    "LedgerRun",
     "LinearRegression",
+    "LogisticRegression",
     "MockSession",
     "ModelHandle",
     "NodeBusyError",
@@ -132,6 +140,7 @@ __all__ = [
     "current_client",
     "linear_regression",
     "login",
+    "logistic_regression",
     "mock",
     "noise_scale",
     "private_training",

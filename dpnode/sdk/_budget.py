@@ -11,6 +11,7 @@ from html import escape
 from typing import Any
 
 from dpnode.sdk._display import dataclass_rows, fields_table
+from dpnode.sdk._ledger import LedgerEntry
 
 
 def _at(value: str | None) -> datetime | None:
@@ -154,44 +155,6 @@ class BudgetStatus:
 
 
 @dataclass(frozen=True)
-class LedgerEntry:
-    """One charge to a budget, and the policy revision that allowed it."""
-
-    id: int
-    at: datetime
-    mechanism: str
-    epsilon: float
-    rho: float
-    sampler_tv: float
-    dataset_ids: tuple[int, ...]
-    graph_hash: str | None
-    detail: dict[str, Any]
-    user_id: int | None = None
-    user_email: str | None = None
-    policy_revision: int | None = None
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any]) -> LedgerEntry:
-        return cls(
-            id=body["id"],
-            at=datetime.fromisoformat(body["at"]),
-            mechanism=body["mechanism"],
-            epsilon=body["epsilon"],
-            rho=body["rho"],
-            sampler_tv=body["sampler_tv"],
-            dataset_ids=tuple(body["dataset_ids"]),
-            graph_hash=body["graph_hash"],
-            detail=body["detail"],
-            user_id=body.get("user_id"),
-            user_email=body.get("user_email"),
-            policy_revision=body.get("policy_revision"),
-        )
-
-    def _repr_html_(self) -> str:
-        return fields_table(f"ledger entry {self.id}", dataclass_rows(self))
-
-
-@dataclass(frozen=True)
 class BudgetRequest:
     """A request for more budget and, once answered, the decision.
 
@@ -292,13 +255,14 @@ class PublishApproval:
 class TrainingRunPlan:
     """A training run the node's policy lets start (``client.plan_run``).
 
-    ``run_id`` names the admin's approval each step's publish carries (``None``: the run
-    needed none, its steps are ordinary publishes); ``epsilon`` and ``delta`` are the run's
-    total as the ledger will count it; ``remaining_epsilon`` what your budget keeps once
-    every step has run; ``steps_used`` the steps already published under the approval.
+    ``run_id`` is the run each step's publish names (``publish_grads(..., run_id=)``): the
+    ledger shows its steps as one line (``client.ledger()``). ``approval_id`` is the admin's
+    approval it runs under (``None``: it needed none) and ``steps_used`` the steps already
+    published under it; ``epsilon`` and ``delta`` are the run's total as the ledger will
+    count it; ``remaining_epsilon`` what your budget keeps once every step has run.
     """
 
-    run_id: int | None
+    run_id: int
     steps: int
     steps_used: int
     epsilon: float
@@ -308,6 +272,7 @@ class TrainingRunPlan:
     remaining_epsilon: float
     policy: str
     policy_revision: int | None
+    approval_id: int | None = None
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> TrainingRunPlan:

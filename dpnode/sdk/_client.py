@@ -1,51 +1,39 @@
-"""The node client: login, search, uploads and administration over HTTP."""
+"""The node client: login, search, publishing and administration over HTTP.
+
+Its uploads are ``dpnode.sdk._client_uploads`` and its budget, ledger and policy calls
+``dpnode.sdk._client_budget`` (mixins :class:`Client` inherits)."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
-import itertools
 import json
 import random
 import struct
-import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
 
 import httpx
-import numpy as np
 import numpy.typing as npt
-from safetensors.numpy import load, save
+from safetensors.numpy import load
 
 from dpnode.core import structures
-from dpnode.core.errors import UploadRejectedError as NodeUploadRejected
-from dpnode.core.ingest import (
-    arrow_source,
-    chunks_of,
-    is_arrow_like,
-    memory_source,
-    session_request,
+from dpnode.sdk._client_budget import BudgetCalls
+from dpnode.sdk._client_uploads import (
+    _MANIFEST_KEY,
+    CHUNK_BYTES,
+    CHUNKED_ABOVE,
+    FRAME_TYPE,
+    UploadCalls,
+    _tags,
 )
-from dpnode.sdk._budget import (
-    BudgetGrant,
-    BudgetRequest,
-    BudgetStatus,
-    LedgerEntry,
-    PolicyRevision,
-    PublishApproval,
-    TrainingRunPlan,
-)
-from dpnode.sdk._display import AuditLog, Columns, Grants, Ledger
+from dpnode.sdk._display import AuditLog, Columns
 from dpnode.sdk._exceptions import (
-    ConflictError,
     DatabaseBusyError,
     DPNodeError,
     NodeBusyError,
@@ -54,83 +42,17 @@ from dpnode.sdk._exceptions import (
     PublishInProgressError,
     PublishLostError,
     UnknownStructureError,
-    UploadOffsetError,
-    UploadRejectedError,
     error_for,
 )
 from dpnode.sdk._handles import AuditEvent, DatasetHandle, ModelHandle, User
-from dpnode.sdk._tables import columns_of, to_numpy
+from dpnode.sdk._progress import _PUBLISH_BAR, _progress_bar, _wants_progress
+
+__all__ = ["CHUNKED_ABOVE", "CHUNK_BYTES", "FRAME_TYPE", "Client", "_wants_progress"]
 
 API_PREFIX = "/api/v1"
-FRAME_TYPE = "application/vnd.dpnode.tensors"
-_MANIFEST_KEY = "dpnode"
-#: Tables larger than this (bytes) are uploaded in chunks unless ``chunked=False``.
-CHUNKED_ABOVE = 256 * 1024 * 1024
-#: The default size of one chunk of a chunked upload.
-CHUNK_BYTES = 16 * 1024 * 1024
 
 
-def _stream_size(request: Mapping[str, Any]) -> int:
-    """The bytes of an upload session's stream, from the request that opens it."""
-    rows = {"data": request["rows"], "mock": request.get("mock_rows") or 0}
-    return sum(
-        rows[t["name"].split("/")[0]] * np.dtype(t["dtype"]).itemsize * int(np.prod(t["shape"]))
-        for t in request["tensors"]
-    )
-
-
-def _table_bytes(columns: Mapping[str, Any]) -> int:
-    return sum(v.nbytes if hasattr(v, "nbytes") else 16 * len(v) for v in columns.values())
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def set_postfix_str(self, s: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-#: a publish's bar: how long it has run and its state on the node (no total: a publish
-#: reports no progress of its own, which could depend on the data)
-_PUBLISH_BAR = "{desc}: {elapsed} {postfix}"
-
-
-def _wants_progress(progress: bool | None) -> bool:
-    """``progress``, or by default: in a terminal or a notebook (a Jupyter kernel)."""
-    if progress is None:
-        return sys.stderr.isatty() or "ipykernel" in sys.modules
-    return progress
-
-
-def _progress_bar(total: int | None, progress: bool | None, **options: Any) -> Any:
-    """A tqdm bar (in bytes unless ``options`` say otherwise), or a stand-in when it is off
-    (or tqdm is not installed)."""
-    if not _wants_progress(progress):
-        return _NoBar()
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return _NoBar()
-    options = {"unit": "B", "unit_scale": True, "unit_divisor": 1024, "desc": "upload"} | options
-    return tqdm(total=total, **options)
-
-
-def _frame(arrays: Mapping[str, npt.NDArray[Any]], manifest: Mapping[str, Any]) -> bytes:
-    contiguous = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
-    return save(contiguous, metadata={_MANIFEST_KEY: json.dumps(manifest)})
-
-
-def _split(columns: Mapping[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    arrays = {f"{prefix}/{k}": v for k, v in columns.items() if not isinstance(v, list)}
-    strings = {k: v for k, v in columns.items() if isinstance(v, list)}
-    return arrays, strings
-
-
-class Client:
+class Client(BudgetCalls, UploadCalls):
     """A session with one node.
 
     Args:
@@ -303,277 +225,6 @@ class Client:
     def model(self, ref: int | str) -> ModelHandle:
         """A model by id or name."""
         return ModelHandle.from_json(self, self._json("GET", f"/models/{ref}"))
-
-    # -- uploads (data owners) --------------------------------------------------------------
-
-    def upload_dataset(
-        self,
-        name: str,
-        data: Any,
-        *,
-        bounds: Mapping[str, tuple[float, float]] | None = None,
-        tags: Iterable[str] = (),
-        description: str = "",
-        categories: Mapping[str, Sequence[str]] | None = None,
-        subject_id: str | None = None,
-        mock: Any = None,
-        clamp: bool | Sequence[str] = False,
-        fill: Mapping[str, float] | None = None,
-        columns: Sequence[str] | None = None,
-        chunked: bool | None = None,
-        chunk_bytes: int = CHUNK_BYTES,
-        progress: bool | None = None,
-        resume: str | None = None,
-    ) -> DatasetHandle:
-        """Upload a dataset; the node checks it against what you declare here.
-
-        Args:
-            name: unique dataset name.
-            data: a pandas or Polars DataFrame, a ``pyarrow.Table`` or ``RecordBatchReader``,
-                the path of a Parquet, Arrow IPC (``.arrow``/``.feather``) or CSV file, a
-                dict of columns (1-D, or N-D with rows first), a structured array, or a 2-D
-                array (name its columns with ``columns=``).
-            bounds: public (low, high) for every numeric column: the privacy contract.
-            tags: for search.
-            categories: the public category list of each string column.
-            subject_id: a column whose equal values mark rows of one person.
-            mock: fake data with the same columns, for dry runs (downloadable by anyone).
-            clamp: clip out-of-bounds values (True, or a list of columns) instead of refusing.
-            fill: replacement for NaN/inf per column instead of refusing.
-            columns: names for the columns of a plain 2-D array.
-            chunked: send the table in resumable chunks (see ``docs/datasets.md``); by
-                default, for Arrow data and files (read batch by batch) and for tables over
-                ``CHUNKED_ABOVE`` bytes.
-            chunk_bytes: the size of each chunk.
-            progress: show a progress bar (tqdm) while sending chunks; by default the
-                client's ``progress`` (in a terminal or a notebook).
-            resume: the ``upload_id`` of a chunked upload that failed (the exception carries
-                it) to go on with, with the same data and declarations: only the bytes the
-                node does not hold yet are sent.
-
-        Raises:
-            UploadRejectedError: the data breaks the declarations; the message says where.
-            PermissionDeniedError: data scientists cannot upload.
-        """
-        manifest: dict[str, Any] = {
-            "name": name,
-            "description": description,
-            "tags": list(_tags(tags)),
-            "bounds": {k: list(v) for k, v in (bounds or {}).items()},
-            "categories": {k: list(v) for k, v in (categories or {}).items()},
-            "clamp": clamp if isinstance(clamp, bool) else list(clamp),
-            "fill": dict(fill or {}),
-            "subject_id": subject_id,
-        }
-        arrow = is_arrow_like(data)
-        try:  # reading Arrow data may find a column dpnode cannot store
-            real = None if arrow else columns_of(data, columns)
-            fake = columns_of(mock, columns) if mock is not None else None
-        except NodeUploadRejected as exc:
-            raise UploadRejectedError(exc.detail) from exc
-        if chunked is None:
-            chunked = arrow or resume is not None or _table_bytes(real or {}) > CHUNKED_ABOVE
-        if chunked:
-            return self._upload_chunked(
-                manifest,
-                data if arrow else real,
-                fake,
-                chunk_bytes=chunk_bytes,
-                progress=progress,
-                resume=resume,
-            )
-        if real is None:
-            try:
-                real = columns_of(data, columns)
-            except NodeUploadRejected as exc:
-                raise UploadRejectedError(exc.detail) from exc
-        arrays, strings = _split(real, "data")
-        manifest |= {"columns": list(real), "strings": strings}
-        if fake is not None:
-            mock_arrays, mock_strings = _split(fake, "mock")
-            arrays |= mock_arrays
-            manifest |= {"mock_columns": list(fake), "mock_strings": mock_strings}
-        body = _frame(arrays, manifest)
-        created = self._json(
-            "POST", "/datasets", content=body, headers={"Content-Type": FRAME_TYPE}
-        )
-        return DatasetHandle.from_json(self, created)
-
-    def _upload_chunked(
-        self,
-        manifest: dict[str, Any],
-        data: Any,
-        mock: Mapping[str, Any] | None,
-        *,
-        chunk_bytes: int,
-        progress: bool | None,
-        resume: str | None,
-    ) -> DatasetHandle:
-        categories, subject_id = manifest["categories"], manifest["subject_id"]
-        source = None
-        try:
-            try:
-                if isinstance(data, Mapping):
-                    source = memory_source(data, categories, subject_id)
-                else:
-                    source = arrow_source(data, categories, subject_id)
-                fake = memory_source(mock, categories, subject_id) if mock is not None else None
-            except NodeUploadRejected as exc:  # found while reading, before sending
-                raise UploadRejectedError(exc.detail) from exc
-            request, stream = session_request(manifest, source, fake)
-            if resume is None:
-                created = self._json("POST", "/uploads", json=request)
-            else:
-                created = self._retrying(lambda: self._json("GET", f"/uploads/{resume}"))
-                if created["size"] != _stream_size(request):
-                    raise DPNodeError(
-                        f"upload {resume} expects {created['size']} bytes, this table makes "
-                        f"{_stream_size(request)}: resume with the same data and declarations"
-                    )
-            upload_id = created["id"]
-            try:
-                self._send_chunks(
-                    upload_id, stream, created["size"], chunk_bytes, progress, created["received"]
-                )
-                body = self._retrying(lambda: self._json("POST", f"/uploads/{upload_id}/finalize"))
-            except NodeUploadRejected as exc:  # a later batch broke the contract: give up
-                with contextlib.suppress(DPNodeError):
-                    self._request("DELETE", f"/uploads/{upload_id}")
-                raise UploadRejectedError(exc.detail) from exc
-            except NodeUnreachableError as exc:
-                exc.upload_id = upload_id  # for upload_dataset(..., resume=upload_id)
-                raise
-        finally:
-            if source is not None and source.cleanup is not None:
-                source.cleanup()
-        return DatasetHandle.from_json(self, body)
-
-    def uploads(self) -> list[dict[str, Any]]:
-        """Your open upload sessions (``id``, ``received``, ``size``, ``expires_at``, ...)."""
-        found: list[dict[str, Any]] = self._json("GET", "/uploads")
-        return found
-
-    def delete_upload(self, upload_id: str) -> None:
-        """Abandon an upload session and free the node's disk."""
-        self._request("DELETE", f"/uploads/{upload_id}")
-
-    def _retrying(self, call: Callable[[], Any]) -> Any:
-        """``call``, again after a lost connection (``upload_retries`` times, backing off)."""
-        for attempt in itertools.count():
-            try:
-                return call()
-            except NodeUnreachableError:
-                if attempt >= self.upload_retries:
-                    raise
-                time.sleep(self.retry_backoff * 2**attempt)
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _send_chunks(
-        self,
-        upload_id: str,
-        pieces: Iterable[bytes],
-        size: int,
-        chunk_bytes: int,
-        progress: bool | None,
-        start: int = 0,
-    ) -> None:
-        """Send a stream in chunks from ``start`` (bytes before it are skipped); after a lost
-        connection, resume where the node stands."""
-        bar = _progress_bar(size, self.progress if progress is None else progress)
-        bar.update(start)
-        offset = start
-
-        def send(chunk: bytes) -> None:
-            nonlocal offset
-            digest = hashlib.sha256(chunk).hexdigest()
-            for attempt in itertools.count():
-                try:
-                    self._request(
-                        "PUT",
-                        f"/uploads/{upload_id}",
-                        params={"offset": offset},
-                        content=chunk,
-                        headers={"X-Content-SHA256": digest},
-                    )
-                    break
-                except (NodeUnreachableError, ConflictError) as exc:
-                    # Lost (or still running) on the node: ask where the stream stands.
-                    busy = isinstance(exc, UploadOffsetError) or "busy" in exc.detail
-                    if isinstance(exc, ConflictError) and not busy:
-                        raise
-                    if attempt >= self.upload_retries:
-                        raise
-                    time.sleep(self.retry_backoff * 2**attempt)
-                    status = self._retrying(lambda: self._json("GET", f"/uploads/{upload_id}"))
-                    received = int(status["received"])
-                    if not offset <= received <= offset + len(chunk):
-                        raise DPNodeError(
-                            f"the node holds {received} bytes of upload {upload_id}, but "
-                            f"{offset} were acknowledged: start the upload again"
-                        ) from exc
-                    if received == offset + len(chunk):  # it arrived; the answer did not
-                        break
-                    # Part of it may have arrived: send the rest only.
-                    chunk = chunk[received - offset :]
-                    bar.update(received - offset)
-                    offset = received
-                    digest = hashlib.sha256(chunk).hexdigest()
-            bar.update(len(chunk))
-            offset += len(chunk)
-
-        try:
-            skipped = 0
-            for chunk in chunks_of(pieces, chunk_bytes):
-                if skipped + len(chunk) <= start:  # the node holds it already
-                    skipped += len(chunk)
-                    continue
-                chunk = chunk[start - skipped :] if skipped < start else chunk
-                skipped = start
-                send(chunk)
-        finally:
-            bar.close()
-
-    def upload_model(
-        self,
-        name: str,
-        weights: Any,
-        *,
-        tags: Iterable[str] = (),
-        description: str = "",
-        public: bool = False,
-        architecture: str | bytes | Path | None = None,
-    ) -> ModelHandle:
-        """Upload a model's weights (a ``state_dict``, a module, or a dict of arrays).
-
-        Args:
-            architecture: an optional file describing the model (a path, or its text/bytes);
-                the node stores it and never runs it.
-            public: whether anyone may download the weights; private weights are usable
-                only as remote tensors.
-        """
-        if hasattr(weights, "state_dict"):
-            weights = weights.state_dict()
-        arrays = {f"weight/{k}": to_numpy(v, f"weight {k!r}") for k, v in dict(weights).items()}
-        manifest: dict[str, Any] = {
-            "name": name,
-            "description": description,
-            "tags": list(_tags(tags)),
-            "public": public,
-            "tensors": [k.split("/", 1)[1] for k in arrays],
-        }
-        if architecture is not None:
-            filename, raw = _architecture(architecture)
-            arrays["architecture"] = np.frombuffer(raw, dtype=np.uint8)
-            manifest["architecture_filename"] = filename
-        body = _frame(arrays, manifest)
-        created = self._json("POST", "/models", content=body, headers={"Content-Type": FRAME_TYPE})
-        return ModelHandle.from_json(self, created)
-
-    def delete_dataset(self, ref: int | str) -> None:
-        self._request("DELETE", f"/datasets/{ref}")
-
-    def delete_model(self, ref: int | str) -> None:
-        self._request("DELETE", f"/models/{ref}")
 
     # -- publishing -------------------------------------------------------------------------
 
@@ -748,215 +399,6 @@ class Client:
             self._structures_sent.add(digest)
         return response
 
-    # -- privacy budget ---------------------------------------------------------------------
-
-    def budget(self, *, user_id: int | None = None) -> BudgetStatus:
-        """Your budget: total, spent and remaining (admins: anyone's, by ``user_id``)."""
-        params = {"user_id": user_id} if user_id is not None else {}
-        status = BudgetStatus.from_json(self._json("GET", "/budget", params=params))
-        return dataclasses.replace(status, _ledger=lambda: self._window_ledger(status, user_id))
-
-    def _window_ledger(self, status: BudgetStatus, user_id: int | None) -> list[LedgerEntry]:
-        """The charges of ``status``'s renewal window (all of them when budgets never renew),
-        oldest first, paging back through the ledger."""
-        entries: list[LedgerEntry] = []
-        before: int | None = None
-        while True:
-            page = self.ledger(user_id=user_id, before_id=before, limit=1000)
-            entries += page
-            inside = status.period_start is None or (page and page[-1].at >= status.period_start)
-            if len(page) < 1000 or not inside:
-                break
-            before = page[-1].id
-        start = status.period_start
-        return [e for e in reversed(entries) if start is None or e.at >= start]
-
-    def ledger(
-        self,
-        *,
-        user_id: int | None = None,
-        user: int | str | None = None,
-        dataset: int | str | None = None,
-        everyone: bool = False,
-        before_id: int | None = None,
-        limit: int = 100,
-    ) -> Ledger[LedgerEntry]:
-        """Charges, newest first: yours, or (admins) one user's (``user``: id or email) or
-        ``everyone``'s; ``dataset`` (id or name) keeps those that read it. Each entry names
-        the policy revision that allowed it. A list, shown as a table in a notebook;
-        ``.to_pandas()`` makes a DataFrame."""
-        params: dict[str, Any] = {"limit": limit}
-        if user is not None:
-            user_id = user if isinstance(user, int) else self._user_id(user)
-        if user_id is not None:
-            params["user_id"] = user_id
-        if everyone:
-            params["all_users"] = True
-        if dataset is not None:
-            params["dataset_id"] = dataset if isinstance(dataset, int) else self.dataset(dataset).id
-        if before_id is not None:
-            params["before_id"] = before_id
-        return Ledger(LedgerEntry.from_json(e) for e in self._json("GET", "/ledger", params=params))
-
-    def request_budget(self, *, epsilon: float, delta: float = 0.0, reason: str) -> BudgetRequest:
-        """Ask the node's admins for more budget, saying why; see ``budget_requests()`` for
-        the answer. An approval adds to your allocation from then on.
-
-        Raises:
-            InvalidRequestError: a negative or non-finite amount, or no reason.
-        """
-        body = {"epsilon": epsilon, "delta": delta, "reason": reason}
-        return BudgetRequest.from_json(self._json("POST", "/budget/requests", json=body))
-
-    def budget_requests(
-        self, *, status: str | None = None, user: int | str | None = None, limit: int = 100
-    ) -> list[BudgetRequest]:
-        """Budget requests, newest first: yours, or (admins) everyone's or one ``user``'s;
-        ``status`` is ``"pending"``, ``"approved"`` or ``"denied"``."""
-        params: dict[str, Any] = {"limit": limit}
-        if status is not None:
-            params["status"] = status
-        if user is not None:
-            params["user_id"] = user if isinstance(user, int) else self._user_id(user)
-        rows = self._json("GET", "/budget/requests", params=params)
-        return [BudgetRequest.from_json(r) for r in rows]
-
-    def approve_budget_request(
-        self,
-        request_id: int,
-        *,
-        epsilon: float | None = None,
-        delta: float | None = None,
-        reason: str,
-    ) -> BudgetRequest:
-        """Approve a pending request (admins), granting what was asked or ``epsilon``/``delta``.
-
-        Raises:
-            ConflictError: it was already answered.
-        """
-        body: dict[str, Any] = {"reason": reason}  # required: the audit log says why
-        if epsilon is not None:
-            body["epsilon"] = epsilon
-        if delta is not None:
-            body["delta"] = delta
-        answer = self._json("POST", f"/budget/requests/{request_id}/approve", json=body)
-        return BudgetRequest.from_json(answer)
-
-    def deny_budget_request(self, request_id: int, *, reason: str) -> BudgetRequest:
-        """Deny a pending request, saying why (admins)."""
-        body = {"reason": reason}
-        answer = self._json("POST", f"/budget/requests/{request_id}/deny", json=body)
-        return BudgetRequest.from_json(answer)
-
-    def grant_budget(
-        self, user: int | str, *, epsilon: float, delta: float = 0.0, reason: str
-    ) -> BudgetGrant:
-        """Add budget to a user's allocation without a request (admins). ``user``: id or email."""
-        body = {"user": user, "epsilon": epsilon, "delta": delta, "reason": reason}
-        return BudgetGrant.from_json(self._json("POST", "/budget/grants", json=body))
-
-    def grants(self, *, user: int | str | None = None, limit: int = 100) -> Grants[BudgetGrant]:
-        """Budget grants, newest first: yours (admins: everyone's, or one ``user``'s); a list
-        with ``.to_pandas()``."""
-        params: dict[str, Any] = {"limit": limit}
-        if user is not None:
-            params["user_id"] = user if isinstance(user, int) else self._user_id(user)
-        return Grants(
-            BudgetGrant.from_json(g) for g in self._json("GET", "/budget/grants", params=params)
-        )
-
-    def plan_run(
-        self,
-        *,
-        steps: int,
-        epsilon: float,
-        delta: float,
-        values: int,
-        dataset_ids: Sequence[int] = (),
-        description: str = "",
-    ) -> TrainingRunPlan:
-        """Plan a training run on the node before its first step; the policy judges it whole.
-
-        ``steps`` Gaussian publishes at ``(epsilon, delta)`` each, each noising at most
-        ``values`` values and reading only ``dataset_ids``. ``sdk.private_training`` calls
-        this for you. Nothing is charged: each step is, when it is published with the
-        returned ``run_id``.
-
-        Raises:
-            BudgetExceededError: the run's total does not fit your budget or a dataset's cap.
-            PolicyRefusedError: a step is over a per-publish cap, or an admin denied the run
-                (``rule`` ``"approval"``; the message quotes the admin's reason).
-            ApprovalRequiredError: the run's total is above the policy's approval threshold:
-                request ``approval_id`` waits for an admin; plan the same run again once it
-                is approved.
-        """
-        body = {
-            "steps": steps,
-            "epsilon": epsilon,
-            "delta": delta,
-            "values": values,
-            "dataset_ids": list(dataset_ids),
-            "description": description,
-        }
-        return TrainingRunPlan.from_json(self._json("POST", "/publish/runs", json=body))
-
-    def publish_approvals(
-        self, *, status: str | None = None, limit: int = 100
-    ) -> list[PublishApproval]:
-        """Publishes and training runs that waited for an admin, newest first (yours;
-        admins: everyone's)."""
-        params: dict[str, Any] = {"limit": limit}
-        if status is not None:
-            params["status"] = status
-        rows = self._json("GET", "/publish/approvals", params=params)
-        return [PublishApproval.from_json(a) for a in rows]
-
-    def approve_publish(self, approval_id: int, *, reason: str) -> PublishApproval:
-        """Approve a waiting publish (admins): the user's next identical publish runs, once."""
-        answer = self._json(
-            "POST", f"/publish/approvals/{approval_id}/approve", json={"reason": reason}
-        )
-        return PublishApproval.from_json(answer)
-
-    def deny_publish(self, approval_id: int, *, reason: str) -> PublishApproval:
-        """Deny a waiting publish, saying why (admins)."""
-        answer = self._json(
-            "POST", f"/publish/approvals/{approval_id}/deny", json={"reason": reason}
-        )
-        return PublishApproval.from_json(answer)
-
-    # -- budget policy (admins) -------------------------------------------------------------
-
-    def policy(self) -> PolicyRevision:
-        """The budget policy in force (admins)."""
-        return PolicyRevision.from_json(self._json("GET", "/policy"))
-
-    def set_policy(self, policy: str | Path | Mapping[str, Any], *, reason: str) -> PolicyRevision:
-        """Apply a budget policy (admins): in force from the next publish, no restart.
-
-        Args:
-            policy: TOML text, a path to a TOML file (a ``Path``, or a one-line string
-                ending in ``.toml``), or the same shape as a mapping (see
-                ``dpnode/policies/default.toml`` for every key).
-            reason: why, for the audit log.
-
-        Raises:
-            InvalidPolicyError: the document is malformed; the message names every bad key.
-        """
-        body: dict[str, Any] = {"reason": reason}
-        if isinstance(policy, Mapping):
-            body["document"] = dict(policy)
-        elif isinstance(policy, Path) or ("\n" not in policy and policy.endswith(".toml")):
-            body["toml"] = Path(policy).read_text(encoding="utf-8")  # a file name
-        else:
-            body["toml"] = policy
-        return PolicyRevision.from_json(self._json("PUT", "/policy", json=body))
-
-    def policy_history(self, *, limit: int = 100) -> list[PolicyRevision]:
-        """Every revision of the policy, newest first (admins)."""
-        rows = self._json("GET", "/policy/revisions", params={"limit": limit})
-        return [PolicyRevision.from_json(r) for r in rows]
-
     # -- administration ---------------------------------------------------------------------
 
     def create_user(self, email: str, password: str, role: str = "data_scientist") -> User:
@@ -1040,10 +482,6 @@ def _read_frame(data: bytes) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]
     return manifest, dict(load(data))
 
 
-def _tags(tags: Iterable[str]) -> Iterable[str]:
-    return [tags] if isinstance(tags, str) else tags
-
-
 def _user(body: dict[str, Any]) -> User:
     return User(
         id=body["id"],
@@ -1052,12 +490,3 @@ def _user(body: dict[str, Any]) -> User:
         is_active=body["is_active"],
         created_at=datetime.fromisoformat(body["created_at"]),
     )
-
-
-def _architecture(source: str | bytes | Path) -> tuple[str, bytes]:
-    if isinstance(source, bytes):
-        return "architecture", source
-    path = Path(source)
-    if isinstance(source, Path) or (len(source) < 4096 and "\n" not in source and path.is_file()):
-        return path.name, path.read_bytes()
-    return "architecture.py", source.encode()

@@ -74,11 +74,26 @@ def fields_table(title: str, rows: Iterable[tuple[str, Any]], after: str = "") -
 
 
 def records_table(
-    title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], limit: int = MAX_ROWS
+    title: str,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    limit: int = MAX_ROWS,
+    *,
+    after_rows: Sequence[str] = (),
 ) -> str:
-    """A table of records, at most ``limit`` rows shown and the rest counted."""
+    """A table of records, at most ``limit`` rows shown and the rest counted. ``after_rows``:
+    markup (already escaped) shown across the table under the row of the same index, if any
+    (a run's steps under a disclosure, say)."""
     head = "".join(_cell("th", c) for c in columns)
-    body = "".join("<tr>" + "".join(_cell("td", v) for v in row) + "</tr>" for row in rows[:limit])
+    more_rows = [*after_rows, *[""] * (len(rows) - len(after_rows))]
+
+    def under(markup: str) -> str:
+        return f'<tr><td colspan="{len(columns)}">{markup}</td></tr>' if markup else ""
+
+    body = "".join(
+        "<tr>" + "".join(_cell("td", v) for v in row) + "</tr>" + under(extra)
+        for row, extra in zip(rows[:limit], more_rows, strict=False)
+    )
     more = f"<p>... {len(rows) - limit} more</p>" if len(rows) > limit else ""
     return (
         f'<div class="dpnode"><strong>{escape(title)}</strong> ({len(rows)})'
@@ -122,12 +137,6 @@ class Records(list[T], Generic[T]):
         pandas = require_pandas(f"{type(self).__name__}.to_pandas()")
         columns = self._columns()
         return pandas.DataFrame([[getattr(r, c) for c in columns] for r in self], columns=columns)
-
-
-class Ledger(Records[T]):
-    """Charges to budgets, newest first (``client.ledger()``)."""
-
-    title = "ledger"
 
 
 class AuditLog(Records[T]):

@@ -60,6 +60,13 @@ class Receipt:
     #: how many outputs are symmetric matrices (``X.T @ X``, a covariance) whose noised
     #: values were averaged with their transpose: free post-processing, less noise
     symmetrized: int = 0
+    #: a step of a training run: the run, its steps so far (of ``run_planned_steps``) and
+    #: what they added to your budget together, in epsilon terms (the ledger's line for it)
+    run_id: int | None = None
+    run_steps: int | None = None
+    run_planned_steps: int | None = None
+    run_epsilon: float | None = None
+    run_delta: float | None = None
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> Receipt:
@@ -81,8 +88,14 @@ class Receipt:
         asked = ""
         if self.asked_epsilon is not None and self.asked_epsilon != self.epsilon:
             asked = f" (asked {self.asked_epsilon:g})"
+        run = ""
+        if self.run_id is not None:
+            run = (
+                f"; run {self.run_id}: {self.run_steps} of {self.run_planned_steps} steps, "
+                f"epsilon {self.run_epsilon:g} together"
+            )
         return (
-            f"{noise}; charged epsilon {self.epsilon:g}{asked}; "
+            f"{noise}; charged epsilon {self.epsilon:g}{asked}{run}; "
             f"{self.remaining_epsilon:g} remaining"
         )
 
@@ -247,6 +260,7 @@ def publish_grads(
     subjects: DatasetHandle | torch.Tensor | None = None,
     loss_reduction: Literal["mean", "sum"] = "mean",
     client: Any = None,
+    run_id: int | None = None,
 ) -> Receipt:
     """Publish every remote ``.grad`` of ``model`` in one request; each becomes a plain tensor.
 
@@ -276,6 +290,9 @@ def publish_grads(
             default): the per-example gradients are the row count times each row's share,
             and the released sum is divided by the row count again. ``"sum"`` when it adds.
         client: the node session (default: the last ``sdk.login``).
+        run_id: the training run this is a step of (``client.plan_run(...).run_id``): the
+            ledger shows the run's steps as one line, and the receipt states the run's
+            total so far (``run_epsilon``). ``sdk.private_training`` passes it for you.
 
     Returns:
         The release's :class:`Receipt`.
@@ -283,6 +300,7 @@ def publish_grads(
     Raises:
         DPNodeError: no remote gradients, a parameter without per-example gradients, or
             ``max_grad_norm`` without ``delta``.
+        NotFoundError: ``run_id`` is not a run you planned; nothing is charged.
         BudgetExceededError, GraphError: as for :func:`publish`.
     """
     receipt, _ = publish_grads_with(
@@ -294,6 +312,7 @@ def publish_grads(
         subjects=subjects,
         loss_reduction=loss_reduction,
         client=client,
+        run_id=run_id,
     )
     return receipt
 

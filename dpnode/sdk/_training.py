@@ -300,7 +300,9 @@ class PrivateTraining:
             self._smoothed = (
                 loss if previous is None else _SMOOTHING * loss + (1 - _SMOOTHING) * previous
             )
-        if receipt.mock or self._start_remaining is None:
+        if receipt.run_epsilon is not None:  # the run's steps together, as its ledger line
+            spent = receipt.run_epsilon
+        elif receipt.mock or self._start_remaining is None:
             spent = self.epsilon + receipt.epsilon
         else:
             spent = self._start_remaining - receipt.remaining_epsilon

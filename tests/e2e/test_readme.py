@@ -57,3 +57,14 @@ def test_readme_walkthrough_runs(demo_server: Server, tmp_path: Path) -> None:
     assert re.search(r"patients per 20 years \[[-\d, ]+\] 2\.0000", printed), printed
     bmi = re.search(r"bmi by sex \{1\.0: (\S+), 2\.0: (\S+)\}", printed)
     assert bmi is not None and all(18 < float(m) < 35 for m in bmi.groups()), printed
+    # the ledger: the CNN's 40 steps on one line, and the lines add up to the budget
+    assert re.search(r"run \d+: 40 steps, epsilon used \S+, delta used", printed), printed
+    assert "adds up: True" in printed
+    # docs/api.md's ledger example, on the node the walkthrough left
+    api = (REPO / "docs" / "api.md").read_text().split("## The ledger", 1)[1]
+    (block,) = re.findall(r"```python\n(.*?)```", api.split("\n## ", 1)[0], flags=re.S)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = block.replace("http://127.0.0.1:8000", demo_server.url)
+        exec(compile(code, "docs/api.md", "exec"), {"__name__": "docs"})
+    assert re.search(r"run \d+: 40 steps, epsilon used", out.getvalue()), out.getvalue()

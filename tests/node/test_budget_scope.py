@@ -12,7 +12,7 @@ import pytest
 from dpnode import policies
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import LedgerEntry, LedgerEntryDataset, User
-from dpnode.node.services.budget import _charges
+from dpnode.node.services.ledger_sums import _charges
 from tests.conftest import make_user
 
 LOOSE = policies.load_policy(

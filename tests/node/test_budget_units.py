@@ -19,12 +19,12 @@ from dpnode.node.services.budget import (
     RHO_UNIT,
     TV_UNIT,
     Cost,
-    _tv_delta_units,
     gaussian_count,
     quantize_epsilon,
     sampler_units,
     units_up,
 )
+from dpnode.node.services.costs import _tv_delta_units
 
 WHOLE = 10**18  # a delta of 1, in units: no budget has it
 

@@ -39,7 +39,7 @@ from dpnode.node.context import NodeContext
 from dpnode.node.db.base import UTCDateTime
 from dpnode.node.db.direct import Direct
 from dpnode.node.db.models import AuditEvent, LedgerEntry, LedgerEntryDataset, PublishKey, User
-from dpnode.node.services import audit, budget, idempotency
+from dpnode.node.services import audit, budget, idempotency, ledger_sums
 
 
 class Colour(enum.Enum):
@@ -134,6 +134,7 @@ def test_the_node_s_own_direct_statements_write_what_the_orm_reads(
         "graph_hash": "ab" * 32,
         "detail": {"shape": [1], "q": 0.5},
         "policy_revision": None,
+        "run_id": None,
     }
     with context.serial_sessions() as session:
         conn = session.connection()
@@ -163,7 +164,7 @@ def test_the_node_s_own_direct_statements_write_what_the_orm_reads(
         )
         assert line.at.tzinfo is not None
         # the ledger's kept total (a trigger) saw the row
-        total = session.execute(budget._TOTAL, {"user_id": scientist.id}).one()
+        total = session.execute(ledger_sums._TOTAL, {"user_id": scientist.id}).one()
         assert tuple(total[:3]) == (5, 0, 3)
     idempotency.store(context.relaxed_sessions, scientist.id, "k-1", b"answer")
     with context.sessions() as session:

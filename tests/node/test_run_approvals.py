@@ -88,19 +88,20 @@ def test_an_approved_run_lets_its_planned_steps_through_and_no_more(
     _answer(context, admin, approval_id, True, "a reviewed training run")
 
     planned = _plan(context, scientist, 4, dataset_ids=(points,))
-    assert planned.run_id == approval_id and planned.steps_used == 0
+    assert planned.approval_id == approval_id and planned.steps_used == 0
+    run_id = planned.run_id
     # The run's total is what the ledger will count for its four steps.
     assert 0.1 < planned.epsilon < 4 * 0.1 * 10
     before = budget_spent(context, scientist)
     for _ in range(4):
-        _charge(context, scientist, _step(points, approval_id))
+        _charge(context, scientist, _step(points, run_id))
     spent = budget_spent(context, scientist) - before
     assert spent == pytest.approx(planned.epsilon, abs=1e-6)
     row = _row(context, approval_id)
     assert (row.status, row.steps_used) == (RequestStatus.USED, 4)
     # A fifth step under the same run is judged alone: it waits, like any plain publish.
     with pytest.raises(ApprovalRequiredError) as fifth:
-        _charge(context, scientist, _step(points, approval_id))
+        _charge(context, scientist, _step(points, run_id))
     assert fifth.value.more["approval_id"] != approval_id
     assert _ledger_rows(context) == 4
 
@@ -118,9 +119,11 @@ def test_a_plain_publish_or_another_amount_does_not_ride_on_an_approved_run(
     _apply(context, "[approval]\nepsilon_above = 0.05\n")
     with pytest.raises(ApprovalRequiredError) as waiting:
         _plan(context, scientist, 3, dataset_ids=(points,))
-    run_id = waiting.value.more["approval_id"]
-    _answer(context, admin, run_id, True, "ok")
-    assert _plan(context, scientist, 3, dataset_ids=(points,)).run_id == run_id
+    approval_id = waiting.value.more["approval_id"]
+    _answer(context, admin, approval_id, True, "ok")
+    planned = _plan(context, scientist, 3, dataset_ids=(points,))
+    run_id = planned.run_id
+    assert planned.approval_id == approval_id
     refused = [
         _step(points, None),  # no run named
         _step(points, run_id, epsilon=0.2),  # another amount
@@ -130,16 +133,16 @@ def test_a_plain_publish_or_another_amount_does_not_ride_on_an_approved_run(
     for cost in refused:
         with pytest.raises(ApprovalRequiredError):
             _charge(context, scientist, cost)
-    assert _row(context, run_id).steps_used == 0
-    # Someone else's run id is not theirs to use.
+    assert _row(context, approval_id).steps_used == 0
+    # Someone else's run is not theirs to name: refused, nothing charged.
     colleague = _make(context, "ds2@example.org")
-    with pytest.raises(ApprovalRequiredError):
+    with pytest.raises(NotFoundError, match="not a run you planned"):
         _charge(context, colleague, _step(points, run_id))
     _charge(context, scientist, _step(points, run_id))
-    assert _row(context, run_id).steps_used == 1
+    assert _row(context, approval_id).steps_used == 1
     # Planning it again names the same run, the steps taken counted.
     again = _plan(context, scientist, 3, dataset_ids=(points,))
-    assert (again.run_id, again.steps_used) == (run_id, 1)
+    assert (again.run_id, again.approval_id, again.steps_used) == (run_id, approval_id, 1)
 
 
 def _make(context: NodeContext, email: str) -> User:
@@ -173,7 +176,9 @@ def test_a_run_within_the_thresholds_needs_no_approval(
 ) -> None:
     _apply(context, "[approval]\nepsilon_above = 5.0\n")
     planned = _plan(context, scientist, 10)
-    assert planned.run_id is None and 0 < planned.epsilon < 5.0
+    assert planned.approval_id is None and 0 < planned.epsilon < 5.0
+    # Recorded all the same: planning again before a step names the same run.
+    assert _plan(context, scientist, 10).run_id == planned.run_id
     with context.sessions() as session:
         assert approvals.list_approvals(session, scientist) == []
 
@@ -215,8 +220,9 @@ def test_concurrent_steps_cannot_use_more_than_the_planned_steps(
     _apply(context, "[approval]\nepsilon_above = 0.05\n")
     with pytest.raises(ApprovalRequiredError) as waiting:
         _plan(context, scientist, 5, dataset_ids=(points,))
-    run_id = waiting.value.more["approval_id"]
-    _answer(context, admin, run_id, True, "ok")
+    approval_id = waiting.value.more["approval_id"]
+    _answer(context, admin, approval_id, True, "ok")
+    run_id = _plan(context, scientist, 5, dataset_ids=(points,)).run_id
 
     def attempt(_: int) -> str:
         try:
@@ -229,7 +235,7 @@ def test_concurrent_steps_cannot_use_more_than_the_planned_steps(
         results = list(pool.map(attempt, range(12)))
     assert sorted(results) == ["ran"] * 5 + ["waits"] * 7
     assert _ledger_rows(context) == 5
-    row = _row(context, run_id)
+    row = _row(context, approval_id)
     assert (row.status, row.steps_used) == (RequestStatus.USED, 5)
     with context.sessions() as session:
         charges = session.scalars(select(LedgerEntry)).all()

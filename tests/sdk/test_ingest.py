@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from starlette.testclient import TestClient
 
-import dpnode.sdk._client as sdk_client
+import dpnode.sdk._client_uploads as sdk_uploads
 from dpnode import sdk
 from dpnode.node.db.models import User
 from tests.conftest import PASSWORD
@@ -186,7 +186,7 @@ def test_a_dropped_connection_resumes_where_the_node_stands(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(sdk_client, "CHUNKED_ABOVE", 1_000_000)  # big tables go in chunks
+    monkeypatch.setattr(sdk_uploads, "CHUNKED_ABOVE", 1_000_000)  # big tables go in chunks
     transport = DropsConnections(http._transport, before={2, 5}, after={3, 4})
     client = sdk.login(URL, email=owner.email, password=PASSWORD, transport=transport)
     client.retry_backoff = 0.0

@@ -69,7 +69,9 @@ def test_a_run_spends_its_target_on_the_ledger_and_trains(
     assert 2.0 * 0.995 <= spent <= 2.0
     assert run.epsilon == pytest.approx(spent, abs=1e-6)
     assert all(0 < a.epsilon < b.epsilon for a, b in itertools.pairwise(history))
-    assert len(ds_client.ledger()) == 6
+    (line,) = ds_client.ledger()  # the run's six steps: one line, its total in epsilon terms
+    assert (line.kind, line.steps, line.run_id) == ("run", 6, run.run.run_id)
+    assert line.epsilon_used == pytest.approx(spent, abs=1e-8) == history[-1].receipt.run_epsilon
     for p, q in zip(model.parameters(), before, strict=True):
         assert not torch.equal(p.detach(), q)
     with pytest.raises(sdk.DPNodeError, match="all of its 6 steps"):
@@ -204,7 +206,7 @@ def test_the_progress_bar_shows_step_epsilon_and_loss_and_mock_mode_charges_noth
         mx, my = ds.tensors("x", "label")  # the mock's rows stand in inside the block
         mocked = _plan(model, (mx, my), opt, steps=2).fit()
     assert all(h.receipt.mock for h in mocked) and len(mocked) == 2
-    assert len(ds_client.ledger()) == 2
+    assert [line.steps for line in ds_client.ledger()] == [2]  # the mock run charged nothing
     capsys.readouterr()
     # left out, the bar follows the client's switch (sdk.login(progress=...))
     for switch in (False, True):
@@ -298,9 +300,9 @@ def test_a_run_above_the_approval_threshold_waits_once_for_all_its_steps(
     admin_client.approve_publish(approval_id, reason="a reviewed model")
 
     run = _plan(model, (x, y), opt, target_epsilon=2.0, steps=4)
-    assert run.run is not None and run.run.run_id == approval_id
+    assert run.run is not None and run.run.approval_id == approval_id
     run.fit()
-    assert len(ds_client.ledger()) == 4
+    assert [(line.run_id, line.steps) for line in ds_client.ledger()] == [(run.run.run_id, 4)]
     assert 2.0 * 0.99 <= ds_client.budget().spent_epsilon <= 2.0
     (used,) = admin_client.publish_approvals()
     assert (used.status, used.steps_used) == ("used", 4)

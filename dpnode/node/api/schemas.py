@@ -237,6 +237,55 @@ class LedgerEntryPublic(Schema):
     detail: dict[str, Any]
     policy_revision: int | None = None
     user_email: str | None = None
+    run_id: int | None = Field(
+        default=None, description="the training run this charge is a step of (null: none)"
+    )
+    epsilon_used: float | None = Field(
+        default=None,
+        description="how much this charge added to the user's epsilon used, as the budget "
+        "counts it (zCDP converted at the allowance's delta): the rows of a renewal window "
+        "add up to the budget's spent_epsilon; null: a rho with no delta to convert it at",
+    )
+    delta_used: float = Field(
+        default=0.0, description="how much this charge added to the user's delta used"
+    )
+
+
+class LedgerRunPublic(Schema):
+    """A training run as it was planned (``POST /publish/runs``)."""
+
+    id: int
+    created_at: datetime
+    description: str
+    steps: int = Field(description="the steps planned")
+    step_epsilon: float
+    step_delta: float
+    approval_id: int | None = Field(description="the admin's approval it ran under, if any")
+
+
+class LedgerLinePublic(Schema):
+    """One line of the ledger: a charge of its own, or every step of one training run."""
+
+    id: int = Field(description="the newest charge of the line (page with before_id=id)")
+    at: datetime = Field(description="when its newest charge was made")
+    first_at: datetime = Field(description="when its oldest charge was made")
+    kind: str = Field(description='"run": a training run\'s steps; "charge": one publish')
+    user_id: int
+    user_email: str | None = None
+    mechanism: str
+    steps: int = Field(description="how many charges the line holds")
+    epsilon_used: float | None = Field(
+        description="what its charges added to the user's epsilon used, summed (null: a rho "
+        "with no delta to convert it at)"
+    )
+    delta_used: float
+    epsilon: float = Field(description="its charges' pure epsilon, summed")
+    rho: float = Field(description="its charges' rho, summed")
+    sampler_tv: float
+    dataset_ids: list[int]
+    policy_revision: int | None = None
+    run: LedgerRunPublic | None = None
+    entries: list[LedgerEntryPublic] = Field(description="its charges, newest first")
 
 
 class OutputSensitivityPublic(Schema):
@@ -385,8 +434,9 @@ class RunPlanCreate(Schema):
 
 
 class RunPlanPublic(Schema):
-    run_id: int | None = Field(
-        description="the approval each step's publish names (run=); null: none was needed"
+    run_id: int = Field(description="the run, which each step's publish names (run=)")
+    approval_id: int | None = Field(
+        default=None, description="the admin's approval it runs under; null: none was needed"
     )
     steps: int
     steps_used: int

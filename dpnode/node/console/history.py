@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from dpnode import policies
 from dpnode.node.api.routes import budget as budget_routes
-from dpnode.node.api.schemas import BudgetPublic, LedgerEntryPublic
+from dpnode.node.api.schemas import BudgetPublic, LedgerLinePublic
 from dpnode.node.console.charts import Step, budget_chart
 from dpnode.node.db.models import User
 from dpnode.node.services import budget, users
@@ -25,16 +25,17 @@ CHART_CHARGES = 1000
 class BudgetView:
     subject: User
     budget: BudgetPublic
-    #: The current window's charges, newest first (as ``GET /api/v1/ledger`` lists them).
-    entries: list[LedgerEntryPublic]
+    #: The current window's charges, newest first, a training run's steps on one line (as
+    #: ``GET /api/v1/ledger/grouped`` lists them).
+    lines: list[LedgerLinePublic]
     chart: Markup
 
 
 def budget_view(session: Session, settings: Settings, viewer: User, user_id: int) -> BudgetView:
     """``user_id``'s budget as ``viewer`` may read it through the API (refused otherwise)."""
     public = budget_routes.get_budget(session, settings, viewer, user_id=user_id)
-    entries = budget_routes.get_ledger(
-        session, viewer, user_id=user_id, since=public.period_start, limit=CHART_CHARGES
+    lines = budget_routes.get_ledger_grouped(
+        session, settings, viewer, user_id=user_id, since=public.period_start, limit=CHART_CHARGES
     )
     subject = users.get_user(session, user_id)
     # The epsilon used after each charge, counted as the budget counts it (pure epsilon plus
@@ -58,4 +59,4 @@ def budget_view(session: Session, settings: Settings, viewer: User, user_id: int
         renews_at=public.renews_at,
         title=f"Epsilon used by {subject.email} against an allocation of {public.epsilon:.4g}",
     )
-    return BudgetView(subject=subject, budget=public, entries=entries, chart=chart)
+    return BudgetView(subject=subject, budget=public, lines=lines, chart=chart)

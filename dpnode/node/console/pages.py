@@ -177,6 +177,7 @@ def _day(value: str | None, *, end: bool) -> datetime | None:
 def ledger(
     request: Request,
     session: SessionDep,
+    settings: SettingsDep,
     user: ConsoleUser,
     user_id: str | None = None,
     dataset_id: str | None = None,
@@ -185,11 +186,13 @@ def ledger(
     before_id: str | None = None,
     limit: Limit = 100,
 ) -> Response:
-    """The ledger as ``GET /api/v1/ledger`` gives it: admins filter by user (or see everyone's),
+    """The ledger as ``GET /api/v1/ledger/grouped`` gives it, one row per training run
+    (its steps under a disclosure) or charge: admins filter by user (or see everyone's),
     others see their own; by dataset and by day for everyone."""
     subject = optional_int(user_id, "user")
-    entries = budget_routes.get_ledger(
+    lines = budget_routes.get_ledger_grouped(
         session,
+        settings,
         user,
         user_id=subject,
         all_users=user.role is Role.ADMIN and subject is None,
@@ -212,7 +215,7 @@ def ledger(
         request,
         "ledger.html",
         title="Ledger",
-        entries=entries,
+        lines=lines,
         filters=filters,
         limit=limit,
         people=people,

@@ -190,6 +190,40 @@ class LedgerEntry(Base):
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     #: The policy revision that allowed this charge (``None``: the built-in default policy).
     policy_revision: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    #: The planned training run this charge is a step of (``None``: a publish of its own).
+    run_id: Mapped[int | None] = mapped_column(
+        ForeignKey("training_runs.id"), nullable=True, index=True
+    )
+
+
+class TrainingRun(Base):
+    """A training run as it was planned (``dpnode.node.services.runs``): the identity its
+    steps' ledger rows carry (``LedgerEntry.run_id``), so that the ledger shows a run as one.
+
+    Written once, when the run is planned, and never changed: how many steps ran is what
+    the ledger holds under its id. ``plan_hash`` identifies the plan (steps, per-step amounts,
+    values, datasets, description); ``approval_id`` names the admin's approval it runs
+    under, if its total needed one.
+    """
+
+    __tablename__ = "training_runs"
+    __table_args__ = NEVER_REUSE_IDS
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    plan_hash: Mapped[str] = mapped_column(String(64))
+    description: Mapped[str] = mapped_column(Text, default="")
+    steps: Mapped[int] = mapped_column(Integer)
+    step_epsilon_units: Mapped[int] = mapped_column(BigInteger)
+    step_delta_units: Mapped[int] = mapped_column(BigInteger)
+    step_values: Mapped[int] = mapped_column(BigInteger)
+    dataset_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
+    #: no foreign key: approvals already name the ledger, and a key back would make the
+    #: three tables a cycle, which no order of CREATE TABLE can satisfy
+    approval_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    #: The policy revision in force when it was planned (``None``: the built-in default).
+    policy_revision: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class LedgerTotal(Base):

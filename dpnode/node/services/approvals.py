@@ -11,8 +11,9 @@ run of the same computation waits again. A denial is reported once, to the next 
 A training run is judged once, as a whole, before its first step (``dpnode.node.services.runs``):
 when its total is above a threshold, its plan is queued here as one request (``kind``
 ``"run"``, identified by the hash of the plan). Once approved, planning the same run again
-names the request as the run's id; each step's publish carries it, and the publish
-transaction lets up to ``steps`` publishes of exactly the planned per-step amount through
+records the run with this approval (``TrainingRun.approval_id``); each step's publish names
+the run, and the publish transaction lets up to ``steps`` publishes of exactly the planned
+per-step amount through
 under it (:func:`run_step`, counted by :func:`use` in that same serialised transaction),
 every cap and the budget still applying to each. A step beyond the plan, or asking for
 anything else, is judged as an ordinary publish.
@@ -179,14 +180,14 @@ def queue_run(
     return row
 
 
-def run_step(session: Session, user_id: int, cost: Cost, *, values: int) -> PublishApproval | None:
-    """The approved run ``cost.run_id`` when this publish is one of its planned steps: the
+def run_step(
+    session: Session, user_id: int, cost: Cost, *, approval_id: int, values: int
+) -> PublishApproval | None:
+    """The run approval ``approval_id`` when this publish is one of its planned steps: the
     user's, steps left, a Gaussian release of exactly the planned epsilon and delta, of at
     most the planned number of ``values``, reading only datasets the plan named. ``None``
     otherwise (the publish is then judged as any other)."""
-    if cost.run_id is None:
-        return None
-    row = session.get(PublishApproval, cost.run_id)
+    row = session.get(PublishApproval, approval_id)
     if (
         row is None
         or row.kind != RUN

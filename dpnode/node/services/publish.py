@@ -93,7 +93,7 @@ class PublishRequest:
     epsilon: float
     #: None: Laplace (pure epsilon); a number: Gaussian, calibrated to (epsilon, delta).
     delta: float | None = None
-    #: The approved training run this publish is a step of (``dpnode.node.services.runs``).
+    #: The planned training run this publish is a step of (``dpnode.node.services.runs``).
     run_id: int | None = None
 
 

@@ -12,8 +12,18 @@ is refused before any step; one above a threshold is queued as one request for a
 charged when it is published, every cap and the budget applying again.
 
 Planning the same run again (same steps, per-step amounts, values, datasets and
-description) finds the same request: it reports it waiting, the admin's denial (once), or,
-approved, its id, which each step's publish then carries.
+description) finds the same request: it reports it waiting, the admin's denial (once), or
+that it was approved.
+
+A run the policy lets start is recorded (``dpnode.node.db.models.TrainingRun``), approved or
+not: its id is the run's identity, which each step's publish names (``run=``), the charge
+writes on the step's ledger row, and the ledger groups the steps by
+(``dpnode.node.services.ledger``). A publish naming a run that is not the caller's is refused
+(``dpnode.node.services.budget.charge``). Planning stays idempotent: a run under an approval
+is the one recorded with that approval, whatever was run of it; any other is the newest run
+of the same plan not yet started, so that planning twice before the first step (a retry, a
+second look) names one run, while planning again after steps were taken starts a new one,
+judged whole again.
 """
 
 from __future__ import annotations
@@ -21,14 +31,20 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from dpnode import policies
 from dpnode.core.errors import InvalidRequestError, NotFoundError
 from dpnode.node.db.base import utcnow
+from dpnode.node.db.models import LedgerEntry, PublishApproval, TrainingRun
 from dpnode.node.services import approvals, audit, budget
+from dpnode.node.services.budget_status import _defaults
+from dpnode.node.services.ledger_sums import _load
 from dpnode.node.services.publish import gaussian_cost
 from dpnode.node.settings import Settings
 
@@ -67,12 +83,12 @@ class RunPlan:
 
 @dataclass(frozen=True)
 class Planned:
-    """A run the policy lets start. ``run_id`` is the approval each step's publish names
-    (``None``: the run needed none, its steps are ordinary publishes); ``epsilon`` and
-    ``delta`` its total as the ledger will count it; ``remaining_epsilon`` what is left of
-    the budget once every step has run."""
+    """A run the policy lets start. ``run_id`` is the recorded run each step's publish names;
+    ``approval_id`` the admin's approval it runs under (``None``: it needed none), of which
+    ``steps_used`` steps were taken; ``epsilon`` and ``delta`` its total as the ledger will
+    count it; ``remaining_epsilon`` what is left of the budget once every step has run."""
 
-    run_id: int | None
+    run_id: int
     steps: int
     steps_used: int
     epsilon: float
@@ -82,6 +98,7 @@ class Planned:
     remaining_epsilon: float
     policy: str
     policy_revision: int | None
+    approval_id: int | None = None
 
 
 def _check(run: RunPlan) -> None:
@@ -122,7 +139,7 @@ def plan(
         if missing:
             raise NotFoundError(f"no dataset with id {missing[0]}")
         at = utcnow()
-        defaults = budget._defaults(settings)
+        defaults = _defaults(settings)
         step = policies.PublishRequest(
             at=at,
             datasets={name: ident for ident, name in found.items()},
@@ -140,7 +157,7 @@ def plan(
         if approved is not None and approved.steps_used:
             # the steps already taken under it are in the ledger: judge the steps left
             judged = policies.RunRequest(max(1, run.steps - approved.steps_used), step)
-        ledger = budget._load(session, in_force.policy, step, puser, locked.total)
+        ledger = _load(session, in_force.policy, step, puser, locked.total)
         decision = policies.decide_run(
             in_force.policy, puser, judged, ledger.charges, defaults=defaults, approval=answer
         )
@@ -202,8 +219,10 @@ def plan(
             session.commit()
             raise budget._refusal(decision, in_force)
         remaining = decision.remaining.epsilon_units
+        recorded = _recorded(session, user, run, key, approved, in_force.revision, summary)
         planned = Planned(
-            run_id=None if approved is None else approved.id,
+            run_id=recorded.id,
+            approval_id=None if approved is None else approved.id,
             steps=run.steps,
             steps_used=0 if approved is None else approved.steps_used,
             epsilon=float(total_units[0] * budget.EPSILON_UNIT),
@@ -214,5 +233,53 @@ def plan(
             policy=in_force.name,
             policy_revision=in_force.revision,
         )
-        session.rollback()  # a plan allowed as it stands writes nothing
+        session.commit()
         return planned
+
+
+def _recorded(
+    session: Session,
+    user: audit.Actor,
+    run: RunPlan,
+    key: str,
+    approved: PublishApproval | None,
+    revision: int | None,
+    summary: Mapping[str, Any],
+) -> TrainingRun:
+    """The run a plan allowed to start names (see the module): found, or recorded and
+    audited (in the caller's transaction)."""
+    query = select(TrainingRun).where(TrainingRun.user_id == user.id)
+    if approved is not None:
+        query = query.where(TrainingRun.approval_id == approved.id)
+    else:
+        stepped = select(LedgerEntry.id).where(LedgerEntry.run_id == TrainingRun.id).exists()
+        query = query.where(
+            TrainingRun.plan_hash == key, TrainingRun.approval_id.is_(None), ~stepped
+        )
+    found = session.scalar(query.order_by(TrainingRun.id.desc()).limit(1))
+    if found is not None:
+        return found
+    row = TrainingRun(
+        user_id=user.id,
+        plan_hash=key,
+        description=run.description,
+        steps=run.steps,
+        step_epsilon_units=budget.units_down(run.epsilon, budget.EPSILON_UNIT, "epsilon"),
+        step_delta_units=budget.units_down(run.delta, budget.DELTA_UNIT, "delta"),
+        step_values=run.values,
+        dataset_ids=sorted(set(run.dataset_ids)),
+        approval_id=None if approved is None else approved.id,
+        policy_revision=revision,
+    )
+    session.add(row)
+    session.flush()
+    audit.record(
+        session,
+        user,
+        "run.planned",
+        target_type="training_run",
+        target_id=row.id,
+        approval_id=row.approval_id,
+        **summary,
+    )
+    return row

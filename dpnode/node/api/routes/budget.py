@@ -28,9 +28,11 @@ from dpnode.node.api.schemas import (
     BudgetRequestCreate,
     BudgetRequestPublic,
     LedgerEntryPublic,
+    LedgerLinePublic,
+    LedgerRunPublic,
 )
 from dpnode.node.db.models import BudgetGrant, BudgetRequest, LedgerEntry, Role, User
-from dpnode.node.services import budget, budget_requests
+from dpnode.node.services import budget, budget_requests, ledger
 from dpnode.node.services.budget import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, TV_UNIT, Status
 
 router = APIRouter(tags=["budget"])
@@ -60,7 +62,10 @@ def budget_public(b: Status) -> BudgetPublic:
     )
 
 
-def ledger_public(e: LedgerEntry, email: str | None = None) -> LedgerEntryPublic:
+def ledger_public(
+    e: LedgerEntry, email: str | None = None, used: ledger.Used | None = None
+) -> LedgerEntryPublic:
+    used = ledger.NOTHING if used is None else used
     return LedgerEntryPublic(
         id=e.id,
         at=e.at,
@@ -74,6 +79,49 @@ def ledger_public(e: LedgerEntry, email: str | None = None) -> LedgerEntryPublic
         detail=e.detail,
         policy_revision=e.policy_revision,
         user_email=email,
+        run_id=e.run_id,
+        epsilon_used=_epsilon(used.epsilon_units),
+        delta_used=float(used.delta_units * DELTA_UNIT),
+    )
+
+
+def _epsilon(units: int | None) -> float | None:
+    return None if units is None else float(units * EPSILON_UNIT)
+
+
+def line_public(line: ledger.Line, emails: dict[int, str]) -> LedgerLinePublic:
+    entries, run = line.entries, line.run
+    newest, oldest = entries[0], entries[-1]
+    total = line.total
+    mechanisms = sorted({e.mechanism for e in entries})
+    return LedgerLinePublic(
+        id=newest.id,
+        at=newest.at,
+        first_at=oldest.at,
+        kind="charge" if run is None else "run",
+        user_id=newest.user_id,
+        user_email=emails.get(newest.user_id),
+        mechanism=", ".join(mechanisms),
+        steps=len(entries),
+        epsilon_used=_epsilon(total.epsilon_units),
+        delta_used=float(total.delta_units * DELTA_UNIT),
+        epsilon=float(sum(e.epsilon_units for e in entries) * EPSILON_UNIT),
+        rho=float(sum(e.rho_units for e in entries) * RHO_UNIT),
+        sampler_tv=float(sum(e.tv_units for e in entries) * DELTA_UNIT),
+        dataset_ids=sorted({d for e in entries for d in e.dataset_ids}),
+        policy_revision=newest.policy_revision,
+        run=None
+        if run is None
+        else LedgerRunPublic(
+            id=run.id,
+            created_at=run.created_at,
+            description=run.description,
+            steps=run.steps,
+            step_epsilon=float(run.step_epsilon_units * EPSILON_UNIT),
+            step_delta=float(run.step_delta_units * DELTA_UNIT),
+            approval_id=run.approval_id,
+        ),
+        entries=[ledger_public(e, emails.get(e.user_id), line.used[e.id]) for e in entries],
     )
 
 
@@ -135,9 +183,56 @@ def _utc(at: datetime | None) -> datetime | None:
         return (datetime.max if at.year == datetime.max.year else datetime.min).replace(tzinfo=UTC)
 
 
+def _emails(session: SessionDep, user_ids: set[int]) -> dict[int, str]:
+    owners = select(User).where(User.id.in_(user_ids))
+    return {u.id: u.email for u in session.scalars(owners)}
+
+
+def _ledger_subject(user: User, user_id: int | None, all_users: bool) -> int | None:
+    if all_users and user.role is not Role.ADMIN:
+        raise PermissionDeniedError("only admins may read everyone's ledger")
+    return None if all_users and user_id is None else _subject(user, user_id)
+
+
 @router.get("/ledger", responses=errors(403))
 def get_ledger(
     session: SessionDep,
+    settings: SettingsDep,
+    user: CurrentUser,
+    user_id: QueryId = None,
+    all_users: QueryFlag = False,
+    dataset_id: QueryId = None,
+    run_id: QueryId = None,
+    before_id: QueryId = None,
+    since: Annotated[AwareDatetime | None, Query(), TimeText] = None,
+    until: Annotated[AwareDatetime | None, Query(), TimeText] = None,
+    limit: Limit = 100,
+) -> list[LedgerEntryPublic]:
+    """Your privacy charges, newest first, one row each. Admins: anyone's (``user_id``) or
+    everyone's (``all_users=true``), optionally only those reading ``dataset_id``, the steps
+    of training run ``run_id``, or charged at or after ``since`` and before ``until``;
+    ``before_id`` pages. Each row's ``epsilon_used`` is what it added to the user's epsilon
+    used: the rows of the budget's window add up to its ``spent_epsilon``."""
+    subject = _ledger_subject(user, user_id, all_users)
+    entries = ledger.ledger_of(
+        session,
+        subject,
+        dataset_id=dataset_id,
+        run_id=run_id,
+        before_id=before_id,
+        since=_utc(since),
+        until=_utc(until),
+        limit=limit,
+    )
+    used = ledger.used_by_row(session, ledger.statuses(session, settings), entries)
+    emails = _emails(session, {e.user_id for e in entries})
+    return [ledger_public(e, emails.get(e.user_id), used[e.id]) for e in entries]
+
+
+@router.get("/ledger/grouped", responses=errors(403))
+def get_ledger_grouped(
+    session: SessionDep,
+    settings: SettingsDep,
     user: CurrentUser,
     user_id: QueryId = None,
     all_users: QueryFlag = False,
@@ -146,15 +241,15 @@ def get_ledger(
     since: Annotated[AwareDatetime | None, Query(), TimeText] = None,
     until: Annotated[AwareDatetime | None, Query(), TimeText] = None,
     limit: Limit = 100,
-) -> list[LedgerEntryPublic]:
-    """Your privacy charges, newest first. Admins: anyone's (``user_id``) or everyone's
-    (``all_users=true``), optionally only those reading ``dataset_id`` or charged at or after
-    ``since`` and before ``until``; ``before_id`` pages."""
-    if all_users and user.role is not Role.ADMIN:
-        raise PermissionDeniedError("only admins may read everyone's ledger")
-    subject = None if all_users and user_id is None else _subject(user, user_id)
-    entries = budget.ledger_of(
+) -> list[LedgerLinePublic]:
+    """The ledger with each training run's steps on one line (``kind`` ``"run"``: its
+    ``steps``, their ``epsilon_used`` summed, the steps themselves in ``entries``) and every
+    other charge on a line of its own, newest first. The filters are ``GET /ledger``'s;
+    ``limit`` counts lines, and ``before_id`` (a line's ``id``) pages."""
+    subject = _ledger_subject(user, user_id, all_users)
+    lines = ledger.lines_of(
         session,
+        settings,
         subject,
         dataset_id=dataset_id,
         before_id=before_id,
@@ -162,9 +257,8 @@ def get_ledger(
         until=_utc(until),
         limit=limit,
     )
-    owners = select(User).where(User.id.in_({e.user_id for e in entries}))
-    emails = {u.id: u.email for u in session.scalars(owners)}
-    return [ledger_public(e, emails.get(e.user_id)) for e in entries]
+    emails = _emails(session, {e.user_id for line in lines for e in line.entries})
+    return [line_public(line, emails) for line in lines]
 
 
 @router.post("/budget/requests", status_code=201)

@@ -16,8 +16,11 @@ def plan_run(body: RunPlanCreate, context: ContextDep, user: CurrentUser) -> Run
 
     Refused (``budget_exceeded``, ``policy_refused``) when its total does not fit or a step
     is over a per-publish cap; ``approval_required`` with a request id when its total is
-    above an approval threshold. Once that is approved, planning the same run again returns
-    its ``run_id``, which each step's ``POST /publish`` names as ``run=``.
+    above an approval threshold; once that is approved, planning the same run again lets it
+    start. A run allowed to start is recorded: each step's ``POST /publish`` names its
+    ``run_id`` as ``run=``, and the ledger shows its steps as one line
+    (``GET /ledger/grouped``). Planning the same run again before its first step names the
+    same run.
     """
     plan = runs.RunPlan(
         steps=body.steps,
