@@ -1,39 +1,45 @@
-"""Private training against Opacus: test accuracy at the same (epsilon, delta), and wall time.
+"""Private training against Opacus: test accuracy at the same guarantee, and wall time.
 
-    python -m bench.utility [--seeds 5] [--rows logistic,mlp] [--quick]
+    python -m bench.utility [--seeds 5] [--rows logistic,mlp] [--splits seed,fixed] [--quick]
 
-Each row trains one model on a scikit-learn dataset (80% of it, split by the seed; the other
-20% is the local test set) to a total ``epsilon`` at ``delta = 1e-5``, twice in the same run:
+Each row trains one model on a scikit-learn dataset to a total ``epsilon`` at ``delta = 1e-5``
+for neighbours that **replace one row** (dpnode's privacy unit: row counts are public), on
+both sides, and tests it on held-out rows. Two train/test splits, 80/20, each row on both:
 
-* **dpnode**: the training split is uploaded to an in-process node (the real app, SQLite, the
-  SDK over its transport); a fresh data scientist, whose policy allocation is exactly
-  ``(epsilon, 1e-5)``, trains with ``sdk.private_training(model, optimizer, (X, y),
-  target_epsilon=epsilon, steps=steps, max_grad_norm=C)``: full-batch DP-GD (every step
-  clips each row's gradient and adds Gaussian noise for ``2C``), ``steps`` steps at the
-  per-step epsilon that the node's filter lets ``steps`` releases fit. The epsilon reported
+* ``seed``: a permutation drawn from the seed (a new split for every seed). The settings of
+  both sides were chosen on a validation split of *these training rows* (``ROWS``).
+* ``fixed``: scikit-learn's stratified ``train_test_split`` with ``random_state=SPLIT_SEED``,
+  the same for every seed, on which nothing was chosen.
+
+The sides, in the same run:
+
+* **dpnode**: the training rows are uploaded to an in-process node (the real app, SQLite, the
+  SDK over its transport); a fresh data scientist, whose allowance is exactly
+  ``(epsilon, 1e-5)``, trains with ``sdk.private_training(...)`` (full-batch DP-GD: every
+  step clips each row's gradient and adds Gaussian noise for ``2C``; the per-step noise
+  planned so that the node's filter counts the run at most ``epsilon``). The epsilon shown
   is the node's ledger (``client.budget()``), not this script's arithmetic.
-* **Opacus** (1.6, local): ``make_private_with_epsilon`` with Poisson sampling and its RDP
-  accountant, the same model and initialisation, ``epochs`` epochs of expected batch size
-  ``batch``.
+* **Opacus** (1.6, local): Poisson sampling of expected batch ``batch``, ``epochs`` epochs,
+  SGD, the same model and initialisation; its noise multiplier is the smallest for which
+  ``dp_accounting``'s privacy loss distribution accountant, for Poisson-sampled Gaussian steps
+  between datasets that differ by *replacing* a row, gives ``(epsilon, delta)``
+  (``make_private(noise_multiplier=...)``), and the epsilon shown is that accountant's.
+  For information, one more column trains Opacus at its own neighbours (adding or removing
+  a row: ``make_private_with_epsilon``, RDP), a weaker guarantee at the same numbers.
 
-A third column trains Opacus at dpnode's guarantee: ``(epsilon, delta)`` between datasets
-that differ by *replacing* a row follows from ``(epsilon / 2, delta / (1 + e^(epsilon / 2)))``
-for adding or removing one (a replacement is a removal and an addition); Opacus's
-accountants do not analyse Poisson sampling under replacement directly, so this is
-conservative for Opacus.
+The verdict: ``level`` when dpnode's mean accuracy is at least Opacus's less one of Opacus's
+standard deviations and dpnode's standard deviation at most 1.5 times Opacus's.
 
 Features are scaled into [0, 1] by public bounds (breast cancer: each column's range over the
-whole dataset, declared as the contract; digits: grey levels 0-16) for both. Neighbouring
-datasets differ for dpnode by *replacing* a row (the node's privacy unit) and for Opacus by
-adding or removing one (its default): dpnode's guarantee is the stronger one at the same
-numbers. Time is the whole training run (for dpnode: recording, HTTP, tracking, evaluation
-and noise of every step; for Opacus: its data loader, hooks and optimizer), without the
-upload and the accuracy check.
+whole dataset, declared as the contract; digits: grey levels 0-16) for both. Time is the whole
+training run (for dpnode: recording, HTTP, tracking, evaluation and noise of every step; for
+Opacus: its data loader, hooks and optimizer), without the upload and the accuracy check.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import statistics
 import sys
@@ -60,6 +66,8 @@ from dpnode.node.services import users
 from dpnode.node.settings import Settings
 
 DELTA = 1e-5
+#: the second split's seed (scikit-learn's ``random_state``): no setting was chosen on it
+SPLIT_SEED = 20_251
 PASSWORD = "bench password"
 
 
@@ -132,6 +140,11 @@ def make_model(kind: str, features: tuple[int, ...]) -> torch.nn.Module:
     )
 
 
+def features(row: Row, x: np.ndarray) -> tuple[int, ...]:
+    """One example's shape as the model sees it (digits: one channel of 8 x 8)."""
+    return (1, 8, 8) if row.data == "digits" else tuple(x.shape[1:])
+
+
 def loss_of(kind: str, out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     if kind == "logistic":
         return F.binary_cross_entropy_with_logits(out.squeeze(1), y.float(), reduction=reduction)
@@ -189,7 +202,16 @@ def train_dpnode(
     if row.data == "digits":
         xr = xr.float().unsqueeze(1)
     torch.manual_seed(seed)
-    model = make_model(row.model, tuple(x.shape[1:]) if row.data != "digits" else (1, 8, 8))
+    model = make_model(row.model, features(row, x))
+    if row.model == "logistic":  # what sdk offers for it, at its defaults
+        start = time.perf_counter()
+        fit = sdk.logistic_regression(xr, yr, epsilon=row.epsilon, progress=False)
+        seconds = time.perf_counter() - start
+        assert isinstance(model, torch.nn.Linear)
+        with torch.no_grad():
+            model.weight.copy_(fit.coef.reshape(1, -1))
+            model.bias.fill_(fit.intercept)
+        return model, seconds, client.budget().spent_epsilon
     opt = torch.optim.Adam(model.parameters(), lr=row.lr)
     start = time.perf_counter()
     sdk.private_training(
@@ -208,101 +230,207 @@ def train_dpnode(
     return model, seconds, client.budget().spent_epsilon
 
 
+def opacus_sample(row: Row, rows: int) -> tuple[float, int]:
+    """Opacus's Poisson sample rate and step count for ``rows`` training rows: its data
+    loader draws ``len(loader) = ceil(rows / batch)`` batches an epoch, each row in each with
+    probability ``1 / len(loader)``."""
+    batches = math.ceil(rows / row.batch)
+    return 1.0 / batches, row.epochs * batches
+
+
+@functools.cache
+def replace_one_noise(epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
+    """The smallest noise multiplier (to 0.1%) whose ``steps`` Poisson-sampled Gaussian steps
+    are ``(epsilon, delta)``-DP for neighbours that *replace* a row, by ``dp_accounting``'s
+    privacy loss distribution (the pair ``(1-q) N(0) + q N(-C)`` against ``(1-q) N(0) + q N(C)``
+    in each step: the replaced row is in the batch or not, with clipped gradients ``-C`` and
+    ``C`` apart)."""
+    lo, hi = 0.1, 200.0
+    while hi / lo > 1.001:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (
+            (lo, mid)
+            if replace_one_epsilon(mid, delta, sample_rate, steps) <= epsilon
+            else (mid, hi)
+        )
+    return hi
+
+
+def replace_one_epsilon(noise: float, delta: float, sample_rate: float, steps: int) -> float:
+    """Epsilon at ``delta`` of Opacus's run for neighbours that replace a row (PLD)."""
+    from dp_accounting import dp_event, privacy_accountant
+    from dp_accounting.pld import pld_privacy_accountant as pld
+
+    acct = pld.PLDAccountant(
+        privacy_accountant.NeighboringRelation.REPLACE_ONE, value_discretization_interval=1e-3
+    )
+    step = dp_event.PoissonSampledDpEvent(sample_rate, dp_event.GaussianDpEvent(noise))
+    acct.compose(step, steps)
+    return float(acct.get_epsilon(delta))
+
+
 def train_opacus(
-    row: Row, x: np.ndarray, y: np.ndarray, seed: int, *, guarantee: str = "add/remove"
+    row: Row, x: np.ndarray, y: np.ndarray, seed: int, *, guarantee: str = "replace-one"
 ) -> tuple[torch.nn.Module, float, float]:
-    """Opacus at the row's (epsilon, delta) between datasets that differ by adding or removing
-    a row (its own neighbours), or, with ``guarantee="replace-one"``, at the dpnode guarantee:
-    ``(epsilon / 2, delta / (1 + e^(epsilon / 2)))`` for adding or removing, which is
-    ``(epsilon, delta)`` for replacing (a removal, then an addition)."""
+    """Opacus at the row's ``(epsilon, delta)``; returns the model, the seconds and the epsilon
+    its accountant reports.
+
+    ``guarantee="replace-one"`` (dpnode's neighbours): the noise multiplier is the smallest
+    whose run is ``(epsilon, delta)``-DP for replacing a row, by ``dp_accounting``'s PLD
+    accountant (:func:`replace_one_noise`), and the epsilon reported is that accountant's.
+    ``"add/remove"`` (Opacus's own neighbours): ``make_private_with_epsilon`` with its RDP
+    accountant, for information."""
     from opacus import PrivacyEngine
 
-    epsilon, delta = row.epsilon, DELTA
-    if guarantee == "replace-one":
-        epsilon, delta = epsilon / 2, delta / (1 + math.exp(epsilon / 2))
-
     torch.manual_seed(seed)
-    features = tuple(x.shape[1:]) if row.data != "digits" else (1, 8, 8)
-    model = make_model(row.model, features)
+    model = make_model(row.model, features(row, x))
     xt = torch.from_numpy(x if row.data != "digits" else x[:, None])
     data = torch.utils.data.TensorDataset(xt, torch.from_numpy(y))
     loader = torch.utils.data.DataLoader(data, batch_size=row.batch)
     opt = torch.optim.SGD(model.parameters(), lr=row.opacus_lr)
     generator = torch.Generator().manual_seed(seed)
+    sample_rate, steps = opacus_sample(row, len(y))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "secure RNG turned off": its default, as benchmarked
         engine = PrivacyEngine(accountant="rdp")
-        model, opt, loader = engine.make_private_with_epsilon(
-            module=model,
-            optimizer=opt,
-            data_loader=loader,
-            target_epsilon=epsilon,
-            target_delta=delta,
-            epochs=row.epochs,
-            max_grad_norm=row.opacus_clip,
-            noise_generator=generator,
-        )
+        if guarantee == "replace-one":
+            noise = replace_one_noise(row.epsilon, DELTA, sample_rate, steps)
+            model, opt, loader = engine.make_private(
+                module=model,
+                optimizer=opt,
+                data_loader=loader,
+                noise_multiplier=noise,
+                max_grad_norm=row.opacus_clip,
+                noise_generator=generator,
+            )
+        else:
+            model, opt, loader = engine.make_private_with_epsilon(
+                module=model,
+                optimizer=opt,
+                data_loader=loader,
+                target_epsilon=row.epsilon,
+                target_delta=DELTA,
+                epochs=row.epochs,
+                max_grad_norm=row.opacus_clip,
+                noise_generator=generator,
+            )
         start = time.perf_counter()
+        taken = 0
         for _ in range(row.epochs):
             for xb, yb in loader:
+                taken += 1
                 if len(yb) == 0:
                     continue
                 opt.zero_grad()
                 loss_of(row.model, model(xb), yb).backward()
                 opt.step()
         seconds = time.perf_counter() - start
-    return model._module, seconds, float(engine.get_epsilon(delta))
+    assert taken == steps, (taken, steps)  # the accountant counted the steps taken
+    if guarantee == "replace-one":
+        return model._module, seconds, replace_one_epsilon(noise, DELTA, sample_rate, steps)
+    return model._module, seconds, float(engine.get_epsilon(DELTA))
 
 
-def _mean_sd(v: list[float]) -> str:
-    sd = statistics.stdev(v) if len(v) > 1 else 0.0
-    return f"{statistics.mean(v):.3f} ± {sd:.3f}"
+def splits(name: str, y: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Training and test rows of the split ``name``: ``"seed"``, 80/20 by a permutation drawn
+    from the seed (the split the settings were chosen on, with a validation split of its
+    training rows); ``"fixed"``, scikit-learn's stratified 80/20 split by ``SPLIT_SEED``, the
+    same for every seed, which no setting was chosen on."""
+    if name == "seed":
+        perm = np.random.default_rng(seed).permutation(len(y))
+        cut = int(0.8 * len(y))
+        return perm[:cut], perm[cut:]
+    from sklearn.model_selection import train_test_split
+
+    train, test = train_test_split(
+        np.arange(len(y)), test_size=0.2, stratify=y, random_state=SPLIT_SEED
+    )
+    return np.asarray(train), np.asarray(test)
+
+
+def _mean_sd(v: list[float]) -> tuple[float, float]:
+    return statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0
+
+
+def _shown(v: list[float]) -> str:
+    mean, sd = _mean_sd(v)
+    return f"{mean:.3f} ± {sd:.3f}"
+
+
+def verdict(dpnode: list[float], opacus: list[float]) -> str:
+    """``level`` when dpnode's mean accuracy is at least Opacus's less one of Opacus's standard
+    deviations and dpnode's standard deviation is at most 1.5 times Opacus's; otherwise what
+    fails. ``-`` with one seed.
+
+    >>> verdict([0.90, 0.92], [0.91, 0.93])
+    'level'
+    >>> verdict([0.80, 0.82], [0.91, 0.93])
+    'behind'
+    >>> verdict([0.85, 0.99], [0.91, 0.93])
+    'spread'
+    """
+    if len(dpnode) < 2:
+        return "-"
+    (md, sd), (mo, so) = _mean_sd(dpnode), _mean_sd(opacus)
+    failed = [w for w, bad in (("behind", md < mo - so), ("spread", sd > 1.5 * so)) if bad]
+    return " and ".join(failed) or "level"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--rows", default="", help="comma-separated models to run (default all)")
+    parser.add_argument("--splits", default="seed,fixed", help="which splits (default both)")
     parser.add_argument("--quick", action="store_true", help="one seed, a quarter of the steps")
     args = parser.parse_args()
     rows = [r for r in ROWS if not args.rows or r.model in args.rows.split(",")]
     seeds = 1 if args.quick else args.seeds
     torch.set_num_threads(1)  # both sides on one core: the machine is shared
-    print(f"{seeds} seeds; delta {DELTA:g}; accuracy mean ± sd on the held-out 20%\n")
     print(
-        "| row | dpnode accuracy | Opacus accuracy | Opacus, replace-one | "
-        "dpnode epsilon (ledger) | Opacus epsilon | dpnode s | Opacus s | time ratio |"
+        f"{seeds} seeds; delta {DELTA:g}; neighbours replace one row on both sides; "
+        "accuracy mean ± sd on the held-out 20%\n"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| row | split | dpnode accuracy | Opacus accuracy | verdict | dpnode epsilon (ledger) "
+        "| Opacus epsilon (PLD) | Opacus, add/remove | dpnode s | Opacus s | time ratio |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp, in_process_node(Path(tmp)) as login:
         for k, row in enumerate(rows):
             if args.quick:
                 row = Row(**{**row.__dict__, "steps": max(row.steps // 4, 2), "epochs": 5})
-            acc_d, acc_o, acc_r, eps_d, eps_o, t_d, t_o = [], [], [], [], [], [], []
-            for seed in range(seeds):
-                x, y, _ = load(row.data)
-                perm = np.random.default_rng(seed).permutation(len(y))
-                cut = int(0.8 * len(y))
-                tr, te = perm[:cut], perm[cut:]
-                model, seconds, spent = train_dpnode(login, row, x[tr], y[tr], seed, f"r{k}s{seed}")
-                test_x = x[te] if row.data != "digits" else x[te][:, None]
-                acc_d.append(accuracy(row.model, model, test_x, y[te]))
-                t_d.append(seconds)
-                eps_d.append(spent)
-                model, seconds, spent = train_opacus(row, x[tr], y[tr], seed)
-                acc_o.append(accuracy(row.model, model, test_x, y[te]))
-                t_o.append(seconds)
-                eps_o.append(spent)
-                model, _, _ = train_opacus(row, x[tr], y[tr], seed, guarantee="replace-one")
-                acc_r.append(accuracy(row.model, model, test_x, y[te]))
-            ratio = statistics.mean(t_d) / statistics.mean(t_o)
-            print(
-                f"| {row.name} | {_mean_sd(acc_d)} | {_mean_sd(acc_o)} | {_mean_sd(acc_r)} | "
-                f"{max(eps_d):.3f} | "
-                f"{max(eps_o):.3f} | {statistics.mean(t_d):.2f} | {statistics.mean(t_o):.2f} | "
-                f"{ratio:.1f}x |",
-                flush=True,
-            )
+            x, y, _ = load(row.data)
+            for split in args.splits.split(","):
+                acc_d, acc_o, acc_a, eps_d, eps_o, t_d, t_o = [], [], [], [], [], [], []
+                for seed in range(seeds):
+                    tr, te = splits(split, y, seed)
+                    run = f"r{k}{split}s{seed}"
+                    model, seconds, spent = train_dpnode(login, row, x[tr], y[tr], seed, run)
+                    test_x = x[te] if row.data != "digits" else x[te][:, None]
+                    acc_d.append(accuracy(row.model, model, test_x, y[te]))
+                    t_d.append(seconds)
+                    eps_d.append(spent)
+                    model, seconds, spent = train_opacus(row, x[tr], y[tr], seed)
+                    acc_o.append(accuracy(row.model, model, test_x, y[te]))
+                    t_o.append(seconds)
+                    eps_o.append(spent)
+                    model, _, _ = train_opacus(row, x[tr], y[tr], seed, guarantee="add/remove")
+                    acc_a.append(accuracy(row.model, model, test_x, y[te]))
+                ratio = statistics.mean(t_d) / statistics.mean(t_o)
+                cells = [
+                    row.name,
+                    split,
+                    _shown(acc_d),
+                    _shown(acc_o),
+                    verdict(acc_d, acc_o),
+                    f"{max(eps_d):.3f}",
+                    f"{max(eps_o):.3f}",
+                    _shown(acc_a),
+                    f"{statistics.mean(t_d):.2f}",
+                    f"{statistics.mean(t_o):.2f}",
+                    f"{ratio:.1f}x",
+                ]
+                print("| " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

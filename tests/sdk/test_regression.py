@@ -72,3 +72,62 @@ def test_bad_inputs_are_refused_before_anything_is_published(
     with pytest.raises(sdk.DPNodeError, match="ridge must be"):
         sdk.linear_regression(x, y, epsilon=1.0, ridge=-1.0)
     assert ds_client.ledger() == []
+
+
+@pytest.fixture
+def classes(owner_client: sdk.Client, ds_client: sdk.Client) -> tuple[sdk.DatasetHandle, dict]:
+    """Two well-separated classes in a table whose features are far from centred (in [0, 10]
+    and [100, 200]): the fit must find the boundary in the features' own units."""
+    rng = np.random.default_rng(1)
+    n = 400
+    label = rng.integers(0, 2, n)
+    columns = {
+        "a": np.clip(3 + 4 * label + rng.normal(0, 1, n), 0, 10).astype(np.float32),
+        "b": np.clip(150 + rng.normal(0, 20, n), 100, 200).astype(np.float32),  # no information
+        "label": label,
+    }
+    owner_client.upload_dataset(
+        "classes", columns, bounds={"a": (0.0, 10.0), "b": (100.0, 200.0), "label": (0, 1)}
+    )
+    return ds_client.dataset("classes"), columns
+
+
+@pytest.mark.usefixtures("sqlite_only")
+def test_logistic_regression_separates_classes_within_its_epsilon(
+    classes: tuple[sdk.DatasetHandle, dict], ds_client: sdk.Client
+) -> None:
+    ds, columns = classes
+    x, y = ds.tensors(["a", "b"], "label")
+    # the declared bounds, widened by at most the float32 cast's rounding
+    bounds = sdk._regression.feature_bounds(x)
+    assert np.allclose(bounds, [(0.0, 10.0), (100.0, 200.0)], rtol=1e-6)
+    fit = sdk.logistic_regression(x, y, epsilon=2.0, progress=False)
+    spent = ds_client.budget().spent_epsilon
+    assert 0.99 * 2.0 <= spent <= 2.0 and fit.epsilon == pytest.approx(spent)
+    # every step is one ordinary clipped-gradient publish: the run's steps, nothing else
+    assert fit.run.steps == len(fit.run.history) == 40
+    # each a Gaussian release for 2C (and the node's float32 rounding)
+    assert all(s.receipt.sensitivity_l2 == pytest.approx(1.0, rel=1e-4) for s in fit.run.history)
+    local = torch.from_numpy(np.c_[columns["a"], columns["b"]])
+    accuracy = float((fit.predict(local).numpy() == columns["label"]).mean())
+    assert accuracy > 0.93  # the Bayes rate is 0.98; chance is 0.5
+    # the boundary x0 = 5 in the features' units, the second feature nearly ignored
+    assert abs(float(fit.coef[1])) < 0.2 * abs(float(fit.coef[0]))
+    assert 4.0 < -fit.intercept / float(fit.coef[0]) - 150 * float(fit.coef[1] / fit.coef[0]) < 6.0
+    probs = fit.predict_proba(torch.tensor([[1.0, 150.0], [9.0, 150.0]]))
+    assert float(probs[0]) < 0.2 < 0.8 < float(probs[1])
+
+
+@pytest.mark.usefixtures("sqlite_only")
+def test_logistic_regression_refuses_bad_inputs_before_anything_is_published(
+    classes: tuple[sdk.DatasetHandle, dict], ds_client: sdk.Client
+) -> None:
+    ds, _ = classes
+    x, y = ds.tensors(["a", "b"], "label")
+    with pytest.raises(sdk.DPNodeError, match="remote x and y"):
+        sdk.logistic_regression(torch.zeros(400, 2), y, epsilon=1.0)
+    with pytest.raises(sdk.DPNodeError, match=r"x must be \(rows, features\)"):
+        sdk.logistic_regression(x[:, 0], y, epsilon=1.0)
+    with pytest.raises(sdk.BudgetExceededError):
+        sdk.logistic_regression(x, y, epsilon=1e6)
+    assert ds_client.ledger() == []
