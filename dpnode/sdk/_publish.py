@@ -10,7 +10,8 @@ public metadata only.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -19,9 +20,16 @@ import torch
 
 from dpnode.sdk import _per_sample as per_sample
 from dpnode.sdk._display import dataclass_rows, fields_table
-from dpnode.sdk._exceptions import DPNodeError
+from dpnode.sdk._exceptions import DPNodeError, GraphError
 from dpnode.sdk._mock_publish import mock_release
-from dpnode.sdk._remote import RemoteTensor, active_session, encode_graph, graph_for, origins
+from dpnode.sdk._remote import (
+    RemoteTensor,
+    active_session,
+    encode_graph,
+    graph_for,
+    origins,
+    recorded_by,
+)
 
 if TYPE_CHECKING:
     from dpnode.sdk._handles import DatasetHandle
@@ -161,6 +169,21 @@ def _frame(tensors: list[RemoteTensor]) -> bytes:
     return encode_graph(graph_for(tensors)).frame
 
 
+@contextmanager
+def _naming_calls(tensors: list[RemoteTensor]) -> Iterator[None]:
+    """A node's refusal of one of the graph's nodes (``node 12 (div): ...``) also names the
+    torch call that recorded it, which is what the user wrote."""
+    try:
+        yield
+    except GraphError as exc:
+        call = recorded_by([t.node for t in tensors], exc.detail)
+        if call is None:
+            raise
+        raise type(exc)(
+            f"{exc.detail} [recorded by {call}]", status=exc.status, code=exc.code
+        ) from exc
+
+
 def _as_torch(value: np.ndarray[Any, Any], like: RemoteTensor) -> torch.Tensor:
     out = torch.from_numpy(np.array(value, dtype=np.float64, copy=True))
     # Noise makes every number real-valued: floating outputs keep their dtype,
@@ -204,13 +227,14 @@ def publish(
     if session is not None:  # a dry run: the node's release, on mock data, charging nothing
         values, body = mock_release(session, items, epsilon=epsilon, delta=delta)
     else:
-        values, body = _client(client, items).publish_frame(
-            _frame(items),
-            epsilon=epsilon,
-            delta=delta,
-            run_id=run_id,
-            idempotency_key=idempotency_key,
-        )
+        with _naming_calls(items):
+            values, body = _client(client, items).publish_frame(
+                _frame(items),
+                epsilon=epsilon,
+                delta=delta,
+                run_id=run_id,
+                idempotency_key=idempotency_key,
+            )
     receipt = Receipt.from_json(body)
     results = []
     for value, like in zip(values, items, strict=True):
@@ -226,7 +250,8 @@ def sensitivity(
     """The L1 and L2 sensitivity of publishing ``tensors`` together: free, no budget spent."""
     _not_in_mock_mode("sensitivity()")
     items = _remote(tensors, "sensitivity")
-    body = _client(client, items).sensitivity_of_frame(_frame(items))
+    with _naming_calls(items):
+        body = _client(client, items).sensitivity_of_frame(_frame(items))
     outputs = body["outputs"]
     return Sensitivity(
         l1=body["l1"],
@@ -247,7 +272,10 @@ def noise_scale(
     """The noise scale (Laplace b, or Gaussian sigma) a publish at ``epsilon`` would use: free."""
     _not_in_mock_mode("noise_scale()")
     items = _remote(tensors, "noise_scale")
-    body = _client(client, items).sensitivity_of_frame(_frame(items), epsilon=epsilon, delta=delta)
+    with _naming_calls(items):
+        body = _client(client, items).sensitivity_of_frame(
+            _frame(items), epsilon=epsilon, delta=delta
+        )
     return float(body["noise_scale"])
 
 

@@ -11,6 +11,7 @@ evaluation, in one pass.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -48,6 +49,8 @@ __all__ = [
     "selection_inputs",
     "track",
 ]
+
+_log = logging.getLogger("dpnode")
 
 #: the tracker's own float64 arithmetic keeps IEEE gradual underflow (never in the
 #: engine's flush-to-zero mode): its roundings err by half of this, absolutely
@@ -238,7 +241,19 @@ class PrivacyTracker:
                 f"node {index}: prim {node.op!r} has no privacy rule, so it cannot be "
                 "applied to private data; the graph is refused"
             )
-        state = relations.narrow(ctx, rounding.apply(ctx, rule))
+        try:
+            state = relations.narrow(ctx, rounding.apply(ctx, rule))
+        except PrivacyTrackingError:
+            raise
+        except (ArithmeticError, IndexError, TypeError, ValueError) as exc:
+            # a rule met arguments it was not written for: a bug in the rule, logged for the
+            # operator, but still a refusal before anything runs or is charged (never a 500)
+            _log.exception("the privacy rule of %s failed on node %d", node.op, index)
+            raise PrivacyTrackingError(
+                f"node {index} ({node.op}): the node's privacy tracker cannot bound this op "
+                f"for these arguments (an internal error, {type(exc).__name__}, in its rule; "
+                "the node's log has the details): the graph is refused and nothing was charged"
+            ) from exc
         if state.shape != meta.shape:  # pragma: no cover - a rule bug, never silently
             raise AssertionError(f"privacy rule of {node.op} gave shape {state.shape}")
         if any(_may_be_nan(a) for a in present):

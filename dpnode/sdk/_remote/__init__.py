@@ -31,7 +31,14 @@ from dpnode.sdk._remote import (  # noqa: F401
     rules_special,
     rules_stats,
 )
-from dpnode.sdk._remote.graph import Encoded, build, encode_graph, input_node, origins
+from dpnode.sdk._remote.graph import (
+    Encoded,
+    build,
+    encode_graph,
+    input_node,
+    origins,
+    recorded_by,
+)
 from dpnode.sdk._remote.mock import MockSession, active_session, evaluate, mock
 from dpnode.sdk._remote.tensor import RemoteTensor, Storage
 
@@ -48,6 +55,7 @@ __all__ = [
     "input_node",
     "mock",
     "origins",
+    "recorded_by",
     "remote_input",
 ]
 

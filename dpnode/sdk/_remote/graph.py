@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,9 @@ import torch
 from dpnode.core.engine import Graph, GraphBuilder, Ref
 from dpnode.core.engine import wire as _wire
 from dpnode.sdk._remote.privacy import (
+    CALLS,
     PUBLIC_ONLY,
+    display_call,
     is_private_input,
     not_publishable,
     not_selectable,
@@ -44,6 +47,7 @@ __all__ = [
     "input_node",
     "origins",
     "prim",
+    "recorded_by",
 ]
 
 #: torch dtype -> the engine's dtype name (the vocabulary's dtype table)
@@ -89,7 +93,7 @@ class Node:
     :class:`~sdk.NotPublishableError` here, whichever rule or view records it.
     """
 
-    __slots__ = ("args", "attrs", "dtype", "op", "origin", "private", "shape", "value")
+    __slots__ = ("args", "attrs", "call", "dtype", "op", "origin", "private", "shape", "value")
 
     private: bool
 
@@ -121,6 +125,9 @@ class Node:
         self.dtype = dtype
         #: for inputs: the client of the node that holds the data (not sent)
         self.origin = origin
+        #: the outermost torch function that was running when this was recorded (not sent):
+        #: a refusal by the node names it beside the prim
+        self.call = CALLS.func
 
     def __repr__(self) -> str:
         return f"<Node {self.op} {self.shape} {self.dtype}>"
@@ -222,8 +229,10 @@ def count_ops(outputs: Iterable[Node]) -> int:
     return n
 
 
-def build(outputs: Sequence[Node]) -> Graph:
-    """The engine graph computing ``outputs`` (each node once, inputs deduplicated by name)."""
+def build(outputs: Sequence[Node], order: dict[int, Node] | None = None) -> Graph:
+    """The engine graph computing ``outputs`` (each node once, inputs deduplicated by name).
+
+    ``order``, when given, receives the recorded node behind each graph node's index."""
     b = GraphBuilder()
     refs: dict[int, Ref] = {}
     inputs: dict[str, Ref] = {}
@@ -252,7 +261,31 @@ def build(outputs: Sequence[Node]) -> Graph:
             args = [refs[id(a)] if type(a) is Node else a for a in node.args]
             ref = b.op(node.op, *args, **node.attrs)
         refs[key] = ref
+        if order is not None:
+            order.setdefault(ref.index, node)
     return b.build([refs[id(o)] for o in outputs])
+
+
+_NODE_REFUSED = re.compile(r"node ([0-9]{1,9}) \(([a-z_0-9]+)\)")
+
+
+def recorded_by(outputs: Sequence[Node], message: str) -> str | None:
+    """The torch call that recorded the node a refusal's ``message`` names (``node 12 (div)``),
+    as messages show calls (``torch.div``, ``Tensor.float``), if it is known.
+
+    >>> x = prim("neg", constant(torch.ones(2)))
+    >>> recorded_by([x], "node 1 (neg): refused") is None  # recorded outside any torch call
+    True
+    """
+    found = _NODE_REFUSED.search(message)
+    if found is None:
+        return None
+    order: dict[int, Node] = {}
+    build(outputs, order)
+    node = order.get(int(found.group(1)))
+    if node is None or node.op != found.group(2) or node.call is None:
+        return None
+    return display_call(node.call)
 
 
 def _const(value: npt.NDArray[Any]) -> Any:

@@ -33,7 +33,14 @@ import torch
 from dpnode.core.engine import REGISTRY
 from dpnode.sdk._exceptions import NotPublishableError
 
-__all__ = ["CALLS", "PUBLIC_ONLY", "is_private_input", "not_publishable", "not_selectable"]
+__all__ = [
+    "CALLS",
+    "PUBLIC_ONLY",
+    "display_call",
+    "is_private_input",
+    "not_publishable",
+    "not_selectable",
+]
 
 #: prims without a privacy rule: they may only ever see public values
 PUBLIC_ONLY: frozenset[str] = frozenset(
@@ -153,7 +160,7 @@ _GENERIC = (
 )
 
 
-def _display(func: Any) -> str:
+def display_call(func: Any) -> str:
     """How a torch function reads in a message: ``torch.median``, ``Tensor.cumsum_``."""
     name: str | None
     try:
@@ -171,7 +178,7 @@ def _display(func: Any) -> str:
 def _backward_call(func: Any) -> str:
     if func is None:
         return "the backward pass"
-    shown = _display(func)
+    shown = display_call(func)
     return f"{shown}()" if shown == "Tensor.backward" else shown
 
 
@@ -187,7 +194,7 @@ def not_publishable(prim: str) -> NotPublishableError:
             f"{grad_fn.name()} {reason}"
         )
     else:
-        call = _display(func) if func is not None else "this op"
+        call = display_call(func) if func is not None else "this op"
         what = f"{call} on private data cannot be published: it {reason}"
     advice = CALL_ADVICE.get(call) or ADVICE.get(prim, _GENERIC)
     error = NotPublishableError(
@@ -199,7 +206,7 @@ def not_publishable(prim: str) -> NotPublishableError:
 
 def not_selectable() -> NotPublishableError:
     """The refusal of an op on a quantile of private values (released only on its own)."""
-    call = _display(CALLS.func) if CALLS.func is not None else "this op"
+    call = display_call(CALLS.func) if CALLS.func is not None else "this op"
     error = NotPublishableError(
         f"{call} on a quantile (median) of private data cannot be published: such a quantile "
         "is released on its own, by the exponential mechanism. Publish it by itself "

@@ -31,6 +31,7 @@ and its elements lie in the products of the factors' intervals.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -82,10 +83,13 @@ def outer_state(c: Ctx, g: State, x: State) -> State:
     (n, p), q = g.shape, x.shape[1]
     gl, gh = fit(g.lo, g.shape)[:, :, None], fit(g.hi, g.shape)[:, :, None]
     xl, xh = fit(x.lo, x.shape)[:, None, :], fit(x.hi, x.shape)[:, None, :]
+    # each factor's bounds may be per row or shared, and its low and high ends of different
+    # shapes (a scaled column's low end is one number, its high end one per feature): the
+    # four corner products broadcast against each other
     ends = [mul0(a, b) for a in (gl, gh) for b in (xl, xh)]
     rows = max(e.shape[0] for e in ends)
-    lo = np.broadcast_to(np.minimum.reduce(ends), (rows, p, q)).reshape(rows, p * q)
-    hi = np.broadcast_to(np.maximum.reduce(ends), (rows, p, q)).reshape(rows, p * q)
+    lo = np.broadcast_to(functools.reduce(np.minimum, ends), (rows, p, q)).reshape(rows, p * q)
+    hi = np.broadcast_to(functools.reduce(np.maximum, ends), (rows, p, q)).reshape(rows, p * q)
     go, xo = (np.broadcast_to(fit(f.owner, f.shape)[:, :1], (n, 1)) for f in (g, x))
     if bool(np.any((go != PUBLIC) & (xo != PUBLIC) & (go != xo))):
         raise c.fail("the two factors' rows must belong to the same subjects, row by row")
