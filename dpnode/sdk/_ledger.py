@@ -75,6 +75,13 @@ class LedgerEntry:
             delta_used=float(body.get("delta_used", 0.0)),
         )
 
+    def __str__(self) -> str:
+        step = f", step of run {self.run_id}" if self.run_id is not None else ""
+        return (
+            f"publish {self.id} ({self.mechanism}{step}), epsilon used "
+            f"{self.epsilon_used:.6g}, delta used {self.delta_used:.3g}"
+        )
+
     def _repr_html_(self) -> str:
         return fields_table(f"ledger entry {self.id}", dataclass_rows(self))
 
@@ -183,6 +190,16 @@ class Ledger(Records[T]):
     charge)."""
 
     title = "ledger"
+
+    def __str__(self) -> str:
+        """One text line per run or publish, newest first, with its time (UTC)::
+
+        2026-11-29 04:49:22  run 1: 5 steps, epsilon used 0.9999, delta used 9.99e-07
+        2026-11-29 04:49:21  publish 1 (laplace), epsilon used 0.2, delta used 1e-18
+        """
+        if not self:
+            return f"(no {self.title} lines)"
+        return "\n".join(f"{getattr(x, 'at', ''):%Y-%m-%d %H:%M:%S}  {x}" for x in self)
 
     def expand(self) -> Ledger[LedgerEntry]:
         """Every charge of these lines on its own (a run's steps one by one), newest first."""

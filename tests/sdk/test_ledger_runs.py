@@ -83,6 +83,12 @@ def test_a_training_run_is_one_line_whose_epsilon_used_adds_up(
     assert re.search(r"ledger</strong> \(2\)", html) and html.count("<details>") == 1
     assert f"the 4 steps of run {line.run_id}" in html
     assert "run " in str(line) and "epsilon used" in str(line)
+    # Printed, one text line per run or publish; expanded, one per charge
+    text = str(ledger).splitlines()
+    assert len(text) == 2 and f"run {line.run_id}: 4 steps, epsilon used" in text[0]
+    assert "publish" in text[1] and "(laplace), epsilon used 0.5" in text[1]
+    steps = str(flat).splitlines()
+    assert len(steps) == 5 and all(f"step of run {line.run_id}" in s for s in steps[:4])
 
 
 def test_publishing_under_someone_else_s_run_is_refused(
