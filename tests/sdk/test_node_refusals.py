@@ -42,6 +42,16 @@ def test_a_refused_node_names_the_torch_call_that_recorded_it(
     assert ds_client.budget().spent_epsilon == 0
 
 
+def test_unbounded_values_name_the_node_where_they_became_unbounded(
+    ds: sdk.DatasetHandle, sqlite_only: None
+) -> None:
+    with pytest.raises(sdk.PrivacyTrackingError) as caught:
+        (1 / (ds["age"] - 60)).sum().publish(epsilon=0.1)  # divides by a range holding 0
+    message = str(caught.value)
+    assert message.startswith("output 0: its values are unbounded from node "), message
+    assert "(reciprocal) on" in message and "[recorded by Tensor.__rtruediv__]" in message
+
+
 def _broken(c: Ctx) -> State:
     raise ValueError("operands could not be broadcast together")
 

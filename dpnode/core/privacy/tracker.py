@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -309,8 +309,10 @@ class PrivacyTracker:
             return None
         return public_state(v, c.meta.dtype)
 
-    def report(self, states: list[State]) -> PrivacyReport:
-        """Sensitivities of the outputs whose states are ``states``."""
+    def report(self, states: list[State], locate: Callable[[], str] | None = None) -> PrivacyReport:
+        """Sensitivities of the outputs whose states are ``states``. ``locate`` names, for a
+        refusal of unbounded values, the node where they became unbounded (called only then).
+        """
         # the tracker's own float64 arithmetic (sums of at most ``terms`` terms, chained
         # over the graph) is rounded to nearest: every reported bound is widened by its
         # relative error so that it holds exactly, and a nonzero sensitivity also by as many
@@ -327,9 +329,11 @@ class PrivacyTracker:
                 lo = lo - slack * np.abs(lo) - np.where(lo != 0, floor, 0.0)
                 hi = hi + slack * np.abs(hi) + np.where(hi != 0, floor, 0.0)
             if not s.is_public and not (np.isfinite(lo).all() and np.isfinite(hi).all()):
+                at = "" if locate is None else locate()
                 raise PrivacyTrackingError(
-                    f"output {k}: its values are unbounded (an operation can overflow, divide "
-                    "by a range containing 0 or leave its domain), so no noise can cover it"
+                    f"output {k}: its values are unbounded{at} (an operation can overflow, "
+                    "divide by a range containing 0 or leave its domain), so no noise can "
+                    "cover it"
                 )
             exact1, exact2 = float(t1.max(initial=0.0)), float(t2.max(initial=0.0))
             r1 = r2 = 0.0
@@ -521,8 +525,9 @@ def track(
         PrivacyTrackingError: a prim without a privacy rule touches private data, an
             input lacks metadata, or an output's sensitivity is unbounded.
     """
-    tracker, outs = _track(_accurate(graph, quotas), input_specs, boxes)
-    return tracker.report(outs)
+    p = _accurate(graph, quotas)
+    tracker, outs = _track(p, input_specs, boxes)
+    return tracker.report(outs, lambda: _unbounded_from(p, input_specs, boxes))
 
 
 def _track(
@@ -540,6 +545,33 @@ def _track(
         states[i] = tracker.visit(i, node, p.calls[i], p.metas[i], args)
     outs = [states[o] for o in p.graph.outputs]
     return tracker, [s for s in outs if s is not None]
+
+
+def _unbounded_from(
+    p: Plan,
+    input_specs: Mapping[str, InputSpec],
+    boxes: Mapping[int, tuple[Array, Array]] | None = None,
+) -> str:
+    """`` from node i (op) on``: the first node whose private values may be unbounded (or
+    NaN) though none of its arguments' were, found by tracking the graph again (a refusal's
+    path only: the check costs a pass over every state's bounds); ``""`` if there is none."""
+    tracker = PrivacyTracker(input_specs, boxes)
+    tracker.prepare(p.graph)
+    states: list[State | None] = [None] * len(p.graph.nodes)
+    for i, node in enumerate(p.graph.nodes):
+        if not p.live[i] and node.op != "input":
+            continue
+        args = [states[a.index] if isinstance(a, Ref) else None for a in node.args]
+        s = states[i] = tracker.visit(i, node, p.calls[i], p.metas[i], args)
+        if not _bounded(s) and all(a is None or _bounded(a) for a in args):
+            return f" from node {i} ({node.op}) on"
+    return ""
+
+
+def _bounded(s: State) -> bool:
+    lo, hi = rounding.wide(s)
+    with np.errstate(invalid="ignore"):
+        return s.is_public or bool(np.isfinite(lo).all() and np.isfinite(hi).all())
 
 
 def selection_inputs(
@@ -561,8 +593,9 @@ def selection_inputs(
     their group index): an element then moves if it moves in either, counted once where
     both are owned alike (a subject's rows), else the two counts add up.
     """
-    tracker, outs = _track(_accurate(graph, None), input_specs)
-    report = tracker.report(outs)
+    p = _accurate(graph, None)
+    tracker, outs = _track(p, input_specs)
+    report = tracker.report(outs, lambda: _unbounded_from(p, input_specs))
     ranges = [
         (float(np.min(lo, initial=np.inf)), float(np.max(hi, initial=-np.inf)))
         for lo, hi in (rounding.wide(s) for s in outs)
@@ -638,7 +671,8 @@ def evaluate_tracked(
         everything :func:`dpnode.core.engine.run` and :func:`track` raise.
     """
     p = _accurate(graph, quotas)
-    tracker = PrivacyTracker(_specs_with_values(p.graph, input_specs, inputs))
+    specs = _specs_with_values(p.graph, input_specs, inputs)
+    tracker = PrivacyTracker(specs)
     tracker.prepare(p.graph)
     ev = run(p, inputs, rng=rng, trackers=[tracker])
-    return ev.outputs, tracker.report(ev.tracked[tracker.name])
+    return ev.outputs, tracker.report(ev.tracked[tracker.name], lambda: _unbounded_from(p, specs))
