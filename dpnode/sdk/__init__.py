@@ -73,6 +73,7 @@ from dpnode.sdk._regression import (
     logistic_regression,
 )
 from dpnode.sdk._remote import MockSession, RemoteTensor, mock
+from dpnode.sdk._scaling import BoundsScaler, bounds_scaler
 from dpnode.sdk._steps import StepBudget, step_budget
 from dpnode.sdk._training import PrivateTraining, TrainingStep, private_training
 
@@ -81,6 +82,7 @@ __all__ = [
     "AuditEvent",
     "AuditLog",
     "AuthenticationError",
+    "BoundsScaler",
     "BudgetExceededError",
     "BudgetGrant",
     "BudgetRequest",
@@ -137,6 +139,7 @@ __all__ = [
     "UploadOffsetError",
     "UploadRejectedError",
     "User",
+    "bounds_scaler",
     "current_client",
     "linear_regression",
     "login",

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from dpnode.sdk._exceptions import DPNodeError
 from dpnode.sdk._remote import RemoteTensor
+from dpnode.sdk._scaling import bounds_scaler
 
 if TYPE_CHECKING:
     from dpnode.sdk._publish import Receipt
@@ -155,23 +156,6 @@ class LogisticRegression:
         return (self.decision_function(x) > 0).long()
 
 
-def feature_bounds(x: torch.Tensor, *, client: Any = None) -> list[tuple[float, float]]:
-    """Each column's smallest and largest possible value, from the node's tracker (public
-    metadata: the declared bounds through every op applied; free, nothing is charged).
-
-    Raises:
-        DPNodeError: ``x`` is not a remote ``(rows, features)`` tensor.
-    """
-    from dpnode.sdk._publish import _client, _frame, _not_in_mock_mode
-
-    if not isinstance(x, RemoteTensor) or x.dim() != 2:
-        raise DPNodeError("feature_bounds needs remote (rows, features) x")
-    _not_in_mock_mode("logistic_regression()")
-    columns: list[RemoteTensor] = [x[:, j] for j in range(x.shape[1])]  # type: ignore[misc]
-    body = _client(client, columns).sensitivity_of_frame(_frame(columns))
-    return [(float(o["lower"]), float(o["upper"])) for o in body["outputs"]]
-
-
 def logistic_regression(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -217,21 +201,11 @@ def logistic_regression(
         raise DPNodeError(
             f"x must be (rows, features) and y (rows,): got {tuple(x.shape)} and {tuple(y.shape)}"
         )
-    bounds = feature_bounds(x, client=client)
-    if not all(math.isfinite(lo) and math.isfinite(hi) for lo, hi in bounds):
-        raise DPNodeError(
-            "every feature needs finite public bounds (declare them at upload, or clamp "
-            "the column to a range first)"
-        )
-    mid = torch.tensor([(lo + hi) / 2 for lo, hi in bounds], dtype=torch.float32)
-    # a column of one possible value carries no information: left at 0, scale 1
-    scale = torch.tensor(
-        [2 / (hi - lo) if hi > lo else 1.0 for lo, hi in bounds], dtype=torch.float32
-    )
+    scaler = bounds_scaler(x, client=client)
     model = torch.nn.Linear(x.shape[1], 1)
     torch.nn.init.zeros_(model.weight)
     torch.nn.init.zeros_(model.bias)
-    scaled = (x.float() - mid) * scale
+    scaled = scaler(x)
     run = private_training(
         model,
         torch.optim.Adam(model.parameters(), lr=lr),
@@ -247,8 +221,8 @@ def logistic_regression(
     )
     run.fit()
     # sigmoid(w . ((x - mid) * scale) + b) = sigmoid((w * scale) . x + b - (w * scale) . mid)
-    coef = model.weight.detach()[0] * scale
-    intercept = float(model.bias.detach()[0] - coef @ mid)
+    coef = model.weight.detach()[0] * scaler.scale
+    intercept = float(model.bias.detach()[0] - coef @ scaler.mid)
     return LogisticRegression(coef, intercept, run)
 
 

@@ -99,8 +99,9 @@ def test_logistic_regression_separates_classes_within_its_epsilon(
     ds, columns = classes
     x, y = ds.tensors(["a", "b"], "label")
     # the declared bounds, widened by at most the float32 cast's rounding
-    bounds = sdk._regression.feature_bounds(x)
-    assert np.allclose(bounds, [(0.0, 10.0), (100.0, 200.0)], rtol=1e-6)
+    scaler = sdk.bounds_scaler(x)
+    assert torch.allclose(scaler.mid, torch.tensor([5.0, 150.0]), rtol=1e-6)
+    assert torch.allclose(scaler.scale, torch.tensor([0.2, 0.02]), rtol=1e-6)
     fit = sdk.logistic_regression(x, y, epsilon=2.0, progress=False)
     spent = ds_client.budget().spent_epsilon
     assert 0.99 * 2.0 <= spent <= 2.0 and fit.epsilon == pytest.approx(spent)
