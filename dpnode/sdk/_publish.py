@@ -244,14 +244,29 @@ def publish(
     return results[0] if isinstance(tensors, torch.Tensor) else results
 
 
+def sensitivity_body(
+    items: list[RemoteTensor],
+    *,
+    epsilon: float | None = None,
+    delta: float | None = None,
+    client: Any = None,
+) -> dict[str, Any]:
+    """The node's free ``/sensitivity`` answer for publishing ``items`` together (their
+    bounds, sensitivities, and the noise scale at ``epsilon`` if given)."""
+    with _naming_calls(items):
+        body: dict[str, Any] = _client(client, items).sensitivity_of_frame(
+            _frame(items), epsilon=epsilon, delta=delta
+        )
+    return body
+
+
 def sensitivity(
     tensors: RemoteTensor | Sequence[torch.Tensor], *, client: Any = None
 ) -> Sensitivity:
     """The L1 and L2 sensitivity of publishing ``tensors`` together: free, no budget spent."""
     _not_in_mock_mode("sensitivity()")
     items = _remote(tensors, "sensitivity")
-    with _naming_calls(items):
-        body = _client(client, items).sensitivity_of_frame(_frame(items))
+    body = sensitivity_body(items, client=client)
     outputs = body["outputs"]
     return Sensitivity(
         l1=body["l1"],
@@ -272,10 +287,7 @@ def noise_scale(
     """The noise scale (Laplace b, or Gaussian sigma) a publish at ``epsilon`` would use: free."""
     _not_in_mock_mode("noise_scale()")
     items = _remote(tensors, "noise_scale")
-    with _naming_calls(items):
-        body = _client(client, items).sensitivity_of_frame(
-            _frame(items), epsilon=epsilon, delta=delta
-        )
+    body = sensitivity_body(items, epsilon=epsilon, delta=delta, client=client)
     return float(body["noise_scale"])
 
 

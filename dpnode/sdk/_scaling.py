@@ -122,7 +122,7 @@ def feature_bounds(x: torch.Tensor, *, client: Any = None) -> list[tuple[float, 
         specs, _ = _inputs(session, graph.input_names())
         report = track(graph, specs)
         return [(float(np.min(o.lower)), float(np.max(o.upper))) for o in report.outputs]
-    from dpnode.sdk._publish import _client, _frame
+    from dpnode.sdk._publish import sensitivity_body
 
-    body = _client(client, outputs).sensitivity_of_frame(_frame(outputs))
+    body = sensitivity_body(outputs, client=client)
     return [(float(o["lower"]), float(o["upper"])) for o in body["outputs"]]
