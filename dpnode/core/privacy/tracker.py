@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -536,15 +536,25 @@ def _track(
     boxes: Mapping[int, tuple[Array, Array]] | None = None,
 ) -> tuple[PrivacyTracker, list[State]]:
     tracker = PrivacyTracker(input_specs, boxes)
+    states: list[State | None] = [None] * len(p.graph.nodes)
+    for i, _, state, _ in _visits(tracker, p):
+        states[i] = state
+    outs = [states[o] for o in p.graph.outputs]
+    return tracker, [s for s in outs if s is not None]
+
+
+def _visits(
+    tracker: PrivacyTracker, p: Plan
+) -> Iterator[tuple[int, Node, State, list[State | None]]]:
+    """Each live node of ``p`` tracked in order: its index, node, state and arguments' states."""
     tracker.prepare(p.graph)
     states: list[State | None] = [None] * len(p.graph.nodes)
     for i, node in enumerate(p.graph.nodes):
         if not p.live[i] and node.op != "input":
             continue
         args = [states[a.index] if isinstance(a, Ref) else None for a in node.args]
-        states[i] = tracker.visit(i, node, p.calls[i], p.metas[i], args)
-    outs = [states[o] for o in p.graph.outputs]
-    return tracker, [s for s in outs if s is not None]
+        state = states[i] = tracker.visit(i, node, p.calls[i], p.metas[i], args)
+        yield i, node, state, args
 
 
 def _unbounded_from(
@@ -555,15 +565,8 @@ def _unbounded_from(
     """`` from node i (op) on``: the first node whose private values may be unbounded (or
     NaN) though none of its arguments' were, found by tracking the graph again (a refusal's
     path only: the check costs a pass over every state's bounds); ``""`` if there is none."""
-    tracker = PrivacyTracker(input_specs, boxes)
-    tracker.prepare(p.graph)
-    states: list[State | None] = [None] * len(p.graph.nodes)
-    for i, node in enumerate(p.graph.nodes):
-        if not p.live[i] and node.op != "input":
-            continue
-        args = [states[a.index] if isinstance(a, Ref) else None for a in node.args]
-        s = states[i] = tracker.visit(i, node, p.calls[i], p.metas[i], args)
-        if not _bounded(s) and all(a is None or _bounded(a) for a in args):
+    for i, node, state, args in _visits(PrivacyTracker(input_specs, boxes), p):
+        if not _bounded(state) and all(a is None or _bounded(a) for a in args):
             return f" from node {i} ({node.op}) on"
     return ""
 
