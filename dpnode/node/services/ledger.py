@@ -173,8 +173,13 @@ _AMOUNTS = (_LEDGER.c.epsilon_units, _LEDGER.c.rho_units, _LEDGER.c.tv_units)
 
 def _grew(status: Status, before: policies.Spent, own: policies.Spent) -> Used:
     """How much ``own`` added to the (epsilon, delta) used that ``before`` counts for."""
-    e0, d0 = status.used_units(before)
-    e1, d1 = status.used_units(before + own)
+    return _between(status, before, before + own)
+
+
+def _between(status: Status, lower: policies.Spent, upper: policies.Spent) -> Used:
+    """How much more (epsilon, delta) used ``upper`` counts for than ``lower``."""
+    e0, d0 = status.used_units(lower)
+    e1, d1 = status.used_units(upper)
     return Used(None if e0 is None or e1 is None else e1 - e0, d1 - d0)
 
 
@@ -296,12 +301,34 @@ def run_total(
     connection: Connection, status: Status, user_id: int, run_id: int
 ) -> tuple[int, Used]:
     """How many steps of ``run_id`` the ledger holds and what they added to the budget,
-    summed, under ``status``'s conversion (the budget after the newest of them)."""
+    summed, under ``status``'s conversion (the budget after the newest of them).
+
+    Each step's charge reads this (its receipt states the run so far), so it must not grow
+    with the run: what consecutive rows add telescopes (``E(b + o1) - E(b) + E(b + o1 + o2)
+    - E(b + o1)``), so each stretch of the run's rows with no other charge between them costs
+    two conversions, not two a row."""
     rows = connection.execute(
-        select(_LEDGER.c.id, _LEDGER.c.user_id, _LEDGER.c.at).where(_LEDGER.c.run_id == run_id)
+        select(_LEDGER.c.id, _LEDGER.c.at).where(_LEDGER.c.run_id == run_id)
     ).all()
-    used = used_by_row(connection, lambda _: status, rows)
+    renewal = status.in_force.policy.renewal
+    period = None if renewal is None else renewal.period()
+    now = utcnow()
+    windows: dict[tuple[datetime | None, datetime | None], set[int]] = {}
+    for ident, at in rows:
+        windows.setdefault(_window(period, at, now), set()).add(ident)
     total = NOTHING
-    for value in used.values():
-        total = total + value
+    for window, ids in windows.items():
+        found = _running(connection, user_id, window, ids)
+        start: policies.Spent | None = None
+        end = policies.Spent()
+        for ident in sorted(found):
+            before, own = found[ident]
+            if start is not None and before != end:  # another charge came between
+                total = total + _between(status, start, end)
+                start = None
+            if start is None:
+                start = before
+            end = before + own
+        if start is not None:
+            total = total + _between(status, start, end)
     return len(rows), total
