@@ -380,7 +380,10 @@ def _model(
 
 # -- the test ------------------------------------------------------------------------------------
 
-_NAMED = re.compile(r"node \d+ \((\w+)\)|\b(aten\.\w+|torch\.\w+|\w+ is not|prim)")
+#: what a named refusal says: the node's prim (``node 12 (div)``, ``from node 3 (exp) on``),
+#: or, refused as it is recorded, the prim a torch call needs or the parameter without
+#: per-example gradients
+_NAMED = re.compile(r"node \d+ \(\w+\)|needs prim '\w+'|for parameter '[\w.]+'")
 COLUMN_NAMES = [*SCALARS, *TENSORS, "label"]
 
 
