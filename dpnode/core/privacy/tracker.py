@@ -536,11 +536,9 @@ def _track(
     boxes: Mapping[int, tuple[Array, Array]] | None = None,
 ) -> tuple[PrivacyTracker, list[State]]:
     tracker = PrivacyTracker(input_specs, boxes)
-    states: list[State | None] = [None] * len(p.graph.nodes)
-    for i, _, state, _ in _visits(tracker, p):
-        states[i] = state
-    outs = [states[o] for o in p.graph.outputs]
-    return tracker, [s for s in outs if s is not None]
+    wanted = set(p.graph.outputs)
+    found = {i: state for i, _, state, _ in _visits(tracker, p) if i in wanted}
+    return tracker, [found[o] for o in p.graph.outputs if o in found]
 
 
 def _visits(
