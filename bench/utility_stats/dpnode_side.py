@@ -169,13 +169,11 @@ DESCRIBE = ("mean", "std", "min", "25%", "50%", "75%", "max")
 
 def describe(ds: Any, columns: Sequence[str], epsilon: float) -> Release:
     """``ds.describe(epsilon=)`` as a ``(statistics, columns)`` array in :data:`DESCRIBE`'s
-    order; the result may hold the statistics as rows (pandas' layout) or as columns."""
+    order (the result has a row per column, named in its first column)."""
 
     def release() -> np.ndarray:
-        result = ds.describe(epsilon=epsilon)
-        frame = getattr(result, "frame", result)
-        if "mean" not in frame.index:
-            frame = frame.set_index(frame.columns[0]).T if "mean" not in frame else frame.T
-        return np.array([[float(frame.loc[s, c]) for c in columns] for s in DESCRIBE])
+        frame = ds.describe(epsilon=epsilon).frame
+        frame = frame.set_index(frame.columns[0])
+        return np.array([[float(frame.loc[c, s]) for c in columns] for s in DESCRIBE])
 
     return release
