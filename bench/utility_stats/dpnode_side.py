@@ -93,40 +93,25 @@ def _condition(predicate: Predicate) -> Any:
     return conditions[op]()
 
 
-def _one(frame: Any, name: str) -> float:
-    return float(frame[name].iloc[0])
+def aggregate(
+    ds: Any, make: Callable[[], Any], epsilon: float, where: Predicate | None = None
+) -> Release:
+    """``ds.query()[.filter(where)].agg(make())``: its one value."""
 
-
-def filtered_mean(ds: Any, predicate: Predicate, column: str, epsilon: float) -> Release:
     def release() -> np.ndarray:
-        from dpnode.sdk.query import mean
-
-        frame = ds.query().filter(_condition(predicate)).agg(mean(column)).publish(epsilon=epsilon)
-        return np.array(_one(frame.frame, f"{column}_mean"))
+        query = ds.query() if where is None else ds.query().filter(_condition(where))
+        frame = query.agg(make().alias("value")).publish(epsilon=epsilon).frame
+        return np.array(float(frame["value"].iloc[0]))
 
     return release
 
 
 def share(ds: Any, predicate: Predicate, epsilon: float) -> Release:
     """The share of rows that satisfy the predicate: their count over the public row count."""
+    from dpnode.sdk.query import count
 
-    def release() -> np.ndarray:
-        from dpnode.sdk.query import count
-
-        result = ds.query().filter(_condition(predicate)).agg(count()).publish(epsilon=epsilon)
-        return np.array(_one(result.frame, "count") / ds.row_count)
-
-    return release
-
-
-def count_distinct(ds: Any, column: str, epsilon: float) -> Release:
-    def release() -> np.ndarray:
-        from dpnode.sdk.query import count_distinct
-
-        result = ds.query().agg(count_distinct(column)).publish(epsilon=epsilon)
-        return np.array(_one(result.frame, f"{column}_count_distinct"))
-
-    return release
+    counted = aggregate(ds, count, epsilon, where=predicate)
+    return lambda: counted() / ds.row_count
 
 
 def grouped(

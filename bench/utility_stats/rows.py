@@ -159,11 +159,14 @@ class Quantile(Statistic):
 
     column: str
     alpha: float
+    #: dpnode's side through the query builder (``agg(quantile(column, alpha))``) instead
+    builder: bool = False
     kind = "quantile"
 
     @property
     def name(self) -> str:
-        return f"{QUANTILE_LABELS.get(self.alpha, f'{self.alpha:g} quantile')} ({self.column})"
+        label = QUANTILE_LABELS.get(self.alpha, f"{self.alpha:g} quantile")
+        return f"{label} ({self.column}{', query builder' if self.builder else ''})"
 
     def truth(self, t: Table) -> np.ndarray:
         return np.array(np.quantile(t.columns[self.column], self.alpha))
@@ -171,6 +174,11 @@ class Quantile(Statistic):
     def ours(self, ds: Any, t: Table, epsilon: float) -> Release:
         import torch
 
+        from dpnode.sdk.query import quantile
+
+        if self.builder:
+            return ours.aggregate(ds, lambda: quantile(self.column, self.alpha), epsilon)
+        # torch.quantile takes floats only: an integer column is cast
         return ours.torch_release(
             ds, lambda d: torch.quantile(d[self.column].double(), self.alpha), epsilon
         )
@@ -288,7 +296,9 @@ class FilteredMean(Statistic):
         return np.array(t.columns[self.column][mask(t, self.predicate)].mean())
 
     def ours(self, ds: Any, t: Table, epsilon: float) -> Release:
-        return ours.filtered_mean(ds, self.predicate, self.column, epsilon)
+        from dpnode.sdk.query import mean
+
+        return ours.aggregate(ds, lambda: mean(self.column), epsilon, where=self.predicate)
 
     def theirs(self, t: Table, epsilon: float) -> OpenDPRelease:
         inside = mask(t, self.predicate).astype(np.int64)
@@ -334,7 +344,9 @@ class CountDistinct(Statistic):
         return np.array(float(len(np.unique(t.columns[self.column]))))
 
     def ours(self, ds: Any, t: Table, epsilon: float) -> Release:
-        return ours.count_distinct(ds, self.column, epsilon)
+        from dpnode.sdk.query import count_distinct
+
+        return ours.aggregate(ds, lambda: count_distinct(self.column), epsilon)
 
     def theirs(self, t: Table, epsilon: float) -> OpenDPRelease:
         # whole numbers in both tables (diabetes' ages are whole years held as floats)
@@ -567,6 +579,7 @@ ROWS = [
             OneColumn("income", "mean"),
             Quantile("income", 0.5),
             Quantile("hours", 0.5),
+            Quantile("hours", 0.5, builder=True),
             TwoKeyCounts("education", "sex"),
             FilteredMean(("age", ">", 30), "income"),
             Share(("education", "isin", HIGHER_EDUCATION)),
