@@ -194,11 +194,19 @@ class Query:
         return "\n".join(lines)
 
     def sensitivity(self, *, delta: float | None = None) -> dict[str, Sensitivity]:
-        """What the node charges for each publish of the query, by role (free)."""
+        """What the node charges for each noised publish of the query, by role
+        (``"noised"``, ``"distinct"``): free. A selected publish's rank sensitivity is on
+        its receipt (the node answers this question for noised releases only).
+
+        Raises:
+            QueryError: the query would be refused.
+        """
         from dpnode.sdk._publish import sensitivity
 
         _, compiled = self._compile(delta)
-        return {r.role: sensitivity(r.tensors) for r in compiled.releases}
+        return {
+            r.role: sensitivity(r.tensors) for r in compiled.releases if r.role != "selected"
+        }
 
     def publish(self, *, epsilon: float, delta: float | None = None) -> QueryResult:
         """Release the query: at most one publish per family, ``epsilon`` (and ``delta``)
