@@ -204,9 +204,7 @@ class Query:
         from dpnode.sdk._publish import sensitivity
 
         _, compiled = self._compile(delta)
-        return {
-            r.role: sensitivity(r.tensors) for r in compiled.releases if r.role != "selected"
-        }
+        return {r.role: sensitivity(r.tensors) for r in compiled.releases if r.role != "selected"}
 
     def publish(self, *, epsilon: float, delta: float | None = None) -> QueryResult:
         """Release the query: at most one publish per family, ``epsilon`` (and ``delta``)
