@@ -53,3 +53,11 @@ named is from the true count at that rank. Time: a dpnode release is the whole p
 noise, the ledger); an OpenDP release is the measurement's call, with turning the table's
 NumPy columns into its input (a list, or the rows of moments) and the post-processing.
 """
+
+from bench.utility_stats.opendp_side import REPLACE_ONE
+from bench.utility_stats.report import error_line
+
+#: ``bench/moments.py``'s name for :func:`error_line`
+_row = error_line
+
+__all__ = ["REPLACE_ONE", "error_line"]

@@ -93,3 +93,21 @@ def line(table: str, name: str, ours: Side, theirs: Side) -> str:
     else:
         cells.append(f"**behind: {', '.join(verdict)}**" if verdict else "ok")
     return "| " + " | ".join(cells) + " |"
+
+
+def error_line(name: str, ours: np.ndarray | None, theirs: np.ndarray | None) -> str:
+    """A line of errors alone (for benches that print no times): each side's mean absolute
+    error, and their ratio with one standard error; a side with no release prints "-".
+
+    >>> error_line("median (age)", None, np.array([0.51234]))
+    '| median (age) | - | 0.5123 | - |'
+    >>> error_line("sum", np.array([1.0, 3.0]), np.array([2.0, 2.0]))
+    '| sum | 2 | 2 | 1.00 ± 0.50 |'
+    """
+    means = [float(e.mean()) if e is not None else None for e in (ours, theirs)]
+    cells = [f"{m:.4g}" if m is not None else "-" for m in means]
+    shown = "-"
+    if ours is not None and theirs is not None and means[1]:
+        r, two_se = ratio(list(ours), list(theirs))
+        shown = f"{r:.2f} ± {two_se / 2:.2f}"
+    return f"| {name} | {cells[0]} | {cells[1]} | {shown} |"
