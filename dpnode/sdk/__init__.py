@@ -76,6 +76,7 @@ from dpnode.sdk._remote import MockSession, RemoteTensor, mock
 from dpnode.sdk._scaling import BoundsScaler, bounds_scaler
 from dpnode.sdk._steps import StepBudget, step_budget
 from dpnode.sdk._training import PrivateTraining, TrainingStep, private_training
+from dpnode.sdk._transport import InProcessTransport
 
 __all__ = [
     "ApprovalRequiredError",
@@ -99,6 +100,7 @@ __all__ = [
     "EvaluationUnavailableError",
     "Grants",
     "GraphError",
+    "InProcessTransport",
     "InvalidPolicyError",
     "InvalidRequestError",
     "Ledger",
