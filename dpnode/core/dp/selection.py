@@ -294,9 +294,10 @@ def first_in_order(
     least = (masked_high == masked_high.min(axis=1, keepdims=True)) & accepted
     masked_low = low | _all_ones(~least)
     best = least & (masked_low == masked_low.min(axis=1, keepdims=True))
-    return np.argmax(best, axis=1)  # the first of them: the grid's order
+    first: npt.NDArray[np.intp] = np.argmax(best, axis=1)  # the first of them: grid order
+    return first
 
 
 def _all_ones(mask: npt.NDArray[np.bool_]) -> npt.NDArray[np.uint64]:
     """Every bit set where ``mask`` holds, else 0: an OR with it makes a key the largest."""
-    return np.uint64(0) - mask.astype(np.uint64)  # type: ignore[no-any-return]
+    return np.uint64(0) - mask.astype(np.uint64)
