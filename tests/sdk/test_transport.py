@@ -194,3 +194,37 @@ def test_torch_publish_matches_what_the_node_recorded(analyst: sdk.Client) -> No
     out = torch.histc(bmi, bins=4, min=10.0, max=70.0).publish(epsilon=0.5)
     assert out.shape == (4,)
     assert analyst.ledger()[0].id == out.receipt.ledger_id  # newest first
+
+
+def _requests(client: sdk.Client) -> list[str]:
+    """The requests ``client`` sends from now on, as ``METHOD /path``."""
+    sent: list[str] = []
+    client._http.event_hooks["request"].append(
+        lambda request: sent.append(f"{request.method} {request.url.path}")
+    )
+    return sent
+
+
+def test_a_sensitivity_asked_again_is_answered_without_a_request(analyst: sdk.Client) -> None:
+    """The node's answer on datasets alone never changes: the client keeps it. The query
+    builder asks one before each count, which a count asked again no longer sends."""
+    from dpnode.sdk.query import col, count
+
+    bmi = analyst.dataset("cohort")["bmi"]
+    sent = _requests(analyst)
+    first = sdk.sensitivity(bmi.sum())
+    again = sdk.sensitivity(bmi.sum())
+    assert again == first and first.l1 == pytest.approx(60.0)  # one row moves within [10, 70]
+    other = sdk.sensitivity(bmi.mean())  # another graph: asked
+    assert other.l1 < first.l1
+    assert sent.count("POST /api/v1/sensitivity") == 2
+    for _ in range(2):  # a refusal is never kept: asked each time
+        with pytest.raises(sdk.PrivacyTrackingError):
+            sdk.sensitivity(torch.sqrt(bmi - 40.0).sum())
+    assert sent.count("POST /api/v1/sensitivity") == 4
+    query = analyst.dataset("cohort").query().filter(col("bmi") > 30).agg(count())
+    sent.clear()
+    query.publish(epsilon=0.5)
+    query.publish(epsilon=0.5)
+    assert sent.count("POST /api/v1/sensitivity") == 1  # before the first publish only
+    assert sent.count("POST /api/v1/publish") == 2
