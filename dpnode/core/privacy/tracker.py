@@ -436,13 +436,17 @@ def _any_subject(s: State) -> State:
         width = np.asarray(s.hi, dtype=np.float64) - np.asarray(s.lo, dtype=np.float64)
     width = np.where(np.isnan(width), np.inf, width)
     mixed = fit(np.int64(MIXED), s.shape)
-    return s.with_(owner=mixed, L=width, G=width, t1=None, t2=None, table=None, vid=None, tag=None)
+    return s.with_(
+        owner=mixed, L=width, G=width, t1=None, t2=None, table=None, vid=None, tag=None, part=None
+    )
 
 
 def _nan(s: State) -> State:
     """``s`` as possibly NaN: NaN bounds, which every later rule keeps and the report refuses."""
     nan = np.full((), np.nan)
-    return s.with_(lo=nan, hi=nan, clo=None, chi=None, E=None, table=None, t1=None, t2=None)
+    return s.with_(
+        lo=nan, hi=nan, clo=None, chi=None, E=None, table=None, t1=None, t2=None, part=None
+    )
 
 
 def _range_widths(lo: Array, hi: Array) -> tuple[float, float]:
@@ -636,7 +640,7 @@ def _moved(s: State, unit: tuple[Array, Array], nsub: int) -> int:
     """The most elements of ``s`` one subject moves, given the masks of :func:`_movable`."""
     if s.is_public:
         return 0
-    t1, _ = joint(s.with_(L=unit[0], G=unit[1], t1=None, t2=None, table=None), nsub)
+    t1, _ = joint(s.with_(L=unit[0], G=unit[1], t1=None, t2=None, table=None, part=None), nsub)
     return math.ceil(float(t1.max(initial=0.0)))
 
 

@@ -21,6 +21,7 @@ from dpnode.core.engine import division
 from dpnode.core.engine.prims import REGISTRY
 from dpnode.core.engine.prims.elementwise import FLAT_EXPONENTS
 from dpnode.core.engine.subnormals import flushing
+from dpnode.core.privacy import partitions
 from dpnode.core.privacy.arrays import pad_left, recompact
 from dpnode.core.privacy.rules.base import Ctx, combine, finish, rule
 from dpnode.core.privacy.rules.moments import centred_tag
@@ -311,8 +312,20 @@ def binary(c: Ctx) -> State:
             if t is not None:
                 s = tighten(s, t)
                 break
+    part = _PARTITIONS[c.node.op](c, a, b) if c.node.op in _PARTITIONS else None
+    if part is not None:
+        s = s.with_(part=part)
     tag = centred_tag(c, a, b)
     return s if tag is None else s.with_(tag=tag)
+
+
+#: the binary prims whose result may have partition axes (dpnode.core.privacy.partitions)
+_PARTITIONS: dict[str, Callable[[Ctx, State, State], tuple[int, ...] | None]] = {
+    "eq": lambda c, a, b: partitions.compared(c),
+    "mul": partitions.product,
+    "logical_and": partitions.product,
+    "bitwise_and": partitions.product,
+}
 
 
 @rule("where")
@@ -360,7 +373,8 @@ def convert(c: Ctx) -> State:
         wlo, whi = widen(lo, hi, x.dtype)
         lo, hi = np.trunc(wlo), np.trunc(whi)
         L, G = np.where(L > 0, L + 1, 0.0), np.where(G > 0, G + 1, 0.0)
-    s = _finish_tables(c, finish(c.meta, lo, hi, x.owner, L, G))
+    # every cast maps zero to zero: a slice's one nonzero element stays the only one
+    s = _finish_tables(c, finish(c.meta, lo, hi, x.owner, L, G, part=x.part))
     if s.table is None and not d.is_float:
         t = make_root(s, c.index)
         if t is not None:
