@@ -36,6 +36,7 @@ from dpnode.core.privacy.arrays import fit, recompact, reduce_array
 from dpnode.core.privacy.subjects import Subjects, rows_of
 
 if TYPE_CHECKING:
+    from dpnode.core.privacy.casts import Casts
     from dpnode.core.privacy.tables import LazyIds, Table
 
 __all__ = [
@@ -88,6 +89,9 @@ class State:
     #: and their moved copies only), the root of threshold tables; an input's ids are
     #: formed lazily (``LazyIds``) until a rule needs them
     vid: Array | LazyIds | None = None
+    #: the casts between the root of ``vid`` and these values (None: they are the root's
+    #: values); the ids then name the engine's computed casts (:mod:`dpnode.core.privacy.casts`)
+    casts: Casts | None = None
     #: partition axes: on every dataset, each slice along them (the other indices fixed)
     #: holds at most one nonzero element (:mod:`dpnode.core.privacy.partitions`)
     part: tuple[int, ...] | None = None

@@ -23,6 +23,7 @@ from dpnode.core.engine.prims.elementwise import FLAT_EXPONENTS
 from dpnode.core.engine.subnormals import flushing
 from dpnode.core.privacy import partitions
 from dpnode.core.privacy.arrays import pad_left, recompact
+from dpnode.core.privacy.casts import ROOTS, Casts
 from dpnode.core.privacy.rules.base import Ctx, combine, finish, rule
 from dpnode.core.privacy.rules.moments import centred_tag
 from dpnode.core.privacy.rules.unary import refuse_outside, tighten, widen
@@ -379,4 +380,18 @@ def convert(c: Ctx) -> State:
         t = make_root(s, c.index)
         if t is not None:
             s = tighten(s, t)
+    elif s.table is None and x.vid is not None and x.table is None:
+        casts = _cast_of(c, x)
+        if casts is not None:  # comparisons of the cast still cut the root
+            s = s.with_(vid=x.vid, casts=casts)
     return s
+
+
+def _cast_of(c: Ctx, x: State) -> Casts | None:
+    """The chain of casts from ``x``'s root to this cast's values, for a cast to a float
+    dtype of a root whose values the bisection enumerates (None otherwise)."""
+    if x.casts is not None:
+        return x.casts.then(c.call)
+    if x.dtype.name not in ROOTS or x.E is not None:
+        return None
+    return Casts((c.call,), x.dtype.name, float(np.min(x.lo)), float(np.max(x.hi)))

@@ -147,7 +147,18 @@ def move(c: Ctx, x: State, idx: Array | None, mult: float, rowwise: bool = False
     if x.part is not None and idx is None:  # views only: a gathered map may repeat elements
         part = partitions.moved(c.node.op, c.call.attrs, x.part, shape, c.shape)
     s = State(
-        c.shape, c.meta.dtype, lo, hi, owner, L, G, value=value, table=table, vid=vid, part=part
+        c.shape,
+        c.meta.dtype,
+        lo,
+        hi,
+        owner,
+        L,
+        G,
+        value=value,
+        table=table,
+        vid=vid,
+        casts=x.casts if vid is not None else None,
+        part=part,
     )
     if has_t(x):  # a table moves along by itself
         t1, t2 = joint(x, c.nsub)
