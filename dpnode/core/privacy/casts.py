@@ -44,6 +44,8 @@ ROOTS: dict[str, tuple[Any, int]] = {
 }
 
 _TOP = np.uint64(1 << 63)
+#: root values tried at once per threshold in :meth:`Casts.cuts` (64-bit keys: 11 rounds)
+_WAYS = 63
 
 
 @dataclass(frozen=True)
@@ -62,16 +64,23 @@ class Casts:
 
     def apply(self, values: Array) -> Array:
         """``values`` of the root's dtype through every cast, as the engine computes them."""
-        v = values
         with np.errstate(all="ignore"), flushing():
-            for call in self.calls:
-                v = np.asarray(REGISTRY["convert_element_type"].kernel(call, [v], None))
+            return self._through(values)
+
+    def _through(self, values: Array) -> Array:
+        v = values
+        for call in self.calls:
+            v = np.asarray(REGISTRY["convert_element_type"].kernel(call, [v], None))
         return v
 
     def cuts(self, thresholds: Array, cd: DType, lo: float, hi: float) -> Array:
         """The root values in ``(lo, hi]`` (values of the root dtype) where the chain, then
         the conversion to the comparison dtype ``cd``, first reaches each threshold
         (``>=``) and first passes it (``>``), as float64; thresholds are values of ``cd``.
+
+        A search over the root's values in order, :data:`_WAYS` of them at a time (the
+        predicate is monotone, so the first value where it holds is bracketed by the
+        last tried value where it does not and the first where it does).
 
         >>> from dpnode.core.engine.dtypes import dtype
         >>> c = Casts((), "float64", 0.0, 2.0)
@@ -80,19 +89,24 @@ class Casts:
         """
         order, sign = ROOTS[self.root]
         rd = np.dtype(self.root)
-        b = np.concatenate([thresholds, thresholds]).astype(cd.np)
-        strict = np.repeat([False, True], len(thresholds))
+        b = np.concatenate([thresholds, thresholds]).astype(cd.np)[:, None]
+        strict = np.repeat([False, True], len(thresholds))[:, None]
         first, last = _key(np.asarray([lo, hi], dtype=rd), order, sign)
         low = np.full(len(b), first, dtype=np.uint64)  # the answer is in [low, high]
         high = np.full(len(b), last + np.uint64(1), dtype=np.uint64)  # last + 1: none
-        while bool(np.any(high > low)):
-            mid = low + (high - low) // np.uint64(2)
-            v = self.apply(_value(mid, rd, order, sign))
-            with np.errstate(all="ignore"), flushing():  # the comparison's own conversion
-                t = as_np(v, cd)
-                reached = np.where(strict, t > b, t >= b)
-            high = np.where(reached, mid, high)
-            low = np.where(reached, low, mid + np.uint64(1))
+        ways = np.arange(1, _WAYS + 1, dtype=np.uint64)
+        with np.errstate(all="ignore"), flushing():
+            while bool(np.any(high > low)):
+                step = np.maximum((high - low) // np.uint64(_WAYS + 1), np.uint64(1))
+                open_ = high > low
+                top = np.where(open_, high - np.uint64(1), low)
+                points = np.minimum(low[:, None] + step[:, None] * ways, top[:, None])
+                t = as_np(self._through(_value(points, rd, order, sign)), cd)
+                reached = np.where(strict, t > b, t >= b) & open_[:, None]
+                missed = ~reached & open_[:, None]
+                high = np.minimum(high, np.where(reached, points, high[:, None]).min(axis=1))
+                beyond = np.where(missed, points + np.uint64(1), low[:, None]).max(axis=1)
+                low = np.where(open_, np.maximum(low, beyond), low)
         inside = (low > first) & (low <= last)  # a switch at the first value is no cut
         return _value(low[inside], rd, order, sign).astype(np.float64)
 

@@ -6,6 +6,19 @@ public constants only: it is never handed a private value, so what it reports (a
 the epsilon charged from it) cannot depend on the data. :func:`track` runs it without
 any data (a free sensitivity query); :func:`evaluate_tracked` runs it alongside the
 evaluation, in one pass.
+
+Vector outputs get joint bounds beyond what per-element bounds give from three
+structures a state may carry: finite-domain and threshold tables (elements that are
+functions of one private scalar, :mod:`~dpnode.core.privacy.tables`,
+:mod:`~dpnode.core.privacy.thresholds`, through casts by
+:mod:`~dpnode.core.privacy.casts`), and partition axes
+(:mod:`~dpnode.core.privacy.partitions`). The partition rule: where a state holds at most
+one nonzero element per slice along some axes on every dataset (a one-hot, a histogram's
+bin filling, their products over several keys), replacing a subject changes at most two
+elements per slice, so each slice moves by its two largest element changes and a
+histogram of any number of cells by L1 2, L2 sqrt 2 per row of the subject, however
+its cells were computed (codes combined from several columns, casts, rounding at bin
+edges only choose which cell a row is in).
 """
 
 from __future__ import annotations
