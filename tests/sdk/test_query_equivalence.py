@@ -19,7 +19,7 @@ import torch
 from dpnode import sdk
 from dpnode.core.dp import samplers
 from dpnode.sdk._per_sample import clipped_sum
-from dpnode.sdk.query import col, count, mean
+from dpnode.sdk.query import col, count, mean, quantile
 from tests.sdk.query_table import upload
 
 
@@ -95,3 +95,27 @@ def test_a_filtered_mean_is_the_analysts_clipped_sums(people: sdk.DatasetHandle,
     n, s = sums.publish(epsilon=1.0).tolist()
     assert row["count"] == n
     assert row["income_mean"] == pytest.approx(100.0 + 100.0 * s / n, rel=1e-12)
+
+
+@pytest.mark.usefixtures("sqlite_only")
+@pytest.mark.parametrize(
+    "written",
+    [
+        lambda h: torch.quantile(h.float(), 0.5),
+        lambda h: torch.quantile(h.double(), 0.5),
+        lambda h: h.double().median(),
+    ],
+    ids=["quantile-float32", "quantile-float64", "median-float64"],
+)
+def test_a_median_of_a_cast_integer_column_is_the_builders(
+    people: sdk.DatasetHandle, seed, written
+) -> None:
+    """torch.quantile takes floats only: the integer column cast to a float dtype that holds
+    its values keeps its integer candidates, so the analyst's torch code releases what the
+    builder's integer path releases, draw for draw."""
+    seed(5)
+    (row,) = people.query().agg(quantile("hours", 0.5)).publish(epsilon=0.2).rows()
+    seed(5)
+    by_hand = written(people["hours"]).publish(epsilon=0.2)
+    assert float(by_hand) == row["hours_q0.5"] and float(by_hand).is_integer()
+    assert 0 <= float(by_hand) <= 80
