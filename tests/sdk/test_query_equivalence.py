@@ -19,7 +19,7 @@ import torch
 from dpnode import sdk
 from dpnode.core.dp import samplers
 from dpnode.sdk._per_sample import clipped_sum
-from dpnode.sdk.query import col, count, mean, quantile
+from dpnode.sdk.query import col, count, count_distinct, mean, quantile
 from tests.sdk.query_table import upload
 
 
@@ -119,3 +119,13 @@ def test_a_median_of_a_cast_integer_column_is_the_builders(
     by_hand = written(people["hours"]).publish(epsilon=0.2)
     assert float(by_hand) == row["hours_q0.5"] and float(by_hand).is_integer()
     assert 0 <= float(by_hand) <= 80
+
+
+@pytest.mark.usefixtures("sqlite_only")
+def test_a_count_distinct_is_the_analysts_sdk_count(people: sdk.DatasetHandle, seed) -> None:
+    seed(9)
+    (row,) = people.query().agg(count_distinct("income")).publish(epsilon=0.5).rows()
+    seed(9)
+    by_hand = sdk.count_distinct(people["income"]).publish(epsilon=0.5)
+    assert row["income_count_distinct"] == float(by_hand)
+    assert by_hand.receipt.sensitivity_l1 == pytest.approx(1.0)

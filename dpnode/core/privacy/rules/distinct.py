@@ -13,7 +13,8 @@ changes, leaves one group (its count falls by at most 1) and enters one (it rise
 1): every group's count moves by at most ``k_s`` and all of them by ``2 k_s`` in L1 and
 ``sqrt(2) k_s`` in L2 (an L1 of ``2 k`` with no element above ``k``), ``k_s`` counting an
 element once if either its value or its group may move
-(:func:`dpnode.core.privacy.moves.moved_together`).
+(:func:`dpnode.core.privacy.moves.moved_together`). With a public index no element changes
+group, and each moves one group's count: ``k_s`` in L1 too.
 
 A count lies in ``[1, min(n, values)]`` for ``n`` elements (``[0, ...]`` per group, which may
 be empty), ``values`` being how many values the elements can take when that is known: two
@@ -62,7 +63,8 @@ def count_distinct(c: Ctx) -> State:
         t1 = t2 = per
     else:
         per = moves.moved_together(x, index, c.nsub)
-        spread = min(groups, 2)
+        # an element changes group only if its index may move; else it moves one group's
+        spread = 1 if index.is_public else min(groups, 2)
         t1, t2 = spread * per, math.sqrt(spread) * per
     k = float(moves.most(per))
     lo = 0.0 if index is not None or n == 0 else 1.0
