@@ -14,6 +14,7 @@ from typing import Literal
 import httpx
 
 from dpnode.sdk import _attention, _bags, _recurrent  # noqa: F401  (register layers on remote tensors)
+from dpnode.sdk import query
 from dpnode.sdk._budget import (
     BudgetGrant,
     BudgetRequest,
@@ -148,6 +149,7 @@ __all__ = [
     "noise_scale",
     "private_training",
     "publish",
+    "query",
     "publish_grads",
     "search",
     "sensitivity",
