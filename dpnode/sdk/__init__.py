@@ -153,6 +153,7 @@ __all__ = [
     "publish_grads",
     "search",
     "sensitivity",
+    "sql",
     "step_budget",
 ]
 
@@ -196,3 +197,8 @@ def search(
 ) -> list[DatasetHandle | ModelHandle]:
     """``Client.search`` on the last login."""
     return current_client().search(tags=tags, text=text, kind=kind)
+
+
+def sql(statement: str, *, epsilon: float, delta: float | None = None) -> query.QueryResult:
+    """``Client.sql`` on the last login."""
+    return current_client().sql(statement, epsilon=epsilon, delta=delta)

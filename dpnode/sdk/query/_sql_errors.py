@@ -61,7 +61,7 @@ def refuse(construct: str, instead: str) -> UnsupportedSQLError:
     return error
 
 
-def shown(node: exp.Expression) -> str:
+def shown(node: exp.Expr) -> str:
     """A node's SQL, shortened for a message.
 
     >>> shown(exp.column("income") * 2)

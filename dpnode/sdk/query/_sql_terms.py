@@ -35,7 +35,7 @@ class Table:
     ds: DatasetHandle
     names: frozenset[str]
 
-    def column(self, node: exp.Expression, where: str) -> str:
+    def column(self, node: exp.Expr, where: str) -> str:
         """The dataset column ``node`` names (exact, else a unique case-insensitive match when
         unquoted).
 
@@ -63,7 +63,7 @@ class Table:
         )
 
 
-def constant(node: exp.Expression) -> Constant:
+def constant(node: exp.Expr) -> Constant:
     """A public constant: a number, a string or a boolean.
 
     >>> constant(-exp.Literal.number(2.5)), constant(exp.Literal.string("F"))
@@ -84,7 +84,7 @@ def constant(node: exp.Expression) -> Constant:
         if numeric and node.this.is_string:
             raise refuse(f"{shown(node)}", "negate a number, not a string")
         value = node.to_py()
-        return float(value) if isinstance(value, Decimal) else value  # type: ignore[no-any-return]
+        return float(value) if isinstance(value, Decimal) else value
     raise refuse(
         f"{shown(node)} as a constant",
         "compare a column with a number, a string or TRUE/FALSE",
@@ -93,7 +93,7 @@ def constant(node: exp.Expression) -> Constant:
 
 # -- WHERE -----------------------------------------------------------------------------------
 
-_COMPARE: dict[type[exp.Expression], Callable[[Any, Any], Any]] = {
+_COMPARE: dict[type[exp.Expr], Callable[[Any, Any], Any]] = {
     exp.GT: operator.gt,
     exp.GTE: operator.ge,
     exp.LT: operator.lt,
@@ -102,7 +102,7 @@ _COMPARE: dict[type[exp.Expression], Callable[[Any, Any], Any]] = {
     exp.NEQ: operator.ne,
 }
 #: ``30 < age`` is ``age > 30``
-_FLIPPED: dict[type[exp.Expression], type[exp.Expression]] = {
+_FLIPPED: dict[type[exp.Expr], type[exp.Expr]] = {
     exp.GT: exp.LT,
     exp.GTE: exp.LTE,
     exp.LT: exp.GT,
@@ -112,7 +112,7 @@ _FLIPPED: dict[type[exp.Expression], type[exp.Expression]] = {
 }
 
 
-def predicate(table: Table, node: exp.Expression) -> Any:
+def predicate(table: Table, node: exp.Expr) -> Any:
     """The builder's predicate for a WHERE condition."""
     rule = _PREDICATES.get(type(node))
     if rule is not None:
@@ -134,7 +134,7 @@ def predicate(table: Table, node: exp.Expression) -> Any:
     )
 
 
-def _comparison(table: Table, node: exp.Expression) -> Any:
+def _comparison(table: Table, node: exp.Expr) -> Any:
     kind, left, right = type(node), node.this, node.expression
     if not isinstance(left, exp.Column) and isinstance(right, exp.Column):
         kind, left, right = _FLIPPED[kind], right, left
@@ -152,26 +152,26 @@ def _comparison(table: Table, node: exp.Expression) -> Any:
     return _COMPARE[kind](builder.col(table.column(left, "WHERE")), constant(right))
 
 
-def _between(table: Table, node: exp.Expression) -> Any:
+def _between(table: Table, node: exp.Expr) -> Any:
     name = table.column(node.this, "BETWEEN")
     return builder.col(name).between(constant(node.args["low"]), constant(node.args["high"]))
 
 
-def _isin(table: Table, node: exp.Expression) -> Any:
+def _isin(table: Table, node: exp.Expr) -> Any:
     if node.args.get("query") or node.args.get("unnest") or node.args.get("field"):
         raise refuse(f"{shown(node)}", "IN takes a list of constants: IN ('a', 'b')")
     name = table.column(node.this, "IN")
     return builder.col(name).isin([constant(v) for v in node.expressions])
 
 
-def _refused_test(construct: str, instead: str) -> Callable[[Table, exp.Expression], Any]:
-    def refuse(table: Table, node: exp.Expression) -> Any:
+def _refused_test(construct: str, instead: str) -> Callable[[Table, exp.Expr], Any]:
+    def refused(table: Table, node: exp.Expr) -> Any:
         raise refuse(f"{construct} ({shown(node)})", instead)
 
-    return refuse
+    return refused
 
 
-_PREDICATES: dict[type[exp.Expression], Callable[[Table, exp.Expression], Any]] = {
+_PREDICATES: dict[type[exp.Expr], Callable[[Table, exp.Expr], Any]] = {
     exp.And: lambda t, n: predicate(t, n.this) & predicate(t, n.expression),
     exp.Or: lambda t, n: predicate(t, n.this) | predicate(t, n.expression),
     exp.Not: lambda t, n: ~predicate(t, n.this),
@@ -192,7 +192,7 @@ _PREDICATES: dict[type[exp.Expression], Callable[[Table, exp.Expression], Any]] 
 # -- aggregates ------------------------------------------------------------------------------
 
 
-def _argument(table: Table, node: exp.Expression, call: exp.Expression) -> str:
+def _argument(table: Table, node: exp.Expr, call: exp.Expr) -> str:
     """The one column an aggregate call takes."""
     if isinstance(node, exp.Distinct):
         raise refuse(
@@ -208,14 +208,14 @@ def _argument(table: Table, node: exp.Expression, call: exp.Expression) -> str:
     return table.column(node, shown(call))
 
 
-def _fraction(node: exp.Expression, call: exp.Expression) -> float:
+def _fraction(node: exp.Expr, call: exp.Expr) -> float:
     value = constant(node)
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
         raise refuse(f"{shown(call)}", "a quantile is a number between 0 and 1")
     return float(value)
 
 
-def _count(table: Table, node: exp.Expression) -> Any:
+def _count(table: Table, node: exp.Expr) -> Any:
     inner = node.this
     if isinstance(inner, exp.Distinct) and len(inner.expressions) == 1 and not node.expressions:
         return builder.count_distinct(table.column(inner.expressions[0], shown(node)))
@@ -226,7 +226,7 @@ def _count(table: Table, node: exp.Expression) -> Any:
     return builder.count()
 
 
-def _within_group(table: Table, node: exp.Expression) -> Any:
+def _within_group(table: Table, node: exp.Expr) -> Any:
     """``PERCENTILE_CONT(q) WITHIN GROUP (ORDER BY column [DESC])``."""
     call, order = node.this, node.expression
     keys = order.expressions if isinstance(order, exp.Order) else []
@@ -236,14 +236,15 @@ def _within_group(table: Table, node: exp.Expression) -> Any:
         )
     q = _fraction(call.this, node)
     column = table.column(keys[0].this, shown(node))
-    return builder.quantile(column, 1 - q if keys[0].args.get("desc") else q)
+    # descending: the 1 - q quantile, in decimal so that 0.9 gives 0.1 (not 0.09999...)
+    return builder.quantile(column, float(1 - Decimal(repr(q))) if keys[0].args.get("desc") else q)
 
 
-def _unary(make: Callable[[str], Any]) -> Callable[[Table, exp.Expression], Any]:
+def _unary(make: Callable[[str], Any]) -> Callable[[Table, exp.Expr], Any]:
     return lambda table, node: make(_argument(table, node.this, node))
 
 
-def _quantile(table: Table, node: exp.Expression) -> Any:
+def _quantile(table: Table, node: exp.Expr) -> Any:
     """``QUANTILE(column, q)``, ``APPROX_QUANTILE(column, q)``, ``PERCENTILE_CONT(column, q)``."""
     q = node.args.get("quantile") or node.args.get("expression")
     if q is None:
@@ -252,7 +253,7 @@ def _quantile(table: Table, node: exp.Expression) -> Any:
     return builder.quantile(column, _fraction(q, node))
 
 
-def _named_quantile(table: Table, node: exp.Expression) -> Any:
+def _named_quantile(table: Table, node: exp.Expr) -> Any:
     """``QUANTILE_CONT(column, q)``: a function sqlglot does not know by name."""
     if len(node.expressions) != 2:
         raise refuse(f"{shown(node)}", "QUANTILE_CONT takes a column and a number q in [0, 1]")
@@ -260,11 +261,11 @@ def _named_quantile(table: Table, node: exp.Expression) -> Any:
     return builder.quantile(table.column(column, shown(node)), _fraction(q, node))
 
 
-Rule = Callable[[Table, exp.Expression], Any]
+Rule = Callable[[Table, exp.Expr], Any]
 
 #: sqlglot's aggregate nodes -> the builder's aggregate. Sample and population variances are
 #: one statistic here: their n/(n-1) differs far less than the noise at any useful epsilon.
-_AGGREGATES: dict[type[exp.Expression], Rule] = {
+_AGGREGATES: dict[type[exp.Expr], Rule] = {
     exp.Count: _count,
     exp.Sum: _unary(builder.sum),
     exp.Avg: _unary(builder.mean),
@@ -296,7 +297,7 @@ SUPPORTED = (
 )
 
 
-def aggregate(table: Table, node: exp.Expression) -> Any:
+def aggregate(table: Table, node: exp.Expr) -> Any:
     """The builder's aggregate for a SELECT item that is not a column."""
     rule = _AGGREGATES.get(type(node))
     if rule is None and isinstance(node, exp.Anonymous):

@@ -34,9 +34,12 @@ from dpnode.sdk.query._sql_errors import (
     shown,
 )
 from dpnode.sdk.query._sql_terms import Table, aggregate, constant, predicate
+from dpnode.sdk.query.result import QueryResult
 
 if TYPE_CHECKING:
     from dpnode.sdk._handles import DatasetHandle
+    from dpnode.sdk.query.aggregates import Aggregate
+    from dpnode.sdk.query.plan import Query
 
 __all__ = [
     "SQLError",
@@ -190,11 +193,11 @@ def _lookup(catalog: Catalog, table: exp.Table) -> DatasetHandle:
 
 @dataclass(frozen=True)
 class Output:
-    """One column SELECT asks for: ``column`` in the released table, shown as ``name``."""
+    """One column SELECT asks for: ``column`` in the builder's table, shown as ``name``."""
 
     column: str
     name: str
-    node: exp.Expression
+    node: exp.Expr
     aggregate: bool
 
 
@@ -203,43 +206,56 @@ class Translation:
     """A SELECT statement as the builder's query, and what is done to the released table.
 
     Attributes:
-        query: the builder's query; publishing it is what :meth:`publish` charges.
+        query: the builder's query; publishing it is the one charge.
         outputs: the SELECT list, in its order.
         order: ``(name, descending)`` pairs of ORDER BY, applied to the released table.
-        limit: LIMIT (``None``: all rows), applied after ORDER BY; ``offset``: OFFSET.
-        top_k: ``ORDER BY COUNT(*) DESC LIMIT k`` became the builder's ``top_k(k)``.
+        limit: LIMIT (``None``: every row) and ``offset``: OFFSET, applied after ORDER BY.
     """
 
-    query: Any
+    query: Query
     outputs: tuple[Output, ...]
     order: tuple[tuple[str, bool], ...] = ()
     limit: int | None = None
     offset: int = 0
-    top_k: bool = False
 
-    def publish(self, *, epsilon: float, delta: float | None = None) -> Any:
-        """Publish the query (one charge) and return its result, ordered and cut as asked."""
+    def plan(self, *, epsilon: float | None = None, delta: float | None = None) -> str:
+        """The builder's plan (no request), and what is then done locally.
+
+        Raises:
+            QueryError: the builder would refuse the query.
+        """
+        lines = [self.query.plan(epsilon=epsilon, delta=delta)]
+        shown = ", ".join(o.name for o in self.outputs)
+        lines.append(f"  then locally (free): columns {shown}")
+        if self.order:
+            keys = ", ".join(f"{n} {'DESC' if d else 'ASC'}" for n, d in self.order)
+            lines.append(f"  ORDER BY {keys}")
+        if self.limit is not None or self.offset:
+            lines.append(f"  LIMIT {self.limit} OFFSET {self.offset}")
+        return "\n".join(lines)
+
+    def publish(self, *, epsilon: float, delta: float | None = None) -> QueryResult:
+        """Publish the query (one charge, split by the builder) and return its table as
+        SELECT, ORDER BY, OFFSET and LIMIT ask."""
         return self.finish(self.query.publish(epsilon=epsilon, delta=delta))
 
-    def finish(self, result: Any) -> Any:
-        """The released table with SELECT's columns in its order (each aggregate's noise scale
-        beside it), renamed as AS asks, then ORDER BY, OFFSET and LIMIT: post-processing."""
-        frame = result.frame
-        columns: list[str] = []
-        renames: dict[str, str] = {}
+    def finish(self, result: QueryResult) -> QueryResult:
+        """``result`` with SELECT's columns in its order (each aggregate's noise scale beside
+        it), renamed as AS asks, sorted and cut: post-processing of the released values."""
+        names: list[str] = []
+        values: list[list[Any]] = []
         for out in self.outputs:
-            columns.append(out.column)
-            renames[out.column] = out.name
+            names.append(out.name)
+            values.append(result.column(out.column))
             if out.aggregate:
-                columns.append(f"{out.column}_scale")
-        frame = frame[columns].rename(columns=renames)
-        if self.order:
-            names, descending = zip(*self.order, strict=True)
-            frame = frame.sort_values(
-                list(names), ascending=[not d for d in descending], kind="stable"
-            )
+                names.append(f"{out.name}_scale")
+                values.append(result.column(f"{out.column}_scale"))
+        rows = list(zip(*values, strict=True))
+        for name, descending in reversed(self.order):  # stable sorts, the last key first
+            at = names.index(name)
+            rows.sort(key=lambda row: row[at], reverse=descending)
         end = None if self.limit is None else self.offset + self.limit
-        return _with_frame(result, frame.iloc[self.offset : end].reset_index(drop=True))
+        return QueryResult(names, rows[self.offset : end], result.receipt)
 
 
 def translate(sql: str, catalog: Catalog) -> Translation:
@@ -264,43 +280,34 @@ def translate(sql: str, catalog: Catalog) -> Translation:
     ds = _lookup(catalog, source.this)
     table = Table(ds, frozenset({source.this.name, source.this.alias_or_name}))
     keys = _group_keys(table, select)
-    outputs: list[Output] = []
-    aggregates: list[Any] = []
-    for item in select.expressions:
-        node, alias = (item.this, item.alias) if isinstance(item, exp.Alias) else (item, "")
-        if isinstance(node, exp.Column) and not node.is_star:
-            column = table.column(node, "SELECT")
-            if column not in keys:
-                raise refuse(
-                    f"the column {column} outside GROUP BY",
-                    "rows are never released: GROUP BY it for aggregates per value, or look at "
-                    "fake rows with ds.mock()",
-                )
-            outputs.append(Output(column, alias or column, node, aggregate=False))
-            continue
-        term = aggregate(table, node)
-        if alias:
-            term = term.alias(alias)
-        aggregates.append(term)
-        outputs.append(Output(term.name, term.name, node, aggregate=True))
-    if not aggregates:
-        raise refuse(
-            "GROUP BY without an aggregate",
-            "which groups occur is private: add COUNT(*) or another aggregate",
-        )
+    outputs, aggregates = _outputs(table, select, keys)
     query = ds.query()
     where = select.args.get("where")
     if where is not None:
         query = query.filter(predicate(table, where.this))
-    order = _order(table, select, outputs)
+    order, ranked = _order(table, select, outputs)
     limit, offset = _limit(select)
-    if not keys:
-        return Translation(query.agg(*aggregates), tuple(outputs), order, limit, offset)
-    grouped = query.group_by(*keys)
-    if _wants_top_k(outputs, order, limit, offset):
-        assert limit is not None
-        return Translation(grouped.top_k(limit), tuple(outputs), order, top_k=True)
-    return Translation(grouped.agg(*aggregates), tuple(outputs), order, limit, offset)
+    top = bool(keys and limit and not offset and ranked and order == ((ranked, True),))
+    if any(name == _RANK for name, _ in order) and not top:
+        raise refuse(
+            "ORDER BY COUNT(*) without COUNT(*) in SELECT",
+            "add COUNT(*) to SELECT, or ask for the largest groups with ORDER BY COUNT(*) DESC "
+            "LIMIT k (no OFFSET)",
+        )
+    if not aggregates and not top:
+        raise refuse(
+            "GROUP BY without an aggregate",
+            "which groups occur is private: add COUNT(*) or another aggregate, or ask for the "
+            "largest groups with ORDER BY COUNT(*) DESC LIMIT k",
+        )
+    if keys:
+        query = query.group_by(*keys)
+    if top and limit:
+        # the k groups with the most rows, ranked by the noised counts released with the
+        # query's other noised values: the same rows as sorting the whole table (see docs)
+        query = query.top_k(limit, counts=False)
+        order = () if ranked == _RANK else order
+    return Translation(query.agg(*aggregates), tuple(outputs), order, limit, offset)
 
 
 def publish_sql(
@@ -310,6 +317,36 @@ def publish_sql(
     return translate(sql, catalog).publish(epsilon=epsilon, delta=delta)
 
 
+def _outputs(
+    table: Table, select: exp.Select, keys: Sequence[str]
+) -> tuple[list[Output], list[Aggregate]]:
+    """SELECT's items as outputs (group keys and aggregates), and the builder's aggregates."""
+    outputs: list[Output] = []
+    aggregates: list[Aggregate] = []
+    for item in select.expressions:
+        node, alias = (item.this, item.alias) if isinstance(item, exp.Alias) else (item, "")
+        if isinstance(node, exp.Column) and not node.is_star:
+            column = table.column(node, "SELECT")
+            if column not in keys:
+                raise refuse(
+                    f"the column {column} outside GROUP BY",
+                    "rows are never released: GROUP BY it for aggregates per value, or look "
+                    "at fake rows with ds.mock()",
+                )
+            outputs.append(Output(column, alias or column, node, aggregate=False))
+            continue
+        term = aggregate(table, node)
+        if alias:
+            term = term.alias(alias)
+        aggregates.append(term)
+        outputs.append(Output(term.name, term.name, node, aggregate=True))
+    names = [o.name for o in outputs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise refuse(f"two outputs named {twice}", "tell them apart with AS name")
+    return outputs, aggregates
+
+
 def _group_keys(table: Table, select: exp.Select) -> list[str]:
     group = select.args.get("group")
     if group is None:
@@ -317,11 +354,14 @@ def _group_keys(table: Table, select: exp.Select) -> list[str]:
     for key in ("rollup", "cube", "grouping_sets", "totals"):
         if group.args.get(key):
             raise refuse(key.upper().replace("_", " "), "run one GROUP BY per set of keys")
+    aliases = {i.alias: i.this for i in select.expressions if isinstance(i, exp.Alias)}
     keys: list[str] = []
     for node in group.expressions:
         if isinstance(node, exp.Literal) and not node.is_string:
             node = _position(select, node, "GROUP BY")
             node = node.this if isinstance(node, exp.Alias) else node
+        elif isinstance(node, exp.Column) and node.name not in table.ds.columns:
+            node = aliases.get(node.name, node)  # GROUP BY an alias of SELECT
         if isinstance(node, exp.Cube | exp.Rollup | exp.GroupingSets):
             raise refuse(f"GROUP BY {shown(node)}", "run one GROUP BY per set of keys")
         if not isinstance(node, exp.Column):
@@ -335,7 +375,7 @@ def _group_keys(table: Table, select: exp.Select) -> list[str]:
     return keys
 
 
-def _position(select: exp.Select, node: exp.Literal, clause: str) -> exp.Expression:
+def _position(select: exp.Select, node: exp.Literal, clause: str) -> exp.Expr:
     """The SELECT item a 1-based position names (``GROUP BY 1``, ``ORDER BY 2``)."""
     index = int(node.to_py()) if node.is_int else 0
     if not 1 <= index <= len(select.expressions):
@@ -343,19 +383,27 @@ def _position(select: exp.Select, node: exp.Literal, clause: str) -> exp.Express
             f"{clause} {node.sql()}",
             f"a position counts SELECT's items from 1 to {len(select.expressions)}",
         )
-    return select.expressions[index - 1]
+    item: exp.Expr = select.expressions[index - 1]
+    return item
+
+
+#: ORDER BY's name for a count of rows that SELECT does not show (only top_k ranks by it)
+_RANK = "\0count"
 
 
 def _order(
     table: Table, select: exp.Select, outputs: Sequence[Output]
-) -> tuple[tuple[str, bool], ...]:
-    """ORDER BY as ``(output name, descending)`` pairs: each names a column of the result."""
+) -> tuple[tuple[tuple[str, bool], ...], str | None]:
+    """ORDER BY as ``(output name, descending)`` pairs, each naming a column of the result,
+    and the name of the output that counts rows, if any (what top_k ranks by)."""
+    counts = [o.name for o in outputs if _counts_rows(o.node)]
+    ranked = counts[0] if counts else None
     order = select.args.get("order")
     if order is None:
-        return ()
+        return (), ranked
     pairs = []
     for ordered in order.expressions:
-        target: exp.Expression = ordered.this
+        target: exp.Expr = ordered.this
         found: Output | None = None
         if isinstance(target, exp.Literal) and not target.is_string:
             found = outputs[select.expressions.index(_position(select, target, "ORDER BY"))]
@@ -363,17 +411,26 @@ def _order(
             found = next((o for o in outputs if o.name == target.name), None)
             if found is None:
                 column = table.column(target, "ORDER BY")
-                found = next((o for o in outputs if o.column == column), None)
+                found = next((o for o in outputs if o.column == column and not o.aggregate), None)
         else:
             found = next((o for o in outputs if o.node == target), None)
+        if found is None and ranked is None and _counts_rows(target):
+            ranked = _RANK  # ORDER BY COUNT(*) of groups SELECT shows without their counts
+            pairs.append((_RANK, bool(ordered.args.get("desc"))))
+            continue
         if found is None:
             raise refuse(
                 f"ORDER BY {shown(target)}",
-                "order by a column of the result: a group key or an aggregate in SELECT (as "
+                "order by a column of the result: a group key or an aggregate of SELECT (as "
                 "written there, by its alias or by its position)",
             )
         pairs.append((found.name, bool(ordered.args.get("desc"))))
-    return tuple(pairs)
+    return tuple(pairs), ranked
+
+
+def _counts_rows(node: exp.Expr) -> bool:
+    """COUNT(*) or COUNT(column): the rows (datasets hold no missing values)."""
+    return isinstance(node, exp.Count) and not isinstance(node.this, exp.Distinct)
 
 
 def _limit(select: exp.Select) -> tuple[int | None, int]:
@@ -390,34 +447,8 @@ def _limit(select: exp.Select) -> tuple[int | None, int]:
     return count, 0 if offset is None else _whole(offset.expression, "OFFSET")
 
 
-def _whole(node: exp.Expression | None, clause: str) -> int:
+def _whole(node: exp.Expr | None, clause: str) -> int:
     value = None if node is None else constant(node)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise refuse(f"{clause} {node.sql() if node else ''}".strip(), "give a whole number")
     return value
-
-
-def _wants_top_k(
-    outputs: Sequence[Output],
-    order: tuple[tuple[str, bool], ...],
-    limit: int | None,
-    offset: int,
-) -> bool:
-    """Whether a grouped statement asks for the k groups with the most rows.
-
-    ``SELECT key, COUNT(*) ... GROUP BY key ORDER BY COUNT(*) DESC LIMIT k`` with nothing else
-    aggregated is the builder's ``top_k(k)``.
-    """
-    counts = [o for o in outputs if o.aggregate]
-    return (
-        limit is not None
-        and offset == 0
-        and len(counts) == 1
-        and isinstance(counts[0].node, exp.Count)
-        and not isinstance(counts[0].node.this, exp.Distinct)
-        and order == ((counts[0].name, True),)
-    )
-
-
-def _with_frame(result: Any, frame: Any) -> Any:
-    return result
