@@ -192,3 +192,129 @@ def test_a_translation_says_what_is_done_after_release(
         "  ORDER BY m DESC, e ASC",
         "  LIMIT 2 OFFSET 0",
     ]
+
+
+# -- end to end ------------------------------------------------------------------------------
+
+
+def test_a_grouped_statement_releases_its_columns_in_order_near_the_truth(
+    data: dict[str, np.ndarray], ds_client: sdk.Client
+) -> None:
+    r = ds_client.sql(
+        "SELECT education, sex, COUNT(*), AVG(income) FROM census WHERE age > 30 "
+        "GROUP BY education, sex",
+        epsilon=50.0,
+    )
+    assert r.columns == [
+        "education",
+        "sex",
+        "count",
+        "count_scale",
+        "income_mean",
+        "income_mean_scale",
+    ]
+    assert [(row["education"], row["sex"]) for row in r.rows()] == [
+        (e, s) for e in EDUCATION for s in ("F", "M")
+    ]
+    for row in r.rows():
+        rows = (
+            (data["education"] == row["education"])
+            & (data["sex"] == row["sex"])
+            & (data["age"] > 30)
+        )
+        # Laplace of scale 0.08 on the count and on the normalised sum (4 in income) at epsilon 50
+        assert row["count"] == pytest.approx(rows.sum(), abs=3)
+        assert row["income_mean"] == pytest.approx(data["income"][rows].mean(), abs=5)
+    assert len(ds_client.ledger_entries()) == len(r.receipt) == 1
+
+
+def test_aliases_name_and_place_the_columns_and_filters_count_the_rows_they_keep(
+    data: dict[str, np.ndarray], ds_client: sdk.Client
+) -> None:
+    r = ds_client.sql(
+        "SELECT COUNT(*) AS n, sex AS s, COUNT(DISTINCT education) kinds FROM census "
+        "WHERE age BETWEEN 30 AND 60 AND smoker OR education IN ('school') GROUP BY sex",
+        epsilon=60.0,
+    )
+    assert r.columns == ["n", "n_scale", "s", "kinds", "kinds_scale"]
+    assert r["s"] == ["F", "M"]
+    kept = ((data["age"] >= 30) & (data["age"] <= 60) & data["smoker"]) | (
+        data["education"] == "school"
+    )
+    for row in r.rows():
+        rows = kept & (data["sex"] == row["s"])
+        assert row["n"] == pytest.approx(rows.sum(), abs=3)
+        assert row["kinds"] == pytest.approx(len(set(data["education"][rows])), abs=1)
+    assert len(ds_client.ledger_entries()) == len(r.receipt) == 2  # noised and distinct
+
+
+def test_quantiles_in_each_spelling_are_selected_near_the_truth(
+    data: dict[str, np.ndarray], ds_client: sdk.Client
+) -> None:
+    r = ds_client.sql(
+        "SELECT PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY hours) AS med, "
+        "QUANTILE(age, 0.9), MAX(hours) FROM census WHERE NOT smoker",
+        epsilon=6.0,
+    )
+    assert r.columns == [
+        "med",
+        "med_scale",
+        "age_q0.9",
+        "age_q0.9_scale",
+        "hours_max",
+        "hours_max_scale",
+    ]
+    rows = ~data["smoker"]
+    # permute-and-flip at epsilon 2 each: a few rows from the target rank (~0.4 hours, ~0.3
+    # years a row here); a larger epsilon costs delta (the samplers' finite precision)
+    assert r["med"][0] == pytest.approx(np.median(data["hours"][rows]), abs=8)
+    assert r["age_q0.9"][0] == pytest.approx(np.quantile(data["age"][rows], 0.9), abs=8)
+    assert r["hours_max"][0] == pytest.approx(data["hours"][rows].max(), abs=8)
+    assert len(ds_client.ledger_entries()) == 1  # the selected family: one publish
+
+
+def test_order_by_and_limit_sort_and_cut_the_released_table(
+    data: dict[str, np.ndarray], ds_client: sdk.Client
+) -> None:
+    r = ds_client.sql(
+        "SELECT education, AVG(income) AS m FROM census GROUP BY education ORDER BY m DESC LIMIT 2",
+        epsilon=10.0,
+    )
+    assert len(r) == 2 and r["m"] == sorted(r["m"], reverse=True)
+    assert len(set(r["education"])) == 2
+    r = ds_client.sql(
+        "SELECT sex, education, COUNT(*) FROM census GROUP BY education, sex "
+        "ORDER BY 2 DESC, count LIMIT 3 OFFSET 1",
+        epsilon=10.0,
+    )
+    # education descending (school, degree, college), then counts ascending; one row skipped
+    assert [row["education"] for row in r.rows()] == ["school", "degree", "degree"]
+    assert r["count"][1] <= r["count"][2]
+    assert len(ds_client.ledger_entries()) == 2
+
+
+def test_the_largest_groups_come_from_top_k(
+    data: dict[str, np.ndarray], ds_client: sdk.Client
+) -> None:
+    # "degree" holds about half the rows, "college" a third: far apart at this epsilon
+    r = ds_client.sql(
+        "SELECT education FROM census GROUP BY education ORDER BY COUNT(*) DESC LIMIT 2",
+        epsilon=20.0,
+    )
+    assert r.columns == ["education"] and r["education"] == ["degree", "college"]
+    r = ds_client.sql(
+        "SELECT education, COUNT(*) AS n, AVG(hours) FROM census GROUP BY education "
+        "ORDER BY n DESC LIMIT 1",
+        epsilon=20.0,
+    )
+    assert r["education"] == ["degree"]
+    assert r["n"][0] == pytest.approx((data["education"] == "degree").sum(), abs=3)
+    assert len(ds_client.ledger_entries()) == 2
+
+
+def test_sdk_sql_runs_on_the_last_login(
+    data: dict[str, np.ndarray], ds_client: sdk.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sdk, "_last_client", ds_client)
+    r = sdk.sql("SELECT COUNT(*) FROM census WHERE sex = 'F'", epsilon=20.0)
+    assert r["count"][0] == pytest.approx((data["sex"] == "F").sum(), abs=3)
