@@ -175,7 +175,7 @@ def test_from_names_a_dataset_as_the_catalog_does_quoted_if_need_be(
     translated = translate('SELECT COUNT(*), AVG("hours") FROM "labour survey"', ds_client)
     expected = ds_client.dataset("labour survey").query().agg(dq.count(), dq.mean("hours"))
     assert _shape(translated.query) == _shape(expected)
-    with pytest.raises(UnknownTableError, match="'Census'.*'census', 'labour survey'"):
+    with pytest.raises(UnknownTableError, match=r"'Census'.*'census', 'labour survey'"):
         translate('SELECT COUNT(*) FROM "Census"', ds_client)  # quoted: the exact name
 
 
@@ -318,3 +318,319 @@ def test_sdk_sql_runs_on_the_last_login(
     monkeypatch.setattr(sdk, "_last_client", ds_client)
     r = sdk.sql("SELECT COUNT(*) FROM census WHERE sex = 'F'", epsilon=20.0)
     assert r["count"][0] == pytest.approx((data["sex"] == "F").sum(), abs=3)
+
+
+# -- refusals --------------------------------------------------------------------------------
+
+#: a statement, the error it gets, and words its message must hold (the construct, and what
+#: to do instead)
+REFUSALS: list[tuple[str, type[Exception], tuple[str, ...]]] = [
+    ("SELECT * FROM census", UnsupportedSQLError, ("SELECT *", "never released", "ds.mock()")),
+    ("SELECT age FROM census", UnsupportedSQLError, ("age outside GROUP BY", "ds.mock()")),
+    (
+        "SELECT c.sex, COUNT(*) FROM census c JOIN other o ON c.id = o.id GROUP BY c.sex",
+        UnsupportedSQLError,
+        ("JOIN", "not supported yet", "one dataset"),
+    ),
+    ("SELECT COUNT(*) FROM census, census", UnsupportedSQLError, ("JOIN",)),
+    ("SELECT COUNT(*) FROM (SELECT * FROM census) t", UnsupportedSQLError, ("subquery",)),
+    (
+        "SELECT COUNT(*) FROM census WHERE age > (SELECT AVG(age) FROM census)",
+        UnsupportedSQLError,
+        ("subquery", "as constants"),
+    ),
+    ("WITH t AS (SELECT 1) SELECT COUNT(*) FROM census", UnsupportedSQLError, ("subquery",)),
+    (
+        "SELECT sex, AVG(income) OVER (PARTITION BY sex) FROM census",
+        UnsupportedSQLError,
+        ("window function", "GROUP BY"),
+    ),
+    (
+        "SELECT sex, COUNT(*) FROM census GROUP BY sex HAVING COUNT(*) > 10",
+        UnsupportedSQLError,
+        ("HAVING", "r.frame["),
+    ),
+    (
+        "SELECT SUM(income * 2) FROM census",
+        UnsupportedSQLError,
+        ("SUM(income * 2)", "SUM(income) * 2"),
+    ),
+    ("SELECT AVG(income) + 1 FROM census", UnsupportedSQLError, ("AVG(income) + 1", "afterwards")),
+    ("SELECT SUM(DISTINCT age) FROM census", UnsupportedSQLError, ("DISTINCT inside",)),
+    ("SELECT STRING_AGG(sex, ',') FROM census", UnsupportedSQLError, ("aggregate", "COUNT(*)")),
+    (
+        "SELECT COUNT(*) FROM census WHERE ABS(age) > 3",
+        UnsupportedSQLError,
+        ("function or arithmetic on a column in WHERE (ABS(age))", "column itself"),
+    ),
+    ("SELECT COUNT(*) FROM census WHERE age + 1 > 30", UnsupportedSQLError, ("age + 1",)),
+    ("SELECT COUNT(*) FROM census WHERE age > hours", UnsupportedSQLError, ("two columns",)),
+    ("SELECT COUNT(*) FROM census WHERE sex IS NULL", UnsupportedSQLError, ("IS", "missing")),
+    ("SELECT COUNT(*) FROM census WHERE age = NULL", UnsupportedSQLError, ("NULL", "missing")),
+    ("SELECT COUNT(*) FROM census WHERE sex LIKE 'F%'", UnsupportedSQLError, ("LIKE", "IN (")),
+    ("SELECT COUNT(*) FROM census WHERE age", UnsupportedSQLError, ("WHERE age", "age > 0")),
+    (
+        "SELECT COUNT(*) FROM nowhere",
+        UnknownTableError,
+        ("'nowhere'", "'census'", "'labour survey'"),
+    ),
+    ("SELECT COUNT(*) FROM db.census", UnsupportedSQLError, ("qualified", '"a.b"')),
+    ("SELECT AVG(salary) FROM census", dq.UnknownColumnError, ("'salary'", "age", "income")),
+    (
+        "SELECT COUNT(*) FROM census; SELECT 1",
+        UnsupportedSQLError,
+        ("2 statements in one call", "one SELECT"),
+    ),
+    (" -- nothing\n", UnsupportedSQLError, ("an empty statement",)),
+    ("INSERT INTO census VALUES (1)", UnsupportedSQLError, ("INSERT statement", "read-only")),
+    ("UPDATE census SET age = 1", UnsupportedSQLError, ("UPDATE statement", "read-only")),
+    ("DELETE FROM census", UnsupportedSQLError, ("DELETE statement", "read-only")),
+    ("DROP TABLE census", UnsupportedSQLError, ("DROP statement", "read-only")),
+    ("CREATE TABLE t (a INT)", UnsupportedSQLError, ("CREATE statement",)),
+    ("EXPLAIN SELECT COUNT(*) FROM census", UnsupportedSQLError, ("EXPLAIN statement",)),
+    ("SELEC", UnsupportedSQLError, ("SELEC (not a statement)", "write one SELECT")),
+    ("SELECT COUNT(* FROM census", SQLSyntaxError, ("line 1, column",)),
+    ("SELECT COUNT(*) FROM census WHERE", SQLSyntaxError, ("line 1, column 33", "WHERE")),
+    ("SELECT COUNT(*) FROM census WHERE sex = 'F", SQLSyntaxError, ("cannot parse",)),
+    ("SELECT DISTINCT sex FROM census", UnsupportedSQLError, ("SELECT DISTINCT", "categories")),
+    ("SELECT sex FROM census GROUP BY sex", UnsupportedSQLError, ("without an aggregate",)),
+    (
+        "SELECT COUNT(*) FROM census UNION SELECT COUNT(*) FROM census",
+        UnsupportedSQLError,
+        ("UNION", "its own client.sql"),
+    ),
+    ("SELECT COUNT(*) FROM census ORDER BY age", UnsupportedSQLError, ("ORDER BY age", "SELECT")),
+    (
+        "SELECT sex, AVG(income) FROM census GROUP BY sex ORDER BY COUNT(*)",
+        UnsupportedSQLError,
+        ("ORDER BY COUNT(*) without COUNT(*) in SELECT",),
+    ),
+    ("SELECT COUNT(*) FROM census LIMIT -1", UnsupportedSQLError, ("LIMIT -1", "whole number")),
+    ("SELECT QUANTILE(hours, 1.5) FROM census", UnsupportedSQLError, ("between 0 and 1",)),
+    ("SELECT COUNT(*) FROM census GROUP BY ROLLUP(sex)", UnsupportedSQLError, ("ROLLUP",)),
+    ("SELECT COUNT(*), COUNT(*) FROM census", UnsupportedSQLError, ("['count']", "AS")),
+    # refused by the builder, as the same calls would be
+    ("SELECT AVG(education) FROM census", dq.AggregateTypeError, ("categorical",)),
+    ("SELECT AVG(scan) FROM census", dq.AggregateTypeError, ("per row",)),
+    ("SELECT income, COUNT(*) FROM census GROUP BY income", dq.NoPublicKeysError, ("income",)),
+    ("SELECT COUNT(*) FROM census WHERE sex = 'X'", dq.QueryError, ("'X'", "categories")),
+    ("SELECT COUNT(*) FROM census WHERE age > 'old'", dq.AggregateTypeError, ("number",)),
+]
+
+
+def test_each_construct_without_a_dp_counterpart_is_refused_by_name_and_charges_nothing(
+    data: dict[str, np.ndarray], ds_client: sdk.Client
+) -> None:
+    wrong = []
+    for sql, error, words in REFUSALS:  # one dataset for all: a fixture costs ~2 s
+        try:
+            ds_client.sql(sql, epsilon=1.0)
+        except error as exc:
+            assert isinstance(exc, dq.QueryError), (sql, exc)  # refused before any charge
+            missing = [w for w in words if w not in str(exc)]
+            if missing:
+                wrong.append(f"{sql!r}: {exc} lacks {missing}")
+        except Exception as exc:  # any other error is the finding
+            wrong.append(f"{sql!r}: {type(exc).__name__}: {exc}")
+        else:
+            wrong.append(f"{sql!r}: answered")
+    assert not wrong, "\n".join(wrong)
+    assert ds_client.ledger_entries() == []
+    assert ds_client.budget().spent_epsilon == 0
+
+
+# -- fuzz ------------------------------------------------------------------------------------
+
+FUZZ_CASES = 200
+#: columns by what they suit, and ones that suit nothing (a tensor per row, a missing name)
+NUMBERS = ["age", "income", "hours"]
+KEYS = ["education", "sex", "age", "smoker"]
+ODD = ["scan", "nope", "income", "education"]
+#: constants each column compares with, and ones that suit none
+CONSTANTS = {
+    "age": ["30", "-2", "45.5", "1e2"],
+    "income": ["10.5", "0", "99"],
+    "hours": ["40", "0.5"],
+    "education": ["'college'", "'degree'", "'school'"],
+    "sex": ["'F'", "'M'"],
+    "smoker": ["TRUE", "FALSE"],
+}
+ODD_CONSTANTS = ["'zzz'", "NULL", "(1 + 1)", "'F'", "7"]
+GOOD = [
+    "COUNT(*)",
+    "COUNT({n})",
+    "COUNT(DISTINCT {k})",
+    "SUM({n})",
+    "AVG({n})",
+    "VARIANCE({n})",
+    "VAR_POP({n})",
+    "STDDEV({n})",
+    "MEDIAN({n})",
+    "MIN({n})",
+    "MAX({n})",
+    "PERCENTILE_CONT({q}) WITHIN GROUP (ORDER BY {n})",
+    "QUANTILE({n}, {q})",
+]
+BAD = [
+    "AVG({o})",
+    "COUNT(DISTINCT {o})",
+    "SUM({n} * 2)",
+    "AVG({n}) + 1",
+    "ROW_NUMBER() OVER (ORDER BY {n})",
+    "STRING_AGG({k}, ',')",
+    "QUANTILE({n}, 1.5)",
+    "*",
+    "{n}",
+    "(SELECT 1)",
+]
+
+
+def _odd(rng: random.Random) -> bool:
+    return rng.random() < 0.08
+
+
+def _condition(rng: random.Random, depth: int = 0) -> str:
+    if depth < 2 and rng.random() < 0.4:
+        how = rng.choice(["AND", "OR", "NOT", "()"])
+        if how == "NOT":
+            return f"NOT {_condition(rng, depth + 1)}"
+        if how == "()":
+            return f"({_condition(rng, depth + 1)})"
+        return f"{_condition(rng, depth + 1)} {how} {_condition(rng, depth + 1)}"
+    c = rng.choice(ODD) if _odd(rng) else rng.choice(list(CONSTANTS))
+    pick = lambda: rng.choice(ODD_CONSTANTS if _odd(rng) else CONSTANTS.get(c, ["1"]))  # noqa: E731
+    ordered = c in NUMBERS or _odd(rng)
+    op = rng.choice(["=", "<>", "<", "<=", ">", ">="] if ordered else ["=", "<>"])
+    leaves = [f"{c} {op} {pick()}", f"{pick()} {op} {c}", f"{c} IN ({pick()}, {pick()})"]
+    leaves += [f"{c} NOT IN ({pick()})"]
+    leaves += [f"{c} BETWEEN {pick()} AND {pick()}"] if ordered else []
+    leaves += ["smoker", "NOT smoker"]
+    if _odd(rng):
+        leaves = [f"ABS({c}) > 1", f"{c} IS NULL", f"{c} LIKE 'a%'", f"{c} > hours", c]
+    return rng.choice(leaves)
+
+
+def _statement(rng: random.Random) -> str:
+    keys = rng.sample(KEYS, rng.choice([0, 1, 1, 2]))
+    if _odd(rng):
+        keys.append(rng.choice(ODD))
+    items = [f"{k} AS k{i}" if rng.random() < 0.2 else k for i, k in enumerate(keys)]
+    for i in range(rng.choice([0, 1, 1, 2, 3]) if keys else rng.randint(1, 3)):
+        template = rng.choice(BAD) if _odd(rng) else rng.choice(GOOD)
+        term = template.format(
+            n=rng.choice(NUMBERS), k=rng.choice(KEYS), o=rng.choice(ODD), q=rng.random()
+        )
+        items.append(term + (f" AS a{i}" if rng.random() < 0.3 else ""))
+    rng.shuffle(items)
+    table = "census"
+    if _odd(rng):
+        table = rng.choice(['"labour survey"', "nowhere", "census c JOIN x ON c.a = x.a"])
+    sql = f"SELECT {', '.join(items)} FROM {table}"
+    if rng.random() < 0.6:
+        sql += f" WHERE {_condition(rng)}"
+    if keys:
+        positions = {item.split(" AS ")[0]: i + 1 for i, item in enumerate(items)}
+        sql += " GROUP BY " + ", ".join(rng.choice([k, str(positions[k])]) for k in keys)
+    if _odd(rng):
+        sql += " HAVING COUNT(*) > 1"
+    if rng.random() < 0.4:
+        target = rng.choice([*keys, "COUNT(*)", "1", "a0", "a1", "hours"])
+        sql += f" ORDER BY {target} {rng.choice(['', 'ASC', 'DESC'])}"
+    if rng.random() < 0.3:
+        sql += f" LIMIT {rng.choice([0, 1, 2, 5, 5, 5, -1])}"
+    if _odd(rng):
+        sql = sql[: rng.randrange(len(sql))]  # cut anywhere: a parse error, most often
+    elif _odd(rng):
+        sql += rng.choice(["; DROP TABLE census", "; SELECT 1", " UNION SELECT 1"])
+    return sql
+
+
+def test_random_statements_are_answered_or_refused_by_name_never_a_500(
+    data: dict[str, np.ndarray], ds_client: sdk.Client
+) -> None:
+    rng = random.Random(20240611)
+    failures: list[str] = []
+    charges = answered = 0
+    refusals: dict[str, int] = {}
+    for case in range(FUZZ_CASES):
+        sql = _statement(rng)
+        epsilon, delta = rng.choice([0.5, 1.0, 4.0]), rng.choice([None, None, 1e-6])
+        try:
+            result = ds_client.sql(sql, epsilon=epsilon, delta=delta)
+        except sdk.ServerError as exc:
+            failures.append(f"case {case} {sql!r}: a 500: {exc}")
+        except sdk.DPNodeError as exc:
+            refusals[type(exc).__name__] = refusals.get(type(exc).__name__, 0) + 1
+            status = exc.status
+            if not str(exc) or (status is not None and not 400 <= status < 500):
+                failures.append(f"case {case} {sql!r}: {type(exc).__name__} {status}: {exc}")
+        except Exception as exc:  # any other error is the finding
+            failures.append(f"case {case} {sql!r}: {type(exc).__name__}: {exc}")
+        else:
+            answered += 1
+            charges += len(result.receipt)
+            values = [v for row in result.rows() for v in row.values() if isinstance(v, float)]
+            if not all(math.isfinite(v) for v in values):
+                failures.append(f"case {case} {sql!r}: a value that is not finite")
+    assert not failures, "\n".join(failures)
+    # both kinds are exercised, and only the answered ones were charged
+    assert 30 <= answered <= FUZZ_CASES - 60, (answered, refusals)
+    assert len(ds_client.ledger_entries(limit=1000)) == charges
+
+
+# -- the same release ------------------------------------------------------------------------
+
+
+def test_sql_and_the_builder_release_the_same_numbers_from_the_same_noise(
+    data: dict[str, np.ndarray], ds_client: sdk.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dpnode.core.dp import samplers
+    from dpnode.core.privacy import release
+
+    # every draw of noise (samplers) and every selection (release) on the node (in process)
+    # reads one stream, seeded again before each query: SQL's and the builder's see the same
+    stream = [np.random.PCG64DXSM(7)]
+
+    def seeded(*args: Any, **kwargs: Any) -> samplers.WordSource:
+        return stream[0].random_raw
+
+    def seed(value: int) -> None:
+        stream[0] = np.random.PCG64DXSM(value)
+
+    monkeypatch.setattr(samplers, "word_source", seeded)
+    monkeypatch.setattr(release, "word_source", seeded)
+    q = ds_client.dataset("census").query()
+    pairs: list[tuple[str, Query]] = [
+        (
+            "SELECT education, sex, COUNT(*), AVG(income) FROM census WHERE age > 30 "
+            "GROUP BY education, sex",
+            q.filter(col("age") > 30)
+            .group_by("education", "sex")
+            .agg(dq.count(), dq.mean("income")),
+        ),
+        (
+            "SELECT sex, STDDEV(hours) AS s, MEDIAN(age), COUNT(DISTINCT education) FROM census "
+            "WHERE education IN ('school', 'degree') AND NOT smoker GROUP BY sex",
+            q.filter(col("education").isin(["school", "degree"]) & ~(col("smoker") == True))  # noqa: E712
+            .group_by("sex")
+            .agg(dq.std("hours").alias("s"), dq.median("age"), dq.count_distinct("education")),
+        ),
+        (
+            "SELECT education, COUNT(*) FROM census GROUP BY education ORDER BY COUNT(*) DESC "
+            "LIMIT 2",
+            q.group_by("education").top_k(2, counts=False).agg(dq.count()),
+        ),
+    ]
+    released = []
+    for i, (sql, built) in enumerate(pairs):
+        delta = 1e-6 if i == 0 else None  # Gaussian noise, then Laplace
+        seed(7)
+        by_sql = ds_client.sql(sql, epsilon=2.0, delta=delta)
+        seed(7)
+        by_builder = built.publish(epsilon=2.0, delta=delta)
+        released.append(by_sql)
+        assert by_sql.columns == by_builder.columns, sql
+        assert by_sql.rows() == by_builder.rows(), sql
+    # the stream is what makes them equal: another seed gives other numbers
+    seed(8)
+    assert ds_client.sql(pairs[0][0], epsilon=2.0, delta=1e-6).rows() != released[0].rows()

@@ -98,6 +98,8 @@ _CLAUSES: dict[str, tuple[str, str]] = {
 }
 #: how sqlglot names a token in a message: "<Token token_type: ..., text: FROM, ...>"
 _TOKEN = re.compile(r"<Token token_type: [^,]*, text: ([^,]*), [^>]*>")
+#: and a clause: "<class 'sqlglot.expressions.query.Where'>"
+_CLASS = re.compile(r"<class 'sqlglot\.[\w.]*\.(\w+)'>")
 _KNOWN_CLAUSES = {"expressions", "from_", "where", "group", "order", "limit", "offset", "kind"}
 
 
@@ -116,9 +118,11 @@ def parse(sql: str) -> exp.Select:
         raise _syntax(description, first.get("line"), first.get("col")) from None
     except TokenError as exc:
         raise _syntax(str(exc), None, None) from None
-    if len(statements) != 1:
+    if not statements:
+        raise refuse("an empty statement", "write one SELECT, e.g. SELECT COUNT(*) FROM name")
+    if len(statements) > 1:
         raise refuse(
-            f"{len(statements)} statements",
+            f"{len(statements)} statements in one call",
             "send one SELECT per call (each is one publish, charged on its own)",
         )
     statement = statements[0]
@@ -126,6 +130,11 @@ def parse(sql: str) -> exp.Select:
         raise refuse(
             statement.key.upper(),
             "publish each SELECT with its own client.sql call and combine the released tables",
+        )
+    if isinstance(statement, exp.Condition):  # an expression alone, such as "SEL" or "1 + 1"
+        raise refuse(
+            f"{shown(statement)} (not a statement)",
+            "write one SELECT, e.g. SELECT COUNT(*) FROM name",
         )
     if not isinstance(statement, exp.Select):
         word = statement.name if isinstance(statement, exp.Command) else statement.key
@@ -155,6 +164,7 @@ def parse(sql: str) -> exp.Select:
 
 def _syntax(message: str, line: int | None, column: int | None) -> SQLSyntaxError:
     message = _TOKEN.sub(lambda m: repr(m.group(1)), message).replace("'SENTINEL'", "the end")
+    message = _CLASS.sub(lambda m: m.group(1).upper(), message)
     where = f" (line {line}, column {column})" if line is not None else ""
     error = SQLSyntaxError(f"cannot parse the SQL{where}: {message[:200]}")
     error.line, error.column = line, column
