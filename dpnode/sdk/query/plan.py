@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from dpnode.sdk.query.aggregates import Aggregate
-from dpnode.sdk.query.compile import COUNT, Compiled, Values, compile_query
+from dpnode.sdk.query.compile import COUNT, Compiled, Release, Values, compile_query
 from dpnode.sdk.query.errors import InvalidBudgetError, QueryError
 from dpnode.sdk.query.expressions import Predicate
 from dpnode.sdk.query.keys import Key, labels, resolve_keys
@@ -194,11 +194,17 @@ class Query:
         return "\n".join(lines)
 
     def sensitivity(self, *, delta: float | None = None) -> dict[str, Sensitivity]:
-        """What the node charges for each publish of the query, by role (free)."""
+        """What the node charges for each noised publish of the query, by role
+        (``"noised"``, ``"distinct"``): free. A selected publish's rank sensitivity is on
+        its receipt (the node answers this question for noised releases only).
+
+        Raises:
+            QueryError: the query would be refused.
+        """
         from dpnode.sdk._publish import sensitivity
 
         _, compiled = self._compile(delta)
-        return {r.role: sensitivity(r.tensors) for r in compiled.releases}
+        return {r.role: sensitivity(r.tensors) for r in compiled.releases if r.role != "selected"}
 
     def publish(self, *, epsilon: float, delta: float | None = None) -> QueryResult:
         """Release the query: at most one publish per family, ``epsilon`` (and ``delta``)
@@ -222,6 +228,8 @@ class Query:
             if dlt is not None and gaussian
             else {}
         )
+        if len(releases) > 1:
+            self._fits(eps, releases)
         values: Values = dict(compiled.exact)
         spends = []
         for release, share in zip(releases, eps_shares, strict=True):
@@ -232,6 +240,30 @@ class Query:
             spends.append(Spend(release.role, _shown(release.outputs), share, d, receipt))
         receipt = QueryReceipt(tuple(spends), eps, dlt)
         return self._table(keys, compiled.cells, values, receipt)
+
+    def _fits(self, epsilon: float, releases: Sequence[Release]) -> None:
+        """Refuse, before the first of several publishes, a query whose pure epsilon
+        exceeds what is left of the budget: else the first would be charged and the last
+        refused. (A Gaussian publish may take less than it asks, so it is not counted.)"""
+        from dpnode.sdk._exceptions import BudgetExceededError
+        from dpnode.sdk._remote import active_session
+
+        if active_session() is not None:
+            return
+        pure = math.fsum(
+            s
+            for s, r in zip(
+                split_budget(epsilon, [r.weight for r in releases]), releases, strict=True
+            )
+            if not r.gaussian
+        )
+        remaining = self.ds._client.budget().remaining_epsilon
+        if pure > remaining:
+            raise BudgetExceededError(
+                f"this query's {len(releases)} publishes cost epsilon {epsilon:g} together, and "
+                f"{remaining:g} of your budget remains: nothing was published or charged; ask "
+                "for less epsilon, fewer statistics, or more budget (client.request_budget)"
+            )
 
     def _table(
         self, keys: Sequence[Key], cells: int, values: Values, receipt: QueryReceipt
