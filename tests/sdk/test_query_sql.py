@@ -8,7 +8,8 @@
   before any request that could charge (the ledger stays empty);
 - a seeded fuzz of supported and unsupported statements: answered, or refused with a typed
   4xx error; never a 500 or an untyped exception; the ledger holds the answered ones' charges;
-- with the node's noise stream seeded, SQL and the builder release the same numbers.
+- with the node's noise streams seeded, SQL and the builder release the same numbers: in
+  tests/sdk/test_query_equivalence.py, beside the builder's own such tests.
 """
 
 from __future__ import annotations
@@ -576,61 +577,3 @@ def test_random_statements_are_answered_or_refused_by_name_never_a_500(
     # both kinds are exercised, and only the answered ones were charged
     assert 30 <= answered <= FUZZ_CASES - 60, (answered, refusals)
     assert len(ds_client.ledger_entries(limit=1000)) == charges
-
-
-# -- the same release ------------------------------------------------------------------------
-
-
-def test_sql_and_the_builder_release_the_same_numbers_from_the_same_noise(
-    data: dict[str, np.ndarray], ds_client: sdk.Client, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from dpnode.core.dp import samplers
-    from dpnode.core.privacy import release
-
-    # every draw of noise (samplers) and every selection (release) on the node (in process)
-    # reads one stream, seeded again before each query: SQL's and the builder's see the same
-    stream = [np.random.PCG64DXSM(7)]
-
-    def seeded(*args: Any, **kwargs: Any) -> samplers.WordSource:
-        return stream[0].random_raw
-
-    def seed(value: int) -> None:
-        stream[0] = np.random.PCG64DXSM(value)
-
-    monkeypatch.setattr(samplers, "word_source", seeded)
-    monkeypatch.setattr(release, "word_source", seeded)
-    q = ds_client.dataset("census").query()
-    pairs: list[tuple[str, Query]] = [
-        (
-            "SELECT education, sex, COUNT(*), AVG(income) FROM census WHERE age > 30 "
-            "GROUP BY education, sex",
-            q.filter(col("age") > 30)
-            .group_by("education", "sex")
-            .agg(dq.count(), dq.mean("income")),
-        ),
-        (
-            "SELECT sex, STDDEV(hours) AS s, MEDIAN(age), COUNT(DISTINCT education) FROM census "
-            "WHERE education IN ('school', 'degree') AND NOT smoker GROUP BY sex",
-            q.filter(col("education").isin(["school", "degree"]) & ~(col("smoker") == True))  # noqa: E712
-            .group_by("sex")
-            .agg(dq.std("hours").alias("s"), dq.median("age"), dq.count_distinct("education")),
-        ),
-        (
-            "SELECT education, COUNT(*) FROM census GROUP BY education ORDER BY COUNT(*) DESC "
-            "LIMIT 2",
-            q.group_by("education").top_k(2, counts=False).agg(dq.count()),
-        ),
-    ]
-    released = []
-    for i, (sql, built) in enumerate(pairs):
-        delta = 1e-6 if i == 0 else None  # Gaussian noise, then Laplace
-        seed(7)
-        by_sql = ds_client.sql(sql, epsilon=2.0, delta=delta)
-        seed(7)
-        by_builder = built.publish(epsilon=2.0, delta=delta)
-        released.append(by_sql)
-        assert by_sql.columns == by_builder.columns, sql
-        assert by_sql.rows() == by_builder.rows(), sql
-    # the stream is what makes them equal: another seed gives other numbers
-    seed(8)
-    assert ds_client.sql(pairs[0][0], epsilon=2.0, delta=1e-6).rows() != released[0].rows()
