@@ -9,14 +9,14 @@ construct named and what to do instead: a small grammar refused loudly rather th
 approximated. ``docs/statistics.md`` lists the grammar.
 
 ORDER BY, LIMIT and OFFSET act on the released table (post-processing: free; the order is the
-noised values' order), except ``ORDER BY COUNT(*) DESC LIMIT k`` on a grouped count alone, which
-asks for the k largest groups: the builder's ``top_k(k)`` (see :func:`_wants_top_k`).
+noised values' order), except ``ORDER BY COUNT(*) DESC LIMIT k`` on a grouped statement, which
+asks for the k largest groups: the builder's ``top_k(k)``, which releases the same rows (see
+docs/statistics.md).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -25,6 +25,14 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
 from dpnode.sdk._exceptions import NotFoundError
+from dpnode.sdk.query._sql_clauses import (
+    RANK,
+    Output,
+    group_keys,
+    limit_offset,
+    order_by,
+    outputs,
+)
 from dpnode.sdk.query._sql_errors import (
     SQLError,
     SQLSyntaxError,
@@ -33,12 +41,11 @@ from dpnode.sdk.query._sql_errors import (
     refuse,
     shown,
 )
-from dpnode.sdk.query._sql_terms import Table, aggregate, constant, predicate
+from dpnode.sdk.query._sql_terms import Table, predicate
 from dpnode.sdk.query.result import QueryResult
 
 if TYPE_CHECKING:
     from dpnode.sdk._handles import DatasetHandle
-    from dpnode.sdk.query.aggregates import Aggregate
     from dpnode.sdk.query.plan import Query
 
 __all__ = [
@@ -202,16 +209,6 @@ def _lookup(catalog: Catalog, table: exp.Table) -> DatasetHandle:
 
 
 @dataclass(frozen=True)
-class Output:
-    """One column SELECT asks for: ``column`` in the builder's table, shown as ``name``."""
-
-    column: str
-    name: str
-    node: exp.Expr
-    aggregate: bool
-
-
-@dataclass(frozen=True)
 class Translation:
     """A SELECT statement as the builder's query, and what is done to the released table.
 
@@ -289,16 +286,16 @@ def translate(sql: str, catalog: Catalog) -> Translation:
         raise refuse(f"FROM {shown(source.this)}", "FROM names one dataset")
     ds = _lookup(catalog, source.this)
     table = Table(ds, frozenset({source.this.name, source.this.alias_or_name}))
-    keys = _group_keys(table, select)
-    outputs, aggregates = _outputs(table, select, keys)
+    keys = group_keys(table, select)
+    items, aggregates = outputs(table, select, keys)
     query = ds.query()
     where = select.args.get("where")
     if where is not None:
         query = query.filter(predicate(table, where.this))
-    order, ranked = _order(table, select, outputs)
-    limit, offset = _limit(select)
+    order, ranked = order_by(table, select, items)
+    limit, offset = limit_offset(select)
     top = bool(keys and limit and not offset and ranked and order == ((ranked, True),))
-    if any(name == _RANK for name, _ in order) and not top:
+    if any(name == RANK for name, _ in order) and not top:
         raise refuse(
             "ORDER BY COUNT(*) without COUNT(*) in SELECT",
             "add COUNT(*) to SELECT, or ask for the largest groups with ORDER BY COUNT(*) DESC "
@@ -316,8 +313,8 @@ def translate(sql: str, catalog: Catalog) -> Translation:
         # the k groups with the most rows, ranked by the noised counts released with the
         # query's other noised values: the same rows as sorting the whole table (see docs)
         query = query.top_k(limit, counts=False)
-        order = () if ranked == _RANK else order
-    return Translation(query.agg(*aggregates), tuple(outputs), order, limit, offset)
+        order = () if ranked == RANK else order
+    return Translation(query.agg(*aggregates), tuple(items), order, limit, offset)
 
 
 def publish_sql(
@@ -325,140 +322,3 @@ def publish_sql(
 ) -> QueryResult:
     """Translate one SELECT (:func:`translate`) and publish it: ``client.sql(...)``."""
     return translate(sql, catalog).publish(epsilon=epsilon, delta=delta)
-
-
-def _outputs(
-    table: Table, select: exp.Select, keys: Sequence[str]
-) -> tuple[list[Output], list[Aggregate]]:
-    """SELECT's items as outputs (group keys and aggregates), and the builder's aggregates."""
-    outputs: list[Output] = []
-    aggregates: list[Aggregate] = []
-    for item in select.expressions:
-        node, alias = (item.this, item.alias) if isinstance(item, exp.Alias) else (item, "")
-        if isinstance(node, exp.Column) and not node.is_star:
-            column = table.column(node, "SELECT")
-            if column not in keys:
-                raise refuse(
-                    f"the column {column} outside GROUP BY",
-                    "rows are never released: GROUP BY it for aggregates per value, or look "
-                    "at fake rows with ds.mock()",
-                )
-            outputs.append(Output(column, alias or column, node, aggregate=False))
-            continue
-        term = aggregate(table, node)
-        if alias:
-            term = term.alias(alias)
-        aggregates.append(term)
-        outputs.append(Output(term.name, term.name, node, aggregate=True))
-    names = [o.name for o in outputs]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise refuse(f"two outputs named {twice}", "tell them apart with AS name")
-    return outputs, aggregates
-
-
-def _group_keys(table: Table, select: exp.Select) -> list[str]:
-    group = select.args.get("group")
-    if group is None:
-        return []
-    for key in ("rollup", "cube", "grouping_sets", "totals"):
-        if group.args.get(key):
-            raise refuse(key.upper().replace("_", " "), "run one GROUP BY per set of keys")
-    aliases = {i.alias: i.this for i in select.expressions if isinstance(i, exp.Alias)}
-    keys: list[str] = []
-    for node in group.expressions:
-        if isinstance(node, exp.Literal) and not node.is_string:
-            node = _position(select, node, "GROUP BY")
-            node = node.this if isinstance(node, exp.Alias) else node
-        elif isinstance(node, exp.Column) and node.name not in table.ds.columns:
-            node = aliases.get(node.name, node)  # GROUP BY an alias of SELECT
-        if isinstance(node, exp.Cube | exp.Rollup | exp.GroupingSets):
-            raise refuse(f"GROUP BY {shown(node)}", "run one GROUP BY per set of keys")
-        if not isinstance(node, exp.Column):
-            raise refuse(
-                f"GROUP BY {shown(node)}",
-                "group by columns: a categorical or integer column's values are public keys",
-            )
-        column = table.column(node, "GROUP BY")
-        if column not in keys:
-            keys.append(column)
-    return keys
-
-
-def _position(select: exp.Select, node: exp.Literal, clause: str) -> exp.Expr:
-    """The SELECT item a 1-based position names (``GROUP BY 1``, ``ORDER BY 2``)."""
-    index = int(node.to_py()) if node.is_int else 0
-    if not 1 <= index <= len(select.expressions):
-        raise refuse(
-            f"{clause} {node.sql()}",
-            f"a position counts SELECT's items from 1 to {len(select.expressions)}",
-        )
-    item: exp.Expr = select.expressions[index - 1]
-    return item
-
-
-#: ORDER BY's name for a count of rows that SELECT does not show (only top_k ranks by it)
-_RANK = "\0count"
-
-
-def _order(
-    table: Table, select: exp.Select, outputs: Sequence[Output]
-) -> tuple[tuple[tuple[str, bool], ...], str | None]:
-    """ORDER BY as ``(output name, descending)`` pairs, each naming a column of the result,
-    and the name of the output that counts rows, if any (what top_k ranks by)."""
-    counts = [o.name for o in outputs if _counts_rows(o.node)]
-    ranked = counts[0] if counts else None
-    order = select.args.get("order")
-    if order is None:
-        return (), ranked
-    pairs = []
-    for ordered in order.expressions:
-        target: exp.Expr = ordered.this
-        found: Output | None = None
-        if isinstance(target, exp.Literal) and not target.is_string:
-            found = outputs[select.expressions.index(_position(select, target, "ORDER BY"))]
-        elif isinstance(target, exp.Column) and not target.table:
-            found = next((o for o in outputs if o.name == target.name), None)
-            if found is None:
-                column = table.column(target, "ORDER BY")
-                found = next((o for o in outputs if o.column == column and not o.aggregate), None)
-        else:
-            found = next((o for o in outputs if o.node == target), None)
-        if found is None and ranked is None and _counts_rows(target):
-            ranked = _RANK  # ORDER BY COUNT(*) of groups SELECT shows without their counts
-            pairs.append((_RANK, bool(ordered.args.get("desc"))))
-            continue
-        if found is None:
-            raise refuse(
-                f"ORDER BY {shown(target)}",
-                "order by a column of the result: a group key or an aggregate of SELECT (as "
-                "written there, by its alias or by its position)",
-            )
-        pairs.append((found.name, bool(ordered.args.get("desc"))))
-    return tuple(pairs), ranked
-
-
-def _counts_rows(node: exp.Expr) -> bool:
-    """COUNT(*) or COUNT(column): the rows (datasets hold no missing values)."""
-    return isinstance(node, exp.Count) and not isinstance(node.this, exp.Distinct)
-
-
-def _limit(select: exp.Select) -> tuple[int | None, int]:
-    """LIMIT and OFFSET, as whole numbers."""
-    limit, offset = select.args.get("limit"), select.args.get("offset")
-    count: int | None = None
-    if isinstance(limit, exp.Fetch):
-        options = limit.args.get("limit_options")
-        if options is not None and (options.args.get("percent") or options.args.get("with_ties")):
-            raise refuse(f"{shown(limit)}", "FETCH FIRST takes a number of rows")
-        count = _whole(limit.args.get("count"), "FETCH FIRST")
-    elif limit is not None:
-        count = _whole(limit.expression, "LIMIT")
-    return count, 0 if offset is None else _whole(offset.expression, "OFFSET")
-
-
-def _whole(node: exp.Expr | None, clause: str) -> int:
-    value = None if node is None else constant(node)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise refuse(f"{clause} {node.sql() if node else ''}".strip(), "give a whole number")
-    return value
