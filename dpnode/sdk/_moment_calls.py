@@ -20,13 +20,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from dpnode.sdk._moments import MomentRelease, choose_plan, moment_release, weighted_plan
+from dpnode.sdk._moments import (
+    MomentPlan,
+    MomentRelease,
+    choose_plan,
+    moment_release,
+    weighted_plan,
+)
 from dpnode.sdk._remote import RemoteTensor
 from dpnode.sdk._remote.graph import Node
 from dpnode.sdk._remote.losses import OVERRIDES
@@ -46,6 +52,9 @@ class MomentCall:
     x: RemoteTensor
     correction: int
     node: Node
+    #: the moment vector built for each plan so far: publishing the same tensor again
+    #: reuses it (and the bounds the node reported for it)
+    releases: dict[MomentPlan, MomentRelease] = field(default_factory=dict, compare=False)
 
     @property
     def rows(self) -> torch.Tensor:
@@ -152,7 +161,10 @@ def swap_moments(
             finish.append(None)
             continue
         plan = weighted_plan(int(call.rows.shape[1]), False, order)
-        release = moment_release(call.rows, epsilon=epsilon, plan=plan, client=client)
+        release = call.releases.get(plan)
+        if release is None:
+            release = moment_release(call.rows, epsilon=epsilon, plan=plan, client=client)
+            call.releases[plan] = release
         sent.append(release.vector)
         finish.append(_finisher(call, release, t))
     return Swap(sent, delta if order == 2 else None, finish)

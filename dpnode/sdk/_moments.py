@@ -59,6 +59,7 @@ __all__ = [
     "MomentRelease",
     "Moments",
     "choose_plan",
+    "decode",
     "moment_release",
     "release_moments",
     "weighted_plan",
@@ -211,7 +212,7 @@ class Moments:
         raw = (self.products[:k, :k] - torch.outer(s, s) / self.rows) / (self.rows - correction)
         values, vectors = torch.linalg.eigh((raw + raw.T) / 2)
         projected: torch.Tensor = (vectors * values.clamp(min=0)) @ vectors.T
-        return projected
+        return (projected + projected.T) / 2  # exactly symmetric, as the rounding is not
 
     def cov(self, correction: int = 1) -> torch.Tensor:
         """The features' covariance matrix (``torch.cov``'s, with its ``correction``)."""
@@ -244,16 +245,28 @@ class MomentRelease:
 
     def finish(self, released: torch.Tensor, receipt: Receipt) -> Moments:
         """The moments from the published :attr:`vector`."""
-        plan, k, n = self.plan, self.plan.features, self.rows
-        v = released.to(torch.float64)
-        cols = plan.columns
-        sums = v[:cols] / plan.first
-        products = torch.full((cols, cols), torch.nan, dtype=torch.float64)
-        idx = torch.arange(k)
-        products[idx, idx] = v[cols : cols + k] / plan.square + n
-        for (i, j), value in zip(plan.pairs(), v[cols + k :] / plan.cross, strict=True):
-            products[i, j] = products[j, i] = value
-        return Moments(n, self.mid, self.half, sums, products, plan, receipt)
+        return decode(self.plan, self.rows, self.mid, self.half, released, receipt)
+
+
+def decode(
+    plan: MomentPlan,
+    rows: int,
+    mid: torch.Tensor,
+    half: torch.Tensor,
+    released: torch.Tensor,
+    receipt: Any,
+) -> Moments:
+    """The moments from a released vector laid out as ``plan`` says (weights undone, the
+    squares' offset added back from the public row count ``rows``)."""
+    k, cols = plan.features, plan.columns
+    v = released.to(torch.float64)
+    sums = v[:cols] / plan.first
+    products = torch.full((cols, cols), torch.nan, dtype=torch.float64)
+    idx = torch.arange(k)
+    products[idx, idx] = v[cols : cols + k] / plan.square + rows
+    for (i, j), value in zip(plan.pairs(), v[cols + k :] / plan.cross, strict=True):
+        products[i, j] = products[j, i] = value
+    return Moments(rows, mid, half, sums, products, plan, receipt)
 
 
 def moment_release(

@@ -48,10 +48,17 @@ from dpnode.sdk._remote import RemoteTensor
 from dpnode.sdk._scaling import bounds_scaler
 
 if TYPE_CHECKING:
+    from dpnode.sdk._moments import Moments
     from dpnode.sdk._publish import Receipt
     from dpnode.sdk._training import PrivateTraining
 
-__all__ = ["LinearRegression", "LogisticRegression", "linear_regression", "logistic_regression"]
+__all__ = [
+    "LinearRegression",
+    "LogisticRegression",
+    "fit_from_moments",
+    "linear_regression",
+    "logistic_regression",
+]
 
 #: logistic_regression's defaults (chosen on a validation split of the benchmark's training
 #: rows only: docs/performance.md, "Private training against Opacus")
@@ -113,7 +120,21 @@ def linear_regression(
         raise DPNodeError(f"ridge must be a finite number >= 0, got {ridge!r}")
     rows = torch.cat([x.to(torch.float64), y.to(torch.float64).unsqueeze(1)], dim=1)
     m = release_moments(rows, epsilon=epsilon, delta=delta, target=True)
-    k, n = x.shape[1], float(x.shape[0])
+    noise = float(m.receipt.noise_scale) / m.plan.cross
+    coef, intercept, ridge = fit_from_moments(
+        m, fit_intercept=fit_intercept, ridge=ridge, noise=noise
+    )
+    return LinearRegression(coef, intercept, ridge, m.receipt)
+
+
+def fit_from_moments(
+    m: Moments, *, fit_intercept: bool, ridge: float | None, noise: float
+) -> tuple[torch.Tensor, float, float]:
+    """Least squares of the last column of released moments (a target) on the others:
+    ``(coef, intercept, ridge)`` in the columns' units. ``noise``: the scale of the noise on
+    the released products (scaled units), the default ridge's share beyond the shift that
+    makes the Gram matrix positive definite."""
+    k, n = m.plan.features, float(m.rows)
     s, p = m.sums, m.products
     sx, sy = s[:k], s[k]
     if fit_intercept:  # centred on the noised means: the normal equations with an intercept
@@ -125,16 +146,14 @@ def linear_regression(
         gram = n * torch.outer(cx, cx) + torch.outer(cx, sx) + torch.outer(sx, cx) + p[:k, :k]
         moment = n * cx * cy + cx * sy + sx * cy + p[:k, k]
     if ridge is None:
-        lowest = float(torch.linalg.eigvalsh(gram).min())
-        ridge = max(0.0, -lowest) + float(m.receipt.noise_scale) / m.plan.cross
+        ridge = max(0.0, -float(torch.linalg.eigvalsh(gram).min())) + noise
     w = torch.linalg.solve(gram + ridge * torch.eye(k, dtype=gram.dtype), moment)
     hx, hy = m.half[:k], m.half[k]
     coef = w * hy / hx
     if not fit_intercept:
-        return LinearRegression(coef, 0.0, ridge, m.receipt)
+        return coef, 0.0, ridge
     w0 = (sy - w @ sx) / n
-    intercept = float(m.mid[k] + hy * (w0 - w @ (m.mid[:k] / hx)))
-    return LinearRegression(coef, intercept, ridge, m.receipt)
+    return coef, float(m.mid[k] + hy * (w0 - w @ (m.mid[:k] / hx))), ridge
 
 
 @dataclass(frozen=True)
