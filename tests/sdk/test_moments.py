@@ -13,6 +13,7 @@ import torch
 from dpnode import sdk
 from dpnode.core.engine.evaluator import evaluate
 from dpnode.sdk._moments import MomentPlan, Moments, moment_release, weighted_plan
+from tests.sdk.conftest import cohort, remote_dataset
 
 N = 2000
 BOUNDS = {"age": (17, 90), "hours": (1, 99), "income": (0.0, 250_000.0)}
@@ -256,3 +257,17 @@ def test_what_is_computed_from_the_matrix_is_an_ordinary_graph(
     changed.mul_(2)  # no longer the covariance: published as what it now is
     assert changed.publish(epsilon=1.0).receipt.post_processing is None
     assert not math.isnan(float(torch.cov(x).publish(epsilon=1.0)[0, 0]))
+
+
+@pytest.mark.usefixtures("sqlite_only")
+def test_a_dry_run_on_mock_data_releases_the_mock_rows_moments(
+    owner_client: sdk.Client, ds_client: sdk.Client
+) -> None:
+    ds = remote_dataset(owner_client, ds_client)
+    mock = cohort(30, 1)
+    with sdk.mock(ds):
+        cov = torch.cov(_stack(ds, "age", "bmi")).publish(epsilon=1e6)
+    assert cov.receipt.mock and cov.receipt.post_processing is not None
+    exact = np.cov(np.stack([mock["age"], mock["bmi"]]).astype(np.float64))
+    assert np.allclose(cov.numpy(), exact, rtol=1e-3)
+    assert ds_client.ledger() == []
