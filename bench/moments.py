@@ -51,11 +51,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.utility import PASSWORD, in_process_node
-from bench.utility_stats import REPLACE_ONE, _row
+from bench.utility_stats import _row
 from dpnode import sdk
 from dpnode.sdk._moments import MomentPlan, Moments, decode, weighted_plan
 from dpnode.sdk._regression import fit_from_moments
 
+#: a replaced row, OpenDP's ``d_in`` on a sized domain: one removal and one addition
+REPLACE_ONE = 2
 CENSUS_ROWS = 20_000
 CENSUS_BOUNDS = {"age": (17.0, 90.0), "hours": (1.0, 99.0), "income": (0.0, 250_000.0)}
 WINE_BOUNDS = {
@@ -189,7 +191,8 @@ def opendp_release(
     bounds: dict[str, tuple[float, float]],
     epsilon: float,
     same_vector: bool,
-) -> Callable[[], np.ndarray]:
+) -> tuple[Any, Callable[[], np.ndarray]]:
+    """OpenDP's measurement for ``row`` and a function releasing the row's statistic once."""
     lo = np.array([bounds[c][0] for c in row.columns])
     hi = np.array([bounds[c][1] for c in row.columns])
     mid, half = (lo + hi) / 2, (hi - lo) / 2
@@ -217,7 +220,7 @@ def opendp_release(
         m = decode(plan, n, mid_t, half_t, v, None)
         return _statistic(row, m, scale / plan.cross)
 
-    return release
+    return measurement, release
 
 
 def _opendp_sum(
@@ -265,7 +268,7 @@ def main() -> None:
     theirs = {
         r.name: [
             f()
-            for f in [opendp_release(r, *tables[r.table], args.epsilon, args.same_vector)]
+            for _, f in [opendp_release(r, *tables[r.table], args.epsilon, args.same_vector)]
             for _ in range(args.repeat)
         ]
         for r in ROWS
