@@ -13,7 +13,7 @@ from typing import Literal
 
 import httpx
 
-from dpnode.sdk import _attention, _bags, _recurrent  # noqa: F401  (register layers on remote tensors)
+from dpnode.sdk import _attention, _bags, _recurrent, query  # noqa: F401  (layers register on remote tensors; query: the builder)
 from dpnode.sdk._budget import (
     BudgetGrant,
     BudgetRequest,
@@ -149,6 +149,7 @@ __all__ = [
     "private_training",
     "publish",
     "publish_grads",
+    "query",
     "search",
     "sensitivity",
     "step_budget",
