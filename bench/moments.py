@@ -16,7 +16,7 @@ regression's over its coefficients and intercept.
 Both sides use the same neighbours: the row count is public and a neighbouring table
 replaces one row (OpenDP: a sized domain and a symmetric distance of 2, the noise scale
 found by ``binary_search_param``). OpenDP has no covariance or multi-feature regression
-measurement, so its side is built as dpnode's was before (and as ``bench/utility_stats.py``
+measurement, so its side is built as dpnode's was before (and as ``bench/utility_stats``
 builds its regression): each row becomes one vector of its columns centred on the middle of
 their bounds and scaled by half their width, ``[u_i, u_i u_j (i <= j)]`` (for least squares
 the target's square left out), bounded in L1 norm (``then_np_clamp``) by the sum of its
@@ -51,13 +51,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.utility import PASSWORD, in_process_node
-from bench.utility_stats import _row
+from bench.utility_stats import REPLACE_ONE, error_line
 from dpnode import sdk
 from dpnode.sdk._moments import MomentPlan, Moments, decode, weighted_plan
 from dpnode.sdk._regression import fit_from_moments
 
-#: a replaced row, OpenDP's ``d_in`` on a sized domain: one removal and one addition
-REPLACE_ONE = 2
 CENSUS_ROWS = 20_000
 CENSUS_BOUNDS = {"age": (17.0, 90.0), "hours": (1.0, 99.0), "income": (0.0, 250_000.0)}
 WINE_BOUNDS = {
@@ -300,7 +298,7 @@ def main() -> None:
             np.array([np.mean(np.abs(v - t)) for v in side])
             for side in (ours[r.name], theirs[r.name])
         ]
-        print(_row(f"{r.name} ({r.table})", *errors))
+        print(error_line(f"{r.name} ({r.table})", *errors))
 
 
 if __name__ == "__main__":
