@@ -73,6 +73,7 @@ from dpnode.sdk._regression import (
     logistic_regression,
 )
 from dpnode.sdk._remote import MockSession, RemoteTensor, mock
+from dpnode.sdk._remote.distinct import count_distinct
 from dpnode.sdk._scaling import BoundsScaler, bounds_scaler
 from dpnode.sdk._steps import StepBudget, step_budget
 from dpnode.sdk._training import PrivateTraining, TrainingStep, private_training
@@ -142,6 +143,7 @@ __all__ = [
     "UploadRejectedError",
     "User",
     "bounds_scaler",
+    "count_distinct",
     "current_client",
     "linear_regression",
     "login",
@@ -154,6 +156,7 @@ __all__ = [
     "query",
     "search",
     "sensitivity",
+    "sql",
     "step_budget",
 ]
 
@@ -197,3 +200,8 @@ def search(
 ) -> list[DatasetHandle | ModelHandle]:
     """``Client.search`` on the last login."""
     return current_client().search(tags=tags, text=text, kind=kind)
+
+
+def sql(statement: str, *, epsilon: float, delta: float | None = None) -> query.QueryResult:
+    """``Client.sql`` on the last login."""
+    return current_client().sql(statement, epsilon=epsilon, delta=delta)
