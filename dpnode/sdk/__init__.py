@@ -13,7 +13,7 @@ from typing import Literal
 
 import httpx
 
-from dpnode.sdk import _attention, _bags, _recurrent  # noqa: F401  (register layers on remote tensors)
+from dpnode.sdk import _attention, _bags, _recurrent, query  # noqa: F401  (layers register on remote tensors; query: the builder)
 from dpnode.sdk._budget import (
     BudgetGrant,
     BudgetRequest,
@@ -149,8 +149,10 @@ __all__ = [
     "private_training",
     "publish",
     "publish_grads",
+    "query",
     "search",
     "sensitivity",
+    "sql",
     "step_budget",
 ]
 
@@ -194,3 +196,8 @@ def search(
 ) -> list[DatasetHandle | ModelHandle]:
     """``Client.search`` on the last login."""
     return current_client().search(tags=tags, text=text, kind=kind)
+
+
+def sql(statement: str, *, epsilon: float, delta: float | None = None) -> query.QueryResult:
+    """``Client.sql`` on the last login."""
+    return current_client().sql(statement, epsilon=epsilon, delta=delta)

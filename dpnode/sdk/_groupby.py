@@ -1,240 +1,158 @@
-"""Statistics per group of a public key: ``ds.groupby("sex").mean("bmi", epsilon=1.0)``.
+"""``ds.groupby(key)`` (or a list of keys): statistics per public group, each in one call.
 
-The groups are public: a categorical column's categories, or every integer in an integer
-column's declared bounds (or the ``categories`` given). Each row belongs to the group its key
-names, through a one-hot comparison with the public keys, so that replacing a row moves it
-out of one group and into another, whatever the key's value: every statistic of every group
-comes back from one publish, charged once.
-
-* ``count``: the rows per group (sensitivity L1 2).
-* ``sum(column)``: the column's sum per group, from the sum of each value less the middle
-  of its bounds over half their width (in ``[-1, 1]``: half the sensitivity of summing the
-  values themselves, and the same size as a count), released with the counts and rescaled.
-* ``mean(column)``: the ratio of the noised sum to the noised count per group, done the
-  standard way: numerator and denominator are released, noised together, and divided here
-  (post-processing). A mean is clipped to the column's bounds, and a group whose noised count
-  is below 1 gets the middle of the bounds.
-* ``agg(bmi="mean", age="sum", ...)``: several columns' statistics and the counts in one
-  publish, each normalised so that they carry the same share of the noise.
-* ``median(column)`` and ``quantile(column, q)``: per group, selected by the exponential
-  mechanism over the column's public range (dpnode.core.dp.selection), in one publish: a replaced
-  row leaves one group and enters another, which moves two groups' scores by ``alpha`` or
-  ``1 - alpha`` each, and every group's selection is calibrated to that sum (for the median,
-  to one row's move).
-
-A row's contribution to all the sums and counts lies in one group, each part at most 1 in
-size: one vector of L1 norm at most ``parts`` (the columns and the count), or L2 norm at
-most ``sqrt(parts)``, clipped per subject by the node's ``clip_by_subject_norm`` in the norm
-of the mechanism (L1 for Laplace, L2 for Gaussian with ``delta``), so the sensitivity is
-twice that whatever the number of groups: a mean per group at L1 4, as one mean.
+A thin face on the query builder (:mod:`dpnode.sdk.query`), which does the work: the same
+graph, mechanisms and receipts as ``ds.query().group_by(...).agg(...).publish(...)``.
+``count``, ``sum``, ``mean``, ``var``, ``std`` and ``agg`` release noised sums per group
+(one publish; a mean is a noised sum over a noised count, within the bounds), and
+``median``, ``quantile``, ``min``, ``max`` select per group by permute-and-flip over the
+column's public range (one publish). See docs/statistics.md for the mechanisms and errors.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from dpnode.sdk._exceptions import DPNodeError
-from dpnode.sdk._remote.handles import column_info
+from dpnode.sdk.query import aggregates as dq
+from dpnode.sdk.query.errors import QueryError
 
 if TYPE_CHECKING:
     from dpnode.sdk._handles import DatasetHandle
     from dpnode.sdk._publish import Receipt
+    from dpnode.sdk.query import Aggregate, QueryResult
 
 __all__ = ["GroupStatistics", "Grouped"]
 
-#: more groups than this is a histogram of a continuous column, not a group-by
-_MAX_GROUPS = 10_000
+#: what ``agg(column=...)`` accepts, and the aggregate for each
+_NOISED = {"mean": dq.mean, "sum": dq.sum, "var": dq.var, "std": dq.std}
 
 
-class GroupStatistics(dict[Any, float]):
+class GroupStatistics(dict[Any, Any]):
     """One statistic per group (key -> value), with the publish's ``receipt``."""
 
     receipt: Receipt
 
 
 class Grouped:
-    """The rows of a dataset grouped by a public key; see the module docstring."""
+    """The rows of a dataset grouped by one or more public keys; see the module docstring.
 
-    def __init__(self, ds: DatasetHandle, by: str, categories: Any = None) -> None:
-        info = column_info(ds, by)
-        if info.shape:
-            raise DPNodeError(
-                f"groupby needs a column with one key per row; {by!r} is {info.shape}"
-            )
+    Args:
+        ds: the dataset.
+        by: a column, or a list of columns (one group per combination of their keys).
+        categories: the keys of a single ``by`` column, when its own are not public (a
+            float column) or to keep only some.
+
+    Raises:
+        KeyError: no such column (``UnknownColumnError``).
+        DPNodeError: a column without public keys, or too many groups (``QueryError``).
+    """
+
+    def __init__(self, ds: DatasetHandle, by: str | Sequence[str], categories: Any = None) -> None:
+        columns = [by] if isinstance(by, str) else list(by)
+        keys = None
         if categories is not None:
-            keys = list(categories)
-            codes = keys if info.categories is None else [info.categories.index(k) for k in keys]
-        elif info.categories is not None:
-            keys, codes = list(info.categories), list(range(len(info.categories)))
-        elif info.dtype.startswith(("int", "uint", "bool")):
-            lo, hi = info.bounds
-            if not (math.isfinite(lo) and math.isfinite(hi)) or hi - lo + 1 > _MAX_GROUPS:
-                raise DPNodeError(
-                    f"column {by!r} has bounds [{lo:g}, {hi:g}]: pass categories= (the keys to "
-                    f"group by), at most {_MAX_GROUPS:,}"
+            if len(columns) != 1:
+                raise QueryError(
+                    "categories= gives one key column's keys; with several, pass "
+                    "ds.query().group_by(..., keys={column: [...]})"
                 )
-            keys = list(range(math.ceil(lo), math.floor(hi) + 1))
-            codes = keys
-        else:
-            raise DPNodeError(
-                f"column {by!r} is {info.dtype}: group by a categorical or integer column, or "
-                "pass categories= (the values to group by)"
-            )
-        if not keys or len(keys) > _MAX_GROUPS:
-            raise DPNodeError(f"groupby needs 1 to {_MAX_GROUPS:,} groups, got {len(keys)}")
-        self.ds, self.by, self.keys = ds, by, keys
-        self._codes = torch.tensor(codes)
+            keys = {columns[0]: list(categories)}
+        self.ds = ds
+        self.by: str | list[str] = by if isinstance(by, str) else columns
+        self.query = ds.query().group_by(*columns, keys=keys)
+        groups = self.query.groups()
+        #: each group's key (a tuple of keys when grouped by several columns)
+        self.keys: list[Any] = [g[0] for g in groups] if isinstance(by, str) else groups
 
-    def _members(self) -> torch.Tensor:
-        """(rows, groups): 1.0 where the row's key is the group's."""
-        key = self.ds[self.by]
-        return (key.unsqueeze(-1) == self._codes.to(key.dtype)).to(torch.float64)
+    def _run(self, aggs: list[Aggregate], epsilon: float, delta: float | None) -> QueryResult:
+        return self.query.agg(*aggs).publish(epsilon=epsilon, delta=delta)
 
-    def _scale(self, column: str) -> tuple[float, float, float, float]:
-        """The column's bounds, their middle and half their width: ``(lo, hi, middle, half)``.
-
-        Raises:
-            KeyError: no such column.
-            DPNodeError: not a numeric column with finite bounds.
-        """
-        info = column_info(self.ds, column)
-        lo, hi = info.bounds
-        if (
-            info.shape
-            or info.categories is not None
-            or not (math.isfinite(lo) and math.isfinite(hi))
-        ):
-            raise DPNodeError(f"column {column!r} is not a numeric column with finite bounds")
-        return float(lo), float(hi), (lo + hi) / 2, max((hi - lo) / 2, 1e-12)
-
-    def _result(self, values: torch.Tensor, receipt: Receipt) -> GroupStatistics:
-        out = GroupStatistics(zip(self.keys, (float(v) for v in values), strict=True))
-        out.receipt = receipt
+    def _column(self, result: QueryResult, name: str, role: str) -> GroupStatistics:
+        out = GroupStatistics(zip(self.keys, result.column(name), strict=True))
+        out.receipt = next(s.receipt for s in result.receipt.spends if s.role == role)
         return out
 
-    def _release(
-        self, columns: list[str], epsilon: float, delta: float | None
-    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, Receipt]:
-        """Per group, each column's sum of its values less the middle of its bounds, over half
-        the bounds' width (in [-1, 1] per row), and the count: noised together, one publish.
-        Returns the noised normalised sums by column, the noised counts and the receipt."""
-        from dpnode.sdk._per_sample import clipped_sum
-        from dpnode.sdk._publish import publish
-
-        members = self._members()
-        parts = []
-        for column in columns:
-            _, _, middle, half = self._scale(column)
-            value = (self.ds[column].to(torch.float64) - middle) / half
-            parts.append(value.unsqueeze(-1) * members)
-        parts.append(members)
-        # A row's contribution to every part lies in one group, each part at most 1 in
-        # size: one vector of L1 norm at most ``parts`` (Laplace) or L2 norm at most
-        # ``sqrt(parts)`` (Gaussian); a subject's rows are summed before that bound is
-        # applied (a no-op for one row per subject), so the node's sensitivity is twice it
-        order = 1 if delta is None else 2
-        bound = len(parts) ** (1 / order) * (1 + 1e-9)
-        both = clipped_sum(parts, max_norm=bound, groups=self.ds.subjects, ord=order)
-        flat = publish(both, epsilon=epsilon, delta=delta)
-        k = len(self.keys)
-        released = [flat[i * k : (i + 1) * k] for i in range(len(parts))]
-        receipt = flat.receipt
-        return dict(zip(columns, released[:-1], strict=True)), released[-1], receipt
-
-    def _statistic(
-        self, how: str, column: str, sums: dict[str, torch.Tensor], counts: torch.Tensor
-    ) -> torch.Tensor:
-        lo, hi, middle, half = self._scale(column)
-        if how == "sum":
-            return half * sums[column] + middle * counts
-        mean = middle + half * sums[column] / counts.clamp(min=1)
-        return torch.where(counts >= 1, mean, torch.full_like(counts, middle)).clamp(lo, hi)
+    def _one(self, agg: Aggregate, epsilon: float, delta: float | None) -> GroupStatistics:
+        result = self._run([agg], epsilon, delta)
+        return self._column(result, agg.name, "noised" if agg.family == "noised" else "selected")
 
     def count(self, *, epsilon: float, delta: float | None = None) -> GroupStatistics:
         """Rows per group, noised (Laplace; Gaussian with ``delta``)."""
-        _, counts, receipt = self._release([], epsilon, delta)
-        return self._result(counts, receipt)
+        return self._one(dq.count(), epsilon, delta)
 
     def sum(self, column: str, *, epsilon: float, delta: float | None = None) -> GroupStatistics:
         """The column's sum per group, noised."""
-        sums, counts, receipt = self._release([column], epsilon, delta)
-        return self._result(self._statistic("sum", column, sums, counts), receipt)
+        return self._one(dq.sum(column), epsilon, delta)
 
     def mean(self, column: str, *, epsilon: float, delta: float | None = None) -> GroupStatistics:
         """The column's mean per group: noised sum over noised count, within the bounds."""
-        sums, counts, receipt = self._release([column], epsilon, delta)
-        return self._result(self._statistic("mean", column, sums, counts), receipt)
+        return self._one(dq.mean(column), epsilon, delta)
+
+    def var(self, column: str, *, epsilon: float, delta: float | None = None) -> GroupStatistics:
+        """The column's population variance per group, within ``[0, (width / 2)^2]``."""
+        return self._one(dq.var(column), epsilon, delta)
+
+    def std(self, column: str, *, epsilon: float, delta: float | None = None) -> GroupStatistics:
+        """The column's population standard deviation per group."""
+        return self._one(dq.std(column), epsilon, delta)
 
     def quantile(self, column: str, q: Any, *, epsilon: float) -> GroupStatistics:
         """The column's ``q`` quantile per group (a number, or several: a list per group),
-        selected by permute-and-flip over the column's public range (pure epsilon).
+        selected by permute-and-flip over the column's public range (pure epsilon; several
+        quantiles share ``epsilon`` equally).
 
-        A replaced row leaves one group and enters another, so two groups' selections move
-        and each is calibrated to that; several quantiles share ``epsilon`` equally. An empty
-        group's answer is a candidate chosen uniformly from the range.
+        Raises:
+            QueryError: a ``q`` outside [0, 1].
         """
-        return self._selected(column, q, "linear", epsilon)
+        several = isinstance(q, (list, tuple))
+        qs = list(q) if several else [q]
+        try:
+            aggs = [dq.quantile(column, float(v)).alias(f"q{i}") for i, v in enumerate(qs)]
+        except (TypeError, ValueError):
+            raise QueryError(
+                f"q must be a number or a list of numbers in [0, 1], got {q!r}"
+            ) from None
+        if not aggs:
+            raise QueryError("q must be a number or a list of numbers in [0, 1], got []")
+        result = self._run(aggs, epsilon, None)
+        columns = [result.column(a.name) for a in aggs]
+        values = [list(v) for v in zip(*columns, strict=True)] if several else columns[0]
+        out = GroupStatistics(zip(self.keys, values, strict=True))
+        out.receipt = result.receipt.spends[0].receipt
+        return out
 
     def median(self, column: str, *, epsilon: float) -> GroupStatistics:
-        """The column's (lower) median per group, as :meth:`quantile` with ``q = 0.5``."""
-        return self._selected(column, 0.5, "lower", epsilon)
+        """The column's (lower) median per group, selected as :meth:`quantile`."""
+        return self._one(dq.median(column), epsilon, None)
 
-    def _selected(self, column: str, q: Any, interpolation: str, epsilon: float) -> GroupStatistics:
-        from dpnode.sdk._publish import publish
-        from dpnode.sdk._remote.dispatch import _wrap, node_of
-        from dpnode.sdk._remote.quantiles import selected_quantile
+    def min(self, column: str, *, epsilon: float) -> GroupStatistics:
+        """The column's 0 quantile per group: a noisy low value, not the exact minimum."""
+        return self._one(dq.min(column), epsilon, None)
 
-        self._scale(column)  # a numeric column with finite bounds
-        x: torch.Tensor = self.ds[column]
-        qs = torch.as_tensor(q, dtype=torch.float64)
-        if qs.ndim > 1 or not bool(((qs >= 0) & (qs <= 1)).all()):
-            raise DPNodeError(f"q must be a number or a list of numbers in [0, 1], got {q!r}")
-        if interpolation == "linear" and not x.dtype.is_floating_point:
-            x = x.to(torch.float64)
-        numbers = torch.arange(1, len(self.keys) + 1, dtype=torch.float64)
-        index = ((self._members() @ numbers) - 1).to(torch.int64)  # -1: in no group
-        node = selected_quantile(
-            node_of(x),
-            qs.to(x.dtype),
-            interpolation,
-            False,
-            index=node_of(index),
-            groups=len(self.keys),
-        )
-        meta = torch.empty((len(self.keys), *qs.shape), dtype=x.dtype, device="meta")
-        released = publish(_wrap(meta, node, getattr(x, "_source", "")), epsilon=epsilon)
-        values = released.tolist()
-        out = GroupStatistics(zip(self.keys, values, strict=True))
-        out.receipt = released.receipt
-        return out
+    def max(self, column: str, *, epsilon: float) -> GroupStatistics:
+        """The column's 1 quantile per group: a noisy high value, not the exact maximum."""
+        return self._one(dq.max(column), epsilon, None)
 
     def agg(
         self, *, epsilon: float, delta: float | None = None, **statistics: str
     ) -> dict[str, GroupStatistics]:
-        """Several statistics per group in one publish, charged once:
+        """Several noised statistics per group in one publish, charged once:
         ``agg(bmi="mean", age="sum", epsilon=1.0)``; the result also has ``"count"``.
 
-        Each column's part of the release is normalised by its bounds, so every statistic
-        and the counts carry the same share of the noise.
-
         Raises:
-            DPNodeError: a statistic other than ``"mean"`` or ``"sum"``, or none asked.
+            QueryError: a statistic other than mean, sum, var or std, or none asked.
         """
         if not statistics:
-            raise DPNodeError('agg needs at least one column="mean" or column="sum"')
+            raise QueryError('agg needs at least one column="mean" (or "sum", "var", "std")')
         for column, how in statistics.items():
-            if how not in ("mean", "sum"):
-                raise DPNodeError(
-                    f'{column}={how!r}: a statistic is "mean" or "sum" (medians and quantiles '
-                    "per group are selected, not noised: .median(column) or .quantile(column, q))"
+            if how not in _NOISED:
+                raise QueryError(
+                    f'{column}={how!r}: a statistic is "mean", "sum", "var" or "std" (medians '
+                    "and quantiles per group are selected, not noised: .median(column) or "
+                    ".quantile(column, q), or ds.query().group_by(...).agg(median(column)))"
                 )
-        sums, counts, receipt = self._release(list(statistics), epsilon, delta)
-        out = {
-            column: self._result(self._statistic(how, column, sums, counts), receipt)
-            for column, how in statistics.items()
-        }
-        out["count"] = self._result(counts, receipt)
+        aggs = [_NOISED[how](column).alias(column) for column, how in statistics.items()]
+        result = self._run([dq.count(), *aggs], epsilon, delta)
+        out = {column: self._column(result, column, "noised") for column in statistics}
+        out["count"] = self._column(result, "count", "noised")
         return out

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from dpnode.sdk._client import Client
     from dpnode.sdk._groupby import Grouped
     from dpnode.sdk._remote import RemoteTensor
+    from dpnode.sdk.query import Query, QueryResult
 
 
 @dataclass(frozen=True)
@@ -156,12 +157,14 @@ class DatasetHandle:
 
         return dataset_tensors(self, columns, stack)
 
-    def groupby(self, column: str, categories: Any = None) -> Grouped:
-        """Statistics per group of a public key, each released in one publish:
-        ``ds.groupby("sex").mean("bmi", epsilon=1.0)`` (also ``count`` and ``sum``).
+    def groupby(self, column: str | list[str], categories: Any = None) -> Grouped:
+        """Statistics per group of one or more public keys, each released in one publish:
+        ``ds.groupby("sex").mean("bmi", epsilon=1.0)``, ``ds.groupby(["education", "sex"])``
+        (also ``count``, ``sum``, ``var``, ``std``, ``median``, ``quantile``, ``min``,
+        ``max``, ``agg``). A face on :meth:`query`, which does more.
 
         The groups are a categorical column's categories, the integers of an integer
-        column's bounds, or ``categories``. See ``dpnode/sdk/_groupby.py``.
+        column's bounds, or ``categories`` (one key column). See ``dpnode/sdk/_groupby.py``.
 
         Raises:
             KeyError: no such column.
@@ -170,6 +173,27 @@ class DatasetHandle:
         from dpnode.sdk._groupby import Grouped
 
         return Grouped(self, column, categories)
+
+    def query(self) -> Query:
+        """A query on this dataset's rows: ``ds.query().filter(col("age") > 30)
+        .group_by("sex").agg(count(), mean("bmi")).publish(epsilon=1.0)``.
+
+        See ``dpnode.sdk.query`` and docs/statistics.md.
+        """
+        from dpnode.sdk.query import Query
+
+        return Query(self)
+
+    def describe(self, *, epsilon: float, delta: float | None = None) -> QueryResult:
+        """count, mean, std, min, 25%, 50%, 75% and max of every numeric column with finite
+        bounds, like pandas' ``describe``, in two publishes (one noised, one selected).
+
+        Raises:
+            QueryError: no numeric column with finite bounds, or a bad epsilon.
+        """
+        from dpnode.sdk.query.describe import describe
+
+        return describe(self, epsilon=epsilon, delta=delta)
 
     def download(self) -> dict[str, npt.NDArray[Any]]:
         """Real values — only for the dataset's owner and admins.

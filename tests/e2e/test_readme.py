@@ -57,6 +57,9 @@ def test_readme_walkthrough_runs(demo_server: Server, tmp_path: Path) -> None:
     assert re.search(r"patients per 20 years \[[-\d, ]+\] 2\.0000", printed), printed
     bmi = re.search(r"bmi by sex \{1\.0: (\S+), 2\.0: (\S+)\}", printed)
     assert bmi is not None and all(18 < float(m) < 35 for m in bmi.groups()), printed
+    # the query builder: a row per sex, each statistic beside its noise scale, and the split
+    assert re.search(r"sex\s+count\s+count_scale\s+bmi_mean\s+bmi_mean_scale", printed), printed
+    assert "epsilon 0.5 split across 2 publish(es)" in printed, printed
     # the ledger: the CNN's 40 steps on one line, and the lines add up to the budget
     assert re.search(r"run \d+: 40 steps, epsilon used \S+, delta used", printed), printed
     assert "adds up: True" in printed

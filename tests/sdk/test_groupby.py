@@ -117,7 +117,7 @@ def test_several_statistics_in_one_publish(
         assert out["count"][g] == pytest.approx(rows.sum(), abs=35.0)
     # three parts of norm at most 1 per row: sqrt(3), twice
     assert out["bmi"].receipt.sensitivity_l2 == pytest.approx(2 * math.sqrt(3), rel=1e-6)
-    with pytest.raises(sdk.DPNodeError, match='a statistic is "mean" or "sum"'):
+    with pytest.raises(sdk.DPNodeError, match='a statistic is "mean", "sum", "var" or "std"'):
         handle.groupby("sex").agg(bmi="median", epsilon=1.0)
     with pytest.raises(sdk.DPNodeError, match="at least one"):
         handle.groupby("sex").agg(epsilon=1.0)

@@ -1,0 +1,321 @@
+"""``ds.query()``: an immutable query builder, compiled to remote tensors and published.
+
+>>> from dpnode.sdk.query import col, count, mean
+>>> q = ds.query().filter(col("age") > 30).group_by("sex")  # doctest: +SKIP
+>>> q.agg(count(), mean("income")).publish(epsilon=1.0)  # doctest: +SKIP
+
+Each method returns a new query. ``plan()`` says, without any request, which publishes a
+query makes and how its epsilon is split among them; ``sensitivity()`` asks the node what
+each would cost (free). See ``docs/statistics.md``.
+
+The split: each publish gets epsilon (and delta, for the Gaussian ones) in proportion to how
+many values it releases per group: the noised publish one per part of its per-row vector
+(the count, a sum per column, a square per spread), the others one per aggregate. Every
+statistic then gets about the same share, which is what a fixed split can promise without
+looking at the data (the errors' sizes depend on the data: a quantile's on the density
+around it, a mean's on its group's size).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from dpnode.sdk.query.aggregates import Aggregate
+from dpnode.sdk.query.compile import COUNT, Compiled, Release, Values, compile_query
+from dpnode.sdk.query.errors import InvalidBudgetError, QueryError
+from dpnode.sdk.query.expressions import Predicate
+from dpnode.sdk.query.keys import Key, labels, resolve_keys
+from dpnode.sdk.query.result import QueryReceipt, QueryResult, Spend
+
+if TYPE_CHECKING:
+    from dpnode.sdk._handles import DatasetHandle
+    from dpnode.sdk._publish import Sensitivity
+
+__all__ = ["Query", "split_budget"]
+
+
+def _check_budget(epsilon: Any, delta: Any) -> tuple[float, float | None]:
+    try:
+        eps = float(epsilon)
+    except (TypeError, ValueError):
+        eps = math.nan
+    if not (math.isfinite(eps) and eps > 0):
+        raise InvalidBudgetError(
+            f"epsilon must be a finite number > 0, got {epsilon!r}: e.g. publish(epsilon=1.0)"
+        )
+    if delta is None:
+        return eps, None
+    try:
+        d = float(delta)
+    except (TypeError, ValueError):
+        d = math.nan
+    if not (math.isfinite(d) and 0 < d < 1):
+        raise InvalidBudgetError(
+            f"delta must be a number in (0, 1), or None for pure epsilon (Laplace), got {delta!r}"
+        )
+    return eps, d
+
+
+def split_budget(total: float, weights: Sequence[float]) -> list[float]:
+    """``total`` split in proportion to ``weights``, the shares summing to at most ``total``.
+
+    >>> split_budget(1.0, [3, 1])
+    [0.75, 0.25]
+    >>> math.fsum(split_budget(0.1, [1, 1, 1])) <= 0.1
+    True
+    """
+    whole = math.fsum(weights)
+    shares = [total * w / whole for w in weights]
+    while math.fsum(shares) > total:  # rounded up somewhere: take the excess off the largest
+        i = int(np.argmax(shares))
+        shares[i] = math.nextafter(shares[i], 0.0)
+    return shares
+
+
+@dataclass(frozen=True, eq=False)
+class Query:
+    """A query on one dataset: a filter, group keys, aggregates, a top-k; see the module
+    docstring. Build it with ``ds.query()``."""
+
+    ds: DatasetHandle
+    where: Predicate | None = None
+    by: tuple[str, ...] = ()
+    declared: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    aggregates: tuple[Aggregate, ...] = ()
+    top: int | None = None
+    top_counts: bool = True
+
+    # -- building -----------------------------------------------------------------------
+
+    def filter(self, predicate: Predicate) -> Query:
+        """Only the rows where ``predicate`` holds (``col("age") > 30``); several filters
+        combine with ``&``."""
+        if not isinstance(predicate, Predicate):
+            raise QueryError(f"filter takes a predicate such as col('age') > 30, got {predicate!r}")
+        where = predicate if self.where is None else self.where & predicate
+        return replace(self, where=where)
+
+    def group_by(
+        self, *columns: str | Sequence[str], keys: Mapping[str, Sequence[Any]] | None = None
+    ) -> Query:
+        """One row per combination of the columns' public keys: ``group_by("education",
+        "sex")`` (or a list). ``keys={"age": [30, 40]}`` declares a column's keys (rows
+        with another value are in no group)."""
+        names: list[str] = []
+        for c in columns:
+            names.extend([c] if isinstance(c, str) else list(c))
+        if not names:
+            raise QueryError("group_by needs at least one column")
+        for name in names:
+            if not isinstance(name, str):
+                raise QueryError(f"group_by takes column names, got {name!r}")
+        declared = tuple((k, tuple(v)) for k, v in (keys or {}).items())
+        return replace(self, by=self.by + tuple(names), declared=self.declared + declared)
+
+    def agg(self, *aggregates: Aggregate) -> Query:
+        """The statistics to release: ``agg(count(), mean("income"), median("age"))``."""
+        for a in aggregates:
+            if not isinstance(a, Aggregate):
+                raise QueryError(
+                    f"agg takes aggregates such as count() or mean('income'), got {a!r}"
+                )
+        return replace(self, aggregates=self.aggregates + tuple(aggregates))
+
+    def top_k(self, k: int, *, counts: bool = True) -> Query:
+        """Only the ``k`` groups with the most rows, by their noised counts (released with
+        the query's other noised values; ranking them is post-processing). ``counts``: keep
+        those counts in the result."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise QueryError(f"top_k takes a number of groups >= 1, got {k!r}")
+        return replace(self, top=k, top_counts=counts)
+
+    def groups(self) -> list[tuple[Any, ...]]:
+        """Each group's keys (one tuple per group, in the result's order; ``[()]`` without
+        ``group_by``): public, no request.
+
+        Raises:
+            QueryError: a group key without public keys, or too many groups.
+        """
+        keys = self._keys()
+        return labels(keys) if keys else [()]
+
+    # -- checking -------------------------------------------------------------------------
+
+    def _keys(self) -> tuple[Key, ...]:
+        if self.top is not None and not self.by:
+            raise QueryError("top_k ranks groups: group_by(...) first, then top_k(k)")
+        return resolve_keys(self.ds, self.by, dict(self.declared)) if self.by else ()
+
+    def _checked(self) -> tuple[Key, ...]:
+        keys = self._keys()
+        if not self.aggregates and self.top is None:
+            raise QueryError("nothing to release: add aggregates with .agg(count(), ...)")
+        names = [a.name for a in self.aggregates] + list(self.by)
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise QueryError(f"two outputs are named {twice}: tell them apart with .alias(name)")
+        for a in self.aggregates:
+            a.check(self.ds)
+        if self.where is not None:
+            self.where.mask(self.ds)  # its columns and constants, checked as it records
+        return keys
+
+    def _compile(self, delta: float | None) -> tuple[tuple[Key, ...], Compiled]:
+        keys = self._checked()
+        return keys, compile_query(self, keys, delta, _charged)
+
+    # -- releasing ------------------------------------------------------------------------
+
+    def plan(self, *, epsilon: float | None = None, delta: float | None = None) -> str:
+        """What publishing would do, without any request: the publishes, what each
+        releases, the path it takes, and its share of ``epsilon`` if given.
+
+        Raises:
+            QueryError: the query would be refused (nothing charged, nothing sent).
+        """
+        _, compiled = self._compile(delta)
+        lines = [f"query on {self.ds.name!r}: {compiled.cells} group(s)"]
+        if compiled.exact:
+            lines.append(f"  exact (public): {', '.join(_shown(compiled.exact))}")
+        weights = [r.weight for r in compiled.releases]
+        shares = split_budget(epsilon, weights) if epsilon is not None and weights else None
+        for i, r in enumerate(compiled.releases):
+            share = "" if shares is None else f", epsilon {shares[i]:.6g}"
+            lines.append(
+                f"  publish {i + 1}: {r.role} via {r.path} ({', '.join(_shown(r.outputs))}), "
+                f"weight {r.weight}{share}"
+            )
+        return "\n".join(lines)
+
+    def sensitivity(self, *, delta: float | None = None) -> dict[str, Sensitivity]:
+        """What the node charges for each noised publish of the query, by role
+        (``"noised"``, ``"distinct"``): free. A selected publish's rank sensitivity is on
+        its receipt (the node answers this question for noised releases only).
+
+        Raises:
+            QueryError: the query would be refused.
+        """
+        from dpnode.sdk._publish import sensitivity
+
+        _, compiled = self._compile(delta)
+        return {r.role: sensitivity(r.tensors) for r in compiled.releases if r.role != "selected"}
+
+    def publish(self, *, epsilon: float, delta: float | None = None) -> QueryResult:
+        """Release the query: at most one publish per family, ``epsilon`` (and ``delta``)
+        split among them (see the module docstring); returns the table.
+
+        Raises:
+            QueryError (and its subclasses): refused before any request, nothing charged.
+            BudgetExceededError, GraphError: as for ``sdk.publish``.
+        """
+        from dpnode.sdk._publish import publish
+
+        eps, dlt = _check_budget(epsilon, delta)
+        keys, compiled = self._compile(dlt)
+        releases = compiled.releases
+        eps_shares = split_budget(eps, [r.weight for r in releases]) if releases else []
+        gaussian = [r for r in releases if r.gaussian]
+        delta_shares = (
+            dict(
+                zip(map(id, gaussian), split_budget(dlt, [r.weight for r in gaussian]), strict=True)
+            )
+            if dlt is not None and gaussian
+            else {}
+        )
+        if len(releases) > 1:
+            self._fits(eps, releases)
+        values: Values = dict(compiled.exact)
+        spends = []
+        for release, share in zip(releases, eps_shares, strict=True):
+            d = delta_shares.get(id(release))
+            out = publish(release.tensors, epsilon=share, delta=d)
+            receipt = out[0].receipt
+            values.update(release.read(out, receipt, share))
+            spends.append(Spend(release.role, _shown(release.outputs), share, d, receipt))
+        receipt = QueryReceipt(tuple(spends), eps, dlt)
+        return self._table(keys, compiled.cells, values, receipt)
+
+    def _fits(self, epsilon: float, releases: Sequence[Release]) -> None:
+        """Refuse, before the first of several publishes, a query whose pure epsilon
+        exceeds what is left of the budget: else the first would be charged and the last
+        refused. (A Gaussian publish may take less than it asks, so it is not counted.)"""
+        from dpnode.sdk._exceptions import BudgetExceededError
+        from dpnode.sdk._remote import active_session
+
+        if active_session() is not None:
+            return
+        pure = math.fsum(
+            s
+            for s, r in zip(
+                split_budget(epsilon, [r.weight for r in releases]), releases, strict=True
+            )
+            if not r.gaussian
+        )
+        remaining = self.ds._client.budget().remaining_epsilon
+        if pure > remaining:
+            raise BudgetExceededError(
+                f"this query's {len(releases)} publishes cost epsilon {epsilon:g} together, and "
+                f"{remaining:g} of your budget remains: nothing was published or charged; ask "
+                "for less epsilon, fewer statistics, or more budget (client.request_budget)"
+            )
+
+    def _table(
+        self, keys: Sequence[Key], cells: int, values: Values, receipt: QueryReceipt
+    ) -> QueryResult:
+        names = [a.name for a in self.aggregates]
+        order = list(range(cells))
+        if self.top is not None:
+            counts = values[COUNT][0]
+            # most rows first; ties in the cells' order (stable)
+            order = sorted(order, key=lambda i: -float(counts[i]))[: self.top]
+            if self.top_counts and "count" not in names:
+                values["count"] = values[COUNT]
+                names = ["count", *names]
+        columns = list(self.by)
+        for n in names:
+            columns += [n, f"{n}_scale"]
+        cell_keys = labels(keys) if keys else [()]
+        rows = []
+        for i in order:
+            row: list[Any] = list(cell_keys[i])
+            for n in names:
+                v, s = values[n]
+                row += [_python(v[i]), float(s[i])]
+            rows.append(tuple(row))
+        return QueryResult(columns, rows, receipt)
+
+
+def _python(value: Any) -> Any:
+    return float(value)
+
+
+def _shown(names: Sequence[str] | Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple("count (for top_k)" if n == COUNT else n for n in names)
+
+
+def _charged(tensors: list[torch.Tensor], delta: float | None) -> float:
+    """What the node charges for publishing ``tensors`` together, in the mechanism's norm:
+    asked of the node (free), or of the same tracker on the mock data in mock mode."""
+    from dpnode.sdk._remote import active_session
+
+    norm = "l1" if delta is None else "l2"
+    session = active_session()
+    if session is None:
+        from dpnode.sdk._publish import sensitivity_body
+
+        return float(sensitivity_body(tensors)[norm])  # type: ignore[arg-type]
+    from dpnode.core.engine import plan
+    from dpnode.core.privacy.release import plan_release
+    from dpnode.sdk._mock_publish import _inputs
+    from dpnode.sdk._remote import graph_for
+
+    graph = graph_for(tensors)  # type: ignore[arg-type]
+    specs, _ = _inputs(session, graph.input_names())
+    report = plan_release(plan(graph, accurate=True), specs, epsilon=1.0, delta=delta).report
+    return float(report.l1 if delta is None else report.l2)
