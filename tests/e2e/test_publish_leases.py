@@ -19,9 +19,7 @@ from sqlalchemy import create_engine, select
 
 from dpnode import sdk
 from dpnode.core.engine import GraphBuilder, encode
-from dpnode.node.cli import main as cli_main
 from dpnode.node.db.models import LedgerEntry, PublishKey
-from dpnode.node.settings import get_settings
 from tests.conftest import PASSWORD
 from tests.e2e.conftest import Server
 from tests.e2e.test_load_server import _post_publish
@@ -43,14 +41,12 @@ def node(tmp_path: Path, database_url: str) -> Iterator[Server]:
     server.stop()
 
 
-def _slow_publish(
-    node: Server, monkeypatch: pytest.MonkeyPatch, sines: int = 40
-) -> tuple[sdk.Client, bytes, bytes]:
+def _slow_publish(node: Server, sines: int = 40) -> tuple[sdk.Client, bytes, bytes]:
     """A data scientist, a publish that takes the node a few seconds (2M rows through a chain
     of ``sines`` sines: the time depends on the row count alone, the engine's sine taking the
     same steps for every value, about 50 ms for 2M on an idle two-core machine), and a quick
     publish (the sum of the rows) on the same dataset."""
-    owner, scientist = _users(node, monkeypatch)
+    owner, scientist = _users(node)
     column = np.random.default_rng(0).uniform(0, 1, ROWS)
     ds = owner.upload_dataset("slow", {"x": column}, bounds={"x": (0, 1)})
     b = GraphBuilder()
@@ -62,19 +58,11 @@ def _slow_publish(
     return scientist, encode(b.build([b.op("sum", y)])), encode(quick.build([total]))
 
 
-def _users(node: Server, monkeypatch: pytest.MonkeyPatch) -> tuple[sdk.Client, sdk.Client]:
-    """A data owner and a data scientist, added with ``dpnode user add`` run in this process
-    (as tests/node/test_cli.py runs it: a process each would start two more Pythons)."""
-    for name, value in node.env.items():
-        if name.startswith("DPNODE_"):
-            monkeypatch.setenv(name, value)
-    get_settings.cache_clear()
-    try:
-        for email, role in (("o@example.org", "data_owner"), ("s@example.org", "data_scientist")):
-            argv = ["user", "add", "--email", email, "--role", role, "--password", PASSWORD]
-            assert cli_main(argv) == 0
-    finally:
-        get_settings.cache_clear()
+def _users(node: Server) -> tuple[sdk.Client, sdk.Client]:
+    """A data owner and a data scientist, logged in."""
+    node.add_users(
+        ("o@example.org", "data_owner", PASSWORD), ("s@example.org", "data_scientist", PASSWORD)
+    )
     owner = sdk.login(node.url, email="o@example.org", password=PASSWORD)
     return owner, sdk.login(node.url, email="s@example.org", password=PASSWORD)
 
@@ -112,10 +100,10 @@ def _charged(database_url: str, key: str) -> list[int]:
 
 
 def test_a_publish_killed_with_its_process_is_lost_once_its_lease_lapses(
-    node: Server, database_url: str, monkeypatch: pytest.MonkeyPatch
+    node: Server, database_url: str
 ) -> None:
     # a quarter of the chain: killed as soon as it is seen running, it only has to outlast that
-    client, frame, quick = _slow_publish(node, monkeypatch, sines=10)
+    client, frame, quick = _slow_publish(node, sines=10)
     token, key = client.token or "", uuid.uuid4().hex
     sent = threading.Thread(
         target=lambda: _ignore_transport(_post_publish, node.url, token, frame, key, 0.5)
@@ -148,9 +136,9 @@ def test_a_publish_killed_with_its_process_is_lost_once_its_lease_lapses(
 
 
 def test_a_publish_longer_than_its_lease_stays_running_and_is_answered(
-    node: Server, database_url: str, monkeypatch: pytest.MonkeyPatch
+    node: Server, database_url: str
 ) -> None:
-    client, frame, _ = _slow_publish(node, monkeypatch)
+    client, frame, _ = _slow_publish(node)
     token, key = client.token or "", uuid.uuid4().hex
     answer: list[httpx.Response] = []
     sent = threading.Thread(
