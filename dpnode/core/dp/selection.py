@@ -2,10 +2,11 @@
 
 A quantile of private values cannot be released with additive noise (one value can move
 a median across the whole range): it is *selected*. The candidates are a data-independent
-grid over the values' public range ``[lo, hi]`` (:func:`candidates`): every integer in it
-for integral values when there are at most :data:`CANDIDATES`, else :data:`CANDIDATES`
-points from ``lo`` to ``hi``. Candidate ``c`` scores, for the quantile ``alpha`` (OpenDP's
-score, which handles ties)::
+grid over the values' public range ``[lo, hi]`` (:func:`candidates`): the values the data
+can take when the tracker knows a public finite set of them (an integer column's values,
+also after a cast to a float dtype), else every integer in it for integral values when
+there are at most :data:`CANDIDATES`, else :data:`CANDIDATES` points from ``lo`` to ``hi``.
+Candidate ``c`` scores, for the quantile ``alpha`` (OpenDP's score, which handles ties)::
 
     u(c) = -|(1 - alpha) #{x < c} - alpha #{x > c}|
 
@@ -85,18 +86,29 @@ WEIGHT_ERROR = 2.0**-45
 _SMALL_EXPONENT = 40.0
 
 
-def candidates(lo: float, hi: float, integral: bool) -> npt.NDArray[np.float64]:
-    """The public candidates for a quantile of values in ``[lo, hi]``: sorted, from
-    ``lo`` to ``hi``; the integers in it for integral values when there are few enough.
+def candidates(
+    lo: float, hi: float, integral: bool, values: npt.NDArray[np.float64] | None = None
+) -> npt.NDArray[np.float64]:
+    """The public candidates for a quantile of values in ``[lo, hi]``, sorted: the public
+    ``values`` the data can take (in the range) when they are known and few enough; else
+    the integers in the range for integral values when there are few enough; else
+    :data:`CANDIDATES` points from ``lo`` to ``hi``.
 
     >>> candidates(0.0, 4.0, True).tolist()
     [0.0, 1.0, 2.0, 3.0, 4.0]
+    >>> candidates(0.0, 4.0, False, np.array([0.5, 2.0, 0.5, 9.0])).tolist()
+    [0.5, 2.0]
     >>> c = candidates(0.0, 1.0, False)
     >>> len(c), float(c[0]), float(c[-1]), bool(np.all(np.diff(c) > 0))
     (4097, 0.0, 1.0, True)
     """
     if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
         raise InvalidRequestError(f"a quantile needs a finite public range, got [{lo}, {hi}]")
+    if values is not None:
+        known = np.unique(np.asarray(values, dtype=np.float64))
+        known = known[(known >= lo) & (known <= hi)]
+        if 0 < known.size <= CANDIDATES:
+            return known
     if integral:
         a, b = math.ceil(lo), math.floor(hi)
         if a > b:  # no integer in the range: its ends are the only sensible answers
@@ -265,13 +277,39 @@ def select_quantiles(
         weights = np.exp(-factor * gaps)  # the best is exp(0) = 1 exactly
     thresholds = np.floor(np.ldexp(weights, _COIN_BITS)).astype(np.int64)  # the best: 2^62
     m = grid.size
-    # a uniformly random order per group: 128 random bits per candidate, sorted
+    # a uniformly random order per group: 128 random bits per candidate (the order sorts
+    # them, ties in the grid's order)
     high, low = words(count * m).reshape(count, m), words(count * m).reshape(count, m)
-    order = np.lexsort((low, high), axis=1)
     coins = (words(count * m) >> np.uint64(64 - _COIN_BITS)).astype(np.int64).reshape(count, m)
     accepted = coins < thresholds
-    rows = np.arange(count)[:, None]
-    # the first accepted in the order (the best is always accepted: there is one)
-    first = np.argmax(accepted[rows, order], axis=1)
-    chosen = order[np.arange(count), first]
-    return np.asarray(grid[chosen], dtype=np.float64)
+    return np.asarray(grid[first_in_order(high, low, accepted)], dtype=np.float64)
+
+
+def first_in_order(
+    high: npt.NDArray[np.uint64], low: npt.NDArray[np.uint64], accepted: npt.NDArray[np.bool_]
+) -> npt.NDArray[np.intp]:
+    """Per row, the index of the accepted candidate that comes first in the order that sorts
+    the keys ``(high, low)``, ties in index order: the smallest accepted key. Every row must
+    have an accepted candidate.
+
+    The same answer as sorting the keys (``np.lexsort``) and taking the first accepted in
+    that order, in linear time and with the same steps whatever is accepted: rejected
+    candidates are set aside by arithmetic (an OR with all ones), not a branch.
+
+    >>> high = np.array([[5, 1, 1, 0]], dtype=np.uint64)
+    >>> low = np.array([[0, 9, 3, 0]], dtype=np.uint64)
+    >>> first_in_order(high, low, np.array([[True, True, True, False]])).tolist()
+    [2]
+    """
+    # a rejected candidate's high word is made the largest (an accepted one may be too)
+    masked_high = high | _all_ones(~accepted)
+    least = (masked_high == masked_high.min(axis=1, keepdims=True)) & accepted
+    masked_low = low | _all_ones(~least)
+    best = least & (masked_low == masked_low.min(axis=1, keepdims=True))
+    first: npt.NDArray[np.intp] = np.argmax(best, axis=1)  # the first of them: grid order
+    return first
+
+
+def _all_ones(mask: npt.NDArray[np.bool_]) -> npt.NDArray[np.uint64]:
+    """Every bit set where ``mask`` holds, else 0: an OR with it makes a key the largest."""
+    return np.uint64(0) - mask.astype(np.uint64)
