@@ -25,13 +25,16 @@ demo: $(VENV)/.installed-demo
 	$(VENV)/bin/dpnode serve --demo --host $(HOST) --port $(PORT)
 
 ## Install, then check lint, types and migrations, and run the whole suite
-## (SQLite, and a real PostgreSQL server that the tests start themselves).
+## (SQLite, and a real PostgreSQL server that the tests start themselves) on every core:
+## one pytest-xdist worker a core, each test on its own but a module's tests kept together
+## when they share a module-scoped fixture (conftest.py). WORKERS=0 runs it in one process.
+WORKERS ?= auto
 test: install
 	scripts/ensure-postgres
 	scripts/ensure-chromium
 	scripts/ensure-s3rver
 	PY=$(PY) scripts/check
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(WORKERS) --dist loadgroup
 
 ## Lint, format check, types and migration drift (what reviewers expect before a merge).
 check: install

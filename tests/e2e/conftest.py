@@ -8,10 +8,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import httpx
 import pytest
 
+from dpnode.node.cli import main as cli_main
+from dpnode.node.settings import get_settings
 from tests.postgres import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,6 +83,23 @@ class Server:
         )
         assert done.returncode == 0, done.stderr
         return done.stdout
+
+    def add_users(self, *users: tuple[str, str, str]) -> None:
+        """``dpnode user add`` for each (email, role, password), against this node's database
+        and data folder like ``cli``, but run in this process: a new Python imports the whole
+        node first, seconds a call on a loaded machine, and these users are only a test's setup
+        (tests/node/test_cli.py tests the command)."""
+        node_settings = {
+            name: value for name, value in self.env.items() if name.startswith("DPNODE_")
+        }
+        with mock.patch.dict(os.environ, node_settings):
+            get_settings.cache_clear()
+            try:
+                for email, role, password in users:
+                    argv = ["user", "add", "--email", email, "--role", role, "--password", password]
+                    assert cli_main(argv) == 0, f"dpnode {' '.join(argv)} failed"
+            finally:
+                get_settings.cache_clear()
 
 
 @pytest.fixture

@@ -42,10 +42,10 @@ def test_an_sdk_publish_on_the_cluster_then_the_cluster_gone(
         }
         node.start()
         try:
-            node.cli("user", "add", "--email", "o@example.org", "--role", "data_owner",
-                 "--password", "owner password")  # fmt: skip
-            node.cli("user", "add", "--email", "s@example.org", "--role", "data_scientist",
-                 "--password", "scientist password")  # fmt: skip
+            node.add_users(
+                ("o@example.org", "data_owner", "owner password"),
+                ("s@example.org", "data_scientist", "scientist password"),
+            )
             owner = sdk.login(node.url, email="o@example.org", password="owner password")
             x = np.random.default_rng(2).uniform(0, 1, ROWS)
             owner.upload_dataset("big", {"x": x}, bounds={"x": (0, 1)}, tags=["cluster"])

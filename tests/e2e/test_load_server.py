@@ -25,12 +25,14 @@ API = "/api/v1"
 postgres_only = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 
 
-def _post_publish(url: str, token: str, frame: bytes, key: str, epsilon: float) -> httpx.Response:
+def _post_publish(
+    url: str, token: str, frame: bytes, key: str, epsilon: float, timeout: float = 60
+) -> httpx.Response:
     return httpx.post(
         url + API + "/publish",
         params={"epsilon": epsilon},
         content=frame,
-        timeout=60,
+        timeout=timeout,
         headers={"Authorization": f"Bearer {token}", "Idempotency-Key": key},
     )
 

@@ -48,9 +48,13 @@ def _login(server: Server, email: str) -> sdk.Client:
 
 @pytest.fixture
 def clinic(server: Server, tmp_path: Path) -> Server:
-    for email, role in ((ADMIN, "admin"), (OWNER, "data_owner"), (ANN, "data_scientist")):
-        server.cli("user", "add", "--email", email, "--role", role, "--password", PASSWORD)
-    server.cli("user", "add", "--email", BOB, "--role", "data_scientist", "--password", PASSWORD)
+    roles = (
+        (ADMIN, "admin"),
+        (OWNER, "data_owner"),
+        (ANN, "data_scientist"),
+        (BOB, "data_scientist"),
+    )
+    server.add_users(*((email, role, PASSWORD) for email, role in roles))
     rng = np.random.default_rng(7)
     _login(server, OWNER).upload_dataset(
         "visits", {"age": rng.integers(18, 90, 400)}, bounds={"age": (0, 120)}, tags=["health"]

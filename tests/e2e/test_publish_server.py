@@ -16,11 +16,8 @@ from tests.e2e.conftest import Server
 
 def _setup(server: Server) -> tuple[sdk.Client, bytes]:
     owner_pw, ds_pw = "owner password", "scientist password"
-    server.cli(
-        "user", "add", "--email", "o@example.org", "--role", "data_owner", "--password", owner_pw
-    )
-    server.cli(
-        "user", "add", "--email", "s@example.org", "--role", "data_scientist", "--password", ds_pw
+    server.add_users(
+        ("o@example.org", "data_owner", owner_pw), ("s@example.org", "data_scientist", ds_pw)
     )
     owner = sdk.login(server.url, email="o@example.org", password=owner_pw)
     rng = np.random.default_rng(0)

@@ -5,13 +5,12 @@ For each OpInfo entry that a prim stands for, each sample input (up to
 translated by ``decomp.RECIPES``, through the engine from NumPy inputs. Shapes
 and dtypes must match exactly and values within torch's default tolerances.
 When torch raises on a sample, the engine must refuse it too. Counts per op
-and dtype are printed at the end of the session (see ``conftest.py``) and
+and dtype are printed at the end of the session (see ``tallies.py``) and
 known exceptions are listed in ``KNOWN`` and in docs/prims.md.
 """
 
 from __future__ import annotations
 
-import collections
 import itertools
 import warnings
 from collections.abc import Callable
@@ -33,13 +32,13 @@ from tests.engine.decomp import (
     to_numpy,
     to_torch,
 )
+from tests.engine.tallies import COUNTS, DTYPES
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from torch.testing._internal.common_methods_invocations import op_db
 
 MAX_SAMPLES = 12
-DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "uint8", "bool")
 
 #: op -> (predicate on (sample, dtype name), reason): samples that differ from
 #: torch on purpose or by a known limitation. Each is listed in docs/prims.md.
@@ -67,10 +66,6 @@ KNOWN: dict[str, tuple[Callable[[Any, str], bool], str]] = {
     },
 }
 
-#: counts[(op, dtype)][outcome]; outcome in pass / fail / skip / known
-COUNTS: dict[tuple[str, str], collections.Counter[str]] = collections.defaultdict(
-    collections.Counter
-)
 FAILURES: list[str] = []
 
 OPS = {(o.name + ("." + o.variant_test_name if o.variant_test_name else "")): o for o in op_db}
@@ -203,45 +198,3 @@ def test_opinfo_conformance(name: str) -> None:
             COUNTS[key]["skip" if outcome.startswith("skip") else "pass"] += 1
     FAILURES.extend(failures)
     assert not failures, "\n".join(failures[:10])
-
-
-def _cell(c: collections.Counter[str] | None) -> str:
-    """One op x dtype cell: passes, then F(ail)/K(nown)/S(kip) counts if any; '-' if untested."""
-    if not c:
-        return "-"
-    extra = "".join(f" {k[0].upper()}{c[k]}" for k in ("fail", "known", "skip") if c[k])
-    return f"{c['pass']}{extra}"
-
-
-def summary_table() -> str:
-    """Markdown tables: samples per op and dtype (with totals), then per dtype."""
-    per_op: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    per_dtype: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    for (op, d), c in COUNTS.items():
-        per_op[op].update(c)
-        per_dtype[d].update(c)
-    short = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16"}
-    head = " | ".join(short.get(d, d) for d in DTYPES)
-    lines = [
-        f"| op | {head} | pass | fail | known | skip |",
-        "|---" * (len(DTYPES) + 5) + "|",
-    ]
-    for op in sorted(per_op):
-        c = per_op[op]
-        cells = " | ".join(_cell(COUNTS.get((op, d))) for d in DTYPES)
-        lines.append(f"| {op} | {cells} | {c['pass']} | {c['fail']} | {c['known']} | {c['skip']} |")
-    tot: collections.Counter[str] = collections.Counter()
-    for c in per_op.values():
-        tot.update(c)
-    blanks = " |" * len(DTYPES)
-    lines.append(
-        f"| **total** ({len(per_op)} ops) |{blanks} {tot['pass']} | {tot['fail']} "
-        f"| {tot['known']} | {tot['skip']} |"
-    )
-    lines.append("")
-    lines.append("| dtype | pass | fail | known | skip |")
-    lines.append("|---|---|---|---|---|")
-    for d in DTYPES:
-        c = per_dtype.get(d, collections.Counter())
-        lines.append(f"| {d} | {c['pass']} | {c['fail']} | {c['known']} | {c['skip']} |")
-    return "\n".join(lines)

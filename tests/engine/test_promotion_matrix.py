@@ -10,7 +10,6 @@ A summary of the counts is asserted and printed.
 
 from __future__ import annotations
 
-import collections
 import itertools
 import operator
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from dpnode.core.engine import GraphBuilder, evaluate, infer
 from dpnode.core.engine.prims.elementwise import BINARY_PRIMS
 from dpnode.core.errors import DPNodeError
 from tests.engine.decomp import NAME_TO_TORCH, TORCH_TO_NAME, to_numpy
+from tests.engine.tallies import RESULTS
 
 DTYPE_NAMES = list(NAME_TO_TORCH)
 SCALARS: dict[str, bool | int | float] = {"bool": True, "int": 3, "float": 1.5}
@@ -75,8 +75,6 @@ TORCH_FN: dict[str, tuple[Callable[..., Any], Callable[..., Any] | None]] = {
         )
     },
 }
-
-RESULTS: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
 
 
 def _operand(kind: str, d: str) -> Any:
@@ -168,18 +166,6 @@ def test_promotion_matrix(prim: str) -> None:
 def test_cell_count() -> None:
     # 8 operand-kind pairs: 4 tensor/0-dim pairs of 10x10 dtypes, 4 with a scalar of 10x3
     assert len(CELLS) == 4 * 100 + 4 * 30
-
-
-def matrix_summary() -> str:
-    """One line per prim: matching cells, cells both refuse, cells torch cannot express."""
-    lines = []
-    for prim in sorted(RESULTS):
-        c = RESULTS[prim]
-        lines.append(
-            f"{prim}: {c['match']} match, {c['both refuse']} both refuse, "
-            f"{c['mismatch']} mismatch, {c['not expressible']} not expressible in torch"
-        )
-    return "\n".join(lines)
 
 
 def _engine_any(prim: str, operands: list[tuple[str, Any]]) -> str | None:

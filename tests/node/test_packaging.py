@@ -26,6 +26,8 @@ LOCAL_STATE = (
     "dpnode-data",
     "__pycache__",
     ".*_cache",
+    ".cache",  # s3rver's node_modules (scripts/ensure-s3rver): thousands of files
+    ".hypothesis",  # written by hypothesis tests that another pytest-xdist worker may be running
 )
 
 
