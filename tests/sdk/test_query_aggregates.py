@@ -135,11 +135,11 @@ def test_quantiles_per_group_and_under_a_filter(
         .agg(median("age"), quantile("income", 0.9), min("hours"), max("hours"), mean("age"))
         .publish(epsilon=8.0)
     )
-    noised, selected = result.receipt.spends
-    assert (noised.role, selected.role) == ("noised", "selected")
+    selected, noised = result.receipt.spends  # the selection first: see compile.py
+    assert (selected.role, noised.role) == ("selected", "noised")
     assert selected.receipt.mechanism == "exponential"
     # weights: one part (age's sum; the count is in it) against four quantiles
-    assert [s.epsilon for s in result.receipt.spends] == pytest.approx([8.0 * 2 / 6, 8.0 * 4 / 6])
+    assert [s.epsilon for s in result.receipt.spends] == pytest.approx([8.0 * 4 / 6, 8.0 * 2 / 6])
     for r in result.rows():
         rows = data["sex"] == r["sex"]
         assert r["age_median"] == round(r["age_median"])  # an integer column: integers

@@ -19,7 +19,7 @@ around it, a mean's on its group's size).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -115,6 +115,14 @@ class Query:
         for name in names:
             if not isinstance(name, str):
                 raise QueryError(f"group_by takes column names, got {name!r}")
+        if keys is not None and not isinstance(keys, Mapping):
+            raise QueryError(f"keys= maps columns to lists of keys, {{'age': [30, 40]}}: {keys!r}")
+        for column, values in (keys or {}).items():
+            if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+                raise QueryError(
+                    f"keys={{{column!r}: {values!r}}}: give a list of keys, "
+                    f"keys={{{column!r}: [...]}}"
+                )
         declared = tuple((k, tuple(v)) for k, v in (keys or {}).items())
         return replace(self, by=self.by + tuple(names), declared=self.declared + declared)
 
@@ -242,14 +250,21 @@ class Query:
         return self._table(keys, compiled.cells, values, receipt)
 
     def _fits(self, epsilon: float, releases: Sequence[Release]) -> None:
-        """Refuse, before the first of several publishes, a query whose pure epsilon
-        exceeds what is left of the budget: else the first would be charged and the last
-        refused. (A Gaussian publish may take less than it asks, so it is not counted.)"""
+        """Refuse, before the first of several publishes, a query the node would refuse a
+        later one of: else the first would be charged and the last refused. The node
+        checks each noised graph free, as a publish would (its prims, dtypes, quotas and
+        privacy tracking; the selection, which it does not check so, is published first),
+        and the query's pure epsilon must fit what is left of the budget (a Gaussian
+        publish may take less than it asks, so it is not counted)."""
         from dpnode.sdk._exceptions import BudgetExceededError
+        from dpnode.sdk._publish import sensitivity_body
         from dpnode.sdk._remote import active_session
 
         if active_session() is not None:
             return
+        for release in releases:
+            if release.role != "selected":  # the node checks a selection only as it runs it
+                sensitivity_body(release.tensors)  # type: ignore[arg-type]
         pure = math.fsum(
             s
             for s, r in zip(
