@@ -28,8 +28,9 @@ import torch
 
 from dpnode.sdk.query.aggregates import Aggregate
 from dpnode.sdk.query.compile import COUNT, Compiled, Release, Values, compile_query
+from dpnode.sdk.query.errorbars import ErrorBar, candidate_count, error_bar
 from dpnode.sdk.query.errors import InvalidBudgetError, QueryError
-from dpnode.sdk.query.expressions import Predicate
+from dpnode.sdk.query.expressions import Predicate, column_info
 from dpnode.sdk.query.keys import Key, labels, resolve_keys
 from dpnode.sdk.query.result import QueryReceipt, QueryResult, Spend
 
@@ -239,15 +240,18 @@ class Query:
         if len(releases) > 1:
             self._fits(eps, releases)
         values: Values = dict(compiled.exact)
+        mechanisms: dict[str, str] = {}  # each output's, for its error bar
         spends = []
         for release, share in zip(releases, eps_shares, strict=True):
             d = delta_shares.get(id(release))
             out = publish(release.tensors, epsilon=share, delta=d)
             receipt = out[0].receipt
-            values.update(release.read(out, receipt, share))
+            read = release.read(out, receipt, share)
+            values.update(read)
+            mechanisms.update(dict.fromkeys(read, receipt.mechanism))
             spends.append(Spend(release.role, _shown(release.outputs), share, d, receipt))
         receipt = QueryReceipt(tuple(spends), eps, dlt)
-        return self._table(keys, compiled.cells, values, receipt)
+        return self._table(keys, compiled.cells, values, mechanisms, receipt)
 
     def _fits(self, epsilon: float, releases: Sequence[Release]) -> None:
         """Refuse, before the first of several publishes, a query the node would refuse a
@@ -281,9 +285,15 @@ class Query:
             )
 
     def _table(
-        self, keys: Sequence[Key], cells: int, values: Values, receipt: QueryReceipt
+        self,
+        keys: Sequence[Key],
+        cells: int,
+        values: Values,
+        mechanisms: Mapping[str, str],
+        receipt: QueryReceipt,
     ) -> QueryResult:
         names = [a.name for a in self.aggregates]
+        mechanisms = dict(mechanisms)
         order = list(range(cells))
         if self.top is not None:
             counts = values[COUNT][0]
@@ -291,19 +301,27 @@ class Query:
             order = sorted(order, key=lambda i: -float(counts[i]))[: self.top]
             if self.top_counts and "count" not in names:
                 values["count"] = values[COUNT]
+                mechanisms["count"] = mechanisms.get(COUNT, "")
                 names = ["count", *names]
         columns = list(self.by)
         for n in names:
             columns += [n, f"{n}_scale"]
         cell_keys = labels(keys) if keys else [()]
+        candidates = {
+            a.name: candidate_count(column_info(self.ds, a.column))
+            for a in self.aggregates
+            if a.family == "selected" and a.column is not None
+        }
         rows = []
+        bars: dict[str, list[ErrorBar | None]] = {n: [] for n in names}
         for i in order:
             row: list[Any] = list(cell_keys[i])
             for n in names:
                 v, s = values[n]
                 row += [_python(v[i]), float(s[i])]
+                bars[n].append(error_bar(mechanisms.get(n, ""), float(s[i]), candidates.get(n, 1)))
             rows.append(tuple(row))
-        return QueryResult(columns, rows, receipt)
+        return QueryResult(columns, rows, receipt, bars)
 
 
 def _python(value: Any) -> Any:
@@ -325,12 +343,17 @@ def _charged(tensors: list[torch.Tensor], delta: float | None) -> float:
         from dpnode.sdk._publish import sensitivity_body
 
         return float(sensitivity_body(tensors)[norm])  # type: ignore[arg-type]
+    from dpnode.core import errors as node_errors
     from dpnode.core.engine import plan
     from dpnode.core.privacy.release import plan_release
+    from dpnode.sdk._exceptions import error_for
     from dpnode.sdk._mock_publish import _inputs
     from dpnode.sdk._remote import graph_for
 
     graph = graph_for(tensors)  # type: ignore[arg-type]
     specs, _ = _inputs(session, graph.input_names())
-    report = plan_release(plan(graph, accurate=True), specs, epsilon=1.0, delta=delta).report
+    try:
+        report = plan_release(plan(graph, accurate=True), specs, epsilon=1.0, delta=delta).report
+    except node_errors.DPNodeError as exc:  # the node's own checks, raised as the SDK's
+        raise error_for(400, exc.code, exc.detail) from None
     return float(report.l1 if delta is None else report.l2)
