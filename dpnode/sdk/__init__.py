@@ -152,6 +152,7 @@ __all__ = [
     "query",
     "search",
     "sensitivity",
+    "sql",
     "step_budget",
 ]
 
@@ -195,3 +196,8 @@ def search(
 ) -> list[DatasetHandle | ModelHandle]:
     """``Client.search`` on the last login."""
     return current_client().search(tags=tags, text=text, kind=kind)
+
+
+def sql(statement: str, *, epsilon: float, delta: float | None = None) -> query.QueryResult:
+    """``Client.sql`` on the last login."""
+    return current_client().sql(statement, epsilon=epsilon, delta=delta)

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
 import httpx
@@ -46,6 +46,9 @@ from dpnode.sdk._exceptions import (
 )
 from dpnode.sdk._handles import AuditEvent, DatasetHandle, ModelHandle, User
 from dpnode.sdk._progress import _PUBLISH_BAR, _progress_bar, _wants_progress
+
+if TYPE_CHECKING:
+    from dpnode.sdk.query import QueryResult
 
 __all__ = ["CHUNKED_ABOVE", "CHUNK_BYTES", "FRAME_TYPE", "Client", "_wants_progress"]
 
@@ -225,6 +228,12 @@ class Client(BudgetCalls, UploadCalls):
     def model(self, ref: int | str) -> ModelHandle:
         """A model by id or name."""
         return ModelHandle.from_json(self, self._json("GET", f"/models/{ref}"))
+
+    def sql(self, statement: str, *, epsilon: float, delta: float | None = None) -> QueryResult:
+        """One SQL SELECT of aggregates through ``ds.query()``, published (docs/statistics.md)."""
+        from dpnode.sdk.query.sql import publish_sql
+
+        return publish_sql(self, statement, epsilon=epsilon, delta=delta)
 
     # -- publishing -------------------------------------------------------------------------
 

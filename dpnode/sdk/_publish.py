@@ -22,6 +22,7 @@ from dpnode.sdk import _per_sample as per_sample
 from dpnode.sdk._display import dataclass_rows, fields_table
 from dpnode.sdk._exceptions import DPNodeError, GraphError
 from dpnode.sdk._mock_publish import mock_release
+from dpnode.sdk._moment_calls import swap_moments
 from dpnode.sdk._remote import (
     RemoteTensor,
     active_session,
@@ -75,6 +76,9 @@ class Receipt:
     run_planned_steps: int | None = None
     run_epsilon: float | None = None
     run_delta: float | None = None
+    #: the tensor asked was computed here from what was released (``torch.cov`` and
+    #: ``torch.corrcoef`` from the rows' moments): how, in a sentence
+    post_processing: str | None = None
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> Receipt:
@@ -102,9 +106,10 @@ class Receipt:
                 f"; run {self.run_id}: {self.run_steps} of {self.run_planned_steps} steps, "
                 f"epsilon {self.run_epsilon:g} together"
             )
+        then = f"; {self.post_processing}" if self.post_processing else ""
         return (
             f"{noise}; charged epsilon {self.epsilon:g}{asked}{run}; "
-            f"{self.remaining_epsilon:g} remaining"
+            f"{self.remaining_epsilon:g} remaining{then}"
         )
 
     def _repr_html_(self) -> str:
@@ -222,7 +227,10 @@ def publish(
         NodeUnreachableError: no answer, even after retries: the publish may or may not have
             run; publishing again with ``idempotency_key=err.idempotency_key`` is safe.
     """
-    items = _remote(tensors, "publish")
+    asked = _remote(tensors, "publish")
+    # a recorded torch.cov/corrcoef is released from its rows' moments (see _moment_calls)
+    swap = swap_moments(asked, epsilon=epsilon, delta=delta, client=client)
+    items, delta = swap.items, swap.delta
     session = active_session()
     if session is not None:  # a dry run: the node's release, on mock data, charging nothing
         values, body = mock_release(session, items, epsilon=epsilon, delta=delta)
@@ -237,8 +245,11 @@ def publish(
             )
     receipt = Receipt.from_json(body)
     results = []
-    for value, like in zip(values, items, strict=True):
+    for value, like, finish in zip(values, items, swap.finish, strict=True):
         result = _as_torch(value, like)
+        if finish is not None:
+            results.append(finish(result, receipt))
+            continue
         result.receipt = receipt  # type: ignore[attr-defined]
         results.append(result)
     return results[0] if isinstance(tensors, torch.Tensor) else results
@@ -265,7 +276,9 @@ def sensitivity(
 ) -> Sensitivity:
     """The L1 and L2 sensitivity of publishing ``tensors`` together: free, no budget spent."""
     _not_in_mock_mode("sensitivity()")
-    items = _remote(tensors, "sensitivity")
+    items = swap_moments(
+        _remote(tensors, "sensitivity"), epsilon=1.0, delta=None, client=client
+    ).items
     body = sensitivity_body(items, client=client)
     outputs = body["outputs"]
     return Sensitivity(
@@ -286,8 +299,10 @@ def noise_scale(
 ) -> float:
     """The noise scale (Laplace b, or Gaussian sigma) a publish at ``epsilon`` would use: free."""
     _not_in_mock_mode("noise_scale()")
-    items = _remote(tensors, "noise_scale")
-    body = sensitivity_body(items, epsilon=epsilon, delta=delta, client=client)
+    swap = swap_moments(
+        _remote(tensors, "noise_scale"), epsilon=epsilon, delta=delta, client=client
+    )
+    body = sensitivity_body(swap.items, epsilon=epsilon, delta=swap.delta, client=client)
     return float(body["noise_scale"])
 
 

@@ -2,14 +2,16 @@
 
 **Linear regression**, from noised sufficient statistics.
 
-``sdk.linear_regression(X, y, epsilon=1.0)`` releases ``X^T X``, ``X^T y`` and the sums of
-``X`` and ``y`` in one publish, charged once, assembles ``Z^T Z`` and ``Z^T y`` (``Z`` is
-``X`` with a column of ones for the intercept: its block of ``Z^T Z`` is the public row
-count) and solves the normal equations here: post-processing, free. The noised ``Z^T Z``
-is made symmetric (the average with its transpose, which only removes noise) and, where the
-noise has made it indefinite,
-shifted by the smallest ridge that makes it positive definite plus the noise's scale, so that
-the solve is stable; pass ``ridge=`` to choose it yourself.
+``sdk.linear_regression(X, y, epsilon=1.0)`` releases the sufficient statistics of least
+squares as one clipped vector per row (:mod:`dpnode.sdk._moments`): each feature and the
+target centred on the middle of their public bounds and scaled by half their width, the
+row's sums, the features' squares and products, and their products with the target, with
+the norm bounded from the bounds, summed and noised once. The normal equations are solved
+here (post-processing, free) in those scaled units, which keeps them well conditioned
+whatever the features' units, and the coefficients mapped back. The noised Gram matrix,
+where the noise has made it indefinite, is shifted by the smallest ridge that makes it
+positive definite plus the noise's scale, so that the solve is stable; pass ``ridge=`` to
+choose it yourself.
 
 **Logistic regression**, by private gradient descent. Its sufficient statistics do not help
 here: a second-order one (``X^T X``) carries noise for ``|x|^2`` per entry, far above its
@@ -46,10 +48,17 @@ from dpnode.sdk._remote import RemoteTensor
 from dpnode.sdk._scaling import bounds_scaler
 
 if TYPE_CHECKING:
+    from dpnode.sdk._moments import Moments
     from dpnode.sdk._publish import Receipt
     from dpnode.sdk._training import PrivateTraining
 
-__all__ = ["LinearRegression", "LogisticRegression", "linear_regression", "logistic_regression"]
+__all__ = [
+    "LinearRegression",
+    "LogisticRegression",
+    "fit_from_moments",
+    "linear_regression",
+    "logistic_regression",
+]
 
 #: logistic_regression's defaults (chosen on a validation split of the benchmark's training
 #: rows only: docs/performance.md, "Private training against Opacus")
@@ -85,17 +94,21 @@ def linear_regression(
     """Least squares of ``y`` on ``x`` from one release of their sufficient statistics.
 
     Args:
-        x: remote ``(rows, features)`` features (bounded by the dataset's declared bounds).
-        y: remote ``(rows,)`` targets.
-        epsilon, delta: the release's privacy (Laplace without ``delta``, else Gaussian).
-        fit_intercept: add a column of ones.
-        ridge: added to the diagonal of ``Z^T Z`` before solving; ``None`` chooses it from
-            the noise (see the module docstring).
+        x: remote ``(rows, features)`` features, each with finite public bounds.
+        y: remote ``(rows,)`` targets, with finite public bounds.
+        epsilon, delta: the release's privacy: Laplace without ``delta``; with it, Gaussian
+            or Laplace, whichever noises less (see :func:`dpnode.sdk._moments.choose_plan`).
+        fit_intercept: fit an intercept (the features are then centred on the middle of
+            their bounds; without it, only scaled).
+        ridge: added to the diagonal of the features' Gram matrix, in the features' units
+            scaled by half their bounds' width (the intercept is not penalised); ``None``
+            chooses it from the noise (see the module docstring).
 
     Raises:
         DPNodeError: ``x`` or ``y`` not remote, or their shapes do not match.
+        PrivacyTrackingError: a feature or the target has no finite bounds (named).
     """
-    from dpnode.sdk._publish import publish
+    from dpnode.sdk._moments import release_moments
 
     if not (isinstance(x, RemoteTensor) and isinstance(y, RemoteTensor)):
         raise DPNodeError("linear_regression needs remote x and y (a dataset's columns)")
@@ -105,30 +118,42 @@ def linear_regression(
         )
     if ridge is not None and not (math.isfinite(ridge) and ridge >= 0):
         raise DPNodeError(f"ridge must be a finite number >= 0, got {ridge!r}")
-    xf, yf = x.to(torch.float64), y.to(torch.float64)
-    # Z^T Z and Z^T y in blocks: the column of ones is public, so its blocks are sums
-    xx, xs, xy, ys = publish(
-        [xf.T @ xf, xf.sum(0), xf.T @ yf, yf.sum()], epsilon=epsilon, delta=delta
+    rows = torch.cat([x.to(torch.float64), y.to(torch.float64).unsqueeze(1)], dim=1)
+    m = release_moments(rows, epsilon=epsilon, delta=delta, target=True)
+    noise = float(m.receipt.noise_scale) / m.plan.cross
+    coef, intercept, ridge = fit_from_moments(
+        m, fit_intercept=fit_intercept, ridge=ridge, noise=noise
     )
-    receipt = xx.receipt
-    gram, moment = (xx + xx.T) / 2, xy
-    if fit_intercept:
-        rows = float(x.shape[0])
-        gram = torch.cat(
-            [
-                torch.cat([gram, xs.unsqueeze(1)], dim=1),
-                torch.cat([xs, torch.tensor([rows], dtype=xs.dtype)]).unsqueeze(0),
-            ]
-        )
-        moment = torch.cat([xy, ys.reshape(1)])
-    k = gram.shape[0]
+    return LinearRegression(coef, intercept, ridge, m.receipt)
+
+
+def fit_from_moments(
+    m: Moments, *, fit_intercept: bool, ridge: float | None, noise: float
+) -> tuple[torch.Tensor, float, float]:
+    """Least squares of the last column of released moments (a target) on the others:
+    ``(coef, intercept, ridge)`` in the columns' units. ``noise``: the scale of the noise on
+    the released products (scaled units), the default ridge's share beyond the shift that
+    makes the Gram matrix positive definite."""
+    k, n = m.plan.features, float(m.rows)
+    s, p = m.sums, m.products
+    sx, sy = s[:k], s[k]
+    if fit_intercept:  # centred on the noised means: the normal equations with an intercept
+        gram = p[:k, :k] - torch.outer(sx, sx) / n
+        moment = p[:k, k] - sx * sy / n
+    else:  # in x / half: u plus the constant mid / half
+        c = m.mid / m.half
+        cx, cy = c[:k], c[k]
+        gram = n * torch.outer(cx, cx) + torch.outer(cx, sx) + torch.outer(sx, cx) + p[:k, :k]
+        moment = n * cx * cy + cx * sy + sx * cy + p[:k, k]
     if ridge is None:
-        lowest = float(torch.linalg.eigvalsh(gram).min())
-        ridge = max(0.0, -lowest) + float(receipt.noise_scale)
+        ridge = max(0.0, -float(torch.linalg.eigvalsh(gram).min())) + noise
     w = torch.linalg.solve(gram + ridge * torch.eye(k, dtype=gram.dtype), moment)
-    if fit_intercept:
-        return LinearRegression(w[:-1], float(w[-1]), ridge, receipt)
-    return LinearRegression(w, 0.0, ridge, receipt)
+    hx, hy = m.half[:k], m.half[k]
+    coef = w * hy / hx
+    if not fit_intercept:
+        return coef, 0.0, ridge
+    w0 = (sy - w @ sx) / n
+    return coef, float(m.mid[k] + hy * (w0 - w @ (m.mid[:k] / hx))), ridge
 
 
 @dataclass(frozen=True)

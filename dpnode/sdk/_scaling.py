@@ -27,7 +27,7 @@ import torch
 from dpnode.sdk._exceptions import DPNodeError
 from dpnode.sdk._remote import RemoteTensor, active_session, graph_for
 
-__all__ = ["BoundsScaler", "bounds_scaler", "feature_bounds"]
+__all__ = ["BoundsScaler", "bounds_scaler", "feature_bounds", "tracked_ranges"]
 
 #: Above this many features per row, one range for them all (each feature's would be one
 #: output of the free request, and the request would grow with the features).
@@ -113,8 +113,15 @@ def feature_bounds(x: torch.Tensor, *, client: Any = None) -> list[tuple[float, 
         outputs: list[RemoteTensor] = [flat[:, j] for j in range(features)]
     else:
         outputs = [x]
+    return tracked_ranges(outputs, client=client)
+
+
+def tracked_ranges(outputs: list[RemoteTensor], *, client: Any = None) -> list[tuple[float, float]]:
+    """Each remote tensor's smallest and largest possible element, as the privacy tracker
+    derives them from the declared bounds (one free request to the node; in mock mode, the
+    same tracker locally on the mock data's public bounds)."""
     session = active_session()
-    if session is not None:  # the same tracker, here, on the mock data's public bounds
+    if session is not None:
         from dpnode.core.privacy import track
         from dpnode.sdk._mock_publish import _inputs
 

@@ -33,8 +33,12 @@ def test_symmetric_matrices_come_back_symmetric(
     X = ds["scan"].reshape(40, 6)
     gram = (X.T @ X).publish(epsilon=1.0)
     assert torch.equal(gram, gram.T) and gram.receipt.symmetrized == 1
-    cov = torch.cov(X.T).publish(epsilon=1.0, delta=1e-6)  # (X - mean).T @ (X - mean) / (n - 1)
+    centred = X - X.mean(0)
+    cov = (centred.T @ centred / 39).publish(epsilon=1.0, delta=1e-6)
     assert torch.equal(cov, cov.T) and cov.receipt.symmetrized == 1
+    # torch.cov is computed here from the released moments, symmetric by construction
+    cov = torch.cov(X.T).publish(epsilon=1.0, delta=1e-6)
+    assert torch.equal(cov, cov.T) and cov.receipt.post_processing is not None
     # not symmetric: X.T @ Y, and a square matrix that merely has the shape
     Y = ds["scan"].reshape(40, 6) * 2
     other = (X.T @ Y).publish(epsilon=1.0)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dpnode import sdk
+from dpnode.sdk._moments import choose_plan
 
 N = 20_000
 TRUE = np.array([2.0, -1.0, 0.5])
@@ -36,15 +37,24 @@ def test_coefficients_from_one_release_match_least_squares(
     exact = np.linalg.lstsq(z, columns["y"], rcond=None)[0]
     fitted = np.r_[model.coef.numpy(), model.intercept]
     query = np.r_[0.5, 0.5, 0.5, 1.0]
-    # The error the release's noise allows, to first order: w = (G + E + rI)^-1 (m + e) moves by
-    # G^-1 (e - E w - r w); with every noise entry's standard deviation at most the receipt's
-    # scale s, cov(e - E w) <= s^2 (1 + |w|^2) I, so each direction u of w moves by
-    # r u.G^-1 w plus noise of standard deviation at most s sqrt(1 + |w|^2) |G^-1 u|.
+    # The error the release's noise allows, to first order: w = (G + E + R)^-1 (m + e) moves by
+    # G^-1 (e - E w - R w); the noise on each released moment (scaled units) has a standard
+    # deviation of at most sqrt(2) times the receipt's scale over the smallest weight, which
+    # in the data's units is at most s = that times the largest product of two half-widths
+    # (0.5 for x, 3.5 for y), so cov(e - E w) <= s^2 (1 + |w|^2) I, and each direction u of w
+    # moves by u.G^-1 R w plus noise of standard deviation at most s sqrt(1 + |w|^2) |G^-1 u|.
+    # The ridge r is on the scaled features: R = r diag(0.5^2, ..., 0) in the data's units.
+    plan = choose_plan(3, target=True, epsilon=8.0, delta=None)
+    # one clipped vector per row: a replaced row moves it by twice its exact norm bound
+    assert model.receipt.sensitivity_l1 == pytest.approx(2 * plan.bound, rel=1e-6)
+    weight = min(plan.first, plan.square, plan.cross)
+    scale = math.sqrt(2) * model.receipt.noise_scale / weight * 0.5 * 3.5
     gram_inv = np.linalg.inv(z.T @ z)
-    spread = model.receipt.noise_scale * math.sqrt(1 + exact @ exact)
+    spread = scale * math.sqrt(1 + exact @ exact)
+    penalty = np.diag([0.25, 0.25, 0.25, 0.0])
 
     def allowed(u: np.ndarray) -> float:
-        bias = model.ridge * abs(u @ gram_inv @ exact)
+        bias = model.ridge * abs(u @ gram_inv @ penalty @ exact)
         return bias + 6 * spread * float(np.linalg.norm(gram_inv @ u)) + 1e-9
 
     for i in range(4):

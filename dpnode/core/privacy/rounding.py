@@ -50,6 +50,7 @@ from dpnode.core.privacy.rules.conv import magnitude_terms
 from dpnode.core.privacy.rules.reductions import dims_of
 from dpnode.core.privacy.state import MIXED, PUBLIC, Array, State, public_state
 from dpnode.core.privacy.subjects import rows_of
+from dpnode.core.privacy.tables import LazyIds
 
 __all__ = ["LIBM_ULPS", "apply", "fold", "gamma", "tiny", "unit"]
 
@@ -192,12 +193,19 @@ def fold(s: State | None) -> State | None:
         t1=t1,
         t2=t2,
         table=None,
-        vid=None,
+        vid=_computed_ids(s),
         tag=None,
         E=None,
         clo=None,
         chi=None,
     )
+
+
+def _computed_ids(s: State) -> Array | LazyIds | None:
+    """The value ids a state keeps once its rounding is accounted for: those of a cast's
+    values, which name the engine's computed casts of their root (the casts' own rounding
+    is what :mod:`dpnode.core.privacy.casts` cuts the root by), and no others."""
+    return s.vid if s.casts is not None else None
 
 
 def _perturbation(s: State | None) -> State | None:
@@ -580,7 +588,7 @@ def apply(c: Ctx, rule: Rule) -> State:
             clo=fit(clo, s.shape),
             chi=fit(chi, s.shape),
             table=None,
-            vid=None,
+            vid=_computed_ids(s),
         )
     )
 

@@ -36,6 +36,7 @@ from dpnode.core.privacy.arrays import fit, recompact, reduce_array
 from dpnode.core.privacy.subjects import Subjects, rows_of
 
 if TYPE_CHECKING:
+    from dpnode.core.privacy.casts import Casts
     from dpnode.core.privacy.tables import LazyIds, Table
 
 __all__ = [
@@ -88,6 +89,12 @@ class State:
     #: and their moved copies only), the root of threshold tables; an input's ids are
     #: formed lazily (``LazyIds``) until a rule needs them
     vid: Array | LazyIds | None = None
+    #: the casts between the root of ``vid`` and these values (None: they are the root's
+    #: values); the ids then name the engine's computed casts (:mod:`dpnode.core.privacy.casts`)
+    casts: Casts | None = None
+    #: partition axes: on every dataset, each slice along them (the other indices fixed)
+    #: holds at most one nonzero element (:mod:`dpnode.core.privacy.partitions`)
+    part: tuple[int, ...] | None = None
     #: pattern tag for structured rules (e.g. centred moments); never trusted alone
     tag: Any = field(default=None)
     #: per element, a bound on how far the engine's floating-point value can be from the
@@ -134,12 +141,20 @@ def public_state(value: Array, dt: DType) -> State:
 
 
 def _fallback(s: State, nsub: int) -> tuple[Array, Array]:
-    """Per-subject L1/L2 bounds of the change, from per-element bounds (or the table)."""
+    """Per-subject L1/L2 bounds of the change, from per-element bounds (or the table), and
+    from the partition axes (the tighter of the two)."""
     with np.errstate(all="ignore"):  # overflow to inf is a sound (refused) bound
-        return _fallback_bounds(s, nsub)
+        t1, t2 = fallback_bounds(s, nsub)
+        if s.part is not None:
+            from dpnode.core.privacy.partitions import bounds
+
+            sliced = bounds(s, nsub)
+            if sliced is not None:
+                t1, t2 = np.minimum(t1, sliced[0]), np.minimum(t2, sliced[1])
+        return t1, t2
 
 
-def _fallback_bounds(s: State, nsub: int) -> tuple[Array, Array]:
+def fallback_bounds(s: State, nsub: int) -> tuple[Array, Array]:
     if s.table is not None:
         groups = s.table.group_bounds(s, nsub)
         if groups is not None:  # a table covers every element of its state
@@ -171,7 +186,7 @@ def _fallback_bounds(s: State, nsub: int) -> tuple[Array, Array]:
 def _row_bounds(
     shape: tuple[int, ...], axis: int, subjects: Subjects, L: Array, G: Array, nsub: int
 ) -> tuple[Array, Array]:
-    """``_fallback_bounds`` when every element is owned by the subject of its row.
+    """``fallback_bounds`` when every element is owned by the subject of its row.
 
     Subject ``s`` owns the elements of its rows, so ``t1[s] = sum G + sum over its rows of
     the row's sum of (L - G)``; when that row sum does not vary along the rows, a
@@ -205,8 +220,9 @@ def joint(s: State, nsub: int) -> tuple[Array, Array]:
 
 
 def has_joint(s: State) -> bool:
-    """Whether the state knows more than its per-element bounds tell (a joint bound or table)."""
-    return has_t(s) or s.table is not None
+    """Whether the state knows more than its per-element bounds tell (a joint bound, a table
+    or partition axes)."""
+    return has_t(s) or s.table is not None or s.part is not None
 
 
 def has_t(s: State) -> bool:

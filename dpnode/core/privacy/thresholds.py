@@ -167,18 +167,32 @@ def threshold_table(c: Ctx, x: State, xi: int) -> Table | None:
     if raw is None:
         return None
     cd = opmath(result_type(operands_of(c.call)))
-    lo, hi = _inside(float(np.min(x.lo)), float(np.max(x.hi)), x.dtype.np)
-    if not (np.isfinite([lo, hi]).all() and _exact(x.dtype.name, cd.name, max(-lo, hi))):
+    casts = x.casts
+    root = np.dtype(casts.root) if casts is not None else x.dtype.np
+    span = (casts.lo, casts.hi) if casts is not None else (np.min(x.lo), np.max(x.hi))
+    lo, hi = _inside(float(span[0]), float(span[1]), root)
+    if not np.isfinite([lo, hi]).all():
         return None
-    bps = np.unique(np.asarray(as_np(raw, cd), dtype=np.float64))
-    if len(bps) > MAX_DOMAIN or not (np.isfinite(bps).all() and np.abs(bps).max() < 2.0**53):
+    if casts is not None:  # cut where the casts of the root cross each threshold
+        if max(-lo, hi) >= 2.0**53:
+            return None
+        thresholds = np.unique(np.asarray(as_np(raw, cd)).ravel())
+        if len(thresholds) > MAX_DOMAIN:
+            return None
+        bps = np.unique(casts.cuts(thresholds, cd, lo, hi))
+    elif not _exact(x.dtype.name, cd.name, max(-lo, hi)):
         return None
-    reps, ok = pieces(bps, lo, hi, x.dtype.np)
+    else:
+        bps = np.unique(np.asarray(as_np(raw, cd), dtype=np.float64))
+    if len(bps) > MAX_DOMAIN or not (np.isfinite(bps).all() and np.abs(bps).max(initial=0) < 2**53):
+        return None
+    reps, ok = pieces(bps, lo, hi, root)
     nd = len(c.shape)
     args: list[Any] = [None, None]
-    args[xi] = pad_left(reps.astype(x.dtype.np), nd + 1)
+    values = reps.astype(root)
+    args[xi] = pad_left(values if casts is None else casts.apply(values), nd + 1)
     args[oi] = c.raw[oi] if c.raw[oi] is not None else pad_left(np.asarray(raw), nd)[..., None]
     with flushing():  # in the engine's mode (its values to the bit)
         vals = np.asarray(REGISTRY[c.node.op].kernel(c.call, args, None))
-    root = pad_left(ids_of(x.vid), nd)
-    return Table(root, vals, bps, ok, (lo, hi, x.dtype.name))
+    ids = pad_left(ids_of(x.vid), nd)
+    return Table(ids, vals, bps, ok, (lo, hi, root.name))

@@ -6,6 +6,19 @@ public constants only: it is never handed a private value, so what it reports (a
 the epsilon charged from it) cannot depend on the data. :func:`track` runs it without
 any data (a free sensitivity query); :func:`evaluate_tracked` runs it alongside the
 evaluation, in one pass.
+
+Vector outputs get joint bounds beyond what per-element bounds give from three
+structures a state may carry: finite-domain and threshold tables (elements that are
+functions of one private scalar, :mod:`~dpnode.core.privacy.tables`,
+:mod:`~dpnode.core.privacy.thresholds`, through casts by
+:mod:`~dpnode.core.privacy.casts`), and partition axes
+(:mod:`~dpnode.core.privacy.partitions`). The partition rule: where a state holds at most
+one nonzero element per slice along some axes on every dataset (a one-hot, a histogram's
+bin filling, their products over several keys), replacing a subject changes at most two
+elements per slice, so each slice moves by its two largest element changes and a
+histogram of any number of cells by L1 2, L2 sqrt 2 per row of the subject, however
+its cells were computed (codes combined from several columns, casts, rounding at bin
+edges only choose which cell a row is in).
 """
 
 from __future__ import annotations
@@ -436,13 +449,17 @@ def _any_subject(s: State) -> State:
         width = np.asarray(s.hi, dtype=np.float64) - np.asarray(s.lo, dtype=np.float64)
     width = np.where(np.isnan(width), np.inf, width)
     mixed = fit(np.int64(MIXED), s.shape)
-    return s.with_(owner=mixed, L=width, G=width, t1=None, t2=None, table=None, vid=None, tag=None)
+    return s.with_(
+        owner=mixed, L=width, G=width, t1=None, t2=None, table=None, vid=None, tag=None, part=None
+    )
 
 
 def _nan(s: State) -> State:
     """``s`` as possibly NaN: NaN bounds, which every later rule keeps and the report refuses."""
     nan = np.full((), np.nan)
-    return s.with_(lo=nan, hi=nan, clo=None, chi=None, E=None, table=None, t1=None, t2=None)
+    return s.with_(
+        lo=nan, hi=nan, clo=None, chi=None, E=None, table=None, t1=None, t2=None, part=None
+    )
 
 
 def _range_widths(lo: Array, hi: Array) -> tuple[float, float]:
@@ -636,7 +653,7 @@ def _moved(s: State, unit: tuple[Array, Array], nsub: int) -> int:
     """The most elements of ``s`` one subject moves, given the masks of :func:`_movable`."""
     if s.is_public:
         return 0
-    t1, _ = joint(s.with_(L=unit[0], G=unit[1], t1=None, t2=None, table=None), nsub)
+    t1, _ = joint(s.with_(L=unit[0], G=unit[1], t1=None, t2=None, table=None, part=None), nsub)
     return math.ceil(float(t1.max(initial=0.0)))
 
 

@@ -21,7 +21,9 @@ from dpnode.core.engine import division
 from dpnode.core.engine.prims import REGISTRY
 from dpnode.core.engine.prims.elementwise import FLAT_EXPONENTS
 from dpnode.core.engine.subnormals import flushing
+from dpnode.core.privacy import partitions
 from dpnode.core.privacy.arrays import pad_left, recompact
+from dpnode.core.privacy.casts import ROOTS, Casts
 from dpnode.core.privacy.rules.base import Ctx, combine, finish, rule
 from dpnode.core.privacy.rules.moments import centred_tag
 from dpnode.core.privacy.rules.unary import refuse_outside, tighten, widen
@@ -311,8 +313,20 @@ def binary(c: Ctx) -> State:
             if t is not None:
                 s = tighten(s, t)
                 break
+    part = _PARTITIONS[c.node.op](c, a, b) if c.node.op in _PARTITIONS else None
+    if part is not None:
+        s = s.with_(part=part)
     tag = centred_tag(c, a, b)
     return s if tag is None else s.with_(tag=tag)
+
+
+#: the binary prims whose result may have partition axes (dpnode.core.privacy.partitions)
+_PARTITIONS: dict[str, Callable[[Ctx, State, State], tuple[int, ...] | None]] = {
+    "eq": lambda c, a, b: partitions.compared(c),
+    "mul": partitions.product,
+    "logical_and": partitions.product,
+    "bitwise_and": partitions.product,
+}
 
 
 @rule("where")
@@ -360,9 +374,24 @@ def convert(c: Ctx) -> State:
         wlo, whi = widen(lo, hi, x.dtype)
         lo, hi = np.trunc(wlo), np.trunc(whi)
         L, G = np.where(L > 0, L + 1, 0.0), np.where(G > 0, G + 1, 0.0)
-    s = _finish_tables(c, finish(c.meta, lo, hi, x.owner, L, G))
+    # every cast maps zero to zero: a slice's one nonzero element stays the only one
+    s = _finish_tables(c, finish(c.meta, lo, hi, x.owner, L, G, part=x.part))
     if s.table is None and not d.is_float:
         t = make_root(s, c.index)
         if t is not None:
             s = tighten(s, t)
+    elif s.table is None and x.vid is not None and x.table is None:
+        casts = _cast_of(c, x)
+        if casts is not None:  # comparisons of the cast still cut the root
+            s = s.with_(vid=x.vid, casts=casts)
     return s
+
+
+def _cast_of(c: Ctx, x: State) -> Casts | None:
+    """The chain of casts from ``x``'s root to this cast's values, for a cast to a float
+    dtype of a root whose values the bisection enumerates (None otherwise)."""
+    if x.casts is not None:
+        return x.casts.then(c.call)
+    if x.dtype.name not in ROOTS or x.E is not None:
+        return None
+    return Casts((c.call,), x.dtype.name, float(np.min(x.lo)), float(np.max(x.hi)))

@@ -17,6 +17,7 @@ from dataclasses import replace
 import numpy as np
 
 from dpnode.core.engine.prims import REGISTRY
+from dpnode.core.privacy import partitions
 from dpnode.core.privacy.arrays import fit, recompact, varying_axes
 from dpnode.core.privacy.rules.base import Ctx, finish, rule
 from dpnode.core.privacy.state import PUBLIC, Array, State, has_joint, has_t, joint
@@ -142,7 +143,23 @@ def move(c: Ctx, x: State, idx: Array | None, mult: float, rowwise: bool = False
         vid = LazyIds(lambda: fit(mv(before.array()), c.shape))
     elif x.vid is not None:
         vid = fit(mv(x.vid), c.shape)
-    s = State(c.shape, c.meta.dtype, lo, hi, owner, L, G, value=value, table=table, vid=vid)
+    part = None
+    if x.part is not None and idx is None:  # views only: a gathered map may repeat elements
+        part = partitions.moved(c.node.op, c.call.attrs, x.part, shape, c.shape)
+    s = State(
+        c.shape,
+        c.meta.dtype,
+        lo,
+        hi,
+        owner,
+        L,
+        G,
+        value=value,
+        table=table,
+        vid=vid,
+        casts=x.casts if vid is not None else None,
+        part=part,
+    )
     if has_t(x):  # a table moves along by itself
         t1, t2 = joint(x, c.nsub)
         s = s.with_(t1=t1 * mult, t2=t2 * math.sqrt(mult))
