@@ -47,6 +47,7 @@ SHOWN = 6  # calls listed per prim; the rest are counted
 #: prims the SDK emits itself rather than from a torch call
 SDK_CALLS: dict[str, str] = {
     "clip_by_subject_norm": "`sdk.publish_grads(..., max_grad_norm=C)`",
+    "count_distinct": "`sdk.count_distinct(x)`, `count_distinct(column)` in `ds.query()`",
 }
 
 

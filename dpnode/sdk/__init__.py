@@ -73,6 +73,7 @@ from dpnode.sdk._regression import (
     logistic_regression,
 )
 from dpnode.sdk._remote import MockSession, RemoteTensor, mock
+from dpnode.sdk._remote.distinct import count_distinct
 from dpnode.sdk._scaling import BoundsScaler, bounds_scaler
 from dpnode.sdk._steps import StepBudget, step_budget
 from dpnode.sdk._training import PrivateTraining, TrainingStep, private_training
@@ -140,6 +141,7 @@ __all__ = [
     "UploadRejectedError",
     "User",
     "bounds_scaler",
+    "count_distinct",
     "current_client",
     "linear_regression",
     "login",

@@ -240,3 +240,62 @@ def test_the_attack_reaches_selections() -> None:
         return
     assert STATS["selected"] >= 0.3 * sum(STATS.values()), STATS
     assert STATS["grouped"] >= 0.05 * sum(STATS.values()), STATS
+
+
+def _cast_median(dt: str, lo: float, hi: float, n: int = 40) -> Any:
+    b = GraphBuilder()
+    x = b.op("convert_element_type", b.input("dataset:1/n", "int64", (n,)), dtype=dt)
+    g = b.build([b.op("quantile", x, b.constant(np.asarray(0.5)), interpolation="linear")])
+    return _plan(g, {"dataset:1/n": InputSpec.private(lo, hi, None)})
+
+
+@pytest.mark.parametrize(
+    ("dt", "lo", "hi"),
+    [
+        ("float64", 1, 99),
+        ("float32", 1, 99),
+        ("float16", 1, 99),
+        ("bfloat16", 1, 99),
+        ("float64", 0, 1000),  # a wide column: no table, but still integers
+        ("float16", -1000, 1000),  # float16 holds every integer up to 2048
+    ],
+)
+def test_an_integer_column_cast_to_a_float_that_holds_it_keeps_integer_candidates(
+    dt: str, lo: int, hi: int
+) -> None:
+    rp = _cast_median(dt, lo, hi)
+    assert rp.selection.selections[0].grid.tolist() == [float(v) for v in range(lo, hi + 1)]
+    values = np.random.default_rng(1).integers(lo, hi + 1, 40)
+    (got,) = run_release(rp, {"dataset:1/n": values}).values
+    assert float(got).is_integer() and lo <= float(got) <= hi
+
+
+@pytest.mark.parametrize(("dt", "hi"), [("bfloat16", 1000), ("float16", 5000)])
+def test_a_cast_that_rounds_integers_selects_over_the_grid(dt: str, hi: int) -> None:
+    """Beyond 256 (bfloat16) or 2048 (float16) the cast rounds: its values are not the
+    column's integers, and the candidates are the grid over the range."""
+    assert _cast_median(dt, 0, hi).selection.selections[0].grid.size == selection.CANDIDATES
+
+
+def test_values_known_to_a_table_are_the_candidates() -> None:
+    """A choice between two public values by a comparison of a float column can only be
+    one of them: the threshold table knows it."""
+    b = GraphBuilder()
+    x = b.input(AGE, "float64", (30,))
+    chosen = b.op("where", b.op("gt", x, 50.0), 0.25, 0.75)
+    q = b.constant(np.asarray([0.25, 0.5]))
+    g = b.build([b.op("quantile", chosen, q, interpolation="linear")])
+    rp = _plan(g, {AGE: InputSpec.private(0.0, 120.0, None)})
+    assert rp.selection.selections[0].grid.tolist() == [0.25, 0.75]
+    (got,) = run_release(rp, {AGE: np.linspace(0, 120, 30)}).values
+    assert set(got.tolist()) <= {0.25, 0.75}
+
+
+def test_a_grouped_quantile_of_a_cast_column_keeps_integer_candidates() -> None:
+    b = GraphBuilder()
+    x = b.op("convert_element_type", b.input("dataset:1/n", "int64", (12,)), dtype="float32")
+    index = b.constant(np.arange(12) % 3)
+    q = b.constant(np.asarray(0.5))
+    g = b.build([b.op("quantile", x, q, index, interpolation="linear", groups=3)])
+    rp = _plan(g, {"dataset:1/n": InputSpec.private(0, 9, None)})
+    assert rp.selection.selections[0].grid.tolist() == [float(v) for v in range(10)]

@@ -19,7 +19,7 @@ import torch
 from dpnode import sdk
 from dpnode.core.dp import samplers
 from dpnode.sdk._per_sample import clipped_sum
-from dpnode.sdk.query import col, count, mean
+from dpnode.sdk.query import col, count, count_distinct, mean, quantile
 from tests.sdk.query_table import upload
 
 
@@ -134,3 +134,37 @@ def test_sql_releases_what_the_same_builder_calls_release(
         released.append(by_sql.rows())
     seed(8)  # another seed, other numbers: the comparison above can fail
     assert ds_client.sql(pairs[0][0], epsilon=1.0).rows() != released[0]
+
+
+@pytest.mark.usefixtures("sqlite_only")
+@pytest.mark.parametrize(
+    "written",
+    [
+        lambda h: torch.quantile(h.float(), 0.5),
+        lambda h: torch.quantile(h.double(), 0.5),
+        lambda h: h.double().median(),
+    ],
+    ids=["quantile-float32", "quantile-float64", "median-float64"],
+)
+def test_a_median_of_a_cast_integer_column_is_the_builders(
+    people: sdk.DatasetHandle, seed, written
+) -> None:
+    """torch.quantile takes floats only: the integer column cast to a float dtype that holds
+    its values keeps its integer candidates, so the analyst's torch code releases what the
+    builder's integer path releases, draw for draw."""
+    seed(5)
+    (row,) = people.query().agg(quantile("hours", 0.5)).publish(epsilon=0.2).rows()
+    seed(5)
+    by_hand = written(people["hours"]).publish(epsilon=0.2)
+    assert float(by_hand) == row["hours_q0.5"] and float(by_hand).is_integer()
+    assert 0 <= float(by_hand) <= 80
+
+
+@pytest.mark.usefixtures("sqlite_only")
+def test_a_count_distinct_is_the_analysts_sdk_count(people: sdk.DatasetHandle, seed) -> None:
+    seed(9)
+    (row,) = people.query().agg(count_distinct("income")).publish(epsilon=0.5).rows()
+    seed(9)
+    by_hand = sdk.count_distinct(people["income"]).publish(epsilon=0.5)
+    assert row["income_count_distinct"] == float(by_hand)
+    assert by_hand.receipt.sensitivity_l1 == pytest.approx(1.0)

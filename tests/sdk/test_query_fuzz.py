@@ -390,8 +390,9 @@ def _outside(kind: str, column: str | None, values: np.ndarray, rows: int) -> st
     selected = kind in ("median", "quantile", "min", "max")
     if kind == "count":
         lo, hi = 0.0, float(rows)
-    elif kind == "count_distinct":
-        lo, hi = 0.0, float(_groups(column or ""))
+    elif kind == "count_distinct":  # at most the rows, and a column's public keys
+        ints = COLUMNS[column or ""][0][0] in "ibc"
+        lo, hi = 0.0, float(min(rows, _groups(column or "")) if ints else rows)
     elif kind == "sum":
         return None
     else:

@@ -2,10 +2,11 @@
 
 A quantile of private values cannot be released with additive noise (one value can move
 a median across the whole range): it is *selected*. The candidates are a data-independent
-grid over the values' public range ``[lo, hi]`` (:func:`candidates`): every integer in it
-for integral values when there are at most :data:`CANDIDATES`, else :data:`CANDIDATES`
-points from ``lo`` to ``hi``. Candidate ``c`` scores, for the quantile ``alpha`` (OpenDP's
-score, which handles ties)::
+grid over the values' public range ``[lo, hi]`` (:func:`candidates`): the values the data
+can take when the tracker knows a public finite set of them (an integer column's values,
+also after a cast to a float dtype), else every integer in it for integral values when
+there are at most :data:`CANDIDATES`, else :data:`CANDIDATES` points from ``lo`` to ``hi``.
+Candidate ``c`` scores, for the quantile ``alpha`` (OpenDP's score, which handles ties)::
 
     u(c) = -|(1 - alpha) #{x < c} - alpha #{x > c}|
 
@@ -85,18 +86,29 @@ WEIGHT_ERROR = 2.0**-45
 _SMALL_EXPONENT = 40.0
 
 
-def candidates(lo: float, hi: float, integral: bool) -> npt.NDArray[np.float64]:
-    """The public candidates for a quantile of values in ``[lo, hi]``: sorted, from
-    ``lo`` to ``hi``; the integers in it for integral values when there are few enough.
+def candidates(
+    lo: float, hi: float, integral: bool, values: npt.NDArray[np.float64] | None = None
+) -> npt.NDArray[np.float64]:
+    """The public candidates for a quantile of values in ``[lo, hi]``, sorted: the public
+    ``values`` the data can take (in the range) when they are known and few enough; else
+    the integers in the range for integral values when there are few enough; else
+    :data:`CANDIDATES` points from ``lo`` to ``hi``.
 
     >>> candidates(0.0, 4.0, True).tolist()
     [0.0, 1.0, 2.0, 3.0, 4.0]
+    >>> candidates(0.0, 4.0, False, np.array([0.5, 2.0, 0.5, 9.0])).tolist()
+    [0.5, 2.0]
     >>> c = candidates(0.0, 1.0, False)
     >>> len(c), float(c[0]), float(c[-1]), bool(np.all(np.diff(c) > 0))
     (4097, 0.0, 1.0, True)
     """
     if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
         raise InvalidRequestError(f"a quantile needs a finite public range, got [{lo}, {hi}]")
+    if values is not None:
+        known = np.unique(np.asarray(values, dtype=np.float64))
+        known = known[(known >= lo) & (known <= hi)]
+        if 0 < known.size <= CANDIDATES:
+            return known
     if integral:
         a, b = math.ceil(lo), math.floor(hi)
         if a > b:  # no integer in the range: its ends are the only sensible answers

@@ -301,7 +301,7 @@ def _plan_selection(
             joined[len(taken) - 1] = len(taken)
             taken.append(_ref(nodes[o].args[2]))
     of = plan(Graph(nodes, tuple(taken)), accurate=True)
-    report, moves, ranges = selection_inputs(of, specs, joined)
+    report, moves, spans = selection_inputs(of, specs, joined)
     if all(moves[i] is None for i in range(len(taken)) if i not in joined.values()):
         return None  # quantiles of public values: computed exactly, like any public value
     if len(quantiles) != len(outputs):
@@ -322,8 +322,8 @@ def _plan_selection(
         q = nodes[_ref(nodes[o].args[1])]
         if q.op != "constant" or q.value is None:
             raise PrivacyTrackingError(f"node {o} (quantile): the quantiles must be constants")
-        integral = not of.metas[of.graph.outputs[position]].dtype.is_float
-        grid = selection.candidates(*ranges[position], integral)
+        span = spans[position]
+        grid = selection.candidates(span.lo, span.hi, span.integral, span.values)
         groups = _groups(nodes[o])
         alphas = [float(v) for v in np.asarray(q.value, dtype=np.float64).reshape(-1)]
         if not alphas:

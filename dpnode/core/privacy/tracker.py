@@ -38,7 +38,8 @@ from dpnode.core.engine.dtypes import dtype, from_numpy
 from dpnode.core.engine.graph import Node, Ref
 from dpnode.core.engine.prims import Call, Scalar, TensorMeta
 from dpnode.core.engine.subnormals import flushing
-from dpnode.core.privacy import relations, rounding
+from dpnode.core.privacy import moves, relations, rounding
+from dpnode.core.privacy.moves import Span
 from dpnode.core.privacy.rules import RULES, Ctx
 from dpnode.core.privacy.spec import InputSpec
 from dpnode.core.privacy.state import (
@@ -51,7 +52,7 @@ from dpnode.core.privacy.state import (
     joint,
     public_state,
 )
-from dpnode.core.privacy.subjects import Subjects, rows_of
+from dpnode.core.privacy.subjects import Subjects
 from dpnode.core.privacy.tables import lazy_root_ids, make_root
 
 __all__ = [
@@ -596,80 +597,46 @@ def selection_inputs(
     graph: Graph | Plan,
     input_specs: Mapping[str, InputSpec],
     joined: Mapping[int, int] | None = None,
-) -> tuple[PrivacyReport, list[int | None], list[tuple[float, float]]]:
+) -> tuple[PrivacyReport, list[int | None], list[Span]]:
     """What the exponential mechanism needs of each output of ``graph``, from public
     metadata only: its report (bounds; an output that may be unbounded or NaN is refused),
-    the most elements of it that replacing one subject can change (None: public), and the
-    range its candidates span: the tracked interval of its computed values, without the
-    margin the report adds for the tracker's own rounding (a column's range is then its
-    declared bounds, not 1e-11 wider; values outside are clipped into it, each alone).
+    the most elements of it that replacing one subject can change (None: public,
+    :mod:`~dpnode.core.privacy.moves`), and where its candidates lie: the tracked interval of
+    its computed values, without the margin the report adds for the tracker's own rounding
+    (a column's range is then its declared bounds, not 1e-11 wider; values outside are
+    clipped into it, each alone), whether they are integers (also after a cast to a float
+    dtype that holds them exactly) and the finite set they lie in when a table knows it.
 
-    An element moves when one subject is replaced if the subject owns it and its ``L`` is
-    not 0, or if its ``G`` is not 0, or if its computed value may differ from the exact one
-    (``E``: rounding can follow any input); a public element never moves. ``joined`` maps
-    an output to another of the same shape read with it (a grouped quantile's values and
-    their group index): an element then moves if it moves in either, counted once where
-    both are owned alike (a subject's rows), else the two counts add up.
+    ``joined`` maps an output to another of the same shape read with it (a grouped
+    quantile's values and their group index): an element then moves if it moves in either
+    (:func:`~dpnode.core.privacy.moves.moved_together`).
     """
     p = _accurate(graph, None)
     tracker, outs = _track(p, input_specs)
     report = tracker.report(outs, lambda: _unbounded_from(p, input_specs))
-    ranges = [
-        (float(np.min(lo, initial=np.inf)), float(np.max(hi, initial=-np.inf)))
-        for lo, hi in (rounding.wide(s) for s in outs)
-    ]
-    units = [_movable(s) for s in outs]
+    spans = []
+    for s in outs:
+        lo, hi = rounding.wide(s)
+        spans.append(
+            Span(
+                float(np.min(lo, initial=np.inf)),
+                float(np.max(hi, initial=-np.inf)),
+                rounding.integral(s),
+                moves.support(s),
+            )
+        )
     counts: list[int | None] = []
     for i, s in enumerate(outs):
         partner = None if joined is None else joined.get(i)
         if partner is None:
-            counts.append(None if s.is_public else _moved(s, units[i], tracker.nsub))
+            counts.append(None if s.is_public else moves.most(moves.moved(s, tracker.nsub)))
             continue
         t = outs[partner]
         if s.is_public and t.is_public:
             counts.append(None)
-        elif _owned_alike(s, t):
-            (own_a, other_a), (own_b, other_b) = units[i], units[partner]
-            both = (np.maximum(own_a, own_b), np.maximum(other_a, other_b))
-            base = s if not s.is_public else t
-            counts.append(_moved(base, both, tracker.nsub))
         else:
-            counts.append(sum(_moved(u, units[j], tracker.nsub) for j, u in ((i, s), (partner, t))))
-    return report, counts, ranges
-
-
-def _movable(s: State) -> tuple[Array, Array]:
-    """Per element, 1 where replacing its owner (then any other subject) may move it."""
-    if s.is_public:
-        zero = np.zeros(())
-        return zero, zero
-    rounding_moves = np.asarray(False) if s.E is None else np.asarray(s.E) > 0
-    own = np.where((np.asarray(s.L) > 0) | rounding_moves, 1.0, 0.0)
-    other = np.where((np.asarray(s.G) > 0) | rounding_moves, 1.0, 0.0)
-    return own, other
-
-
-def _moved(s: State, unit: tuple[Array, Array], nsub: int) -> int:
-    """The most elements of ``s`` one subject moves, given the masks of :func:`_movable`."""
-    if s.is_public:
-        return 0
-    t1, _ = joint(s.with_(L=unit[0], G=unit[1], t1=None, t2=None, table=None, part=None), nsub)
-    return math.ceil(float(t1.max(initial=0.0)))
-
-
-def _owned_alike(a: State, b: State) -> bool:
-    """Whether every element of ``a`` and ``b`` has the same owner (or one is public)."""
-    if a.is_public or b.is_public:
-        return True
-    if a.shape != b.shape:
-        return False
-    ra, rb = rows_of(fit(a.owner, a.shape), a.shape), rows_of(fit(b.owner, b.shape), b.shape)
-    if ra is not None and rb is not None:
-        return ra.subjects is rb.subjects and ra.axis == rb.axis
-    with np.errstate(all="ignore"):
-        return bool(
-            np.array_equal(np.broadcast_to(a.owner, a.shape), np.broadcast_to(b.owner, b.shape))
-        )
+            counts.append(moves.most(moves.moved_together(s, t, tracker.nsub)))
+    return report, counts, spans
 
 
 def evaluate_tracked(

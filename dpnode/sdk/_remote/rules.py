@@ -399,7 +399,10 @@ FACTORIES.update(
 # -- data-dependent ops ----------------------------------------------------------------------
 
 _WHERE = "Use torch.where(condition, a, b) to choose values remotely."
-_UNIQUE = "The distinct values are the data itself; count public categories with (x == k).sum()."
+_UNIQUE = (
+    "The distinct values are the data itself; their number publishes: "
+    "sdk.count_distinct(x).publish(epsilon=...), or count_distinct(column) in ds.query()."
+)
 for _op, _what, _advice in (
     (aten._local_scalar_dense.default, "tensor.item()", _WHERE),
     (aten.nonzero.default, "torch.nonzero (positions of nonzero values)", _WHERE),

@@ -6,8 +6,8 @@ Each aggregate belongs to one *family*, which decides how it is released:
   released with additive noise in one publish for the whole query;
 * ``selected`` (median, quantile, min, max): selected over the column's public range by
   permute-and-flip, in one publish for all of the query's quantiles;
-* ``distinct`` (count_distinct): how many of a column's public keys have a row, noised
-  in a publish of its own (its sensitivity is not a sum of rows').
+* ``distinct`` (count_distinct): how many distinct values a column holds, noised in a
+  publish of its own (its sensitivity is not a sum of rows').
 
 Names shadow Python's ``sum``, ``min`` and ``max`` on purpose (as Polars' ``pl.sum``): import
 the module (``from dpnode.sdk import query as dq``) to keep the builtins at hand.
@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dpnode.sdk.query.errors import (
     AggregateTypeError,
-    NoPublicKeysError,
     QueryError,
     UnboundedColumnError,
 )
@@ -59,9 +58,6 @@ FAMILIES: dict[str, str] = {
     "count_distinct": "distinct",
 }
 
-#: a count of distinct keys over more keys than this is not a count of public categories
-MAX_DISTINCT_KEYS = 10_000
-
 
 @dataclass(frozen=True)
 class Aggregate:
@@ -98,13 +94,13 @@ class Aggregate:
         """The column's facts, once checked that this aggregate is defined on it.
 
         Raises:
-            UnknownColumnError, AggregateTypeError, UnboundedColumnError, NoPublicKeysError.
+            UnknownColumnError, AggregateTypeError, UnboundedColumnError.
         """
         if self.column is None:
             return None
         info = column_info(ds, self.column)
         if self.kind == "count_distinct":
-            distinct_keys(info)
+            distinct_values(info)
             return info
         if info.categories is not None:
             raise AggregateTypeError(
@@ -123,29 +119,29 @@ class Aggregate:
         return info
 
 
-def distinct_keys(info: ColumnInfo) -> list[Any]:
-    """The public keys of a column counted by ``count_distinct``: its categories' codes, or
-    every integer in its bounds.
+def distinct_values(info: ColumnInfo) -> int | None:
+    """How many values a column can take, from its public metadata: its categories, two
+    for bool, the integers in an integer column's bounds; None when unknown (a float or
+    unbounded column). ``count_distinct`` stays within it.
 
     Raises:
-        AggregateTypeError: a floating-point column.
-        NoPublicKeysError: an integer column with too many (or unbounded) keys.
+        AggregateTypeError: a column with several values per row.
     """
-    if info.categories is not None:
-        return list(range(len(info.categories)))
-    if not info.dtype.startswith(("int", "uint", "bool")):
+    if info.shape:
         raise AggregateTypeError(
-            f"count_distinct({info.name!r}): column {info.name!r} is {info.dtype}, whose "
-            "values have no public list: count distinct values of a categorical or integer "
-            "column"
+            f"count_distinct({info.name!r}): column {info.name!r} holds {list(info.shape)} "
+            "values per row: count distinct values of a column of scalars, or of one "
+            "element of it with sdk.count_distinct(ds[column][:, i])"
         )
+    if info.categories is not None:
+        return len(info.categories)
+    if info.dtype == "bool":
+        return 2
     lo, hi = info.bounds
-    if not (math.isfinite(lo) and math.isfinite(hi)) or hi - lo + 1 > MAX_DISTINCT_KEYS:
-        raise NoPublicKeysError(
-            f"count_distinct({info.name!r}): column {info.name!r} has bounds [{lo:g}, {hi:g}]: "
-            f"at most {MAX_DISTINCT_KEYS:,} integer keys can be counted"
-        )
-    return list(range(math.ceil(lo), math.floor(hi) + 1))
+    if not info.dtype.startswith(("int", "uint")) or not (math.isfinite(lo) and math.isfinite(hi)):
+        return None
+    span = math.floor(hi) - math.ceil(lo) + 1  # (``max`` is the aggregate here)
+    return span if span > 0 else 1
 
 
 def _name(column: str | Column) -> str:
@@ -208,6 +204,6 @@ def max(column: str | Column) -> Aggregate:
 
 
 def count_distinct(column: str | Column) -> Aggregate:
-    """How many of the column's public keys (categories, or integers in its bounds) have at
-    least one row."""
+    """How many distinct values the column holds (per group, after the filter), noised: of
+    any column, floating point included (every NaN is one value, as in ``np.unique``)."""
     return Aggregate("count_distinct", _name(column))

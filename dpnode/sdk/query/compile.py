@@ -14,8 +14,10 @@ makes at most three publishes, by family (``dpnode.sdk.query.aggregates``):
   written the way an analyst writes it, one-hots (times the filter) summed over the rows;
   the node is asked what it charges for that graph (free), and the cheaper of the two is
   released, so that what the node learns about partitions benefits the builder too.
-* **distinct**: per ``count_distinct`` column, whether each (cell, key) has a row
-  (``one_hot.any(0)``) summed over the keys: noised at what the node charges for it.
+* **distinct**: per ``count_distinct`` column, the node's ``count_distinct`` prim of the
+  column (per cell by a cell index, -1 for a row outside the filter): one subject moves
+  each cell's count by at most its rows, all cells' by twice that; noised at what the node
+  charges for it.
 * **selected**: every quantile (median, min, max) in one release of the node's
   ``quantile`` prim, per group by a cell index (-1 for a row outside the filter): each
   selected by permute-and-flip, the release's epsilon shared equally among them.
@@ -38,7 +40,7 @@ import numpy as np
 import torch
 
 from dpnode.core.engine.prims.misc import _MAX_GROUPS as MAX_SELECTED_CELLS
-from dpnode.sdk.query.aggregates import Aggregate, distinct_keys
+from dpnode.sdk.query.aggregates import Aggregate, distinct_values
 from dpnode.sdk.query.errors import TooManyCellsError
 from dpnode.sdk.query.expressions import column_info
 from dpnode.sdk.query.keys import Key, cell_index, cell_members, check_memory
@@ -234,27 +236,38 @@ def _distinct(
     cells: int,
     delta: float | None,
 ) -> Release | None:
+    from dpnode.core.engine.prims.distinct import MAX_GROUPS
+    from dpnode.sdk._remote.dispatch import _wrap, node_of
+    from dpnode.sdk._remote.distinct import distinct_node
+
     ds = query.ds
     aggs = [a for a in query.aggregates if a.family == "distinct"]
     if not aggs:
         return None
+    if cells > MAX_GROUPS:
+        raise TooManyCellsError(
+            f"count_distinct per group: {cells:,} groups is more than the {MAX_GROUPS:,} one "
+            "release counts for: group by fewer keys"
+        )
+    index: torch.Tensor | None = None
+    if keys:
+        index = cell_index(ds, keys, where)
+    elif where is not None:
+        index = where.to(torch.int64) - 1  # 0 inside the filter, -1 outside
     tensors: list[torch.Tensor] = []
-    sizes: list[int] = []
+    sizes: list[float] = []
     for a in aggs:
         assert a.column is not None
-        info = column_info(ds, a.column)
-        codes = distinct_keys(info)
-        check_memory(rows, cells, len(codes), f"count_distinct({a.column!r})")
+        values = distinct_values(column_info(ds, a.column))
         x = ds[a.column]
-        hot = x.unsqueeze(-1) == torch.tensor(codes, dtype=torch.int64).to(x.dtype)
-        if where is not None:
-            hot = hot & where.unsqueeze(-1)
-        if keys:
-            hot = (cell_members(ds, keys).unsqueeze(-1) & hot.unsqueeze(1)).any(0).sum(-1)
+        if index is None:
+            node = distinct_node(node_of(x))
+            meta = torch.empty((), dtype=torch.int64, device="meta")
         else:
-            hot = hot.any(0).sum()
-        tensors.append(hot)
-        sizes.append(len(codes))
+            node = distinct_node(node_of(x), index=node_of(index), groups=cells)
+            meta = torch.empty((cells,), dtype=torch.int64, device="meta")
+        tensors.append(_wrap(meta, node, getattr(x, "_source", "")))
+        sizes.append(float(rows if values is None else min(rows, values)))
 
     def read(released: list[torch.Tensor], receipt: Receipt, epsilon: float) -> Values:
         sd = _noise_sd(receipt)
@@ -265,7 +278,7 @@ def _distinct(
         return out
 
     names = tuple(a.name for a in aggs)
-    return Release("distinct", names, tensors, len(aggs), delta is not None, read, "any(0).sum")
+    return Release("distinct", names, tensors, len(aggs), delta is not None, read, "count_distinct")
 
 
 def _selected(

@@ -1,6 +1,7 @@
 """The prim vocabulary: importing this package registers every prim."""
 
 from dpnode.core.engine.prims import (  # noqa: F401
+    distinct,
     dpsgd,
     elementwise,
     indexing,

@@ -2,6 +2,7 @@
 
 from dpnode.core.privacy.rules import (  # noqa: F401
     conv,
+    distinct,
     elementwise,
     linalg,
     misc,
