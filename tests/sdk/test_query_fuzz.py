@@ -476,6 +476,7 @@ def _same_in_mock(case: Case, outcome: str, mocked: str) -> bool:
 
 
 @pytest.mark.usefixtures("sqlite_only")
+@pytest.mark.filterwarnings("error:.*encountered in:RuntimeWarning")  # NumPy's overflow, NaN
 def test_random_queries_answer_or_refuse_by_name_charging_nothing(
     fuzz_table: sdk.DatasetHandle, ds_client: sdk.Client
 ) -> None:

@@ -225,7 +225,8 @@ def _statistic(
     if kind == "var":
         return variance, var_sd
     spread = np.sqrt(variance)
-    return spread, np.minimum(var_sd / (2 * np.maximum(spread, 1e-300)), half)
+    with np.errstate(over="ignore"):  # a spread of 0: its error is the most it can be, half
+        return spread, np.minimum(var_sd / (2 * np.maximum(spread, 1e-300)), half)
 
 
 def _distinct(
