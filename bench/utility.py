@@ -58,7 +58,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from starlette.testclient import TestClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -183,9 +182,11 @@ def in_process_node(data_dir: Path) -> Iterator[Callable[[str], sdk.Client]]:
             users.create_user(
                 session, context.hasher, None, email=email, password=PASSWORD, role=role
             )
-    with TestClient(create_app(context=context)) as http:
+    # the SDK's in-process transport: the app on one event-loop thread, as a notebook would
+    # open a node of its own (sdk.InProcessTransport)
+    with sdk.InProcessTransport(create_app(context=context)) as transport:
         yield lambda email: sdk.login(
-            "http://bench", email=email, password=PASSWORD, transport=http._transport
+            "http://bench", email=email, password=PASSWORD, transport=transport
         )
     context.close()
 

@@ -27,6 +27,7 @@ from dpnode.node.db.session import (
 )
 from dpnode.node.services.datasets import KnownDatasets
 from dpnode.node.services.leases import LeaseKeeper
+from dpnode.node.services.release_plans import SelectionPlans
 from dpnode.node.services.security import password_hasher
 from dpnode.node.services.throttle import LoginThrottle
 from dpnode.node.services.uploads import UploadLimits, UploadSessions
@@ -56,6 +57,9 @@ class NodeContext:
     #: The metadata of the datasets this process has computed on, checked by each charge
     #: (see dpnode.node.services.datasets.KnownDatasets): a publish on them reads none.
     known_datasets: KnownDatasets = field(default_factory=KnownDatasets)
+    #: The plans of quantile releases, by the exact request (see
+    #: dpnode.node.services.release_plans): the same median published again is not re-planned.
+    selections: SelectionPlans = field(default_factory=SelectionPlans)
     #: Recent login attempts and failures, kept in this process (see dpnode.node.services.throttle).
     logins: LoginThrottle = field(init=False)
     #: Chunked uploads in progress, kept as files (see dpnode.node.services.uploads).

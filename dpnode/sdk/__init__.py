@@ -77,6 +77,7 @@ from dpnode.sdk._remote.distinct import count_distinct
 from dpnode.sdk._scaling import BoundsScaler, bounds_scaler
 from dpnode.sdk._steps import StepBudget, step_budget
 from dpnode.sdk._training import PrivateTraining, TrainingStep, private_training
+from dpnode.sdk._transport import InProcessTransport
 
 __all__ = [
     "ApprovalRequiredError",
@@ -100,6 +101,7 @@ __all__ = [
     "EvaluationUnavailableError",
     "Grants",
     "GraphError",
+    "InProcessTransport",
     "InvalidPolicyError",
     "InvalidRequestError",
     "Ledger",

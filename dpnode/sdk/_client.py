@@ -6,11 +6,14 @@ Its uploads are ``dpnode.sdk._client_uploads`` and its budget, ledger and policy
 from __future__ import annotations
 
 import contextlib
+import copy
+import hashlib
 import json
 import random
 import struct
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -53,6 +56,10 @@ if TYPE_CHECKING:
 __all__ = ["CHUNKED_ABOVE", "CHUNK_BYTES", "FRAME_TYPE", "Client", "_wants_progress"]
 
 API_PREFIX = "/api/v1"
+
+
+#: how many /sensitivity answers a client keeps (see Client.sensitivity_of_frame)
+KEPT_SENSITIVITIES = 256
 
 
 class Client(BudgetCalls, UploadCalls):
@@ -111,6 +118,8 @@ class Client(BudgetCalls, UploadCalls):
         self.poll_interval = 1.0
         #: digests of the graph headers this node has accepted from us (see _post_graph)
         self._structures_sent: set[bytes] = set()
+        #: the node's free /sensitivity answers kept by request (see sensitivity_of_frame)
+        self._sensitivities: OrderedDict[bytes, dict[str, Any]] = OrderedDict()
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -277,15 +286,39 @@ class Client(BudgetCalls, UploadCalls):
         return outputs, dict(manifest["receipt"])
 
     def sensitivity_of_frame(
-        self, frame: bytes, *, epsilon: float | None = None, delta: float | None = None
+        self,
+        frame: bytes,
+        *,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        keep: bool = False,
     ) -> dict[str, Any]:
-        """Sensitivity of a graph's outputs (and the noise scale for ``epsilon``): free."""
+        """Sensitivity of a graph's outputs (and the noise scale for ``epsilon``): free.
+
+        ``keep``: the answer depends only on the frame and its datasets' public metadata
+        (no model weights, which an owner may replace), which never changes once stored,
+        under ids never reused: it is kept (the last :data:`KEPT_SENSITIVITIES`), and the
+        same question again is answered here, without a request (the query builder asks
+        one before each count). A refusal is never kept.
+        """
+        key = None
+        if keep:
+            key = hashlib.blake2b(frame, digest_size=32)
+            key.update(repr((epsilon, delta)).encode())
+            kept = self._sensitivities.get(key.digest())
+            if kept is not None:
+                self._sensitivities.move_to_end(key.digest())
+                return copy.deepcopy(kept)
         params: dict[str, Any] = {}
         if epsilon is not None:
             params["epsilon"] = epsilon
         if delta is not None:
             params["delta"] = delta
         result: dict[str, Any] = self._post_graph("/sensitivity", frame, params).json()
+        if key is not None:
+            self._sensitivities[key.digest()] = copy.deepcopy(result)
+            while len(self._sensitivities) > KEPT_SENSITIVITIES:
+                self._sensitivities.popitem(last=False)
         return result
 
     def publish_state(self, key: str) -> str:

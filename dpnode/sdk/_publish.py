@@ -264,9 +264,12 @@ def sensitivity_body(
 ) -> dict[str, Any]:
     """The node's free ``/sensitivity`` answer for publishing ``items`` together (their
     bounds, sensitivities, and the noise scale at ``epsilon`` if given)."""
+    graph = graph_for(items)
+    # an answer on datasets alone never changes: the client keeps it
+    keep = not any(name.startswith("model:") for name in graph.input_names())
     with _naming_calls(items):
         body: dict[str, Any] = _client(client, items).sensitivity_of_frame(
-            _frame(items), epsilon=epsilon, delta=delta
+            encode_graph(graph).frame, epsilon=epsilon, delta=delta, keep=keep
         )
     return body
 

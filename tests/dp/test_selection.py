@@ -264,3 +264,31 @@ def test_an_epsilon_too_small_to_share_is_refused() -> None:
     grid = selection.candidates(0.0, 1.0, False)
     with pytest.raises(InvalidRequestError, match="too small to share among 2 quantiles"):
         selection.plan_selection(epsilon=5e-324, outputs=[(grid, [0.25, 0.75], 1, 0)])
+
+
+def _first_by_sorting(high: np.ndarray, low: np.ndarray, accepted: np.ndarray) -> np.ndarray:
+    """The first accepted candidate in the order that sorts (high, low), ties by index: as
+    the selection once computed it, with a full sort per row."""
+    order = np.lexsort((low, high), axis=1)
+    rows = np.arange(high.shape[0])
+    return order[rows, np.argmax(accepted[rows[:, None], order], axis=1)]
+
+
+@pytest.mark.parametrize("bits", [64, 2, 1])
+def test_the_first_accepted_in_order_is_the_sorted_orders(bits: int) -> None:
+    """Random keys (with few bits, many ties in one word or both), random acceptances with
+    at least one per row, and keys of all ones (which the pick uses to set rejected ones
+    aside): the linear-time pick is the sort's, index for index."""
+    rng = np.random.default_rng(bits)
+    top = np.iinfo(np.uint64).max
+    for _ in range(200):
+        rows, m = int(rng.integers(1, 4)), int(rng.integers(1, 40))
+        shift = np.uint64(64 - bits)
+        high = rng.integers(0, top, (rows, m), dtype=np.uint64, endpoint=True) >> shift
+        low = rng.integers(0, top, (rows, m), dtype=np.uint64, endpoint=True) >> shift
+        high[rng.random((rows, m)) < 0.1] = top
+        low[rng.random((rows, m)) < 0.1] = top
+        accepted = rng.random((rows, m)) < rng.random()
+        accepted[np.arange(rows), rng.integers(0, m, rows)] = True
+        expected = _first_by_sorting(high, low, accepted)
+        assert selection.first_in_order(high, low, accepted).tolist() == expected.tolist()

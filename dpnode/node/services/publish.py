@@ -85,6 +85,7 @@ from dpnode.node.context import NodeContext
 from dpnode.node.db.models import MAX_ID, PublishKey, Role, User
 from dpnode.node.services import audit, budget, datasets, idempotency, models, users
 from dpnode.node.services.budget import EPSILON_UNIT, RHO_UNIT, TV_UNIT, Cost
+from dpnode.node.services.release_plans import selection_key
 from dpnode.node.storage import array_from_bytes
 
 
@@ -355,6 +356,8 @@ class _Prepared:
     graph: Graph
     planned: Plan
     inputs: _Inputs
+    #: the whole graph frame (constants included), which keys a quantile release's plan
+    frame: bytes
 
 
 @dataclass(frozen=True)
@@ -408,19 +411,26 @@ def _prepare(
         if stored is not None:  # answered already: released, nothing new to decide
             return Replayed(stored)
     graph, planned = _decode(context, actor_id, found)
-    return _Prepared(charged, claim, graph, planned, _resolve(context, read, graph))
+    inputs = _resolve(context, read, graph)
+    return _Prepared(charged, claim, graph, planned, inputs, found.frame)
 
 
 def _plan(context: NodeContext, request: PublishRequest, prepared: _Prepared) -> _Decided:
     """Track the graph, plan the noise and the cost, and where it is evaluated (step 4)."""
     inputs = prepared.inputs
-    rp = plan_release(
-        prepared.planned,
-        inputs.specs,
-        epsilon=_float_at_most(prepared.charged),
-        delta=request.delta,
-        tracked=context.tracking.report,
-    )
+    epsilon = _float_at_most(prepared.charged)
+    key = selection_key(prepared.frame, prepared.graph, epsilon, request.delta)
+    rp = None if key is None else context.selections.get(key)
+    if rp is None:
+        rp = plan_release(
+            prepared.planned,
+            inputs.specs,
+            epsilon=epsilon,
+            delta=request.delta,
+            tracked=context.tracking.report,
+        )
+        if key is not None and rp.selection is not None:  # public: kept for the same request
+            context.selections.add(key, rp)
     cost = _cost(rp, request, inputs, prepared.graph)
     # where it is evaluated: decided from public metadata, the cluster checked before the charge
     cluster = context.cluster
