@@ -388,6 +388,21 @@ def gaussian(
     return apply_noise(x, plan, source=source)
 
 
+def _samples(plan: Callable[[float], object], scale: float) -> bool:
+    """Whether the sampler can be planned at ``scale`` (grid units): a scale far below one
+    grid step (an epsilon beyond the documented range on the integer grid) underflows its
+    tables, and the fine grid, whose scale is never that small, is used instead.
+
+    >>> _samples(samplers.laplace_plan, 1.0), _samples(samplers.laplace_plan, 1e-9)
+    (True, False)
+    """
+    try:
+        plan(scale)
+    except ArithmeticError:
+        return False
+    return True
+
+
 @functools.lru_cache(maxsize=256)  # public numbers in, exact arithmetic: once, not per publish
 def _laplace_grid(sens: float, eps: float, n: int, integral: bool) -> tuple[int, float, float]:
     """Grid exponent k, scale t (grid units) and rounded-query L1 sensitivity (grid units)."""
@@ -397,7 +412,7 @@ def _laplace_grid(sens: float, eps: float, n: int, integral: bool) -> tuple[int,
     whole = math.floor(Fraction(sens))
     if integral and k <= 0 and whole >= 1:
         t = float_at_least(Fraction(whole) / Fraction(eps))
-        if t <= samplers.MAX_SCALE:
+        if t <= samplers.MAX_SCALE and _samples(samplers.laplace_plan, t):
             return 0, t, float(whole)
     while True:
         # L1 sensitivity of the rounded query, in grid units: floor(Δ/2^k) + n.
@@ -421,7 +436,7 @@ def _gaussian_grid(sens: float, rho: float, n: int, integral: bool) -> tuple[int
     if integral and k <= 0 and whole >= 1:
         d2 = float(_sqrt_at_least(whole))
         s = _gaussian_parameter(d2, rho)
-        if s <= samplers.MAX_SCALE:
+        if s <= samplers.MAX_SCALE and _samples(samplers.gaussian_plan, s):
             return 0, s, d2
     while True:
         # L2 sensitivity of the rounded query, in grid units: at most Δ/2^k + sqrt(n).
