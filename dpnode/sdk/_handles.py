@@ -131,14 +131,11 @@ class DatasetHandle:
         Public structure, not the subject ids themselves: each row is labelled by the
         first row of its subject. Pass it (or its rows of a batch, ``ds.subjects[idx]``)
         as ``publish_grads(..., subjects=...)`` so a subject's rows are clipped together.
+        Inside ``sdk.mock(ds)`` it is shaped like the mock data instead.
         """
-        import torch
+        from dpnode.sdk._remote.handles import subjects_tensor
 
-        from dpnode.sdk._remote import remote_input
-
-        return remote_input(
-            f"dataset:{self.id}/@subject", (self.row_count,), torch.int64, origin=self._client
-        )
+        return subjects_tensor(self)
 
     def tensors(self, *columns: str | list[str], stack: bool | None = None) -> Any:
         """Several columns at once, as remote tensors.

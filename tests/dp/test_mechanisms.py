@@ -221,3 +221,46 @@ def test_scale_previews_equal_the_release(sens: float, p: float, n: int) -> None
         gaussian(x, sensitivity_l2=sens, rho=p).scale
     )
     assert laplace_scale(sensitivity_l1=0.0, epsilon=p, count=n) == 0.0
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.floats(1e-6, 1e7), st.floats(1e-3, 10.0), st.integers(1, 5000))
+def test_integer_plans_noise_on_the_integers_or_exactly_as_before(
+    sens: float, p: float, n: int
+) -> None:
+    # integers whose change is at most sens: the grid 1 without rounding term where the fine
+    # grid is no coarser and the sampler takes the scale; else the fine grid, bit for bit
+    laplace_plans = (
+        plan_laplace(sensitivity_l1=sens, epsilon=p, count=n, integral=True),
+        plan_laplace(sensitivity_l1=sens, epsilon=p, count=n),
+        laplace_scale(sensitivity_l1=sens, epsilon=p, count=n, integral=True),
+    )
+    gaussian_plans = (
+        plan_gaussian(sensitivity_l2=sens, rho=p, count=n, integral=True),
+        plan_gaussian(sensitivity_l2=sens, rho=p, count=n),
+        gaussian_scale(sensitivity_l2=sens, rho=p, count=n, integral=True),
+    )
+    for norm, (planned, fine, preview) in ((1, laplace_plans), (2, gaussian_plans)):
+        whole = math.floor(Fraction(sens) ** norm)  # the integer query's L1 or squared L2
+        assert preview == planned.scale
+        assert (planned.epsilon, planned.rho) == (fine.epsilon, fine.rho)
+        # the integer scale: whole / epsilon, or sqrt(whole) / sqrt(2 rho), about
+        ideal = whole / p if norm == 1 else math.sqrt(whole / (2 * p))
+        assert fine.grid_exponent is not None
+        if whole >= 1 and fine.grid_exponent <= 0 and ideal < MAX_SCALE * (1 - 1e-9):
+            assert planned.grid_exponent == 0
+            assert planned.scale <= fine.scale and planned.sensitivity <= fine.sensitivity
+            assert Fraction(planned.sensitivity) ** norm >= whole
+            if norm == 1:
+                assert Fraction(planned.scale) * Fraction(p) >= whole
+                assert planned.scale == pytest.approx(ideal, rel=1e-15)
+            else:
+                d2 = Fraction(planned.sensitivity) ** 2
+                assert d2 <= 2 * Fraction(p) * Fraction(planned.scale) ** 2
+                assert planned.scale == pytest.approx(ideal, rel=1e-14)
+        elif whole == 0 or fine.grid_exponent > 0 or ideal > MAX_SCALE * (1 + 1e-9):
+            assert (planned.grid_exponent, planned.scale, planned.sensitivity) == (
+                fine.grid_exponent,
+                fine.scale,
+                fine.sensitivity,
+            )

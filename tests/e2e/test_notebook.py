@@ -43,6 +43,16 @@ DISPLAYS = {
     "fake.to_pandas().head()": ["<table", "age"],
     "visits": ["clinic_visits", "patient_id", "smoker"],
     "admin.policy()": ["policy", "<pre>"],
+    # the builder's table: each statistic beside its 95% error bar, the scales folded in
+    "older": [
+        "query result",
+        "<th>bmi_mean</th>",
+        " ± ",
+        " rows)</td>",
+        "95% interval of its noise",
+        "rows of rank",
+        "split across 2 publish(es)",
+    ],
 }
 
 
@@ -84,6 +94,9 @@ def test_the_walkthrough_as_a_notebook_shows_html_tables(
         for text in expected:
             assert text in html, (expression, text, html[:2000])
         assert not re.search(r"<script|https?://", html), expression  # no code, no assets
+    shown = dict(zip(DISPLAYS, nb.cells[-len(DISPLAYS) :], strict=True))
+    older = html_of(shown["older"])
+    assert re.search(r"<td>\d[\d.]* ± \d[\d.]*</td>", older) and "_scale" not in older, older
 
 
 def test_the_notebook_has_no_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

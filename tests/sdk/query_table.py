@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import numpy as np
 
 from dpnode import sdk
@@ -40,3 +43,10 @@ def upload(owner: sdk.Client, scientist: sdk.Client, name: str = "people") -> sd
 def codes(data: dict[str, np.ndarray]) -> np.ndarray:
     """The education column as category codes."""
     return np.array([EDUCATION.index(e) for e in data["education"]])
+
+
+def unbounded(ds: sdk.DatasetHandle, column: str) -> sdk.DatasetHandle:
+    """The handle as a node would list ``column`` if its bounds were not finite (the node
+    refuses such bounds at upload: only a handle can say so)."""
+    info = dataclasses.replace(ds.columns[column], bounds=(-math.inf, math.inf))
+    return dataclasses.replace(ds, columns={**ds.columns, column: info})

@@ -27,6 +27,7 @@ from dpnode.sdk.query import (
     sum,
     var,
 )
+from dpnode.sdk.query.errorbars import ErrorBar, shown
 from tests.sdk.query_table import EDUCATION, codes, table, upload
 
 #: how many stated scales an answer may be off (a 5-sigma event fails one test in ~10^6)
@@ -135,11 +136,11 @@ def test_quantiles_per_group_and_under_a_filter(
         .agg(median("age"), quantile("income", 0.9), min("hours"), max("hours"), mean("age"))
         .publish(epsilon=8.0)
     )
-    noised, selected = result.receipt.spends
-    assert (noised.role, selected.role) == ("noised", "selected")
+    selected, noised = result.receipt.spends  # the selection first: see compile.py
+    assert (selected.role, noised.role) == ("selected", "noised")
     assert selected.receipt.mechanism == "exponential"
     # weights: one part (age's sum; the count is in it) against four quantiles
-    assert [s.epsilon for s in result.receipt.spends] == pytest.approx([8.0 * 2 / 6, 8.0 * 4 / 6])
+    assert [s.epsilon for s in result.receipt.spends] == pytest.approx([8.0 * 4 / 6, 8.0 * 2 / 6])
     for r in result.rows():
         rows = data["sex"] == r["sex"]
         assert r["age_median"] == round(r["age_median"])  # an integer column: integers
@@ -244,3 +245,63 @@ def test_the_result_as_frames_rows_and_text(people: sdk.DatasetHandle) -> None:
     text = str(result)
     assert "count_scale" in text and "epsilon 1 split across 1 publish" in text
     assert result.column("sex") == [0, 1] and result["v"] == result.column("v")
+
+
+@pytest.mark.usefixtures("sqlite_only")
+def test_a_notebook_shows_each_statistic_beside_its_95_percent_error_bar(
+    people: sdk.DatasetHandle,
+) -> None:
+    query = people.query().filter(col("age") > 30).group_by("sex")
+    result = query.agg(count(), mean("income"), median("age")).publish(epsilon=2.0)
+    html = result._repr_html_()
+    assert "_scale" not in html and "<th>income_mean</th>" in html  # each scale folded in
+    for r in result.rows():
+        # Laplace noise: within ln(20) b = 2.12 standard deviations with probability 95%
+        for name in ("count", "income_mean"):
+            bar = math.log(20) / math.sqrt(2) * r[f"{name}_scale"]
+            assert result.error_bars[name][r["sex"]] == ErrorBar(pytest.approx(bar))
+            assert f"<td>{shown(r[name], ErrorBar(bar))}</td>" in html
+        # a selection among the 121 integers of age's bounds: rows of rank
+        rows = r["age_median_scale"] * (math.log(121) + math.log(20))
+        assert f"<td>{r['age_median']:g} (± {rows:.0f} rows)</td>" in html
+    assert "95% interval of its noise" in html and "rows of rank" in html
+    assert "epsilon 2 split across 2 publish(es)" in html
+    gaussian = people.query().agg(count(), mean("income")).publish(epsilon=1.0, delta=1e-6)
+    (row,) = gaussian.rows()
+    assert gaussian.error_bars == {
+        "count": [None],  # public: exact
+        "income_mean": [ErrorBar(pytest.approx(1.959964 * row["income_mean_scale"]))],
+    }
+    assert "<td>600</td>" in gaussian._repr_html_() and "exact (public)" in gaussian._repr_html_()
+
+
+@pytest.mark.usefixtures("sqlite_only")
+def test_the_error_bars_cover_95_percent(people: sdk.DatasetHandle) -> None:
+    """On the mock data (known here), over independently seeded dry runs: a count's bar is
+    exact for Laplace noise, a mean's about right or wider, a median's rank bar a bound."""
+    data = table(1, 100)
+    edu = codes(data)
+    query = people.query().group_by("education").agg(count(), mean("income"), median("hours"))
+    covered: dict[str, list[bool]] = {"count": [], "income_mean": [], "hours_median": []}
+    for seed in range(120):
+        with sdk.mock(people, seed=seed):
+            result = query.publish(epsilon=1.0)
+        for i, r in enumerate(result.rows()):
+            rows = edu == i
+            bars = {name: result.error_bars[name][i] for name in covered}
+            covered["count"].append(abs(r["count"] - rows.sum()) <= bars["count"].half_width)
+            truth = data["income"][rows].mean()
+            covered["income_mean"].append(
+                abs(r["income_mean"] - truth) <= bars["income_mean"].half_width
+            )
+            x, at = data["hours"][rows], r["hours_median"]
+            off = bars["hours_median"].half_width
+            covered["hours_median"].append(
+                (x < at).sum() - off <= x.size / 2 <= (x <= at).sum() + off
+            )
+    share = {name: float(np.mean(c)) for name, c in covered.items()}
+    # 360 draws: a binomial standard deviation of 1.1% around 95%
+    assert 0.915 <= share["count"] <= 0.985, share
+    # (clipped to the bounds a mean is only nearer the truth: more than 95% in small groups)
+    assert share["income_mean"] >= 0.9, share
+    assert share["hours_median"] >= 0.95, share

@@ -3,7 +3,6 @@ raised before any request, so nothing is charged (the ledger stays empty)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import sys
 from collections.abc import Callable
@@ -14,18 +13,12 @@ import pytest
 from dpnode import sdk
 from dpnode.sdk import query as dq
 from dpnode.sdk.query import col, count, mean, median
-from tests.sdk.query_table import upload
+from tests.sdk.query_table import unbounded, upload
 
 
 @pytest.fixture
 def people(owner_client: sdk.Client, ds_client: sdk.Client) -> sdk.DatasetHandle:
     return upload(owner_client, ds_client)
-
-
-def _unbounded(ds: sdk.DatasetHandle, column: str) -> sdk.DatasetHandle:
-    """The handle as a node would list a column whose bounds are not finite."""
-    info = dataclasses.replace(ds.columns[column], bounds=(-math.inf, math.inf))
-    return dataclasses.replace(ds, columns={**ds.columns, column: info})
 
 
 REFUSALS: list[tuple[str, Callable[[sdk.DatasetHandle], Any], type[Exception], str]] = [
@@ -49,7 +42,7 @@ REFUSALS: list[tuple[str, Callable[[sdk.DatasetHandle], Any], type[Exception], s
     ),
     (
         "unbounded column",
-        lambda ds: _unbounded(ds, "income").query().agg(mean("income")).publish(epsilon=1.0),
+        lambda ds: unbounded(ds, "income").query().agg(mean("income")).publish(epsilon=1.0),
         dq.UnboundedColumnError,
         r"mean\('income'\).*declare finite bounds",
     ),
@@ -130,6 +123,35 @@ REFUSALS: list[tuple[str, Callable[[sdk.DatasetHandle], Any], type[Exception], s
         lambda ds: ds.query().group_by("sex").publish(epsilon=1.0),
         dq.QueryError,
         r"add aggregates with \.agg",
+    ),
+    (
+        "a quantile's q that is not a number",
+        lambda ds: ds.query().agg(dq.quantile("age", None)).publish(epsilon=1.0),
+        dq.QueryError,
+        r"quantile\('age', None\): q must be a number in \[0, 1\]",
+    ),
+    (
+        "a key an integer column never holds",
+        lambda ds: (
+            ds.query()
+            .group_by("age", keys={"age": [30, 30.5, 10**30]})
+            .agg(count())
+            .publish(epsilon=1.0)
+        ),
+        dq.QueryError,
+        r"keys \[30.5, 10{30}\] of column 'age' are values it never holds \(int64 in \[0, 120\]\)",
+    ),
+    (
+        "one key, not a list",
+        lambda ds: ds.query().group_by("age", keys={"age": 30}).agg(count()).publish(epsilon=1.0),
+        dq.QueryError,
+        r"keys=\{'age': 30\}: give a list of keys",
+    ),
+    (
+        "a quantile in more groups than the node selects in",
+        lambda ds: ds.query().group_by("age", "hours").agg(median("income")).publish(epsilon=1.0),
+        dq.TooManyCellsError,
+        r"income_median: the node selects a quantile in at most 1,000 groups.*9,801",
     ),
     (
         "several publishes over the budget",

@@ -17,6 +17,15 @@ the size, not from the noise scale alone: ``k`` is the largest exponent with ``n
 noise. When that would make the noise scale in grid units exceed the samplers' limit (2^44),
 ``k`` is raised until it fits and the larger inflation is charged, never ignored.
 
+Values proven integers on every dataset (from public metadata) need no rounding at all: on the
+grid ``2^0 = 1`` rounding is the identity, the rounded query is the query, and its sensitivity
+is the declared ``Δ₁`` or ``Δ₂`` with no ``+ n`` or ``+ sqrt(n)`` term (even ``floor(Δ₁)`` and
+``floor(Δ₂²)`` under the root: an integer query changes by an integer vector). The discrete
+Laplace of scale ``Δ₁ / ε`` on the integers is then ε-DP and the discrete Gaussian with
+``Δ₂² <= 2 rho s²`` is rho-zCDP (Canonne, Kamath & Steinke 2020) for any real ``Δ₁``, ``Δ₂``;
+:func:`dpnode.core.dp.mechanisms.plan_laplace` (``integral=True``) takes that grid whenever
+``finest_exponent`` would be ``<= 0`` and the scale fits the samplers.
+
 Inputs must be finite; a value whose grid index overflows a double is refused. Both refusals
 depend on the private values, which is why the caller maps them to an evaluation error without
 the value (see ``docs/privacy.md``, what is not protected).

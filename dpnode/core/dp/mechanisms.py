@@ -10,6 +10,15 @@ coordinates add, so an integer query of L2 sensitivity ``D`` gets ``D² / (2 s²
 (:mod:`dpnode.core.dp.grid`), up to the samplers' total-variation deviation, which the
 :class:`Release` reports for charging.
 
+Both arguments hold for any real sensitivity bound of an integer query, so a query proven
+integer-valued on every dataset (``integral=True``: the tracker's proof, from public metadata)
+is noised on the grid ``2^0 = 1`` with no rounding term at all, rounding being the identity on
+integers: scale ``Δ₁ / ε`` or ``s`` with ``Δ₂² <= 2 rho s²``, the textbook ones, whenever the
+fine grid would be no coarser than 1 and the sampler takes that scale (else the fine grid,
+as for any other value). The change of an integer query is an integer vector, so its L1 norm
+is at most ``floor(Δ₁)`` and its squared L2 norm at most ``floor(Δ₂²)``: the tracker's bounds,
+widened a little for its own float arithmetic, are taken down to those.
+
 The charge is what the caller asked for and never depends on the data: the noise scale is
 rounded *up* so that the mechanism meets it exactly (checked in rational arithmetic).
 
@@ -235,13 +244,19 @@ def apply_noise(
 
 
 @refusing_arithmetic
-def plan_laplace(*, sensitivity_l1: float, epsilon: float, count: int) -> NoisePlan:
+def plan_laplace(
+    *, sensitivity_l1: float, epsilon: float, count: int, integral: bool = False
+) -> NoisePlan:
     """Plan discrete Laplace noise on a 2^k grid for ``count`` values: epsilon-DP.
 
     Args:
         sensitivity_l1: L1 sensitivity of the values over neighbouring datasets.
         epsilon: privacy parameter, finite and > 0.
         count: number of values released (>= 0).
+        integral: every value is an integer on every neighbouring dataset (proven from
+            public metadata): the grid 1, without rounding inflation, where it fits, for the
+            integer query's L1 sensitivity ``floor(sensitivity_l1)`` (its change is an
+            integer).
 
     Raises:
         InvalidRequestError: on a bad epsilon or sensitivity, or an epsilon so small that
@@ -250,19 +265,22 @@ def plan_laplace(*, sensitivity_l1: float, epsilon: float, count: int) -> NoiseP
     >>> p = plan_laplace(sensitivity_l1=1.0, epsilon=1.0, count=2)
     >>> p.grid_exponent, p.scale, p.epsilon
     (-11, 1.0009765625, 1.0)
+    >>> p = plan_laplace(sensitivity_l1=1.0, epsilon=1.0, count=2, integral=True)
+    >>> p.grid_exponent, p.scale, p.sensitivity
+    (0, 1.0, 1.0)
     """
     eps = _positive("epsilon", epsilon)
     sens = _sensitivity("sensitivity_l1", sensitivity_l1)
     if sens == 0 or count <= 0:
         return NoisePlan("laplace", max(count, 0), None, 0.0, 0.0, eps, 0.0, 0.0, None)
-    k, t, d_int = _laplace_grid(sens, eps, count)
+    k, t, d1 = _laplace_grid(sens, eps, count, integral)
     sampler = samplers.laplace_plan(t)
     return NoisePlan(
         mechanism="laplace",
         count=count,
         grid_exponent=k,
         scale=_beyond_float64(t, k, sens, f"epsilon {eps:g}"),
-        sensitivity=_beyond_float64(float(d_int), k, sens, f"epsilon {eps:g}"),
+        sensitivity=_beyond_float64(d1, k, sens, f"epsilon {eps:g}"),
         epsilon=eps,
         rho=0.0,
         sampler_tv=count * sampler.tv_bound,
@@ -278,12 +296,15 @@ def plan_gaussian(
     rho: float | None = None,
     epsilon: float | None = None,
     delta: float | None = None,
+    integral: bool = False,
 ) -> NoisePlan:
     """Plan discrete Gaussian noise on a 2^k grid for ``count`` values: rho-zCDP.
 
     Give either ``rho`` or both ``epsilon`` and ``delta``; the latter is calibrated to the
     largest rho whose zCDP guarantee implies (epsilon, delta)-DP (CKS 2020, Corollary 13), and
-    the release charges that rho.
+    the release charges that rho. ``integral``: every value is an integer on every
+    neighbouring dataset (proven from public metadata), as for :func:`plan_laplace`; the
+    squared L2 change is then an integer, at most ``floor(sensitivity_l2²)``.
 
     Raises:
         InvalidRequestError: on bad or inconsistent privacy parameters or sensitivity, or a rho
@@ -292,12 +313,15 @@ def plan_gaussian(
     >>> p = plan_gaussian(sensitivity_l2=2.0, count=4, rho=0.5)
     >>> p.grid_exponent, p.rho, p.scale > 2.0
     (-10, 0.5, True)
+    >>> p = plan_gaussian(sensitivity_l2=2.0, count=4, rho=0.5, integral=True)
+    >>> p.grid_exponent, p.scale == math.nextafter(2.0, 3.0), p.sensitivity
+    (0, True, 2.0)
     """
     target = _gaussian_rho(rho, epsilon, delta)
     sens = _sensitivity("sensitivity_l2", sensitivity_l2)
     if sens == 0 or count <= 0:
         return NoisePlan("gaussian", max(count, 0), None, 0.0, 0.0, 0.0, target, 0.0, None)
-    k, s, d2 = _gaussian_grid(sens, target, count)
+    k, s, d2 = _gaussian_grid(sens, target, count, integral)
     sampler = samplers.gaussian_plan(s)
     return NoisePlan(
         mechanism="gaussian",
@@ -364,34 +388,61 @@ def gaussian(
     return apply_noise(x, plan, source=source)
 
 
+def _samples(plan: Callable[[float], object], scale: float) -> bool:
+    """Whether the sampler can be planned at ``scale`` (grid units): a scale far below one
+    grid step (an epsilon beyond the documented range on the integer grid) underflows its
+    tables, and the fine grid, whose scale is never that small, is used instead.
+
+    >>> _samples(samplers.laplace_plan, 1.0), _samples(samplers.laplace_plan, 1e-9)
+    (True, False)
+    """
+    try:
+        plan(scale)
+    except ArithmeticError:
+        return False
+    return True
+
+
 @functools.lru_cache(maxsize=256)  # public numbers in, exact arithmetic: once, not per publish
-def _laplace_grid(sens: float, eps: float, n: int) -> tuple[int, float, int]:
+def _laplace_grid(sens: float, eps: float, n: int, integral: bool) -> tuple[int, float, float]:
     """Grid exponent k, scale t (grid units) and rounded-query L1 sensitivity (grid units)."""
     k = grid.finest_exponent(sens, n, norm=1)
+    # integers on the grid 1: rounding moves nothing, no inflation; and an integer query's
+    # L1 change is an integer, so at most floor(Δ₁) (0: a fine grid, as for any value)
+    whole = math.floor(Fraction(sens))
+    if integral and k <= 0 and whole >= 1:
+        t = float_at_least(Fraction(whole) / Fraction(eps))
+        if t <= samplers.MAX_SCALE and _samples(samplers.laplace_plan, t):
+            return 0, t, float(whole)
     while True:
         # L1 sensitivity of the rounded query, in grid units: floor(Δ/2^k) + n.
         steps = math.floor(Fraction(sens) / Fraction(2) ** k)
         d_int = steps + n
         t = float_at_least(Fraction(d_int) / Fraction(eps))
         if t <= samplers.MAX_SCALE:
-            return k, t, d_int
+            return k, t, float(d_int)
         if steps == 0:  # the rounding term n / epsilon alone is too large: no grid helps
             raise InvalidRequestError(_too_small("epsilon", eps, n))
         k += 1
 
 
 @functools.lru_cache(maxsize=256)  # public numbers in, exact arithmetic: once, not per publish
-def _gaussian_grid(sens: float, rho: float, n: int) -> tuple[int, float, float]:
+def _gaussian_grid(sens: float, rho: float, n: int, integral: bool) -> tuple[int, float, float]:
     """Grid exponent k, parameter s (grid units) and rounded-query L2 sensitivity (grid units)."""
     k = grid.finest_exponent(sens, n, norm=2)
-    two_rho = 2 * Fraction(rho)
+    # integers on the grid 1: rounding moves nothing, no inflation; and an integer query's
+    # squared L2 change is an integer, so at most floor(Δ₂²) (0: a fine grid)
+    whole = math.floor(Fraction(sens) ** 2)
+    if integral and k <= 0 and whole >= 1:
+        d2 = float(_sqrt_at_least(whole))
+        s = _gaussian_parameter(d2, rho)
+        if s <= samplers.MAX_SCALE and _samples(samplers.gaussian_plan, s):
+            return 0, s, d2
     while True:
         # L2 sensitivity of the rounded query, in grid units: at most Δ/2^k + sqrt(n).
         steps = Fraction(sens) / Fraction(2) ** k
         d2 = float_at_least(steps + _sqrt_at_least(n))
-        s = math.nextafter(d2 / math.sqrt(2 * rho), math.inf)
-        while Fraction(d2) ** 2 > two_rho * Fraction(s) ** 2:
-            s = math.nextafter(s, math.inf)
+        s = _gaussian_parameter(d2, rho)
         if s <= samplers.MAX_SCALE:
             return k, s, d2
         if steps < 1:  # the rounding term sqrt(n) dominates: a coarser grid cannot help
@@ -399,18 +450,35 @@ def _gaussian_grid(sens: float, rho: float, n: int) -> tuple[int, float, float]:
         k += 1
 
 
-def laplace_scale(*, sensitivity_l1: float, epsilon: float, count: int) -> float:
+def _gaussian_parameter(d2: float, rho: float) -> float:
+    """The smallest float ``s`` above ``d2 / sqrt(2 rho)`` with ``d2² <= 2 rho s²`` exactly."""
+    two_rho = 2 * Fraction(rho)
+    s = math.nextafter(d2 / math.sqrt(2 * rho), math.inf)
+    while Fraction(d2) ** 2 > two_rho * Fraction(s) ** 2:
+        s = math.nextafter(s, math.inf)
+    return s
+
+
+def laplace_scale(
+    *, sensitivity_l1: float, epsilon: float, count: int, integral: bool = False
+) -> float:
     """The noise scale ``b`` that :func:`laplace` would use, without noising anything.
 
-    Includes the grid's inflation of the sensitivity, so it is exactly ``Release.scale``.
+    Includes the grid's inflation of the sensitivity, so it is exactly ``Release.scale``
+    (of a plan with the same ``integral``: :func:`plan_laplace`).
 
     Raises:
         InvalidRequestError: as :func:`plan_laplace`.
 
     >>> laplace_scale(sensitivity_l1=1.0, epsilon=1.0, count=2)
     1.0009765625
+    >>> laplace_scale(sensitivity_l1=2.0, epsilon=1.0, count=2, integral=True)
+    2.0
     """
-    return plan_laplace(sensitivity_l1=sensitivity_l1, epsilon=epsilon, count=count).scale
+    plan = plan_laplace(
+        sensitivity_l1=sensitivity_l1, epsilon=epsilon, count=count, integral=integral
+    )
+    return plan.scale
 
 
 def gaussian_scale(
@@ -420,10 +488,12 @@ def gaussian_scale(
     rho: float | None = None,
     epsilon: float | None = None,
     delta: float | None = None,
+    integral: bool = False,
 ) -> float:
     """The noise parameter ``sigma`` that :func:`gaussian` would use, without noising anything.
 
-    Includes the grid's inflation of the sensitivity, so it is exactly ``Release.scale``.
+    Includes the grid's inflation of the sensitivity, so it is exactly ``Release.scale``
+    (of a plan with the same ``integral``: :func:`plan_gaussian`).
 
     Raises:
         InvalidRequestError: as :func:`plan_gaussian`.
@@ -432,7 +502,12 @@ def gaussian_scale(
     1.001
     """
     plan = plan_gaussian(
-        sensitivity_l2=sensitivity_l2, count=count, rho=rho, epsilon=epsilon, delta=delta
+        sensitivity_l2=sensitivity_l2,
+        count=count,
+        rho=rho,
+        epsilon=epsilon,
+        delta=delta,
+        integral=integral,
     )
     return plan.scale
 

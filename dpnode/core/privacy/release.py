@@ -170,10 +170,14 @@ def _public_plan(
     planned: Plan, report: PrivacyReport, *, epsilon: float, delta: float | None
 ) -> _PublicPlan:
     count = sum(math.prod(o.shape) for o in report.outputs)
+    # every output proven an integer on every dataset: noised on the integers, unrounded
+    whole = report.integral
     if delta is None:
-        noise = plan_laplace(sensitivity_l1=report.l1, epsilon=epsilon, count=count)
+        noise = plan_laplace(sensitivity_l1=report.l1, epsilon=epsilon, count=count, integral=whole)
     else:
-        noise = plan_gaussian(sensitivity_l2=report.l2, count=count, epsilon=epsilon, delta=delta)
+        noise = plan_gaussian(
+            sensitivity_l2=report.l2, count=count, epsilon=epsilon, delta=delta, integral=whole
+        )
     lower, upper = output_ranges(planned, report)
     # Narrowing the clip to what the grid holds is post-processing (clipping never widens
     # a difference); only absurd magnitudes (beyond 2^1000 grid steps) are touched.

@@ -84,6 +84,9 @@ class OutputSensitivity:
     ``rounding_l1``/``rounding_l2``: what the rest of the engine's floating-point
     rounding adds (``2 E`` over the elements). ``l1``/``l2`` are their sums, widened by
     the tracker's own rounding (a relative ``1e-9`` at most for a million elements).
+    ``integral``: every computed value is an integer on every dataset within the declared
+    bounds (:func:`~dpnode.core.privacy.rounding.integral`, from public metadata only), so the
+    release can noise it on the integers without rounding it.
     """
 
     shape: tuple[int, ...]
@@ -97,6 +100,7 @@ class OutputSensitivity:
     exact_l2: float
     rounding_l1: float
     rounding_l2: float
+    integral: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,12 @@ class PrivacyReport:
     def l2(self) -> float:
         """L2 sensitivity of all outputs released together."""
         return _joined([o.per_subject_l2 for o in self.outputs], squares=True)
+
+    @property
+    def integral(self) -> bool:
+        """Whether every output is an integer on every dataset (an empty report is not:
+        it has nothing to noise)."""
+        return bool(self.outputs) and all(o.integral for o in self.outputs)
 
     @functools.cached_property
     def kept(self) -> dict[Any, Any]:
@@ -370,7 +380,11 @@ class PrivacyTracker:
                 )
             if not (np.isfinite(l1) and np.isfinite(l2)):
                 raise PrivacyTrackingError(f"output {k}: its sensitivity is unbounded")
-            outs.append(OutputSensitivity(s.shape, l1, l2, lo, hi, t1, t2, exact1, exact2, r1, r2))
+            outs.append(
+                OutputSensitivity(
+                    s.shape, l1, l2, lo, hi, t1, t2, exact1, exact2, r1, r2, rounding.integral(s)
+                )
+            )
         return PrivacyReport(tuple(outs), self.nsub)
 
 

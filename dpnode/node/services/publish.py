@@ -625,10 +625,15 @@ def record_failure(context: NodeContext, actor_id: int, published: Published) ->
 
 
 def noise_scale(report: PrivacyReport, request: PublishRequest) -> float:
-    """The noise scale a publish would use (Laplace b, or Gaussian sigma), exactly."""
+    """The noise scale a publish would use (Laplace b, or Gaussian sigma), exactly: on the
+    integers for outputs proven integral, as :func:`~dpnode.core.privacy.release.plan_release`
+    plans them."""
     epsilon = _float_at_most(budget.quantize_epsilon(request.epsilon))
     count = sum(int(np.prod(o.shape, dtype=np.int64)) for o in report.outputs)
+    whole = report.integral
     if request.delta is None:
-        return laplace_scale(sensitivity_l1=report.l1, epsilon=epsilon, count=count)
+        return laplace_scale(sensitivity_l1=report.l1, epsilon=epsilon, count=count, integral=whole)
     delta = _check_delta(request.delta)
-    return gaussian_scale(sensitivity_l2=report.l2, count=count, epsilon=epsilon, delta=delta)
+    return gaussian_scale(
+        sensitivity_l2=report.l2, count=count, epsilon=epsilon, delta=delta, integral=whole
+    )

@@ -15,7 +15,13 @@ from dpnode.sdk._remote.tensor import RemoteTensor
 if TYPE_CHECKING:
     from dpnode.sdk._handles import ColumnInfo, DatasetHandle, ModelHandle
 
-__all__ = ["column_info", "column_tensor", "dataset_tensors", "model_state"]
+__all__ = [
+    "column_info",
+    "column_tensor",
+    "dataset_tensors",
+    "model_state",
+    "subjects_tensor",
+]
 
 
 def column_info(ds: DatasetHandle, column: str) -> ColumnInfo:
@@ -32,13 +38,22 @@ def column_info(ds: DatasetHandle, column: str) -> ColumnInfo:
     return info
 
 
+def _rows(ds: DatasetHandle, column: str | None) -> int:
+    """The dataset's rows: the mock data's inside ``sdk.mock(ds)``."""
+    session = active_session()
+    if session is None or not session.covers(ds):
+        return ds.row_count
+    if column is None:  # the mock data's first column, as the mock release binds it
+        column = next(iter(session._frame(ds)), None)
+        if column is None:
+            return 0
+    return int(session.column(ds, column).shape[0])
+
+
 def column_tensor(ds: DatasetHandle, column: str) -> RemoteTensor:
     """``ds[column]``."""
     info = column_info(ds, column)
-    rows = ds.row_count
-    session = active_session()
-    if session is not None and session.covers(ds):
-        rows = int(session.column(ds, column).shape[0])
+    rows = _rows(ds, column)
     dtype = TORCH_OF[info.dtype]
     return remote_input(
         f"dataset:{ds.id}/{column}",
@@ -46,6 +61,14 @@ def column_tensor(ds: DatasetHandle, column: str) -> RemoteTensor:
         dtype,
         f"dataset {ds.name!r}[{column!r}]",
         origin=ds._client,
+    )
+
+
+def subjects_tensor(ds: DatasetHandle) -> RemoteTensor:
+    """``ds.subjects``: shaped like the mock data inside ``sdk.mock(ds)``, whose rows stand
+    for a subject each (unless the mock data carries the subject column)."""
+    return remote_input(
+        f"dataset:{ds.id}/@subject", (_rows(ds, None),), torch.int64, origin=ds._client
     )
 
 

@@ -179,7 +179,10 @@ def std(column: str | Column) -> Aggregate:
 
 def quantile(column: str | Column, q: float) -> Aggregate:
     """The column's ``q`` quantile, selected over its public range."""
-    value = float(q)
+    try:
+        value = float(q)
+    except (TypeError, ValueError):
+        value = math.nan
     if not 0.0 <= value <= 1.0:
         raise QueryError(f"quantile({_name(column)!r}, {q!r}): q must be a number in [0, 1]")
     return Aggregate("quantile", _name(column), value)

@@ -22,6 +22,10 @@ makes at most three publishes, by family (``dpnode.sdk.query.aggregates``):
   ``quantile`` prim, per group by a cell index (-1 for a row outside the filter): each
   selected by permute-and-flip, the release's epsilon shared equally among them.
 
+The selected publish goes first: the node checks the others' graphs for free
+(``/sensitivity``) before any publish, but not a selection's, so whichever the node refuses,
+it refuses before anything is charged.
+
 Without a filter or a group the row count is public: it is returned exactly, not noised.
 """
 
@@ -35,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from dpnode.core.engine.prims.misc import _MAX_GROUPS as MAX_SELECTED_CELLS
 from dpnode.sdk.query.aggregates import Aggregate, distinct_values
 from dpnode.sdk.query.errors import TooManyCellsError
 from dpnode.sdk.query.expressions import column_info
@@ -220,7 +225,8 @@ def _statistic(
     if kind == "var":
         return variance, var_sd
     spread = np.sqrt(variance)
-    return spread, np.minimum(var_sd / (2 * np.maximum(spread, 1e-300)), half)
+    with np.errstate(over="ignore"):  # a spread of 0: its error is the most it can be, half
+        return spread, np.minimum(var_sd / (2 * np.maximum(spread, 1e-300)), half)
 
 
 def _distinct(
@@ -286,6 +292,12 @@ def _selected(
     aggs = [a for a in query.aggregates if a.family == "selected"]
     if not aggs:
         return None
+    if cells > MAX_SELECTED_CELLS:
+        raise TooManyCellsError(
+            f"{', '.join(a.name for a in aggs)}: the node selects a quantile in at most "
+            f"{MAX_SELECTED_CELLS:,} groups at once, and this query has {cells:,}: group by "
+            "fewer keys, or declare fewer with keys="
+        )
     grouped = bool(keys) or where is not None
     index: torch.Tensor | None = None
     if keys:
@@ -296,6 +308,8 @@ def _selected(
     for a in aggs:
         assert a.column is not None and a.q is not None
         x: torch.Tensor = ds[a.column]
+        if x.dtype == torch.bool:  # the node's quantile takes numbers: a boolean's are 0 and 1
+            x = x.to(torch.int64)
         # the quantile is always floating point; an integer column keeps its integer
         # candidates (and answer), a float one its grid over the bounds
         q = torch.tensor(a.q, dtype=torch.float64)
@@ -349,12 +363,12 @@ def compile_query(
     out = Compiled(cells)
     noised, exact = _noised(query, keys, where, rows, cells, delta, charged)
     out.exact.update(exact)
-    for release in (noised, _distinct(query, keys, where, rows, cells, delta)):
+    # the selection first: the node checks the others for free before it (it answers
+    # /sensitivity for noised releases only), so a refusal of any comes before a charge
+    selected = _selected(query, keys, where, cells)
+    for release in (selected, noised, _distinct(query, keys, where, rows, cells, delta)):
         if release is not None:
             out.releases.append(release)
-    selected = _selected(query, keys, where, cells)
-    if selected is not None:
-        out.releases.append(selected)
     return out
 
 

@@ -64,9 +64,13 @@ def describe(ds: DatasetHandle, *, epsilon: float, delta: float | None = None) -
     for label in _STATISTICS:
         out_columns += [label, f"{label}_scale"]
     rows = []
+    bars = {
+        label: [wide.error_bars[f"{label} of {c}"][0] for c in columns] for label in _STATISTICS
+    }
+    bars["count"] = [None] * len(columns)
     for c in columns:
         values: list[object] = [c, row["count"]]
         for label in _STATISTICS:
             values += [row[f"{label} of {c}"], row[f"{label} of {c}_scale"]]
         rows.append(tuple(values))
-    return QueryResult(out_columns, rows, wide.receipt)
+    return QueryResult(out_columns, rows, wide.receipt, bars)

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import math
 import operator
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from dpnode.sdk.query.errors import AggregateTypeError, QueryError, UnknownColumnError
@@ -23,7 +25,15 @@ from dpnode.sdk.query.errors import AggregateTypeError, QueryError, UnknownColum
 if TYPE_CHECKING:
     from dpnode.sdk._handles import ColumnInfo, DatasetHandle
 
-__all__ = ["Column", "Predicate", "col", "column_info"]
+__all__ = [
+    "Column",
+    "Predicate",
+    "as_number",
+    "col",
+    "column_info",
+    "is_integral",
+    "value_span",
+]
 
 #: the comparisons a predicate may make, by their Python spelling
 _COMPARE: dict[str, Callable[[Any, Any], Any]] = {
@@ -56,23 +66,87 @@ def column_info(ds: DatasetHandle, name: str) -> ColumnInfo:
     return info
 
 
+def as_number(info: ColumnInfo, value: Any) -> int | float:
+    """``value`` as a Python number to compare a numeric column with: a float for a float
+    column, an int for an integer column if it is one (a NumPy scalar's value).
+
+    Raises:
+        AggregateTypeError: a string against a numeric column.
+        QueryError: anything else that is not a number, or NaN (which no row equals).
+    """
+    if isinstance(value, str):
+        raise AggregateTypeError(
+            f"column {info.name!r} is {info.dtype}, not categorical: compare it with a "
+            f"number, not {value!r}"
+        )
+    if isinstance(value, np.generic):
+        value = value.item()
+    if not isinstance(value, (int, float)) or (isinstance(value, float) and math.isnan(value)):
+        raise QueryError(f"compare column {info.name!r} with a number, got {value!r}")
+    if not is_integral(info):  # a float column compares with floats (10**30 as 1e30)
+        return float(value) if abs(value) <= _FLOAT_MAX else math.inf if value > 0 else -math.inf
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+_FLOAT_MAX = sys.float_info.max
+
+
+def is_integral(info: ColumnInfo) -> bool:
+    """Whether the column holds whole numbers (integers, booleans, category codes)."""
+    return info.dtype.startswith(("int", "uint", "bool"))
+
+
+def value_span(info: ColumnInfo) -> tuple[float, float]:
+    """The values the column can hold: its bounds (an integer column's as ints, within
+    int64, so that a comparison with them is exact)."""
+    lo, hi = info.bounds
+    if is_integral(info):
+        return max(math.ceil(lo), -(2**63)), min(math.floor(hi), 2**63 - 1)
+    return lo, hi
+
+
 def _code(info: ColumnInfo, value: Any) -> Any:
     """``value`` as the column stores it: a category's index for a categorical column."""
     if info.categories is None:
-        if isinstance(value, str):
-            raise AggregateTypeError(
-                f"column {info.name!r} is {info.dtype}, not categorical: compare it with a "
-                f"number, not {value!r}"
-            )
-        if not (isinstance(value, (int, float, bool)) and not math.isnan(float(value))):
-            raise QueryError(f"compare column {info.name!r} with a number, got {value!r}")
-        return value
+        return as_number(info, value)
     if value not in info.categories:
         raise QueryError(
             f"{value!r} is not a category of column {info.name!r}; its categories are "
             f"{list(info.categories)}"
         )
     return info.categories.index(value)
+
+
+def _always(x: torch.Tensor, truth: bool) -> torch.Tensor:
+    """A condition that holds on every row (``truth``) or on none: still a per-row mask,
+    so the query's shapes stay what they are."""
+    none = torch.zeros_like(x) != 0
+    return ~none if truth else none
+
+
+#: what each comparison says of every row when the constant is above all the column's
+#: values (below all of them: the mirror)
+_ABOVE_ALL = {">": False, ">=": False, "==": False, "<": True, "<=": True, "!=": True}
+_BELOW_ALL = {">": True, ">=": True, "==": False, "<": False, "<=": False, "!=": True}
+
+
+def _compare(info: ColumnInfo, x: torch.Tensor, op: str, value: int | float) -> torch.Tensor:
+    """``x op value`` for a number ``value``, exactly: a constant outside the column's
+    bounds decides every row alike (and never meets a dtype it does not fit, 10**30 or
+    inf against int64), a fraction against integers becomes the integer it means."""
+    lo, hi = value_span(info)
+    if value > hi:
+        return _always(x, _ABOVE_ALL[op])
+    if value < lo:
+        return _always(x, _BELOW_ALL[op])
+    if isinstance(value, float) and is_integral(info):  # 2.5 against integers
+        if op in ("==", "!="):
+            return _always(x, op == "!=")
+        value = math.ceil(value) if op in (">", ">=") else math.floor(value)
+        op = ">=" if op in (">", ">=") else "<="
+    return _COMPARE[op](x, value)  # type: ignore[no-any-return]
 
 
 class Predicate:
@@ -121,7 +195,10 @@ class _Compare(Predicate):
                 f"column {self.column!r} is categorical, without an order: use == != or "
                 f"col({self.column!r}).isin([...]), not {self.op}"
             )
-        return _COMPARE[self.op](ds[self.column], _code(info, self.value))  # type: ignore[no-any-return]
+        x = ds[self.column]
+        if info.categories is not None:
+            return _COMPARE[self.op](x, _code(info, self.value))  # type: ignore[no-any-return]
+        return _compare(info, x, self.op, as_number(info, self.value))
 
     def columns(self) -> set[str]:
         return {self.column}
@@ -138,9 +215,13 @@ class _IsIn(Predicate):
     def mask(self, ds: DatasetHandle) -> torch.Tensor:
         info = column_info(ds, self.column)
         codes = [_code(info, v) for v in self.values]
+        if info.categories is None:  # values no row can hold match none: 2.5, 10**30, inf
+            lo, hi = value_span(info)
+            integral = is_integral(info)
+            codes = [v for v in codes if lo <= v <= hi and not (integral and v != int(v))]
         x = ds[self.column]
         if not codes:
-            return x != x if x.dtype.is_floating_point else torch.zeros_like(x) != 0
+            return _always(x, False)
         keys = torch.tensor(codes, dtype=torch.float64 if x.dtype.is_floating_point else None)
         return (x.unsqueeze(-1) == keys.to(x.dtype)).any(-1)
 

@@ -21,7 +21,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dpnode.sdk.query.errors import NoPublicKeysError, QueryError, TooManyCellsError
-from dpnode.sdk.query.expressions import column_info
+from dpnode.sdk.query.expressions import (
+    as_number,
+    column_info,
+    is_integral,
+    value_span,
+)
 
 if TYPE_CHECKING:
     from dpnode.sdk._handles import DatasetHandle
@@ -53,7 +58,7 @@ def _declared(ds: DatasetHandle, column: str, declared: Sequence[Any]) -> Key:
     keys = tuple(declared)
     if not keys:
         raise QueryError(f"keys={{{column!r}: []}} declares no key: give at least one")
-    if len(set(keys)) != len(keys):
+    if any(keys.index(k) != i for i, k in enumerate(keys)):  # unhashable keys too
         raise QueryError(f"keys={{{column!r}: ...}} lists a key twice: {list(keys)}")
     if info.categories is not None:
         unknown = [k for k in keys if k not in info.categories]
@@ -67,7 +72,19 @@ def _declared(ds: DatasetHandle, column: str, declared: Sequence[Any]) -> Key:
         raise QueryError(
             f"column {column!r} is {info.dtype}: its keys are numbers, not {list(keys)}"
         )
-    return Key(column, keys, keys, False)
+    codes = tuple(as_number(info, k) for k in keys)
+    lo, hi = value_span(info)
+    never = [
+        k
+        for k, c in zip(keys, codes, strict=True)
+        if not lo <= c <= hi or (is_integral(info) and c != int(c))
+    ]
+    if never:
+        raise QueryError(
+            f"keys {never} of column {column!r} are values it never holds ({info.dtype} "
+            f"in [{info.bounds[0]:g}, {info.bounds[1]:g}]): declare keys among its values"
+        )
+    return Key(column, keys, codes, False)
 
 
 def _public(ds: DatasetHandle, column: str) -> Key:
@@ -102,7 +119,7 @@ def resolve_keys(
         UnknownColumnError, NoPublicKeysError, TooManyCellsError, QueryError.
     """
     declared = dict(declared or {})
-    extra = sorted(set(declared) - set(columns))
+    extra = [c for c in declared if c not in columns]
     if extra:
         raise QueryError(f"keys= names {extra}, which the query does not group by")
     if len(set(columns)) != len(columns):

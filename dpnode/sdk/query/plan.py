@@ -19,7 +19,7 @@ around it, a mean's on its group's size).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -28,8 +28,9 @@ import torch
 
 from dpnode.sdk.query.aggregates import Aggregate
 from dpnode.sdk.query.compile import COUNT, Compiled, Release, Values, compile_query
+from dpnode.sdk.query.errorbars import ErrorBar, candidate_count, error_bar
 from dpnode.sdk.query.errors import InvalidBudgetError, QueryError
-from dpnode.sdk.query.expressions import Predicate
+from dpnode.sdk.query.expressions import Predicate, column_info
 from dpnode.sdk.query.keys import Key, labels, resolve_keys
 from dpnode.sdk.query.result import QueryReceipt, QueryResult, Spend
 
@@ -115,6 +116,14 @@ class Query:
         for name in names:
             if not isinstance(name, str):
                 raise QueryError(f"group_by takes column names, got {name!r}")
+        if keys is not None and not isinstance(keys, Mapping):
+            raise QueryError(f"keys= maps columns to lists of keys, {{'age': [30, 40]}}: {keys!r}")
+        for column, values in (keys or {}).items():
+            if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+                raise QueryError(
+                    f"keys={{{column!r}: {values!r}}}: give a list of keys, "
+                    f"keys={{{column!r}: [...]}}"
+                )
         declared = tuple((k, tuple(v)) for k, v in (keys or {}).items())
         return replace(self, by=self.by + tuple(names), declared=self.declared + declared)
 
@@ -231,25 +240,35 @@ class Query:
         if len(releases) > 1:
             self._fits(eps, releases)
         values: Values = dict(compiled.exact)
+        mechanisms: dict[str, str] = {}  # each output's, for its error bar
         spends = []
         for release, share in zip(releases, eps_shares, strict=True):
             d = delta_shares.get(id(release))
             out = publish(release.tensors, epsilon=share, delta=d)
             receipt = out[0].receipt
-            values.update(release.read(out, receipt, share))
+            read = release.read(out, receipt, share)
+            values.update(read)
+            mechanisms.update(dict.fromkeys(read, receipt.mechanism))
             spends.append(Spend(release.role, _shown(release.outputs), share, d, receipt))
         receipt = QueryReceipt(tuple(spends), eps, dlt)
-        return self._table(keys, compiled.cells, values, receipt)
+        return self._table(keys, compiled.cells, values, mechanisms, receipt)
 
     def _fits(self, epsilon: float, releases: Sequence[Release]) -> None:
-        """Refuse, before the first of several publishes, a query whose pure epsilon
-        exceeds what is left of the budget: else the first would be charged and the last
-        refused. (A Gaussian publish may take less than it asks, so it is not counted.)"""
+        """Refuse, before the first of several publishes, a query the node would refuse a
+        later one of: else the first would be charged and the last refused. The node
+        checks each noised graph free, as a publish would (its prims, dtypes, quotas and
+        privacy tracking; the selection, which it does not check so, is published first),
+        and the query's pure epsilon must fit what is left of the budget (a Gaussian
+        publish may take less than it asks, so it is not counted)."""
         from dpnode.sdk._exceptions import BudgetExceededError
+        from dpnode.sdk._publish import sensitivity_body
         from dpnode.sdk._remote import active_session
 
         if active_session() is not None:
             return
+        for release in releases:
+            if release.role != "selected":  # the node checks a selection only as it runs it
+                sensitivity_body(release.tensors)  # type: ignore[arg-type]
         pure = math.fsum(
             s
             for s, r in zip(
@@ -266,9 +285,15 @@ class Query:
             )
 
     def _table(
-        self, keys: Sequence[Key], cells: int, values: Values, receipt: QueryReceipt
+        self,
+        keys: Sequence[Key],
+        cells: int,
+        values: Values,
+        mechanisms: Mapping[str, str],
+        receipt: QueryReceipt,
     ) -> QueryResult:
         names = [a.name for a in self.aggregates]
+        mechanisms = dict(mechanisms)
         order = list(range(cells))
         if self.top is not None:
             counts = values[COUNT][0]
@@ -276,19 +301,27 @@ class Query:
             order = sorted(order, key=lambda i: -float(counts[i]))[: self.top]
             if self.top_counts and "count" not in names:
                 values["count"] = values[COUNT]
+                mechanisms["count"] = mechanisms.get(COUNT, "")
                 names = ["count", *names]
         columns = list(self.by)
         for n in names:
             columns += [n, f"{n}_scale"]
         cell_keys = labels(keys) if keys else [()]
+        candidates = {
+            a.name: candidate_count(column_info(self.ds, a.column))
+            for a in self.aggregates
+            if a.family == "selected" and a.column is not None
+        }
         rows = []
+        bars: dict[str, list[ErrorBar | None]] = {n: [] for n in names}
         for i in order:
             row: list[Any] = list(cell_keys[i])
             for n in names:
                 v, s = values[n]
                 row += [_python(v[i]), float(s[i])]
+                bars[n].append(error_bar(mechanisms.get(n, ""), float(s[i]), candidates.get(n, 1)))
             rows.append(tuple(row))
-        return QueryResult(columns, rows, receipt)
+        return QueryResult(columns, rows, receipt, bars)
 
 
 def _python(value: Any) -> Any:
@@ -310,12 +343,17 @@ def _charged(tensors: list[torch.Tensor], delta: float | None) -> float:
         from dpnode.sdk._publish import sensitivity_body
 
         return float(sensitivity_body(tensors)[norm])  # type: ignore[arg-type]
+    from dpnode.core import errors as node_errors
     from dpnode.core.engine import plan
     from dpnode.core.privacy.release import plan_release
+    from dpnode.sdk._exceptions import error_for
     from dpnode.sdk._mock_publish import _inputs
     from dpnode.sdk._remote import graph_for
 
     graph = graph_for(tensors)  # type: ignore[arg-type]
     specs, _ = _inputs(session, graph.input_names())
-    report = plan_release(plan(graph, accurate=True), specs, epsilon=1.0, delta=delta).report
+    try:
+        report = plan_release(plan(graph, accurate=True), specs, epsilon=1.0, delta=delta).report
+    except node_errors.DPNodeError as exc:  # the node's own checks, raised as the SDK's
+        raise error_for(400, exc.code, exc.detail) from None
     return float(report.l1 if delta is None else report.l2)

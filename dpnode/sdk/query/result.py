@@ -8,11 +8,13 @@ pandas and Polars are optional: ``.rows()`` and ``print(result)`` work without e
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from html import escape
 from typing import TYPE_CHECKING, Any
 
 from dpnode.sdk._exceptions import DPNodeError
+from dpnode.sdk.query.errorbars import ErrorBar, caption, shown
 
 if TYPE_CHECKING:
     from dpnode.sdk._publish import Receipt
@@ -77,14 +79,23 @@ class QueryResult:
     """A query's released table: one row per group (one row without ``group_by``), one
     column per key, and per statistic its value and its noise scale (``<name>_scale``:
     the standard deviation of the noise in it, to first order for a ratio; for a selected
-    quantile, the exponential mechanism's scale in rows)."""
+    quantile, the exponential mechanism's scale in rows).
+
+    ``error_bars``: per statistic, per row, its 95% error bar (None: exact), which a
+    notebook shows beside each value (``47.9 ± 1.2``; see ``dpnode.sdk.query.errorbars``).
+    """
 
     def __init__(
-        self, columns: list[str], rows: list[tuple[Any, ...]], receipt: QueryReceipt
+        self,
+        columns: list[str],
+        rows: list[tuple[Any, ...]],
+        receipt: QueryReceipt,
+        error_bars: Mapping[str, Sequence[ErrorBar | None]] | None = None,
     ) -> None:
         self.columns = list(columns)
         self._rows = [tuple(r) for r in rows]
         self.receipt = receipt
+        self.error_bars = {name: list(bars) for name, bars in (error_bars or {}).items()}
 
     def rows(self) -> list[dict[str, Any]]:
         """The table as a list of ``{column: value}``, without pandas."""
@@ -152,9 +163,26 @@ class QueryResult:
         return f"<QueryResult {len(self)} rows x {len(self.columns)} columns>\n{self}"
 
     def _repr_html_(self) -> str:
+        """The table with each statistic as ``value ± error bar`` (its scale folded in),
+        what the bars mean beneath it, then the receipts."""
         from dpnode.sdk._display import records_table
 
-        return records_table("query result", self.columns, self._rows)
+        bars = self.error_bars
+        columns = [c for c in self.columns if not (c.endswith("_scale") and c[:-6] in bars)]
+        at = [self.columns.index(c) for c in columns]
+        rows = [
+            tuple(
+                shown(row[j], bars[c][i]) if c in bars else row[j]
+                for c, j in zip(columns, at, strict=True)
+            )
+            for i, row in enumerate(self._rows)
+        ]
+        table = records_table("query result", columns, rows)
+        note = caption([b for c in columns if c in bars for b in bars[c]])
+        return (
+            f'<div class="dpnode">{table}<p>{escape(note)}</p>'
+            f"<pre>{escape(str(self.receipt))}</pre></div>"
+        )
 
 
 def _show(value: Any) -> str:
