@@ -71,6 +71,10 @@ class DatasetHandle:
     subject_count: int
     has_mock: bool
     _client: Client = field(repr=False)
+    #: a synthetic dataset's provenance (source, method, epsilon, delta, rows, ledger row)
+    synthetic: dict[str, Any] | None = None
+    #: the receipt of the synthesis that made this dataset (on the handle it returned)
+    receipt: dict[str, Any] | None = field(default=None, repr=False)
 
     @classmethod
     def from_json(cls, client: Client, body: dict[str, Any]) -> DatasetHandle:
@@ -95,6 +99,7 @@ class DatasetHandle:
             subject_count=body["subject_count"],
             has_mock=body["has_mock"],
             _client=client,
+            synthetic=body.get("synthetic"),
         )
 
     @property
@@ -192,13 +197,71 @@ class DatasetHandle:
 
         return describe(self, epsilon=epsilon, delta=delta)
 
-    def download(self) -> dict[str, npt.NDArray[Any]]:
-        """Real values — only for the dataset's owner and admins.
+    def download(self) -> Columns:
+        """The stored values — for the dataset's owner and admins; for data scientists only
+        the synthetic datasets they made (:meth:`synthesize`). ``.to_pandas()``,
+        ``.to_polars()``, ``.to_arrow()`` make frames, categories as strings.
 
         Raises:
-            PermissionDeniedError: for data scientists, always.
+            PermissionDeniedError: a data scientist asking for real values.
         """
-        return self._client._download_frame(f"/datasets/{self.id}/data")
+        columns = self._client._download_frame(f"/datasets/{self.id}/data")
+        columns.categories = {
+            n: c.categories for n, c in self.columns.items() if c.categories is not None
+        }
+        return columns
+
+    def synthesize(
+        self,
+        *,
+        epsilon: float,
+        delta: float,
+        rows: int | None = None,
+        method: str = "mst",
+        bins: dict[str, int] | None = None,
+        columns: list[str] | None = None,
+        name: str | None = None,
+        seed: int | None = None,
+    ) -> DatasetHandle:
+        """A differentially private synthetic copy of this dataset, made on the node (MST:
+        noisy 1- and 2-way marginals, Private-PGM's estimate) and paid from your budget as
+        one ledger row: a new dataset you own, with the same columns and bounds, that you
+        may download (``.download().to_pandas()``) and explore freely.
+
+        Args:
+            epsilon, delta: the whole run's privacy (delta > 0: the marginals are measured
+                with Gaussian noise).
+            rows: rows to sample (default: as many as this dataset has).
+            method: ``"mst"``.
+            bins: bins of numeric columns, by name (default: from the row count, at most 32).
+            columns: the columns to copy (default: all).
+            name: the new dataset's name (default: this one's with a suffix).
+            seed: seeds the sampling of rows from the model (never the noise); not stored.
+
+        Returns:
+            The new dataset's handle; ``.receipt`` says what was charged and the noise of
+            each measured marginal, ``.synthetic`` its provenance.
+
+        Raises:
+            BudgetExceededError, PolicyRefusedError, ApprovalRequiredError: refused by the
+                budget or the policy; nothing charged.
+            DPNodeError: a bad argument, several rows per subject, or a domain beyond the
+                node's memory quota (``quota_exceeded``); nothing charged.
+        """
+        body = {
+            "epsilon": epsilon,
+            "delta": delta,
+            "rows": rows,
+            "method": method,
+            "bins": bins,
+            "columns": columns,
+            "name": name,
+            "seed": seed,
+        }
+        answer = self._client._json("POST", f"/datasets/{self.id}/synthesize", json=body)
+        handle = DatasetHandle.from_json(self._client, answer["dataset"])
+        handle.receipt = answer["receipt"]
+        return handle
 
     def delete(self) -> None:
         self._client.delete_dataset(self.id)

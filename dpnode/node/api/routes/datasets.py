@@ -9,6 +9,7 @@ from pydantic import ValidationError
 from dpnode.core.errors import InvalidRequestError, UploadRejectedError
 from dpnode.node.api import frames
 from dpnode.node.api.deps import (
+    ContextDep,
     CurrentUser,
     Limit,
     LimitedBody,
@@ -18,9 +19,15 @@ from dpnode.node.api.deps import (
     item_ref,
 )
 from dpnode.node.api.openapi import DATASET_FRAME, errors, frame_body, frame_response
-from dpnode.node.api.schemas import ColumnPublic, DatasetManifest, DatasetPublic
+from dpnode.node.api.schemas import (
+    ColumnPublic,
+    DatasetManifest,
+    DatasetPublic,
+    SynthesisCreate,
+    SynthesisPublic,
+)
 from dpnode.node.db.models import Dataset
-from dpnode.node.services import datasets
+from dpnode.node.services import datasets, synthesis
 from dpnode.node.services.tabular import ColumnSpec
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
@@ -51,6 +58,7 @@ def dataset_public(dataset: Dataset) -> DatasetPublic:
         mock_row_count=dataset.mock_row_count,
         created_at=dataset.created_at,
         updated_at=dataset.updated_at,
+        synthetic=dataset.provenance,
     )
 
 
@@ -176,3 +184,30 @@ def download_data(
     dataset = datasets.get_dataset(session, item_ref(dataset_ref))
     arrays = datasets.download_real(session, store, actor, dataset)
     return _frame_response(dataset, arrays, "data")
+
+
+@router.post("/{dataset_ref}/synthesize", responses=errors(403, 404, 422))
+def synthesize(
+    dataset_ref: str, body: SynthesisCreate, context: ContextDep, actor: CurrentUser
+) -> SynthesisPublic:
+    """A differentially private synthetic copy of the dataset (MST), charged to the caller's
+    budget as one ledger row, stored as a new dataset the caller owns and may download
+    (``GET /datasets/{ref}/data``). Refused with nothing charged, before any value is read,
+    on a bad request, several rows per subject, a domain beyond the memory quota
+    (``quota_exceeded``), or by the policy and the budget."""
+    done = synthesis.synthesize(
+        context,
+        actor.id,
+        item_ref(dataset_ref),
+        synthesis.SynthesisRequest(
+            epsilon=body.epsilon,
+            delta=body.delta,
+            rows=body.rows,
+            method=body.method,
+            bins=body.bins,
+            columns=body.columns,
+            name=body.name,
+            seed=body.seed,
+        ),
+    )
+    return SynthesisPublic(dataset=dataset_public(done.dataset), receipt=done.receipt)
