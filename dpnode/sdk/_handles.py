@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy.typing as npt
 
 from dpnode.sdk._display import Columns, fields_table, records_table
+from dpnode.sdk._exceptions import InvalidRequestError
 
 if TYPE_CHECKING:
     from dpnode.sdk._client import Client
@@ -248,6 +250,11 @@ class DatasetHandle:
             DPNodeError: a bad argument, several rows per subject, or a domain beyond the
                 node's memory quota (``quota_exceeded``); nothing charged.
         """
+        for what, value in (("epsilon", epsilon), ("delta", delta)):
+            if isinstance(value, float) and not math.isfinite(value):
+                raise InvalidRequestError(
+                    f"{what} must be a finite number, got {value!r}; nothing was sent"
+                )
         body = {
             "epsilon": epsilon,
             "delta": delta,

@@ -76,3 +76,56 @@ def test_a_synthetic_copy_is_charged_once_stored_and_downloadable(
     # the source's real values stay refused
     with pytest.raises(sdk.PermissionDeniedError, match="synthesize"):
         survey.download()
+
+
+def _nothing_happened(ds_client: sdk.Client, owner_client: sdk.Client) -> None:
+    """No ledger row, no new dataset: a refusal charges and stores nothing."""
+    assert ds_client.ledger() == []
+    assert [d.name for d in owner_client.search()] == ["survey"]
+
+
+@pytest.mark.parametrize(
+    ("asked", "error", "words"),
+    [
+        ({"epsilon": 4.0, "delta": 0.0}, sdk.InvalidRequestError, "delta must be in"),
+        ({"epsilon": math.nan, "delta": 1e-6}, sdk.InvalidRequestError, "epsilon"),
+        ({"epsilon": 1.0, "delta": 1e-6, "method": "gan"}, sdk.InvalidRequestError, "mst"),
+        ({"epsilon": 1.0, "delta": 1e-6, "bins": {"age": 0}}, sdk.InvalidRequestError, "bins"),
+        ({"epsilon": 1.0, "delta": 1e-6, "columns": ["nope"]}, sdk.InvalidRequestError, "nope"),
+        ({"epsilon": 1.0, "delta": 1e-6, "rows": 0}, sdk.InvalidRequestError, "rows"),
+        ({"epsilon": 50.0, "delta": 1e-6}, sdk.BudgetExceededError, "budget"),
+        (
+            {"epsilon": 1.0, "delta": 1e-6, "bins": {"age": 1024, "bmi": 1024}},
+            sdk.QuotaExceededError,
+            "times the node's memory quota",
+        ),
+    ],
+)
+def test_a_refused_synthesis_charges_and_stores_nothing(
+    survey: sdk.DatasetHandle,
+    ds_client: sdk.Client,
+    owner_client: sdk.Client,
+    context: NodeContext,
+    asked: dict[str, object],
+    error: type[Exception],
+    words: str,
+    sqlite_only: None,
+) -> None:
+    context.settings.max_graph_memory_bytes = 16 * 2**20
+    with pytest.raises(error, match=words):
+        survey.synthesize(**asked)  # type: ignore[arg-type]
+    _nothing_happened(ds_client, owner_client)
+
+
+def test_several_rows_per_subject_are_refused(
+    owner_client: sdk.Client, ds_client: sdk.Client, sqlite_only: None
+) -> None:
+    owner_client.upload_dataset(
+        "visits",
+        {"patient": np.array([1, 1, 2, 3]), "cost": np.array([1.0, 2.0, 3.0, 4.0])},
+        bounds={"cost": (0, 10)},
+        subject_id="patient",
+    )
+    with pytest.raises(sdk.InvalidRequestError, match="rows per subject"):
+        ds_client.dataset("visits").synthesize(epsilon=1.0, delta=1e-6)
+    assert ds_client.ledger() == []

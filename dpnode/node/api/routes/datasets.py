@@ -186,7 +186,7 @@ def download_data(
     return _frame_response(dataset, arrays, "data")
 
 
-@router.post("/{dataset_ref}/synthesize", responses=errors(403, 404, 422))
+@router.post("/{dataset_ref}/synthesize", responses=errors(403, 404, 409, 422))
 def synthesize(
     dataset_ref: str, body: SynthesisCreate, context: ContextDep, actor: CurrentUser
 ) -> SynthesisPublic:
