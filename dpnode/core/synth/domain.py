@@ -74,6 +74,17 @@ class Attribute:
         return np.dtype(self.dtype).kind in "iub"
 
 
+def _span(attribute: Attribute) -> int | None:
+    """How many integers a binned integer attribute spans, when its bins' arithmetic is exact
+    in int64 (``None``: not a binned integer attribute, or one too wide for that)."""
+    if attribute.width is None or not attribute.integral:
+        return None
+    span = int(attribute.upper - attribute.lower) + 1
+    limit = 2**62 // attribute.size
+    fits = span < limit and abs(attribute.lower) < 2**62 and abs(attribute.upper) < 2**62
+    return span if fits else None
+
+
 def default_bins(rows: int) -> int:
     """Bins for a numeric column of a table of ``rows`` rows (public): about a bin per
     ``sqrt(rows)`` rows, between 4 and :data:`DEFAULT_BINS`.
@@ -153,6 +164,13 @@ def encode(attribute: Attribute, values: npt.NDArray[np.generic]) -> npt.NDArray
     >>> encode(a, np.array([0.0, 0.3, 0.99, 1.0])).tolist()
     [0, 1, 3, 3]
     """
+    span = _span(attribute)
+    if span is not None:  # integers: exact, so that a decoded value comes back to its bin
+        shifted = np.asarray(values, dtype=np.int64) - np.int64(attribute.lower)
+        bins: npt.NDArray[np.int64] = np.clip(
+            shifted * attribute.size // span, 0, attribute.size - 1
+        )
+        return bins
     x = np.asarray(values, dtype=np.float64)
     if attribute.width is None:
         index = x - attribute.lower
@@ -174,6 +192,13 @@ def decode(
     (True, 'int64')
     """
     c = np.asarray(codes, dtype=np.int64)
+    span = _span(attribute)
+    if span is not None:  # the integers k with c <= k * size / span < c + 1, uniformly
+        first = -(-c * span // attribute.size)
+        after = -(-(c + 1) * span // attribute.size)
+        picked = first + np.floor(rng.random(c.size) * (after - first)).astype(np.int64)
+        values = attribute.lower + np.minimum(picked, after - 1).astype(np.float64)
+        return np.clip(values, attribute.lower, attribute.upper).astype(np.dtype(attribute.dtype))
     if attribute.width is None:
         values = attribute.lower + c.astype(np.float64)
     else:
