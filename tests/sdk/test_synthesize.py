@@ -3,7 +3,11 @@ and the real app (in process), with its charge, its provenance and its refusals.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -129,3 +133,17 @@ def test_several_rows_per_subject_are_refused(
     with pytest.raises(sdk.InvalidRequestError, match="rows per subject"):
         ds_client.dataset("visits").synthesize(epsilon=1.0, delta=1e-6)
     assert ds_client.ledger() == []
+
+
+def test_the_docs_example_runs(
+    survey: sdk.DatasetHandle, ds_client: sdk.Client, sqlite_only: None
+) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "synthetic.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
+    namespace: dict[str, object] = {"ds": survey}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(block, "docs/synthetic.md", "exec"), namespace)  # the repository's docs
+    frame = namespace["frame"]
+    assert len(frame) == N and "'method': 'mst'" in out.getvalue()  # type: ignore[arg-type]
+    assert len(ds_client.ledger()) == 1
