@@ -78,7 +78,7 @@ def memory_bytes(plan: MstPlan, rows_out: int) -> int:
     >>> from dpnode.core.synth.domain import Attribute
     >>> attrs = [Attribute(n, "int64", 10, 0.0, 9.0, None) for n in "abc"]
     >>> memory_bytes(plan_mst(attrs, rows=100, epsilon=1.0, delta=1e-6), 100)
-    10080
+    26640
     """
     d = len(plan.attributes)
     tables = 8 * d * (plan.rows + rows_out)
