@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -224,6 +225,7 @@ class DatasetHandle:
         columns: list[str] | None = None,
         name: str | None = None,
         seed: int | None = None,
+        idempotency_key: str | None = None,
     ) -> DatasetHandle:
         """A differentially private synthetic copy of this dataset, made on the node (MST:
         noisy 1- and 2-way marginals, Private-PGM's estimate) and paid from your budget as
@@ -239,6 +241,8 @@ class DatasetHandle:
             columns: the columns to copy (default: all).
             name: the new dataset's name (default: this one's with a suffix).
             seed: seeds the sampling of rows from the model (never the noise); not stored.
+            idempotency_key: names the request (default: a fresh one), so that the SDK's
+                retries, or yours with the same key, get the first answer, charged once.
 
         Returns:
             The new dataset's handle; ``.receipt`` says what was charged and the noise of
@@ -265,7 +269,14 @@ class DatasetHandle:
             "name": name,
             "seed": seed,
         }
-        answer = self._client._json("POST", f"/datasets/{self.id}/synthesize", json=body)
+        key = idempotency_key or uuid.uuid4().hex
+        answer = self._client._json(
+            "POST",
+            f"/datasets/{self.id}/synthesize",
+            json=body,
+            headers={"Idempotency-Key": key},
+            repeatable=True,
+        )
         handle = DatasetHandle.from_json(self._client, answer["dataset"])
         handle.receipt = answer["receipt"]
         return handle

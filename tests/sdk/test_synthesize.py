@@ -48,7 +48,13 @@ def test_a_synthetic_copy_is_charged_once_stored_and_downloadable(
     survey: sdk.DatasetHandle, ds_client: sdk.Client, sqlite_only: None
 ) -> None:
     before = ds_client.budget()
-    copy = survey.synthesize(epsilon=4.0, delta=1e-6, seed=7, name="survey-copy")
+    asked = {"epsilon": 4.0, "delta": 1e-6, "seed": 7, "name": "survey-copy"}
+    copy = survey.synthesize(**asked, idempotency_key="synth-1")  # type: ignore[arg-type]
+    # a retry under the same key gets the first answer, charged once
+    again = survey.synthesize(**asked, idempotency_key="synth-1")  # type: ignore[arg-type]
+    assert again.id == copy.id and again.receipt == copy.receipt
+    with pytest.raises(sdk.ConflictError, match="another"):  # the key names one request
+        survey.synthesize(epsilon=1.0, delta=1e-6, idempotency_key="synth-1")
     receipt = copy.receipt
     assert receipt is not None and receipt["mechanism"] == "mst"
     # one ledger line for the whole run, with the method and its parameters

@@ -31,18 +31,25 @@ from typing import Any
 import numpy as np
 from sqlalchemy import select
 
-from dpnode.core.errors import InvalidRequestError, QuotaExceededError
+from dpnode.core.errors import InvalidRequestError, PublishInProgressError, QuotaExceededError
 from dpnode.core.synth import ColumnFacts, MstPlan, decode, domain_of, encode, plan_mst, run_mst
 from dpnode.core.synth.estimate import estimate_marginals, sample_tree
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import Dataset
-from dpnode.node.services import blobs, budget, datasets, users
+from dpnode.node.services import blobs, budget, datasets, idempotency, users
 from dpnode.node.services.budget import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, Cost
 from dpnode.node.services.catalog import check_item_name, normalise_tags
 from dpnode.node.services.tabular import ColumnSpec
 from dpnode.node.storage import array_to_bytes
 
-__all__ = ["METHODS", "SynthesisRequest", "Synthesized", "memory_bytes", "synthesize"]
+__all__ = [
+    "METHODS",
+    "Replayed",
+    "SynthesisRequest",
+    "Synthesized",
+    "memory_bytes",
+    "synthesize",
+]
 
 #: The methods a synthesis may name.
 METHODS = ("mst",)
@@ -68,6 +75,27 @@ class Synthesized:
 
     dataset: Dataset
     receipt: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """The stored answer of a synthesis already made under the same idempotency key."""
+
+    response: bytes
+
+
+def _request_hash(ref: int | str, request: SynthesisRequest) -> str:
+    """What identifies a synthesis request under an idempotency key."""
+    fields = {"synthesize": str(ref), **vars(request)}
+    fields["bins"] = dict(request.bins) if request.bins is not None else None
+    fields["columns"] = list(request.columns) if request.columns is not None else None
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _replay(context: NodeContext, actor_id: int, claim: idempotency.Claim) -> bytes | None:
+    with context.read_sessions() as session:
+        users.active_actor(session, actor_id)
+        return idempotency.replay(session, actor_id, claim)
 
 
 def memory_bytes(plan: MstPlan, rows_out: int) -> int:
@@ -193,9 +221,17 @@ def _plan(
 
 
 def synthesize(
-    context: NodeContext, actor_id: int, ref: int | str, request: SynthesisRequest
-) -> Synthesized:
+    context: NodeContext,
+    actor_id: int,
+    ref: int | str,
+    request: SynthesisRequest,
+    key: str | None = None,
+) -> Synthesized | Replayed:
     """Make a differentially private synthetic copy of dataset ``ref`` for the caller.
+
+    ``key``: the request's idempotency key, claimed with the ledger row as a publish's is
+    (``dpnode.node.services.idempotency``): a retry under it gets the first answer
+    (:class:`Replayed`, stored by the caller with ``publish.answered``), charged once.
 
     Raises (each before any private value is read, nothing charged):
         AuthenticationError: the account no longer exists or was deactivated.
@@ -205,11 +241,52 @@ def synthesize(
         QuotaExceededError: the domain is too large for the node's memory quota.
         PolicyRefusedError, BudgetExceededError, ApprovalRequiredError: the policy or the
             budget refuses the charge.
+        ConflictError, PublishInProgressError, PublishLostError: the key names another
+            request, or its synthesis is still running, or was lost.
     """
+    claim = None
+    if key is not None:
+        claim = idempotency.Claim(idempotency.check_key(key), _request_hash(ref, request))
+        stored = _replay(context, actor_id, claim)
+        if stored is not None:
+            return Replayed(stored)
     source, plan, rows, name = _plan(context, actor_id, ref, request)
     cost = _cost(plan, request, source)
-    entry, after = budget.charge(context.serial_sessions, context.settings, actor_id, cost)
-    # Charged: from here on the source's values are read.
+    try:
+        entry, after = budget.charge(
+            context.serial_sessions, context.settings, actor_id, cost, claim=claim
+        )
+    except idempotency.AlreadyClaimed:  # a copy of this request was charged meanwhile
+        assert claim is not None
+        stored = _replay(context, actor_id, claim)
+        if stored is None:
+            raise PublishInProgressError(
+                f"the synthesis with idempotency key {key!r} was just charged by another "
+                "request: retry with the same key to get its answer"
+            ) from None
+        return Replayed(stored)
+    if claim is not None:  # renewed until the answer is stored
+        context.leases.hold(actor_id, claim.key)
+    try:
+        return _run(context, actor_id, source, plan, request, rows, name, entry, after)
+    except BaseException:  # not answered: the lease lapses, and its retries learn it is lost
+        if claim is not None:
+            context.leases.release(actor_id, claim.key)
+        raise
+
+
+def _run(
+    context: NodeContext,
+    actor_id: int,
+    source: Dataset,
+    plan: MstPlan,
+    request: SynthesisRequest,
+    rows: int,
+    name: str,
+    entry: budget.Charged,
+    after: budget.Status,
+) -> Synthesized:
+    """Charged: from here on the source's values are read."""
     by_name = {c.name: c for c in source.columns}
     codes = np.stack(
         [
