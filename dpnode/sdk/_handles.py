@@ -288,9 +288,16 @@ class DatasetHandle:
         subjects = (
             f", {self.subject_count} subjects by {self.subject_id!r}" if self.subject_id else ""
         )
+        synthetic = (
+            f", synthetic from {self.synthetic.get('source')!r} "
+            f"({self.synthetic.get('method')}, epsilon {self.synthetic.get('epsilon')})"
+            if self.synthetic
+            else ""
+        )
         lines = [
             f"<Dataset {self.name!r} tags={self.tags} shape={self.shape}{subjects}"
             + (", mock available" if self.has_mock else "")
+            + synthetic
         ]
         width = max((len(n) for n in self.columns), default=0)
         lines += [f"  {n:<{width}}  {c.describe()}" for n, c in self.columns.items()]

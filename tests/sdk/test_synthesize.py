@@ -14,6 +14,7 @@ import pytest
 
 from dpnode import sdk
 from dpnode.node.context import NodeContext
+from dpnode.node.services import synthesis
 
 N = 400
 
@@ -68,6 +69,7 @@ def test_a_synthetic_copy_is_charged_once_stored_and_downloadable(
     assert copy.synthetic["source"] == "survey" and copy.synthetic["method"] == "mst"
     assert copy.synthetic["epsilon"] == 4.0 and "seed" not in copy.synthetic
     assert copy.owner == "ds@example.org" and "synthetic" in copy.tags
+    assert "synthetic from 'survey' (mst, epsilon 4.0)" in repr(copy)
     assert copy.row_count == N and list(copy.columns) == list(survey.columns)
     assert copy.bounds == survey.bounds
     assert ds_client.dataset("survey-copy").synthetic == copy.synthetic  # in the catalog
@@ -153,3 +155,16 @@ def test_the_docs_example_runs(
     frame = namespace["frame"]
     assert len(frame) == N and "'method': 'mst'" in out.getvalue()  # type: ignore[arg-type]
     assert len(ds_client.ledger()) == 1
+
+
+def test_a_node_without_the_estimator_refuses_before_charging(
+    survey: sdk.DatasetHandle,
+    ds_client: sdk.Client,
+    owner_client: sdk.Client,
+    monkeypatch: pytest.MonkeyPatch,
+    sqlite_only: None,
+) -> None:
+    monkeypatch.setattr(synthesis, "ESTIMATOR", "a_package_this_node_does_not_have")
+    with pytest.raises(sdk.EvaluationUnavailableError, match="dpnode\\[synth\\]"):
+        survey.synthesize(epsilon=1.0, delta=1e-6)
+    _nothing_happened(ds_client, owner_client)

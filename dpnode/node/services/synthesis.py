@@ -22,6 +22,7 @@ minute, most of it compiling and running the estimate.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import secrets
 from collections.abc import Mapping, Sequence
@@ -31,7 +32,12 @@ from typing import Any
 import numpy as np
 from sqlalchemy import select
 
-from dpnode.core.errors import InvalidRequestError, PublishInProgressError, QuotaExceededError
+from dpnode.core.errors import (
+    EvaluationUnavailableError,
+    InvalidRequestError,
+    PublishInProgressError,
+    QuotaExceededError,
+)
 from dpnode.core.synth import ColumnFacts, MstPlan, decode, domain_of, encode, plan_mst, run_mst
 from dpnode.core.synth.estimate import estimate_marginals, sample_tree
 from dpnode.node.context import NodeContext
@@ -53,6 +59,8 @@ __all__ = [
 
 #: The methods a synthesis may name.
 METHODS = ("mst",)
+#: The package that estimates and samples (post-processing), an optional dependency.
+ESTIMATOR = "mbi"
 
 
 @dataclass(frozen=True)
@@ -187,10 +195,22 @@ def _cost(plan: MstPlan, request: SynthesisRequest, source: Dataset) -> Cost:
     )
 
 
+def _check_estimator() -> None:
+    """Refuse, before anything is charged, on a node installed without ``mbi``."""
+    if importlib.util.find_spec(ESTIMATOR) is None:
+        raise EvaluationUnavailableError(
+            "this node cannot synthesize: its estimator (Private-PGM, the 'mbi' package) is "
+            "not installed; ask its operator to pip install 'dpnode[synth]'. Nothing was "
+            "charged",
+            retry_after=3600,
+        )
+
+
 def _plan(
     context: NodeContext, actor_id: int, ref: int | str, request: SynthesisRequest
 ) -> tuple[Dataset, MstPlan, int, str]:
     settings = context.settings
+    _check_estimator()
     with context.read_sessions() as session:
         users.active_actor(session, actor_id)
         source = datasets.get_dataset(session, ref)
@@ -239,6 +259,7 @@ def synthesize(
         InvalidRequestError: a bad epsilon, delta, rows, method, bins, columns or name; a
             dataset with several rows per subject.
         QuotaExceededError: the domain is too large for the node's memory quota.
+        EvaluationUnavailableError: the node is installed without ``mbi``.
         PolicyRefusedError, BudgetExceededError, ApprovalRequiredError: the policy or the
             budget refuses the charge.
         ConflictError, PublishInProgressError, PublishLostError: the key names another

@@ -190,7 +190,7 @@ def download_data(
     "/{dataset_ref}/synthesize",
     response_model=SynthesisPublic,
     response_class=Response,
-    responses=errors(403, 404, 409, 422),
+    responses=errors(403, 404, 409, 422, 503),
 )
 def synthesize(
     dataset_ref: str,
