@@ -139,8 +139,8 @@ def reference_mst(attrs: tuple[Attribute, ...], codes: Codes, eps: float, seed: 
     ]
     domain = mbi.Domain(names, tuple(sizes))
     fitted = MirrorDescent().estimate(domain, measurements, known_total=float(n), iters=500)
-    frame = fitted.synthetic_data(n).df
-    return frame[list(names)].to_numpy().astype(np.int64)
+    columns = fitted.synthetic_data(n).to_dict()
+    return np.stack([np.asarray(columns[c]) for c in names], axis=1).astype(np.int64)
 
 
 def independent(attrs: tuple[Attribute, ...], codes: Codes, eps: float, seed: int) -> Codes:

@@ -106,6 +106,7 @@ def _nothing_happened(ds_client: sdk.Client, owner_client: sdk.Client) -> None:
         ({"epsilon": 1.0, "delta": 1e-6, "columns": ["nope"]}, sdk.InvalidRequestError, "nope"),
         ({"epsilon": 1.0, "delta": 1e-6, "rows": 0}, sdk.InvalidRequestError, "rows"),
         ({"epsilon": 50.0, "delta": 1e-6}, sdk.BudgetExceededError, "budget"),
+        ({"epsilon": 1.0, "delta": 1e-6, "name": "survey"}, sdk.ConflictError, "exists"),
         (
             {"epsilon": 1.0, "delta": 1e-6, "bins": {"age": 1024, "bmi": 1024}},
             sdk.QuotaExceededError,

@@ -33,6 +33,7 @@ import numpy as np
 from sqlalchemy import select
 
 from dpnode.core.errors import (
+    ConflictError,
     EvaluationUnavailableError,
     InvalidRequestError,
     PublishInProgressError,
@@ -235,7 +236,7 @@ def _plan(
         name = request.name or f"{source.name}-synthetic-{secrets.token_hex(3)}"
         check_item_name("dataset", name)
         if session.scalar(select(Dataset.id).where(Dataset.name == name)) is not None:
-            raise InvalidRequestError(f"a dataset named {name!r} already exists: pick a name=")
+            raise ConflictError(f"a dataset named {name!r} already exists: pick another name=")
         session.expunge_all()
     return source, plan, rows, name
 
@@ -258,6 +259,7 @@ def synthesize(
         NotFoundError: no such dataset.
         InvalidRequestError: a bad epsilon, delta, rows, method, bins, columns or name; a
             dataset with several rows per subject.
+        ConflictError: a dataset of that name exists.
         QuotaExceededError: the domain is too large for the node's memory quota.
         EvaluationUnavailableError: the node is installed without ``mbi``.
         PolicyRefusedError, BudgetExceededError, ApprovalRequiredError: the policy or the
