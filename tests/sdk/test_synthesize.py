@@ -63,7 +63,10 @@ def test_a_synthetic_copy_is_charged_once_stored_and_downloadable(
     assert len(ledger) == 1
     assert receipt["ledger_id"] == ledger[0].entries[0].id
     spent = ds_client.budget()
-    assert spent != before
+    # what the receipt says the run took is what the budget lost, as the filter counts it
+    used = spent.spent_epsilon - before.spent_epsilon
+    assert receipt["epsilon"] == pytest.approx(used, abs=1e-8) and used > 0
+    assert receipt["selection_epsilon"] == pytest.approx(0.4)
     # the new dataset: flagged synthetic, the caller's, same columns and bounds
     assert copy.synthetic is not None
     assert copy.synthetic["source"] == "survey" and copy.synthetic["method"] == "mst"
