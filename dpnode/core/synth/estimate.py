@@ -71,10 +71,27 @@ def estimate_marginals(
 
 
 def _draw(weights: npt.NDArray[np.float64], count: int, rng: np.random.Generator) -> Any:
+    """``count`` values in proportion to ``weights`` by randomised rounding (as ``mbi``'s own
+    sampler does): each value ``floor(count p)`` times, the remainder drawn without
+    replacement in proportion to the fractions, shuffled. Its counts are within 1 of the
+    model's, where independent draws would add a sampling error of ``sqrt(count p)``."""
     p = np.clip(weights, 0.0, None)
     total = p.sum()
     p = p / total if total > 0 else np.full(p.size, 1.0 / p.size)
-    return rng.choice(p.size, size=count, p=p)
+    expected = p * count
+    times = np.floor(expected).astype(np.int64)
+    extra = count - int(times.sum())
+    if extra > 0:
+        fractions = np.clip(expected - times, 0.0, None)
+        chances = fractions if fractions.sum() > 0 else np.ones(p.size)
+        size = min(extra, int(np.count_nonzero(chances)))
+        times[rng.choice(p.size, size=size, replace=False, p=chances / chances.sum())] += 1
+        short = count - int(times.sum())  # float rounding left some: the likeliest take them
+        if short > 0:
+            times[np.argsort(-p)[:short]] += 1
+    values = np.repeat(np.arange(p.size), times)
+    rng.shuffle(values)
+    return values
 
 
 def sample_tree(
