@@ -51,11 +51,12 @@ def estimate_marginals(
         mbi.LinearMeasurement(noisy, (names[j],), stddev=measured.one_way_sigma)
         for j, noisy in enumerate(measured.one_way)
     ]
+    # in a canonical order: the same tree chosen in another order is the same estimation
+    # problem, whose compiled programs JAX then finds in its cache instead of compiling again
+    pairs = sorted(zip(measured.pairs, measured.two_way, measured.two_way_sigma, strict=True))
     measurements += [
         mbi.LinearMeasurement(noisy, (names[a], names[b]), stddev=sigma)
-        for (a, b), noisy, sigma in zip(
-            measured.pairs, measured.two_way, measured.two_way_sigma, strict=True
-        )
+        for (a, b), noisy, sigma in pairs
     ]
     model = MirrorDescent().estimate(
         domain, measurements, known_total=float(rows), iters=ITERATIONS
