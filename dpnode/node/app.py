@@ -57,6 +57,7 @@ STATUS: dict[type[errors.DPNodeError], int] = {
     errors.NotFoundError: 404,
     errors.ConflictError: 409,
     errors.EvaluationUnavailableError: 503,
+    errors.BudgetMarkError: 503,
 }
 
 _HTTP_CODES = {
@@ -191,6 +192,16 @@ def install_error_handlers(app: FastAPI) -> None:
         return _body("internal_error", f"the node failed unexpectedly ({type(exc).__name__})", 500)
 
 
+def check_mark(ctx: NodeContext) -> None:
+    """Compare the database with the budget mark as the process starts, to say so in the log
+    at once; publishes check it again (and refuse) until it is resolved."""
+    try:
+        with ctx.engine.connect() as connection:
+            ctx.mark.verify(connection)
+    except errors.BudgetMarkError as exc:
+        log.error("publishes are refused: %s", exc.detail)
+
+
 def create_app(settings: Settings | None = None, context: NodeContext | None = None) -> FastAPI:
     """Build the node's ASGI app. The database must already be migrated."""
     ctx = context or NodeContext.from_settings(settings or get_settings())
@@ -202,6 +213,7 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
         limiter.total_tokens = max(
             limiter.total_tokens, thread_tokens(ctx.settings.max_requests_in_flight)
         )
+        check_mark(ctx)
         yield
         if context is None:  # we made it, we close it
             ctx.close()

@@ -20,6 +20,7 @@ from sqlalchemy import select
 from dpnode import __version__
 from dpnode.core.errors import DPNodeError
 from dpnode.core.ingest import TableSource, arrow_source, chunks_of, session_request
+from dpnode.node.cli_backup import add_commands as add_backup_commands
 from dpnode.node.context import NodeContext
 from dpnode.node.db import migrate
 from dpnode.node.db.models import PolicyRevision, Role, User
@@ -76,13 +77,16 @@ def cmd_serve(args: argparse.Namespace) -> None:
         flush=True,
     )
     if args.workers == 1:
-        uvicorn.run(
-            create_app(context=context),
-            host=args.host,
-            port=args.port,
-            log_level=args.log_level,
-            timeout_keep_alive=settings.keep_alive_seconds,
-        )
+        try:
+            uvicorn.run(
+                create_app(context=context),
+                host=args.host,
+                port=args.port,
+                log_level=args.log_level,
+                timeout_keep_alive=settings.keep_alive_seconds,
+            )
+        finally:  # a clean stop returns the budget mark's reservation
+            context.close()
         return
     # Several processes: each builds its own context (engine, caches) from the same settings;
     # everything that must hold across them lives in the database (docs/deploy.md).
@@ -520,6 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
     bshow = bud.add_parser("show", help="budgets under the policy in force")
     bshow.add_argument("--user", help="email or id (default: everyone)")
     bshow.set_defaults(func=cmd_budget_show)
+    add_backup_commands(sub, bud)
 
     led = sub.add_parser("ledger", help="privacy charges, newest first")
     led.add_argument("--user", help="email or id")

@@ -1,0 +1,487 @@
+"""The spending mark: a record of privacy spending kept outside the database, which only grows.
+
+Restoring an older backup of the database (or rolling an upgrade back) would otherwise hand
+every user back what they spent since. The mark is a file in the node's data directory
+(``DPNODE_BUDGET_MARK_FILE``) holding, for each user and each dataset name, spending the
+ledger must not fall below, and the ledger's newest row id. Before a process serves its first
+publish it compares the database with the mark (:meth:`SpendingMark.verify`); while the
+database is behind, publishes are refused (``503 budget_mark_behind``) until an admin runs
+``dpnode budget carry-forward`` (``dpnode.node.services.carry_forward``).
+
+A charge's commit already pays one fsync; writing the mark durably on every charge would pay a
+second. Instead each process *reserves* spending in chunks (a lease, ``DPNODE_BUDGET_MARK_
+RESERVE_*``): the file says "up to this much may have been released", and the process charges
+from its lease in memory, writing the file only when a charge does not fit what is left. The
+mark is ``settled`` (spending known committed) plus every lease taken since. At a clean stop a
+process returns its lease (:meth:`SpendingMark.close`): what it charged is then in ``settled``,
+read from the database. A process that stopped without returning its lease (killed, crashed)
+leaves the mark unable to tell its unused reservation from spending a restore removed, so
+its users and datasets count as behind, and carry-forward counts the reservation as spent
+(docs/privacy.md).
+
+Every process holds an exclusive ``flock`` on a file of its own in ``<mark>.leases/`` for its
+lifetime, which says its lease is live; read-modify-writes of the mark take ``<mark>.lock``.
+The file is replaced atomically (write a temporary file, fsync, rename, fsync the directory).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, func, select
+
+from dpnode.core.errors import BudgetMarkBehindError, BudgetMarkError
+from dpnode.node.db.base import table_of
+from dpnode.node.db.models import LedgerEntry, LedgerEntryDataset, LedgerTotal
+from dpnode.node.settings import Settings
+
+__all__ = [
+    "FORMAT",
+    "Amount",
+    "Gap",
+    "MarkState",
+    "SpendingMark",
+    "Totals",
+    "dataset_key",
+    "find_gap",
+    "live_leases",
+    "locked",
+    "read_state",
+    "read_totals",
+    "user_key",
+    "write_state",
+]
+
+#: Spending in the ledger's whole units: (epsilon, rho, delta) as ``ledger_entries`` holds them.
+Amount = tuple[int, int, int]
+ZERO: Amount = (0, 0, 0)
+FORMAT = "dpnode-budget-mark/1"
+#: The command the node's refusals name.
+CARRY_FORWARD = "dpnode budget carry-forward"
+
+
+def user_key(user_id: int) -> str:
+    """The mark's key for a user's lifetime spending.
+
+    >>> user_key(7)
+    'user:7'
+    """
+    return f"user:{user_id}"
+
+
+def dataset_key(name: str) -> str:
+    """The mark's key for a dataset's lifetime spending (by name, as caps count it).
+
+    >>> dataset_key("diabetes")
+    'dataset:diabetes'
+    """
+    return f"dataset:{name}"
+
+
+def _add(a: Amount, b: Amount) -> Amount:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
+
+
+def _sub(a: Amount, b: Amount) -> Amount:
+    return (a[0] - b[0], a[1] - b[1], a[2] - b[2])
+
+
+def _max(a: Amount, b: Amount) -> Amount:
+    return (max(a[0], b[0]), max(a[1], b[1]), max(a[2], b[2]))
+
+
+def _fits(a: Amount, b: Amount) -> bool:
+    """Whether ``a`` is at most ``b`` in every component."""
+    return a[0] <= b[0] and a[1] <= b[1] and a[2] <= b[2]
+
+
+@dataclass
+class MarkState:
+    """The mark file's content: spending known committed, leases taken since, the sequence."""
+
+    #: the newest ledger row id known committed
+    sequence: int = 0
+    settled: dict[str, Amount] = field(default_factory=dict)
+    #: reservations by process token: what each one took, by key
+    leases: dict[str, dict[str, Amount]] = field(default_factory=dict)
+
+    def ceiling(self, key: str) -> Amount:
+        """The most that may have been released under ``key``."""
+        total = self.settled.get(key, ZERO)
+        for taken in self.leases.values():
+            total = _add(total, taken.get(key, ZERO))
+        return total
+
+    def all_keys(self) -> set[str]:
+        """Every key the mark holds."""
+        found = set(self.settled)
+        for taken in self.leases.values():
+            found |= set(taken)
+        return found
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "sequence": self.sequence,
+            "settled": {k: list(v) for k, v in sorted(self.settled.items())},
+            "leases": {
+                t: {k: list(v) for k, v in sorted(taken.items())}
+                for t, taken in sorted(self.leases.items())
+            },
+        }
+
+
+def _amount(value: Any) -> Amount:
+    if (
+        not isinstance(value, list)
+        or len(value) != 3
+        or not all(type(v) is int and v >= 0 for v in value)
+    ):
+        raise ValueError(f"{value!r} is not three whole non-negative numbers")
+    return (value[0], value[1], value[2])
+
+
+def _parse(text: str) -> MarkState:
+    data = json.loads(text)
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"not a {FORMAT} document")
+    sequence = data.get("sequence")
+    if type(sequence) is not int or sequence < 0:
+        raise ValueError("its sequence is not a whole number")
+    settled = {str(k): _amount(v) for k, v in dict(data["settled"]).items()}
+    leases = {
+        str(t): {str(k): _amount(v) for k, v in dict(taken).items()}
+        for t, taken in dict(data["leases"]).items()
+    }
+    return MarkState(sequence, settled, leases)
+
+
+def _fix(path: Path) -> str:
+    return (
+        f"restore {path} from where it is copied, or, if you are sure the database holds all "
+        f"spending, adopt it as the mark: {CARRY_FORWARD} --new-mark --reason '...' (audited)"
+    )
+
+
+def read_state(path: Path) -> MarkState | None:
+    """The mark at ``path``; ``None`` when there is no file.
+
+    Raises:
+        BudgetMarkError: the file cannot be read or is not a mark.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BudgetMarkError(
+            f"the budget mark {path} cannot be read ({exc}): {_fix(path)}"
+        ) from None
+    try:
+        return _parse(text)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BudgetMarkError(f"the budget mark {path} is corrupt ({exc}): {_fix(path)}") from None
+
+
+def write_state(path: Path, state: MarkState) -> None:
+    """Replace the mark at ``path`` atomically and durably (call under :func:`locked`)."""
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    data = json.dumps(state.to_json(), indent=1).encode()
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold the mark's read-modify-write lock (``<mark>.lock``), across processes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def lease_dir(path: Path) -> Path:
+    return path.with_name(path.name + ".leases")
+
+
+def live_leases(path: Path) -> set[str]:
+    """The tokens of the processes using the mark now (each holds its lease file locked);
+    removes the files of those that stopped."""
+    live: set[str] = set()
+    folder = lease_dir(path)
+    if not folder.is_dir():
+        return live
+    for entry in folder.iterdir():
+        try:
+            fd = os.open(entry, os.O_RDWR)
+        except FileNotFoundError:  # its process stopped meanwhile
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            live.add(entry.name)
+        else:
+            entry.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+    return live
+
+
+@dataclass(frozen=True)
+class Totals:
+    """What the database holds: lifetime spending by key and the newest ledger row id."""
+
+    amounts: dict[str, Amount]
+    sequence: int
+
+
+_LEDGER = table_of(LedgerEntry)
+_READS = table_of(LedgerEntryDataset)
+_TOTALS = table_of(LedgerTotal)
+
+
+def read_totals(connection: Connection) -> Totals:
+    """Every user's and dataset name's lifetime spending, and the newest ledger row id.
+
+    Reads the whole ledger index of dataset reads: done when a process starts and by
+    carry-forward, never on a publish's path.
+    """
+    amounts: dict[str, Amount] = {}
+    users = select(_TOTALS.c.user_id, _TOTALS.c.epsilon_units, _TOTALS.c.rho_units)
+    for user_id, e, r, d in connection.execute(users.add_columns(_TOTALS.c.tv_units)):
+        amounts[user_key(int(user_id))] = (int(e), int(r), int(d))
+    sums = [func.sum(_LEDGER.c[c]) for c in ("epsilon_units", "rho_units", "tv_units")]
+    by_name = (
+        select(_READS.c.dataset_name, *sums)
+        .join(_LEDGER, _LEDGER.c.id == _READS.c.ledger_id)
+        .where(_READS.c.dataset_name.is_not(None))
+        .group_by(_READS.c.dataset_name)
+    )
+    for name, e, r, d in connection.execute(by_name):
+        amounts[dataset_key(str(name))] = (int(e), int(r), int(d))
+    newest = connection.scalar(select(func.max(_LEDGER.c.id)))
+    return Totals(amounts, int(newest or 0))
+
+
+@dataclass(frozen=True)
+class Gap:
+    """How far the database is behind the mark: what to carry forward, by key, and why."""
+
+    #: spending to carry forward, by key (the mark's ceiling less the database)
+    missing: dict[str, Amount]
+    #: the newest ledger row id the mark knows of, and the database's
+    sequence: tuple[int, int]
+    #: leases of processes that stopped without returning them
+    stale: list[str]
+
+    @property
+    def behind(self) -> bool:
+        return bool(self.missing) or self.sequence[1] < self.sequence[0] or bool(self.stale)
+
+    def describe(self) -> str:
+        """The gap in words, for the refusal and the command line."""
+        parts: list[str] = []
+        if self.sequence[1] < self.sequence[0]:
+            parts.append(
+                f"the ledger ends at row {self.sequence[1]} but row {self.sequence[0]} "
+                "was committed (a restored backup or a rolled-back upgrade)"
+            )
+        if self.stale:
+            parts.append(
+                f"{len(self.stale)} node process(es) stopped without returning their "
+                "reservation (their unused part counts as spent)"
+            )
+        if self.missing:
+            shown = ", ".join(
+                f"{k} (epsilon {v[0] / 1e9:.9g}, rho {v[1] / 1e9:.9g}, delta {v[2] / 1e18:.3g})"
+                for k, v in sorted(self.missing.items())[:5]
+            )
+            more = len(self.missing) - 5
+            parts.append("missing spending: " + shown + (f" and {more} more" if more > 0 else ""))
+        return "; ".join(parts)
+
+
+def find_gap(state: MarkState, totals: Totals, live: set[str]) -> Gap:
+    """Compare the database with the mark. A key is behind when the database holds less than
+    ``settled`` or a stopped process's lease names it; what it misses is then everything the
+    mark allows for it (its ceiling, live leases included: they may have charged already)."""
+    stale = sorted(t for t in state.leases if t not in live)
+    suspect = {k for t in stale for k, v in state.leases[t].items() if v != ZERO}
+    missing: dict[str, Amount] = {}
+    for key in state.all_keys():
+        held = totals.amounts.get(key, ZERO)
+        if key in suspect or not _fits(state.settled.get(key, ZERO), held):
+            lacking = _max(_sub(state.ceiling(key), held), ZERO)
+            if lacking != ZERO:
+                missing[key] = lacking
+    return Gap(missing, (state.sequence, totals.sequence), stale)
+
+
+class SpendingMark:
+    """This process's view of the mark: its lease, charged from in memory (see the module).
+
+    Thread-safe: charges of several users run at once on PostgreSQL.
+    """
+
+    def __init__(self, path: Path, chunk: Amount) -> None:
+        self.path = path
+        self.chunk = chunk
+        self.token = secrets.token_hex(8)
+        self._lock = threading.Lock()
+        self._verified = False
+        #: what this process's lease took, and has left, by key
+        self._taken: dict[str, Amount] = {}
+        self._left: dict[str, Amount] = {}
+        self._lease_fd: int | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SpendingMark:
+        from dpnode.node.services.costs import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, units_up
+
+        chunk = (
+            units_up(settings.budget_mark_reserve_epsilon, EPSILON_UNIT, "reserve epsilon"),
+            units_up(settings.budget_mark_reserve_rho, RHO_UNIT, "reserve rho"),
+            units_up(settings.budget_mark_reserve_delta, DELTA_UNIT, "reserve delta"),
+        )
+        return cls(settings.budget_mark_path, chunk)
+
+    def _hold_lease_file(self) -> None:
+        """Lock this process's lease file, which says its lease is live (see the module)."""
+        if self._lease_fd is None:
+            folder = lease_dir(self.path)
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(folder / self.token, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._lease_fd = fd
+
+    def verify(self, connection: Connection) -> None:
+        """Check the database holds at least the mark; a fresh node (no mark, an empty
+        ledger) starts one. Once it passed, a process does not check again.
+
+        Raises:
+            BudgetMarkBehindError: the database is behind: publishes are refused.
+            BudgetMarkError: the mark is missing (with spending in the ledger) or corrupt.
+        """
+        with self._lock:
+            if not self._verified:
+                self._verify(connection)
+
+    def _verify(self, connection: Connection) -> None:
+        self._hold_lease_file()
+        with locked(self.path):
+            state = read_state(self.path)
+            totals = read_totals(connection)
+            if state is None:
+                if totals.sequence:
+                    raise BudgetMarkError(
+                        f"the budget mark {self.path} is missing while the ledger holds "
+                        f"{totals.sequence} rows: {_fix(self.path)}"
+                    )
+                write_state(self.path, MarkState(0, {}, {}))
+                self._verified = True
+                return
+            gap = find_gap(state, totals, live_leases(self.path))
+        if gap.behind:
+            raise BudgetMarkBehindError(
+                "publishing is stopped: the database holds less privacy spending than the "
+                f"node's budget mark ({gap.describe()}); an admin must run `{CARRY_FORWARD}`, "
+                "which records the missing spending in the ledger; nothing was charged"
+            )
+        self._verified = True
+
+    def reserve(self, connection: Connection, keys: Iterable[str], amount: Amount) -> None:
+        """Make sure the mark covers ``amount`` more spending under each of ``keys``, before
+        the charge commits; verifies the database first if this process has not yet.
+
+        Raises:
+            BudgetMarkBehindError, BudgetMarkError: as :meth:`verify`, or the mark cannot be
+                written; the caller rolls the charge back.
+        """
+        wanted = list(keys)
+        with self._lock:
+            if not self._verified:
+                self._verify(connection)
+            short = [k for k in wanted if not _fits(amount, self._left.get(k, ZERO))]
+            if short:
+                self._take(short, wanted, amount)
+            for key in wanted:
+                self._left[key] = _sub(self._left[key], amount)
+
+    def give_back(self, keys: Iterable[str], amount: Amount) -> None:
+        """Return a reservation whose charge did not commit."""
+        with self._lock:
+            for key in keys:
+                self._left[key] = _add(self._left.get(key, ZERO), amount)
+
+    def _take(self, short: list[str], wanted: list[str], amount: Amount) -> None:
+        try:
+            with locked(self.path):
+                state = read_state(self.path)
+                if state is None:
+                    raise BudgetMarkError(
+                        f"the budget mark {self.path} disappeared while the node ran: "
+                        f"{_fix(self.path)}"
+                    )
+                taken = state.leases.get(self.token)
+                if taken != self._taken:  # the mark was adopted anew: start a lease afresh
+                    self._taken, self._left = {}, {}
+                    short = wanted
+                taken = dict(self._taken)
+                for key in short:
+                    more = _add(amount, self.chunk)
+                    taken[key] = _add(taken.get(key, ZERO), more)
+                    self._left[key] = _add(self._left.get(key, ZERO), more)
+                state.leases[self.token] = taken
+                write_state(self.path, state)
+                self._taken = taken
+        except OSError as exc:
+            raise BudgetMarkError(
+                f"the budget mark {self.path} cannot be written ({exc}); nothing was charged"
+            ) from None
+
+    def close(self, engine: Engine | None = None) -> None:
+        """Return this process's lease at a clean stop: the mark's ``settled`` takes the
+        committed totals of its keys from the database (``engine``)."""
+        with self._lock:
+            try:
+                if self._taken and engine is not None:
+                    with engine.connect() as connection:
+                        totals = read_totals(connection)
+                    with locked(self.path):
+                        state = read_state(self.path)
+                        if state is not None and self.token in state.leases:
+                            for key in state.leases.pop(self.token):
+                                held = totals.amounts.get(key, ZERO)
+                                state.settled[key] = _max(state.settled.get(key, ZERO), held)
+                            state.sequence = max(state.sequence, totals.sequence)
+                            write_state(self.path, state)
+                    self._taken, self._left = {}, {}
+            except (OSError, BudgetMarkError):
+                pass  # the lease stays in the mark: it counts as spent (see the module)
+            finally:
+                if self._lease_fd is not None:
+                    lease_dir(self.path).joinpath(self.token).unlink(missing_ok=True)
+                    os.close(self._lease_fd)
+                    self._lease_fd = None
