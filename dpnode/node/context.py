@@ -117,7 +117,7 @@ class NodeContext:
 
     def close(self) -> None:
         self.leases.close()
-        self.mark.close(self.engine)  # returns its reservation, while the database is open
+        self.mark.close()  # returns its reservation
         if self.cluster is not None:
             self.cluster.close()
         relaxed = self.relaxed_sessions.kw["bind"]

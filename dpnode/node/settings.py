@@ -120,9 +120,9 @@ class Settings(BaseSettings):
     #: How much each worker process reserves in the mark at a time, per user and dataset:
     #: the mark is written (one fsync) when a charge does not fit the reservation left. What
     #: a killed process had reserved and not used counts as spent (docs/privacy.md).
-    budget_mark_reserve_epsilon: float = Field(default=1.0, gt=0, le=1000, allow_inf_nan=False)
-    budget_mark_reserve_rho: float = Field(default=0.1, gt=0, le=1000, allow_inf_nan=False)
-    budget_mark_reserve_delta: float = Field(default=1e-7, gt=0, lt=1, allow_inf_nan=False)
+    budget_mark_reserve_epsilon: float = Field(default=0.5, gt=0, le=1000, allow_inf_nan=False)
+    budget_mark_reserve_rho: float = Field(default=0.001, gt=0, le=1000, allow_inf_nan=False)
+    budget_mark_reserve_delta: float = Field(default=1e-10, gt=0, lt=1, allow_inf_nan=False)
 
     #: Argon2id cost: memory in KiB and passes (RFC 9106's low-memory profile by default).
     argon2_memory_kib: int = Field(default=64 * 1024, ge=8 * 1024)

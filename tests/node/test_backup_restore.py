@@ -3,7 +3,6 @@ forward, and spent epsilon never goes down; on SQLite and PostgreSQL, through th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,21 +15,9 @@ from dpnode.node.cli import main
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import AuditEvent, LedgerEntry
 from dpnode.node.services.spending_mark import dataset_key, read_totals, user_key
-from dpnode.node.settings import Settings, get_settings
+from dpnode.node.settings import Settings
 from tests.conftest import make_user
-from tests.postgres import find_bin_dir
 from tests.sdk.conftest import connect, remote_dataset
-
-
-@pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> Iterator[list[str]]:
-    """The CLI's environment naming the ``settings`` node; yields the ``--pg-bin`` option."""
-    monkeypatch.setenv("DPNODE_DATA_DIR", str(settings.data_dir))
-    monkeypatch.setenv("DPNODE_DATABASE_URL", settings.resolved_database_url)
-    get_settings.cache_clear()
-    pg = settings.resolved_database_url.startswith("postgresql")
-    yield ["--pg-bin", str(find_bin_dir())] if pg else []
-    get_settings.cache_clear()
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> str:

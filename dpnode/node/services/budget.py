@@ -492,6 +492,7 @@ def charge(
         try:
             tx.commit()
         except BaseException:
-            mark.give_back(keys, amount)
+            mark.rolled_back(keys, amount)
             raise
+        mark.committed(keys, amount)
         return entry, after

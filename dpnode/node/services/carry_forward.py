@@ -32,6 +32,8 @@ from dpnode.node.services.spending_mark import (
     Amount,
     Gap,
     MarkState,
+    _max,
+    _sub,
     find_gap,
     live_leases,
     locked,
@@ -82,8 +84,8 @@ def _account(connection: Connection, email: str | None) -> tuple[int, str]:
     row = connection.execute(query.order_by(users.c.id).limit(1)).first()
     if row is None:
         raise NotFoundError(
-            f"no admin account {email or ''} to charge datasets' missing spending to: "
-            "create one (dpnode user add --role admin) or name one with --as"
+            f"no admin account{f' {email}' if email else ''} to charge datasets' missing "
+            "spending to: create one (dpnode user add --role admin) or name one with --admin"
         )
     return int(row[0]), str(row[1])
 
@@ -169,11 +171,16 @@ def carry_forward(
         if dropped:
             audit.append(connection, None, "budget.carry_forward_dropped", keys=dropped, **detail)
         after = read_totals(connection)
-        settled = {k: v for k, v in state.settled.items() if k not in dropped}
-        for key, amount in after.amounts.items():
-            old = settled.get(key, (0, 0, 0))
-            settled[key] = (max(old[0], amount[0]), max(old[1], amount[1]), max(old[2], amount[2]))
         live = {t: taken for t, taken in state.leases.items() if t not in gap.stale}
+        settled = {k: v for k, v in state.settled.items() if k not in dropped}
+        # A key carried forward (or a stopped process's) now holds at least its old ceiling;
+        # live leases keep their share of it (they move what they charge into ``settled``).
+        stale = {k for t in gap.stale for k in state.leases[t]}
+        for key in (gap.missing.keys() | stale) - set(dropped):
+            held = after.amounts.get(key, (0, 0, 0))
+            for taken in live.values():
+                held = _sub(held, taken.get(key, (0, 0, 0)))
+            settled[key] = _max(settled.get(key, (0, 0, 0)), held)
         # Written before the commit: should the commit fail, the mark is ahead and the next
         # run carries exactly what is still missing.
         write_state(path, MarkState(after.sequence, settled, live))

@@ -12,12 +12,13 @@ A charge's commit already pays one fsync; writing the mark durably on every char
 second. Instead each process *reserves* spending in chunks (a lease, ``DPNODE_BUDGET_MARK_
 RESERVE_*``): the file says "up to this much may have been released", and the process charges
 from its lease in memory, writing the file only when a charge does not fit what is left. The
-mark is ``settled`` (spending known committed) plus every lease taken since. At a clean stop a
-process returns its lease (:meth:`SpendingMark.close`): what it charged is then in ``settled``,
-read from the database. A process that stopped without returning its lease (killed, crashed)
-leaves the mark unable to tell its unused reservation from spending a restore removed, so
-its users and datasets count as behind, and carry-forward counts the reservation as spent
-(docs/privacy.md).
+mark is ``settled`` (spending known committed) plus every live lease. Each time a process takes
+a reservation, and when it stops cleanly (:meth:`SpendingMark.close`), what it charged moves
+from its lease into ``settled``, so that a lease holds only what is left of it and what is in
+flight. A process that stopped without returning its lease (killed, crashed) leaves the mark
+unable to tell its unused reservation from spending a restore removed, so its users and
+datasets count as behind, and carry-forward counts that reservation, at most one chunk and
+one charge per key, as spent (docs/privacy.md).
 
 Every process holds an exclusive ``flock`` on a file of its own in ``<mark>.leases/`` for its
 lifetime, which says its lease is live; read-modify-writes of the mark take ``<mark>.lock``.
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy import Connection, func, select
 
 from dpnode.core.errors import BudgetMarkBehindError, BudgetMarkError
 from dpnode.node.db.base import table_of
@@ -351,9 +352,13 @@ class SpendingMark:
         self.token = secrets.token_hex(8)
         self._lock = threading.Lock()
         self._verified = False
-        #: what this process's lease took, and has left, by key
+        #: by key: what this process's lease holds in the mark (``taken``), which is what it
+        #: has left to charge, charges in flight (``pending``) and charges committed since
+        #: the lease was last settled (``used``)
         self._taken: dict[str, Amount] = {}
         self._left: dict[str, Amount] = {}
+        self._pending: dict[str, Amount] = {}
+        self._used: dict[str, Amount] = {}
         self._lease_fd: int | None = None
 
     @classmethod
@@ -413,7 +418,7 @@ class SpendingMark:
 
     def reserve(self, connection: Connection, keys: Iterable[str], amount: Amount) -> None:
         """Make sure the mark covers ``amount`` more spending under each of ``keys``, before
-        the charge commits; verifies the database first if this process has not yet.
+        the charge commits; then :meth:`committed` or :meth:`rolled_back` says how it went.
 
         Raises:
             BudgetMarkBehindError, BudgetMarkError: as :meth:`verify`, or the mark cannot be
@@ -423,19 +428,41 @@ class SpendingMark:
         with self._lock:
             if not self._verified:
                 self._verify(connection)
-            short = [k for k in wanted if not _fits(amount, self._left.get(k, ZERO))]
-            if short:
-                self._take(short, wanted, amount)
+            if any(not _fits(amount, self._left.get(k, ZERO)) for k in wanted):
+                self._take(wanted, amount)
             for key in wanted:
                 self._left[key] = _sub(self._left[key], amount)
+                self._pending[key] = _add(self._pending.get(key, ZERO), amount)
 
-    def give_back(self, keys: Iterable[str], amount: Amount) -> None:
-        """Return a reservation whose charge did not commit."""
+    def committed(self, keys: Iterable[str], amount: Amount) -> None:
+        """The charge :meth:`reserve` covered committed: its amount is spent."""
         with self._lock:
             for key in keys:
+                self._pending[key] = _sub(self._pending[key], amount)
+                self._used[key] = _add(self._used.get(key, ZERO), amount)
+
+    def rolled_back(self, keys: Iterable[str], amount: Amount) -> None:
+        """The charge :meth:`reserve` covered did not commit: its reservation is free again."""
+        with self._lock:
+            for key in keys:
+                self._pending[key] = _sub(self._pending[key], amount)
                 self._left[key] = _add(self._left.get(key, ZERO), amount)
 
-    def _take(self, short: list[str], wanted: list[str], amount: Amount) -> None:
+    def _settle_into(self, state: MarkState) -> None:
+        """Move what this process charged (committed) from its lease into ``settled``, so
+        that a lease never holds more than what it has left and has in flight."""
+        taken = state.leases.pop(self.token, {})
+        if taken != self._taken:  # the mark was adopted anew meanwhile: nothing of ours in it
+            self._left, self._used = {}, {}
+        for key, used in self._used.items():
+            state.settled[key] = _add(state.settled.get(key, ZERO), used)
+        self._used = {}
+        self._taken = {
+            k: _add(self._left.get(k, ZERO), self._pending.get(k, ZERO))
+            for k in set(self._left) | set(self._pending)
+        }
+
+    def _take(self, wanted: list[str], amount: Amount) -> None:
         try:
             with locked(self.path):
                 state = read_state(self.path)
@@ -444,38 +471,34 @@ class SpendingMark:
                         f"the budget mark {self.path} disappeared while the node ran: "
                         f"{_fix(self.path)}"
                     )
-                taken = state.leases.get(self.token)
-                if taken != self._taken:  # the mark was adopted anew: start a lease afresh
-                    self._taken, self._left = {}, {}
-                    short = wanted
-                taken = dict(self._taken)
-                for key in short:
-                    more = _add(amount, self.chunk)
-                    taken[key] = _add(taken.get(key, ZERO), more)
-                    self._left[key] = _add(self._left.get(key, ZERO), more)
-                state.leases[self.token] = taken
+                self._settle_into(state)
+                # a chunk of each component the charge spends: none of rho for a key charged
+                # only epsilon (a reservation left unused by a killed process counts as spent)
+                e, r, d = (a + (c if a else 0) for a, c in zip(amount, self.chunk, strict=True))
+                more = (e, r, d)
+                for key in wanted:
+                    if not _fits(amount, self._left.get(key, ZERO)):
+                        self._left[key] = _add(self._left.get(key, ZERO), more)
+                        self._taken[key] = _add(self._taken.get(key, ZERO), more)
+                state.leases[self.token] = {k: v for k, v in self._taken.items() if v != ZERO}
+                self._taken = dict(state.leases[self.token])
                 write_state(self.path, state)
-                self._taken = taken
         except OSError as exc:
             raise BudgetMarkError(
                 f"the budget mark {self.path} cannot be written ({exc}); nothing was charged"
             ) from None
 
-    def close(self, engine: Engine | None = None) -> None:
-        """Return this process's lease at a clean stop: the mark's ``settled`` takes the
-        committed totals of its keys from the database (``engine``)."""
+    def close(self) -> None:
+        """Return this process's lease at a clean stop: what it charged goes into ``settled``,
+        what it had left is released."""
         with self._lock:
             try:
-                if self._taken and engine is not None:
-                    with engine.connect() as connection:
-                        totals = read_totals(connection)
+                if self._taken:
                     with locked(self.path):
                         state = read_state(self.path)
-                        if state is not None and self.token in state.leases:
-                            for key in state.leases.pop(self.token):
-                                held = totals.amounts.get(key, ZERO)
-                                state.settled[key] = _max(state.settled.get(key, ZERO), held)
-                            state.sequence = max(state.sequence, totals.sequence)
+                        if state is not None:
+                            self._settle_into(state)
+                            state.leases.pop(self.token, None)
                             write_state(self.path, state)
                     self._taken, self._left = {}, {}
             except (OSError, BudgetMarkError):
