@@ -141,6 +141,35 @@ def test_concurrent_processes_keep_the_mark_above_the_database(
     assert again.settled[keys[0]][0] == 39 * TENTH
 
 
+def test_a_worker_killed_while_another_serves_leaves_its_reservation_forfeited(
+    context: NodeContext, owner: User, scientist: User, database_url: str
+) -> None:
+    dataset_id = _dataset(context, owner, "d")
+    _charge(context, scientist.id, dataset_id)  # this process verified and serves on
+    args = [str(context.settings.data_dir), database_url, str(scientist.id), str(dataset_id)]
+    (context.settings.data_dir / "go").touch()
+    worker = subprocess.run(
+        [sys.executable, "-c", _WORKER, *args, "kill"], cwd=REPO_ROOT, check=False, timeout=120
+    )
+    assert worker.returncode == 0
+    replacement = NodeContext.from_settings(context.settings)  # as uvicorn starts one
+    try:
+        _charge(replacement, scientist.id, dataset_id)  # served: no restore could have run
+    finally:
+        replacement.close()
+    _charge(context, scientist.id, dataset_id)
+    state = read_state(context.settings.budget_mark_path)
+    assert state is not None and len(state.leases) == 1  # only this process's
+    key = user_key(scientist.id)
+    # its last lease: 0.05 left over and 0.35 reserved at the 11th charge, of which the 11th
+    # and 12th used 0.2: at most one reservation and one charge
+    assert state.forfeited[key][0] == 4 * TENTH
+    with context.engine.connect() as connection:
+        held = read_totals(connection).amounts[key]
+    assert held[0] == 15 * TENTH
+    assert all(h <= c for h, c in zip(held, state.ceiling(key), strict=True))
+
+
 def test_the_mark_is_written_once_per_reservation_not_per_charge(
     settings: Settings, owner: User, scientist: User
 ) -> None:

@@ -129,7 +129,8 @@ def carry_forward(
         if state is None:
             raise _missing(path)
         totals = read_totals(connection)
-        gap = find_gap(state, totals, live_leases(path))
+        running = live_leases(path)
+        gap = find_gap(state, totals, running)
         if not gap.behind:
             return Carried(gap, {}, [])
         users = table_of(User)
@@ -181,9 +182,12 @@ def carry_forward(
             for taken in live.values():
                 held = _sub(held, taken.get(key, (0, 0, 0)))
             settled[key] = _max(settled.get(key, (0, 0, 0)), held)
+        # what was forfeited under a key carried forward is in its ledger now
+        forfeited = {k: v for k, v in state.forfeited.items() if k not in gap.missing}
         # Written before the commit: should the commit fail, the mark is ahead and the next
         # run carries exactly what is still missing.
-        write_state(path, MarkState(after.sequence, settled, live))
+        verified = state.verified & running
+        write_state(path, MarkState(after.sequence, settled, live, forfeited, verified))
         return Carried(gap, rows, dropped)
 
 

@@ -114,20 +114,31 @@ class MarkState:
     settled: dict[str, Amount] = field(default_factory=dict)
     #: reservations by process token: what each one took, by key
     leases: dict[str, dict[str, Amount]] = field(default_factory=dict)
+    #: reservations of processes killed while a verified one served on (see
+    #: :meth:`SpendingMark.verify`): possibly spent, kept until a carry-forward counts them
+    forfeited: dict[str, Amount] = field(default_factory=dict)
+    #: tokens of the processes that found the database not behind and serve publishes
+    verified: set[str] = field(default_factory=set)
 
     def ceiling(self, key: str) -> Amount:
         """The most that may have been released under ``key``."""
-        total = self.settled.get(key, ZERO)
+        total = _add(self.settled.get(key, ZERO), self.forfeited.get(key, ZERO))
         for taken in self.leases.values():
             total = _add(total, taken.get(key, ZERO))
         return total
 
     def all_keys(self) -> set[str]:
         """Every key the mark holds."""
-        found = set(self.settled)
+        found = set(self.settled) | set(self.forfeited)
         for taken in self.leases.values():
             found |= set(taken)
         return found
+
+    def forfeit(self, token: str) -> None:
+        """Keep a killed process's lease as possibly spent (its unused part cannot be told
+        from spending), out of the leases."""
+        for key, taken in self.leases.pop(token, {}).items():
+            self.forfeited[key] = _add(self.forfeited.get(key, ZERO), taken)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -138,6 +149,8 @@ class MarkState:
                 t: {k: list(v) for k, v in sorted(taken.items())}
                 for t, taken in sorted(self.leases.items())
             },
+            "forfeited": {k: list(v) for k, v in sorted(self.forfeited.items())},
+            "verified": sorted(self.verified),
         }
 
 
@@ -163,7 +176,9 @@ def _parse(text: str) -> MarkState:
         str(t): {str(k): _amount(v) for k, v in dict(taken).items()}
         for t, taken in dict(data["leases"]).items()
     }
-    return MarkState(sequence, settled, leases)
+    forfeited = {str(k): _amount(v) for k, v in dict(data.get("forfeited", {})).items()}
+    verified = {str(t) for t in list(data.get("verified", []))}
+    return MarkState(sequence, settled, leases, forfeited, verified)
 
 
 def _fix(path: Path) -> str:
@@ -404,16 +419,24 @@ class SpendingMark:
                         f"the budget mark {self.path} is missing while the ledger holds "
                         f"{totals.sequence} rows: {_fix(self.path)}"
                     )
-                write_state(self.path, MarkState(0, {}, {}))
-                self._verified = True
-                return
-            gap = find_gap(state, totals, live_leases(self.path))
-        if gap.behind:
-            raise BudgetMarkBehindError(
-                "publishing is stopped: the database holds less privacy spending than the "
-                f"node's budget mark ({gap.describe()}); an admin must run `{CARRY_FORWARD}`, "
-                "which records the missing spending in the ledger; nothing was charged"
-            )
+                state = MarkState()
+            live = live_leases(self.path)
+            if (state.verified & live) - {self.token}:
+                # A process that verified the database and served since is still running: no
+                # restore can have happened meanwhile (``dpnode restore`` refuses while one
+                # runs), so a killed process's reservation is only that; kept as forfeited.
+                for token in [t for t in state.leases if t not in live]:
+                    state.forfeit(token)
+            gap = find_gap(state, totals, live)
+            if gap.behind:
+                raise BudgetMarkBehindError(
+                    "publishing is stopped: the database holds less privacy spending than the "
+                    f"node's budget mark ({gap.describe()}); an admin must run "
+                    f"`{CARRY_FORWARD}`, which records the missing spending in the ledger; "
+                    "nothing was charged"
+                )
+            state.verified = (state.verified & live) | {self.token}
+            write_state(self.path, state)
         self._verified = True
 
     def reserve(self, connection: Connection, keys: Iterable[str], amount: Amount) -> None:
@@ -493,14 +516,15 @@ class SpendingMark:
         what it had left is released."""
         with self._lock:
             try:
-                if self._taken:
+                if self._taken or self._verified:
                     with locked(self.path):
                         state = read_state(self.path)
                         if state is not None:
                             self._settle_into(state)
                             state.leases.pop(self.token, None)
+                            state.verified.discard(self.token)
                             write_state(self.path, state)
-                    self._taken, self._left = {}, {}
+                    self._taken, self._left, self._verified = {}, {}, False
             except (OSError, BudgetMarkError):
                 pass  # the lease stays in the mark: it counts as spent (see the module)
             finally:
