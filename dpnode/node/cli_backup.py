@@ -14,9 +14,9 @@ from dpnode.node import backup as backups
 from dpnode.node.db import migrate
 from dpnode.node.db.session import make_engine
 from dpnode.node.services import carry_forward as carrying
-from dpnode.node.services.costs import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT
 from dpnode.node.services.spending_mark import (
     CARRY_FORWARD,
+    describe,
     find_gap,
     live_leases,
     read_state,
@@ -38,12 +38,6 @@ def _engine(settings: Settings) -> Engine:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     migrate.upgrade(settings.resolved_database_url)
     return make_engine(settings.resolved_database_url)
-
-
-def _amount(amount: tuple[int, int, int]) -> str:
-    units = (EPSILON_UNIT, RHO_UNIT, DELTA_UNIT)
-    e, r, d = (float(n * u) for n, u in zip(amount, units, strict=True))
-    return f"epsilon {e:.9g}, rho {r:.9g}, delta {d:.3g}"
 
 
 def cmd_backup(args: argparse.Namespace) -> None:
@@ -109,7 +103,7 @@ def cmd_carry_forward(args: argparse.Namespace) -> None:
         print("nothing to carry forward: the database holds all the spending the mark knows of")
         return
     for key, row in sorted(done.rows.items()):
-        print(f"carried {_amount(done.gap.missing[key])} forward for {key} (ledger row {row})")
+        print(f"carried {describe(done.gap.missing[key])} forward for {key} (ledger row {row})")
     for key in done.dropped:
         print(f"dropped {key}: the restored database has no such user")
     print("the budget mark is settled: the node serves publishes again")

@@ -28,12 +28,11 @@ from dpnode.node.db.base import table_of, utcnow
 from dpnode.node.db.models import Dataset, LedgerEntry, LedgerEntryDataset, Role, User
 from dpnode.node.db.session import serial_engine
 from dpnode.node.services import audit
+from dpnode.node.services.mark_file import at_least, sub
 from dpnode.node.services.spending_mark import (
     Amount,
     Gap,
     MarkState,
-    _max,
-    _sub,
     find_gap,
     live_leases,
     locked,
@@ -180,8 +179,8 @@ def carry_forward(
         for key in (gap.missing.keys() | stale) - set(dropped):
             held = after.amounts.get(key, (0, 0, 0))
             for taken in live.values():
-                held = _sub(held, taken.get(key, (0, 0, 0)))
-            settled[key] = _max(settled.get(key, (0, 0, 0)), held)
+                held = sub(held, taken.get(key, (0, 0, 0)))
+            settled[key] = at_least(settled.get(key, (0, 0, 0)), held)
         # what was forfeited under a key carried forward is in its ledger now
         forfeited = {k: v for k, v in state.forfeited.items() if k not in gap.missing}
         # Written before the commit: should the commit fail, the mark is ahead and the next

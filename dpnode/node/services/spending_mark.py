@@ -28,24 +28,42 @@ The file is replaced atomically (write a temporary file, fsync, rename, fsync th
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import secrets
 import threading
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import Connection, func, select
 
 from dpnode.core.errors import BudgetMarkBehindError, BudgetMarkError
 from dpnode.node.db.base import table_of
 from dpnode.node.db.models import LedgerEntry, LedgerEntryDataset, LedgerTotal
+from dpnode.node.services.costs import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, units_up
+from dpnode.node.services.mark_file import (
+    CARRY_FORWARD,
+    FORMAT,
+    ZERO,
+    Amount,
+    MarkState,
+    add,
+    at_least,
+    dataset_key,
+    fits,
+    fix,
+    lease_dir,
+    live_leases,
+    locked,
+    read_state,
+    sub,
+    user_key,
+    write_state,
+)
 from dpnode.node.settings import Settings
 
 __all__ = [
+    "CARRY_FORWARD",
     "FORMAT",
     "Amount",
     "Gap",
@@ -53,6 +71,7 @@ __all__ = [
     "SpendingMark",
     "Totals",
     "dataset_key",
+    "describe",
     "find_gap",
     "live_leases",
     "locked",
@@ -61,208 +80,6 @@ __all__ = [
     "user_key",
     "write_state",
 ]
-
-#: Spending in the ledger's whole units: (epsilon, rho, delta) as ``ledger_entries`` holds them.
-Amount = tuple[int, int, int]
-ZERO: Amount = (0, 0, 0)
-FORMAT = "dpnode-budget-mark/1"
-#: The command the node's refusals name.
-CARRY_FORWARD = "dpnode budget carry-forward"
-
-
-def user_key(user_id: int) -> str:
-    """The mark's key for a user's lifetime spending.
-
-    >>> user_key(7)
-    'user:7'
-    """
-    return f"user:{user_id}"
-
-
-def dataset_key(name: str) -> str:
-    """The mark's key for a dataset's lifetime spending (by name, as caps count it).
-
-    >>> dataset_key("diabetes")
-    'dataset:diabetes'
-    """
-    return f"dataset:{name}"
-
-
-def _add(a: Amount, b: Amount) -> Amount:
-    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
-
-
-def _sub(a: Amount, b: Amount) -> Amount:
-    return (a[0] - b[0], a[1] - b[1], a[2] - b[2])
-
-
-def _max(a: Amount, b: Amount) -> Amount:
-    return (max(a[0], b[0]), max(a[1], b[1]), max(a[2], b[2]))
-
-
-def _fits(a: Amount, b: Amount) -> bool:
-    """Whether ``a`` is at most ``b`` in every component."""
-    return a[0] <= b[0] and a[1] <= b[1] and a[2] <= b[2]
-
-
-@dataclass
-class MarkState:
-    """The mark file's content: spending known committed, leases taken since, the sequence."""
-
-    #: the newest ledger row id known committed
-    sequence: int = 0
-    settled: dict[str, Amount] = field(default_factory=dict)
-    #: reservations by process token: what each one took, by key
-    leases: dict[str, dict[str, Amount]] = field(default_factory=dict)
-    #: reservations of processes killed while a verified one served on (see
-    #: :meth:`SpendingMark.verify`): possibly spent, kept until a carry-forward counts them
-    forfeited: dict[str, Amount] = field(default_factory=dict)
-    #: tokens of the processes that found the database not behind and serve publishes
-    verified: set[str] = field(default_factory=set)
-
-    def ceiling(self, key: str) -> Amount:
-        """The most that may have been released under ``key``."""
-        total = _add(self.settled.get(key, ZERO), self.forfeited.get(key, ZERO))
-        for taken in self.leases.values():
-            total = _add(total, taken.get(key, ZERO))
-        return total
-
-    def all_keys(self) -> set[str]:
-        """Every key the mark holds."""
-        found = set(self.settled) | set(self.forfeited)
-        for taken in self.leases.values():
-            found |= set(taken)
-        return found
-
-    def forfeit(self, token: str) -> None:
-        """Keep a killed process's lease as possibly spent (its unused part cannot be told
-        from spending), out of the leases."""
-        for key, taken in self.leases.pop(token, {}).items():
-            self.forfeited[key] = _add(self.forfeited.get(key, ZERO), taken)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
-            "sequence": self.sequence,
-            "settled": {k: list(v) for k, v in sorted(self.settled.items())},
-            "leases": {
-                t: {k: list(v) for k, v in sorted(taken.items())}
-                for t, taken in sorted(self.leases.items())
-            },
-            "forfeited": {k: list(v) for k, v in sorted(self.forfeited.items())},
-            "verified": sorted(self.verified),
-        }
-
-
-def _amount(value: Any) -> Amount:
-    if (
-        not isinstance(value, list)
-        or len(value) != 3
-        or not all(type(v) is int and v >= 0 for v in value)
-    ):
-        raise ValueError(f"{value!r} is not three whole non-negative numbers")
-    return (value[0], value[1], value[2])
-
-
-def _parse(text: str) -> MarkState:
-    data = json.loads(text)
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ValueError(f"not a {FORMAT} document")
-    sequence = data.get("sequence")
-    if type(sequence) is not int or sequence < 0:
-        raise ValueError("its sequence is not a whole number")
-    settled = {str(k): _amount(v) for k, v in dict(data["settled"]).items()}
-    leases = {
-        str(t): {str(k): _amount(v) for k, v in dict(taken).items()}
-        for t, taken in dict(data["leases"]).items()
-    }
-    forfeited = {str(k): _amount(v) for k, v in dict(data.get("forfeited", {})).items()}
-    verified = {str(t) for t in list(data.get("verified", []))}
-    return MarkState(sequence, settled, leases, forfeited, verified)
-
-
-def _fix(path: Path) -> str:
-    return (
-        f"restore {path} from where it is copied, or, if you are sure the database holds all "
-        f"spending, adopt it as the mark: {CARRY_FORWARD} --new-mark --reason '...' (audited)"
-    )
-
-
-def read_state(path: Path) -> MarkState | None:
-    """The mark at ``path``; ``None`` when there is no file.
-
-    Raises:
-        BudgetMarkError: the file cannot be read or is not a mark.
-    """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BudgetMarkError(
-            f"the budget mark {path} cannot be read ({exc}): {_fix(path)}"
-        ) from None
-    try:
-        return _parse(text)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise BudgetMarkError(f"the budget mark {path} is corrupt ({exc}): {_fix(path)}") from None
-
-
-def write_state(path: Path, state: MarkState) -> None:
-    """Replace the mark at ``path`` atomically and durably (call under :func:`locked`)."""
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    data = json.dumps(state.to_json(), indent=1).encode()
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temporary, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-
-
-@contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """Hold the mark's read-modify-write lock (``<mark>.lock``), across processes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def lease_dir(path: Path) -> Path:
-    return path.with_name(path.name + ".leases")
-
-
-def live_leases(path: Path) -> set[str]:
-    """The tokens of the processes using the mark now (each holds its lease file locked);
-    removes the files of those that stopped."""
-    live: set[str] = set()
-    folder = lease_dir(path)
-    if not folder.is_dir():
-        return live
-    for entry in folder.iterdir():
-        try:
-            fd = os.open(entry, os.O_RDWR)
-        except FileNotFoundError:  # its process stopped meanwhile
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            live.add(entry.name)
-        else:
-            entry.unlink(missing_ok=True)
-        finally:
-            os.close(fd)
-    return live
 
 
 @dataclass(frozen=True)
@@ -301,6 +118,18 @@ def read_totals(connection: Connection) -> Totals:
     return Totals(amounts, int(newest or 0))
 
 
+def describe(amount: Amount) -> str:
+    """Spending in words.
+
+    >>> describe((1_250_000_000, 0, 2))
+    'epsilon 1.25, rho 0, delta 2e-18'
+    """
+    e, r, d = (
+        float(n * u) for n, u in zip(amount, (EPSILON_UNIT, RHO_UNIT, DELTA_UNIT), strict=True)
+    )
+    return f"epsilon {e:.9g}, rho {r:.9g}, delta {d:.3g}"
+
+
 @dataclass(frozen=True)
 class Gap:
     """How far the database is behind the mark: what to carry forward, by key, and why."""
@@ -330,10 +159,7 @@ class Gap:
                 "reservation (their unused part counts as spent)"
             )
         if self.missing:
-            shown = ", ".join(
-                f"{k} (epsilon {v[0] / 1e9:.9g}, rho {v[1] / 1e9:.9g}, delta {v[2] / 1e18:.3g})"
-                for k, v in sorted(self.missing.items())[:5]
-            )
+            shown = ", ".join(f"{k} ({describe(v)})" for k, v in sorted(self.missing.items())[:5])
             more = len(self.missing) - 5
             parts.append("missing spending: " + shown + (f" and {more} more" if more > 0 else ""))
         return "; ".join(parts)
@@ -348,8 +174,8 @@ def find_gap(state: MarkState, totals: Totals, live: set[str]) -> Gap:
     missing: dict[str, Amount] = {}
     for key in state.all_keys():
         held = totals.amounts.get(key, ZERO)
-        if key in suspect or not _fits(state.settled.get(key, ZERO), held):
-            lacking = _max(_sub(state.ceiling(key), held), ZERO)
+        if key in suspect or not fits(state.settled.get(key, ZERO), held):
+            lacking = at_least(sub(state.ceiling(key), held), ZERO)
             if lacking != ZERO:
                 missing[key] = lacking
     return Gap(missing, (state.sequence, totals.sequence), stale)
@@ -378,8 +204,6 @@ class SpendingMark:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SpendingMark:
-        from dpnode.node.services.costs import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, units_up
-
         chunk = (
             units_up(settings.budget_mark_reserve_epsilon, EPSILON_UNIT, "reserve epsilon"),
             units_up(settings.budget_mark_reserve_rho, RHO_UNIT, "reserve rho"),
@@ -417,7 +241,7 @@ class SpendingMark:
                 if totals.sequence:
                     raise BudgetMarkError(
                         f"the budget mark {self.path} is missing while the ledger holds "
-                        f"{totals.sequence} rows: {_fix(self.path)}"
+                        f"{totals.sequence} rows: {fix(self.path)}"
                     )
                 state = MarkState()
             live = live_leases(self.path)
@@ -451,25 +275,25 @@ class SpendingMark:
         with self._lock:
             if not self._verified:
                 self._verify(connection)
-            if any(not _fits(amount, self._left.get(k, ZERO)) for k in wanted):
+            if any(not fits(amount, self._left.get(k, ZERO)) for k in wanted):
                 self._take(wanted, amount)
             for key in wanted:
-                self._left[key] = _sub(self._left[key], amount)
-                self._pending[key] = _add(self._pending.get(key, ZERO), amount)
+                self._left[key] = sub(self._left[key], amount)
+                self._pending[key] = add(self._pending.get(key, ZERO), amount)
 
     def committed(self, keys: Iterable[str], amount: Amount) -> None:
         """The charge :meth:`reserve` covered committed: its amount is spent."""
         with self._lock:
             for key in keys:
-                self._pending[key] = _sub(self._pending[key], amount)
-                self._used[key] = _add(self._used.get(key, ZERO), amount)
+                self._pending[key] = sub(self._pending[key], amount)
+                self._used[key] = add(self._used.get(key, ZERO), amount)
 
     def rolled_back(self, keys: Iterable[str], amount: Amount) -> None:
         """The charge :meth:`reserve` covered did not commit: its reservation is free again."""
         with self._lock:
             for key in keys:
-                self._pending[key] = _sub(self._pending[key], amount)
-                self._left[key] = _add(self._left.get(key, ZERO), amount)
+                self._pending[key] = sub(self._pending[key], amount)
+                self._left[key] = add(self._left.get(key, ZERO), amount)
 
     def _settle_into(self, state: MarkState) -> None:
         """Move what this process charged (committed) from its lease into ``settled``, so
@@ -478,10 +302,10 @@ class SpendingMark:
         if taken != self._taken:  # the mark was adopted anew meanwhile: nothing of ours in it
             self._left, self._used = {}, {}
         for key, used in self._used.items():
-            state.settled[key] = _add(state.settled.get(key, ZERO), used)
+            state.settled[key] = add(state.settled.get(key, ZERO), used)
         self._used = {}
         self._taken = {
-            k: _add(self._left.get(k, ZERO), self._pending.get(k, ZERO))
+            k: add(self._left.get(k, ZERO), self._pending.get(k, ZERO))
             for k in set(self._left) | set(self._pending)
         }
 
@@ -492,7 +316,7 @@ class SpendingMark:
                 if state is None:
                     raise BudgetMarkError(
                         f"the budget mark {self.path} disappeared while the node ran: "
-                        f"{_fix(self.path)}"
+                        f"{fix(self.path)}"
                     )
                 self._settle_into(state)
                 # a chunk of each component the charge spends: none of rho for a key charged
@@ -500,9 +324,9 @@ class SpendingMark:
                 e, r, d = (a + (c if a else 0) for a, c in zip(amount, self.chunk, strict=True))
                 more = (e, r, d)
                 for key in wanted:
-                    if not _fits(amount, self._left.get(key, ZERO)):
-                        self._left[key] = _add(self._left.get(key, ZERO), more)
-                        self._taken[key] = _add(self._taken.get(key, ZERO), more)
+                    if not fits(amount, self._left.get(key, ZERO)):
+                        self._left[key] = add(self._left.get(key, ZERO), more)
+                        self._taken[key] = add(self._taken.get(key, ZERO), more)
                 state.leases[self.token] = {k: v for k, v in self._taken.items() if v != ZERO}
                 self._taken = dict(state.leases[self.token])
                 write_state(self.path, state)
