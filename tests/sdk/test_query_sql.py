@@ -151,6 +151,15 @@ TRANSLATIONS: list[tuple[str, Callable[[Query], Query]]] = [
         "SELECT education, sex FROM census GROUP BY education, sex ORDER BY COUNT(*) DESC LIMIT 3",
         lambda q: q.group_by("education", "sex").top_k(3, counts=False),
     ),
+    (  # constants beyond int64 and the floats compare exactly, as the builder's do
+        "SELECT COUNT(*) FROM census WHERE age > 9223372036854775808 OR age <= -1e400 "
+        "OR hours BETWEEN -0.0 AND 99999999999999999999",
+        lambda q: q.filter(
+            (col("age") > 2**63)
+            | (col("age") <= -math.inf)
+            | col("hours").between(-0.0, 10**20 - 1)
+        ).agg(dq.count()),
+    ),
     (  # ascending, or with an OFFSET: a sort of the whole released table, not top_k
         "SELECT education, COUNT(*) FROM census GROUP BY education ORDER BY 2 LIMIT 1 OFFSET 1",
         lambda q: q.group_by("education").agg(dq.count()),
@@ -416,6 +425,29 @@ REFUSALS: list[tuple[str, type[Exception], tuple[str, ...]]] = [
     ("SELECT income, COUNT(*) FROM census GROUP BY income", dq.NoPublicKeysError, ("income",)),
     ("SELECT COUNT(*) FROM census WHERE sex = 'X'", dq.QueryError, ("'X'", "categories")),
     ("SELECT COUNT(*) FROM census WHERE age > 'old'", dq.AggregateTypeError, ("number",)),
+    # constants that are not numbers, where a number is compared
+    (
+        "SELECT COUNT(*) FROM census WHERE age > NaN",
+        UnsupportedSQLError,
+        ("NaN as a constant", "no value equals NaN"),
+    ),
+    (
+        "SELECT COUNT(*) FROM census WHERE income < Infinity",
+        UnsupportedSQLError,
+        ("Infinity as a constant", "1e308", "leave the condition out"),
+    ),
+    ("SELECT COUNT(*) FROM census WHERE age > nobody", dq.UnknownColumnError, ("'nobody'",)),
+    (
+        "SELECT COUNT(*) FROM census WHERE age > TRUE",
+        dq.AggregateTypeError,
+        ("'age' is int64, not bool", "a number (1), not True"),
+    ),
+    (
+        "SELECT COUNT(*) FROM census WHERE income BETWEEN FALSE AND 50",
+        dq.AggregateTypeError,
+        ("'income' is float64", "(0), not False"),
+    ),
+    ("SELECT COUNT(*) FROM census WHERE age IN (30, TRUE)", dq.AggregateTypeError, ("True",)),
 ]
 
 
