@@ -274,6 +274,8 @@ def test_the_floor_makes_correlations_within_the_noise_more_accurate_and_leaves_
     m = release_moments(_stack(people_ds, "age", "hours", "income").T, epsilon=1.0)
     assert m.noise_sd() == pytest.approx(math.sqrt(2) * m.receipt.noise_scale)
     assert torch.equal(m.corrcoef(), m.corrcoef(noise=0.0))
+    released = torch.corrcoef(_stack(people_ds, "age", "hours")).publish(epsilon=1.0)
+    assert "2 standard deviations of its noise" in released.receipt.post_processing
 
 
 @pytest.mark.usefixtures("sqlite_only")
