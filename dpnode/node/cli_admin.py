@@ -12,7 +12,6 @@ import argparse
 from typing import Any
 
 from dpnode.node.cli_common import (
-    CLIError,
     add_password_options,
     fmt,
     migrated_context,
@@ -173,7 +172,6 @@ def add_dataset_actions(dataset: Any) -> None:
 
 
 __all__ = [
-    "CLIError",
     "add_approval_actions",
     "add_budget_actions",
     "add_dataset_actions",
