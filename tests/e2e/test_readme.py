@@ -115,4 +115,6 @@ def test_the_demo_banners_snippet_runs_as_printed(demo_server: Server) -> None:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(snippet, "banner", "exec"), {"__name__": "banner"})
-    assert "dataset 'diabetes'" in out.getvalue() and "age" in out.getvalue(), out.getvalue()
+    printed = out.getvalue()
+    assert printed.startswith("<Dataset 'diabetes' tags=['health',"), printed
+    assert re.search(r"age +float64 in \[0, 120\]", printed), printed
