@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import argparse
-import getpass
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
 
 from dpnode.node import backup as backups
+from dpnode.node.cli_common import operator
 from dpnode.node.db import migrate
 from dpnode.node.db.session import make_engine
 from dpnode.node.services import carry_forward as carrying
@@ -25,13 +25,6 @@ from dpnode.node.services.spending_mark import (
 from dpnode.node.settings import Settings, get_settings
 
 __all__ = ["add_commands"]
-
-
-def _operator() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "operator"
 
 
 def _engine(settings: Settings) -> Engine:
@@ -88,14 +81,14 @@ def cmd_carry_forward(args: argparse.Namespace) -> None:
     path = settings.budget_mark_path
     try:
         if args.new_mark:
-            state = carrying.adopt(engine, path, operator=_operator(), reason=args.reason)
+            state = carrying.adopt(engine, path, operator=operator(), reason=args.reason)
             print(
                 f"adopted the database as the budget mark {path} (ledger up to row "
                 f"{state.sequence}, {len(state.settled)} users and datasets)"
             )
             return
         done = carrying.carry_forward(
-            engine, path, operator=_operator(), reason=args.reason, admin_email=args.admin
+            engine, path, operator=operator(), reason=args.reason, admin_email=args.admin
         )
     finally:
         engine.dispose()
