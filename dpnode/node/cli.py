@@ -19,6 +19,7 @@ from dpnode import __version__
 from dpnode.core.errors import DPNodeError
 from dpnode.core.ingest import TableSource, arrow_source, chunks_of, session_request
 from dpnode.node import cli_admin
+from dpnode.node.cli_backup import add_commands as add_backup_commands
 from dpnode.node.cli_common import CLIError, add_password_options
 from dpnode.node.cli_common import fmt as _fmt
 from dpnode.node.cli_common import migrated_context as _migrated_context
@@ -72,13 +73,16 @@ def cmd_serve(args: argparse.Namespace) -> None:
         flush=True,
     )
     if args.workers == 1:
-        uvicorn.run(
-            create_app(context=context),
-            host=args.host,
-            port=args.port,
-            log_level=args.log_level,
-            timeout_keep_alive=settings.keep_alive_seconds,
-        )
+        try:
+            uvicorn.run(
+                create_app(context=context),
+                host=args.host,
+                port=args.port,
+                log_level=args.log_level,
+                timeout_keep_alive=settings.keep_alive_seconds,
+            )
+        finally:  # a clean stop returns the budget mark's reservation
+            context.close()
         return
     # Several processes: each builds its own context (engine, caches) from the same settings;
     # everything that must hold across them lives in the database (docs/deploy.md).
@@ -472,6 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     bshow.add_argument("--user", help="email or id (default: everyone)")
     bshow.set_defaults(func=cmd_budget_show)
     cli_admin.add_budget_actions(bud)
+    add_backup_commands(sub, bud)
 
     led = sub.add_parser("ledger", help="privacy charges, newest first")
     led.add_argument("--user", help="email or id")

@@ -514,7 +514,12 @@ def publish(
     cluster, columns, threads = context.cluster, decided.columns, decided.threads
     try:
         entry, after = budget.charge(
-            context.serial_sessions, context.settings, actor_id, cost, claim=claim
+            context.serial_sessions,
+            context.settings,
+            actor_id,
+            cost,
+            claim=claim,
+            mark=context.mark,
         )
     except NotFoundError:  # a dataset deleted since it was read: nothing was charged
         context.known_datasets.forget(inputs.dataset_ids)
