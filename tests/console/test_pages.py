@@ -208,13 +208,14 @@ def test_answers_go_through_the_api_services_with_their_reasons(
         token_from="/console/approvals",
     )
     assert empty.status_code == 422, empty.text
-    # Answering twice is a conflict, shown as a page.
+    # Answering twice is a conflict, said on the approvals page (the request's form is gone).
     again = admin_browser.post(
         f"/console/budget-requests/{pending.request_id}/deny",
         {"reason": "changed my mind"},
         token_from="/console/approvals",
     )
-    assert again.status_code == 409 and "<h1>Conflict</h1>" in again.text
+    assert again.status_code == 409 and "<h1>Pending approvals</h1>" in again.text
+    assert f"budget request {pending.request_id} was already approved" in again.text
     bad = admin_browser.post(
         f"/console/budget-requests/{pending.request_id}/approve",
         {"epsilon": "lots"},

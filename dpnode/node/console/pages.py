@@ -47,6 +47,8 @@ from dpnode.node.services.security import issue_token
 
 router = APIRouter(prefix=PREFIX, route_class=ConsoleRoute, include_in_schema=False)
 router.include_router(admin.router)
+#: The node's own address, outside the console's prefix.
+front = APIRouter(route_class=ConsoleRoute, include_in_schema=False)
 
 _CSS = (HERE / "static" / "console.css").read_bytes()
 _WHY = {
@@ -142,6 +144,12 @@ def logout(request: Request, _form: Form) -> Response:
 @router.get("/")
 def home(user: ConsoleUser) -> Response:
     return redirect(PREFIX + ("/approvals" if user.role is Role.ADMIN else "/me"))
+
+
+@front.get("/")
+def node_front(request: Request) -> Response:
+    """The node's address in a browser: where the console and the API's documentation are."""
+    return page(request, "front.html", title="dpnode")
 
 
 @router.get("/me")
