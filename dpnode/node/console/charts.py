@@ -19,10 +19,10 @@ from xml.sax.saxutils import escape
 from markupsafe import Markup
 
 WIDTH = 640
-LEFT, RIGHT, TOP, PLOT_HEIGHT = 56, 16, 16, 200
+LEFT, RIGHT, TOP, PLOT_HEIGHT = 64, 16, 16, 200
 #: Baseline of the dates under the plot, top of the legend, height of one legend row.
-DATES_Y = TOP + PLOT_HEIGHT + 20
-LEGEND_TOP, LEGEND_ROW = DATES_Y + 10, 22
+DATES_Y = TOP + PLOT_HEIGHT + 22
+LEGEND_TOP, LEGEND_ROW = DATES_Y + 10, 24
 
 
 @dataclass(frozen=True)
@@ -79,13 +79,13 @@ def budget_chart(
     top = max([allocation, *finite, 1e-9]) * 1.1
     span = max((end - start).total_seconds(), 1e-6)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, PLOT_HEIGHT
-    renews_inside = renews_at is not None and start <= renews_at <= end
+    renewal = renews_at if renews_at is not None and start <= renews_at <= end else None
     legend = [
         ("spent", "", f"epsilon used: {_fmt(finite[-1] if finite else 0.0)}"),
         ("allocation", "8 4", f"allocation {_fmt(allocation)}"),
     ]
-    if renews_at is not None and renews_inside:
-        legend.append(("renewal", "2 4", f"renews {renews_at:%Y-%m-%d %H:%M} UTC"))
+    if renewal is not None:
+        legend.append(("renewal", "2 4", f"renews {renewal:%Y-%m-%d %H:%M} UTC"))
     height = LEGEND_TOP + LEGEND_ROW * len(legend) + 4
 
     def x(at: datetime) -> float:
@@ -119,8 +119,8 @@ def budget_chart(
         f'<line class="allocation" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{ay:.1f}" y2="{ay:.1f}"'
         ' stroke-dasharray="8 4"/>'
     )
-    if renews_at is not None and renews_inside:
-        rx = x(renews_at)
+    if renewal is not None:
+        rx = x(renewal)
         parts.append(
             f'<line class="renewal" x1="{rx:.1f}" x2="{rx:.1f}" y1="{TOP}" y2="{TOP + plot_h}"'
             ' stroke-dasharray="2 4"/>'
