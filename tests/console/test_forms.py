@@ -126,3 +126,28 @@ def test_the_node_root_leads_to_the_console_and_the_api_docs(http: TestClient) -
     for docs in ("/docs", "/redoc"):
         policy = http.get(docs).headers["content-security-policy"]
         assert "default-src 'self'" in policy and "img-src 'self' data:" in policy, docs
+
+
+def test_an_admin_grants_budget_through_the_form_and_a_bad_grant_stays_on_the_page(
+    http: TestClient, admin_browser: Browser, scientist: User
+) -> None:
+    page = f"/console/budgets/{scientist.id}"
+    headers = login(http, scientist.email)
+    before = http.get("/api/v1/budget", headers=headers).json()["epsilon"]
+    for typed, field, status in (
+        ({"epsilon": "0.5", "reason": " "}, "reason", 422),
+        ({"epsilon": "1_0", "reason": "for the thesis"}, "epsilon", 422),
+        ({"epsilon": "0", "reason": "for the thesis"}, "epsilon", 422),
+    ):
+        refused = admin_browser.post(f"{page}/grants", typed, token_from=page)
+        assert refused.status_code == status, (typed, refused.text)
+        assert f"<h1>Budget of {scientist.email}</h1>" in refused.text
+        _message(refused.text, f"grant-{field}-error")
+        assert f'value="{typed["epsilon"]}"' in refused.text
+    assert http.get("/api/v1/budget", headers=headers).json()["epsilon"] == before
+    granted = admin_browser.post(
+        f"{page}/grants", {"epsilon": "0.5", "reason": "for the thesis"}, token_from=page
+    )
+    assert granted.headers["location"] == f"{page}?done=granted"
+    assert "The budget was granted." in admin_browser.get(granted.headers["location"]).text
+    assert http.get("/api/v1/budget", headers=headers).json()["epsilon"] == before + 0.5

@@ -16,7 +16,7 @@ from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
 from dpnode.core.errors import InvalidRequestError
-from dpnode.node.api.deps import HasherDep, Limit, PathId, SessionDep, SettingsDep
+from dpnode.node.api.deps import HasherDep, Limit, PathId, SessionDep
 from dpnode.node.api.routes import approvals as approval_routes
 from dpnode.node.api.routes import audit as audit_routes
 from dpnode.node.api.routes import budget as budget_routes
@@ -30,8 +30,8 @@ from dpnode.node.api.schemas import (
     UserCreate,
     UserUpdate,
 )
-from dpnode.node.console.forms import FormError, amount, form_error
-from dpnode.node.console.history import budget_view
+from dpnode.node.console import budgets
+from dpnode.node.console.forms import FormError, amount, form_error, notice
 from dpnode.node.console.render import (
     PREFIX,
     REFUSALS,
@@ -44,20 +44,7 @@ from dpnode.node.console.session import ConsoleAdmin, Form
 from dpnode.node.db.models import User
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)
-
-#: Fixed notices a redirect may ask a page to show (never text taken from the URL).
-NOTICES = {
-    "approved": "Approved.",
-    "denied": "Denied.",
-    "applied": "The policy was applied; it is in force from the next publish.",
-    "unchanged": "That policy is already in force; nothing was stored.",
-    "created": "The account was created.",
-    "updated": "The account was updated.",
-}
-
-
-def _notice(done: str | None) -> str:
-    return NOTICES.get(done or "", "")
+router.include_router(budgets.router)
 
 
 def _users_page(
@@ -85,7 +72,7 @@ def _users_page(
 def user_list(
     request: Request, session: SessionDep, admin: ConsoleAdmin, done: str | None = None
 ) -> Response:
-    return _users_page(request, session, admin, notice=_notice(done))
+    return _users_page(request, session, admin, notice=notice(done))
 
 
 @router.post("/users")
@@ -129,39 +116,6 @@ def user_update(
     return redirect(f"{PREFIX}/users?done=updated")
 
 
-@router.get("/budgets")
-def budgets(
-    request: Request, session: SessionDep, settings: SettingsDep, admin: ConsoleAdmin
-) -> Response:
-    rows = [
-        (u, budget_routes.get_budget(session, settings, admin, user_id=u.id))
-        for u in user_routes.list_users(session, admin)
-    ]
-    return page(request, "budgets.html", title="Budgets", rows=rows)
-
-
-@router.get("/budgets/{user_id}")
-def user_budget(
-    request: Request,
-    user_id: PathId,
-    session: SessionDep,
-    settings: SettingsDep,
-    admin: ConsoleAdmin,
-) -> Response:
-    view = budget_view(session, settings, admin, user_id)
-    requests = budget_routes.list_budget_requests(session, admin, user_id=user_id, limit=50)
-    grants = budget_routes.list_grants(session, admin, user_id=user_id, limit=50)
-    return page(
-        request,
-        "budget.html",
-        title=f"Budget of {view.subject.email}",
-        view=view,
-        requests=requests,
-        grants=grants,
-        approvals=None,
-    )
-
-
 def _approvals_page(
     request: Request,
     session: Session,
@@ -194,7 +148,7 @@ def _approvals_page(
 def pending(
     request: Request, session: SessionDep, admin: ConsoleAdmin, done: str | None = None
 ) -> Response:
-    return _approvals_page(request, session, admin, notice=_notice(done))
+    return _approvals_page(request, session, admin, notice=notice(done))
 
 
 def _answer(answer: str) -> str:
@@ -316,7 +270,7 @@ def policy(
     new: int | None = None,
     done: str | None = None,
 ) -> Response:
-    return _policy_page(request, session, admin, old=old, new=new, notice=_notice(done))
+    return _policy_page(request, session, admin, old=old, new=new, notice=notice(done))
 
 
 @router.post("/policy")

@@ -16,6 +16,23 @@ from dpnode.node.api.numbers import is_number
 from dpnode.node.console.render import refusal
 from dpnode.node.console.session import CSRF_FIELD
 
+#: Fixed notices a redirect may ask a page to show (never text taken from the URL).
+NOTICES = {
+    "approved": "Approved.",
+    "denied": "Denied.",
+    "applied": "The policy was applied; it is in force from the next publish.",
+    "unchanged": "That policy is already in force; nothing was stored.",
+    "created": "The account was created.",
+    "updated": "The account was updated.",
+    "granted": "The budget was granted.",
+}
+
+
+def notice(done: str | None) -> str:
+    """The fixed notice ``done`` names, or none."""
+    return NOTICES.get(done or "", "")
+
+
 #: Fields never shown back in a page: secrets, and the form's own token.
 _UNTYPED = frozenset({"password", CSRF_FIELD})
 

@@ -75,6 +75,10 @@ ENV.filters["number"] = _number
 ENV.filters["json"] = _json
 ENV.globals["prefix"] = PREFIX
 ENV.globals["csrf_field"] = CSRF_FIELD
+# What a browser checks before it sends a form (the node checks everything again): a number
+# as JSON writes it (0.5, 1e-6), a reason that is more than spaces.
+ENV.globals["number_pattern"] = r"\s*(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+\-]?[0-9]+)?\s*"
+ENV.globals["reason_pattern"] = r".*\S.*"
 
 
 def page(request: Request, template: str, status_code: int = 200, **values: Any) -> HTMLResponse:
