@@ -151,3 +151,12 @@ def test_an_admin_grants_budget_through_the_form_and_a_bad_grant_stays_on_the_pa
     assert granted.headers["location"] == f"{page}?done=granted"
     assert "The budget was granted." in admin_browser.get(granted.headers["location"]).text
     assert http.get("/api/v1/budget", headers=headers).json()["epsilon"] == before + 0.5
+
+
+def test_a_refused_sign_in_keeps_the_email_and_forgets_the_password(
+    http: TestClient, admin: User
+) -> None:
+    wrong = Browser(http).sign_in(admin.email, password="not the password at all")
+    assert wrong.status_code == 401 and "<h1>Sign in</h1>" in wrong.text
+    assert f'value="{admin.email}"' in wrong.text
+    assert "not the password at all" not in wrong.text

@@ -245,6 +245,14 @@ def test_an_empty_reason_is_checked_by_the_browser_and_by_the_node(
     assert page.get_by_role("heading", name="Pending approvals").count() == 1
     assert reason.input_value() == "   "
     page.screenshot(path=node.shots / "layout-admin-approval-refused-1280.png", full_page=True)
+    # The grant form: an amount is a number as JSON writes it, a reason more than spaces.
+    page.goto(f"/console/budgets/{node.scientist_id}")
+    epsilon, reason = page.get_by_label("Epsilon to add"), page.get_by_label("Reason (for")
+    for typed, valid in (("lots", False), ("1_0", False), (".5", False), ("0.5", True)):
+        epsilon.fill(typed)
+        assert epsilon.evaluate("e => e.validity.valid") is valid, typed
+    reason.fill("  ")
+    assert reason.evaluate("e => e.validity.patternMismatch") is True
     page.context.close()
 
 

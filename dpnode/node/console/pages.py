@@ -74,8 +74,10 @@ def _next(target: str | None) -> str:
 
 
 def _login_page(
-    request: Request, message: str, target: str | None, status_code: int = 200
+    request: Request, message: str, target: str | None, status_code: int = 200, email: str = ""
 ) -> HTMLResponse:
+    """The sign-in form; after a refusal, with the message and the email typed (never the
+    password)."""
     token = new_login_token()
     response = page(
         request,
@@ -85,6 +87,7 @@ def _login_page(
         message=message,
         next=_next(target),
         login_csrf=token,
+        email=email,
     )
     set_cookie(request, response, LOGIN_COOKIE, token, 600, PREFIX + "/login")
     return response
@@ -123,7 +126,7 @@ async def login(
         )
     except (AuthenticationError, InvalidRequestError, RateLimitedError) as exc:
         status = 429 if isinstance(exc, RateLimitedError) else 401
-        return _login_page(request, exc.detail, form.get("next"), status)
+        return _login_page(request, exc.detail, form.get("next"), status, form.get("email", ""))
     issued = issue_token(settings, user.id)
     response = redirect(_next(form.get("next")))
     cookie = session_cookie(issued.token)
