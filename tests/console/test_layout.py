@@ -150,6 +150,9 @@ def test_every_admin_page_fits_a_phone_and_a_desktop(browser: Browser, node: Nod
     ):
         _fits(page, node, path, shot)
     _fits(page, node, "/console/nowhere", "admin-not-found", status=404)
+    # A control's name says whose it is, though the row shows a short one.
+    page.goto("/console/users")
+    assert page.get_by_role("combobox", name=f"Role of {SCIENTIST}", exact=True).count() == 1
     # The long values are all there, in full, even where they wrap.
     page.goto("/console/audit")
     assert page.get_by_text("2026-03-01, " * 30, exact=False).count() >= 1
