@@ -57,6 +57,9 @@ def _users_page(
     status: int = 200,
 ) -> Response:
     found = user_routes.list_users(session, admin)
+    shown = {"new-user"} | {f"{form}-{u.id}" for u in found for form in ("user", "password")}
+    if error is not None and error.form not in shown:  # no such account: say it on top
+        error = FormError("page", "", error.message)
     return page(
         request,
         "users.html",
@@ -114,6 +117,26 @@ def user_update(
         status, error = form_error(exc, f"user-{user_id}", form, ["role", "is_active"])
         return _users_page(request, session, admin, error=error, status=status)
     return redirect(f"{PREFIX}/users?done=updated")
+
+
+@router.post("/users/{user_id}/password")
+def user_password(
+    request: Request,
+    user_id: PathId,
+    session: SessionDep,
+    hasher: HasherDep,
+    admin: ConsoleAdmin,
+    form: Form,
+) -> Response:
+    """Set a new password for an account (``PATCH /api/v1/users/{id}``, audited)."""
+    try:
+        body = UserUpdate(password=form.get("password", ""))
+        user_routes.update_user(user_id, body, session, hasher, admin)
+    except REFUSALS as exc:
+        session.rollback()
+        status, error = form_error(exc, f"password-{user_id}", form, ["password"])
+        return _users_page(request, session, admin, error=error, status=status)
+    return redirect(f"{PREFIX}/users?done=password")
 
 
 def _approvals_page(

@@ -24,6 +24,8 @@ NOTICES = {
     "unchanged": "That policy is already in force; nothing was stored.",
     "created": "The account was created.",
     "updated": "The account was updated.",
+    # tokens carry no password: those issued before stay valid until they expire
+    "password": "The password was changed (signed-in sessions stay valid until they expire).",
     "granted": "The budget was granted.",
 }
 
