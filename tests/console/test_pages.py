@@ -208,13 +208,14 @@ def test_answers_go_through_the_api_services_with_their_reasons(
         token_from="/console/approvals",
     )
     assert empty.status_code == 422, empty.text
-    # Answering twice is a conflict, shown as a page.
+    # Answering twice is a conflict, said on the approvals page (the request's form is gone).
     again = admin_browser.post(
         f"/console/budget-requests/{pending.request_id}/deny",
         {"reason": "changed my mind"},
         token_from="/console/approvals",
     )
-    assert again.status_code == 409 and "<h1>Conflict</h1>" in again.text
+    assert again.status_code == 409 and "<h1>Pending approvals</h1>" in again.text
+    assert f"budget request {pending.request_id} was already approved" in again.text
     bad = admin_browser.post(
         f"/console/budget-requests/{pending.request_id}/approve",
         {"epsilon": "lots"},
@@ -451,4 +452,4 @@ def test_an_admin_resets_a_password_from_the_users_page(
     missing = admin_browser.post(
         "/console/users/9999/password", {"password": "long enough"}, token_from="/console/users"
     )
-    assert missing.status_code == 404
+    assert missing.status_code == 404 and "no user with id 9999" in missing.text

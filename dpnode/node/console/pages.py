@@ -47,6 +47,8 @@ from dpnode.node.services.security import issue_token
 
 router = APIRouter(prefix=PREFIX, route_class=ConsoleRoute, include_in_schema=False)
 router.include_router(admin.router)
+#: The node's own address, outside the console's prefix.
+front = APIRouter(route_class=ConsoleRoute, include_in_schema=False)
 
 _CSS = (HERE / "static" / "console.css").read_bytes()
 _WHY = {
@@ -72,8 +74,10 @@ def _next(target: str | None) -> str:
 
 
 def _login_page(
-    request: Request, message: str, target: str | None, status_code: int = 200
+    request: Request, message: str, target: str | None, status_code: int = 200, email: str = ""
 ) -> HTMLResponse:
+    """The sign-in form; after a refusal, with the message and the email typed (never the
+    password)."""
     token = new_login_token()
     response = page(
         request,
@@ -83,6 +87,7 @@ def _login_page(
         message=message,
         next=_next(target),
         login_csrf=token,
+        email=email,
     )
     set_cookie(request, response, LOGIN_COOKIE, token, 600, PREFIX + "/login")
     return response
@@ -121,7 +126,7 @@ async def login(
         )
     except (AuthenticationError, InvalidRequestError, RateLimitedError) as exc:
         status = 429 if isinstance(exc, RateLimitedError) else 401
-        return _login_page(request, exc.detail, form.get("next"), status)
+        return _login_page(request, exc.detail, form.get("next"), status, form.get("email", ""))
     issued = issue_token(settings, user.id)
     response = redirect(_next(form.get("next")))
     cookie = session_cookie(issued.token)
@@ -142,6 +147,12 @@ def logout(request: Request, _form: Form) -> Response:
 @router.get("/")
 def home(user: ConsoleUser) -> Response:
     return redirect(PREFIX + ("/approvals" if user.role is Role.ADMIN else "/me"))
+
+
+@front.get("/")
+def node_front(request: Request) -> Response:
+    """The node's address in a browser: where the console and the API's documentation are."""
+    return page(request, "front.html", title="dpnode")
 
 
 @router.get("/me")
