@@ -79,6 +79,10 @@ class Receipt:
     #: the tensor asked was computed here from what was released (``torch.cov`` and
     #: ``torch.corrcoef`` from the rows' moments): how, in a sentence
     post_processing: str | None = None
+    #: keys released above a noisy threshold: the threshold, and the most probability of
+    #: releasing a key one subject alone holds (at most the delta asked)
+    threshold: int | None = None
+    threshold_delta: float | None = None
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> Receipt:

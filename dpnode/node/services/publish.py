@@ -435,7 +435,7 @@ def _plan(context: NodeContext, request: PublishRequest, prepared: _Prepared) ->
     # where it is evaluated: decided from public metadata, the cluster checked before the charge
     cluster = context.cluster
     columns = None
-    if cluster is not None and rp.selection is None:
+    if cluster is not None and rp.selection is None and rp.keys is None:
         columns = columns_for(context.settings, rp.plan, inputs.stored())
     threads = cluster.check() if cluster is not None and columns is not None else 0
     return _Decided(prepared.claim, inputs, rp, cost, columns, threads)
@@ -564,6 +564,10 @@ def publish(
         "policy": after.in_force.name,
         "policy_revision": entry.policy_revision,
     }
+    if rp.keys is not None:  # keys kept above a noisy threshold (docs/privacy.md)
+        receipt["threshold"] = rp.keys.plan.threshold
+        receipt["threshold_delta"] = rp.keys.plan.bad
+        receipt["rows_moved"] = rp.keys.plan.rows_moved
     return Published(done.values, receipt, done.failure)
 
 

@@ -29,7 +29,8 @@ import torch
 from dpnode.sdk.query.aggregates import Aggregate
 from dpnode.sdk.query.compile import COUNT, Compiled, Release, Values, compile_query
 from dpnode.sdk.query.errorbars import ErrorBar, candidate_count, error_bar
-from dpnode.sdk.query.errors import InvalidBudgetError, QueryError
+from dpnode.sdk.query.discovery import DISCOVERY_SHARE, DiscoveredKeys, discover_keys, placeholders
+from dpnode.sdk.query.errors import InvalidBudgetError, NoPublicKeysError, QueryError
 from dpnode.sdk.query.expressions import Predicate, column_info
 from dpnode.sdk.query.keys import Key, labels, resolve_keys
 from dpnode.sdk.query.result import QueryReceipt, QueryResult, Spend
@@ -188,6 +189,16 @@ class Query:
         Raises:
             QueryError: the query would be refused (nothing charged, nothing sent).
         """
+        hidden = self._hidden(delta)
+        if hidden:  # planned on placeholder keys: the publishes do not depend on them
+            first, epsilon = split_budget(epsilon, [1, 1]) if epsilon is not None else (None, None)
+            q = replace(self, declared=self.declared + placeholders(self.ds, hidden))
+            share = "" if first is None else f", epsilon {first:.6g}, delta {delta:g}"
+            found = (
+                f"  publish 0: keys of {', '.join(hidden)} discovered above a noisy threshold "
+                f"(key_counts){share}; then one group per discovered key"
+            )
+            return found + "\n" + q.plan(epsilon=epsilon)
         _, compiled = self._compile(delta)
         lines = [f"query on {self.ds.name!r}: {compiled.cells} group(s)"]
         if compiled.exact:
@@ -223,9 +234,96 @@ class Query:
             QueryError (and its subclasses): refused before any request, nothing charged.
             BudgetExceededError, GraphError: as for ``sdk.publish``.
         """
+        eps, dlt = _check_budget(epsilon, delta)
+        hidden = self._hidden(dlt)
+        if hidden:
+            return self._discovered(hidden, eps, dlt)
+        return self._publish(eps, dlt)
+
+    def discover_keys(self, *, epsilon: float, delta: float) -> DiscoveredKeys:
+        """Release the keys of the ``group_by`` columns that the data holds: each key
+        (combination) present is counted, noised, and released when its noisy count clears
+        a threshold set by ``(epsilon, delta)``; ``delta`` is the most probability that a key
+        one person alone holds is released. One publish, charged ``(epsilon, delta)``.
+        The query's filter does not apply (every row's key is counted).
+
+        Raises:
+            NoPublicKeysError: a float column (declare its keys with ``keys=``), or no delta.
+            InvalidBudgetError: a bad epsilon or delta.
+            BudgetExceededError, GraphError: as for ``sdk.publish``.
+        """
+        if not self.by:
+            raise QueryError("discover_keys finds the keys of group_by columns: group_by(...) first")
+        eps, dlt = _check_budget(epsilon, delta)
+        return discover_keys(self.ds, self.by, epsilon=eps, delta=dlt)
+
+    def _hidden(self, delta: float | None) -> tuple[str, ...]:
+        """The group_by columns without public or declared keys (to be discovered).
+
+        Raises:
+            NoPublicKeysError: there are some and no ``delta`` to discover them with.
+        """
+        declared = dict(self.declared)
+        hidden = []
+        problem = None
+        for c in self.by:
+            if c in declared:
+                continue
+            try:
+                resolve_keys(self.ds, (c,), None)
+            except NoPublicKeysError as exc:
+                hidden.append(c)
+                problem = problem or exc
+        if problem is not None and delta is None:
+            raise NoPublicKeysError(
+                f"{problem.detail}; or discover the keys the data holds privately, above a "
+                "noisy threshold: pass delta= too (publish(epsilon=1.0, delta=1e-6))"
+            ) from problem
+        return tuple(hidden)
+
+    def _discovered(self, hidden: tuple[str, ...], eps: float, dlt: float | None) -> QueryResult:
+        """Discover the keys of ``hidden`` (a share of epsilon, all of delta), then release
+        the statistics per discovered key as public keys (the rest of epsilon, pure)."""
+        first, rest = split_budget(eps, [DISCOVERY_SHARE, 1 - DISCOVERY_SHARE])
+        planned = replace(self, declared=self.declared + placeholders(self.ds, hidden))
+        planned._checked()  # refused before the discovery is charged
+        self._fits_total(eps)
+        found = discover_keys(self.ds, hidden, epsilon=first, delta=dlt)
+        spend = Spend("keys", hidden, first, dlt, found.receipt)
+        if not found.keys:  # nothing cleared the threshold: no group, nothing else charged
+            names = [a.name for a in self.aggregates]
+            columns = list(self.by) + [c for n in names for c in (n, f"{n}_scale")]
+            return QueryResult(columns, [], QueryReceipt((spend,), eps, dlt), {})
+        declared = tuple((c, tuple(found.values(c))) for c in hidden)
+        q = replace(self, declared=self.declared + declared)
+        positions = [self.by.index(c) for c in hidden]
+        only = (positions, set(found.keys))
+        return q._publish(rest, None, before=(spend,), only=only, total=(eps, dlt))
+
+    def _fits_total(self, epsilon: float) -> None:
+        from dpnode.sdk._exceptions import BudgetExceededError
+        from dpnode.sdk._remote import active_session
+
+        if active_session() is not None:
+            return
+        remaining = self.ds._client.budget().remaining_epsilon
+        if epsilon > remaining:
+            raise BudgetExceededError(
+                f"this query's key discovery and statistics cost epsilon {epsilon:g} together, "
+                f"and {remaining:g} of your budget remains: nothing was published or charged"
+            )
+
+    def _publish(
+        self,
+        eps: float,
+        dlt: float | None,
+        *,
+        before: tuple[Spend, ...] = (),
+        only: tuple[list[int], set[tuple[Any, ...]]] | None = None,
+        total: tuple[float, float | None] | None = None,
+    ) -> QueryResult:
         from dpnode.sdk._publish import publish
 
-        eps, dlt = _check_budget(epsilon, delta)
         keys, compiled = self._compile(dlt)
         releases = compiled.releases
         eps_shares = split_budget(eps, [r.weight for r in releases]) if releases else []
@@ -250,8 +348,9 @@ class Query:
             values.update(read)
             mechanisms.update(dict.fromkeys(read, receipt.mechanism))
             spends.append(Spend(release.role, _shown(release.outputs), share, d, receipt))
-        receipt = QueryReceipt(tuple(spends), eps, dlt)
-        return self._table(keys, compiled.cells, values, mechanisms, receipt)
+        whole = (eps, dlt) if total is None else total
+        receipt = QueryReceipt((*before, *spends), *whole)
+        return self._table(keys, compiled.cells, values, mechanisms, receipt, only)
 
     def _fits(self, epsilon: float, releases: Sequence[Release]) -> None:
         """Refuse, before the first of several publishes, a query the node would refuse a
@@ -291,10 +390,15 @@ class Query:
         values: Values,
         mechanisms: Mapping[str, str],
         receipt: QueryReceipt,
+        only: tuple[list[int], set[tuple[Any, ...]]] | None = None,
     ) -> QueryResult:
         names = [a.name for a in self.aggregates]
         mechanisms = dict(mechanisms)
         order = list(range(cells))
+        cell_keys = labels(keys) if keys else [()]
+        if only is not None:  # discovered combinations only, not every one of their values
+            at, found = only
+            order = [i for i in order if tuple(cell_keys[i][j] for j in at) in found]
         if self.top is not None:
             counts = values[COUNT][0]
             # most rows first; ties in the cells' order (stable)
@@ -306,7 +410,6 @@ class Query:
         columns = list(self.by)
         for n in names:
             columns += [n, f"{n}_scale"]
-        cell_keys = labels(keys) if keys else [()]
         candidates = {
             a.name: candidate_count(column_info(self.ds, a.column))
             for a in self.aggregates
