@@ -81,7 +81,7 @@ class Receipt:
     post_processing: str | None = None
     #: keys released above a noisy threshold: the threshold, and the most probability of
     #: releasing a key one subject alone holds (at most the delta asked)
-    threshold: int | None = None
+    threshold: float | None = None
     threshold_delta: float | None = None
 
     @classmethod

@@ -3,16 +3,18 @@
 A key set that is not public (the zip codes a column holds) cannot be enumerated and noised
 like a histogram over a public domain: a key absent from one dataset and present in its
 neighbour would show by its mere presence. Each key *present* in the data gets its count plus
-discrete Laplace noise ``P(z) ∝ exp(-|z|/t)`` with ``t = 2k / epsilon``, and is released (with
-its noisy count) only when that noisy count is at least an integer threshold ``tau``
+discrete Laplace noise ``P(z) ∝ exp(-|z|/t)`` with ``t = 2k / epsilon`` on the grid
+``2^-GRID_BITS`` (the counts are integers, on it too: the textbook argument holds exactly),
+and is released (with its noisy count) only when that noisy count is at least ``tau``
 (Korolova, Kenthapadi, Mishra & Ntoulas 2009; OpenDP's ``make_laplace_threshold``).
 
 ``k`` is how many rows replacing one subject may change (one per subject: ``k = 1``). Replacing
 them moves counts by at most ``2k`` in L1, and the keys present in one dataset only have
 counts ``c_1, c_2, ...`` adding up to at most ``k``. Such a key is released with probability
-``P[c + Z >= tau] = q^(tau - c) / (1 + q)`` (``q = e^(-1/t)``, for ``tau - c >= 1``), convex in
+``P[c + Z >= tau] = q^m / (1 + q)`` (``m = (tau - c) 2^GRID_BITS``, ``q = e^(-1/(t 2^GRID_BITS))``
+in grid units), convex in
 ``c``: the worst of them together is one key of count ``k - j + 1`` and ``j - 1`` keys of count
-1, for some ``j`` in ``1..k`` (:func:`bad_probability`). ``tau`` is the smallest integer for
+1, for some ``j`` in ``1..k`` (:func:`bad_probability`). ``tau`` is the smallest grid value for
 which that is at most ``delta`` (:func:`threshold`), exact up to the float arithmetic of a
 few exponentials, which rounds the wrong way by far less than the relative ``1e-9`` kept as a
 margin. The argument that this is ``(epsilon, delta)``-DP, and why ``delta`` must stay below
@@ -38,6 +40,11 @@ __all__ = ["KeysPlan", "bad_probability", "plan_keys", "release_keys", "threshol
 
 #: Relative margin on the float arithmetic of the tail probabilities.
 _MARGIN = 1e-9
+#: Counts are noised on the grid ``2^-GRID_BITS``: a finer threshold than the integers, and a
+#: tail as light as the continuous Laplace's (the integers' is ``2 / (1 + e^(-epsilon/2))``
+#: times heavier, a whole count of threshold at epsilon 2).
+GRID_BITS = 10
+_UNIT = 1 << GRID_BITS
 
 
 def _tail(m: int, scale: float) -> float:
@@ -50,38 +57,45 @@ def _tail(m: int, scale: float) -> float:
     return math.exp(-m / scale) / (1.0 + q)
 
 
-def bad_probability(tau: int, scale: float, k: int = 1) -> float:
+def bad_probability(tau: float, scale: float, k: int = 1) -> float:
     """The most probability that some key present in only one of two neighbouring datasets
-    is released, for a threshold ``tau > k``: a key of true count ``c <= k`` clears it with
+    is released, for a threshold ``tau > k`` on the grid ``2^-GRID_BITS`` and noise of scale
+    ``scale`` (in counts) on it: a key of true count ``c <= k`` clears it with
     ``P[Z >= tau - c]``, and the counts of such keys add up to at most ``k``.
 
-    >>> round(bad_probability(16, 2.0), 10)  # e^-7.5 / (1 + e^-0.5)
-    0.0003442725
-    >>> bad_probability(3, 2.0, k=2) >= bad_probability(3, 2.0, k=1)
+    >>> f"{bad_probability(16.0, 2.0):.6e}"  # about e^-7.5 / 2
+    '2.766097e-04'
+    >>> bad_probability(3.0, 2.0, k=2) >= bad_probability(3.0, 2.0, k=1)
     True
     """
-    if tau <= k:
-        raise ValueError(f"the threshold {tau} must be above the {k} rows a subject moves")
-    one = _tail(tau - 1, scale)
-    return max(_tail(tau - (k - j + 1), scale) + (j - 1) * one for j in range(1, k + 1))
+    units = tau * _UNIT
+    if units != math.floor(units) or units <= k * _UNIT:
+        raise ValueError(f"the threshold {tau} must be on the grid and above {k}")
+    t, m = scale * _UNIT, int(units)
+    one = _tail(m - _UNIT, t)
+    return max(_tail(m - (k - j + 1) * _UNIT, t) + (j - 1) * one for j in range(1, k + 1))
 
 
-def threshold(epsilon: float, delta: float, k: int = 1) -> int:
-    """The smallest integer threshold ``tau`` whose :func:`bad_probability` is at most
-    ``delta``, for noise of scale ``2k / epsilon``.
+def threshold(epsilon: float, delta: float, k: int = 1) -> float:
+    """The smallest threshold ``tau`` on the grid ``2^-GRID_BITS`` whose
+    :func:`bad_probability` is at most ``delta``, for noise of scale ``2k / epsilon``.
 
     >>> threshold(1.0, 1e-6), threshold(1.0, 1e-9), threshold(0.1, 1e-6)
-    (28, 42, 264)
+    (27.24609375, 41.0615234375, 263.4482421875)
     """
     scale = 2.0 * k / epsilon
-    q = math.exp(-1.0 / scale)
-    # one key of count k: q^(tau - k) / (1 + q) <= delta; then up until every partition fits
-    tau = max(k + 1, k + math.floor(math.log(delta * (1.0 + q)) / math.log(q)))
-    while tau > k + 1 and bad_probability(tau - 1, scale, k) * (1 + _MARGIN) <= delta:
-        tau -= 1
-    while bad_probability(tau, scale, k) * (1 + _MARGIN) > delta:
-        tau += 1
-    return tau
+
+    def fits(units: int) -> bool:
+        return bad_probability(units / _UNIT, scale, k) * (1 + _MARGIN) <= delta
+
+    lo, step = k * _UNIT, _UNIT  # lo never fits; find a hi that does, then bisect
+    while not fits(lo + step):
+        step *= 2
+    hi = lo + step
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi / _UNIT
 
 
 @dataclass(frozen=True)
@@ -91,8 +105,10 @@ class KeysPlan:
     Attributes:
         epsilon, delta: what the release is calibrated to (and charged).
         rows_moved: ``k``, the most rows replacing one subject changes.
-        scale: ``t = 2k / epsilon``, the discrete Laplace scale on the counts.
-        threshold: ``tau``: a key is released when its noisy count is at least this.
+        scale: ``t = 2k / epsilon``, the discrete Laplace scale on the counts (in counts;
+            on the grid ``2^-GRID_BITS``).
+        threshold: ``tau`` (on the grid): a key is released when its noisy count is at
+            least this.
         bad: :func:`bad_probability` at ``tau`` (at most ``delta``).
         draws: noise values drawn per release (the most keys there can be).
         sampler: the discrete Laplace sampler's plan.
@@ -104,7 +120,7 @@ class KeysPlan:
     delta: float
     rows_moved: int
     scale: float
-    threshold: int
+    threshold: float
     bad: float
     draws: int
     sampler: samplers.LaplacePlan
@@ -139,7 +155,8 @@ def plan_keys(*, epsilon: float, delta: float | None, rows_moved: int, draws: in
         )
     scale = 2.0 * rows_moved / epsilon
     try:
-        sampler = samplers.laplace_plan(scale) if scale <= samplers.MAX_SCALE else None
+        units = scale * _UNIT
+        sampler = samplers.laplace_plan(units) if units <= samplers.MAX_SCALE else None
     except ArithmeticError:
         sampler = None
     if sampler is None:
@@ -178,7 +195,8 @@ def release_keys(
     if words is None:
         words = samplers.word_source("auto", rows * plan.draws)
     noise = samplers.noise_from_words(sampler, words(rows * plan.draws).reshape(rows, plan.draws))
-    noisy = counts[:n] + noise[:n].astype(np.float64)
-    kept = (counts[:n] >= 1) & (noisy >= plan.threshold)
+    # in grid units, exact integers in float64: the comparison is exact
+    noisy = counts[:n] * _UNIT + noise[:n].astype(np.float64)
+    kept = (counts[:n] >= 1) & (noisy >= plan.threshold * _UNIT)
     order = np.argsort(keys[:n][kept], kind="stable")
-    return keys[:n][kept][order] + 0.0, noisy[kept][order]
+    return keys[:n][kept][order] + 0.0, noisy[kept][order] / _UNIT

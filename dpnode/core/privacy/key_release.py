@@ -124,7 +124,7 @@ def plan_keys_release(
     noise = NoisePlan(
         mechanism="threshold",
         count=kp.draws,
-        grid_exponent=0,
+        grid_exponent=-keysets.GRID_BITS,
         scale=kp.scale,
         sensitivity=2.0 * rows,
         epsilon=epsilon,
@@ -163,7 +163,7 @@ def run_keys_release(
     done = Release(
         values=answer.reshape(-1),
         mechanism="threshold",
-        grid_exponent=0,
+        grid_exponent=-keysets.GRID_BITS,
         scale=kp.scale,
         sensitivity=2.0 * kp.rows_moved,
         epsilon=kp.epsilon,

@@ -54,7 +54,7 @@ class DiscoveredKeys:
     columns: tuple[str, ...]
     keys: list[tuple[Any, ...]]
     counts: list[float]
-    threshold: int
+    threshold: float
     receipt: Receipt
 
     def __len__(self) -> int:
