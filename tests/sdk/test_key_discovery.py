@@ -105,16 +105,14 @@ def test_two_columns_are_discovered_as_combinations(
     assert all(counts[k] >= 20 for k in found.keys)  # threshold 15: no rare combination
     assert {k for k, c in counts.items() if c >= 50} <= set(found.keys)
     assert {s for _, s in found.keys} == {"F", "M"}  # categories decoded by name
-    result = (
-        ds.query().group_by("zip", "sex").agg(count()).publish(epsilon=2.0, delta=1e-6)
-    )
+    result = ds.query().group_by("zip", "sex").agg(count()).publish(epsilon=2.0, delta=1e-6)
     assert {(r["zip"], r["sex"]) for r in result.rows()} <= set(counts.index)
 
 
 def test_sql_group_by_a_column_without_public_keys_discovers_them(
     census: tuple[sdk.DatasetHandle, pd.DataFrame], ds_client: sdk.Client
 ) -> None:
-    ds, data = census
+    _, data = census
     result = ds_client.sql(
         "SELECT zip, COUNT(*) AS n FROM census GROUP BY zip", epsilon=1.0, delta=1e-6
     )

@@ -6,12 +6,12 @@ discrete Laplace noise, and only keys whose noisy count clears a threshold deriv
 ``(epsilon, delta)`` are released, sorted, with their noisy counts. The answer's length
 depends on the data only through that thresholding.
 
-What the plan needs, from public metadata only (:func:`~dpnode.core.privacy.tracker.selection_inputs`,
-as for a quantile): that the keys are integers on every dataset within the declared bounds,
-their public range (the most distinct keys there can be), and how many rows replacing one
-subject may change (``k``, which scales the noise and the threshold). Float keys are refused:
-they have no finite set of values to be counted on, and a caller grouping by them names the
-keys (``keys=``) or bins them.
+What the plan needs, from public metadata only (as for a quantile:
+:func:`~dpnode.core.privacy.tracker.selection_inputs`): that the keys are integers on every
+dataset within the declared bounds, their public range (the most distinct keys there can be),
+and how many rows replacing one subject may change (``k``, which scales the noise and the
+threshold). Float keys are refused: they have no finite set of values to be counted on, and a
+caller grouping by them names the keys (``keys=``) or bins them.
 """
 
 from __future__ import annotations
@@ -171,4 +171,3 @@ def run_keys_release(
         sampler_tv=kp.sampler_tv,
     )
     return answer, done, failure
-

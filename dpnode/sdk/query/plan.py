@@ -28,8 +28,8 @@ import torch
 
 from dpnode.sdk.query.aggregates import Aggregate
 from dpnode.sdk.query.compile import COUNT, Compiled, Release, Values, compile_query
-from dpnode.sdk.query.errorbars import ErrorBar, candidate_count, error_bar
 from dpnode.sdk.query.discovery import DISCOVERY_SHARE, DiscoveredKeys, discover_keys, placeholders
+from dpnode.sdk.query.errorbars import ErrorBar, candidate_count, error_bar
 from dpnode.sdk.query.errors import InvalidBudgetError, NoPublicKeysError, QueryError
 from dpnode.sdk.query.expressions import Predicate, column_info
 from dpnode.sdk.query.keys import Key, labels, resolve_keys
@@ -253,7 +253,9 @@ class Query:
             BudgetExceededError, GraphError: as for ``sdk.publish``.
         """
         if not self.by:
-            raise QueryError("discover_keys finds the keys of group_by columns: group_by(...) first")
+            raise QueryError(
+                "discover_keys finds the keys of group_by columns: group_by(...) first"
+            )
         eps, dlt = _check_budget(epsilon, delta)
         return discover_keys(self.ds, self.by, epsilon=eps, delta=dlt)
 
