@@ -12,6 +12,8 @@ import pytest
 
 from dpnode import sdk
 from dpnode.core.dp.keysets import threshold
+from dpnode.core.engine import GraphBuilder, encode
+from dpnode.sdk import BudgetExceededError, InvalidRequestError
 from dpnode.sdk.query import count, mean
 from dpnode.sdk.query.errors import InvalidBudgetError, NoPublicKeysError
 
@@ -148,3 +150,49 @@ def test_refusals_charge_nothing(
         with pytest.raises(error, match=match):
             ds.query().group_by(*columns).discover_keys(epsilon=1.0, delta=delta)
     assert ds_client.budget().spent_epsilon == before
+
+
+def _keys_frame(ds: sdk.DatasetHandle, column: str, dtype: str) -> bytes:
+    """A key release of one column, as a graph sent past the SDK's own checks."""
+    b = GraphBuilder()
+    x = b.input(f"dataset:{ds.id}/{column}", dtype, (ds.row_count,))
+    return encode(b.build([b.op("key_counts", x)]))
+
+
+@pytest.mark.parametrize(
+    ("column", "dtype", "delta", "match"),
+    [
+        ("score", "float64", 1e-6, "keys="),
+        ("zip", "int64", None, "delta"),
+        ("zip", "int64", 0.5, "too large"),
+    ],
+)
+def test_the_node_refuses_with_a_4xx_and_charges_nothing(
+    census: tuple[sdk.DatasetHandle, pd.DataFrame],
+    ds_client: sdk.Client,
+    column: str,
+    dtype: str,
+    delta: float | None,
+    match: str,
+) -> None:
+    ds, _ = census
+    before = ds_client.budget()
+    with pytest.raises(InvalidRequestError, match=match):
+        ds_client.publish_frame(_keys_frame(ds, column, dtype), epsilon=1.0, delta=delta)
+    with pytest.raises(InvalidRequestError, match="delta must be"):
+        ds_client.publish_frame(_keys_frame(ds, "zip", "int64"), epsilon=1.0, delta=0.0)
+    after = ds_client.budget()
+    assert (after.spent_epsilon, after.spent_delta) == (before.spent_epsilon, before.spent_delta)
+
+
+def test_the_default_policy_keeps_too_little_delta_for_a_threshold(
+    owner_client: sdk.Client, ds_client: sdk.Client
+) -> None:
+    """As shipped, 1/1024 of a user's delta pays for deltas charged directly: a threshold at
+    delta 1e-6 on the default budget (delta 1e-6) is refused, nothing charged, and the
+    message says what the budget is."""
+    owner_client.upload_dataset("census", _frame(0)[["zip"]], bounds={"zip": (0, 99_999)})
+    ds = ds_client.dataset("census")
+    with pytest.raises(BudgetExceededError, match="delta budget"):
+        ds.query().group_by("zip").discover_keys(epsilon=1.0, delta=1e-6)
+    assert ds_client.budget().spent_epsilon == 0

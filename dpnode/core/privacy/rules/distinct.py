@@ -80,6 +80,7 @@ def key_counts(c: Ctx) -> State:
     publish's output by itself (``dpnode.core.dp.keysets``); as an argument it is refused."""
     raise c.fail(
         "the keys of private data are released on their own, above a noisy threshold: "
-        "publish key_counts by itself (sdk.discover_keys(column, epsilon=..., delta=...)) and "
+        "publish key_counts by itself (ds.query().group_by(column).discover_keys(epsilon=..., "
+        "delta=...)) and "
         "compute with the released keys"
     )
