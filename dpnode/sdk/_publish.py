@@ -89,7 +89,13 @@ class Receipt:
         return cls(**{k: body[k] for k in cls.__dataclass_fields__ if k in body})
 
     def __str__(self) -> str:
-        if self.mechanism == "exponential":  # a quantile: selected, not noised
+        if self.mechanism == "threshold":  # keys kept above a noisy threshold
+            noise = (
+                f"keys whose noisy count is at least {self.threshold:g} (discrete Laplace of "
+                f"scale {self.noise_scale:.4g} on counts of sensitivity "
+                f"{self.sensitivity_l1:g}), delta {self.asked_delta}"
+            )
+        elif self.mechanism == "exponential":  # a quantile: selected, not noised
             noise = (
                 "exponential mechanism over the public range (scale "
                 f"{self.noise_scale:.4g} for a rank sensitivity of {self.sensitivity_l1:g})"

@@ -70,6 +70,7 @@ def test_discovered_keys_are_the_frequent_keys(
     assert r.mechanism == "threshold" and r.asked_delta == 1e-6 and r.delta >= 1e-6
     assert r.threshold_delta is not None and r.threshold_delta <= 1e-6
     assert r.noise_scale == pytest.approx(2.0) and r.sensitivity_l1 == pytest.approx(2.0)
+    assert "keys whose noisy count is at least 27.2" in str(r)
     assert ds_client.budget().spent_epsilon == pytest.approx(before + 1.0)
     for (key,), noisy in zip(found.keys, found.counts, strict=True):
         # discrete Laplace of scale 2: 30 scales away has probability below e^-30
@@ -83,7 +84,8 @@ def test_a_query_discovers_its_keys_then_releases_per_key(
     ds, data = census
     q = ds.query().group_by("zip").agg(count(), mean("income"))
     planned = q.plan(epsilon=1.0, delta=1e-6)
-    assert "keys of zip discovered" in planned and "epsilon 0.5, delta 1e-06" in planned
+    assert "publish 0: the keys of zip above a noisy threshold" in planned
+    assert "epsilon 0.5, delta 1e-06" in planned and "publish 1: noised" in planned
     before = ds_client.budget().spent_epsilon
     result = q.publish(epsilon=1.0, delta=1e-6)
     spends = result.receipt.spends

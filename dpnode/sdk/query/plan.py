@@ -194,11 +194,16 @@ class Query:
             first, epsilon = split_budget(epsilon, [1, 1]) if epsilon is not None else (None, None)
             q = replace(self, declared=self.declared + placeholders(self.ds, hidden))
             share = "" if first is None else f", epsilon {first:.6g}, delta {delta:g}"
-            found = (
-                f"  publish 0: keys of {', '.join(hidden)} discovered above a noisy threshold "
-                f"(key_counts){share}; then one group per discovered key"
+            _, *rest = q.plan(epsilon=epsilon).split("\n")
+            return "\n".join(
+                [
+                    f"query on {self.ds.name!r}: one group per key of {', '.join(hidden)} "
+                    "the data holds, discovered first",
+                    f"  publish 0: the keys of {', '.join(hidden)} above a noisy threshold "
+                    f"(key_counts){share}",
+                    *rest,
+                ]
             )
-            return found + "\n" + q.plan(epsilon=epsilon)
         _, compiled = self._compile(delta)
         lines = [f"query on {self.ds.name!r}: {compiled.cells} group(s)"]
         if compiled.exact:
