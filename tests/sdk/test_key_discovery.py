@@ -67,7 +67,9 @@ def test_discovered_keys_are_the_frequent_keys(
     assert set(found.keys) == frequent  # every frequent key, no key of one row
     assert found.threshold == threshold(1.0, 1e-6) == found.receipt.threshold
     r = found.receipt
-    assert r.mechanism == "threshold" and r.asked_delta == 1e-6 and r.delta >= 1e-6
+    assert r.mechanism == "threshold" and r.asked_delta == 1e-6
+    # charged: the threshold's delta as asked, and the sampler's deviation (tiny) on top
+    assert r.delta == pytest.approx(1e-6, rel=1e-6) and r.delta >= 1e-6
     assert r.threshold_delta is not None and r.threshold_delta <= 1e-6
     assert r.noise_scale == pytest.approx(2.0) and r.sensitivity_l1 == pytest.approx(2.0)
     assert "keys whose noisy count is at least 27.2" in str(r)
@@ -198,3 +200,19 @@ def test_the_default_policy_keeps_too_little_delta_for_a_threshold(
     with pytest.raises(BudgetExceededError, match="delta budget"):
         ds.query().group_by("zip").discover_keys(epsilon=1.0, delta=1e-6)
     assert ds_client.budget().spent_epsilon == 0
+
+
+def test_the_receipt_states_epsilon_delta_and_the_threshold(
+    census: tuple[sdk.DatasetHandle, pd.DataFrame], ds_client: sdk.Client
+) -> None:
+    ds, _ = census
+    values, receipt = ds_client.publish_frame(
+        _keys_frame(ds, "zip", "int64"), epsilon=0.5, delta=1e-7
+    )
+    assert values[0].shape == (20, 2)  # the 20 frequent zips, no rare one
+    assert receipt["mechanism"] == "threshold" and receipt["epsilon"] == 0.5
+    assert receipt["asked_delta"] == 1e-7 and receipt["threshold"] == threshold(0.5, 1e-7)
+    assert receipt["threshold_delta"] <= 1e-7 and receipt["rows_moved"] == 1
+    # the delta charged is the threshold's as asked and the sampler's deviation, tiny
+    assert 0 <= receipt["sampler_delta"] < 1e-15
+    assert receipt["delta"] == pytest.approx(1e-7 + receipt["sampler_delta"], abs=1e-18)
