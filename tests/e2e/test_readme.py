@@ -60,6 +60,9 @@ def test_readme_walkthrough_runs(demo_server: Server, tmp_path: Path) -> None:
     # the query builder: a row per sex, each statistic beside its noise scale, and the split
     assert re.search(r"sex\s+count\s+count_scale\s+bmi_mean\s+bmi_mean_scale", printed), printed
     assert "epsilon 0.5 split across 2 publish(es)" in printed, printed
+    # the same kind of question in SQL: one row, each statistic beside its noise scale
+    sql = re.search(r"\[\{'count': (\S+), 'count_scale': \S+, 'bmi_mean': (\S+),", printed)
+    assert sql is not None and 18 < float(sql.group(2)) < 35, printed
     # the ledger: the CNN's 40 steps on one line, and the lines add up to the budget
     assert re.search(r"run \d+: 40 steps, epsilon used \S+, delta used", printed), printed
     assert "adds up: True" in printed
