@@ -216,3 +216,18 @@ def test_the_receipt_states_epsilon_delta_and_the_threshold(
     # the delta charged is the threshold's as asked and the sampler's deviation, tiny
     assert 0 <= receipt["sampler_delta"] < 1e-15
     assert receipt["delta"] == pytest.approx(1e-7 + receipt["sampler_delta"], abs=1e-18)
+
+
+def test_more_keys_than_a_query_holds_keep_the_largest_noisy_counts(
+    census: tuple[sdk.DatasetHandle, pd.DataFrame], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Discovered keys beyond the groups a query may hold are cut to those of the largest
+    noisy counts (post-processing) rather than refused once the discovery is charged."""
+    ds, data = census
+    monkeypatch.setattr("dpnode.sdk.query.keys.MAX_CELLS", 10)
+    result = ds.query().group_by("zip").agg(count()).publish(epsilon=2.0, delta=1e-6)
+    rows = result.rows()
+    assert len(rows) == 10
+    counts = data["zip"].value_counts()
+    assert {r["zip"] for r in rows} <= {int(k) for k, c in counts.items() if c >= 60}
+    assert [s.role for s in result.receipt.spends] == ["keys", "noised"]

@@ -30,7 +30,12 @@ from dpnode.sdk.query.aggregates import Aggregate
 from dpnode.sdk.query.compile import COUNT, Compiled, Release, Values, compile_query
 from dpnode.sdk.query.discovery import DISCOVERY_SHARE, DiscoveredKeys, discover_keys, placeholders
 from dpnode.sdk.query.errorbars import ErrorBar, candidate_count, error_bar
-from dpnode.sdk.query.errors import InvalidBudgetError, NoPublicKeysError, QueryError
+from dpnode.sdk.query.errors import (
+    InvalidBudgetError,
+    NoPublicKeysError,
+    QueryError,
+    TooManyCellsError,
+)
 from dpnode.sdk.query.expressions import Predicate, column_info
 from dpnode.sdk.query.keys import Key, labels, resolve_keys
 from dpnode.sdk.query.result import QueryReceipt, QueryResult, Spend
@@ -301,11 +306,32 @@ class Query:
             names = [a.name for a in self.aggregates]
             columns = list(self.by) + [c for n in names for c in (n, f"{n}_scale")]
             return QueryResult(columns, [], QueryReceipt((spend,), eps, dlt), {})
-        declared = tuple((c, tuple(found.values(c))) for c in hidden)
-        q = replace(self, declared=self.declared + declared)
+        q, kept = self._fitting(hidden, found)
         positions = [self.by.index(c) for c in hidden]
-        only = (positions, set(found.keys))
-        return q._publish(rest, None, before=(spend,), only=only, total=(eps, dlt))
+        return q._publish(rest, None, before=(spend,), only=(positions, kept), total=(eps, dlt))
+
+    def _fitting(
+        self, hidden: tuple[str, ...], found: DiscoveredKeys
+    ) -> tuple[Query, set[tuple[Any, ...]]]:
+        """The query on the discovered keys, as many as a query may hold: those with the
+        largest noisy counts when there are more (post-processing: nothing more is charged,
+        and the discovery, already charged, is not wasted on a refusal)."""
+        ranked = [k for _, k in sorted(zip(found.counts, found.keys, strict=True), reverse=True)]
+        keep = len(ranked)
+        while True:
+            kept = ranked[:keep]
+            declared = tuple(
+                (c, tuple(sorted({k[i] for k in kept}))) for i, c in enumerate(hidden)
+            )
+            q = replace(self, declared=self.declared + declared)
+            try:
+                q._compile(None)
+            except TooManyCellsError:
+                if keep == 1:
+                    raise
+                keep //= 2
+                continue
+            return q, set(kept)
 
     def _fits_total(self, epsilon: float) -> None:
         from dpnode.sdk._exceptions import BudgetExceededError
