@@ -320,9 +320,7 @@ class Query:
         keep = len(ranked)
         while True:
             kept = ranked[:keep]
-            declared = tuple(
-                (c, tuple(sorted({k[i] for k in kept}))) for i, c in enumerate(hidden)
-            )
+            declared = tuple((c, tuple(sorted({k[i] for k in kept}))) for i, c in enumerate(hidden))
             q = replace(self, declared=self.declared + declared)
             try:
                 q._compile(None)
