@@ -17,21 +17,34 @@ statistics per discovered key as public keys, with the rest of epsilon (pure, La
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from dpnode.sdk.query.errors import NoPublicKeysError, QueryError
+from dpnode.sdk.query.errors import NoPublicKeysError, QueryError, TooManyCellsError
 from dpnode.sdk.query.expressions import column_info, is_integral, value_span
+from dpnode.sdk.query.keys import resolve_keys
 
 if TYPE_CHECKING:
     from dpnode.sdk._handles import DatasetHandle
     from dpnode.sdk._publish import Receipt
+    from dpnode.sdk.query.plan import Query
+    from dpnode.sdk.query.result import QueryResult
 
-__all__ = ["DISCOVERY_SHARE", "DiscoveredKeys", "discover_keys", "key_code", "placeholders"]
+__all__ = [
+    "DISCOVERY_SHARE",
+    "DiscoveredKeys",
+    "discover_keys",
+    "fitting",
+    "hidden_columns",
+    "key_code",
+    "placeholders",
+    "planned_text",
+    "publish_discovered",
+]
 
 #: The part of a query's epsilon its key discovery takes (the rest pays for its statistics).
 DISCOVERY_SHARE = 0.5
@@ -180,3 +193,117 @@ def discover_keys(
         raise DPNodeError("the node answered a key release without its threshold")
     keys = _decode(answer[:, 0], radices)
     return DiscoveredKeys(tuple(columns), keys, answer[:, 1].tolist(), receipt.threshold, receipt)
+
+
+def hidden_columns(
+    ds: DatasetHandle,
+    by: Sequence[str],
+    declared: Mapping[str, Sequence[Any]],
+    delta: float | None,
+) -> tuple[str, ...]:
+    """The ``group_by`` columns without public or declared keys, to be discovered.
+
+    Raises:
+        NoPublicKeysError: there are some and no ``delta`` to discover them with (the
+            message names ``keys=`` and ``delta=``).
+    """
+    hidden = []
+    problem = None
+    for c in by:
+        if c in declared:
+            continue
+        try:
+            resolve_keys(ds, (c,), None)
+        except NoPublicKeysError as exc:
+            hidden.append(c)
+            problem = problem or exc
+    if problem is not None and delta is None:
+        raise NoPublicKeysError(
+            f"{problem.detail}; or discover the keys the data holds privately, above a "
+            "noisy threshold: pass delta= too (publish(epsilon=1.0, delta=1e-6))"
+        ) from problem
+    return tuple(hidden)
+
+
+def fitting(
+    query: Query, hidden: Sequence[str], found: DiscoveredKeys
+) -> tuple[Query, set[tuple[Any, ...]]]:
+    """``query`` on the discovered keys as declared keys, as many as a query may hold: those
+    with the largest noisy counts when there are more (post-processing: nothing more is
+    charged, and the discovery, already charged, is not wasted on a refusal); and the
+    discovered combinations kept.
+
+    Raises:
+        TooManyCellsError: not even one key fits (the public keys of the other columns).
+    """
+    ranked = [k for _, k in sorted(zip(found.counts, found.keys, strict=True), reverse=True)]
+    keep = len(ranked)
+    while True:
+        kept = ranked[:keep]
+        declared = tuple((c, tuple(sorted({k[i] for k in kept}))) for i, c in enumerate(hidden))
+        q = replace(query, declared=query.declared + declared)
+        try:
+            q._compile(None)
+        except TooManyCellsError:
+            if keep == 1:
+                raise
+            keep //= 2
+            continue
+        return q, set(kept)
+
+
+def planned_text(
+    query: Query, hidden: Sequence[str], epsilon: float | None, delta: float | None
+) -> str:
+    """``query.plan(epsilon=, delta=)`` for a query whose ``hidden`` keys are discovered first:
+    the discovery, then the query's publishes planned on placeholder keys (which publishes a
+    query makes, and their shares, do not depend on its keys)."""
+    from dpnode.sdk.query.plan import split_budget
+
+    first = None
+    if epsilon is not None:
+        first, epsilon = split_budget(epsilon, [DISCOVERY_SHARE, 1 - DISCOVERY_SHARE])
+    q = replace(query, declared=query.declared + placeholders(query.ds, hidden))
+    share = "" if first is None else f", epsilon {first:.6g}, delta {delta:g}"
+    _, *rest = q.plan(epsilon=epsilon).split("\n")
+    names = ", ".join(hidden)
+    return "\n".join(
+        [
+            f"query on {query.ds.name!r}: one group per key of {names} the data holds, "
+            "discovered first",
+            f"  publish 0: the keys of {names} above a noisy threshold (key_counts){share}",
+            *rest,
+        ]
+    )
+
+
+def publish_discovered(
+    query: Query, hidden: tuple[str, ...], epsilon: float, delta: float | None
+) -> QueryResult:
+    """Discover the keys of ``hidden`` (:data:`DISCOVERY_SHARE` of ``epsilon``, all of
+    ``delta``), then release ``query``'s statistics per discovered key as public keys (the
+    rest of epsilon, pure). Everything that can refuse the query is checked before the
+    discovery is charged; no key found: an empty table, nothing more charged."""
+    from dpnode.sdk._exceptions import BudgetExceededError
+    from dpnode.sdk._remote import active_session
+    from dpnode.sdk.query.plan import split_budget
+    from dpnode.sdk.query.result import QueryReceipt, QueryResult, Spend
+
+    first, rest = split_budget(epsilon, [DISCOVERY_SHARE, 1 - DISCOVERY_SHARE])
+    replace(query, declared=query.declared + placeholders(query.ds, hidden))._checked()
+    if active_session() is None:
+        remaining = query.ds._client.budget().remaining_epsilon
+        if epsilon > remaining:
+            raise BudgetExceededError(
+                f"this query's key discovery and statistics cost epsilon {epsilon:g} together, "
+                f"and {remaining:g} of your budget remains: nothing was published or charged"
+            )
+    found = discover_keys(query.ds, hidden, epsilon=first, delta=delta)
+    spend = Spend("keys", hidden, first, delta, found.receipt)
+    if not found.keys:
+        names = [a.name for a in query.aggregates]
+        columns = list(query.by) + [c for n in names for c in (n, f"{n}_scale")]
+        return QueryResult(columns, [], QueryReceipt((spend,), epsilon, delta), {})
+    q, kept = fitting(query, hidden, found)
+    at = [query.by.index(c) for c in hidden]
+    return q._publish(rest, None, before=(spend,), only=(at, kept), total=(epsilon, delta))

@@ -28,14 +28,15 @@ import torch
 
 from dpnode.sdk.query.aggregates import Aggregate
 from dpnode.sdk.query.compile import COUNT, Compiled, Release, Values, compile_query
-from dpnode.sdk.query.discovery import DISCOVERY_SHARE, DiscoveredKeys, discover_keys, placeholders
-from dpnode.sdk.query.errorbars import ErrorBar, candidate_count, error_bar
-from dpnode.sdk.query.errors import (
-    InvalidBudgetError,
-    NoPublicKeysError,
-    QueryError,
-    TooManyCellsError,
+from dpnode.sdk.query.discovery import (
+    DiscoveredKeys,
+    discover_keys,
+    hidden_columns,
+    planned_text,
+    publish_discovered,
 )
+from dpnode.sdk.query.errorbars import ErrorBar, candidate_count, error_bar
+from dpnode.sdk.query.errors import InvalidBudgetError, QueryError
 from dpnode.sdk.query.expressions import Predicate, column_info
 from dpnode.sdk.query.keys import Key, labels, resolve_keys
 from dpnode.sdk.query.result import QueryReceipt, QueryResult, Spend
@@ -196,19 +197,7 @@ class Query:
         """
         hidden = self._hidden(delta)
         if hidden:  # planned on placeholder keys: the publishes do not depend on them
-            first, epsilon = split_budget(epsilon, [1, 1]) if epsilon is not None else (None, None)
-            q = replace(self, declared=self.declared + placeholders(self.ds, hidden))
-            share = "" if first is None else f", epsilon {first:.6g}, delta {delta:g}"
-            _, *rest = q.plan(epsilon=epsilon).split("\n")
-            return "\n".join(
-                [
-                    f"query on {self.ds.name!r}: one group per key of {', '.join(hidden)} "
-                    "the data holds, discovered first",
-                    f"  publish 0: the keys of {', '.join(hidden)} above a noisy threshold "
-                    f"(key_counts){share}",
-                    *rest,
-                ]
-            )
+            return planned_text(self, hidden, epsilon, delta)
         _, compiled = self._compile(delta)
         lines = [f"query on {self.ds.name!r}: {compiled.cells} group(s)"]
         if compiled.exact:
@@ -247,7 +236,7 @@ class Query:
         eps, dlt = _check_budget(epsilon, delta)
         hidden = self._hidden(dlt)
         if hidden:
-            return self._discovered(hidden, eps, dlt)
+            return publish_discovered(self, hidden, eps, dlt)
         return self._publish(eps, dlt)
 
     def discover_keys(self, *, epsilon: float, delta: float) -> DiscoveredKeys:
@@ -270,79 +259,7 @@ class Query:
         return discover_keys(self.ds, self.by, epsilon=eps, delta=dlt)
 
     def _hidden(self, delta: float | None) -> tuple[str, ...]:
-        """The group_by columns without public or declared keys (to be discovered).
-
-        Raises:
-            NoPublicKeysError: there are some and no ``delta`` to discover them with.
-        """
-        declared = dict(self.declared)
-        hidden = []
-        problem = None
-        for c in self.by:
-            if c in declared:
-                continue
-            try:
-                resolve_keys(self.ds, (c,), None)
-            except NoPublicKeysError as exc:
-                hidden.append(c)
-                problem = problem or exc
-        if problem is not None and delta is None:
-            raise NoPublicKeysError(
-                f"{problem.detail}; or discover the keys the data holds privately, above a "
-                "noisy threshold: pass delta= too (publish(epsilon=1.0, delta=1e-6))"
-            ) from problem
-        return tuple(hidden)
-
-    def _discovered(self, hidden: tuple[str, ...], eps: float, dlt: float | None) -> QueryResult:
-        """Discover the keys of ``hidden`` (a share of epsilon, all of delta), then release
-        the statistics per discovered key as public keys (the rest of epsilon, pure)."""
-        first, rest = split_budget(eps, [DISCOVERY_SHARE, 1 - DISCOVERY_SHARE])
-        planned = replace(self, declared=self.declared + placeholders(self.ds, hidden))
-        planned._checked()  # refused before the discovery is charged
-        self._fits_total(eps)
-        found = discover_keys(self.ds, hidden, epsilon=first, delta=dlt)
-        spend = Spend("keys", hidden, first, dlt, found.receipt)
-        if not found.keys:  # nothing cleared the threshold: no group, nothing else charged
-            names = [a.name for a in self.aggregates]
-            columns = list(self.by) + [c for n in names for c in (n, f"{n}_scale")]
-            return QueryResult(columns, [], QueryReceipt((spend,), eps, dlt), {})
-        q, kept = self._fitting(hidden, found)
-        positions = [self.by.index(c) for c in hidden]
-        return q._publish(rest, None, before=(spend,), only=(positions, kept), total=(eps, dlt))
-
-    def _fitting(
-        self, hidden: tuple[str, ...], found: DiscoveredKeys
-    ) -> tuple[Query, set[tuple[Any, ...]]]:
-        """The query on the discovered keys, as many as a query may hold: those with the
-        largest noisy counts when there are more (post-processing: nothing more is charged,
-        and the discovery, already charged, is not wasted on a refusal)."""
-        ranked = [k for _, k in sorted(zip(found.counts, found.keys, strict=True), reverse=True)]
-        keep = len(ranked)
-        while True:
-            kept = ranked[:keep]
-            declared = tuple((c, tuple(sorted({k[i] for k in kept}))) for i, c in enumerate(hidden))
-            q = replace(self, declared=self.declared + declared)
-            try:
-                q._compile(None)
-            except TooManyCellsError:
-                if keep == 1:
-                    raise
-                keep //= 2
-                continue
-            return q, set(kept)
-
-    def _fits_total(self, epsilon: float) -> None:
-        from dpnode.sdk._exceptions import BudgetExceededError
-        from dpnode.sdk._remote import active_session
-
-        if active_session() is not None:
-            return
-        remaining = self.ds._client.budget().remaining_epsilon
-        if epsilon > remaining:
-            raise BudgetExceededError(
-                f"this query's key discovery and statistics cost epsilon {epsilon:g} together, "
-                f"and {remaining:g} of your budget remains: nothing was published or charged"
-            )
+        return hidden_columns(self.ds, self.by, dict(self.declared), delta)
 
     def _publish(
         self,
