@@ -169,6 +169,8 @@ def _keys_frame(ds: sdk.DatasetHandle, column: str, dtype: str) -> bytes:
         ("score", "float64", 1e-6, "keys="),
         ("zip", "int64", None, "delta"),
         ("zip", "int64", 0.5, "too large"),
+        ("zip", "int64", -1e-6, "delta"),
+        ("zip", "int64", math.nan, "delta"),
     ],
 )
 def test_the_node_refuses_with_a_4xx_and_charges_nothing(
