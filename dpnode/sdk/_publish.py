@@ -79,13 +79,23 @@ class Receipt:
     #: the tensor asked was computed here from what was released (``torch.cov`` and
     #: ``torch.corrcoef`` from the rows' moments): how, in a sentence
     post_processing: str | None = None
+    #: keys released above a noisy threshold: the threshold, and the most probability of
+    #: releasing a key one subject alone holds (at most the delta asked)
+    threshold: float | None = None
+    threshold_delta: float | None = None
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> Receipt:
         return cls(**{k: body[k] for k in cls.__dataclass_fields__ if k in body})
 
     def __str__(self) -> str:
-        if self.mechanism == "exponential":  # a quantile: selected, not noised
+        if self.mechanism == "threshold":  # keys kept above a noisy threshold
+            noise = (
+                f"keys whose noisy count is at least {self.threshold:g} (discrete Laplace of "
+                f"scale {self.noise_scale:.4g} on counts of sensitivity "
+                f"{self.sensitivity_l1:g}), delta {self.asked_delta}"
+            )
+        elif self.mechanism == "exponential":  # a quantile: selected, not noised
             noise = (
                 "exponential mechanism over the public range (scale "
                 f"{self.noise_scale:.4g} for a rank sensitivity of {self.sensitivity_l1:g})"

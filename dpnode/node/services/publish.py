@@ -84,7 +84,7 @@ from dpnode.node.cluster import Column, columns_for
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import MAX_ID, PublishKey, Role, User
 from dpnode.node.services import audit, budget, datasets, idempotency, models, users
-from dpnode.node.services.budget import EPSILON_UNIT, RHO_UNIT, TV_UNIT, Cost
+from dpnode.node.services.budget import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, TV_UNIT, Cost
 from dpnode.node.services.release_plans import selection_key
 from dpnode.node.storage import array_from_bytes
 
@@ -435,7 +435,7 @@ def _plan(context: NodeContext, request: PublishRequest, prepared: _Prepared) ->
     # where it is evaluated: decided from public metadata, the cluster checked before the charge
     cluster = context.cluster
     columns = None
-    if cluster is not None and rp.selection is None:
+    if cluster is not None and rp.selection is None and rp.keys is None:
         columns = columns_for(context.settings, rp.plan, inputs.stored())
     threads = cluster.check() if cluster is not None and columns is not None else 0
     return _Decided(prepared.claim, inputs, rp, cost, columns, threads)
@@ -569,6 +569,13 @@ def publish(
         "policy": after.in_force.name,
         "policy_revision": entry.policy_revision,
     }
+    if rp.keys is not None:  # keys kept above a noisy threshold (docs/privacy.md)
+        # the ledger's direct delta holds the threshold's (as asked) and the sampler's
+        sampler = max(entry.tv_units - cost.asked_delta_units, 0)
+        receipt["sampler_delta"] = float(sampler * DELTA_UNIT)
+        receipt["threshold"] = rp.keys.plan.threshold
+        receipt["threshold_delta"] = rp.keys.plan.bad
+        receipt["rows_moved"] = rp.keys.plan.rows_moved
     return Published(done.values, receipt, done.failure)
 
 
