@@ -156,12 +156,18 @@ def _clip_by_subject_norm(c: Call, args: list[Any], out: Array | None) -> Array:
     if n == 0:
         return np.zeros(m.shape, dtype=m.dtype.np)
     parts = [tuple(np.asarray(args[i]).reshape(n, -1) for i in at) for at in layout]
-    order = np.argsort(groups, kind="stable")
-    sorted_groups = np.asarray(groups)[order]
-    starts = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
+    g = np.asarray(groups)
+    # rows numbered in order (the SDK's ``arange``): every row its own group, nothing to
+    # sort (the groups are public: this branch shows nothing of the data)
+    alone = bool((g[1:] > g[:-1]).all())
+    if not alone:
+        order = np.argsort(g, kind="stable")
+        sorted_groups = g[order]
+        starts = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
+        alone = len(starts) == n
     max_norm, norm_ord = c.attr("max_norm"), c.attr("ord")
     wide = m.dtype.np == np.float64  # a float32's squares and their products fit a float64
-    if len(starts) == n:
+    if alone:
         # every row its own group (the usual case): the rows are the group sums already.
         # Taken in blocks of rows, so that each float64 copy stays in cache (a sixth of the
         # time of one copy of the whole); the sum's rounding bound holds in any order
