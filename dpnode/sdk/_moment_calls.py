@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -182,6 +183,7 @@ def swap_moments(
 #: each with the sessions it was built for (:func:`_kept_release`)
 _KEPT: OrderedDict[tuple[bytes, MomentPlan], tuple[tuple[Any, ...], MomentRelease]] = OrderedDict()
 KEPT_RELEASES = 64
+_KEPT_LOCK = threading.Lock()
 
 
 def _kept_release(
@@ -203,18 +205,20 @@ def _kept_release(
         return moment_release(rows, epsilon=epsilon, plan=plan, client=client)
     key = (hashlib.blake2b(encode_graph(graph).frame, digest_size=32).digest(), plan)
     sessions = (client, *origins([rows.node]))
-    kept = _KEPT.get(key)
-    if (
-        kept is not None
-        and len(kept[0]) == len(sessions)
-        and all(a is b for a, b in zip(kept[0], sessions, strict=True))
-    ):
-        _KEPT.move_to_end(key)
-        return kept[1]
+    with _KEPT_LOCK:  # publishes from several threads
+        kept = _KEPT.get(key)
+        if (
+            kept is not None
+            and len(kept[0]) == len(sessions)
+            and all(a is b for a, b in zip(kept[0], sessions, strict=True))
+        ):
+            _KEPT.move_to_end(key)
+            return kept[1]
     release = moment_release(rows, epsilon=epsilon, plan=plan, client=client)
-    _KEPT[key] = (sessions, release)
-    while len(_KEPT) > KEPT_RELEASES:
-        _KEPT.popitem(last=False)
+    with _KEPT_LOCK:
+        _KEPT[key] = (sessions, release)
+        while len(_KEPT) > KEPT_RELEASES:
+            _KEPT.popitem(last=False)
     return release
 
 
