@@ -280,9 +280,19 @@ def _status(status: str) -> RequestStatus:
 
 
 def answer(
-    session: Session, admin: User, approval_id: int, *, approve: bool, reason: str
+    session: Session,
+    admin: User | None,
+    approval_id: int,
+    *,
+    approve: bool,
+    reason: str,
+    operator: str | None = None,
 ) -> PublishApproval:
     """Approve or deny a pending publish, once, and audit it; commits.
+
+    Args:
+        admin: who answers, or ``None`` for the node's operator on the command line.
+        operator: who ran the command line, when ``admin`` is None.
 
     Raises:
         PermissionDeniedError: not an admin.
@@ -290,7 +300,7 @@ def answer(
         ConflictError: it was already answered.
         InvalidRequestError: no reason (the audit log says who answered, and why).
     """
-    if admin.role is not Role.ADMIN:
+    if admin is not None and admin.role is not Role.ADMIN:
         raise PermissionDeniedError("only admins may answer publish approvals")
     query = select(PublishApproval).where(PublishApproval.id == approval_id)
     if session.get_bind().dialect.name != "sqlite":
@@ -307,8 +317,8 @@ def answer(
         raise InvalidRequestError(f"say why the publish is {verb}: a reason is required")
     row.status = RequestStatus.APPROVED if approve else RequestStatus.DENIED
     row.decided_at = utcnow()
-    row.decided_by_id = admin.id
-    row.decided_by = admin.email
+    row.decided_by_id = admin.id if admin is not None else None
+    row.decided_by = decider(admin, operator)
     row.decision_reason = reason.strip()
     audit.record(
         session,
@@ -324,6 +334,16 @@ def answer(
         graph_hash=row.graph_hash,
         datasets=row.dataset_ids,
         reason=row.decision_reason,
+        **({"operator": operator} if admin is None else {}),
     )
     session.commit()
     return row
+
+
+def decider(admin: User | None, operator: str | None) -> str:
+    """Who answered a request, as the request records it.
+
+    >>> decider(None, "ops")
+    'command line (ops)'
+    """
+    return admin.email if admin is not None else f"command line ({operator or 'operator'})"
