@@ -9,9 +9,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from starlette.testclient import TestClient
 
 from dpnode import sdk
 from dpnode.core.engine.evaluator import evaluate
+from dpnode.node.db.models import User
+from dpnode.sdk._moment_calls import swap_moments
 from dpnode.sdk._moments import (
     VARIANCE_FLOOR,
     MomentPlan,
@@ -20,7 +23,7 @@ from dpnode.sdk._moments import (
     release_moments,
     weighted_plan,
 )
-from tests.sdk.conftest import cohort, remote_dataset
+from tests.sdk.conftest import cohort, connect, remote_dataset
 
 N = 2000
 BOUNDS = {"age": (17, 90), "hours": (1, 99), "income": (0.0, 250_000.0)}
@@ -120,6 +123,56 @@ def test_the_norm_is_chosen_for_the_least_noise(
     assert many.receipt.mechanism == "gaussian"
     assert many.receipt.sensitivity_l2 == pytest.approx(2 * plan.bound, rel=1e-6)
     assert many.shape == (8, 8)
+
+
+@pytest.mark.usefixtures("sqlite_only")
+def test_a_moment_release_sends_nothing_per_row(
+    people: tuple[sdk.DatasetHandle, dict],
+) -> None:
+    """Every row is clipped on its own without a constant of the row indices in the graph
+    (the node numbers the rows): the request does not grow with the rows."""
+    ds, _ = people
+    release = moment_release(_stack(ds, "age", "hours", "income").T, epsilon=1.0)
+    graph = release.vector.graph()
+    constants = [n.value for n in graph.nodes if n.op == "constant"]
+    assert all(np.asarray(v).size < N for v in constants)
+    assert any(n.op == "arange" and n.attrs["end"] == N for n in graph.nodes)
+    vector = release.vector.publish(epsilon=1.0)
+    assert release.finish(vector, vector.receipt).cov().shape == (3, 3)
+
+
+@pytest.mark.usefixtures("sqlite_only")
+def test_a_covariance_recorded_again_reuses_its_moment_vector_and_only_that(
+    people: tuple[sdk.DatasetHandle, dict],
+    owner_client: sdk.Client,
+    http: TestClient,
+    scientist: User,
+) -> None:
+    """The vector follows from the rows' graph, their public bounds and the plan: the same
+    code recorded again gets the same vector; other columns, other values computed from
+    them, another dataset or another session never get a kept one."""
+    ds, data = people
+
+    def vector(d: sdk.DatasetHandle, *columns: str, times: float = 1.0) -> torch.Tensor:
+        rows = _stack(d, *columns) * times if times != 1.0 else _stack(d, *columns)
+        return swap_moments([torch.cov(rows)], epsilon=1.0, delta=None).items[0]
+
+    first = vector(ds, "age", "hours", "income")
+    assert vector(ds, "age", "hours", "income") is first
+    assert vector(ds, "age", "hours") is not first
+    assert vector(ds, "age", "hours", "income", times=2.0) is not first
+    wider = dict(BOUNDS, income=(0.0, 500_000.0))
+    owner_client.upload_dataset("people_wider", data, bounds=wider)
+    other = vector(connect(http, scientist.email).dataset("people_wider"), "age", "hours", "income")
+    assert other is not first
+    again = connect(http, scientist.email).dataset("people")
+    assert vector(again, "age", "hours", "income") is not first  # another session's
+    # each publish is its own release, charged on its own
+    a = torch.cov(_stack(ds, "age", "hours", "income")).publish(epsilon=0.5)
+    b = torch.cov(_stack(ds, "age", "hours", "income")).publish(epsilon=0.5)
+    assert a.receipt.ledger_id != b.receipt.ledger_id
+    assert a.receipt.noise_scale == b.receipt.noise_scale
+    assert not torch.equal(a, b)  # noised twice
 
 
 @pytest.mark.usefixtures("sqlite_only")

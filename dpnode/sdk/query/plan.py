@@ -168,7 +168,9 @@ class Query:
             raise QueryError("top_k ranks groups: group_by(...) first, then top_k(k)")
         return resolve_keys(self.ds, self.by, dict(self.declared)) if self.by else ()
 
-    def _checked(self) -> tuple[Key, ...]:
+    def _checked(self) -> tuple[tuple[Key, ...], torch.Tensor | None]:
+        """The group keys, and the filter's mask (recorded once: its columns and constants
+        are checked as it records)."""
         keys = self._keys()
         if not self.aggregates and self.top is None:
             raise QueryError("nothing to release: add aggregates with .agg(count(), ...)")
@@ -178,13 +180,11 @@ class Query:
             raise QueryError(f"two outputs are named {twice}: tell them apart with .alias(name)")
         for a in self.aggregates:
             a.check(self.ds)
-        if self.where is not None:
-            self.where.mask(self.ds)  # its columns and constants, checked as it records
-        return keys
+        return keys, None if self.where is None else self.where.mask(self.ds)
 
     def _compile(self, delta: float | None) -> tuple[tuple[Key, ...], Compiled]:
-        keys = self._checked()
-        return keys, compile_query(self, keys, delta, _charged)
+        keys, where = self._checked()
+        return keys, compile_query(self, keys, where, delta, _charged)
 
     # -- releasing ------------------------------------------------------------------------
 
