@@ -127,9 +127,13 @@ def user_budget(
 
 @router.get("/approvals")
 def pending(
-    request: Request, session: SessionDep, admin: ConsoleAdmin, done: str | None = None
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    admin: ConsoleAdmin,
+    done: str | None = None,
 ) -> Response:
-    publishes = approval_routes.list_publish_approvals(session, admin, status="pending")
+    publishes = approval_routes.list_publish_approvals(session, settings, admin, status="pending")
     requests = budget_routes.list_budget_requests(session, admin, status="pending")
     return page(
         request,
@@ -143,13 +147,18 @@ def pending(
 
 @router.post("/approvals/{approval_id}/{answer}")
 def answer_publish(
-    approval_id: PathId, answer: str, session: SessionDep, admin: ConsoleAdmin, form: Form
+    approval_id: PathId,
+    answer: str,
+    session: SessionDep,
+    settings: SettingsDep,
+    admin: ConsoleAdmin,
+    form: Form,
 ) -> Response:
     body = ApprovalAnswer(reason=form.get("reason", ""))
     if answer == "approve":
-        approval_routes.approve_publish(session, admin, approval_id, body)
+        approval_routes.approve_publish(session, settings, admin, approval_id, body)
     elif answer == "deny":
-        approval_routes.deny_publish(session, admin, approval_id, body)
+        approval_routes.deny_publish(session, settings, admin, approval_id, body)
     else:
         raise InvalidRequestError(f"unknown answer {answer!r}: approve or deny")
     return redirect(f"{PREFIX}/approvals?done={'approved' if answer == 'approve' else 'denied'}")

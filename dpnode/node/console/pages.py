@@ -151,7 +151,7 @@ def my_budget(
     """Your budget, a chart of it, your budget requests and your waiting publishes."""
     view = budget_view(session, settings, user, user.id)
     requests = budget_routes.list_budget_requests(session, user, limit=50)
-    waiting = approval_routes.list_publish_approvals(session, user, limit=50)
+    waiting = approval_routes.list_publish_approvals(session, settings, user, limit=50)
     return page(
         request, "budget.html", title="My budget", view=view, requests=requests, approvals=waiting
     )

@@ -215,9 +215,12 @@ class Query:
         _, compiled = self._compile(delta)
         return {r.role: sensitivity(r.tensors) for r in compiled.releases if r.role != "selected"}
 
-    def publish(self, *, epsilon: float, delta: float | None = None) -> QueryResult:
+    def publish(
+        self, *, epsilon: float, delta: float | None = None, description: str = ""
+    ) -> QueryResult:
         """Release the query: at most one publish per family, ``epsilon`` (and ``delta``)
-        split among them (see the module docstring); returns the table.
+        split among them (see the module docstring); returns the table. ``description``:
+        what it is for, sent with each of its publishes (an admin approving one reads it).
 
         Raises:
             QueryError (and its subclasses): refused before any request, nothing charged.
@@ -244,7 +247,7 @@ class Query:
         spends = []
         for release, share in zip(releases, eps_shares, strict=True):
             d = delta_shares.get(id(release))
-            out = publish(release.tensors, epsilon=share, delta=d)
+            out = publish(release.tensors, epsilon=share, delta=d, description=description)
             receipt = out[0].receipt
             read = release.read(out, receipt, share)
             values.update(read)
