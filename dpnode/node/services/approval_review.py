@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from dpnode.node.db.models import Dataset, PublishApproval, User
 from dpnode.node.services.budget_status import budget_of
-from dpnode.node.services.dataset_budgets import DatasetBudget, budgets_of, may_see
+from dpnode.node.services.dataset_budgets import DatasetBudget, visible_budgets
 from dpnode.node.settings import Settings
 
 __all__ = ["DatasetRead", "Review", "audit_terms", "reviews"]
@@ -54,9 +54,9 @@ def reviews(
     """A :class:`Review` of each row, by id: each requester's budget and each dataset's cap
     read once."""
     ids = sorted({d for row in rows for d in row.dataset_ids})
-    found = {d.id: d for d in session.scalars(select(Dataset).where(Dataset.id.in_(ids))).all()}
-    shown = {i: d.name for i, d in found.items() if may_see(viewer, d)}
-    caps = budgets_of(session, settings, shown)
+    named = select(Dataset.id, Dataset.name).where(Dataset.id.in_(ids))
+    names: dict[int, str] = {i: name for i, name in session.execute(named)}
+    caps = visible_budgets(session, settings, viewer, ids)
     budgets = {u: budget_of(session, settings, u) for u in {row.user_id for row in rows}}
     out = {}
     for row in rows:
@@ -69,10 +69,7 @@ def reviews(
             outputs=list(detail.get("outputs", [])),
             remaining_epsilon=status.remaining_epsilon,
             remaining_delta=status.remaining_delta,
-            datasets=[
-                DatasetRead(d, found[d].name if d in found else None, caps.get(d))
-                for d in row.dataset_ids
-            ],
+            datasets=[DatasetRead(d, names.get(d), caps.get(d)) for d in row.dataset_ids],
         )
     return out
 

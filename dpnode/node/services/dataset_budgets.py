@@ -10,11 +10,12 @@ to the dataset's owner and to admins only; anyone else asking is refused
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from fractions import Fraction
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dpnode import policies
@@ -28,7 +29,7 @@ from dpnode.node.services.ledger_sums import _load
 from dpnode.node.settings import Settings
 from dpnode.policies import in_float
 
-__all__ = ["DatasetBudget", "budgets_of", "dataset_budget", "may_see"]
+__all__ = ["DatasetBudget", "budgets_of", "dataset_budget", "may_see", "visible_budgets"]
 
 #: Whose rows :func:`budgets_of` reads as "the user's": nobody's (ids start at 1).
 _NOBODY = policies.User(0, "", "admin")
@@ -129,6 +130,14 @@ def budgets_of(
         )
         for i, name in named.items()
     }
+
+
+def visible_budgets(
+    session: Session, settings: Settings, viewer: User | None, ids: Iterable[int]
+) -> dict[int, DatasetBudget]:
+    """The caps of the datasets ``ids`` that ``viewer`` may see (:func:`may_see`), by id."""
+    rows = session.scalars(select(Dataset).where(Dataset.id.in_(sorted(set(ids))))).all()
+    return budgets_of(session, settings, {d.id: d.name for d in rows if may_see(viewer, d)})
 
 
 def dataset_budget(
