@@ -154,3 +154,16 @@ def test_an_uncapped_dataset_says_so(
 ) -> None:
     found = owner_client.dataset("cohort").budget()
     assert not found.capped and found.epsilon is None and str(found) == "cohort: not capped"
+
+
+def test_a_query_sends_its_description_with_its_publish(
+    cohort: sdk.DatasetHandle, admin_client: sdk.Client, sqlite_only: None
+) -> None:
+    from dpnode.sdk.query import sum as total
+
+    admin_client.set_policy(POLICY, reason="big publishes get a look")
+    query = cohort.query().agg(total("age"))
+    _wait(lambda: query.publish(epsilon=0.9, description="years lived, all patients"))
+    (pending,) = admin_client.publish_approvals(status="pending")
+    assert pending.description == "years lived, all patients"
+    assert pending.computation[-1].startswith("release x")
