@@ -1,8 +1,18 @@
-"""The suite's root: what is collected, and how pytest-xdist may spread it over processes."""
+"""The suite's root: what is collected, how pytest-xdist may spread it over processes, and the
+engine's conformance tables printed at the end of a session.
+
+The hooks that print live here because this file is loaded by every pytest process, among them
+the pytest-xdist controller, which runs no test and so never loads tests/engine/conftest.py.
+"""
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import pytest
+
+from tests.engine import tallies
 
 # Doctests are collected from the packages too; running the CLI entry point is not a test.
 collect_ignore = ["dpnode/node/__main__.py"]
@@ -30,3 +40,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if any(defs[-1].scope in _SHARED_SCOPES for defs in info.name2fixturedefs.values()):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # A pytest-xdist worker prints nothing: it hands its tallies to the controller.
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["engine_tallies"] = tallies.as_wire(tallies.COUNTS, tallies.RESULTS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest-xdist's controller: add up what each worker tallied (nothing if it crashed)."""
+    wire = getattr(node, "workeroutput", {}).get("engine_tallies")
+    if wire is not None:
+        tallies.merge(wire, tallies.COUNTS, tallies.RESULTS)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The engine's type-promotion matrix and OpInfo conformance against torch, when run."""
+    if tallies.RESULTS:
+        terminalreporter.write_sep("-", "type-promotion matrix vs torch (cells per binary prim)")
+        terminalreporter.write_line(tallies.matrix_summary())
+    if not tallies.COUNTS:
+        return
+    table = tallies.summary_table()
+    terminalreporter.write_sep("-", "engine conformance vs torch OpInfo (samples per op)")
+    terminalreporter.write_line(table)
+    path = os.environ.get("DPNODE_CONFORMANCE_TABLE")
+    if path:
+        with open(path, "w") as f:
+            f.write(table + "\n")

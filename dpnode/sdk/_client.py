@@ -39,6 +39,7 @@ from dpnode.sdk._display import AuditLog, Columns
 from dpnode.sdk._exceptions import (
     DatabaseBusyError,
     DPNodeError,
+    InvalidRequestError,
     NodeBusyError,
     NodeUnreachableError,
     NotFoundError,
@@ -56,6 +57,32 @@ if TYPE_CHECKING:
 __all__ = ["CHUNKED_ABOVE", "CHUNK_BYTES", "FRAME_TYPE", "Client", "_wants_progress"]
 
 API_PREFIX = "/api/v1"
+#: Ends of addresses that are a page of a node rather than the node (the SDK adds the prefix).
+_NOT_THE_ROOT = (API_PREFIX, "/console", "/docs")
+
+
+def node_url(url: str) -> str:
+    """A node's root address, as ``dpnode serve`` prints it.
+
+    >>> node_url("http://127.0.0.1:8000/")
+    'http://127.0.0.1:8000'
+    >>> try:
+    ...     node_url("http://127.0.0.1:8000/api/v1")
+    ... except InvalidRequestError as exc:
+    ...     print(str(exc).split(": ")[1])
+    use 'http://127.0.0.1:8000' (the SDK adds /api/v1 itself)
+
+    Raises:
+        InvalidRequestError: the address ends with the API's prefix, ``/console`` or ``/docs``.
+    """
+    root = url.rstrip("/")
+    for page in _NOT_THE_ROOT:
+        if root.endswith(page):
+            raise InvalidRequestError(
+                f"{url!r} is a page of the node, not its address: use "
+                f"{root.removesuffix(page)!r} (the SDK adds {API_PREFIX} itself)"
+            )
+    return root
 
 
 #: how many /sensitivity answers a client keeps (see Client.sensitivity_of_frame)
@@ -100,7 +127,7 @@ class Client(BudgetCalls, UploadCalls):
         publish_wait: float = 3600.0,
         progress: bool | None = None,
     ) -> None:
-        self.url = url.rstrip("/")
+        self.url = node_url(url)
         self.token = token
         self.expires_at: datetime | None = None
         self._http = httpx.Client(
@@ -185,7 +212,17 @@ class Client(BudgetCalls, UploadCalls):
 
     def login(self, email: str, password: str) -> Client:
         """Fetch an access token; raises ``AuthenticationError`` on bad credentials."""
-        body = self._json("POST", "/auth/login", json={"email": email, "password": password})
+        try:
+            body = self._json("POST", "/auth/login", json={"email": email, "password": password})
+        except DPNodeError as exc:
+            if exc.status != 404:
+                raise
+            raise NotFoundError(
+                f"nothing answers {self.url}{API_PREFIX}/auth/login ({exc}): is {self.url!r} "
+                "the node's address? Give its root, as `dpnode serve` prints it, such as "
+                "http://127.0.0.1:8000",
+                status=404,
+            ) from exc
         self.token = body["access_token"]
         self.expires_at = datetime.fromisoformat(body["expires_at"])
         return self

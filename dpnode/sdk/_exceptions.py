@@ -352,6 +352,12 @@ BY_CODE: dict[str, type[DPNodeError]] = {
 }
 
 
+#: What a refusal over a user's own budget adds to the node's message.
+ASK_FOR_MORE = (
+    "Ask an admin for more with client.request_budget(epsilon=..., reason=...), "
+    "or publish with a smaller epsilon"
+)
+
 #: Fields of an error body (besides ``error`` and ``detail``) kept as exception attributes.
 _EXTRA = ("rule", "policy", "policy_revision", "reason", "approval_id", "offset")
 
@@ -377,10 +383,15 @@ def error_for(
     42
     >>> error_for(503, "overloaded", "busy", headers={"Retry-After": "1"}).retry_after
     1
+    >>> str(error_for(403, "budget_exceeded", "over", {"rule": "roles.analyst.epsilon"}))[:55]
+    'over. Ask an admin for more with client.request_budget('
     """
     cls = BY_CODE.get(code or "")
     if cls is None:
         cls = ServerError if status >= 500 else DPNodeError
+    rule = (extra or {}).get("rule")
+    if cls is BudgetExceededError and not str(rule or "").startswith("datasets."):
+        detail = f"{detail}. {ASK_FOR_MORE}"  # a dataset's cap is for everyone: no request helps
     error = cls(detail, status=status, code=code)
     for name in _EXTRA:
         if extra and name in extra and hasattr(cls, name):

@@ -4,7 +4,7 @@ The tests that fill them import torch and its OpInfo database; this module impor
 so that the process that prints the tables at the end of the session can hold them without
 running those tests. Under pytest-xdist (``make test``) that process is the controller: each
 worker fills its own tallies, hands them over when it finishes (``as_wire``), and the
-controller adds them up (``merge``) before printing (``tests/engine/conftest.py``).
+controller adds them up (``merge``) before printing (the root ``conftest.py``).
 """
 
 from __future__ import annotations

@@ -44,6 +44,8 @@ NOTICES = {
     "unchanged": "That policy is already in force; nothing was stored.",
     "created": "The account was created.",
     "updated": "The account was updated.",
+    # tokens carry no password: those issued before stay valid until they expire
+    "password": "The password was changed (signed-in sessions stay valid until they expire).",
 }
 
 
@@ -90,6 +92,16 @@ def user_update(
     )
     user_routes.update_user(user_id, body, session, hasher, admin)
     return redirect(f"{PREFIX}/users?done=updated")
+
+
+@router.post("/users/{user_id}/password")
+def user_password(
+    user_id: PathId, session: SessionDep, hasher: HasherDep, admin: ConsoleAdmin, form: Form
+) -> Response:
+    """Set a new password for an account (``PATCH /api/v1/users/{id}``, audited)."""
+    body = UserUpdate(password=form.get("password", ""))
+    user_routes.update_user(user_id, body, session, hasher, admin)
+    return redirect(f"{PREFIX}/users?done=password")
 
 
 @router.get("/budgets")

@@ -316,14 +316,19 @@ def _status(status: str) -> RequestStatus:
 def answer(
     session: Session,
     settings: Settings,
-    admin: User,
+    admin: User | None,
     approval_id: int,
     *,
     approve: bool,
     reason: str,
+    operator: str | None = None,
 ) -> PublishApproval:
     """Approve or deny a pending publish, once, and audit it with what was answered (the
     computation, its noise, the requester's budget, the datasets' caps); commits.
+
+    Args:
+        admin: who answers, or ``None`` for the node's operator on the command line.
+        operator: who ran the command line, when ``admin`` is None.
 
     Raises:
         PermissionDeniedError: not an admin.
@@ -331,7 +336,7 @@ def answer(
         ConflictError: it was already answered.
         InvalidRequestError: no reason (the audit log says who answered, and why).
     """
-    if admin.role is not Role.ADMIN:
+    if admin is not None and admin.role is not Role.ADMIN:
         raise PermissionDeniedError("only admins may answer publish approvals")
     query = select(PublishApproval).where(PublishApproval.id == approval_id)
     if session.get_bind().dialect.name != "sqlite":
@@ -349,8 +354,8 @@ def answer(
     review = approval_review.reviews(session, settings, admin, [row])[row.id]
     row.status = RequestStatus.APPROVED if approve else RequestStatus.DENIED
     row.decided_at = utcnow()
-    row.decided_by_id = admin.id
-    row.decided_by = admin.email
+    row.decided_by_id = admin.id if admin is not None else None
+    row.decided_by = decider(admin, operator)
     row.decision_reason = reason.strip()
     audit.record(
         session,
@@ -367,6 +372,16 @@ def answer(
         datasets=row.dataset_ids,
         reason=row.decision_reason,
         **approval_review.audit_terms(review, row),
+        **({"operator": operator} if admin is None else {}),
     )
     session.commit()
     return row
+
+
+def decider(admin: User | None, operator: str | None) -> str:
+    """Who answered a request, as the request records it.
+
+    >>> decider(None, "ops")
+    'command line (ops)'
+    """
+    return admin.email if admin is not None else f"command line ({operator or 'operator'})"
