@@ -167,3 +167,31 @@ def test_a_query_sends_its_description_with_its_publish(
     (pending,) = admin_client.publish_approvals(status="pending")
     assert pending.description == "years lived, all patients"
     assert pending.computation[-1].startswith("release x")
+
+
+def test_what_an_admin_reads_does_not_depend_on_the_data(
+    cohort: sdk.DatasetHandle,
+    owner_client: sdk.Client,
+    ds_client: sdk.Client,
+    admin_client: sdk.Client,
+    sqlite_only: None,
+) -> None:
+    from tests.sdk.conftest import cohort as columns
+
+    # the same public contract (bounds, rows) over other values: every row replaced
+    bounds = {"age": (0, 120), "bmi": (10, 70), "sex": (0, 1), "scan": (0, 1)}
+    owner_client.upload_dataset("neighbour", columns(40, 7), bounds=bounds, tags=["health"])
+    admin_client.set_policy(POLICY, reason="big publishes get a look")
+    for name in ("cohort", "neighbour"):
+        handle = ds_client.dataset(name)
+        query = (handle["bmi"] * 2 - handle["age"].float()).clamp(-50, 50).sum()
+        _wait(lambda q=query: q.publish(epsilon=0.8))
+    second, first = admin_client.publish_approvals(status="pending")
+    assert first.computation[4:6] == (
+        "x4 = x1 - x3   # float32 (40,)",
+        "x5 = x4.clamp(-50, 50)   # float32 (40,)",
+    )
+    assert [line.replace("neighbour", "cohort") for line in second.computation] == list(
+        first.computation
+    )
+    assert (second.sensitivity, second.noise_scale) == (first.sensitivity, first.noise_scale)
