@@ -27,6 +27,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from dpnode.sdk._moments import (
+    VARIANCE_FLOOR,
     MomentPlan,
     MomentRelease,
     choose_plan,
@@ -183,6 +184,11 @@ def _finisher(call: MomentCall, release: MomentRelease, like: RemoteTensor) -> F
             f"and products clipped to L{plan.order} norm {plan.bound:.4g}); the covariance "
             "projected onto the positive semidefinite matrices"
         )
+        if call.kind == "corrcoef":
+            note += (
+                f"; each variance dividing no lower than {VARIANCE_FLOOR:g} standard deviations "
+                "of its noise"
+            )
         out.receipt = dataclasses.replace(receipt, post_processing=note)  # type: ignore[attr-defined]
         return out
 
