@@ -33,6 +33,7 @@ from dpnode.node.db.models import PolicyRevision, Role, User
 from dpnode.node.numbers import read_id
 from dpnode.node.services import approvals, audit, budget, budget_requests, datasets, users
 from dpnode.node.services import policy as policy_service
+from dpnode.node.services.dataset_budgets import dataset_budget
 from dpnode.node.services.uploads import plan_from_request
 from dpnode.node.settings import get_settings
 
@@ -235,6 +236,18 @@ def cmd_dataset_list(_: argparse.Namespace) -> None:
             print(
                 f"{d.id:>5}  {d.name:<24} {d.row_count:>9} rows  {len(d.columns):>4} cols  {tags}"
             )
+
+
+def cmd_dataset_show(args: argparse.Namespace) -> None:
+    context = _migrated_context(get_settings())
+    with context.sessions() as session:
+        d = datasets.get_dataset(session, args.name)
+        cap = dataset_budget(session, context.settings, None, d)
+        subjects = f", {d.subject_count} subjects by {d.subject_column}" if d.subject_column else ""
+        print(f"dataset {d.id} {d.name!r}, owner {d.owner.email}: {d.row_count} rows{subjects}")
+        for c in d.columns:
+            print(f"  {c.name:<24} {c.dtype:<8} bounds [{c.lower:g}, {c.upper:g}]")
+        print(f"cap: {cap.describe()}")
 
 
 def _policy_text(row: PolicyRevision | None, in_force: policy_service.InForce) -> str:
@@ -448,6 +461,9 @@ def build_parser() -> argparse.ArgumentParser:
     dadd.add_argument("--clamp", action="store_true", help="clip out-of-bounds values")
     dadd.set_defaults(func=cmd_dataset_add)
     dataset.add_parser("list", help="list datasets").set_defaults(func=cmd_dataset_list)
+    dshow = dataset.add_parser("show", help="a dataset's columns, and how much of its cap is used")
+    dshow.add_argument("name", help="the dataset's name")
+    dshow.set_defaults(func=cmd_dataset_show)
     cli_admin.add_dataset_actions(dataset)
 
     pol = sub.add_parser("policy", help="the budget policy").add_subparsers(

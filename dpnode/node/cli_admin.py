@@ -55,6 +55,7 @@ def cmd_approval_answer(args: argparse.Namespace) -> None:
     with context.sessions() as session:
         row = approvals.answer(
             session,
+            context.settings,
             None,
             args.id,
             approve=args.approve,

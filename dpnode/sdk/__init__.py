@@ -22,6 +22,7 @@ from dpnode.sdk._budget import (
     PublishApproval,
     TrainingRunPlan,
 )
+from dpnode.sdk._caps import DatasetBudget, DatasetRead
 from dpnode.sdk._client import Client
 from dpnode.sdk._display import AuditLog, Columns, Grants, Records
 from dpnode.sdk._exceptions import (
@@ -100,7 +101,9 @@ __all__ = [
     "ConflictError",
     "DPNodeError",
     "DatabaseBusyError",
+    "DatasetBudget",
     "DatasetHandle",
+    "DatasetRead",
     "EvaluationError",
     "EvaluationUnavailableError",
     "Grants",

@@ -291,11 +291,14 @@ class Client(BudgetCalls, UploadCalls):
         delta: float | None = None,
         run_id: int | None = None,
         idempotency_key: str | None = None,
+        description: str = "",
     ) -> tuple[list[npt.NDArray[Any]], dict[str, Any]]:
         """Send one graph (engine wire frame) and get its noised outputs and the receipt.
 
         This is the one request behind ``RemoteTensor.publish``; most code never calls it.
         ``run_id``: the planned training run this publish is a step of (:meth:`plan_run`).
+        ``description``: what it is for (at most 500 characters), shown to the admin who
+        approves it and kept in the ledger row.
 
         Every publish carries an idempotency key (``idempotency_key``, default a fresh
         random one). Without an answer (a network error, a timeout) it is sent again with
@@ -316,6 +319,8 @@ class Client(BudgetCalls, UploadCalls):
             params["delta"] = delta
         if run_id is not None:
             params["run"] = run_id
+        if description:
+            params["description"] = description
         key = uuid.uuid4().hex if idempotency_key is None else idempotency_key
         response = self._post_publish(frame, params, key)
         manifest, arrays = _read_frame(response.content)

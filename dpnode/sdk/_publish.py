@@ -214,6 +214,7 @@ def publish(
     client: Any = None,
     run_id: int | None = None,
     idempotency_key: str | None = None,
+    description: str = "",
 ) -> Any:
     """Publish remote tensors jointly: one request, one charge, noised plain tensors back.
 
@@ -227,6 +228,8 @@ def publish(
             its admin's approval covers the publish when it is one of the planned steps.
         idempotency_key: names this publish (default: a fresh random key); the same key
             again gets the first answer, charged once (see ``Client.publish_frame``).
+        description: what the publish is for, in your words (at most 500 characters):
+            an admin approving it reads it beside the computation; kept in your ledger.
 
     Returns:
         A torch tensor (or a list), each with a ``receipt`` attribute.
@@ -252,6 +255,7 @@ def publish(
                 delta=delta,
                 run_id=run_id,
                 idempotency_key=idempotency_key,
+                description=description,
             )
     receipt = Receipt.from_json(body)
     results = []

@@ -16,7 +16,7 @@ from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
 from dpnode.core.errors import InvalidRequestError
-from dpnode.node.api.deps import HasherDep, Limit, PathId, SessionDep
+from dpnode.node.api.deps import HasherDep, Limit, PathId, SessionDep, SettingsDep
 from dpnode.node.api.routes import approvals as approval_routes
 from dpnode.node.api.routes import audit as audit_routes
 from dpnode.node.api.routes import budget as budget_routes
@@ -42,6 +42,7 @@ from dpnode.node.console.render import (
 )
 from dpnode.node.console.session import ConsoleAdmin, Form
 from dpnode.node.db.models import User
+from dpnode.node.settings import Settings
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)
 router.include_router(budgets.router)
@@ -142,13 +143,14 @@ def user_password(
 def _approvals_page(
     request: Request,
     session: Session,
+    settings: Settings,
     admin: User,
     *,
     notice: str = "",
     error: FormError | None = None,
     status: int = 200,
 ) -> Response:
-    publishes = approval_routes.list_publish_approvals(session, admin, status="pending")
+    publishes = approval_routes.list_publish_approvals(session, settings, admin, status="pending")
     requests = budget_routes.list_budget_requests(session, admin, status="pending")
     if error is not None:
         # A form answered meanwhile (or never there) is gone from the page: say it on top.
@@ -169,9 +171,13 @@ def _approvals_page(
 
 @router.get("/approvals")
 def pending(
-    request: Request, session: SessionDep, admin: ConsoleAdmin, done: str | None = None
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    admin: ConsoleAdmin,
+    done: str | None = None,
 ) -> Response:
-    return _approvals_page(request, session, admin, notice=notice(done))
+    return _approvals_page(request, session, settings, admin, notice=notice(done))
 
 
 def _answer(answer: str) -> str:
@@ -186,20 +192,21 @@ def answer_publish(
     approval_id: PathId,
     answer: str,
     session: SessionDep,
+    settings: SettingsDep,
     admin: ConsoleAdmin,
     form: Form,
 ) -> Response:
     try:
         body = ApprovalAnswer(reason=form.get("reason", ""))
         if _answer(answer) == "approve":
-            approval_routes.approve_publish(session, admin, approval_id, body)
+            approval_routes.approve_publish(session, settings, admin, approval_id, body)
         else:
-            approval_routes.deny_publish(session, admin, approval_id, body)
+            approval_routes.deny_publish(session, settings, admin, approval_id, body)
     except REFUSALS as exc:
         session.rollback()
         where = f"publish-{approval_id}-{answer}"
         status, error = form_error(exc, where, form, ["reason"])
-        return _approvals_page(request, session, admin, error=error, status=status)
+        return _approvals_page(request, session, settings, admin, error=error, status=status)
     return redirect(f"{PREFIX}/approvals?done={'approved' if answer == 'approve' else 'denied'}")
 
 
@@ -209,6 +216,7 @@ def answer_budget_request(
     request_id: PathId,
     answer: str,
     session: SessionDep,
+    settings: SettingsDep,
     admin: ConsoleAdmin,
     form: Form,
 ) -> Response:
@@ -227,7 +235,7 @@ def answer_budget_request(
         session.rollback()
         where = f"request-{request_id}-{answer}"
         status, error = form_error(exc, where, form, ["reason", "epsilon", "delta"])
-        return _approvals_page(request, session, admin, error=error, status=status)
+        return _approvals_page(request, session, settings, admin, error=error, status=status)
     return redirect(f"{PREFIX}/approvals?done={'approved' if answer == 'approve' else 'denied'}")
 
 

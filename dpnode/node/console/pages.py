@@ -42,7 +42,7 @@ from dpnode.node.console.session import (
     set_cookie,
 )
 from dpnode.node.db.models import Role
-from dpnode.node.services import users
+from dpnode.node.services import dataset_budgets, users
 from dpnode.node.services.security import issue_token
 
 router = APIRouter(prefix=PREFIX, route_class=ConsoleRoute, include_in_schema=False)
@@ -162,7 +162,7 @@ def my_budget(
     """Your budget, a chart of it, your budget requests and your waiting publishes."""
     view = budget_view(session, settings, user, user.id)
     requests = budget_routes.list_budget_requests(session, user, limit=50)
-    waiting = approval_routes.list_publish_approvals(session, user, limit=50)
+    waiting = approval_routes.list_publish_approvals(session, settings, user, limit=50)
     return page(
         request, "budget.html", title="My budget", view=view, requests=requests, approvals=waiting
     )
@@ -238,6 +238,7 @@ def ledger(
 def catalog(
     request: Request,
     session: SessionDep,
+    settings: SettingsDep,
     user: ConsoleUser,
     tags: str | None = None,
     text: str | None = None,
@@ -245,11 +246,14 @@ def catalog(
     """Datasets and models, with tags, bounds and owners: what ``/api/v1/search`` lists."""
     wanted = [t.strip() for t in (tags or "").split(",") if t.strip()]
     found = search_routes.search(session, user, tags=wanted, text=text or None, kind="any")
+    # each dataset's cap (used / cap), for its owner and admins
+    caps = dataset_budgets.visible_budgets(session, settings, user, (d.id for d in found.datasets))
     return page(
         request,
         "catalog.html",
         title="Datasets and models",
         found=found,
+        caps=caps,
         filters={"tags": tags or "", "text": text or ""},
     )
 

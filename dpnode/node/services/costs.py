@@ -160,6 +160,11 @@ class Cost:
     frame_hash: str | Callable[[], str] | None = None
     #: The planned training run this publish says it is a step of (``dpnode.node.services.runs``).
     run_id: int | None = None
+    #: The computation as an admin reads it (:func:`dpnode.core.engine.listing.listing`),
+    #: or a function making it: made only when the publish is queued for an approval.
+    computation: list[str] | Callable[[], list[str]] | None = None
+    #: What the requester says the publish is for (kept with an approval and the ledger row).
+    description: str = ""
 
     @property
     def asked_epsilon(self) -> int:

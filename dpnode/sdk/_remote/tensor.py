@@ -255,11 +255,19 @@ class RemoteTensor(torch.Tensor):
 
         return build([self.node])
 
-    def publish(self, *, epsilon: float, delta: float | None = None, client: Any = None) -> Any:
-        """Compute this tensor on the node and release it with noise (see ``sdk.publish``)."""
+    def publish(
+        self,
+        *,
+        epsilon: float,
+        delta: float | None = None,
+        client: Any = None,
+        description: str = "",
+    ) -> Any:
+        """Compute this tensor on the node and release it with noise (see ``sdk.publish``;
+        ``description``: what it is for, shown to an admin who approves it)."""
         from dpnode.sdk._publish import publish
 
-        return publish(self, epsilon=epsilon, delta=delta, client=client)
+        return publish(self, epsilon=epsilon, delta=delta, client=client, description=description)
 
     def sensitivity(self, *, client: Any = None) -> Any:
         """How far this tensor can move when one subject changes (free; ``sdk.sensitivity``)."""

@@ -153,7 +153,12 @@ def _decode(codes: np.ndarray[Any, Any], radices: Sequence[_Radix]) -> list[tupl
 
 
 def discover_keys(
-    ds: DatasetHandle, columns: Sequence[str], *, epsilon: float, delta: float | None
+    ds: DatasetHandle,
+    columns: Sequence[str],
+    *,
+    epsilon: float,
+    delta: float | None,
+    description: str = "",
 ) -> DiscoveredKeys:
     """Release the keys (combinations of ``columns``' values) the data holds, each kept
     when its noisy count clears the threshold ``(epsilon, delta)`` set: one publish.
@@ -185,7 +190,7 @@ def discover_keys(
     items = [counts_of]
     with _naming_calls(items):
         values, body = _client(None, items).publish_frame(
-            _frame(items), epsilon=epsilon, delta=delta
+            _frame(items), epsilon=epsilon, delta=delta, description=description
         )
     answer = np.asarray(values[0], dtype=np.float64).reshape(-1, 2)
     receipt = Receipt.from_json(body)
@@ -278,7 +283,12 @@ def planned_text(
 
 
 def publish_discovered(
-    query: Query, hidden: tuple[str, ...], epsilon: float, delta: float | None
+    query: Query,
+    hidden: tuple[str, ...],
+    epsilon: float,
+    delta: float | None,
+    *,
+    description: str = "",
 ) -> QueryResult:
     """Discover the keys of ``hidden`` (:data:`DISCOVERY_SHARE` of ``epsilon``, all of
     ``delta``), then release ``query``'s statistics per discovered key as public keys (the
@@ -298,7 +308,7 @@ def publish_discovered(
                 f"this query's key discovery and statistics cost epsilon {epsilon:g} together, "
                 f"and {remaining:g} of your budget remains: nothing was published or charged"
             )
-    found = discover_keys(query.ds, hidden, epsilon=first, delta=delta)
+    found = discover_keys(query.ds, hidden, epsilon=first, delta=delta, description=description)
     spend = Spend("keys", hidden, first, delta, found.receipt)
     if not found.keys:
         names = [a.name for a in query.aggregates]
@@ -306,4 +316,11 @@ def publish_discovered(
         return QueryResult(columns, [], QueryReceipt((spend,), epsilon, delta), {})
     q, kept = fitting(query, hidden, found)
     at = [query.by.index(c) for c in hidden]
-    return q._publish(rest, None, before=(spend,), only=(at, kept), total=(epsilon, delta))
+    return q._publish(
+        rest,
+        None,
+        before=(spend,),
+        only=(at, kept),
+        total=(epsilon, delta),
+        description=description,
+    )

@@ -225,9 +225,12 @@ class Query:
         _, compiled = self._compile(delta)
         return {r.role: sensitivity(r.tensors) for r in compiled.releases if r.role != "selected"}
 
-    def publish(self, *, epsilon: float, delta: float | None = None) -> QueryResult:
+    def publish(
+        self, *, epsilon: float, delta: float | None = None, description: str = ""
+    ) -> QueryResult:
         """Release the query: at most one publish per family, ``epsilon`` (and ``delta``)
-        split among them (see the module docstring); returns the table.
+        split among them (see the module docstring); returns the table. ``description``:
+        what it is for, sent with each of its publishes (an admin approving one reads it).
 
         Raises:
             QueryError (and its subclasses): refused before any request, nothing charged.
@@ -236,8 +239,8 @@ class Query:
         eps, dlt = _check_budget(epsilon, delta)
         hidden = self._hidden(dlt)
         if hidden:
-            return publish_discovered(self, hidden, eps, dlt)
-        return self._publish(eps, dlt)
+            return publish_discovered(self, hidden, eps, dlt, description=description)
+        return self._publish(eps, dlt, description=description)
 
     def discover_keys(self, *, epsilon: float, delta: float) -> DiscoveredKeys:
         """Release the keys of the ``group_by`` columns that the data holds: each key
@@ -269,6 +272,7 @@ class Query:
         before: tuple[Spend, ...] = (),
         only: tuple[list[int], set[tuple[Any, ...]]] | None = None,
         total: tuple[float, float | None] | None = None,
+        description: str = "",
     ) -> QueryResult:
         from dpnode.sdk._publish import publish
 
@@ -290,7 +294,7 @@ class Query:
         spends = []
         for release, share in zip(releases, eps_shares, strict=True):
             d = delta_shares.get(id(release))
-            out = publish(release.tensors, epsilon=share, delta=d)
+            out = publish(release.tensors, epsilon=share, delta=d, description=description)
             receipt = out[0].receipt
             read = release.read(out, receipt, share)
             values.update(read)

@@ -241,10 +241,14 @@ class Translation:
             lines.append(f"  LIMIT {self.limit} OFFSET {self.offset}")
         return "\n".join(lines)
 
-    def publish(self, *, epsilon: float, delta: float | None = None) -> QueryResult:
+    def publish(
+        self, *, epsilon: float, delta: float | None = None, description: str = ""
+    ) -> QueryResult:
         """Publish the query (one charge, split by the builder) and return its table as
-        SELECT, ORDER BY, OFFSET and LIMIT ask."""
-        return self.finish(self.query.publish(epsilon=epsilon, delta=delta))
+        SELECT, ORDER BY, OFFSET and LIMIT ask (``description``: as for ``Query.publish``)."""
+        return self.finish(
+            self.query.publish(epsilon=epsilon, delta=delta, description=description)
+        )
 
     def finish(self, result: QueryResult) -> QueryResult:
         """``result`` with SELECT's columns in its order (each aggregate's noise scale and
