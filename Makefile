@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: demo sdk test check bench install clean
+.PHONY: demo demo-reset sdk wheel test check bench install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,16 @@ sdk: $(VENV)/.installed-sdk
 ## Start a node on 127.0.0.1:8000 with demo accounts and datasets.
 demo: $(VENV)/.installed-demo
 	$(VENV)/bin/dpnode serve --demo --host $(HOST) --port $(PORT)
+
+## Stop `make demo` first: forget its accounts' spending, uploads and policies, and start afresh.
+demo-reset:
+	rm -rf dpnode-data
+	$(MAKE) demo
+
+## A wheel for analysts and operators elsewhere: dist/dpnode-VERSION-py3-none-any.whl
+## (then `pip install 'dist/dpnode-VERSION-py3-none-any.whl[sdk]'`).
+wheel: | $(PY)
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
 
 ## Install, then check lint, types and migrations, and run the whole suite
 ## (SQLite, and a real PostgreSQL server that the tests start themselves) on every core:

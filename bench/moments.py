@@ -141,13 +141,16 @@ def _off_diagonal(m: np.ndarray) -> np.ndarray:
     return m[~np.eye(len(m), dtype=bool)]
 
 
-def _statistic(row: Row, m: Moments, noise: float) -> np.ndarray:
-    """The row's statistic from released moments (the same code for both sides)."""
+def _statistic(row: Row, m: Moments, scale: float, sd: float) -> np.ndarray:
+    """The row's statistic from released moments (the same code for both sides): ``scale``
+    and ``sd`` are the noise's scale and standard deviation on each coordinate."""
     if row.kind == "cov":
         return m.cov().numpy()
     if row.kind == "corrcoef":
-        return _off_diagonal(m.corrcoef().numpy())
-    coef, intercept, _ = fit_from_moments(m, fit_intercept=True, ridge=None, noise=noise)
+        return _off_diagonal(m.corrcoef(noise=sd).numpy())
+    coef, intercept, _ = fit_from_moments(
+        m, fit_intercept=True, ridge=None, noise=scale / m.plan.cross
+    )
     return np.r_[coef.numpy(), intercept]
 
 
@@ -203,7 +206,7 @@ def opendp_release(
         plan, offset = _plain_plan(row), 0.0
         norm = float(plan.columns + plan.features + len(plan.pairs()))
     rows = _plain_rows(u, plan, offset)
-    measurement, scale = _opendp_sum(rows, norm, epsilon, row.delta)
+    measurement, scale, sd = _opendp_sum(rows, norm, epsilon, row.delta)
     n = len(rows)
     mid_t, half_t = torch.from_numpy(mid), torch.from_numpy(half)
 
@@ -216,18 +219,18 @@ def opendp_release(
         k, cols = plan.features, plan.columns
         v[cols : cols + k] -= (1.0 - offset) * n * plan.square
         m = decode(plan, n, mid_t, half_t, v, None)
-        return _statistic(row, m, scale / plan.cross)
+        return _statistic(row, m, scale, sd)
 
     return measurement, release
 
 
 def _opendp_sum(
     rows: np.ndarray, norm_l1: float, epsilon: float, delta: float | None
-) -> tuple[Any, float]:
+) -> tuple[Any, float, float]:
     """OpenDP's noised column sums of ``rows`` (each of L1 norm at most ``norm_l1``, and of L2
     norm at most ``sqrt(norm_l1)``: every element is at most 1 in size): Laplace on the L1
     norm, or with ``delta`` the Gaussian on the L2 norm where its noise is smaller. Returns
-    the measurement and its noise scale."""
+    the measurement, its noise scale and the noise's standard deviation."""
     import opendp.prelude as dp
     from opendp.extras.numpy._make_np_sum import then_np_sum
 
@@ -244,7 +247,7 @@ def _opendp_sum(
         lambda s: l1 >> dp.m.then_laplace(s), d_in=REPLACE_ONE, d_out=epsilon
     )
     if delta is None:
-        return l1 >> dp.m.then_laplace(b), b
+        return l1 >> dp.m.then_laplace(b), b, math.sqrt(2) * b
     l2 = summed(2, math.sqrt(norm_l1))
 
     def gaussian(s: float) -> Any:
@@ -252,8 +255,8 @@ def _opendp_sum(
 
     sigma = dp.binary_search_param(gaussian, d_in=REPLACE_ONE, d_out=(epsilon, delta))
     if sigma < math.sqrt(2) * b:
-        return gaussian(sigma), sigma
-    return l1 >> dp.m.then_laplace(b), b
+        return gaussian(sigma), sigma, sigma
+    return l1 >> dp.m.then_laplace(b), b, math.sqrt(2) * b
 
 
 def main() -> None:

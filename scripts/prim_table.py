@@ -48,6 +48,8 @@ SHOWN = 6  # calls listed per prim; the rest are counted
 SDK_CALLS: dict[str, str] = {
     "clip_by_subject_norm": "`sdk.publish_grads(..., max_grad_norm=C)`",
     "count_distinct": "`sdk.count_distinct(x)`, `count_distinct(column)` in `ds.query()`",
+    "key_counts": "`ds.query().group_by(column).discover_keys(...)`, a query grouped by a "
+    "column without public keys",
 }
 
 

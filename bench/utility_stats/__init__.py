@@ -45,6 +45,12 @@ dpnode's except the regression (Gaussian at delta 1e-6).
 * Describe: mean, standard deviation and five quantiles of each numeric column (the count is
   public), each at an equal share of epsilon; its error is each entry's over its column's
   public width, averaged.
+* Keys above a threshold (the census' zip codes: 1,500 in use among 100,000 possible, of
+  Zipf-like popularity): dpnode's ``discover_keys`` against OpenDP's ``make_count_by`` and
+  ``then_laplace_threshold``, both at delta 1e-6 with noise of scale ``2 / epsilon``, OpenDP's
+  threshold the smallest integer its map puts within delta for a replaced row. Three rows of
+  the same release: the error of the released counts (over the keys each side keeps), the
+  share of zips of at least 50 rows missed, and how many zips present were not released.
 
 Errors: a vector's is the mean over its elements; a covariance's over its upper triangle, a
 correlation's off the diagonal; top k's, rank by rank, how far the true count of the group

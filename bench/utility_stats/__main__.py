@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.utility import PASSWORD, in_process_node
 from bench.utility_stats import __doc__ as about
 from bench.utility_stats.report import HEADER, Side, line
-from bench.utility_stats.rows import REGRESSION_DELTA, ROWS, Row
+from bench.utility_stats.rows import KEYS_DELTA, REGRESSION_DELTA, ROWS, Row
 from bench.utility_stats.tables import TABLES
 from dpnode.sdk import DPNodeError
 
@@ -82,7 +82,8 @@ def main() -> None:
     names = list(dict.fromkeys(r.table for r in rows))
     started = time.perf_counter()
     print(
-        f"epsilon {args.epsilon:g} (dpnode's regression: delta {REGRESSION_DELTA:g}), "
+        f"epsilon {args.epsilon:g} (dpnode's regression: delta {REGRESSION_DELTA:g}; keys "
+        f"above a threshold, both sides: delta {KEYS_DELTA:g}), "
         f"{args.repeat} releases a row; mean absolute error, median time of a release\n"
     )
     for name in names:

@@ -162,3 +162,15 @@ def describe(ds: Any, columns: Sequence[str], epsilon: float) -> Release:
         return np.array([[float(frame.loc[c, s]) for c in columns] for s in DESCRIBE])
 
     return release
+
+
+def discovered_keys(ds: Any, column: str, epsilon: float, delta: float) -> Release:
+    """``ds.query().group_by(column).discover_keys(epsilon=, delta=)``: the keys released
+    above the threshold as ``(key, noisy count)`` rows, sorted by key."""
+
+    def release() -> np.ndarray:
+        found = ds.query().group_by(column).discover_keys(epsilon=epsilon, delta=delta)
+        pairs = [(float(k[0]), float(c)) for k, c in zip(found.keys, found.counts, strict=True)]
+        return np.array(pairs, dtype=np.float64).reshape(-1, 2)
+
+    return release

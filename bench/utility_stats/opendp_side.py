@@ -454,3 +454,28 @@ def regression(x: np.ndarray, y: np.ndarray, epsilon: float) -> OpenDPRelease:
         return np.array([b1, b2, c + 0.5 - 0.5 * (b1 + b2)])
 
     return OpenDPRelease(measurement, prepare, solve)
+
+
+def keys_above_threshold(values: np.ndarray, epsilon: float, delta: float) -> OpenDPRelease:
+    """OpenDP's ``make_count_by`` and Laplace threshold: the keys present whose noisy count
+    clears the threshold, as ``(key, noisy count)`` rows sorted by key. Noise of scale
+    ``2 / epsilon`` (a replaced row moves two counts by one); the threshold is the smallest
+    integer whose privacy map at a replaced row (symmetric distance 2, which ``count_by``
+    takes to at most 2 keys changed by at most 2 each) is within ``delta``."""
+    dp = _dp()
+    space = dp.vector_domain(dp.atom_domain(T=dp.i64), size=len(values)), dp.symmetric_distance()
+    counted = dp.t.make_count_by(*space)
+    scale = 2.0 / epsilon
+
+    def made(tau: int) -> Any:
+        return counted >> dp.m.then_laplace_threshold(scale=scale, threshold=tau)
+
+    tau = 2
+    while made(tau).map(REPLACE_ONE)[1] > delta:
+        tau += 1
+
+    def rows(released: Any) -> np.ndarray:
+        pairs = sorted((float(k), float(c)) for k, c in released.items())
+        return np.array(pairs, dtype=np.float64).reshape(-1, 2)
+
+    return OpenDPRelease(made(tau), ints(values), rows)

@@ -22,6 +22,10 @@ from bench.utility_stats.tables import Table
 
 #: dpnode's regression is Gaussian at this delta (OpenDP's side is pure DP)
 REGRESSION_DELTA = 1e-6
+#: keys discovered above a threshold: both sides at this delta
+KEYS_DELTA = 1e-6
+#: a key with at least this many rows should be found
+FREQUENT = 50
 
 
 def integral(t: Table, column: str) -> bool:
@@ -543,6 +547,54 @@ class Row:
         return f"{self.table}: {self.statistic.name}"
 
 
+@dataclass(frozen=True)
+class DiscoveredKeys(Statistic):
+    """The keys of a column without public keys, released above a noisy threshold with their
+    noisy counts (``discover_keys``; OpenDP's ``count_by`` + Laplace threshold), at
+    :data:`KEYS_DELTA`. ``measure``: ``"error"``, the mean absolute error of the released
+    counts (over the keys released); ``"missed"``, the share of the keys with at least
+    :data:`FREQUENT` rows not released (1 - recall); ``"unreleased"``, how many of the keys
+    present were not released (lower is better, as for every row: the table's keys less
+    the number kept)."""
+
+    column: str
+    measure: str
+    kind = "discovered keys"
+    delta = KEYS_DELTA
+
+    @property
+    def name(self) -> str:
+        what = {
+            "error": "count error on kept keys",
+            "missed": f"share of keys of >= {FREQUENT} rows missed",
+            "unreleased": "keys present not released",
+        }[self.measure]
+        return f"keys of {self.column} above a threshold: {what}"
+
+    def truth(self, t: Table) -> np.ndarray:
+        keys, counts = np.unique(t.columns[self.column], return_counts=True)
+        return np.stack([keys.astype(np.float64), counts.astype(np.float64)], axis=1)
+
+    def ours(self, ds: Any, t: Table, epsilon: float) -> Release:
+        return ours.discovered_keys(ds, self.column, epsilon, KEYS_DELTA)
+
+    def theirs(self, t: Table, epsilon: float) -> OpenDPRelease:
+        return theirs.keys_above_threshold(t.columns[self.column], epsilon, KEYS_DELTA)
+
+    def error(self, t: Table, value: np.ndarray, truth: np.ndarray) -> float:
+        released = np.asarray(value, dtype=np.float64).reshape(-1, 2)
+        true = dict(zip(truth[:, 0].tolist(), truth[:, 1].tolist(), strict=True))
+        if self.measure == "unreleased":
+            return float(len(true) - len(released))
+        if self.measure == "missed":
+            frequent = {k for k, c in true.items() if c >= FREQUENT}
+            found = set(released[:, 0].tolist())
+            return len(frequent - found) / max(len(frequent), 1)
+        if not len(released):
+            return 0.0
+        return float(np.mean([abs(c - true[k]) for k, c in released.tolist()]))
+
+
 def _rows(table: str, statistics: Sequence[Statistic]) -> list[Row]:
     return [Row(table, s) for s in statistics]
 
@@ -590,6 +642,7 @@ ROWS = [
             Covariance(("age", "hours", "income")),
             Correlation(("age", "hours", "income")),
             Describe(),
+            *(DiscoveredKeys("zip", m) for m in ("error", "missed", "unreleased")),
         ],
     ),
     *_rows(

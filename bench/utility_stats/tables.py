@@ -34,6 +34,8 @@ class Table:
     bounds: dict[str, tuple[float, float]]
     categories: dict[str, list[str]] = field(default_factory=dict)
     about: str = ""
+    #: integer columns that are group keys only (a zip code), not numbers to summarise
+    key_columns: tuple[str, ...] = ()
 
     @property
     def rows(self) -> int:
@@ -66,7 +68,7 @@ class Table:
 
     def numeric(self) -> list[str]:
         """The columns that are not categorical, in order (what ``describe`` summarises)."""
-        return [c for c in self.columns if c not in self.categories]
+        return [c for c in self.columns if c not in self.categories and c not in self.key_columns]
 
 
 @cache
@@ -158,11 +160,35 @@ def census(rows: int = 20_000) -> Table:
             "education": education,
             "sex": sex,
             "occupation": occupation,
+            "zip": zips(rows),
         },
-        {"age": (17, 90), "hours": (1, 99), "income": (0.0, 200_000.0)},
+        {"age": (17, 90), "hours": (1, 99), "income": (0.0, 200_000.0), "zip": ZIP_BOUNDS},
         {"education": EDUCATION, "sex": ["female", "male"], "occupation": OCCUPATIONS},
-        about=f"generated, seed {CENSUS_SEED}",
+        about=f"generated, seed {CENSUS_SEED}; zip codes, seed {ZIP_SEED}",
+        key_columns=("zip",),
     )
+
+
+#: a zip-like key: 5 digits, too many to enumerate as public keys
+ZIP_BOUNDS = (0, 99_999)
+ZIP_SEED = 94_110
+#: zip codes in use, and the exponent of their Zipf-like popularity
+ZIPS, ZIP_EXPONENT = 1500, 1.1
+
+
+def zips(rows: int) -> np.ndarray:
+    """A zip code per row, from its own stream (the other columns do not change): 1,500
+    codes in use, the r-th most common with weight ``r^-1.1`` (a few hundred rows for the
+    first, one or none for the last).
+
+    >>> z = zips(20_000)
+    >>> int(z.min()) >= 0 and int(z.max()) <= 99_999 and len(set(z.tolist())) > 500
+    True
+    """
+    rng = np.random.default_rng(ZIP_SEED)
+    codes = rng.choice(ZIP_BOUNDS[1] + 1, ZIPS, replace=False)
+    weights = 1.0 / np.arange(1, ZIPS + 1) ** ZIP_EXPONENT
+    return rng.choice(codes, rows, p=weights / weights.sum()).astype(np.int64)
 
 
 CULTIVARS = ["cultivar-1", "cultivar-2", "cultivar-3"]

@@ -16,6 +16,10 @@ the SDK maps each ``code`` back to a typed exception.
     ├── PayloadTooLargeError     payload_too_large    a request body over its limit
     ├── EvaluationUnavailableError  evaluation_unavailable  the node's compute cluster is
     │                                                   out of reach; nothing was done
+    ├── BudgetMarkError          budget_mark_unavailable  the spending mark is missing or
+    │   │                                                 unreadable; publishes refused
+    │   └── BudgetMarkBehindError  budget_mark_behind   the database holds less spending
+    │                                                   than the mark (a restored backup)
     ├── AuthenticationError      unauthenticated      missing, bad or expired credentials
     ├── RateLimitedError         rate_limited         too many attempts (logins); retry later
     ├── PermissionDeniedError    forbidden            authenticated but not allowed
@@ -38,6 +42,8 @@ __all__ = [
     "ApprovalRequiredError",
     "AuthenticationError",
     "BudgetExceededError",
+    "BudgetMarkBehindError",
+    "BudgetMarkError",
     "ChecksumMismatchError",
     "ConflictError",
     "DPNodeError",
@@ -123,6 +129,22 @@ class EvaluationUnavailableError(DPNodeError):
     def __init__(self, detail: str, *, retry_after: int) -> None:
         super().__init__(detail)
         self.retry_after = retry_after
+
+
+class BudgetMarkError(DPNodeError):
+    """The node cannot vouch that its database holds all privacy spending (its budget mark,
+    kept outside the database, is missing or unreadable): publishes are refused, nothing is
+    charged; the detail names the command that resolves it."""
+
+    code = "budget_mark_unavailable"
+
+
+class BudgetMarkBehindError(BudgetMarkError):
+    """The database holds less privacy spending than the node's budget mark (a restored
+    backup, a rolled-back upgrade, a node process killed with a reservation): publishes are
+    refused until an admin runs ``dpnode budget carry-forward``; nothing is charged."""
+
+    code = "budget_mark_behind"
 
 
 class AuthenticationError(DPNodeError):

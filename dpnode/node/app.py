@@ -12,7 +12,7 @@ import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -57,6 +57,7 @@ STATUS: dict[type[errors.DPNodeError], int] = {
     errors.NotFoundError: 404,
     errors.ConflictError: 409,
     errors.EvaluationUnavailableError: 503,
+    errors.BudgetMarkError: 503,
 }
 
 _HTTP_CODES = {
@@ -191,6 +192,18 @@ def install_error_handlers(app: FastAPI) -> None:
         return _body("internal_error", f"the node failed unexpectedly ({type(exc).__name__})", 500)
 
 
+def check_mark(ctx: NodeContext) -> None:
+    """Compare the database with the budget mark as the process starts, to say so in the log
+    at once; publishes check it again (and refuse) until it is resolved."""
+    try:
+        with ctx.engine.connect() as connection:
+            ctx.mark.verify(connection)
+    except errors.BudgetMarkError as exc:
+        log.error("publishes are refused: %s", exc.detail)
+    except SQLAlchemyError as exc:  # e.g. not migrated yet: the first publish checks again
+        log.warning("the budget mark could not be checked at start: %s", exc)
+
+
 def create_app(settings: Settings | None = None, context: NodeContext | None = None) -> FastAPI:
     """Build the node's ASGI app. The database must already be migrated."""
     ctx = context or NodeContext.from_settings(settings or get_settings())
@@ -202,6 +215,7 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
         limiter.total_tokens = max(
             limiter.total_tokens, thread_tokens(ctx.settings.max_requests_in_flight)
         )
+        check_mark(ctx)
         yield
         if context is None:  # we made it, we close it
             ctx.close()

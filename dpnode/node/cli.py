@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import getpass
 import hashlib
 import json
 import sys
 import tomllib
 from collections.abc import Sequence
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -20,24 +18,24 @@ from sqlalchemy import select
 from dpnode import __version__
 from dpnode.core.errors import DPNodeError
 from dpnode.core.ingest import TableSource, arrow_source, chunks_of, session_request
+from dpnode.node import cli_admin
+from dpnode.node.cli_backup import add_commands as add_backup_commands
+from dpnode.node.cli_common import CLIError, add_password_options
+from dpnode.node.cli_common import fmt as _fmt
+from dpnode.node.cli_common import migrated_context as _migrated_context
+from dpnode.node.cli_common import number as _number
+from dpnode.node.cli_common import operator as _operator
+from dpnode.node.cli_common import password as _password
+from dpnode.node.cli_common import whole as _whole
 from dpnode.node.context import NodeContext
 from dpnode.node.db import migrate
 from dpnode.node.db.models import PolicyRevision, Role, User
-from dpnode.node.numbers import NONFINITE, is_integer, is_number, read_id
+from dpnode.node.numbers import read_id
 from dpnode.node.services import approvals, audit, budget, budget_requests, datasets, users
 from dpnode.node.services import policy as policy_service
+from dpnode.node.services.dataset_budgets import dataset_budget
 from dpnode.node.services.uploads import plan_from_request
-from dpnode.node.settings import Settings, get_settings
-
-
-class CLIError(Exception):
-    """A problem to report in one line, with exit status 2."""
-
-
-def _migrated_context(settings: Settings) -> NodeContext:
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    migrate.upgrade(settings.resolved_database_url)
-    return NodeContext.from_settings(settings)
+from dpnode.node.settings import get_settings
 
 
 def cmd_migrate(args: argparse.Namespace) -> None:
@@ -76,13 +74,16 @@ def cmd_serve(args: argparse.Namespace) -> None:
         flush=True,
     )
     if args.workers == 1:
-        uvicorn.run(
-            create_app(context=context),
-            host=args.host,
-            port=args.port,
-            log_level=args.log_level,
-            timeout_keep_alive=settings.keep_alive_seconds,
-        )
+        try:
+            uvicorn.run(
+                create_app(context=context),
+                host=args.host,
+                port=args.port,
+                log_level=args.log_level,
+                timeout_keep_alive=settings.keep_alive_seconds,
+            )
+        finally:  # a clean stop returns the budget mark's reservation
+            context.close()
         return
     # Several processes: each builds its own context (engine, caches) from the same settings;
     # everything that must hold across them lives in the database (docs/deploy.md).
@@ -96,19 +97,6 @@ def cmd_serve(args: argparse.Namespace) -> None:
         log_level=args.log_level,
         timeout_keep_alive=settings.keep_alive_seconds,
     )
-
-
-def _password(args: argparse.Namespace) -> str:
-    if args.password_stdin:
-        return sys.stdin.readline().rstrip("\n")
-    if args.password:
-        return str(args.password)
-    if not sys.stdin.isatty():
-        raise CLIError("give --password, --password-stdin, or run in a terminal to be asked")
-    first = getpass.getpass("Password: ")
-    if first != getpass.getpass("Repeat: "):
-        raise CLIError("the passwords differ")
-    return first
 
 
 def cmd_user_add(args: argparse.Namespace) -> None:
@@ -250,11 +238,16 @@ def cmd_dataset_list(_: argparse.Namespace) -> None:
             )
 
 
-def _operator() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "operator"
+def cmd_dataset_show(args: argparse.Namespace) -> None:
+    context = _migrated_context(get_settings())
+    with context.sessions() as session:
+        d = datasets.get_dataset(session, args.name)
+        cap = dataset_budget(session, context.settings, None, d)
+        subjects = f", {d.subject_count} subjects by {d.subject_column}" if d.subject_column else ""
+        print(f"dataset {d.id} {d.name!r}, owner {d.owner.email}: {d.row_count} rows{subjects}")
+        for c in d.columns:
+            print(f"  {c.name:<24} {c.dtype:<8} bounds [{c.lower:g}, {c.upper:g}]")
+        print(f"cap: {cap.describe()}")
 
 
 def _policy_text(row: PolicyRevision | None, in_force: policy_service.InForce) -> str:
@@ -305,10 +298,6 @@ def cmd_policy_apply(args: argparse.Namespace) -> None:
             print(f"applied policy {row.name or '(unnamed)'!r} as revision {row.id}")
         else:
             print(f"unchanged: this is already revision {row.id}")
-
-
-def _fmt(units: int, unit: Fraction) -> str:
-    return f"{float(units * unit):.9g}"
 
 
 def cmd_budget_grant(args: argparse.Namespace) -> None:
@@ -411,27 +400,6 @@ def _safe_url(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-# A number argument is read as the API reads one (dpnode.node.numbers): int() and float()
-# read '1_0' as 10, ' 5' as 5 and '٣' as 3.
-
-
-def _whole(text: str) -> int:
-    if not is_integer(text):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a whole number as JSON writes it (ASCII digits, an optional '-')"
-        )
-    return int(text)
-
-
-def _number(text: str) -> float:
-    if not (is_number(text) or text in NONFINITE):  # inf and nan: the service refuses them
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number as JSON writes it (ASCII digits, an optional '-', "
-            "fraction and exponent)"
-        )
-    return float(text)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpnode", description="A differential-privacy data node.")
     parser.add_argument("--version", action="version", version=f"dpnode {__version__}")
@@ -466,11 +434,10 @@ def build_parser() -> argparse.ArgumentParser:
     add = user.add_parser("add", help="create an account")
     add.add_argument("--email", required=True)
     add.add_argument("--role", required=True, choices=[r.value for r in Role])
-    pw = add.add_mutually_exclusive_group()
-    pw.add_argument("--password", help="the password (visible in your shell history)")
-    pw.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
+    add_password_options(add)
     add.set_defaults(func=cmd_user_add)
     user.add_parser("list", help="list accounts").set_defaults(func=cmd_user_list)
+    cli_admin.add_user_actions(user)
 
     dataset = sub.add_parser("dataset", help="manage datasets").add_subparsers(
         dest="dataset_command", required=True, metavar="ACTION"
@@ -494,6 +461,10 @@ def build_parser() -> argparse.ArgumentParser:
     dadd.add_argument("--clamp", action="store_true", help="clip out-of-bounds values")
     dadd.set_defaults(func=cmd_dataset_add)
     dataset.add_parser("list", help="list datasets").set_defaults(func=cmd_dataset_list)
+    dshow = dataset.add_parser("show", help="a dataset's columns, and how much of its cap is used")
+    dshow.add_argument("name", help="the dataset's name")
+    dshow.set_defaults(func=cmd_dataset_show)
+    cli_admin.add_dataset_actions(dataset)
 
     pol = sub.add_parser("policy", help="the budget policy").add_subparsers(
         dest="policy_command", required=True, metavar="ACTION"
@@ -520,6 +491,8 @@ def build_parser() -> argparse.ArgumentParser:
     bshow = bud.add_parser("show", help="budgets under the policy in force")
     bshow.add_argument("--user", help="email or id (default: everyone)")
     bshow.set_defaults(func=cmd_budget_show)
+    cli_admin.add_budget_actions(bud)
+    add_backup_commands(sub, bud)
 
     led = sub.add_parser("ledger", help="privacy charges, newest first")
     led.add_argument("--user", help="email or id")
@@ -533,6 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
     alist.add_argument("--status", help="pending, approved, denied or used")
     alist.add_argument("--limit", type=_whole, default=100)
     alist.set_defaults(func=cmd_approval_list)
+    cli_admin.add_approval_actions(appr_sub)
 
     aud = sub.add_parser("audit", help="the audit log, newest first")
     aud.add_argument("--action", help="e.g. privacy.charge, policy.apply, budget.grant")

@@ -29,6 +29,7 @@ from dpnode.node.services.datasets import KnownDatasets
 from dpnode.node.services.leases import LeaseKeeper
 from dpnode.node.services.release_plans import SelectionPlans
 from dpnode.node.services.security import password_hasher
+from dpnode.node.services.spending_mark import SpendingMark
 from dpnode.node.services.throttle import LoginThrottle
 from dpnode.node.services.uploads import UploadLimits, UploadSessions
 from dpnode.node.settings import PLACEHOLDER_SECRET, Settings
@@ -66,6 +67,9 @@ class NodeContext:
     uploads: UploadSessions = field(init=False)
     #: This process's charged, unanswered publishes (see dpnode.node.services.leases).
     leases: LeaseKeeper = field(init=False)
+    #: Spending kept outside the database, and this process's reservation in it (see
+    #: dpnode.node.services.spending_mark).
+    mark: SpendingMark = field(init=False)
     #: The Dask cluster large publishes are evaluated on (``DPNODE_DASK_SCHEDULER``), or None
     #: (see dpnode.node.cluster).
     cluster: Cluster | None = field(init=False)
@@ -85,6 +89,7 @@ class NodeContext:
         self.leases = LeaseKeeper(
             self.relaxed_sessions, s.publish_lease_seconds, s.publish_key_ttl_seconds
         )
+        self.mark = SpendingMark.from_settings(s)
         # connected on first use: a node whose scheduler is down still starts and serves
         self.cluster = Cluster(s) if s.dask_scheduler else None
 
@@ -112,6 +117,7 @@ class NodeContext:
 
     def close(self) -> None:
         self.leases.close()
+        self.mark.close()  # returns its reservation
         if self.cluster is not None:
             self.cluster.close()
         relaxed = self.relaxed_sessions.kw["bind"]

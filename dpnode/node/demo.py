@@ -215,12 +215,14 @@ def banner(url: str) -> str:
     ds = ACCOUNTS[2]
     lines += [
         "",
-        "Paste into Python (pip install -e '.[sdk]'):",
+        "Paste into Python (after `make sdk`: .venv/bin/python; or pip install 'dpnode[sdk]'):",
         "",
-        "  import sdk",
+        "  from dpnode import sdk",
         f'  client = sdk.login("{url}", email="{ds.email}", password="{ds.password}")',
         '  ds = sdk.search(tags=["health"], text="diabetes")[0]',
         "  print(ds)",
+        "",
+        "Start afresh: stop the node, then `make demo-reset` (deletes ./dpnode-data).",
         "",
     ]
     return "\n".join(lines)

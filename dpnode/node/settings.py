@@ -113,6 +113,17 @@ class Settings(BaseSettings):
     default_epsilon_budget: float = Field(default=10.0, ge=0, le=700, allow_inf_nan=False)
     default_delta_budget: float = Field(default=1e-6, ge=0, lt=1, allow_inf_nan=False)
 
+    #: The budget mark (dpnode.node.services.spending_mark): privacy spending kept outside the
+    #: database, so that restoring an older backup cannot refund it; empty: ``budget-mark.json``
+    #: in ``data_dir``. Keep it out of database backups, on the node's own disk.
+    budget_mark_file: Path | None = None
+    #: How much each worker process reserves in the mark at a time, per user and dataset:
+    #: the mark is written (one fsync) when a charge does not fit the reservation left. What
+    #: a killed process had reserved and not used counts as spent (docs/privacy.md).
+    budget_mark_reserve_epsilon: float = Field(default=0.5, gt=0, le=1000, allow_inf_nan=False)
+    budget_mark_reserve_rho: float = Field(default=0.001, gt=0, le=1000, allow_inf_nan=False)
+    budget_mark_reserve_delta: float = Field(default=1e-10, gt=0, lt=1, allow_inf_nan=False)
+
     #: Argon2id cost: memory in KiB and passes (RFC 9106's low-memory profile by default).
     argon2_memory_kib: int = Field(default=64 * 1024, ge=8 * 1024)
     argon2_time_cost: int = Field(default=3, ge=1)
@@ -186,6 +197,11 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'dpnode.sqlite3').resolve()}"
+
+    @property
+    def budget_mark_path(self) -> Path:
+        """Where the budget mark is kept."""
+        return self.budget_mark_file or self.data_dir / "budget-mark.json"
 
     @property
     def upload_dir(self) -> Path:

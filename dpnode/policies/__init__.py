@@ -13,6 +13,7 @@ The node imports this package, never the reverse. See ``docs/policies.md``.
 """
 
 from dpnode.policies._budget import Allocation, Limit, Spent, allocation_for, apply_grant
+from dpnode.policies._caps import CapStatus, cap_status
 from dpnode.policies._conversion import ORDERS, RhoToEpsilon, bun_steinke, filter_epsilon
 from dpnode.policies._document import (
     ROLES,
@@ -80,6 +81,7 @@ __all__ = [
     "Approval",
     "ApprovalThresholds",
     "BudgetStatus",
+    "CapStatus",
     "Charge",
     "DatasetCap",
     "Decision",
@@ -104,6 +106,7 @@ __all__ = [
     "apply_grant",
     "budget_status",
     "bun_steinke",
+    "cap_status",
     "decide",
     "decide_approved",
     "decide_run",

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from dpnode.policies._budget import Allocation, Limit, Spent
+from dpnode.policies._caps import cap_limit, cap_spent
 from dpnode.policies._conversion import RhoToEpsilon
 from dpnode.policies._document import Policy
 from dpnode.policies._periods import Period, parse_period
@@ -217,17 +218,11 @@ def _dataset_caps(ctx: Context) -> Iterator[Verdict]:
         cap = ctx.policy.datasets.get(name)
         if cap is None:
             continue
-        epsilon = None if cap.max_epsilon is None else epsilon_units(cap.max_epsilon)
-        delta = None if cap.max_delta is None else delta_units(cap.max_delta)
-        implicit = ""
-        if delta is None and epsilon is not None:
-            # A cap on epsilon alone promises (max_epsilon, the node's default delta).
-            delta, implicit = ctx.defaults.delta_units, " (the node's default delta)"
-        limit = Limit.for_policy(ctx.policy, epsilon, delta)
-        period = None if cap.renewal is None else cap.renewal.period()
+        limit, default_delta = cap_limit(ctx.policy, cap, ctx.defaults)
+        epsilon, delta = limit.epsilon_units, limit.delta_units
+        implicit = " (the node's default delta)" if default_delta else ""
         every = "" if cap.renewal is None else f" per {cap.renewal.every}"
-        touching = (c for c in ctx.charges if dataset_id in c.dataset_ids)
-        spent = Spent.of(c for c in touching if ctx.in_window(period, c))
+        spent = cap_spent(cap, dataset_id, ctx.charges, ctx.request.at)
         after = spent + ctx.cost
         left_eps, left_delta = limit.remaining(spent, ctx.convert)
         scope = f"across all users{every}"

@@ -22,12 +22,15 @@ from dpnode.sdk._budget import (
     PublishApproval,
     TrainingRunPlan,
 )
+from dpnode.sdk._caps import DatasetBudget, DatasetRead
 from dpnode.sdk._client import Client
 from dpnode.sdk._display import AuditLog, Columns, Grants, Records
 from dpnode.sdk._exceptions import (
     ApprovalRequiredError,
     AuthenticationError,
     BudgetExceededError,
+    BudgetMarkBehindError,
+    BudgetMarkError,
     ChecksumMismatchError,
     ConflictError,
     DatabaseBusyError,
@@ -87,6 +90,8 @@ __all__ = [
     "BoundsScaler",
     "BudgetExceededError",
     "BudgetGrant",
+    "BudgetMarkBehindError",
+    "BudgetMarkError",
     "BudgetRequest",
     "BudgetStatus",
     "ChecksumMismatchError",
@@ -96,7 +101,9 @@ __all__ = [
     "ConflictError",
     "DPNodeError",
     "DatabaseBusyError",
+    "DatasetBudget",
     "DatasetHandle",
+    "DatasetRead",
     "EvaluationError",
     "EvaluationUnavailableError",
     "Grants",

@@ -10,6 +10,7 @@ from datetime import datetime
 from html import escape
 from typing import Any
 
+from dpnode.sdk._caps import DatasetRead
 from dpnode.sdk._display import dataclass_rows, fields_table
 from dpnode.sdk._ledger import LedgerEntry
 
@@ -238,6 +239,16 @@ class PublishApproval:
     steps_used: int = 0
     step_epsilon: float | None = None
     step_delta: float | None = None
+    #: what the publish computes, as pseudo-torch lines (the last: what it releases)
+    computation: tuple[str, ...] = ()
+    sensitivity: float | None = None
+    noise_scale: float | None = None
+    outputs: tuple[tuple[int, ...], ...] = ()
+    #: the requester's budget left, read when this was fetched
+    remaining_epsilon: float | None = None
+    remaining_delta: float | None = None
+    #: the datasets it reads, with their caps where you may see them (admins, owners)
+    datasets: tuple[DatasetRead, ...] = ()
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> PublishApproval:
@@ -247,8 +258,32 @@ class PublishApproval:
                 "created_at": datetime.fromisoformat(body["created_at"]),
                 "decided_at": _at(body["decided_at"]),
                 "dataset_ids": tuple(body["dataset_ids"]),
+                "computation": tuple(body.get("computation", ())),
+                "outputs": tuple(tuple(o) for o in body.get("outputs", ())),
+                "datasets": tuple(DatasetRead.from_json(d) for d in body.get("datasets", ())),
             }
         )
+
+    def __str__(self) -> str:
+        """What an admin reads before answering: who asks, for what, the computation, its
+        noise, the requester's budget and the datasets' caps."""
+        what = f"{self.kind} #{self.id} by {self.user_email} ({self.status})"
+        lines = [
+            f"{what}: epsilon {self.epsilon:g}, delta {self.delta:g}, {self.mechanism}",
+            f"  description: {self.description or '(none given)'}",
+        ]
+        lines += [f"  {line}" for line in self.computation]
+        if self.sensitivity is not None and self.noise_scale is not None:
+            lines.append(
+                f"  sensitivity {self.sensitivity:.4g}, noise scale {self.noise_scale:.4g}"
+            )
+        if self.remaining_epsilon is not None:
+            lines.append(
+                f"  {self.user_email} has epsilon {self.remaining_epsilon:g}, "
+                f"delta {self.remaining_delta or 0:g} left"
+            )
+        lines += [f"  reads {d}" for d in self.datasets]
+        return "\n".join(lines)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from dpnode.sdk._display import AuditLog, Columns
 from dpnode.sdk._exceptions import (
     DatabaseBusyError,
     DPNodeError,
+    InvalidRequestError,
     NodeBusyError,
     NodeUnreachableError,
     NotFoundError,
@@ -56,6 +57,32 @@ if TYPE_CHECKING:
 __all__ = ["CHUNKED_ABOVE", "CHUNK_BYTES", "FRAME_TYPE", "Client", "_wants_progress"]
 
 API_PREFIX = "/api/v1"
+#: Ends of addresses that are a page of a node rather than the node (the SDK adds the prefix).
+_NOT_THE_ROOT = (API_PREFIX, "/console", "/docs")
+
+
+def node_url(url: str) -> str:
+    """A node's root address, as ``dpnode serve`` prints it.
+
+    >>> node_url("http://127.0.0.1:8000/")
+    'http://127.0.0.1:8000'
+    >>> try:
+    ...     node_url("http://127.0.0.1:8000/api/v1")
+    ... except InvalidRequestError as exc:
+    ...     print(str(exc).split(": ")[1])
+    use 'http://127.0.0.1:8000' (the SDK adds /api/v1 itself)
+
+    Raises:
+        InvalidRequestError: the address ends with the API's prefix, ``/console`` or ``/docs``.
+    """
+    root = url.rstrip("/")
+    for page in _NOT_THE_ROOT:
+        if root.endswith(page):
+            raise InvalidRequestError(
+                f"{url!r} is a page of the node, not its address: use "
+                f"{root.removesuffix(page)!r} (the SDK adds {API_PREFIX} itself)"
+            )
+    return root
 
 
 #: how many /sensitivity answers a client keeps (see Client.sensitivity_of_frame)
@@ -100,7 +127,7 @@ class Client(BudgetCalls, UploadCalls):
         publish_wait: float = 3600.0,
         progress: bool | None = None,
     ) -> None:
-        self.url = url.rstrip("/")
+        self.url = node_url(url)
         self.token = token
         self.expires_at: datetime | None = None
         self._http = httpx.Client(
@@ -185,7 +212,17 @@ class Client(BudgetCalls, UploadCalls):
 
     def login(self, email: str, password: str) -> Client:
         """Fetch an access token; raises ``AuthenticationError`` on bad credentials."""
-        body = self._json("POST", "/auth/login", json={"email": email, "password": password})
+        try:
+            body = self._json("POST", "/auth/login", json={"email": email, "password": password})
+        except DPNodeError as exc:
+            if exc.status != 404:
+                raise
+            raise NotFoundError(
+                f"nothing answers {self.url}{API_PREFIX}/auth/login ({exc}): is {self.url!r} "
+                "the node's address? Give its root, as `dpnode serve` prints it, such as "
+                "http://127.0.0.1:8000",
+                status=404,
+            ) from exc
         self.token = body["access_token"]
         self.expires_at = datetime.fromisoformat(body["expires_at"])
         return self
@@ -254,11 +291,14 @@ class Client(BudgetCalls, UploadCalls):
         delta: float | None = None,
         run_id: int | None = None,
         idempotency_key: str | None = None,
+        description: str = "",
     ) -> tuple[list[npt.NDArray[Any]], dict[str, Any]]:
         """Send one graph (engine wire frame) and get its noised outputs and the receipt.
 
         This is the one request behind ``RemoteTensor.publish``; most code never calls it.
         ``run_id``: the planned training run this publish is a step of (:meth:`plan_run`).
+        ``description``: what it is for (at most 500 characters), shown to the admin who
+        approves it and kept in the ledger row.
 
         Every publish carries an idempotency key (``idempotency_key``, default a fresh
         random one). Without an answer (a network error, a timeout) it is sent again with
@@ -279,6 +319,8 @@ class Client(BudgetCalls, UploadCalls):
             params["delta"] = delta
         if run_id is not None:
             params["run"] = run_id
+        if description:
+            params["description"] = description
         key = uuid.uuid4().hex if idempotency_key is None else idempotency_key
         response = self._post_publish(frame, params, key)
         manifest, arrays = _read_frame(response.content)

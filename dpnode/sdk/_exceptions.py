@@ -30,6 +30,10 @@ DPNodeError                      any error reported by (or about) the node
 │   └── DatabaseBusyError          database_busy (503): the database kept it waiting
 ├── EvaluationUnavailableError   evaluation_unavailable (503): the node's compute cluster
 │                                  is out of reach; nothing was charged; retry later
+├── BudgetMarkError              budget_mark_unavailable (503): the node cannot vouch for
+│   │                              its spending records; publishes refused; tell its operator
+│   └── BudgetMarkBehindError      budget_mark_behind (503): a restored database lacks
+│                                    spending; publishes refused until an admin carries it
 ├── NodeUnreachableError         no answer from the node (network, wrong URL); for a
 │                                  publish, ``idempotency_key`` retries it safely
 ├── PrivateValueError            raised locally: code asked for a remote tensor's values
@@ -46,6 +50,8 @@ __all__ = [
     "ApprovalRequiredError",
     "AuthenticationError",
     "BudgetExceededError",
+    "BudgetMarkBehindError",
+    "BudgetMarkError",
     "ChecksumMismatchError",
     "ConflictError",
     "DPNodeError",
@@ -287,6 +293,22 @@ class EvaluationUnavailableError(DPNodeError):
     retry_after: int | None = None
 
 
+class BudgetMarkError(DPNodeError):
+    """The node cannot vouch that its database holds all privacy spending (its budget mark
+    is missing or unreadable): publishes are refused and nothing was charged; reads and
+    logins still work. Tell the node's operator (the detail names the fix)."""
+
+    code = "budget_mark_unavailable"
+
+
+class BudgetMarkBehindError(BudgetMarkError):
+    """The node's database holds less privacy spending than its budget mark (an older backup
+    was restored): publishes are refused, nothing was charged, until an admin runs
+    ``dpnode budget carry-forward``."""
+
+    code = "budget_mark_behind"
+
+
 class NodeUnreachableError(DPNodeError):
     """No answer from the node. For a publish, ``idempotency_key`` names the request: it may
     or may not have run, and ``publish_frame(..., idempotency_key=...)`` with that key
@@ -348,9 +370,17 @@ BY_CODE: dict[str, type[DPNodeError]] = {
         NodeBusyError,
         DatabaseBusyError,
         EvaluationUnavailableError,
+        BudgetMarkError,
+        BudgetMarkBehindError,
     )
 }
 
+
+#: What a refusal over a user's own budget adds to the node's message.
+ASK_FOR_MORE = (
+    "Ask an admin for more with client.request_budget(epsilon=..., reason=...), "
+    "or publish with a smaller epsilon"
+)
 
 #: Fields of an error body (besides ``error`` and ``detail``) kept as exception attributes.
 _EXTRA = ("rule", "policy", "policy_revision", "reason", "approval_id", "offset")
@@ -377,10 +407,15 @@ def error_for(
     42
     >>> error_for(503, "overloaded", "busy", headers={"Retry-After": "1"}).retry_after
     1
+    >>> str(error_for(403, "budget_exceeded", "over", {"rule": "roles.analyst.epsilon"}))[:55]
+    'over. Ask an admin for more with client.request_budget('
     """
     cls = BY_CODE.get(code or "")
     if cls is None:
         cls = ServerError if status >= 500 else DPNodeError
+    rule = (extra or {}).get("rule")
+    if cls is BudgetExceededError and not str(rule or "").startswith("datasets."):
+        detail = f"{detail}. {ASK_FOR_MORE}"  # a dataset's cap is for everyone: no request helps
     error = cls(detail, status=status, code=code)
     for name in _EXTRA:
         if extra and name in extra and hasattr(cls, name):

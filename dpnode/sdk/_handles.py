@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy.typing as npt
 
+from dpnode.sdk._caps import DatasetBudget
 from dpnode.sdk._display import Columns, fields_table, records_table
 from dpnode.sdk._exceptions import InvalidRequestError
 
@@ -113,6 +114,16 @@ class DatasetHandle:
     @property
     def bounds(self) -> dict[str, tuple[float, float]]:
         return {name: c.bounds for name, c in self.columns.items()}
+
+    def budget(self) -> DatasetBudget:
+        """How much of this dataset's cap all users together have spent: used / cap under
+        the policy in force (``capped`` false: the policy sets none).
+
+        Raises:
+            PermissionDeniedError: you are neither its owner nor an admin (the figure tells
+                how much others queried the dataset; your own spending is ``client.budget()``).
+        """
+        return DatasetBudget.from_json(self._client._json("GET", f"/datasets/{self.id}/budget"))
 
     def mock(self) -> Columns:
         """The dataset's mock (fake) data, to dry-run code before spending budget: a dict of

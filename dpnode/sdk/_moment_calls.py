@@ -19,6 +19,9 @@ its refusal. ``fweights``/``aweights`` record the composite as well.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -27,13 +30,20 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from dpnode.sdk._moments import (
+    VARIANCE_FLOOR,
     MomentPlan,
     MomentRelease,
     choose_plan,
     moment_release,
     weighted_plan,
 )
-from dpnode.sdk._remote import RemoteTensor
+from dpnode.sdk._remote import (
+    RemoteTensor,
+    active_session,
+    encode_graph,
+    graph_for,
+    origins,
+)
 from dpnode.sdk._remote.graph import Node
 from dpnode.sdk._remote.losses import OVERRIDES
 
@@ -163,11 +173,54 @@ def swap_moments(
         plan = weighted_plan(int(call.rows.shape[1]), False, order)
         release = call.releases.get(plan)
         if release is None:
-            release = moment_release(call.rows, epsilon=epsilon, plan=plan, client=client)
+            release = _kept_release(call.rows, plan, epsilon=epsilon, client=client)
             call.releases[plan] = release
         sent.append(release.vector)
         finish.append(_finisher(call, release, t))
     return Swap(sent, delta if order == 2 else None, finish)
+
+
+#: the moment releases last built (:data:`KEPT_RELEASES`), by their rows' graph and plan,
+#: each with the sessions it was built for (:func:`_kept_release`)
+_KEPT: OrderedDict[tuple[bytes, MomentPlan], tuple[tuple[Any, ...], MomentRelease]] = OrderedDict()
+KEPT_RELEASES = 64
+_KEPT_LOCK = threading.Lock()
+
+
+def _kept_release(
+    rows: torch.Tensor, plan: MomentPlan, *, epsilon: float, client: Any
+) -> MomentRelease:
+    """:func:`moment_release` of ``rows``, or the one built before from the same graph.
+
+    A release follows from the rows' graph (its frame: the datasets' columns by id, every
+    op and constant), the columns' public ranges (the datasets' declared bounds, which never
+    change under an id never reused) and the plan; so ``torch.cov(x)`` recorded again on
+    the same columns (a loop, a notebook cell run twice) reuses its vector instead of asking
+    the node for the ranges and recording two dozen ops again. Not kept: a dry run's (the
+    mock's ranges) and rows computed from a model's weights (which an owner may replace);
+    nor shared between sessions (the sessions the data came from, and ``client``, are part
+    of the entry)."""
+    assert isinstance(rows, RemoteTensor)  # a recorded call's rows
+    graph = graph_for([rows])
+    if active_session() is not None or any(n.startswith("model:") for n in graph.input_names()):
+        return moment_release(rows, epsilon=epsilon, plan=plan, client=client)
+    key = (hashlib.blake2b(encode_graph(graph).frame, digest_size=32).digest(), plan)
+    sessions = (client, *origins([rows.node]))
+    with _KEPT_LOCK:  # publishes from several threads
+        kept = _KEPT.get(key)
+        if (
+            kept is not None
+            and len(kept[0]) == len(sessions)
+            and all(a is b for a, b in zip(kept[0], sessions, strict=True))
+        ):
+            _KEPT.move_to_end(key)
+            return kept[1]
+    release = moment_release(rows, epsilon=epsilon, plan=plan, client=client)
+    with _KEPT_LOCK:
+        _KEPT[key] = (sessions, release)
+        while len(_KEPT) > KEPT_RELEASES:
+            _KEPT.popitem(last=False)
+    return release
 
 
 def _finisher(call: MomentCall, release: MomentRelease, like: RemoteTensor) -> Finish:
@@ -183,6 +236,11 @@ def _finisher(call: MomentCall, release: MomentRelease, like: RemoteTensor) -> F
             f"and products clipped to L{plan.order} norm {plan.bound:.4g}); the covariance "
             "projected onto the positive semidefinite matrices"
         )
+        if call.kind == "corrcoef":
+            note += (
+                f"; each variance dividing no lower than {VARIANCE_FLOOR:g} standard deviations "
+                "of its noise"
+            )
         out.receipt = dataclasses.replace(receipt, post_processing=note)  # type: ignore[attr-defined]
         return out
 

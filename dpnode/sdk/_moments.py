@@ -29,6 +29,16 @@ Three choices make the noise small, each measured in ``bench/moments.py``:
   ``delta``), whichever gives the smaller expected error at the publish's epsilon and delta
   (:func:`choose_plan`): L1 up to four columns at delta 1e-6 and epsilon 1, L2 from five on.
 
+A correlation divides a covariance by the two standard deviations, and where the noise is of
+the size of the variances (a few columns of a small table), the noise on the covariances,
+divided by variances the noise itself has made small, becomes correlations of noise, large in
+size. So each variance divides no lower than :data:`VARIANCE_FLOOR` (2) standard deviations of
+its own noise (known from the receipt's scale, the plan's weights and the released sums): where
+the signal is well above the noise nothing changes, and where it is not, the correlations
+shrink towards 0 (on 178 rows of five columns at epsilon 1, a mean absolute error of 0.43 where
+it was 0.52; a bias that costs a strong correlation released within the noise:
+docs/performance.md).
+
 The row's norm bound is exact (the largest norm over the box of the bounds, in closed form:
 :meth:`MomentPlan.bound`), so no row that respects its bounds is ever clipped and the
 release is unbiased.
@@ -51,8 +61,13 @@ from dpnode.sdk._remote.graph import Node
 if TYPE_CHECKING:
     from dpnode.sdk._publish import Receipt
 
+#: a correlation's divisor, each feature's variance, is at least this many standard deviations
+#: of its noise (measured in ``bench/utility_stats``: docs/performance.md)
+VARIANCE_FLOOR = 2.0
+
 __all__ = [
     "PRIOR_MEAN",
+    "VARIANCE_FLOOR",
     "MomentPlan",
     "MomentRelease",
     "Moments",
@@ -107,13 +122,45 @@ class Moments:
         """Each feature's standard deviation."""
         return self.var(correction).sqrt()
 
-    def corrcoef(self) -> torch.Tensor:
+    def noise_sd(self) -> float | None:
+        """The standard deviation of the noise on each coordinate of the released vector
+        (before its weights are undone), from the receipt; None without one."""
+        scale = getattr(self.receipt, "noise_scale", None)
+        if scale is None:
+            return None
+        laplace = getattr(self.receipt, "mechanism", "laplace") == "laplace"
+        return float(scale) * (math.sqrt(2) if laplace else 1.0)
+
+    def variance_noise_sd(self, noise: float) -> torch.Tensor:
+        """The standard deviation of the noise on each feature's scaled variance, for a noise of
+        standard deviation ``noise`` on each coordinate of the vector: from its square's sum
+        and, through the squared mean, its sum (to first order, at the released sums)."""
+        k = self.plan.features
+        mean = self.sums[:k] / self.rows
+        square, first = noise / self.plan.square, noise / self.plan.first
+        return (square**2 + (2 * mean * first) ** 2).sqrt() / (self.rows - 1)
+
+    def corrcoef(self, noise: float | None = None) -> torch.Tensor:
         """The features' correlation matrix, in ``[-1, 1]``, from the projected covariance.
-        A feature whose projected variance is 0 (the noise could not tell it from a constant)
-        gets NaN in its row and column, as ``torch.corrcoef`` gives a constant."""
+
+        A variance divides its correlations only down to :data:`VARIANCE_FLOOR` standard
+        deviations of its noise: below that the noise cannot tell it from a smaller one, and
+        dividing by it would turn the noise on the covariances into large correlations (see
+        the module's docstring). A feature whose projected variance is 0 (the
+        noise could not tell it from a constant) gets NaN in its row and column, as
+        ``torch.corrcoef`` gives a constant.
+
+        Args:
+            noise: the standard deviation of the noise on each coordinate of the released
+                vector (default: the receipt's, :meth:`noise_sd`; None and no receipt: no
+                floor).
+        """
         c = self.scaled_cov()
         d = torch.diagonal(c)
         positive = d > 0
+        noise = self.noise_sd() if noise is None else noise
+        if noise is not None:
+            d = torch.maximum(d, VARIANCE_FLOOR * self.variance_noise_sd(noise))
         inverse = torch.where(positive, d.clamp(min=1e-300).rsqrt(), torch.nan)
         r = (c * torch.outer(inverse, inverse)).clamp(-1, 1)  # NaN stays NaN
         r[positive, positive] = 1.0

@@ -79,13 +79,23 @@ class Receipt:
     #: the tensor asked was computed here from what was released (``torch.cov`` and
     #: ``torch.corrcoef`` from the rows' moments): how, in a sentence
     post_processing: str | None = None
+    #: keys released above a noisy threshold: the threshold, and the most probability of
+    #: releasing a key one subject alone holds (at most the delta asked)
+    threshold: float | None = None
+    threshold_delta: float | None = None
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> Receipt:
         return cls(**{k: body[k] for k in cls.__dataclass_fields__ if k in body})
 
     def __str__(self) -> str:
-        if self.mechanism == "exponential":  # a quantile: selected, not noised
+        if self.mechanism == "threshold":  # keys kept above a noisy threshold
+            noise = (
+                f"keys whose noisy count is at least {self.threshold:g} (discrete Laplace of "
+                f"scale {self.noise_scale:.4g} on counts of sensitivity "
+                f"{self.sensitivity_l1:g}), delta {self.asked_delta}"
+            )
+        elif self.mechanism == "exponential":  # a quantile: selected, not noised
             noise = (
                 "exponential mechanism over the public range (scale "
                 f"{self.noise_scale:.4g} for a rank sensitivity of {self.sensitivity_l1:g})"
@@ -204,6 +214,7 @@ def publish(
     client: Any = None,
     run_id: int | None = None,
     idempotency_key: str | None = None,
+    description: str = "",
 ) -> Any:
     """Publish remote tensors jointly: one request, one charge, noised plain tensors back.
 
@@ -217,6 +228,8 @@ def publish(
             its admin's approval covers the publish when it is one of the planned steps.
         idempotency_key: names this publish (default: a fresh random key); the same key
             again gets the first answer, charged once (see ``Client.publish_frame``).
+        description: what the publish is for, in your words (at most 500 characters):
+            an admin approving it reads it beside the computation; kept in your ledger.
 
     Returns:
         A torch tensor (or a list), each with a ``receipt`` attribute.
@@ -242,6 +255,7 @@ def publish(
                 delta=delta,
                 run_id=run_id,
                 idempotency_key=idempotency_key,
+                description=description,
             )
     receipt = Receipt.from_json(body)
     results = []

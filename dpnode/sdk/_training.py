@@ -100,6 +100,8 @@ class PrivateTraining:
         progress: show a progress bar (step, epsilon, loss); by default as the client's
             ``progress`` says (``sdk.login(progress=...)``: in a terminal or a notebook).
         client: the node session (default: the one the data came from).
+        description: what the run is for, in your words: an admin approving the run reads
+            it (at most 400 characters).
 
     Raises:
         BudgetExceededError: the run does not fit what is left of your allowance (or a
@@ -138,6 +140,7 @@ class PrivateTraining:
         subjects: Any = None,
         progress: bool | None = None,
         client: Any = None,
+        description: str = "",
     ) -> None:
         inputs, targets = data if len(data) == 2 else (None, None)
         steps = _steps(steps, epochs, expected_batch_size, inputs)
@@ -161,6 +164,7 @@ class PrivateTraining:
         self.steps, self.max_grad_norm = steps, float(max_grad_norm)
         self.loss_bound, self.loss_weight = loss_bound, float(loss_weight)
         self.subjects, self.progress, self.client = subjects, progress, client
+        self.description = description.strip()
         self.history: list[TrainingStep] = []
         self._smoothed: float | None = None
         self._start_remaining: float | None = None
@@ -199,6 +203,8 @@ class PrivateTraining:
     def _plan_on_node(self, target_epsilon: float, values: int) -> TrainingRunPlan:
         """The node's policy judges the whole run now, before any step (see the module)."""
         what = f"private_training: {self.steps} steps, target epsilon {target_epsilon:g}"
+        if self.description:
+            what += f": {self.description}"
         try:
             planned: TrainingRunPlan = self._client().plan_run(
                 steps=self.steps,

@@ -1,20 +1,31 @@
 """Fixtures for the console: browsers-in-a-test-client signed in as each role, and the data a
-console shows (a dataset, a pending publish, a pending budget request)."""
+console shows (a dataset, a pending publish, a pending budget request); for the tests in a
+real browser, a ``dpnode serve`` on loopback and Debian's headless Chromium."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from httpx import Response
+from playwright.sync_api import Browser as Chromium
+from playwright.sync_api import Page, sync_playwright
 from starlette.testclient import TestClient
 
 from dpnode.core.engine import GraphBuilder, encode
 from dpnode.node.db.models import User
 from tests.conftest import PASSWORD, login
+from tests.e2e.conftest import Server
 from tests.node.conftest import publish, upload_ok
 
 _CSRF = re.compile(r'name="csrf_token" value="([^"]*)"')
@@ -108,3 +119,79 @@ def pending(http: TestClient, admin: User, owner: User, scientist: User) -> Pend
     return Pending(
         int(body["id"]), frame, int(waiting.json()["approval_id"]), int(asked.json()["id"]), ds_h
     )
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# No network beyond the node, no GPU, no sandbox (tests may run as root in a container).
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@contextmanager
+def serve(
+    tmp_path_factory: pytest.TempPathFactory, admin: str, password: str
+) -> Iterator[tuple[Server, Path]]:
+    """A ``dpnode serve`` on loopback with one admin account (made with the command line), and
+    the directory screenshots go to (``$DPNODE_CONSOLE_SCREENSHOTS``, or a temporary one)."""
+    root = tmp_path_factory.mktemp("console-node")
+    server = Server(root / "data", f"sqlite:///{root / 'dpnode.sqlite3'}")
+    server.start()
+    try:
+        add = ["user", "add", "--email", admin, "--role", "admin", "--password", password]
+        subprocess.run(
+            [sys.executable, "-m", "dpnode", *add],
+            env=server.env,
+            check=True,
+            capture_output=True,
+            cwd=root,
+        )
+        shots = Path(os.environ.get("DPNODE_CONSOLE_SCREENSHOTS") or root / "screenshots")
+        shots.mkdir(parents=True, exist_ok=True)
+        yield server, shots
+        print(f"\nconsole screenshots: {shots}")
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Chromium]:
+    """One headless Chromium for a module's tests (each test opens its own contexts)."""
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("CI"):
+            pytest.fail("Chromium is required in CI (apt-get install chromium)")
+        pytest.skip("Chromium not found (apt-get install chromium)")
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+def check_accessible(page: Page) -> None:
+    """One h1; every control labelled; every table with a caption and column headers, in a
+    box of its own that scrolls sideways, can be focused and has a name."""
+    problems = page.evaluate(
+        """() => {
+        const out = [];
+        if (document.querySelectorAll('h1').length !== 1) out.push('not one h1');
+        for (const el of document.querySelectorAll(
+                'input:not([type=hidden]), select, textarea'))
+            if (!el.labels || el.labels.length === 0) out.push('unlabelled ' + (el.name || el.id));
+        for (const t of document.querySelectorAll('table')) {
+            if (!t.caption || !t.querySelector('thead th[scope=col]')) out.push('bare table');
+            const box = t.closest('div.scroll');
+            if (!box || box.getAttribute('role') !== 'region' || box.tabIndex !== 0
+                    || !box.getAttribute('aria-label'))
+                out.push('table outside a named scrolling region: ' + t.caption?.textContent);
+        }
+        return out;
+    }"""
+    )
+    assert problems == [], problems

@@ -10,32 +10,17 @@ printed at the end) for review; screenshots are never committed.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
 from dpnode import sdk
+from tests.console.conftest import check_accessible, serve
 from tests.e2e.conftest import Server
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-# No network beyond the node, no GPU, no sandbox (tests may run as root in a container).
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 ADMIN, OWNER, ANN = "admin@example.org", "owner@example.org", "ann@example.org"
 PASSWORD = "a long enough password"
 GATE = 'name = "gate"\n[approval]\nepsilon_above = 0.5\n'
@@ -62,47 +47,8 @@ class Node:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    root = tmp_path_factory.mktemp("console-node")
-    server = Server(root / "data", f"sqlite:///{root / 'dpnode.sqlite3'}")
-    server.start()
-    try:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "dpnode",
-                "user",
-                "add",
-                "--email",
-                ADMIN,
-                "--role",
-                "admin",
-                "--password",
-                PASSWORD,
-            ],
-            env=server.env,
-            check=True,
-            capture_output=True,
-            cwd=root,
-        )
-        shots = Path(os.environ.get("DPNODE_CONSOLE_SCREENSHOTS") or root / "screenshots")
-        shots.mkdir(parents=True, exist_ok=True)
+    with serve(tmp_path_factory, ADMIN, PASSWORD) as (server, shots):
         yield Node(server, shots)
-        print(f"\nconsole screenshots: {shots}")
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not Path(CHROMIUM).exists():
-        if os.environ.get("CI"):
-            pytest.fail("Chromium is required in CI (apt-get install chromium)")
-        pytest.skip("Chromium not found (apt-get install chromium)")
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 def _sign_in(browser: Browser, node: Node, email: str) -> Page:
@@ -123,25 +69,8 @@ def _sign_in(browser: Browser, node: Node, email: str) -> Page:
 def _visit(page: Page, node: Node, path: str, shot: str) -> None:
     answer = page.goto(path)
     assert answer is not None and answer.status == 200, (path, answer and answer.status)
-    _check_accessible(page)
+    check_accessible(page)
     page.screenshot(path=node.shots / f"{shot}.png", full_page=True)
-
-
-def _check_accessible(page: Page) -> None:
-    """One h1; every control labelled; every table with a caption and column headers."""
-    problems = page.evaluate(
-        """() => {
-        const out = [];
-        if (document.querySelectorAll('h1').length !== 1) out.push('not one h1');
-        for (const el of document.querySelectorAll(
-                'input:not([type=hidden]), select, textarea'))
-            if (!el.labels || el.labels.length === 0) out.push('unlabelled ' + (el.name || el.id));
-        for (const t of document.querySelectorAll('table'))
-            if (!t.caption || !t.querySelector('thead th[scope=col]')) out.push('bare table');
-        return out;
-    }"""
-    )
-    assert problems == [], problems
 
 
 def test_an_admin_answers_approvals_applies_a_policy_and_sees_the_change(

@@ -208,13 +208,14 @@ def test_answers_go_through_the_api_services_with_their_reasons(
         token_from="/console/approvals",
     )
     assert empty.status_code == 422, empty.text
-    # Answering twice is a conflict, shown as a page.
+    # Answering twice is a conflict, said on the approvals page (the request's form is gone).
     again = admin_browser.post(
         f"/console/budget-requests/{pending.request_id}/deny",
         {"reason": "changed my mind"},
         token_from="/console/approvals",
     )
-    assert again.status_code == 409 and "<h1>Conflict</h1>" in again.text
+    assert again.status_code == 409 and "<h1>Pending approvals</h1>" in again.text
+    assert f"budget request {pending.request_id} was already approved" in again.text
     bad = admin_browser.post(
         f"/console/budget-requests/{pending.request_id}/approve",
         {"epsilon": "lots"},
@@ -420,3 +421,35 @@ def test_the_pages_docs_list_are_there_for_whom_they_say(
 def test_console_routes_stay_out_of_the_api_schema(http: TestClient) -> None:
     paths = http.get("/openapi.json").json()["paths"]
     assert paths and not [p for p in paths if p.startswith("/console")]
+
+
+def test_an_admin_resets_a_password_from_the_users_page(
+    http: TestClient, admin_browser: Browser, ds_browser: Browser, admin: User, scientist: User
+) -> None:
+    page = admin_browser.get("/console/users")
+    assert f'action="/console/users/{scientist.id}/password"' in page.text
+    assert f"New password for {scientist.email}" in page.text
+    path = f"/console/users/{scientist.id}/password"
+    # without the session's CSRF token, or as a data scientist, nothing changes
+    assert admin_browser.post(path, {"password": "another long one"}).status_code == 403
+    own = csrf_of(ds_browser.get("/console/me").text)
+    refused = ds_browser.post(path, {"csrf_token": own, "password": "another long one"})
+    assert refused.status_code == 403
+    short = admin_browser.post(path, {"password": "short"}, token_from="/console/users")
+    assert short.status_code == 422 and "password too short" in short.text
+    assert Browser(http).sign_in(scientist.email).status_code == 303  # the old one, still
+    done = admin_browser.post(path, {"password": "another long one"}, token_from="/console/users")
+    assert done.headers["location"] == "/console/users?done=password"
+    assert "The password was changed" in admin_browser.get(done.headers["location"]).text
+    assert Browser(http).sign_in(scientist.email).status_code != 303
+    assert Browser(http).sign_in(scientist.email, "another long one").status_code == 303
+    audit = http.get(
+        "/api/v1/audit", params={"action": "user.update"}, headers=login(http, admin.email)
+    ).json()
+    assert [(e["actor_email"], e["target_id"], e["detail"]) for e in audit] == [
+        (admin.email, scientist.id, {"password": "changed"})
+    ]
+    missing = admin_browser.post(
+        "/console/users/9999/password", {"password": "long enough"}, token_from="/console/users"
+    )
+    assert missing.status_code == 404 and "no user with id 9999" in missing.text

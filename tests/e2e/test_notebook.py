@@ -38,7 +38,8 @@ DISPLAYS = {
     "ds": ["dataset &#x27;diabetes&#x27;", "<td>age</td>", "0, 120", "(442, 11)"],
     "age": ["remote tensor", "(442,)", "torch."],
     "released.receipt": ["receipt", "laplace", "charged epsilon 0.5"],
-    "client.budget()": ["privacy budget", "of 10 spent", "remaining_epsilon"],
+    # 10, and the 10 the admin step grants so that the walkthrough can be run again
+    "client.budget()": ["privacy budget", "of 20 spent", "remaining_epsilon"],
     "client.ledger()": ["ledger", "laplace", "<th>epsilon</th>"],
     "fake.to_pandas().head()": ["<table", "age"],
     "visits": ["clinic_visits", "patient_id", "smoker"],

@@ -1,10 +1,12 @@
-"""The README's walkthrough really runs, against a real demo node."""
+"""The README's snippets really run, twice in a row, against one real demo node; and the demo
+banner's snippet runs as printed."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -14,23 +16,35 @@ from tests.e2e.conftest import REPO, Server
 README = (REPO / "README.md").read_text()
 
 
-def walkthrough_blocks() -> list[str]:
-    section = README.split("## Walkthrough", 1)[1].split("\n## ", 1)[0]
+def python_blocks(heading: str) -> list[str]:
+    section = README.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+def walkthrough_blocks() -> list[str]:
+    return python_blocks("Walkthrough")
+
+
+def run_blocks(blocks: list[str], url: str, where: str = "README.md") -> str:
+    """Run each block as a fresh script on the node at ``url``; what they printed."""
+    out = io.StringIO()
+    for block in blocks:
+        code = block.replace("http://127.0.0.1:8000", url)
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, where, "exec"), {"__name__": "readme"})
+    return out.getvalue()
 
 
 def test_the_readme_has_a_walkthrough() -> None:
     assert len(walkthrough_blocks()) >= 3
+    assert len(python_blocks("Budget policies (admins)")) == 1
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_readme_walkthrough_runs(demo_server: Server, tmp_path: Path) -> None:
-    out = io.StringIO()
-    for block in walkthrough_blocks():
-        code = block.replace("http://127.0.0.1:8000", demo_server.url)
-        with contextlib.redirect_stdout(out):
-            exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
-    printed = out.getvalue()
+def test_readme_walkthrough_runs_twice_then_the_policy_section_twice(
+    demo_server: Server, tmp_path: Path
+) -> None:
+    printed = run_blocks(walkthrough_blocks(), demo_server.url)
     assert "(442, 11) (0.0, 120.0)" in printed
     assert "Sensitivity(l1=0.2715" in printed  # 120 / 442, and a float32 last bit: 2**-23 * 120
     assert "epsilon: 0.5 of 10 spent, 9.5 remaining" in printed
@@ -76,3 +90,33 @@ def test_readme_walkthrough_runs(demo_server: Server, tmp_path: Path) -> None:
         code = block.replace("http://127.0.0.1:8000", demo_server.url)
         exec(compile(code, "docs/api.md", "exec"), {"__name__": "docs"})
     assert re.search(r"run \d+: 40 steps, epsilon used", out.getvalue()), out.getvalue()
+    # Again, on the same node, as a reader who runs the walkthrough a second time: what the
+    # first run uploaded and created is reused, and the admin's grant paid for this run.
+    again = run_blocks(walkthrough_blocks(), demo_server.url)
+    assert "already there: a user with email analyst@example.org already exists" in again
+    assert "<Dataset 'clinic_visits'" in again and again.count("refused:") == 2
+    assert "epsilon: 0.5 of 10 spent" not in again and "of 20 spent" in again
+    assert "adds up: True" in again
+    assert float(re.search(r"cnn accuracy (\S+)", again).group(1)) > 0.3  # type: ignore[union-attr]
+    # The policy section, twice: its approval gate queues the same publish again, and each
+    # run's budget request is answered.
+    for _ in range(2):
+        policy = run_blocks(python_blocks("Budget policies (admins)"), demo_server.url)
+        assert "refused by publish.max_epsilon" in policy, policy
+        assert re.search(r"waiting for approval, request \d+", policy), policy
+        assert re.search(r"^approved epsilon: ", policy, flags=re.M), policy
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_the_demo_banners_snippet_runs_as_printed(demo_server: Server) -> None:
+    banner = demo_server.output().split("Paste into Python", 1)[1]
+    snippet = textwrap.dedent(banner.split("\n\n", 2)[1])
+    assert snippet.startswith("from dpnode import sdk\n"), snippet
+    assert demo_server.url in snippet  # the address the node serves on, as printed
+    assert "make sdk" in banner.split("\n", 1)[0]  # the README's install step
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(snippet, "banner", "exec"), {"__name__": "banner"})
+    printed = out.getvalue()
+    assert printed.startswith("<Dataset 'diabetes' tags=['health',"), printed
+    assert re.search(r"age +float64 in \[0, 120\]", printed), printed

@@ -56,6 +56,25 @@ def test_kernel_matches_the_per_group_loop(
         np.testing.assert_allclose(out, reference(x, groups, bound), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("width", [2, 24, 300])  # a block: 16384, 1365 and 128 rows
+@pytest.mark.parametrize("order", [1, 2])
+def test_rows_of_any_width_over_several_blocks_are_each_clipped_once(
+    rng: np.random.Generator, width: int, order: int
+) -> None:
+    """Every row its own group, more rows than a block holds (a narrow row's blocks hold
+    more rows than a wide one's): each row clipped once, the clipped rows summed."""
+    n = 40_000 if width == 2 else 3_000
+    x = rng.normal(0, 1, (n, width))
+    norms = np.linalg.norm(x, ord=order, axis=1, keepdims=True)
+    b = GraphBuilder()
+    xi, gi = b.input("x", "float64", x.shape), b.input("g", "int64", (n,))
+    for bound in (0.1, 1e6):
+        graph = b.build([b.op("clip_by_subject_norm", xi, gi, max_norm=bound, ord=order)])
+        out = evaluate(graph, {"x": x, "g": np.arange(n, dtype=np.int64)})[0]
+        want = (x * np.minimum(1.0, bound / norms)).sum(axis=0)
+        np.testing.assert_allclose(out, want, rtol=1e-9, atol=1e-9 * bound)
+
+
 def test_each_clipped_group_has_norm_at_most_the_bound(rng: np.random.Generator) -> None:
     x = rng.normal(0, 10, (30, 6))
     for i in range(30):  # one group at a time: the output is that group's clipped sum

@@ -15,8 +15,10 @@ from starlette.testclient import TestClient
 
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import User
+from dpnode.node.settings import Settings, get_settings
 from tests.conftest import login
 from tests.node.frames import dataset_frame, model_frame
+from tests.postgres import find_bin_dir
 
 FRAME = {"Content-Type": "application/vnd.dpnode.tensors"}
 
@@ -149,3 +151,14 @@ def dask_cluster() -> Iterator[Any]:
 def dask_scheduler(dask_cluster: Any) -> str:
     """The address of that cluster's scheduler."""
     return str(dask_cluster.scheduler_address)
+
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> Iterator[list[str]]:
+    """The CLI's environment naming the ``settings`` node; yields the ``--pg-bin`` option."""
+    monkeypatch.setenv("DPNODE_DATA_DIR", str(settings.data_dir))
+    monkeypatch.setenv("DPNODE_DATABASE_URL", settings.resolved_database_url)
+    get_settings.cache_clear()
+    pg = settings.resolved_database_url.startswith("postgresql")
+    yield ["--pg-bin", str(find_bin_dir())] if pg else []
+    get_settings.cache_clear()

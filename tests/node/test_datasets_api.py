@@ -70,7 +70,9 @@ def test_upload_returns_the_public_metadata(http: TestClient, owner_h: dict[str,
     ]
     by_id = http.get(f"{DATASETS}/{body['id']}", headers=owner_h).json()
     by_name = http.get(f"{DATASETS}/clinic", headers=owner_h).json()
-    assert by_id == by_name == body
+    # its owner reads its cap too (none in the default policy)
+    assert by_id["budget"]["capped"] is False and body["budget"] is None
+    assert by_id == by_name == body | {"budget": by_id["budget"]}
 
 
 def test_real_download_gives_back_exactly_what_was_stored(

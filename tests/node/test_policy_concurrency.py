@@ -132,7 +132,7 @@ def test_an_approval_lets_exactly_one_of_concurrent_publishes_through(
         budget.charge(context.serial_sessions, context.settings, scientist.id, cost)
     approval_id = waiting.value.more["approval_id"]
     with context.sessions() as session:
-        approvals.answer(session, admin, approval_id, approve=True, reason="ok")
+        approvals.answer(session, context.settings, admin, approval_id, approve=True, reason="ok")
 
     def attempt(_: int) -> str:
         try:

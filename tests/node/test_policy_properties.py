@@ -93,7 +93,12 @@ def test_no_sequence_of_charges_passes_a_cap_or_skips_an_approval(
         except ApprovalRequiredError as waiting:
             with context.sessions() as session:
                 approvals.answer(
-                    session, admin, waiting.more["approval_id"], approve=approve, reason="r"
+                    session,
+                    context.settings,
+                    admin,
+                    waiting.more["approval_id"],
+                    approve=approve,
+                    reason="r",
                 )
             with contextlib.suppress(PolicyRefusedError):
                 budget.charge(context.serial_sessions, context.settings, user_id, cost)

@@ -43,7 +43,7 @@ def _charge(context: NodeContext, user: User, cost: Cost) -> LedgerEntry:
 
 def _answer(context: NodeContext, admin: User, approval_id: int, approve: bool, why: str) -> None:
     with context.sessions() as session:
-        approvals.answer(session, admin, approval_id, approve=approve, reason=why)
+        approvals.answer(session, context.settings, admin, approval_id, approve=approve, reason=why)
 
 
 def _row(context: NodeContext, approval_id: int) -> PublishApproval:

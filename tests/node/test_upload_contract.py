@@ -51,8 +51,8 @@ REFUSED: list[tuple[dict[str, Any], dict[str, Any], str]] = [
     (
         {"age": np.array([1, 2]), "bmi": np.array([20.0, 30.0])},
         {"bounds": {"age": (0, 120)}},
-        "column 'bmi' has no declared bounds; pass bounds={'bmi': (low, high)}: bounds are the "
-        "public privacy contract every result's noise is calibrated to",
+        "column 'bmi' has no declared bounds; pass bounds={'bmi': (low, high)}. The "
+        "declarations are the public privacy contract every result's noise is calibrated to",
     ),
     (
         {"age": np.array([1, 130, 150, -1, 5])},
@@ -84,8 +84,23 @@ REFUSED: list[tuple[dict[str, Any], dict[str, Any], str]] = [
     (
         {"sex": ["f", "m"]},
         {},
-        "column 'sex' holds strings; declare its public category list, e.g. categories={'sex': "
-        "['a', 'b']}, so it can be encoded",
+        "column 'sex' holds strings: declare its public category list, e.g. categories={'sex': "
+        "['a', 'b']}. The declarations are the public privacy contract every result's noise is "
+        "calibrated to",
+    ),
+    (  # every missing declaration at once, not one an attempt
+        {
+            "age": np.array([1, 2]),
+            "bmi": np.array([20.0, 30.0]),
+            "sex": ["f", "m"],
+            "smoker": ["no", "yes"],
+            "bp": np.array([80.0, 90.0]),
+        },
+        {"bounds": {"bp": (40, 200)}},
+        "columns 'age', 'bmi' have no declared bounds; pass bounds={'age': (low, high), 'bmi': "
+        "(low, high)}; and columns 'sex', 'smoker' hold strings: declare their public category "
+        "list, e.g. categories={'sex': ['a', 'b'], 'smoker': ['a', 'b']}. The declarations are "
+        "the public privacy contract every result's noise is calibrated to",
     ),
     (
         {"code": np.array([0, 1, 2], dtype=np.int64)},

@@ -279,6 +279,12 @@ def test_limits_and_inconsistent_plans(
         detail = refused(plan(bounds={"x": bounds}), 422, "upload_rejected")
         assert "must be finite with low <= high" in detail
     assert "must be the declared columns" in refused(other, 422, "upload_rejected")
+    # every column without a declaration is named when the session opens, before any chunk
+    three = {"x": x["x"], "y": x["x"], "z": x["x"]}
+    undeclared = plan(columns=list(three), tensors=tensors(three, "data"))
+    assert refused(undeclared, 422, "upload_rejected").startswith(
+        "columns 'y', 'z' have no declared bounds; pass bounds={'y': (low, high), 'z': (low, high)}"
+    )
     for bounds in ([0, "inf"], ["0", 1]):  # a number in a string is no number (read as one)
         detail = refused(plan(bounds={"x": bounds}), 422, "invalid_request")
         assert "Input should be a valid number" in detail

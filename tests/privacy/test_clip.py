@@ -6,6 +6,7 @@ through real graphs and real evaluations, on neighbouring datasets at the bounds
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -436,3 +437,36 @@ def test_a_zero_factor_times_a_huge_one_does_not_leave_the_other_parts_unclipped
     d2 = {"X": d1["X"].copy()}
     d1["X"][0], d2["X"][0] = 1.0, -1.0
     assert_sound(graph, report, d1, d2)
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_rows_numbered_by_the_node_are_tracked_and_run_as_a_constant_of_row_indices(
+    rng: np.random.Generator, order: int
+) -> None:
+    """The SDK numbers the rows to clip one by one with the node's ``arange`` instead of a
+    constant of the row indices: the same report (so the same noise) and the same values
+    to the bit, and sound on adversarial neighbours."""
+    n, d = 300, 4
+    graphs = []
+    for numbered in (False, True):
+        b = GraphBuilder()
+        x = b.input("X", "float64", (n, d))
+        rows = (
+            b.op("arange", start=0.0, end=float(n), step=1.0, dtype="int64")
+            if numbered
+            else b.constant(np.arange(n))
+        )
+        graphs.append(b.build([b.op("clip_by_subject_norm", x, rows, max_norm=C, ord=order)]))
+    specs = {"X": InputSpec.private(-3.0, 3.0)}
+    reports = [track(g, specs) for g in graphs]
+    (before,), (after,) = (r.outputs for r in reports)
+    for field in dataclasses.fields(before):  # every bound, sensitivity and rounding term
+        assert np.array_equal(getattr(before, field.name), getattr(after, field.name))
+    assert reports[0].l1 == reports[1].l1 and reports[0].l2 == reports[1].l2
+    assert reports[1].outputs[0].exact_l1 == 2 * C * (1 if order == 1 else math.sqrt(d))
+    cols = {"X": Column("float64", (n, d), -3.0, 3.0)}
+    for _ in range(50):
+        d1, d2 = neighbours(cols, rng)
+        values = [evaluate(g, d1)[0] for g in graphs]
+        assert values[0].tobytes() == values[1].tobytes()
+        assert_sound(graphs[1], reports[1], d1, d2)

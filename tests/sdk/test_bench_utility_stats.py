@@ -48,6 +48,7 @@ SMOKE = [
     "chemistry: covariance",
     "diabetes: correlation",
     "chemistry: describe",
+    "census: keys of zip above a threshold: share",
 ]
 
 
@@ -98,11 +99,20 @@ def _release(row: Row) -> OpenDPRelease:
 @pytest.mark.parametrize("row", ONE_OF_EACH, ids=lambda r: r.label)
 def test_opendp_release_loses_the_rows_epsilon_for_a_replaced_row(row: Row) -> None:
     release = _release(row)
+    value = release()
+    truth = row.statistic.truth(TABLES[row.table]())
+    if row.statistic.kind == "discovered keys":  # (epsilon, delta): the row's delta
+        epsilon, delta = release.measurement.map(REPLACE_ONE)
+        assert epsilon == pytest.approx(1.0, rel=1e-6) and epsilon <= 1.0
+        assert 0 < delta <= rows.KEYS_DELTA
+        # (key, noisy count) rows, keys the table holds, sorted
+        assert value.ndim == 2 and value.shape[1] == 2 and 0 < len(value) < len(truth)
+        assert set(value[:, 0].tolist()) <= set(truth[:, 0].tolist())
+        assert value[:, 0].tolist() == sorted(value[:, 0].tolist())
+        return
     # pure DP: its epsilon is the row's (and it is then (epsilon, delta)-DP for any delta)
     assert release.measurement.map(REPLACE_ONE) == pytest.approx(1.0, rel=1e-6)
     assert release.measurement.map(REPLACE_ONE) <= 1.0
-    value = release()
-    truth = row.statistic.truth(TABLES[row.table]())
     assert np.all(np.isfinite(value)) and np.shape(value) == (
         (5,) if row.statistic.kind == "top-k" else np.shape(truth)
     ), (value, truth)

@@ -181,6 +181,23 @@ def test_wrong_password_and_unreachable_node(http: TestClient, scientist: User) 
         sdk.login("http://127.0.0.1:9", email="a@b.org", password="x")
 
 
+def test_an_address_that_is_not_the_nodes_root_is_named_with_the_one_to_use(
+    http: TestClient, scientist: User
+) -> None:
+    for page in ("/api/v1", "/api/v1/", "/console/"):
+        with pytest.raises(sdk.InvalidRequestError, match=f"use '{URL}' \\(the SDK adds /api/v1"):
+            sdk.login(URL + page, email=scientist.email, password=PASSWORD)
+    # any other address the node does not answer at: said with the address it tried
+    with pytest.raises(
+        sdk.NotFoundError, match="nothing answers http://testserver/elsewhere/api/v1/auth/login"
+    ) as info:
+        sdk.login(
+            URL + "/elsewhere", email=scientist.email, password=PASSWORD, transport=http._transport
+        )
+    assert "Give its root, as `dpnode serve` prints it" in str(info.value)
+    assert info.value.status == 404
+
+
 class Recorder(httpx.BaseTransport):
     def __init__(self, inner: httpx.BaseTransport) -> None:
         self.inner = inner

@@ -9,11 +9,21 @@ import math
 import numpy as np
 import pytest
 import torch
+from starlette.testclient import TestClient
 
 from dpnode import sdk
 from dpnode.core.engine.evaluator import evaluate
-from dpnode.sdk._moments import MomentPlan, Moments, moment_release, weighted_plan
-from tests.sdk.conftest import cohort, remote_dataset
+from dpnode.node.db.models import User
+from dpnode.sdk._moment_calls import swap_moments
+from dpnode.sdk._moments import (
+    VARIANCE_FLOOR,
+    MomentPlan,
+    Moments,
+    moment_release,
+    release_moments,
+    weighted_plan,
+)
+from tests.sdk.conftest import cohort, connect, remote_dataset
 
 N = 2000
 BOUNDS = {"age": (17, 90), "hours": (1, 99), "income": (0.0, 250_000.0)}
@@ -116,6 +126,56 @@ def test_the_norm_is_chosen_for_the_least_noise(
 
 
 @pytest.mark.usefixtures("sqlite_only")
+def test_a_moment_release_sends_nothing_per_row(
+    people: tuple[sdk.DatasetHandle, dict],
+) -> None:
+    """Every row is clipped on its own without a constant of the row indices in the graph
+    (the node numbers the rows): the request does not grow with the rows."""
+    ds, _ = people
+    release = moment_release(_stack(ds, "age", "hours", "income").T, epsilon=1.0)
+    graph = release.vector.graph()
+    constants = [n.value for n in graph.nodes if n.op == "constant"]
+    assert all(np.asarray(v).size < N for v in constants)
+    assert any(n.op == "arange" and n.attrs["end"] == N for n in graph.nodes)
+    vector = release.vector.publish(epsilon=1.0)
+    assert release.finish(vector, vector.receipt).cov().shape == (3, 3)
+
+
+@pytest.mark.usefixtures("sqlite_only")
+def test_a_covariance_recorded_again_reuses_its_moment_vector_and_only_that(
+    people: tuple[sdk.DatasetHandle, dict],
+    owner_client: sdk.Client,
+    http: TestClient,
+    scientist: User,
+) -> None:
+    """The vector follows from the rows' graph, their public bounds and the plan: the same
+    code recorded again gets the same vector; other columns, other values computed from
+    them, another dataset or another session never get a kept one."""
+    ds, data = people
+
+    def vector(d: sdk.DatasetHandle, *columns: str, times: float = 1.0) -> torch.Tensor:
+        rows = _stack(d, *columns) * times if times != 1.0 else _stack(d, *columns)
+        return swap_moments([torch.cov(rows)], epsilon=1.0, delta=None).items[0]
+
+    first = vector(ds, "age", "hours", "income")
+    assert vector(ds, "age", "hours", "income") is first
+    assert vector(ds, "age", "hours") is not first
+    assert vector(ds, "age", "hours", "income", times=2.0) is not first
+    wider = dict(BOUNDS, income=(0.0, 500_000.0))
+    owner_client.upload_dataset("people_wider", data, bounds=wider)
+    other = vector(connect(http, scientist.email).dataset("people_wider"), "age", "hours", "income")
+    assert other is not first
+    again = connect(http, scientist.email).dataset("people")
+    assert vector(again, "age", "hours", "income") is not first  # another session's
+    # each publish is its own release, charged on its own
+    a = torch.cov(_stack(ds, "age", "hours", "income")).publish(epsilon=0.5)
+    b = torch.cov(_stack(ds, "age", "hours", "income")).publish(epsilon=0.5)
+    assert a.receipt.ledger_id != b.receipt.ledger_id
+    assert a.receipt.noise_scale == b.receipt.noise_scale
+    assert not torch.equal(a, b)  # noised twice
+
+
+@pytest.mark.usefixtures("sqlite_only")
 def test_a_replaced_row_moves_the_clipped_moments_within_the_charged_sensitivity(
     owner_client: sdk.Client, ds_client: sdk.Client
 ) -> None:
@@ -214,6 +274,61 @@ def test_corrcoef_is_within_minus_one_and_one_and_nan_for_a_vanished_variance() 
     r = Moments(n, torch.zeros(2), torch.ones(2), sums, products, MomentPlan(2, False, 1), None)
     got = r.corrcoef()
     assert got[1, 1] == 1.0 and bool(got[0].isnan().all() and got[:, 0].isnan().all())
+
+
+def test_a_variance_below_its_noise_divides_its_correlations_no_lower_than_the_floor() -> None:
+    n, noise = 100, 10.0
+    plan = MomentPlan(2, False, 1)
+    sums = torch.tensor([0.0, 20.0], dtype=torch.float64)
+    products = torch.tensor([[0.5, 0.4], [0.4, 54.0]], dtype=torch.float64)
+    m = Moments(n, torch.zeros(2), torch.ones(2), sums, products, plan, None)
+    cov = m.scaled_cov()
+    assert bool((torch.linalg.eigvalsh(cov) > 0).all())  # the projection leaves it as it is
+    # the noise on each scaled variance: its square's, and its sum's through the mean
+    sd = torch.tensor([noise, math.hypot(noise, 2 * 0.2 * noise)], dtype=torch.float64) / (n - 1)
+    assert torch.allclose(m.variance_noise_sd(noise), sd)
+    floor = VARIANCE_FLOOR * sd
+    assert cov[0, 0] < floor[0] and cov[1, 1] > floor[1]  # the first within the noise
+    r = m.corrcoef(noise=noise)
+    assert float(r[0, 1]) == pytest.approx(float(cov[0, 1] / (floor[0] * cov[1, 1]).sqrt()))
+    assert float(r[0, 0]) == float(r[1, 1]) == 1.0
+    # without a noise to go by (no receipt), or with none, the variances divide as they are
+    plain = float(cov[0, 1] / (cov[0, 0] * cov[1, 1]).sqrt())
+    assert float(m.corrcoef()[0, 1]) == pytest.approx(plain)
+    assert float(m.corrcoef(noise=0.0)[0, 1]) == pytest.approx(plain)
+    assert abs(float(r[0, 1])) < abs(plain)
+
+
+@pytest.mark.usefixtures("sqlite_only")
+def test_the_floor_makes_correlations_within_the_noise_more_accurate_and_leaves_others_be(
+    people: tuple[sdk.DatasetHandle, dict],
+    owner_client: sdk.Client,
+    ds_client: sdk.Client,
+    admin_client: sdk.Client,
+) -> None:
+    admin_client.set_policy("[roles.data_scientist]\nepsilon = 1000.0\n", reason="releases")
+    # 60 rows of four correlated columns at epsilon 1: the noise is of the variances' size
+    rng = np.random.default_rng(5)
+    latent = rng.normal(0, 1, (60, 1))
+    values = np.clip(5 + 1.5 * (latent + rng.normal(0, 1, (60, 4))), 0, 10)
+    small = {f"c{j}": values[:, j] for j in range(4)}
+    owner_client.upload_dataset("small", small, bounds={c: (0.0, 10.0) for c in small})
+    ds = ds_client.dataset("small")
+    truth = np.corrcoef(values.T)[np.triu_indices(4, 1)]
+    floored, plain = [], []
+    for _ in range(40):
+        m = release_moments(_stack(ds, *small).T, epsilon=1.0)
+        for out, noise in ((floored, None), (plain, 0.0)):
+            r = m.corrcoef(noise=noise).numpy()[np.triu_indices(4, 1)]
+            out.append(np.abs(np.nan_to_num(r) - truth).mean())
+    assert np.mean(floored) < 0.9 * np.mean(plain)
+    # where the variances are far above their noise (2,000 rows), the floor changes nothing
+    people_ds, _ = people
+    m = release_moments(_stack(people_ds, "age", "hours", "income").T, epsilon=1.0)
+    assert m.noise_sd() == pytest.approx(math.sqrt(2) * m.receipt.noise_scale)
+    assert torch.equal(m.corrcoef(), m.corrcoef(noise=0.0))
+    released = torch.corrcoef(_stack(people_ds, "age", "hours")).publish(epsilon=1.0)
+    assert "2 standard deviations of its noise" in released.receipt.post_processing
 
 
 @pytest.mark.usefixtures("sqlite_only")

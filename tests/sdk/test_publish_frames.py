@@ -48,9 +48,24 @@ def test_over_budget_is_refused_and_releases_nothing(
 ) -> None:
     ds = _ages(owner_client)
     ds_client.publish_frame(mean_frame(ds), epsilon=9.75)
-    with pytest.raises(sdk.BudgetExceededError, match=r"remaining budget: epsilon 0\.25"):
+    with pytest.raises(sdk.BudgetExceededError, match=r"remaining budget: epsilon 0\.25") as info:
         ds_client.publish_frame(mean_frame(ds), epsilon=0.5)
     assert len(ds_client.ledger()) == 1
+    # the way out is named: a request for more, or less epsilon
+    assert "client.request_budget(epsilon=..., reason=...)" in str(info.value)
+    assert info.value.rule == "defaults.epsilon"
+
+
+def test_a_datasets_cap_does_not_send_its_users_to_ask_for_more(
+    owner_client: sdk.Client, ds_client: sdk.Client, admin_client: sdk.Client
+) -> None:
+    ds = _ages(owner_client)
+    admin_client.set_policy("[datasets.ages]\nmax_epsilon = 1.0\n", reason="a promise")
+    ds_client.publish_frame(mean_frame(ds), epsilon=0.75)
+    with pytest.raises(sdk.BudgetExceededError) as info:
+        ds_client.publish_frame(mean_frame(ds), epsilon=0.5)
+    assert info.value.rule == "datasets.ages.max_epsilon"
+    assert "request_budget" not in str(info.value)  # the cap is everyone's: no grant lifts it
 
 
 @pytest.mark.parametrize(

@@ -131,6 +131,11 @@ def test_sql_releases_what_the_same_builder_calls_release(
         by_builder = built.publish(epsilon=1.0)
         assert by_sql.columns == by_builder.columns, sql
         assert by_sql.rows() == by_builder.rows(), sql
+        # the same notebook table: each value with its error bar, what the bars mean
+        assert by_sql.error_bars == by_builder.error_bars and by_sql.error_bars, sql
+        table = by_sql._repr_html_().split("<pre>")[0]  # the receipts differ: two charges
+        assert table == by_builder._repr_html_().split("<pre>")[0], sql
+        assert "±" in table, sql
         released.append(by_sql.rows())
     seed(8)  # another seed, other numbers: the comparison above can fail
     assert ds_client.sql(pairs[0][0], epsilon=1.0).rows() != released[0]

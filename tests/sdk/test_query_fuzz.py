@@ -43,10 +43,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from dpnode import sdk
+from dpnode.core.engine import GraphBuilder
 from dpnode.sdk import query as dq
 from dpnode.sdk._handles import ColumnInfo
+from dpnode.sdk._remote.graph import encode_graph
 from dpnode.sdk.query import col
 from tests.sdk.query_cases import (
     COLUMNS,
@@ -282,6 +285,74 @@ def test_a_constant_beyond_the_column_compares_exactly(fuzz_table: sdk.DatasetHa
         for predicate, truth in EXACT:
             got = m.evaluate(predicate.mask(fuzz_table))
             assert got.numpy().tolist() == truth(_data()).tolist(), predicate
+
+
+#: constants a query cannot compare a column with: the refusal's class and the words it uses
+NOT_NUMBERS: list[tuple[Any, type[Exception], tuple[str, ...]]] = [
+    (col("age") > True, dq.AggregateTypeError, ("'age' is int64, not bool", "(1), not True")),
+    (col("bmi") <= np.bool_(False), dq.AggregateTypeError, ("'bmi' is float32", "not False")),
+    (col("visits").between(True, 5), dq.AggregateTypeError, ("'visits'", "True")),
+    (col("income").isin([1.0, False]), dq.AggregateTypeError, ("'income'", "False")),
+    (col("age") == math.nan, dq.QueryError, ("'age'", "nan")),
+    (col("bmi").isin([np.float64("nan")]), dq.QueryError, ("'bmi'", "nan")),
+]
+
+
+@pytest.mark.usefixtures("sqlite_only")
+def test_a_constant_that_is_no_number_is_refused_by_name_charging_nothing(
+    fuzz_table: sdk.DatasetHandle, ds_client: sdk.Client
+) -> None:
+    for predicate, error, words in NOT_NUMBERS:
+        for mock in (False, True):
+            with (
+                sdk.mock(fuzz_table) if mock else contextlib.nullcontext(),
+                pytest.raises(error) as caught,
+            ):
+                fuzz_table.query().filter(predicate).agg(dq.count()).publish(epsilon=1.0)
+            assert all(w in str(caught.value) for w in words), (predicate, caught.value)
+    # a boolean column compares with booleans, and negative zero is zero
+    with sdk.mock(fuzz_table) as m:
+        got = m.evaluate((col("smoker") == True).mask(fuzz_table))  # noqa: E712
+        assert got.numpy().tolist() == _data()["smoker"].tolist()
+        got = m.evaluate((col("age") > -0.0).mask(fuzz_table))
+        assert got.numpy().tolist() == (_data()["age"] > 0).tolist()
+    assert ds_client.ledger_entries() == []
+
+
+#: a torch computation on a column with an integer constant the node's int64 cannot hold
+#: (torch raises OverflowError for some and wraps others around: ``x > 2**63`` all true)
+HUGE_INTS: list[tuple[Callable[[Any], Any], str, str]] = [
+    (lambda x: x > 2**63, "torch.Tensor.gt", "9.223372036854776e+18"),
+    (lambda x: x + (-(2**63) - 1), "torch.Tensor.add", "-9.223372036854776e+18"),
+    (lambda x: x.clamp(max=2**64), "torch.Tensor.clamp", "1.8446744073709552e+19"),
+    (lambda x: torch.where(x > 0, x, 10**400), "torch.where", "float('inf')"),
+]
+
+
+@pytest.mark.usefixtures("sqlite_only")
+def test_an_integer_constant_beyond_int64_is_refused_by_name_charging_nothing(
+    fuzz_table: sdk.DatasetHandle, ds_client: sdk.Client
+) -> None:
+    for compute, call, instead in HUGE_INTS:
+        with pytest.raises(sdk.GraphError) as caught:
+            compute(fuzz_table["age"]).sum().publish(epsilon=1.0)
+        message = str(caught.value)
+        assert call in message and "does not fit int64" in message and instead in message
+    # the largest and smallest int64 are constants like any other
+    with sdk.mock(fuzz_table) as m:
+        x = fuzz_table["age"]
+        assert m.evaluate((x < 2**63 - 1) & (x > -(2**63))).all()
+    assert ds_client.ledger_entries() == []
+
+
+def test_the_nodes_own_check_of_a_graph_raises_the_sdks_error() -> None:
+    """The wire format's check runs in the SDK before a graph is sent: its refusal is the
+    SDK's typed error, not the node's class."""
+    b = GraphBuilder()
+    x = b.input("x", "int64", (3,))
+    graph = b.build([b.op("mul", x, 2**63)])
+    with pytest.raises(sdk.GraphError, match="does not fit int64"):
+        encode_graph(graph)
 
 
 @pytest.mark.usefixtures("sqlite_only")

@@ -151,6 +151,15 @@ TRANSLATIONS: list[tuple[str, Callable[[Query], Query]]] = [
         "SELECT education, sex FROM census GROUP BY education, sex ORDER BY COUNT(*) DESC LIMIT 3",
         lambda q: q.group_by("education", "sex").top_k(3, counts=False),
     ),
+    (  # constants beyond int64 and the floats compare exactly, as the builder's do
+        "SELECT COUNT(*) FROM census WHERE age > 9223372036854775808 OR age <= -1e400 "
+        "OR hours BETWEEN -0.0 AND 99999999999999999999",
+        lambda q: q.filter(
+            (col("age") > 2**63)
+            | (col("age") <= -math.inf)
+            | col("hours").between(-0.0, 10**20 - 1)
+        ).agg(dq.count()),
+    ),
     (  # ascending, or with an OFFSET: a sort of the whole released table, not top_k
         "SELECT education, COUNT(*) FROM census GROUP BY education ORDER BY 2 LIMIT 1 OFFSET 1",
         lambda q: q.group_by("education").agg(dq.count()),
@@ -294,6 +303,54 @@ def test_order_by_and_limit_sort_and_cut_the_released_table(
     assert len(ds_client.ledger_entries()) == 2
 
 
+def test_sql_results_carry_the_builders_error_bars_and_render_its_table(
+    data: dict[str, np.ndarray], ds_client: sdk.Client
+) -> None:
+    sql = (
+        "SELECT education, COUNT(*), AVG(income), MEDIAN(hours) FROM census WHERE age > 30 "
+        "GROUP BY education"
+    )
+    query = (
+        ds_client.dataset("census")
+        .query()
+        .filter(col("age") > 30)
+        .group_by("education")
+        .agg(dq.count(), dq.mean("income"), dq.median("hours"))
+    )
+    by_sql, by_builder = ds_client.sql(sql, epsilon=2.0), query.publish(epsilon=2.0)
+    assert by_sql.columns == by_builder.columns
+    assert (
+        set(by_sql.error_bars)
+        == set(by_builder.error_bars)
+        == {
+            "count",
+            "income_mean",
+            "hours_median",
+        }
+    )
+    # a count's and a quantile's bars come from the noise scales alone, the same for the same
+    # query at the same epsilon (a mean's from its noised count too: the same numbers with the
+    # noise seeded, tests/sdk/test_query_equivalence.py)
+    for name in ("count", "hours_median"):
+        assert by_sql.error_bars[name] == by_builder.error_bars[name]
+    cells = [r._repr_html_().split("<p>")[0].count("±") for r in (by_sql, by_builder)]
+    assert cells == [3 * len(EDUCATION)] * 2  # every statistic of every row with its bar
+    # one released table, through SQL's post-processing: the notebook table the builder shows
+    assert translate(sql, ds_client).finish(by_builder)._repr_html_() == by_builder._repr_html_()
+    # reordered, sorted and cut, each bar stays with its value
+    ordered = translate(
+        "SELECT AVG(income), education FROM census WHERE age > 30 GROUP BY education "
+        "ORDER BY 1 DESC LIMIT 2",
+        ds_client,
+    ).finish(by_builder)
+    bar = dict(zip(by_builder["education"], by_builder.error_bars["income_mean"], strict=True))
+    assert len(set(bar.values())) == len(EDUCATION)  # a mean's bar is its group's own
+    assert ordered.columns == ["income_mean", "income_mean_scale", "education"]
+    assert ordered["income_mean"] == sorted(by_builder["income_mean"], reverse=True)[:2]
+    assert ordered.error_bars == {"income_mean": [bar[e] for e in ordered["education"]]}
+    assert ordered._repr_html_().split("<p>")[0].count("±") == 2
+
+
 def test_the_largest_groups_come_from_top_k(
     data: dict[str, np.ndarray], ds_client: sdk.Client
 ) -> None:
@@ -416,6 +473,29 @@ REFUSALS: list[tuple[str, type[Exception], tuple[str, ...]]] = [
     ("SELECT income, COUNT(*) FROM census GROUP BY income", dq.NoPublicKeysError, ("income",)),
     ("SELECT COUNT(*) FROM census WHERE sex = 'X'", dq.QueryError, ("'X'", "categories")),
     ("SELECT COUNT(*) FROM census WHERE age > 'old'", dq.AggregateTypeError, ("number",)),
+    # constants that are not numbers, where a number is compared
+    (
+        "SELECT COUNT(*) FROM census WHERE age > NaN",
+        UnsupportedSQLError,
+        ("NaN as a constant", "no value equals NaN"),
+    ),
+    (
+        "SELECT COUNT(*) FROM census WHERE income < Infinity",
+        UnsupportedSQLError,
+        ("Infinity as a constant", "1e308", "leave the condition out"),
+    ),
+    ("SELECT COUNT(*) FROM census WHERE age > nobody", dq.UnknownColumnError, ("'nobody'",)),
+    (
+        "SELECT COUNT(*) FROM census WHERE age > TRUE",
+        dq.AggregateTypeError,
+        ("'age' is int64, not bool", "a number (1), not True"),
+    ),
+    (
+        "SELECT COUNT(*) FROM census WHERE income BETWEEN FALSE AND 50",
+        dq.AggregateTypeError,
+        ("'income' is float64", "(0), not False"),
+    ),
+    ("SELECT COUNT(*) FROM census WHERE age IN (30, TRUE)", dq.AggregateTypeError, ("True",)),
 ]
 
 

@@ -16,6 +16,7 @@ import torch
 
 from dpnode import sdk
 from dpnode.sdk._remote import evaluate, graph_for, remote_input
+from dpnode.sdk._remote.rules_histogram import _histc_thresholds
 from tests.sdk.conftest import remote_dataset
 
 # values on the edges, at both ends of the range, outside it, and NaN
@@ -58,6 +59,20 @@ def test_histc_bins_values_at_and_beside_every_bin_edge_as_torch_does(
     x = remote_input("x", tuple(v.shape), dtype)
     (got,) = evaluate([torch.histc(x, bins=bins, min=lo, max=hi)], {"x": v.numpy()})
     torch.testing.assert_close(got, torch.histc(v, bins=bins, min=lo, max=hi), rtol=0, atol=0)
+
+
+def test_a_histc_recorded_again_reuses_its_thresholds_and_still_bins_as_torch() -> None:
+    """The thresholds of a range are worked out once and kept read-only: a histogram
+    recorded again (or over another range, another dtype) still bins as torch does."""
+    v = VALUES.to(torch.float32)
+    x = remote_input("x", tuple(v.shape), torch.float32)
+    for lo, hi, bins in ((10.0, 70.0, 4), (10.0, 70.0, 4), (-5.0, 75.5, 7), (10.0, 70.0, 5)):
+        (got,) = evaluate([torch.histc(x, bins=bins, min=lo, max=hi)], {"x": v.numpy()})
+        torch.testing.assert_close(got, torch.histc(v, bins=bins, min=lo, max=hi), rtol=0, atol=0)
+    kept = _histc_thresholds(10.0, 70.0, 4, torch.float32)
+    assert kept is _histc_thresholds(10.0, 70.0, 4, torch.float32)
+    assert not kept.flags.writeable
+    assert _histc_thresholds(10.0, 70.0, 4, torch.float64).dtype == np.float64
 
 
 @pytest.mark.usefixtures("sqlite_only")

@@ -314,6 +314,21 @@ def test_a_run_above_the_approval_threshold_waits_once_for_all_its_steps(
         sdk.publish_grads(model, epsilon=run.plan.epsilon, delta=run.plan.delta, max_grad_norm=C)
 
 
+def test_a_run_carries_its_description_to_the_admin(
+    data: tuple[sdk.DatasetHandle, dict],
+    admin_client: sdk.Client,
+    sqlite_only: None,
+) -> None:
+    ds, _ = data
+    admin_client.set_policy("[approval]\nepsilon_above = 0.5\n", reason="runs need a look")
+    why = "triage model <v2> for the ward"
+    with pytest.raises(sdk.ApprovalRequiredError):
+        _plan(_model(), ds.tensors("x", "label"), target_epsilon=2.0, description=why)
+    (pending,) = admin_client.publish_approvals(status="pending")
+    assert pending.description == f"private_training: 3 steps, target epsilon 2: {why}"
+    assert why in str(pending)
+
+
 def test_a_run_reads_the_datasets_the_node_reads(
     data: tuple[sdk.DatasetHandle, dict],
     owner_client: sdk.Client,

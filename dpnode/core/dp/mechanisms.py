@@ -64,7 +64,8 @@ class Release:
 
     Attributes:
         values: the noised float64 values (same shape as the input), on the grid ``2^k``.
-        mechanism: ``"laplace"``, ``"gaussian"`` or ``"exponential"`` (a selection).
+        mechanism: ``"laplace"``, ``"gaussian"``, ``"exponential"`` (a selection) or
+            ``"threshold"`` (keys kept above a noisy threshold).
         grid_exponent: ``k``, or ``None`` when no noise was needed (sensitivity 0 or no values).
         scale: the noise scale in value units: Laplace ``b`` (pmf ∝ exp(-|z|/b) on the grid),
             Gaussian ``sigma`` (pmf ∝ exp(-z²/(2 sigma²)) on the grid); 0 without noise.
@@ -76,7 +77,7 @@ class Release:
     """
 
     values: npt.NDArray[np.float64]
-    mechanism: Literal["laplace", "gaussian", "exponential"]
+    mechanism: Literal["laplace", "gaussian", "exponential", "threshold"]
     grid_exponent: int | None
     scale: float
     sensitivity: float
@@ -177,14 +178,15 @@ class NoisePlan:
     metadata; :func:`apply_noise` then noises the values.
 
     Attributes:
-        mechanism: ``"laplace"``, ``"gaussian"`` or ``"exponential"`` (a selection).
+        mechanism: ``"laplace"``, ``"gaussian"``, ``"exponential"`` (a selection) or
+            ``"threshold"`` (keys kept above a noisy threshold).
         count: number of values the plan noises.
         grid_exponent: ``k``, or ``None`` when no noise is needed (sensitivity 0 or no values).
         scale, sensitivity, epsilon, rho, sampler_tv: as in :class:`Release`.
         sampler: the sampler's plan (``None`` without noise).
     """
 
-    mechanism: Literal["laplace", "gaussian", "exponential"]
+    mechanism: Literal["laplace", "gaussian", "exponential", "threshold"]
     count: int
     grid_exponent: int | None
     scale: float

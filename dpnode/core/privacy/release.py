@@ -19,6 +19,10 @@ and the request only:
    same (a bug, or memory), the answer is the public constants, noised as any other, and
    the failure is returned separately for the operator's log: never to the analyst.
 
+The keys private data holds (``key_counts``) are released above a noisy threshold paid with
+epsilon and delta (:mod:`dpnode.core.privacy.key_release`): the answer's length depends on the
+data only through which keys clear it.
+
 A quantile (``torch.median``, ``torch.quantile``) of private values is not noised but
 *selected* by the exponential mechanism over a public grid (:mod:`dpnode.core.dp.selection`):
 a publish whose outputs are all quantiles plans that instead (:func:`_plan_selection`),
@@ -48,6 +52,7 @@ from dpnode.core.engine import Graph, Plan, plan, run, structure_hash
 from dpnode.core.engine.blocks import PassRunner
 from dpnode.core.engine.graph import Ref
 from dpnode.core.errors import InvalidRequestError
+from dpnode.core.privacy.key_release import KeyRelease, plan_keys_release, run_keys_release
 from dpnode.core.privacy.spec import InputSpec
 from dpnode.core.privacy.state import PrivacyTrackingError
 from dpnode.core.privacy.tracker import OutputSensitivity, PrivacyReport, selection_inputs, track
@@ -80,6 +85,8 @@ class ReleasePlan:
     upper: npt.NDArray[np.float64]
     fallback: npt.NDArray[np.float64]
     selection: selection.SelectionPlan | None = None
+    #: for a release of the keys private data holds (``key_counts``), its threshold plan
+    keys: KeyRelease | None = None
     #: per output: whether it is a symmetric matrix in exact arithmetic (``X.T @ X``)
     symmetric: tuple[bool, ...] = ()
 
@@ -132,6 +139,11 @@ def plan_release(
     chosen = _plan_selection(planned, specs, epsilon=epsilon, delta=delta)
     if chosen is not None:
         return chosen
+    keys = plan_keys_release(planned, specs, epsilon=epsilon, delta=delta)
+    if keys is not None:
+        of, shown, noise, release = keys
+        none = np.zeros(0)
+        return ReleasePlan(of, shown, noise, none, none, none, keys=release)
     report = tracked(planned, specs)
     # A report reused (the same publish again, a training loop's steps) keeps what follows
     # from it, for the same structure and privacy parameters: all of it public.
@@ -489,6 +501,9 @@ def run_release(
     """
     if rp.selection is not None:
         return _run_selection(rp, inputs, rng=rng, source=source)
+    if rp.keys is not None:
+        answer, done, problem = run_keys_release(rp.plan, rp.keys, inputs, rng=rng, source=source)
+        return Released([answer], done, problem)
     failure: str | None = None
     flat = np.empty(rp.count)
     try:

@@ -80,6 +80,25 @@ class ColumnPublic(Schema):
     categories: list[str] | None = None
 
 
+class DatasetBudgetPublic(Schema):
+    """A dataset's cap under the policy in force and what all users together spent of it
+    (null cap: not capped on that side)."""
+
+    dataset_id: int
+    name: str
+    capped: bool
+    epsilon: float | None = Field(description="the cap on epsilon; null: none")
+    delta: float | None = Field(description="the cap on delta; null: none")
+    epsilon_used: float | None = Field(
+        description="epsilon all users spent on it in the cap's window (zCDP converted); "
+        "null: a zCDP charge no delta converts"
+    )
+    delta_used: float
+    epsilon_remaining: float | None
+    delta_remaining: float | None
+    renews_at: datetime | None = Field(description="null: a lifetime cap")
+
+
 class DatasetPublic(Schema):
     id: int
     name: str
@@ -99,6 +118,10 @@ class DatasetPublic(Schema):
         default=None,
         description="a synthetic dataset's provenance (source, method, epsilon, delta, rows, "
         "ledger row); null for uploaded data",
+    )
+    budget: DatasetBudgetPublic | None = Field(
+        default=None,
+        description="its cap and what all users spent of it: for its owner and admins only",
     )
 
 
@@ -391,6 +414,15 @@ class BudgetRequestPublic(Schema):
     granted_delta: float | None
 
 
+class DatasetReadPublic(Schema):
+    """A dataset a waiting publish reads: its name (null: deleted since) and, for admins and
+    its owner, its cap."""
+
+    dataset_id: int
+    name: str | None
+    budget: DatasetBudgetPublic | None
+
+
 class PublishApprovalPublic(Schema):
     id: int
     user_id: int
@@ -415,6 +447,24 @@ class PublishApprovalPublic(Schema):
     steps_used: int = Field(default=0, description="a run's steps published under it so far")
     step_epsilon: float | None = Field(default=None, description="what each step asks for")
     step_delta: float | None = None
+    computation: list[str] = Field(
+        default_factory=list,
+        description="what the publish computes, as pseudo-torch lines (inputs named "
+        'dataset["column"] with their bounds; the last line: what is released, its '
+        "sensitivity, mechanism and noise scale); empty for a run",
+    )
+    sensitivity: float | None = Field(
+        default=None, description="the tracked sensitivity the noise is calibrated to"
+    )
+    noise_scale: float | None = Field(default=None, description="Laplace b or Gaussian sigma")
+    outputs: list[list[int]] = Field(default_factory=list, description="released shapes")
+    remaining_epsilon: float | None = Field(
+        default=None, description="the requester's budget left now"
+    )
+    remaining_delta: float | None = None
+    datasets: list[DatasetReadPublic] = Field(
+        default_factory=list, description="the datasets read, with their caps (who may see them)"
+    )
 
 
 class RunPlanCreate(Schema):

@@ -9,6 +9,13 @@ autoescaped) and charts drawn as inline SVG on the node. No script, no CDN.
 
 from __future__ import annotations
 
-from dpnode.node.console.pages import router
+from fastapi import APIRouter
+
+from dpnode.node.console import pages
+
+#: The console under ``/console`` and, at the node's root, a page that leads to it.
+router = APIRouter()
+router.include_router(pages.front)
+router.include_router(pages.router)
 
 __all__ = ["router"]

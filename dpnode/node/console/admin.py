@@ -13,10 +13,10 @@ import json
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from sqlalchemy.orm import Session
 
 from dpnode.core.errors import InvalidRequestError
 from dpnode.node.api.deps import HasherDep, Limit, PathId, SessionDep, SettingsDep
-from dpnode.node.api.numbers import is_number
 from dpnode.node.api.routes import approvals as approval_routes
 from dpnode.node.api.routes import audit as audit_routes
 from dpnode.node.api.routes import budget as budget_routes
@@ -30,147 +30,212 @@ from dpnode.node.api.schemas import (
     UserCreate,
     UserUpdate,
 )
-from dpnode.node.console.history import budget_view
-from dpnode.node.console.render import PREFIX, ConsoleRoute, optional_int, page, redirect
+from dpnode.node.console import budgets
+from dpnode.node.console.forms import FormError, amount, form_error, notice
+from dpnode.node.console.render import (
+    PREFIX,
+    REFUSALS,
+    ConsoleRoute,
+    optional_int,
+    page,
+    redirect,
+)
 from dpnode.node.console.session import ConsoleAdmin, Form
+from dpnode.node.db.models import User
+from dpnode.node.settings import Settings
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)
-
-#: Fixed notices a redirect may ask a page to show (never text taken from the URL).
-NOTICES = {
-    "approved": "Approved.",
-    "denied": "Denied.",
-    "applied": "The policy was applied; it is in force from the next publish.",
-    "unchanged": "That policy is already in force; nothing was stored.",
-    "created": "The account was created.",
-    "updated": "The account was updated.",
-}
+router.include_router(budgets.router)
 
 
-def _notice(done: str | None) -> str:
-    return NOTICES.get(done or "", "")
-
-
-def _amount(form: dict[str, str], name: str) -> float | None:
-    raw = form.get(name, "").strip()
-    if not raw:
-        return None
-    if not is_number(raw):  # float() reads 1_0 as 10, and other scripts' digits
-        raise InvalidRequestError(f"{name} must be a number such as 0.5 or 1e-6, not {raw!r}")
-    return float(raw)
+def _users_page(
+    request: Request,
+    session: Session,
+    admin: User,
+    *,
+    notice: str = "",
+    error: FormError | None = None,
+    status: int = 200,
+) -> Response:
+    found = user_routes.list_users(session, admin)
+    shown = {"new-user"} | {f"{form}-{u.id}" for u in found for form in ("user", "password")}
+    if error is not None and error.form not in shown:  # no such account: say it on top
+        error = FormError("page", "", error.message)
+    return page(
+        request,
+        "users.html",
+        status,
+        title="Users and roles",
+        users=found,
+        notice=notice,
+        error=error,
+    )
 
 
 @router.get("/users")
 def user_list(
     request: Request, session: SessionDep, admin: ConsoleAdmin, done: str | None = None
 ) -> Response:
-    found = user_routes.list_users(session, admin)
-    return page(request, "users.html", title="Users and roles", users=found, notice=_notice(done))
+    return _users_page(request, session, admin, notice=notice(done))
 
 
 @router.post("/users")
 def user_create(
-    session: SessionDep, hasher: HasherDep, admin: ConsoleAdmin, form: Form
+    request: Request, session: SessionDep, hasher: HasherDep, admin: ConsoleAdmin, form: Form
 ) -> Response:
-    body = UserCreate(
-        email=form.get("email", ""), password=form.get("password", ""), role=form.get("role", "")
-    )
-    user_routes.create_user(body, session, hasher, admin)
+    try:
+        body = UserCreate(
+            email=form.get("email", "").strip(),
+            password=form.get("password", ""),
+            role=form.get("role", ""),
+        )
+        user_routes.create_user(body, session, hasher, admin)
+    except REFUSALS as exc:
+        session.rollback()
+        status, error = form_error(exc, "new-user", form, ["email", "password", "role"])
+        return _users_page(request, session, admin, error=error, status=status)
     return redirect(f"{PREFIX}/users?done=created")
 
 
 @router.post("/users/{user_id}")
 def user_update(
-    user_id: PathId, session: SessionDep, hasher: HasherDep, admin: ConsoleAdmin, form: Form
-) -> Response:
-    active = form.get("is_active")
-    body = UserUpdate(
-        role=form.get("role") or None,
-        is_active=None if active is None else active == "true",
-    )
-    user_routes.update_user(user_id, body, session, hasher, admin)
-    return redirect(f"{PREFIX}/users?done=updated")
-
-
-@router.get("/budgets")
-def budgets(
-    request: Request, session: SessionDep, settings: SettingsDep, admin: ConsoleAdmin
-) -> Response:
-    rows = [
-        (u, budget_routes.get_budget(session, settings, admin, user_id=u.id))
-        for u in user_routes.list_users(session, admin)
-    ]
-    return page(request, "budgets.html", title="Budgets", rows=rows)
-
-
-@router.get("/budgets/{user_id}")
-def user_budget(
     request: Request,
     user_id: PathId,
     session: SessionDep,
-    settings: SettingsDep,
+    hasher: HasherDep,
     admin: ConsoleAdmin,
+    form: Form,
 ) -> Response:
-    view = budget_view(session, settings, admin, user_id)
-    requests = budget_routes.list_budget_requests(session, admin, user_id=user_id, limit=50)
-    grants = budget_routes.list_grants(session, admin, user_id=user_id, limit=50)
+    active = form.get("is_active")
+    try:
+        body = UserUpdate(
+            role=form.get("role") or None,
+            is_active=None if active is None else active == "true",
+        )
+        user_routes.update_user(user_id, body, session, hasher, admin)
+    except REFUSALS as exc:
+        session.rollback()
+        status, error = form_error(exc, f"user-{user_id}", form, ["role", "is_active"])
+        return _users_page(request, session, admin, error=error, status=status)
+    return redirect(f"{PREFIX}/users?done=updated")
+
+
+@router.post("/users/{user_id}/password")
+def user_password(
+    request: Request,
+    user_id: PathId,
+    session: SessionDep,
+    hasher: HasherDep,
+    admin: ConsoleAdmin,
+    form: Form,
+) -> Response:
+    """Set a new password for an account (``PATCH /api/v1/users/{id}``, audited)."""
+    try:
+        body = UserUpdate(password=form.get("password", ""))
+        user_routes.update_user(user_id, body, session, hasher, admin)
+    except REFUSALS as exc:
+        session.rollback()
+        status, error = form_error(exc, f"password-{user_id}", form, ["password"])
+        return _users_page(request, session, admin, error=error, status=status)
+    return redirect(f"{PREFIX}/users?done=password")
+
+
+def _approvals_page(
+    request: Request,
+    session: Session,
+    settings: Settings,
+    admin: User,
+    *,
+    notice: str = "",
+    error: FormError | None = None,
+    status: int = 200,
+) -> Response:
+    publishes = approval_routes.list_publish_approvals(session, settings, admin, status="pending")
+    requests = budget_routes.list_budget_requests(session, admin, status="pending")
+    if error is not None:
+        # A form answered meanwhile (or never there) is gone from the page: say it on top.
+        shown = {f"publish-{a.id}" for a in publishes} | {f"request-{r.id}" for r in requests}
+        if error.form.rsplit("-", 1)[0] not in shown:
+            error = FormError("page", "", error.message)
     return page(
         request,
-        "budget.html",
-        title=f"Budget of {view.subject.email}",
-        view=view,
+        "approvals.html",
+        status,
+        title="Pending approvals",
+        publishes=publishes,
         requests=requests,
-        grants=grants,
-        approvals=None,
+        notice=notice,
+        error=error,
     )
 
 
 @router.get("/approvals")
 def pending(
-    request: Request, session: SessionDep, admin: ConsoleAdmin, done: str | None = None
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    admin: ConsoleAdmin,
+    done: str | None = None,
 ) -> Response:
-    publishes = approval_routes.list_publish_approvals(session, admin, status="pending")
-    requests = budget_routes.list_budget_requests(session, admin, status="pending")
-    return page(
-        request,
-        "approvals.html",
-        title="Pending approvals",
-        publishes=publishes,
-        requests=requests,
-        notice=_notice(done),
-    )
+    return _approvals_page(request, session, settings, admin, notice=notice(done))
+
+
+def _answer(answer: str) -> str:
+    if answer not in ("approve", "deny"):
+        raise InvalidRequestError(f"unknown answer {answer!r}: approve or deny")
+    return answer
 
 
 @router.post("/approvals/{approval_id}/{answer}")
 def answer_publish(
-    approval_id: PathId, answer: str, session: SessionDep, admin: ConsoleAdmin, form: Form
+    request: Request,
+    approval_id: PathId,
+    answer: str,
+    session: SessionDep,
+    settings: SettingsDep,
+    admin: ConsoleAdmin,
+    form: Form,
 ) -> Response:
-    body = ApprovalAnswer(reason=form.get("reason", ""))
-    if answer == "approve":
-        approval_routes.approve_publish(session, admin, approval_id, body)
-    elif answer == "deny":
-        approval_routes.deny_publish(session, admin, approval_id, body)
-    else:
-        raise InvalidRequestError(f"unknown answer {answer!r}: approve or deny")
+    try:
+        body = ApprovalAnswer(reason=form.get("reason", ""))
+        if _answer(answer) == "approve":
+            approval_routes.approve_publish(session, settings, admin, approval_id, body)
+        else:
+            approval_routes.deny_publish(session, settings, admin, approval_id, body)
+    except REFUSALS as exc:
+        session.rollback()
+        where = f"publish-{approval_id}-{answer}"
+        status, error = form_error(exc, where, form, ["reason"])
+        return _approvals_page(request, session, settings, admin, error=error, status=status)
     return redirect(f"{PREFIX}/approvals?done={'approved' if answer == 'approve' else 'denied'}")
 
 
 @router.post("/budget-requests/{request_id}/{answer}")
 def answer_budget_request(
-    request_id: PathId, answer: str, session: SessionDep, admin: ConsoleAdmin, form: Form
+    request: Request,
+    request_id: PathId,
+    answer: str,
+    session: SessionDep,
+    settings: SettingsDep,
+    admin: ConsoleAdmin,
+    form: Form,
 ) -> Response:
     reason = form.get("reason", "")
-    if answer == "approve":
-        body = BudgetRequestAnswer(
-            epsilon=_amount(form, "epsilon"), delta=_amount(form, "delta"), reason=reason
-        )
-        budget_routes.approve_budget_request(session, admin, request_id, body)
-    elif answer == "deny":
-        budget_routes.deny_budget_request(
-            session, admin, request_id, BudgetRequestAnswer(reason=reason)
-        )
-    else:
-        raise InvalidRequestError(f"unknown answer {answer!r}: approve or deny")
+    try:
+        if _answer(answer) == "approve":
+            body = BudgetRequestAnswer(
+                epsilon=amount(form, "epsilon"), delta=amount(form, "delta"), reason=reason
+            )
+            budget_routes.approve_budget_request(session, admin, request_id, body)
+        else:
+            budget_routes.deny_budget_request(
+                session, admin, request_id, BudgetRequestAnswer(reason=reason)
+            )
+    except REFUSALS as exc:
+        session.rollback()
+        where = f"request-{request_id}-{answer}"
+        status, error = form_error(exc, where, form, ["reason", "epsilon", "delta"])
+        return _approvals_page(request, session, settings, admin, error=error, status=status)
     return redirect(f"{PREFIX}/approvals?done={'approved' if answer == 'approve' else 'denied'}")
 
 
@@ -193,14 +258,16 @@ def diff_lines(old: PolicyRevisionPublic, new: PolicyRevisionPublic) -> list[str
     )
 
 
-@router.get("/policy")
-def policy(
+def _policy_page(
     request: Request,
-    session: SessionDep,
-    admin: ConsoleAdmin,
+    session: Session,
+    admin: User,
+    *,
     old: int | None = None,
     new: int | None = None,
-    done: str | None = None,
+    notice: str = "",
+    error: FormError | None = None,
+    status: int = 200,
 ) -> Response:
     in_force = policy_routes.get_policy(session, admin)
     revisions = policy_routes.list_revisions(session, admin)
@@ -213,20 +280,41 @@ def policy(
     return page(
         request,
         "policy.html",
+        status,
         title="Budget policy",
         in_force=in_force,
         revisions=revisions,
         diff=diff,
         compare={"old": old, "new": new},
-        notice=_notice(done),
+        notice=notice,
+        error=error,
         in_force_text="\n".join(_text(in_force)),
     )
 
 
+@router.get("/policy")
+def policy(
+    request: Request,
+    session: SessionDep,
+    admin: ConsoleAdmin,
+    old: int | None = None,
+    new: int | None = None,
+    done: str | None = None,
+) -> Response:
+    return _policy_page(request, session, admin, old=old, new=new, notice=notice(done))
+
+
 @router.post("/policy")
-def apply(session: SessionDep, admin: ConsoleAdmin, form: Form) -> Response:
-    body = PolicyApply(toml=form.get("toml", ""), reason=form.get("reason", ""))
-    applied = policy_routes.apply_policy(session, admin, body)
+def apply(request: Request, session: SessionDep, admin: ConsoleAdmin, form: Form) -> Response:
+    """Apply the policy typed in the form; a refused one is shown again, with the parser's
+    message next to it, on the same page."""
+    try:
+        body = PolicyApply(toml=form.get("toml", ""), reason=form.get("reason", ""))
+        applied = policy_routes.apply_policy(session, admin, body)
+    except REFUSALS as exc:
+        session.rollback()
+        status, error = form_error(exc, "policy", form, ["toml", "reason"])
+        return _policy_page(request, session, admin, error=error, status=status)
     return redirect(f"{PREFIX}/policy?done={'applied' if applied.changed else 'unchanged'}")
 
 

@@ -2,6 +2,10 @@
 
 A chart is built from values the page already shows in a table next to it (the ledger), so it
 releases nothing the table does not. Text is escaped; coordinates are plain numbers.
+
+Labels cannot collide: the lines drawn across the plot (the allocation, the renewal) are named
+in a legend under it, one row each, rather than next to the lines, which meet wherever the
+renewal is near the plot's top right; the axis labels sit on their own sides of the plot.
 """
 
 from __future__ import annotations
@@ -14,8 +18,11 @@ from xml.sax.saxutils import escape
 
 from markupsafe import Markup
 
-WIDTH, HEIGHT = 640, 260
-LEFT, RIGHT, TOP, BOTTOM = 56, 16, 16, 40
+WIDTH = 640
+LEFT, RIGHT, TOP, PLOT_HEIGHT = 64, 16, 16, 200
+#: Baseline of the dates under the plot, top of the legend, height of one legend row.
+DATES_Y = TOP + PLOT_HEIGHT + 22
+LEGEND_TOP, LEGEND_ROW = DATES_Y + 10, 24
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,15 @@ def budget_chart(
     finite = [s.used for s in steps if s.used != float("inf")]
     top = max([allocation, *finite, 1e-9]) * 1.1
     span = max((end - start).total_seconds(), 1e-6)
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, PLOT_HEIGHT
+    renewal = renews_at if renews_at is not None and start <= renews_at <= end else None
+    legend = [
+        ("spent", "", f"epsilon used: {_fmt(finite[-1] if finite else 0.0)}"),
+        ("allocation", "8 4", f"allocation {_fmt(allocation)}"),
+    ]
+    if renewal is not None:
+        legend.append(("renewal", "2 4", f"renews {renewal:%Y-%m-%d %H:%M} UTC"))
+    height = LEGEND_TOP + LEGEND_ROW * len(legend) + 4
 
     def x(at: datetime) -> float:
         return LEFT + plot_w * min(max((at - start).total_seconds() / span, 0.0), 1.0)
@@ -80,7 +95,7 @@ def budget_chart(
         return TOP + plot_h * (1 - min(value, top) / top)
 
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {WIDTH} {HEIGHT}"'
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {WIDTH} {height}"'
         ' role="img" aria-labelledby="chart-title chart-desc">',
         f'<title id="chart-title">{escape(title)}</title>',
         f'<desc id="chart-desc">Epsilon used from {start:%Y-%m-%d %H:%M} to '
@@ -95,23 +110,20 @@ def budget_chart(
             f"{_fmt(tick)}</text>"
         )
     parts.append(
-        f'<text class="axis" x="{LEFT}" y="{HEIGHT - 12}">{start:%Y-%m-%d %H:%M}</text>'
-        f'<text class="axis" x="{WIDTH - RIGHT}" y="{HEIGHT - 12}" text-anchor="end">'
+        f'<text class="axis" x="{LEFT}" y="{DATES_Y}">{start:%Y-%m-%d %H:%M}</text>'
+        f'<text class="axis" x="{WIDTH - RIGHT}" y="{DATES_Y}" text-anchor="end">'
         f"{end:%Y-%m-%d %H:%M} UTC</text>"
     )
     ay = y(allocation)
     parts.append(
         f'<line class="allocation" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{ay:.1f}" y2="{ay:.1f}"'
         ' stroke-dasharray="8 4"/>'
-        f'<text class="label" x="{WIDTH - RIGHT - 4}" y="{ay - 6:.1f}" text-anchor="end">'
-        f"allocation {_fmt(allocation)}</text>"
     )
-    if renews_at is not None and start <= renews_at <= end:
-        rx = x(renews_at)
+    if renewal is not None:
+        rx = x(renewal)
         parts.append(
             f'<line class="renewal" x1="{rx:.1f}" x2="{rx:.1f}" y1="{TOP}" y2="{TOP + plot_h}"'
             ' stroke-dasharray="2 4"/>'
-            f'<text class="label" x="{rx - 4:.1f}" y="{TOP + 12}" text-anchor="end">renews</text>'
         )
     points = [(float(LEFT), y(0.0))]
     for step in steps:
@@ -123,6 +135,14 @@ def budget_chart(
     for step in steps:
         parts.append(
             f'<circle class="charge" cx="{x(step.at):.1f}" cy="{y(step.used):.1f}" r="3"/>'
+        )
+    for row, (kind, dashes, text) in enumerate(legend):
+        mid = LEGEND_TOP + LEGEND_ROW * row + LEGEND_ROW / 2
+        dash = f' stroke-dasharray="{dashes}"' if dashes else ""
+        parts.append(
+            f'<line class="{kind} key" x1="{LEFT}" x2="{LEFT + 28}" y1="{mid:.1f}" y2="{mid:.1f}"'
+            f"{dash}/>"
+            f'<text class="label" x="{LEFT + 36}" y="{mid + 4:.1f}">{escape(text)}</text>'
         )
     parts.append("</svg>")
     return Markup("".join(parts))

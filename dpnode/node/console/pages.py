@@ -42,11 +42,13 @@ from dpnode.node.console.session import (
     set_cookie,
 )
 from dpnode.node.db.models import Role
-from dpnode.node.services import users
+from dpnode.node.services import dataset_budgets, users
 from dpnode.node.services.security import issue_token
 
 router = APIRouter(prefix=PREFIX, route_class=ConsoleRoute, include_in_schema=False)
 router.include_router(admin.router)
+#: The node's own address, outside the console's prefix.
+front = APIRouter(route_class=ConsoleRoute, include_in_schema=False)
 
 _CSS = (HERE / "static" / "console.css").read_bytes()
 _WHY = {
@@ -72,8 +74,10 @@ def _next(target: str | None) -> str:
 
 
 def _login_page(
-    request: Request, message: str, target: str | None, status_code: int = 200
+    request: Request, message: str, target: str | None, status_code: int = 200, email: str = ""
 ) -> HTMLResponse:
+    """The sign-in form; after a refusal, with the message and the email typed (never the
+    password)."""
     token = new_login_token()
     response = page(
         request,
@@ -83,6 +87,7 @@ def _login_page(
         message=message,
         next=_next(target),
         login_csrf=token,
+        email=email,
     )
     set_cookie(request, response, LOGIN_COOKIE, token, 600, PREFIX + "/login")
     return response
@@ -121,7 +126,7 @@ async def login(
         )
     except (AuthenticationError, InvalidRequestError, RateLimitedError) as exc:
         status = 429 if isinstance(exc, RateLimitedError) else 401
-        return _login_page(request, exc.detail, form.get("next"), status)
+        return _login_page(request, exc.detail, form.get("next"), status, form.get("email", ""))
     issued = issue_token(settings, user.id)
     response = redirect(_next(form.get("next")))
     cookie = session_cookie(issued.token)
@@ -144,6 +149,12 @@ def home(user: ConsoleUser) -> Response:
     return redirect(PREFIX + ("/approvals" if user.role is Role.ADMIN else "/me"))
 
 
+@front.get("/")
+def node_front(request: Request) -> Response:
+    """The node's address in a browser: where the console and the API's documentation are."""
+    return page(request, "front.html", title="dpnode")
+
+
 @router.get("/me")
 def my_budget(
     request: Request, session: SessionDep, settings: SettingsDep, user: ConsoleUser
@@ -151,7 +162,7 @@ def my_budget(
     """Your budget, a chart of it, your budget requests and your waiting publishes."""
     view = budget_view(session, settings, user, user.id)
     requests = budget_routes.list_budget_requests(session, user, limit=50)
-    waiting = approval_routes.list_publish_approvals(session, user, limit=50)
+    waiting = approval_routes.list_publish_approvals(session, settings, user, limit=50)
     return page(
         request, "budget.html", title="My budget", view=view, requests=requests, approvals=waiting
     )
@@ -227,6 +238,7 @@ def ledger(
 def catalog(
     request: Request,
     session: SessionDep,
+    settings: SettingsDep,
     user: ConsoleUser,
     tags: str | None = None,
     text: str | None = None,
@@ -234,11 +246,14 @@ def catalog(
     """Datasets and models, with tags, bounds and owners: what ``/api/v1/search`` lists."""
     wanted = [t.strip() for t in (tags or "").split(",") if t.strip()]
     found = search_routes.search(session, user, tags=wanted, text=text or None, kind="any")
+    # each dataset's cap (used / cap), for its owner and admins
+    caps = dataset_budgets.visible_budgets(session, settings, user, (d.id for d in found.datasets))
     return page(
         request,
         "catalog.html",
         title="Datasets and models",
         found=found,
+        caps=caps,
         filters={"tags": tags or "", "text": text or ""},
     )
 

@@ -75,12 +75,17 @@ ENV.filters["number"] = _number
 ENV.filters["json"] = _json
 ENV.globals["prefix"] = PREFIX
 ENV.globals["csrf_field"] = CSRF_FIELD
+# What a browser checks before it sends a form (the node checks everything again): a number
+# as JSON writes it (0.5, 1e-6), a reason that is more than spaces.
+ENV.globals["number_pattern"] = r"\s*(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+\-]?[0-9]+)?\s*"
+ENV.globals["reason_pattern"] = r".*\S.*"
 
 
 def page(request: Request, template: str, status_code: int = 200, **values: Any) -> HTMLResponse:
     """Render ``template`` with the signed-in user (if any) and their CSRF token."""
     user = getattr(request.state, "console_user", None)
     values.setdefault("notice", "")
+    values.setdefault("error", None)  # a refused form (dpnode.node.console.forms.FormError)
     html = ENV.get_template(template).render(
         user=user,
         csrf=getattr(request.state, "csrf", ""),
@@ -101,6 +106,24 @@ def _error_page(request: Request, status: int, title: str, detail: str) -> HTMLR
 
 _TITLES = {401: "Sign in required", 403: "Forbidden", 404: "Not found", 409: "Conflict"}
 
+#: What a form's input may be refused with: a domain error or a schema's validation error.
+REFUSALS = (errors.DPNodeError, RequestValidationError, ValidationError)
+
+
+def refusal(exc: Exception) -> tuple[int, str]:
+    """The status code and message the API would answer ``exc`` (one of :data:`REFUSALS`) with.
+
+    >>> refusal(InvalidRequestError("say why"))
+    (422, 'say why')
+    """
+    if isinstance(exc, errors.DPNodeError):
+        from dpnode.node.app import status_for  # the app factory imports the console
+
+        return status_for(exc), exc.detail
+    if isinstance(exc, RequestValidationError | ValidationError):
+        return 422, _validation(exc)
+    raise TypeError(f"{type(exc).__name__} is not a refusal") from exc
+
 
 class ConsoleRoute(APIRoute):
     """A route whose errors are answered as pages, not as the API's JSON."""
@@ -117,13 +140,10 @@ class ConsoleRoute(APIRoute):
                 return redirect(f"{PREFIX}/login?next={quote(request.url.path)}&why={why}")
             except CsrfError as exc:
                 return _error_page(request, 403, "Forbidden", str(exc))
-            except errors.DPNodeError as exc:
-                from dpnode.node.app import status_for  # the app factory imports the console
-
-                status = status_for(exc)
-                return _error_page(request, status, _TITLES.get(status, "Refused"), exc.detail)
-            except (RequestValidationError, ValidationError) as exc:
-                return _error_page(request, 422, "Invalid input", _validation(exc))
+            except REFUSALS as exc:
+                status, detail = refusal(exc)
+                title = "Invalid input" if status == 422 else _TITLES.get(status, "Refused")
+                return _error_page(request, status, title, detail)
             except Exception as exc:  # as the API's handler: logged, named, no detail shown
                 log.exception("unhandled error", exc_info=exc)
                 detail = f"the node failed unexpectedly ({type(exc).__name__})"

@@ -385,6 +385,9 @@ class PublishApproval(Timestamped, Base):
     step_delta_units: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     #: The most values one step may noise (its samplers' cost grows with them).
     step_values: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    #: A publish's computation as the admin reads it (``dpnode.node.services.approvals``):
+    #: its listing, sensitivity, noise scale and output shapes; ``None`` before it was kept.
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     user: Mapped[User] = relationship(foreign_keys=[user_id])
 

@@ -36,17 +36,20 @@ from dpnode.core.errors import (
 )
 from dpnode.node.db.base import utcnow
 from dpnode.node.db.models import PublishApproval, RequestStatus, Role, User
-from dpnode.node.services import audit
+from dpnode.node.services import approval_review, audit
+from dpnode.node.settings import Settings
 
 if TYPE_CHECKING:
     from dpnode.node.services.budget import Cost
     from dpnode.node.services.policy import InForce
 
 __all__ = [
+    "MAX_DESCRIPTION",
     "PUBLISH",
     "RUN",
     "answer",
     "answer_of",
+    "check_description",
     "find",
     "find_run",
     "list_approvals",
@@ -60,6 +63,28 @@ __all__ = [
 _OPEN = (RequestStatus.PENDING, RequestStatus.APPROVED, RequestStatus.DENIED)
 #: ``PublishApproval.kind``: one publish, or a training run's steps together.
 PUBLISH, RUN = "publish", "run"
+#: The longest description a publish or a run may carry (what it is for, in the requester's words).
+MAX_DESCRIPTION = 500
+
+
+def check_description(text: str, what: str = "a publish's description") -> str:
+    """``text`` without surrounding blanks, refused when too long or holding control characters
+    other than newlines and tabs (it is shown to admins).
+
+    >>> check_description("  mean bmi for the report ")
+    'mean bmi for the report'
+    >>> check_description("x" * 501, "it")
+    Traceback (most recent call last):
+    ...
+    dpnode.core.errors.InvalidRequestError: it is at most 500 characters, got 501
+    """
+    if len(text) > MAX_DESCRIPTION:
+        raise InvalidRequestError(
+            f"{what} is at most {MAX_DESCRIPTION} characters, got {len(text)}"
+        )
+    if any(ord(c) < 32 and c not in "\n\t" for c in text):
+        raise InvalidRequestError(f"{what} may not hold control characters (newlines are fine)")
+    return text.strip()
 
 
 def _key(cost: Cost) -> str:
@@ -120,10 +145,19 @@ def queue(
         rule=decision.rule,
         reason=decision.reason,
         policy_revision=revision,
+        description=cost.description,
+        detail=_detail(cost),
     )
     session.add(row)
     session.flush()
     return row
+
+
+def _detail(cost: Cost) -> dict[str, Any]:
+    """What an admin reads of a queued publish: its listing, sensitivity, noise scale and
+    output shapes (public: made from the graph and the public metadata alone)."""
+    computation = cost.computation() if callable(cost.computation) else cost.computation
+    return {**cost.detail, "computation": computation or []}
 
 
 def find_run(session: Session, user_id: int, plan_hash: str) -> PublishApproval | None:
@@ -280,9 +314,21 @@ def _status(status: str) -> RequestStatus:
 
 
 def answer(
-    session: Session, admin: User, approval_id: int, *, approve: bool, reason: str
+    session: Session,
+    settings: Settings,
+    admin: User | None,
+    approval_id: int,
+    *,
+    approve: bool,
+    reason: str,
+    operator: str | None = None,
 ) -> PublishApproval:
-    """Approve or deny a pending publish, once, and audit it; commits.
+    """Approve or deny a pending publish, once, and audit it with what was answered (the
+    computation, its noise, the requester's budget, the datasets' caps); commits.
+
+    Args:
+        admin: who answers, or ``None`` for the node's operator on the command line.
+        operator: who ran the command line, when ``admin`` is None.
 
     Raises:
         PermissionDeniedError: not an admin.
@@ -290,7 +336,7 @@ def answer(
         ConflictError: it was already answered.
         InvalidRequestError: no reason (the audit log says who answered, and why).
     """
-    if admin.role is not Role.ADMIN:
+    if admin is not None and admin.role is not Role.ADMIN:
         raise PermissionDeniedError("only admins may answer publish approvals")
     query = select(PublishApproval).where(PublishApproval.id == approval_id)
     if session.get_bind().dialect.name != "sqlite":
@@ -305,10 +351,11 @@ def answer(
     if not reason.strip():
         verb = "approved" if approve else "denied"
         raise InvalidRequestError(f"say why the publish is {verb}: a reason is required")
+    review = approval_review.reviews(session, settings, admin, [row])[row.id]
     row.status = RequestStatus.APPROVED if approve else RequestStatus.DENIED
     row.decided_at = utcnow()
-    row.decided_by_id = admin.id
-    row.decided_by = admin.email
+    row.decided_by_id = admin.id if admin is not None else None
+    row.decided_by = decider(admin, operator)
     row.decision_reason = reason.strip()
     audit.record(
         session,
@@ -324,6 +371,17 @@ def answer(
         graph_hash=row.graph_hash,
         datasets=row.dataset_ids,
         reason=row.decision_reason,
+        **approval_review.audit_terms(review, row),
+        **({"operator": operator} if admin is None else {}),
     )
     session.commit()
     return row
+
+
+def decider(admin: User | None, operator: str | None) -> str:
+    """Who answered a request, as the request records it.
+
+    >>> decider(None, "ops")
+    'command line (ops)'
+    """
+    return admin.email if admin is not None else f"command line ({operator or 'operator'})"

@@ -81,6 +81,7 @@ from dpnode.node.services.ledger_sums import (
     policy_user,
 )
 from dpnode.node.services.policy import InForce
+from dpnode.node.services.spending_mark import SpendingMark, dataset_key, user_key
 from dpnode.node.settings import Settings
 
 __all__ = [
@@ -289,16 +290,21 @@ def charge(
     cost: Cost,
     *,
     claim: idempotency.Claim | None = None,
+    mark: SpendingMark | None = None,
 ) -> tuple[Charged, Status]:
     """Decide the cost under the policy in force and record it, atomically.
 
     ``serial_sessions`` must be bound to ``dpnode.node.db.session.serial_engine``. Returns the
     committed ledger row and the budget after it. ``claim``: the publish's idempotency key,
-    recorded with the ledger row (a refused charge records none).
+    recorded with the ledger row (a refused charge records none). ``mark``: the node's
+    budget mark, which is made to cover the charge before it commits (the node passes it;
+    tests of the decision alone may not).
 
     Raises:
         BudgetExceededError: the cost does not fit the user's budget or a dataset's cap;
             nothing is recorded in the ledger. ``rule`` and ``policy_revision`` say which.
+        BudgetMarkError: the database is behind the budget mark (a restored backup), or the
+            mark cannot be read or written; nothing is recorded.
         PolicyRefusedError: another rule refused it (per-publish cap, rate limit, denial).
         ApprovalRequiredError: the publish waits for an admin; a pending request is stored.
         AuthenticationError: the account no longer exists or was deactivated.
@@ -315,6 +321,8 @@ def charge(
         connection.begin()
         tx = _Transaction(connection)
         locked = _lock(connection, user_id, cost.dataset_ids)
+        if mark is not None:  # before this charge writes: the database as committed
+            mark.verify(connection)
         user, found, in_force, puser = locked.user, locked.found, locked.in_force, locked.puser
 
         def refusing() -> None:
@@ -473,5 +481,18 @@ def charge(
             steps, used = run_total(connection, after, user.id, run.id)
             so_far = RunSoFar(run.id, steps, run.steps, used.epsilon_units, used.delta_units)
             after = replace(after, run=so_far)
-        tx.commit()
+        if mark is None:
+            tx.commit()
+            return entry, after
+        # The one place a charge commits: the mark covers it first (a reservation), so that
+        # it is never below what was released.
+        keys = [user_key(user.id), *(dataset_key(found[d]) for d in entry.dataset_ids)]
+        amount = (entry.epsilon_units, entry.rho_units, entry.tv_units)
+        mark.reserve(connection, keys, amount)
+        try:
+            tx.commit()
+        except BaseException:
+            mark.rolled_back(keys, amount)
+            raise
+        mark.committed(keys, amount)
         return entry, after

@@ -20,6 +20,7 @@ from dpnode.node.db.base import utcnow
 from dpnode.node.db.models import BudgetGrant, BudgetRequest, RequestStatus, Role, User
 from dpnode.node.numbers import read_id
 from dpnode.node.services import audit, budget, users
+from dpnode.node.services.approvals import decider
 
 __all__ = [
     "answer_request",
@@ -101,15 +102,16 @@ def request_budget(
 
 def list_requests(
     session: Session,
-    actor: User,
+    actor: User | None,
     *,
     status: str | None = None,
     user_id: int | None = None,
     limit: int = 100,
 ) -> list[BudgetRequest]:
-    """Requests, newest first: admins see everyone's, anyone else their own."""
+    """Requests, newest first: admins (and the operator's command line, ``None``) see
+    everyone's, anyone else their own."""
     query = select(BudgetRequest).order_by(BudgetRequest.id.desc()).limit(limit)
-    if actor.role is not Role.ADMIN:
+    if actor is not None and actor.role is not Role.ADMIN:
         query = query.where(BudgetRequest.user_id == actor.id)
     elif user_id is not None:
         query = query.where(BudgetRequest.user_id == user_id)
@@ -134,7 +136,7 @@ def _grant(
     operator: str | None,
     request_id: int | None = None,
 ) -> BudgetGrant:
-    by = admin.email if admin is not None else f"command line ({operator or 'operator'})"
+    by = decider(admin, operator)
     row = BudgetGrant(
         at=utcnow(),
         user_id=user.id,
@@ -198,15 +200,20 @@ def grant(
 
 def answer_request(
     session: Session,
-    admin: User,
+    admin: User | None,
     request_id: int,
     *,
     approve: bool,
     epsilon: float | None = None,
     delta: float | None = None,
     reason: str = "",
+    operator: str | None = None,
 ) -> BudgetRequest:
     """Approve (granting ``epsilon``/``delta``, by default what was asked) or deny; commits.
+
+    Args:
+        admin: who answers, or ``None`` for the node's operator on the command line.
+        operator: who ran the command line, when ``admin`` is None.
 
     Raises:
         PermissionDeniedError: not an admin.
@@ -215,7 +222,7 @@ def answer_request(
         InvalidRequestError: no reason (the audit log says who answered, and why), or a bad
             amount.
     """
-    if admin.role is not Role.ADMIN:
+    if admin is not None and admin.role is not Role.ADMIN:
         raise PermissionDeniedError("only admins may answer budget requests")
     query = select(BudgetRequest).where(BudgetRequest.id == request_id)
     if session.get_bind().dialect.name != "sqlite":
@@ -229,8 +236,8 @@ def answer_request(
     user = session.get(User, row.user_id)
     assert user is not None
     row.decided_at = utcnow()
-    row.decided_by_id = admin.id
-    row.decided_by = admin.email
+    row.decided_by_id = admin.id if admin is not None else None
+    row.decided_by = decider(admin, operator)
     row.decision_reason = reason.strip()
     if approve:
         # By default exactly what was asked, in units (no round trip through a float).
@@ -245,7 +252,7 @@ def answer_request(
             eps,
             dlt,
             row.decision_reason or row.reason,
-            operator=None,
+            operator=operator,
             request_id=row.id,
         )
         row.status = RequestStatus.APPROVED
@@ -267,6 +274,7 @@ def answer_request(
         asked_delta_units=row.delta_units,
         reason=row.decision_reason,
         **more,
+        **({"operator": operator} if admin is None else {}),
     )
     session.commit()
     return row

@@ -78,13 +78,16 @@ def get_item(
 def delete_item(
     session: Session,
     store: BlobStore,
-    actor: User,
+    actor: User | None,
     item: Dataset | Model,
     digests: Iterable[str | None],
+    **detail: Any,
 ) -> None:
-    """Delete ``item`` (its owner or an admin), audit it, then free its unused blobs."""
+    """Delete ``item`` (its owner, an admin, or the operator's command line: ``actor`` None),
+    audit it with ``detail``, then free its unused blobs."""
     kind = item.__tablename__[:-1]
-    require_owner(actor, item.owner_id, f"{kind} {item.name!r}")
+    if actor is not None:
+        require_owner(actor, item.owner_id, f"{kind} {item.name!r}")
     # Lock the row and read it again: on PostgreSQL concurrent deletes of one item each read
     # it before any deleted it, and each answered 204 and wrote its audit event.
     entity = type(item)
@@ -92,7 +95,13 @@ def delete_item(
     if session.scalar(locked) is None:
         raise NotFoundError(f"no {kind} {item.id}")
     audit.record(
-        session, actor, f"{kind}.delete", target_type=kind, target_id=item.id, name=item.name
+        session,
+        actor,
+        f"{kind}.delete",
+        target_type=kind,
+        target_id=item.id,
+        name=item.name,
+        **detail,
     )
     session.delete(item)
     session.commit()

@@ -164,6 +164,11 @@ class Cost:
     #: release made of several mechanisms (a synthesis: its selections' pure epsilon and
     #: every sampler's deviation, each at its own parameters); ``None``: from ``tv_units``.
     extra_units: tuple[int, int] | None = None
+    #: The computation as an admin reads it (:func:`dpnode.core.engine.listing.listing`),
+    #: or a function making it: made only when the publish is queued for an approval.
+    computation: list[str] | Callable[[], list[str]] | None = None
+    #: What the requester says the publish is for (kept with an approval and the ledger row).
+    description: str = ""
 
     @property
     def asked_epsilon(self) -> int:

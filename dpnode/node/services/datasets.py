@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 from sqlalchemy.orm.interfaces import LoaderOption
@@ -21,7 +21,14 @@ from dpnode.core.errors import (
 )
 from dpnode.core.privacy import Subjects
 from dpnode.core.privacy.subjects import KeptByBytes
-from dpnode.node.db.models import Dataset, DatasetColumn, DatasetTag, Role, User
+from dpnode.node.db.models import (
+    Dataset,
+    DatasetColumn,
+    DatasetTag,
+    LedgerEntryDataset,
+    Role,
+    User,
+)
 from dpnode.node.services import audit, blobs
 from dpnode.node.services.catalog import (
     check_item_name,
@@ -381,13 +388,46 @@ def search_datasets(
     return list(session.scalars(query))
 
 
-def delete_dataset(session: Session, store: BlobStore, actor: User, ref: int | str) -> None:
-    """Delete a dataset and the array bytes nothing else uses (owner or admin)."""
+def charges_on(session: Session, dataset_id: int) -> int:
+    """How many ledger rows read the dataset (they outlive it: ``LedgerEntryDataset``)."""
+    query = select(func.count()).where(LedgerEntryDataset.dataset_id == dataset_id)
+    return session.scalar(query) or 0
+
+
+def delete_dataset(
+    session: Session,
+    store: BlobStore,
+    actor: User | None,
+    ref: int | str,
+    *,
+    uncharged_only: bool = False,
+    **detail: Any,
+) -> None:
+    """Delete a dataset and the array bytes nothing else uses, and audit it.
+
+    Args:
+        actor: its owner or an admin; ``None`` for the node's operator on the command line.
+        uncharged_only: refuse when the ledger has charges on it (the charges stay, and
+            count against its name's caps, but its columns and bounds would be gone).
+        detail: more for the audit event (the operator's name).
+
+    Raises:
+        NotFoundError: no such dataset.
+        PermissionDeniedError: ``actor`` neither owns it nor is an admin.
+        ConflictError: ``uncharged_only`` and the ledger has charges on it.
+    """
     dataset = get_dataset(session, ref)
+    charges = charges_on(session, dataset.id)
+    if uncharged_only and charges:
+        raise ConflictError(
+            f"dataset {dataset.name!r} has {charges} privacy charge(s) in the ledger; the "
+            "ledger keeps them after a delete, but no longer the columns and bounds they read. "
+            "Delete it anyway with `dpnode dataset delete --charged`"
+        )
     digests = [dataset.subjects_blob]
     for column in dataset.columns:
         digests += [column.blob, column.mock_blob]
-    delete_item(session, store, actor, dataset, digests)
+    delete_item(session, store, actor, dataset, digests, charges=charges, **detail)
 
 
 def download_mock(

@@ -44,6 +44,7 @@ answer (:func:`answered`) once it is sent.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -65,6 +66,7 @@ from dpnode.core.engine import (
     plan,
     structure_hash,
 )
+from dpnode.core.engine.listing import listing
 from dpnode.core.engine.subnormals import flush
 from dpnode.core.engine.wire import Layout, decode_layout, hollow_constants, rebind
 from dpnode.core.errors import (
@@ -83,8 +85,8 @@ from dpnode.core.structures import Found
 from dpnode.node.cluster import Column, columns_for
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import MAX_ID, PublishKey, Role, User
-from dpnode.node.services import audit, budget, datasets, idempotency, models, users
-from dpnode.node.services.budget import EPSILON_UNIT, RHO_UNIT, TV_UNIT, Cost
+from dpnode.node.services import approvals, audit, budget, datasets, idempotency, models, users
+from dpnode.node.services.budget import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, TV_UNIT, Cost
 from dpnode.node.services.release_plans import selection_key
 from dpnode.node.storage import array_from_bytes
 
@@ -96,6 +98,9 @@ class PublishRequest:
     delta: float | None = None
     #: The planned training run this publish is a step of (``dpnode.node.services.runs``).
     run_id: int | None = None
+    #: What the requester says it is for: shown to the admin who approves it, kept in the
+    #: ledger row (at most ``approvals.MAX_DESCRIPTION`` characters).
+    description: str = ""
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,8 @@ class _Inputs:
     #: private columns, read only once a release has been charged
     private: dict[str, tuple[datasets.ReadDataset, datasets.ReadColumn]]
     dataset_ids: list[int]
+    #: how a listing of the computation calls each input (``dpnode.core.engine.listing``)
+    labels: dict[str, str]
 
     def values(
         self, context: NodeContext, elsewhere: frozenset[str] = frozenset()
@@ -165,6 +172,7 @@ def _resolve(context: NodeContext, read: _Read | None, graph: Graph) -> _Inputs:
     subjects: dict[int, npt.NDArray[np.int64] | None] = {}
     structures: dict[int, Subjects] = {}
     loaded: dict[int, datasets.ReadDataset] = {}  # one query per dataset
+    labels: dict[str, str] = {}
     for name in graph.input_names():
         match = INPUT.fullmatch(name)
         if match is None:
@@ -192,11 +200,15 @@ def _resolve(context: NodeContext, read: _Read | None, graph: Graph) -> _Inputs:
             if column is None and part == "@subject":  # public: DP-SGD's clipping groups
                 public[name] = first_rows(subjects[dataset.id], dataset.row_count)
                 specs[name] = InputSpec.public(public[name])
+                labels[name] = f"{dataset.name}.subjects  each row's subject (public)"
                 dataset_ids.add(dataset.id)
                 continue
             if column is None:
                 raise NotFoundError(f"dataset {dataset.name!r} has no column {part!r}")
             specs[name] = InputSpec.private(column.lower, column.upper, structures[dataset.id])
+            labels[name] = (
+                f"{dataset.name}[{json.dumps(part)}]  bounds [{column.lower:g}, {column.upper:g}]"
+            )
             private[name] = (dataset, column)
             dataset_ids.add(dataset.id)
             continue
@@ -217,7 +229,8 @@ def _resolve(context: NodeContext, read: _Read | None, graph: Graph) -> _Inputs:
         )
         specs[name] = InputSpec.public(weights)
         public[name] = weights
-    return _Inputs(specs, public, private, sorted(dataset_ids))
+        labels[name] = f"{model.name}[{json.dumps(part)}]  public weights"
+    return _Inputs(specs, public, private, sorted(dataset_ids), labels)
 
 
 @dataclass(frozen=True)
@@ -289,9 +302,25 @@ def _check_delta(delta: float) -> float:
     return delta
 
 
-def _cost(rp: ReleasePlan, request: PublishRequest, inputs: _Inputs, graph: Graph) -> Cost:
+#: How a listing names the sensitivity each mechanism is calibrated to.
+_SENSITIVITY = {"laplace": "L1 sensitivity", "gaussian": "L2 sensitivity"}
+
+
+def _release_note(rp: ReleasePlan) -> str:
+    """What a listing's release line says: shapes, sensitivity, mechanism and noise scale."""
+    noise = rp.noise
+    shapes = ", ".join(str(tuple(o.shape)) for o in rp.report.outputs)
+    kind = _SENSITIVITY.get(noise.mechanism, "sensitivity")
+    return (
+        f"{'shape' if len(rp.report.outputs) == 1 else 'shapes'} {shapes}, "
+        f"{kind} {noise.sensitivity:.4g}, {noise.mechanism} scale {noise.scale:.4g}"
+    )
+
+
+def _cost(rp: ReleasePlan, request: PublishRequest, inputs: _Inputs, planned: Plan) -> Cost:
     """What the planned release costs, in ledger units: from the plan, never the values."""
     noise = rp.noise
+    graph = planned.graph
     if noise.mechanism != "gaussian":  # Laplace noise or a selection: pure epsilon
         cost = Cost(
             noise.mechanism,
@@ -308,6 +337,7 @@ def _cost(rp: ReleasePlan, request: PublishRequest, inputs: _Inputs, graph: Grap
             "sensitivity": noise.sensitivity,
             "scale": noise.scale,
             "outputs": [list(o.shape) for o in rp.report.outputs],
+            **({"description": request.description} if request.description else {}),
         },
         # What the policy's per-publish caps and approval thresholds compare against, and
         # the exact computation (constants included) an admin's approval covers, computed
@@ -316,6 +346,8 @@ def _cost(rp: ReleasePlan, request: PublishRequest, inputs: _Inputs, graph: Grap
         asked_delta_units=0 if request.delta is None else budget.delta_asked_units(request.delta),
         frame_hash=lambda: content_hash(encode(graph)),
         run_id=request.run_id,
+        computation=lambda: listing(planned, inputs.labels, release=_release_note(rp)),
+        description=request.description,
     )
 
 
@@ -398,6 +430,7 @@ def _prepare(
     ``read``'s transaction, or from what this process knows: see :func:`_resolve`). A key
     answered already is answered from ``read``'s account row."""
     charged = budget.quantize_epsilon(request.epsilon)  # a bad epsilon, before any work
+    approvals.check_description(request.description)
     if request.delta is not None:
         _check_delta(request.delta)
     found = context.structures.find(actor_id, frame)  # a reference names its frame
@@ -431,11 +464,11 @@ def _plan(context: NodeContext, request: PublishRequest, prepared: _Prepared) ->
         )
         if key is not None and rp.selection is not None:  # public: kept for the same request
             context.selections.add(key, rp)
-    cost = _cost(rp, request, inputs, prepared.graph)
+    cost = _cost(rp, request, inputs, prepared.planned)
     # where it is evaluated: decided from public metadata, the cluster checked before the charge
     cluster = context.cluster
     columns = None
-    if cluster is not None and rp.selection is None:
+    if cluster is not None and rp.selection is None and rp.keys is None:
         columns = columns_for(context.settings, rp.plan, inputs.stored())
     threads = cluster.check() if cluster is not None and columns is not None else 0
     return _Decided(prepared.claim, inputs, rp, cost, columns, threads)
@@ -514,7 +547,12 @@ def publish(
     cluster, columns, threads = context.cluster, decided.columns, decided.threads
     try:
         entry, after = budget.charge(
-            context.serial_sessions, context.settings, actor_id, cost, claim=claim
+            context.serial_sessions,
+            context.settings,
+            actor_id,
+            cost,
+            claim=claim,
+            mark=context.mark,
         )
     except NotFoundError:  # a dataset deleted since it was read: nothing was charged
         context.known_datasets.forget(inputs.dataset_ids)
@@ -564,6 +602,13 @@ def publish(
         "policy": after.in_force.name,
         "policy_revision": entry.policy_revision,
     }
+    if rp.keys is not None:  # keys kept above a noisy threshold (docs/privacy.md)
+        # the ledger's direct delta holds the threshold's (as asked) and the sampler's
+        sampler = max(entry.tv_units - cost.asked_delta_units, 0)
+        receipt["sampler_delta"] = float(sampler * DELTA_UNIT)
+        receipt["threshold"] = rp.keys.plan.threshold
+        receipt["threshold_delta"] = rp.keys.plan.bad
+        receipt["rows_moved"] = rp.keys.plan.rows_moved
     return Published(done.values, receipt, done.failure)
 
 

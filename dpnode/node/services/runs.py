@@ -105,8 +105,7 @@ def _check(run: RunPlan) -> None:
     steps = run.steps
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
         raise InvalidRequestError(f"steps must be a whole number in [1, {MAX_STEPS}], got {steps}")
-    if len(run.description) > 500:
-        raise InvalidRequestError("a run's description is at most 500 characters")
+    approvals.check_description(run.description, "a run's description")
 
 
 def plan(

@@ -381,6 +381,46 @@ def check_declarations(
         raise UploadRejectedError(f"{what}data has no subject id column {spec.subject_id!r}")
 
 
+def check_undeclared(dtypes: Mapping[str, np.dtype[Any]], spec: ColumnSpec, what: str = "") -> None:
+    """Every column but the subject id has its contract declared: bounds for numbers, a
+    category list for strings. All that lack one are named in one refusal, so an upload is
+    not sent again once per forgotten column.
+
+    >>> i = np.dtype("int64")
+    >>> try:
+    ...     check_undeclared({"a": i, "b": i, "c": np.dtype("O")}, ColumnSpec({}, {}))
+    ... except UploadRejectedError as exc:
+    ...     print(str(exc).split("; ")[0], "| strings too:", "column 'c' holds strings" in str(exc))
+    columns 'a', 'b' have no declared bounds | strings too: True
+    """
+    declared = {*spec.bounds, *spec.categories, spec.subject_id}
+    strings = [c for c, d in dtypes.items() if d.kind in "OUS" and c not in declared]
+    numbers = [c for c, d in dtypes.items() if d.kind in "iuf" and c not in declared]
+    problems = []
+    if numbers:
+        named = ", ".join(repr(c) for c in numbers)
+        wanted = ", ".join(f"{c!r}: (low, high)" for c in numbers)
+        have = "has" if len(numbers) == 1 else "have"
+        problems.append(
+            f"{what}column{'s' * (len(numbers) > 1)} {named} {have} no declared bounds; "
+            f"pass bounds={{{wanted}}}"
+        )
+    if strings:
+        named = ", ".join(repr(c) for c in strings)
+        wanted = ", ".join(f"{c!r}: ['a', 'b']" for c in strings)
+        hold = "holds" if len(strings) == 1 else "hold"
+        its = "its" if len(strings) == 1 else "their"
+        problems.append(
+            f"{what}column{'s' * (len(strings) > 1)} {named} {hold} strings: declare {its} "
+            f"public category list, e.g. categories={{{wanted}}}"
+        )
+    if problems:
+        raise UploadRejectedError(
+            "; and ".join(problems) + ". The declarations are the public privacy contract "
+            "every result's noise is calibrated to"
+        )
+
+
 def prepare_table(
     columns: Mapping[str, npt.NDArray[Any]],
     spec: ColumnSpec,
@@ -403,6 +443,7 @@ def prepare_table(
     """
     names = list(order) if order is not None else list(columns)
     check_declarations(names, list(columns), spec, what)
+    check_undeclared({name: columns[name].dtype for name in names}, spec, what)
     row_counts = {name: (columns[name].shape[0] if columns[name].ndim else 0) for name in names}
     n = row_counts[names[0]]
     if n == 0 or len(set(row_counts.values())) != 1:

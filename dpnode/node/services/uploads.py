@@ -54,7 +54,13 @@ from dpnode.node.db.models import Dataset, User
 from dpnode.node.services.catalog import require_uploader
 from dpnode.node.services.datasets import get_dataset
 from dpnode.node.services.finalize import store_received
-from dpnode.node.services.tabular import STORABLE_DTYPES, ColumnSpec, check_bounds, check_name
+from dpnode.node.services.tabular import (
+    STORABLE_DTYPES,
+    ColumnSpec,
+    check_bounds,
+    check_name,
+    check_undeclared,
+)
 from dpnode.node.storage import BlobStore
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{24}$")
@@ -195,6 +201,11 @@ def _check_plan(plan: UploadPlan, limits: UploadLimits) -> None:
         check_name("column", name)
     for name, bounds in plan.bounds.items():  # before any chunk is sent, not at finalize
         check_bounds(name, bounds)
+    parts = {p.name.removeprefix("data/"): p for p in plan.parts if p.name.startswith("data/")}
+    check_undeclared(
+        {name: np.dtype(p.dtype) for name, p in parts.items() if p.dtype in STORABLE_DTYPES},
+        plan.spec,
+    )
     for part in plan.parts:
         if part.dtype not in STORABLE_DTYPES:
             raise UploadRejectedError(

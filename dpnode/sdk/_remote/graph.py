@@ -305,8 +305,19 @@ class Encoded:
 
 
 def encode_graph(graph: Graph) -> Encoded:
-    """Encode ``graph`` once, computing its structure hash from the same header."""
-    header, buf = _wire._header_and_buffer(graph)
+    """Encode ``graph`` once, computing its structure hash from the same header.
+
+    Raises:
+        GraphError: the graph breaks the wire format's rules (the SDK's error for the
+            node's own check, which runs here before anything is sent).
+    """
+    from dpnode.core.errors import DPNodeError as CoreError
+    from dpnode.sdk._exceptions import BY_CODE, GraphError
+
+    try:
+        header, buf = _wire._header_and_buffer(graph)
+    except CoreError as exc:
+        raise BY_CODE.get(exc.code, GraphError)(str(exc)) from exc
     canon = json.dumps(
         header, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
     )

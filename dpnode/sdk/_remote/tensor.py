@@ -61,6 +61,43 @@ _WHERE = "Choose between values remotely with torch.where(condition, a, b)."
 _torch_function = torch._C._disabled_torch_function_impl
 
 
+#: the node's integers: int64
+_INT64 = range(-(2**63), 2**63)
+
+
+def _check_constants(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse a Python integer constant that does not fit int64 before torch sees it: torch
+    would raise an ``OverflowError`` for some and wrap others around as unsigned (``x > 2**63``
+    true for every ``x``), and the node computes with int64.
+
+    Raises:
+        GraphError: names the call and the constant, and what to write instead.
+    """
+    for arg in (*args, *kwargs.values()):
+        for v in arg if type(arg) in (list, tuple) else (arg,):
+            if type(v) is int and v not in _INT64:
+                from dpnode.sdk._exceptions import GraphError
+
+                name = torch.overrides.resolve_name(func) or getattr(func, "__name__", "an op")
+                raise GraphError(
+                    f"{name}: the integer constant {v} does not fit int64, the node's integers "
+                    f"(-2**63 to 2**63 - 1): write it as a float ({_as_float(v)}) or within "
+                    "that range"
+                )
+
+
+def _as_float(v: int) -> str:
+    """``v`` as a float literal, infinite beyond the floats.
+
+    >>> _as_float(2**63), _as_float(-(10**400))
+    ('9.223372036854776e+18', "-float('inf')")
+    """
+    try:
+        return repr(float(v))
+    except OverflowError:
+        return "float('inf')" if v > 0 else "-float('inf')"
+
+
 def _private(what: str, advice: str = "") -> Exception:
     from dpnode.sdk._remote.dispatch import private_error
 
@@ -102,6 +139,7 @@ class RemoteTensor(torch.Tensor):
         outer = calls.func
         calls.func = func
         kwargs = kwargs if kwargs is not None else {}
+        _check_constants(func, args, kwargs)
         try:
             override = OVERRIDES.get(func)
             if override is not None:
@@ -217,11 +255,19 @@ class RemoteTensor(torch.Tensor):
 
         return build([self.node])
 
-    def publish(self, *, epsilon: float, delta: float | None = None, client: Any = None) -> Any:
-        """Compute this tensor on the node and release it with noise (see ``sdk.publish``)."""
+    def publish(
+        self,
+        *,
+        epsilon: float,
+        delta: float | None = None,
+        client: Any = None,
+        description: str = "",
+    ) -> Any:
+        """Compute this tensor on the node and release it with noise (see ``sdk.publish``;
+        ``description``: what it is for, shown to an admin who approves it)."""
         from dpnode.sdk._publish import publish
 
-        return publish(self, epsilon=epsilon, delta=delta, client=client)
+        return publish(self, epsilon=epsilon, delta=delta, client=client, description=description)
 
     def sensitivity(self, *, client: Any = None) -> Any:
         """How far this tensor can move when one subject changes (free; ``sdk.sensitivity``)."""

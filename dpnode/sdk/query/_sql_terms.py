@@ -112,6 +112,16 @@ _FLIPPED: dict[type[exp.Expr], type[exp.Expr]] = {
 }
 
 
+#: names SQL reads as columns that a user means as numbers, and what to write instead
+_NOT_NUMBERS = {
+    "nan": "no value equals NaN; compare the column with a number",
+    "infinity": "compare with a number beyond the column's bounds (e.g. 1e308), or leave the "
+    "condition out",
+    "inf": "compare with a number beyond the column's bounds (e.g. 1e308), or leave the "
+    "condition out",
+}
+
+
 def predicate(table: Table, node: exp.Expr) -> Any:
     """The builder's predicate for a WHERE condition."""
     rule = _PREDICATES.get(type(node))
@@ -145,6 +155,9 @@ def _comparison(table: Table, node: exp.Expr) -> Any:
                 "compare the column itself with a constant (e.g. age > 29, not age + 1 > 30)",
             )
     if isinstance(right, exp.Column):
+        if not right.table and right.name.lower() in _NOT_NUMBERS:
+            raise refuse(f"{right.name} as a constant", _NOT_NUMBERS[right.name.lower()])
+        table.column(right, "WHERE")  # a name that is no column is refused as such
         raise refuse(
             f"a comparison of two columns ({shown(node)})",
             "compare a column with a constant",

@@ -346,17 +346,18 @@ def _selected(
 def compile_query(
     query: Query,
     keys: Sequence[Key],
+    where: torch.Tensor | None,
     delta: float | None,
     charged: Callable[[list[torch.Tensor], float | None], float],
 ) -> Compiled:
-    """The publishes of ``query`` (already checked), for a release at ``delta``.
+    """The publishes of ``query`` (already checked, its filter's mask ``where``), for a
+    release at ``delta``.
 
     ``charged(tensors, delta)``: what the node charges for publishing ``tensors`` in the
     mechanism's norm (asked only for a query of counts alone).
     """
     ds = query.ds
     cells = math.prod(len(k.keys) for k in keys) if keys else 1
-    where = query.where.mask(ds) if query.where is not None else None
     columns = [a.column for a in query.aggregates if a.column is not None]
     columns += [k.column for k in keys]
     rows = _rows(ds, columns or sorted(ds.columns)[:1])

@@ -71,7 +71,8 @@ def as_number(info: ColumnInfo, value: Any) -> int | float:
     column, an int for an integer column if it is one (a NumPy scalar's value).
 
     Raises:
-        AggregateTypeError: a string against a numeric column.
+        AggregateTypeError: a string against a numeric column, or a boolean against one
+            that is not boolean (``True`` is not the number 1 to a query).
         QueryError: anything else that is not a number, or NaN (which no row equals).
     """
     if isinstance(value, str):
@@ -81,6 +82,11 @@ def as_number(info: ColumnInfo, value: Any) -> int | float:
         )
     if isinstance(value, np.generic):
         value = value.item()
+    if isinstance(value, bool) and info.dtype != "bool":
+        raise AggregateTypeError(
+            f"column {info.name!r} is {info.dtype}, not bool: compare it with a number "
+            f"({int(value)}), not {value!r}"
+        )
     if not isinstance(value, (int, float)) or (isinstance(value, float) and math.isnan(value)):
         raise QueryError(f"compare column {info.name!r} with a number, got {value!r}")
     if not is_integral(info):  # a float column compares with floats (10**30 as 1e30)

@@ -28,6 +28,13 @@ import torch
 
 from dpnode.sdk.query.aggregates import Aggregate
 from dpnode.sdk.query.compile import COUNT, Compiled, Release, Values, compile_query
+from dpnode.sdk.query.discovery import (
+    DiscoveredKeys,
+    discover_keys,
+    hidden_columns,
+    planned_text,
+    publish_discovered,
+)
 from dpnode.sdk.query.errorbars import ErrorBar, candidate_count, error_bar
 from dpnode.sdk.query.errors import InvalidBudgetError, QueryError
 from dpnode.sdk.query.expressions import Predicate, column_info
@@ -161,7 +168,9 @@ class Query:
             raise QueryError("top_k ranks groups: group_by(...) first, then top_k(k)")
         return resolve_keys(self.ds, self.by, dict(self.declared)) if self.by else ()
 
-    def _checked(self) -> tuple[Key, ...]:
+    def _checked(self) -> tuple[tuple[Key, ...], torch.Tensor | None]:
+        """The group keys, and the filter's mask (recorded once: its columns and constants
+        are checked as it records)."""
         keys = self._keys()
         if not self.aggregates and self.top is None:
             raise QueryError("nothing to release: add aggregates with .agg(count(), ...)")
@@ -171,13 +180,11 @@ class Query:
             raise QueryError(f"two outputs are named {twice}: tell them apart with .alias(name)")
         for a in self.aggregates:
             a.check(self.ds)
-        if self.where is not None:
-            self.where.mask(self.ds)  # its columns and constants, checked as it records
-        return keys
+        return keys, None if self.where is None else self.where.mask(self.ds)
 
     def _compile(self, delta: float | None) -> tuple[tuple[Key, ...], Compiled]:
-        keys = self._checked()
-        return keys, compile_query(self, keys, delta, _charged)
+        keys, where = self._checked()
+        return keys, compile_query(self, keys, where, delta, _charged)
 
     # -- releasing ------------------------------------------------------------------------
 
@@ -188,6 +195,9 @@ class Query:
         Raises:
             QueryError: the query would be refused (nothing charged, nothing sent).
         """
+        hidden = self._hidden(delta)
+        if hidden:  # planned on placeholder keys: the publishes do not depend on them
+            return planned_text(self, hidden, epsilon, delta)
         _, compiled = self._compile(delta)
         lines = [f"query on {self.ds.name!r}: {compiled.cells} group(s)"]
         if compiled.exact:
@@ -215,17 +225,57 @@ class Query:
         _, compiled = self._compile(delta)
         return {r.role: sensitivity(r.tensors) for r in compiled.releases if r.role != "selected"}
 
-    def publish(self, *, epsilon: float, delta: float | None = None) -> QueryResult:
+    def publish(
+        self, *, epsilon: float, delta: float | None = None, description: str = ""
+    ) -> QueryResult:
         """Release the query: at most one publish per family, ``epsilon`` (and ``delta``)
-        split among them (see the module docstring); returns the table.
+        split among them (see the module docstring); returns the table. ``description``:
+        what it is for, sent with each of its publishes (an admin approving one reads it).
 
         Raises:
             QueryError (and its subclasses): refused before any request, nothing charged.
             BudgetExceededError, GraphError: as for ``sdk.publish``.
         """
+        eps, dlt = _check_budget(epsilon, delta)
+        hidden = self._hidden(dlt)
+        if hidden:
+            return publish_discovered(self, hidden, eps, dlt, description=description)
+        return self._publish(eps, dlt, description=description)
+
+    def discover_keys(self, *, epsilon: float, delta: float) -> DiscoveredKeys:
+        """Release the keys of the ``group_by`` columns that the data holds: each key
+        (combination) present is counted, noised, and released when its noisy count clears
+        a threshold set by ``(epsilon, delta)``; ``delta`` is the most probability that a key
+        one person alone holds is released. One publish, charged ``(epsilon, delta)``.
+        The query's filter does not apply (every row's key is counted).
+
+        Raises:
+            NoPublicKeysError: a float column (declare its keys with ``keys=``), or no delta.
+            InvalidBudgetError: a bad epsilon or delta.
+            BudgetExceededError, GraphError: as for ``sdk.publish``.
+        """
+        if not self.by:
+            raise QueryError(
+                "discover_keys finds the keys of group_by columns: group_by(...) first"
+            )
+        eps, dlt = _check_budget(epsilon, delta)
+        return discover_keys(self.ds, self.by, epsilon=eps, delta=dlt)
+
+    def _hidden(self, delta: float | None) -> tuple[str, ...]:
+        return hidden_columns(self.ds, self.by, dict(self.declared), delta)
+
+    def _publish(
+        self,
+        eps: float,
+        dlt: float | None,
+        *,
+        before: tuple[Spend, ...] = (),
+        only: tuple[list[int], set[tuple[Any, ...]]] | None = None,
+        total: tuple[float, float | None] | None = None,
+        description: str = "",
+    ) -> QueryResult:
         from dpnode.sdk._publish import publish
 
-        eps, dlt = _check_budget(epsilon, delta)
         keys, compiled = self._compile(dlt)
         releases = compiled.releases
         eps_shares = split_budget(eps, [r.weight for r in releases]) if releases else []
@@ -244,14 +294,15 @@ class Query:
         spends = []
         for release, share in zip(releases, eps_shares, strict=True):
             d = delta_shares.get(id(release))
-            out = publish(release.tensors, epsilon=share, delta=d)
+            out = publish(release.tensors, epsilon=share, delta=d, description=description)
             receipt = out[0].receipt
             read = release.read(out, receipt, share)
             values.update(read)
             mechanisms.update(dict.fromkeys(read, receipt.mechanism))
             spends.append(Spend(release.role, _shown(release.outputs), share, d, receipt))
-        receipt = QueryReceipt(tuple(spends), eps, dlt)
-        return self._table(keys, compiled.cells, values, mechanisms, receipt)
+        whole = (eps, dlt) if total is None else total
+        receipt = QueryReceipt((*before, *spends), *whole)
+        return self._table(keys, compiled.cells, values, mechanisms, receipt, only)
 
     def _fits(self, epsilon: float, releases: Sequence[Release]) -> None:
         """Refuse, before the first of several publishes, a query the node would refuse a
@@ -291,10 +342,15 @@ class Query:
         values: Values,
         mechanisms: Mapping[str, str],
         receipt: QueryReceipt,
+        only: tuple[list[int], set[tuple[Any, ...]]] | None = None,
     ) -> QueryResult:
         names = [a.name for a in self.aggregates]
         mechanisms = dict(mechanisms)
         order = list(range(cells))
+        cell_keys = labels(keys) if keys else [()]
+        if only is not None:  # discovered combinations only, not every one of their values
+            at, found = only
+            order = [i for i in order if tuple(cell_keys[i][j] for j in at) in found]
         if self.top is not None:
             counts = values[COUNT][0]
             # most rows first; ties in the cells' order (stable)
@@ -306,7 +362,6 @@ class Query:
         columns = list(self.by)
         for n in names:
             columns += [n, f"{n}_scale"]
-        cell_keys = labels(keys) if keys else [()]
         candidates = {
             a.name: candidate_count(column_info(self.ds, a.column))
             for a in self.aggregates

@@ -241,28 +241,43 @@ class Translation:
             lines.append(f"  LIMIT {self.limit} OFFSET {self.offset}")
         return "\n".join(lines)
 
-    def publish(self, *, epsilon: float, delta: float | None = None) -> QueryResult:
+    def publish(
+        self, *, epsilon: float, delta: float | None = None, description: str = ""
+    ) -> QueryResult:
         """Publish the query (one charge, split by the builder) and return its table as
-        SELECT, ORDER BY, OFFSET and LIMIT ask."""
-        return self.finish(self.query.publish(epsilon=epsilon, delta=delta))
+        SELECT, ORDER BY, OFFSET and LIMIT ask (``description``: as for ``Query.publish``)."""
+        return self.finish(
+            self.query.publish(epsilon=epsilon, delta=delta, description=description)
+        )
 
     def finish(self, result: QueryResult) -> QueryResult:
-        """``result`` with SELECT's columns in its order (each aggregate's noise scale beside
-        it), renamed as AS asks, sorted and cut: post-processing of the released values."""
+        """``result`` with SELECT's columns in its order (each aggregate's noise scale and
+        error bars beside it), renamed as AS asks, sorted and cut: post-processing of the
+        released values."""
         names: list[str] = []
         values: list[list[Any]] = []
+        bars: dict[str, list[Any]] = {}
         for out in self.outputs:
             names.append(out.name)
             values.append(result.column(out.column))
             if out.aggregate:
                 names.append(f"{out.name}_scale")
                 values.append(result.column(f"{out.column}_scale"))
+                if out.column in result.error_bars:
+                    bars[out.name] = result.error_bars[out.column]
         rows = list(zip(*values, strict=True))
+        order = list(range(len(rows)))
         for name, descending in reversed(self.order):  # stable sorts, the last key first
             at = names.index(name)
-            rows.sort(key=lambda row: row[at], reverse=descending)
+            order.sort(key=lambda i: rows[i][at], reverse=descending)
         end = None if self.limit is None else self.offset + self.limit
-        return QueryResult(names, rows[self.offset : end], result.receipt)
+        kept = order[self.offset : end]
+        return QueryResult(
+            names,
+            [rows[i] for i in kept],
+            result.receipt,
+            {name: [column[i] for i in kept] for name, column in bars.items()},
+        )
 
 
 def translate(sql: str, catalog: Catalog) -> Translation:

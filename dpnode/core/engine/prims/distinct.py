@@ -98,3 +98,34 @@ def distinct_per_group(values: Array, groups: Array, count: int) -> Array:
     first = np.ones(v.size, dtype=bool)
     first[1:] = (g[1:] != g[:-1]) | ~same
     return np.bincount(g[first], minlength=count).astype(np.int64)
+
+
+def _key_counts_infer(c: Call) -> TensorMeta:
+    x = c.tensor(0)
+    if len(x.shape) != 1:
+        raise c.fail(f"key_counts takes one key per row, a 1-D tensor, got shape {x.shape}", 0)
+    return TensorMeta((x.shape[0], 2), INT64)
+
+
+@prim(
+    "key_counts",
+    privacy="rule",
+    args=1,
+    infer=_key_counts_infer,
+    flops=_flops,
+    workspace=_workspace,
+)
+def _key_counts(c: Call, args: list[Any], out: Array | None) -> Array:
+    """The distinct values of ``x`` (one key per row) with how many rows hold each, sorted by
+    key, one ``(key, count)`` row each, then ``(0, 0)`` rows up to ``x``'s length: a shape
+    that does not depend on the values.
+
+    On private data it is only ever a publish's output, released above a noisy threshold
+    (``dpnode.core.dp.keysets``), of integer keys only.
+    """
+    x = np.asarray(args[0]).reshape(-1)
+    result = np.zeros((x.size, 2), dtype=np.int64)
+    keys, counts = np.unique(x, return_counts=True)
+    result[: keys.size, 0] = keys
+    result[: keys.size, 1] = counts
+    return result

@@ -31,7 +31,7 @@ from dpnode.core.privacy import moves
 from dpnode.core.privacy.rules.base import Ctx, finish, rule
 from dpnode.core.privacy.state import MIXED, State
 
-__all__ = ["count_distinct"]
+__all__ = ["count_distinct", "key_counts"]
 
 
 def _values(x: State) -> float:
@@ -72,3 +72,15 @@ def count_distinct(c: Ctx) -> State:
     owner = np.asarray(MIXED, dtype=np.int64)
     s = finish(c.meta, lo, hi, owner, np.asarray(k), np.asarray(k))
     return s.with_(t1=np.asarray(t1, dtype=np.float64), t2=np.asarray(t2, dtype=np.float64))
+
+
+@rule("key_counts")
+def key_counts(c: Ctx) -> State:
+    """Which keys private data holds is released only above a noisy threshold, as a
+    publish's output by itself (``dpnode.core.dp.keysets``); as an argument it is refused."""
+    raise c.fail(
+        "the keys of private data are released on their own, above a noisy threshold: "
+        "publish key_counts by itself (ds.query().group_by(column).discover_keys(epsilon=..., "
+        "delta=...)) and "
+        "compute with the released keys"
+    )

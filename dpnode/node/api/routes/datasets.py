@@ -19,15 +19,17 @@ from dpnode.node.api.deps import (
     item_ref,
 )
 from dpnode.node.api.openapi import DATASET_FRAME, errors, frame_body, frame_response
+from dpnode.node.api.routes.approvals import budget_public
 from dpnode.node.api.schemas import (
     ColumnPublic,
+    DatasetBudgetPublic,
     DatasetManifest,
     DatasetPublic,
     SynthesisCreate,
     SynthesisPublic,
 )
 from dpnode.node.db.models import Dataset
-from dpnode.node.services import datasets, publish, synthesis
+from dpnode.node.services import dataset_budgets, datasets, publish, synthesis
 from dpnode.node.services.tabular import ColumnSpec
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
@@ -141,9 +143,27 @@ def list_datasets(
 
 
 @router.get("/{dataset_ref}", responses=errors(404))
-def get_dataset(dataset_ref: str, session: SessionDep, _user: CurrentUser) -> DatasetPublic:
-    """One dataset's public metadata, by id or name."""
-    return dataset_public(datasets.get_dataset(session, item_ref(dataset_ref)))
+def get_dataset(
+    dataset_ref: str, session: SessionDep, settings: SettingsDep, user: CurrentUser
+) -> DatasetPublic:
+    """One dataset's public metadata, by id or name; for its owner and admins also its cap
+    and what all users spent of it (``budget``; null for anyone else)."""
+    dataset = datasets.get_dataset(session, item_ref(dataset_ref))
+    public = dataset_public(dataset)
+    if dataset_budgets.may_see(user, dataset):
+        found = dataset_budgets.dataset_budget(session, settings, user, dataset)
+        public.budget = budget_public(found)
+    return public
+
+
+@router.get("/{dataset_ref}/budget", responses=errors(403, 404))
+def get_dataset_budget(
+    dataset_ref: str, session: SessionDep, settings: SettingsDep, user: CurrentUser
+) -> DatasetBudgetPublic:
+    """The dataset's cap under the policy in force and what all users together spent of it
+    (its owner and admins: the figure tells how much others queried it)."""
+    dataset = datasets.get_dataset(session, item_ref(dataset_ref))
+    return budget_public(dataset_budgets.dataset_budget(session, settings, user, dataset))
 
 
 @router.delete("/{dataset_ref}", status_code=status.HTTP_204_NO_CONTENT, responses=errors(403, 404))

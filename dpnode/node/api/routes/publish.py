@@ -17,6 +17,7 @@ from dpnode.node.context import NodeContext
 from dpnode.node.db.models import MAX_ID
 from dpnode.node.services import idempotency
 from dpnode.node.services import publish as service
+from dpnode.node.services.approvals import MAX_DESCRIPTION
 
 router = APIRouter(tags=["publish"])
 log = logging.getLogger("dpnode")
@@ -56,6 +57,14 @@ async def publish(
         ),
         IntegerText,
     ] = None,
+    description: Annotated[
+        str,
+        Query(
+            max_length=MAX_DESCRIPTION,
+            description="what the publish is for, in your words: shown to the admin who "
+            "approves it and kept in your ledger row",
+        ),
+    ] = "",
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -72,7 +81,9 @@ async def publish(
     in the manifest.
     """
     arrived = time.monotonic()
-    request = service.PublishRequest(epsilon=epsilon, delta=delta, run_id=run)
+    request = service.PublishRequest(
+        epsilon=epsilon, delta=delta, run_id=run, description=description.strip()
+    )
     done = await run_in_threadpool(
         service.publish, context, user_id, body, request, idempotency_key
     )

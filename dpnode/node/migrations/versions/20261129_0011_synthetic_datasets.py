@@ -5,8 +5,8 @@ from (source, method, epsilon, delta, rows, ledger row) in a nullable JSON colum
 datasets keep ``NULL``. Adding a nullable column changes no row: a plain ``ADD COLUMN`` on
 both databases (batch mode would copy the table and, on SQLite, lose its AUTOINCREMENT).
 
-Revision ID: 0010
-Revises: 0009
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-11-29 10:55:00.000000
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0010"
-down_revision: str | None = "0009"
+revision: str = "0011"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
