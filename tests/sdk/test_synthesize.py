@@ -46,8 +46,8 @@ def survey(owner_client: sdk.Client, ds_client: sdk.Client) -> sdk.DatasetHandle
 
 
 def test_a_synthetic_copy_is_charged_once_stored_and_downloadable(
-    survey: sdk.DatasetHandle, ds_client: sdk.Client, sqlite_only: None
-) -> None:
+    survey: sdk.DatasetHandle, ds_client: sdk.Client
+) -> None:  # on both databases: the charge, the key and the new dataset are real rows
     before = ds_client.budget()
     asked = {"epsilon": 4.0, "delta": 1e-6, "seed": 7, "name": "survey-copy"}
     copy = survey.synthesize(**asked, idempotency_key="synth-1")  # type: ignore[arg-type]
