@@ -7,7 +7,6 @@ cap's exact use. Screenshots go where ``tests/console/test_browser.py`` puts the
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,7 +17,8 @@ import pytest
 from playwright.sync_api import Browser
 
 from dpnode import sdk
-from tests.console.test_browser import PASSWORD, _sign_in, _visit, browser  # noqa: F401
+from tests.console.conftest import serve
+from tests.console.test_browser import PASSWORD, _sign_in, _visit
 from tests.e2e.conftest import Server
 
 ADMIN, OWNER, ANN = "admin@example.org", "owner@example.org", "ann@example.org"
@@ -63,28 +63,12 @@ class Node:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    root = tmp_path_factory.mktemp("approvals-node")
-    server = Server(root / "data", f"sqlite:///{root / 'dpnode.sqlite3'}")
-    server.start()
-    try:
-        add = ("user", "add", "--email", ADMIN, "--role", "admin", "--password", PASSWORD)
-        subprocess.run(
-            [sys.executable, "-m", "dpnode", *add],
-            env=server.env,
-            check=True,
-            capture_output=True,
-            cwd=root,
-        )
-        shots = Path(os.environ.get("DPNODE_CONSOLE_SCREENSHOTS") or root / "screenshots")
-        shots.mkdir(parents=True, exist_ok=True)
+    with serve(tmp_path_factory, ADMIN, PASSWORD) as (server, shots):
         yield Node(server, shots)
-        print(f"\nconsole screenshots: {shots}")
-    finally:
-        server.stop()
 
 
 def test_an_admin_reads_what_a_publish_computes_approves_it_and_sees_the_cap_used(
-    browser: Browser,  # noqa: F811
+    browser: Browser,
     node: Node,
 ) -> None:
     with pytest.raises(sdk.ApprovalRequiredError) as waiting:
