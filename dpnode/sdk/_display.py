@@ -153,7 +153,29 @@ class Grants(Records[T]):
 
 class Columns(dict[str, npt.NDArray[Any]]):
     """Downloaded columns by name (a dataset's mock data, say): a dict of arrays, with
-    :meth:`to_pandas`."""
+    :meth:`to_pandas`, :meth:`to_arrow` and :meth:`to_polars`.
+
+    ``categories``: the public categories of categorical columns (stored as indices), which
+    the frames show as strings.
+    """
+
+    categories: dict[str, tuple[str, ...]]
+
+    def __init__(
+        self, *args: Any, categories: dict[str, tuple[str, ...]] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.categories = dict(categories or {})
+
+    def _cells(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in self.items():
+            if k in self.categories and np.ndim(v) == 1:
+                names = np.asarray(self.categories[k], dtype=object)
+                out[k] = names[np.asarray(v, dtype=np.int64)]
+            else:
+                out[k] = v if np.ndim(v) == 1 else list(v)
+        return out
 
     def to_pandas(self) -> Any:
         """A ``pandas.DataFrame`` of the rows; a column with a per-row shape (an image)
@@ -163,6 +185,26 @@ class Columns(dict[str, npt.NDArray[Any]]):
             ImportError: pandas is not installed (``pip install 'dpnode[pandas]'``).
         """
         pandas = require_pandas("to_pandas()")
-        return pandas.DataFrame(
-            {k: v if np.ndim(v) == 1 else list(v) for k, v in self.items()}, copy=False
+        return pandas.DataFrame(self._cells(), copy=False)
+
+    def to_arrow(self) -> Any:
+        """A ``pyarrow.Table`` of the rows (scalar columns)."""
+        import pyarrow
+
+        return pyarrow.table(
+            {k: list(v) if v.dtype == object else v for k, v in self._cells().items()}
         )
+
+    def to_polars(self) -> Any:
+        """A ``polars.DataFrame`` of the rows (scalar columns), through Arrow.
+
+        Raises:
+            ImportError: polars is not installed (``pip install 'dpnode[polars]'``).
+        """
+        try:
+            import polars
+        except ImportError:
+            raise ImportError(
+                "to_polars() needs polars, an optional dependency: pip install 'dpnode[polars]'"
+            ) from None
+        return polars.from_arrow(self.to_arrow())

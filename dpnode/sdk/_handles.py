@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -10,6 +12,7 @@ import numpy.typing as npt
 
 from dpnode.sdk._caps import DatasetBudget
 from dpnode.sdk._display import Columns, fields_table, records_table
+from dpnode.sdk._exceptions import InvalidRequestError
 
 if TYPE_CHECKING:
     from dpnode.sdk._client import Client
@@ -72,6 +75,10 @@ class DatasetHandle:
     subject_count: int
     has_mock: bool
     _client: Client = field(repr=False)
+    #: a synthetic dataset's provenance (source, method, epsilon, delta, rows, ledger row)
+    synthetic: dict[str, Any] | None = None
+    #: the receipt of the synthesis that made this dataset (on the handle it returned)
+    receipt: dict[str, Any] | None = field(default=None, repr=False)
 
     @classmethod
     def from_json(cls, client: Client, body: dict[str, Any]) -> DatasetHandle:
@@ -96,6 +103,7 @@ class DatasetHandle:
             subject_count=body["subject_count"],
             has_mock=body["has_mock"],
             _client=client,
+            synthetic=body.get("synthetic"),
         )
 
     @property
@@ -203,13 +211,86 @@ class DatasetHandle:
 
         return describe(self, epsilon=epsilon, delta=delta)
 
-    def download(self) -> dict[str, npt.NDArray[Any]]:
-        """Real values — only for the dataset's owner and admins.
+    def download(self) -> Columns:
+        """The stored values — for the dataset's owner and admins; for data scientists only
+        the synthetic datasets they made (:meth:`synthesize`). ``.to_pandas()``,
+        ``.to_polars()``, ``.to_arrow()`` make frames, categories as strings.
 
         Raises:
-            PermissionDeniedError: for data scientists, always.
+            PermissionDeniedError: a data scientist asking for real values.
         """
-        return self._client._download_frame(f"/datasets/{self.id}/data")
+        columns = self._client._download_frame(f"/datasets/{self.id}/data")
+        columns.categories = {
+            n: c.categories for n, c in self.columns.items() if c.categories is not None
+        }
+        return columns
+
+    def synthesize(
+        self,
+        *,
+        epsilon: float,
+        delta: float,
+        rows: int | None = None,
+        method: str = "mst",
+        bins: dict[str, int] | None = None,
+        columns: list[str] | None = None,
+        name: str | None = None,
+        seed: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> DatasetHandle:
+        """A differentially private synthetic copy of this dataset, made on the node (MST:
+        noisy 1- and 2-way marginals, Private-PGM's estimate) and paid from your budget as
+        one ledger row: a new dataset you own, with the same columns and bounds, that you
+        may download (``.download().to_pandas()``) and explore freely.
+
+        Args:
+            epsilon, delta: the whole run's privacy (delta > 0: the marginals are measured
+                with Gaussian noise).
+            rows: rows to sample (default: as many as this dataset has).
+            method: ``"mst"``.
+            bins: bins of numeric columns, by name (default: from the row count, at most 32).
+            columns: the columns to copy (default: all).
+            name: the new dataset's name (default: this one's with a suffix).
+            seed: seeds the sampling of rows from the model (never the noise); not stored.
+            idempotency_key: names the request (default: a fresh one), so that the SDK's
+                retries, or yours with the same key, get the first answer, charged once.
+
+        Returns:
+            The new dataset's handle; ``.receipt`` says what was charged and the noise of
+            each measured marginal, ``.synthetic`` its provenance.
+
+        Raises:
+            BudgetExceededError, PolicyRefusedError, ApprovalRequiredError: refused by the
+                budget or the policy; nothing charged.
+            DPNodeError: a bad argument, several rows per subject, or a domain beyond the
+                node's memory quota (``quota_exceeded``); nothing charged.
+        """
+        for what, value in (("epsilon", epsilon), ("delta", delta)):
+            if isinstance(value, float) and not math.isfinite(value):
+                raise InvalidRequestError(
+                    f"{what} must be a finite number, got {value!r}; nothing was sent"
+                )
+        body = {
+            "epsilon": epsilon,
+            "delta": delta,
+            "rows": rows,
+            "method": method,
+            "bins": bins,
+            "columns": columns,
+            "name": name,
+            "seed": seed,
+        }
+        key = idempotency_key or uuid.uuid4().hex
+        answer = self._client._json(
+            "POST",
+            f"/datasets/{self.id}/synthesize",
+            json=body,
+            headers={"Idempotency-Key": key},
+            repeatable=True,
+        )
+        handle = DatasetHandle.from_json(self._client, answer["dataset"])
+        handle.receipt = answer["receipt"]
+        return handle
 
     def delete(self) -> None:
         self._client.delete_dataset(self.id)
@@ -218,9 +299,16 @@ class DatasetHandle:
         subjects = (
             f", {self.subject_count} subjects by {self.subject_id!r}" if self.subject_id else ""
         )
+        synthetic = (
+            f", synthetic from {self.synthetic.get('source')!r} "
+            f"({self.synthetic.get('method')}, epsilon {self.synthetic.get('epsilon')})"
+            if self.synthetic
+            else ""
+        )
         lines = [
             f"<Dataset {self.name!r} tags={self.tags} shape={self.shape}{subjects}"
             + (", mock available" if self.has_mock else "")
+            + synthetic
         ]
         width = max((len(n) for n in self.columns), default=0)
         lines += [f"  {n:<{width}}  {c.describe()}" for n, c in self.columns.items()]

@@ -80,6 +80,8 @@ def test_readme_walkthrough_runs_twice_then_the_policy_section_twice(
     # the ledger: the CNN's 40 steps on one line, and the lines add up to the budget
     assert re.search(r"run \d+: 40 steps, epsilon used \S+, delta used", printed), printed
     assert "adds up: True" in printed
+    # a synthetic copy of five columns: every row back, values inside the declared bounds
+    assert "synthetic: mst (442, 5) True" in printed, printed
     # docs/api.md's ledger example, on the node the walkthrough left
     api = (REPO / "docs" / "api.md").read_text().split("## The ledger", 1)[1]
     (block,) = re.findall(r"```python\n(.*?)```", api.split("\n## ", 1)[0], flags=re.S)

@@ -111,7 +111,8 @@ def test_data_scientists_never_download_real_values(
     detail = refused(http.get(f"{DATASETS}/d/data", headers=ds_h), 403, "forbidden")
     assert detail == (
         "data scientists never receive real values: compute on remote tensors and call "
-        ".publish(epsilon=...) for a noised result, or download the mock data"
+        ".publish(epsilon=...) for a noised result, download the mock data, or make a "
+        "synthetic copy with ds.synthesize(epsilon=..., delta=...)"
     )
 
 

@@ -69,6 +69,7 @@ __all__ = [
     "Selection",
     "SelectionPlan",
     "candidates",
+    "permute_and_flip",
     "plan_selection",
     "sampler_tv",
     "select_quantiles",
@@ -273,16 +274,58 @@ def select_quantiles(
         gaps = np.vectorize(float, otypes=[np.float64])(big - low)
     # rounded up: a larger sensitivity only flattens the weights
     factor = selection.epsilon / (2.0 * float_at_least(selection.sensitivity) * whole)
+    return np.asarray(grid[_flip(gaps, factor, words)], dtype=np.float64)
+
+
+def _flip(
+    gaps: npt.NDArray[np.float64], factor: float, words: samplers.WordSource
+) -> npt.NDArray[np.intp]:
+    """Per row of ``gaps`` (each row's best candidate at 0, exact integers in float64), the
+    candidate permute-and-flip releases with weights ``exp(-factor * gap)`` (see the module
+    docstring for the coins, the order and their deviation)."""
+    count, m = gaps.shape
     with np.errstate(under="ignore"):
         weights = np.exp(-factor * gaps)  # the best is exp(0) = 1 exactly
     thresholds = np.floor(np.ldexp(weights, _COIN_BITS)).astype(np.int64)  # the best: 2^62
-    m = grid.size
-    # a uniformly random order per group: 128 random bits per candidate (the order sorts
-    # them, ties in the grid's order)
+    # a uniformly random order per row: 128 random bits per candidate (the order sorts
+    # them, ties in the candidates' order)
     high, low = words(count * m).reshape(count, m), words(count * m).reshape(count, m)
     coins = (words(count * m) >> np.uint64(64 - _COIN_BITS)).astype(np.int64).reshape(count, m)
     accepted = coins < thresholds
-    return np.asarray(grid[first_in_order(high, low, accepted)], dtype=np.float64)
+    return first_in_order(high, low, accepted)
+
+
+def permute_and_flip(
+    scores: npt.NDArray[np.int64],
+    *,
+    epsilon: float,
+    sensitivity: Fraction,
+    words: samplers.WordSource,
+) -> int:
+    """The index of one of ``scores`` (exact integers, the higher the better), selected by
+    permute-and-flip at ``epsilon`` for scores that move by at most ``sensitivity`` between
+    neighbouring datasets: weights ``exp(epsilon (u - u*) / (2 sensitivity))``, with the
+    deviation :func:`sampler_tv` of ``len(scores)`` candidates, as for quantiles.
+
+    Raises:
+        InvalidRequestError: no candidates, a bad epsilon or sensitivity.
+
+    >>> from dpnode.core.dp.samplers import word_source
+    >>> permute_and_flip(np.array([0, 10**9, 3]), epsilon=1.0, sensitivity=Fraction(1),
+    ...                  words=word_source())
+    1
+    """
+    if scores.ndim != 1 or scores.size == 0:
+        raise InvalidRequestError("a selection needs at least one candidate")
+    if not (math.isfinite(epsilon) and epsilon > 0) or sensitivity <= 0:
+        raise InvalidRequestError(
+            f"a selection needs a finite epsilon > 0 and a sensitivity > 0, got "
+            f"{epsilon!r} and {sensitivity}"
+        )
+    exact = scores.astype(object)  # Python integers: no overflow in the differences
+    gaps = np.array([float(g) for g in exact.max() - exact], dtype=np.float64)
+    factor = epsilon / (2.0 * float_at_least(sensitivity))
+    return int(_flip(gaps.reshape(1, -1), factor, words)[0])
 
 
 def first_in_order(

@@ -114,6 +114,11 @@ class DatasetPublic(Schema):
     mock_row_count: int | None
     created_at: datetime
     updated_at: datetime
+    synthetic: dict[str, Any] | None = Field(
+        default=None,
+        description="a synthetic dataset's provenance (source, method, epsilon, delta, rows, "
+        "ledger row); null for uploaded data",
+    )
     budget: DatasetBudgetPublic | None = Field(
         default=None,
         description="its cap and what all users spent of it: for its owner and admins only",
@@ -543,3 +548,25 @@ class PublishKeyPublic(Schema):
     )
     ledger_id: int
     created_at: datetime
+
+
+class SynthesisCreate(Schema):
+    """A differentially private synthetic copy of a dataset, paid from the caller's budget."""
+
+    epsilon: float = Field(description="the whole run's epsilon")
+    delta: float = Field(description="the whole run's delta, > 0 (Gaussian measurements)")
+    rows: int | None = Field(default=None, description="rows to sample; default the source's")
+    method: str = Field(default="mst", description="`mst`")
+    bins: dict[str, int] | None = Field(
+        default=None, description="bins per numeric column (default from the row count)"
+    )
+    columns: list[str] | None = Field(default=None, description="default: every column")
+    name: str | None = Field(default=None, max_length=200, description="the new dataset's")
+    seed: int | None = Field(
+        default=None, description="seeds the sampling of rows (not the noise); not kept"
+    )
+
+
+class SynthesisPublic(Schema):
+    dataset: DatasetPublic
+    receipt: dict[str, Any]

@@ -70,6 +70,9 @@ class Dataset(Timestamped, Base):
     subjects_blob: Mapped[str | None] = mapped_column(String(64), nullable=True)
     subject_count: Mapped[int] = mapped_column(BigInteger)
     max_rows_per_subject: Mapped[int] = mapped_column(Integer, default=1)
+    #: A synthetic dataset's provenance (source id and name, method, epsilon, delta, rows,
+    #: ledger row); ``None`` for a dataset uploaded with real values.
+    provenance: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     owner: Mapped[User] = relationship()
     columns: Mapped[list[DatasetColumn]] = relationship(

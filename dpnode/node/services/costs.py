@@ -160,6 +160,10 @@ class Cost:
     frame_hash: str | Callable[[], str] | None = None
     #: The planned training run this publish says it is a step of (``dpnode.node.services.runs``).
     run_id: int | None = None
+    #: (epsilon, delta) units charged on top of ``rho_units``, worked out by the caller for a
+    #: release made of several mechanisms (a synthesis: its selections' pure epsilon and
+    #: every sampler's deviation, each at its own parameters); ``None``: from ``tv_units``.
+    extra_units: tuple[int, int] | None = None
     #: The computation as an admin reads it (:func:`dpnode.core.engine.listing.listing`),
     #: or a function making it: made only when the publish is queued for an approval.
     computation: list[str] | Callable[[], list[str]] | None = None
@@ -235,6 +239,8 @@ def sampler_units(cost: Cost) -> tuple[int, int]:
     >>> sampler_units(rho_half)
     (3, 1)
     """
+    if cost.extra_units is not None:
+        return cost.extra_units
     if cost.tv_units == 0:
         return 0, 0
     if cost.rho_units == 0:

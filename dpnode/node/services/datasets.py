@@ -215,8 +215,11 @@ def register_dataset(
     *,
     name: str,
     tags: list[str],
+    provenance: dict[str, Any] | None = None,
 ) -> Dataset:
     """Record a stored table as a dataset, with its audit line, in one transaction.
+
+    ``provenance``: where a synthetic dataset came from (``None`` for an upload).
 
     Raises:
         ConflictError: a concurrent upload took the name.
@@ -232,6 +235,7 @@ def register_dataset(
         subject_count=table.subject_count,
         max_rows_per_subject=table.max_rows_per_subject,
         tags=[DatasetTag(tag=t) for t in tags],
+        provenance=provenance,
     )
     for position, column in enumerate(table.columns):
         dataset.columns.append(
@@ -256,7 +260,7 @@ def register_dataset(
     audit.record(
         session,
         actor,
-        "dataset.upload",
+        "dataset.upload" if provenance is None else "dataset.synthesize",
         target_type="dataset",
         target_id=dataset.id,
         name=name,
@@ -495,11 +499,14 @@ def subject_structure(store: BlobStore, dataset: Dataset | ReadDataset) -> Subje
 def download_real(
     session: Session, store: BlobStore, actor: User, dataset: Dataset
 ) -> dict[str, npt.NDArray[Any]]:
-    """Real values, for the dataset's owner and admins only; data scientists never get them."""
-    if actor.role is Role.DATA_SCIENTIST:
+    """The stored values, for the dataset's owner and admins only; data scientists get
+    only the synthetic datasets they made (differentially private releases), never real
+    values."""
+    if actor.role is Role.DATA_SCIENTIST and dataset.provenance is None:
         raise PermissionDeniedError(
             "data scientists never receive real values: compute on remote tensors and "
-            "call .publish(epsilon=...) for a noised result, or download the mock data"
+            "call .publish(epsilon=...) for a noised result, download the mock data, or "
+            "make a synthetic copy with ds.synthesize(epsilon=..., delta=...)"
         )
     require_owner(actor, dataset.owner_id, f"dataset {dataset.name!r}")
     audit.record(session, actor, "dataset.download", target_type="dataset", target_id=dataset.id)

@@ -3,12 +3,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import numpy as np
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Header, Query, Response, status
 from pydantic import ValidationError
 
 from dpnode.core.errors import InvalidRequestError, UploadRejectedError
 from dpnode.node.api import frames
 from dpnode.node.api.deps import (
+    ContextDep,
     CurrentUser,
     Limit,
     LimitedBody,
@@ -24,9 +25,11 @@ from dpnode.node.api.schemas import (
     DatasetBudgetPublic,
     DatasetManifest,
     DatasetPublic,
+    SynthesisCreate,
+    SynthesisPublic,
 )
 from dpnode.node.db.models import Dataset
-from dpnode.node.services import dataset_budgets, datasets
+from dpnode.node.services import dataset_budgets, datasets, publish, synthesis
 from dpnode.node.services.tabular import ColumnSpec
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
@@ -57,6 +60,7 @@ def dataset_public(dataset: Dataset) -> DatasetPublic:
         mock_row_count=dataset.mock_row_count,
         created_at=dataset.created_at,
         updated_at=dataset.updated_at,
+        synthetic=dataset.provenance,
     )
 
 
@@ -200,3 +204,53 @@ def download_data(
     dataset = datasets.get_dataset(session, item_ref(dataset_ref))
     arrays = datasets.download_real(session, store, actor, dataset)
     return _frame_response(dataset, arrays, "data")
+
+
+@router.post(
+    "/{dataset_ref}/synthesize",
+    response_model=SynthesisPublic,
+    response_class=Response,
+    responses=errors(403, 404, 409, 422, 503),
+)
+def synthesize(
+    dataset_ref: str,
+    body: SynthesisCreate,
+    context: ContextDep,
+    actor: CurrentUser,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="names this request: a retry with the same key gets the first "
+            "answer, charged once (1 to 128 printable ASCII characters, no spaces)",
+        ),
+    ] = None,
+) -> Response:
+    """A differentially private synthetic copy of the dataset (MST), charged to the caller's
+    budget as one ledger row, stored as a new dataset the caller owns and may download
+    (``GET /datasets/{ref}/data``). Refused with nothing charged, before any value is read,
+    on a bad request, several rows per subject, a domain beyond the memory quota
+    (``quota_exceeded``), or by the policy and the budget."""
+    request = synthesis.SynthesisRequest(
+        epsilon=body.epsilon,
+        delta=body.delta,
+        rows=body.rows,
+        method=body.method,
+        bins=body.bins,
+        columns=body.columns,
+        name=body.name,
+        seed=body.seed,
+    )
+    done = synthesis.synthesize(context, actor.id, item_ref(dataset_ref), request, idempotency_key)
+    if isinstance(done, synthesis.Replayed):
+        return Response(done.response, media_type="application/json")
+    try:
+        answer = SynthesisPublic(dataset=dataset_public(done.dataset), receipt=done.receipt)
+        content = answer.model_dump_json().encode()
+    except BaseException:
+        if idempotency_key is not None:  # no answer to store: its retries learn it is lost
+            publish.let_go(context, actor.id, idempotency_key)
+        raise
+    if idempotency_key is not None:
+        publish.answered(context, actor.id, idempotency_key, content)
+    return Response(content, media_type="application/json")

@@ -1,0 +1,412 @@
+"""Synthesis: a differentially private synthetic copy of a dataset, charged like a publish.
+
+Order of events, as for a publish (``dpnode.node.services.publish``), each for a reason:
+
+1. check the account and the request, read the source's public metadata, build the domain
+   (:mod:`dpnode.core.synth.domain`) and plan the run (:func:`dpnode.core.synth.plan_mst`):
+   a table with several rows per subject, a column without finite bounds, a domain beyond
+   the node's memory quota, a delta of 0 are refused here, before any value is read and
+   with nothing charged;
+2. charge the run's whole cost as one ledger row (method ``mst``, its parameters in the
+   row's detail) in the budget's serialised transaction: policy, caps, approvals and the
+   budget decide there;
+3. only then read the columns, measure and select with the node's mechanisms
+   (:func:`dpnode.core.synth.run_mst`), estimate and sample (post-processing, ``mbi``);
+4. store the rows as a new dataset owned by the caller, flagged synthetic by its provenance
+   (source, method, epsilon, delta, rows, ledger row; a caller's seed is not kept).
+
+It runs synchronously in the request for now: a table of tens of columns takes seconds to a
+minute, most of it compiling and running the estimate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sqlalchemy import select
+
+from dpnode.core.errors import (
+    ConflictError,
+    EvaluationUnavailableError,
+    InvalidRequestError,
+    PublishInProgressError,
+    QuotaExceededError,
+)
+from dpnode.core.synth import ColumnFacts, MstPlan, decode, domain_of, encode, plan_mst, run_mst
+from dpnode.core.synth.estimate import estimate_marginals, sample_tree
+from dpnode.node.context import NodeContext
+from dpnode.node.db.models import Dataset
+from dpnode.node.services import blobs, budget, datasets, idempotency, users
+from dpnode.node.services.budget import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, Cost
+from dpnode.node.services.catalog import check_item_name, normalise_tags
+from dpnode.node.services.tabular import ColumnSpec
+from dpnode.node.storage import array_to_bytes
+
+__all__ = [
+    "METHODS",
+    "Replayed",
+    "SynthesisRequest",
+    "Synthesized",
+    "memory_bytes",
+    "synthesize",
+]
+
+#: The methods a synthesis may name.
+METHODS = ("mst",)
+#: The package that estimates and samples (post-processing), an optional dependency.
+ESTIMATOR = "mbi"
+
+
+@dataclass(frozen=True)
+class SynthesisRequest:
+    """What a caller asked for (see :func:`synthesize`)."""
+
+    epsilon: float
+    delta: float
+    rows: int | None = None
+    method: str = "mst"
+    bins: Mapping[str, int] | None = None
+    columns: Sequence[str] | None = None
+    name: str | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Synthesized:
+    """The new dataset and the receipt of its charge."""
+
+    dataset: Dataset
+    receipt: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """The stored answer of a synthesis already made under the same idempotency key."""
+
+    response: bytes
+
+
+def _request_hash(ref: int | str, request: SynthesisRequest) -> str:
+    """What identifies a synthesis request under an idempotency key."""
+    fields = {"synthesize": str(ref), **vars(request)}
+    fields["bins"] = dict(request.bins) if request.bins is not None else None
+    fields["columns"] = list(request.columns) if request.columns is not None else None
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _replay(context: NodeContext, actor_id: int, claim: idempotency.Claim) -> bytes | None:
+    with context.read_sessions() as session:
+        users.active_actor(session, actor_id)
+        return idempotency.replay(session, actor_id, claim)
+
+
+def memory_bytes(plan: MstPlan, rows_out: int) -> int:
+    """What a run holds at most, from public sizes: the binned source and output tables,
+    every marginal scored at once, and the estimate's copies of the tree's marginals (its
+    potentials, marginals, gradients and line-search states, a dozen of them in float64).
+
+    >>> from dpnode.core.synth.domain import Attribute
+    >>> attrs = [Attribute(n, "int64", 10, 0.0, 9.0, None) for n in "abc"]
+    >>> memory_bytes(plan_mst(attrs, rows=100, epsilon=1.0, delta=1e-6), 100)
+    26640
+    """
+    d = len(plan.attributes)
+    tables = 8 * d * (plan.rows + rows_out)
+    return tables + 8 * plan.cells + 96 * plan.largest_pair * max(d - 1, 0)
+
+
+def _check(request: SynthesisRequest, source_rows: int, max_elements: int) -> int:
+    if request.method not in METHODS:
+        raise InvalidRequestError(
+            f"method must be one of {list(METHODS)}, got {request.method!r} (AIM comes later)"
+        )
+    budget.quantize_epsilon(request.epsilon)  # refuses NaN, 0, a negative or a huge one
+    rows = source_rows if request.rows is None else request.rows
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise InvalidRequestError(f"rows must be a whole number >= 1, got {request.rows!r}")
+    if rows > max_elements:
+        raise InvalidRequestError(
+            f"rows={rows} is more than the node stores in a dataset ({max_elements} values)"
+        )
+    if request.seed is not None and (
+        isinstance(request.seed, bool) or not isinstance(request.seed, int) or request.seed < 0
+    ):
+        raise InvalidRequestError(f"seed must be a whole number >= 0, got {request.seed!r}")
+    return rows
+
+
+def _facts(source: Dataset, columns: Sequence[str] | None) -> list[ColumnFacts]:
+    by_name = {c.name: c for c in source.columns}
+    names = list(by_name) if columns is None else list(columns)
+    unknown = [n for n in names if n not in by_name]
+    if unknown or not names:
+        raise InvalidRequestError(
+            f"columns= names {unknown or 'nothing'}; dataset {source.name!r} has {list(by_name)}"
+        )
+    facts = []
+    for n in names:
+        column = by_name[n]
+        categories = column.categories
+        facts.append(
+            ColumnFacts(
+                n,
+                column.dtype,
+                tuple(column.row_shape or ()),
+                column.lower,
+                column.upper,
+                None if categories is None else tuple(categories),
+            )
+        )
+    return facts
+
+
+def _cost(plan: MstPlan, request: SynthesisRequest, source: Dataset) -> Cost:
+    terms = plan.terms()
+    detail = {
+        "method": request.method,
+        "source": source.id,
+        "epsilon": plan.epsilon,
+        "delta": plan.delta,
+        "columns": [a.name for a in plan.attributes],
+        "bins": {a.name: a.size for a in plan.attributes},
+        "selection_epsilon": plan.select_epsilon * plan.selections,
+        "rho": terms.rho,
+    }
+    asked = {**detail, "rows": request.rows, "name": request.name, "seed": request.seed}
+    digest = hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()
+    return Cost(
+        "mst",
+        rho_units=budget.units_up(terms.rho, RHO_UNIT, "rho"),
+        extra_units=(
+            budget.units_up(terms.epsilon, EPSILON_UNIT, "epsilon"),
+            budget.units_up(terms.delta, DELTA_UNIT, "delta"),
+        ),
+        dataset_ids=[source.id],
+        detail=detail,
+        asked_epsilon_units=budget.units_down(request.epsilon, EPSILON_UNIT, "epsilon"),
+        asked_delta_units=budget.delta_asked_units(request.delta),
+        frame_hash=digest,
+    )
+
+
+def _check_estimator() -> None:
+    """Refuse, before anything is charged, on a node installed without ``mbi``."""
+    if importlib.util.find_spec(ESTIMATOR) is None:
+        raise EvaluationUnavailableError(
+            "this node cannot synthesize: its estimator (Private-PGM, the 'mbi' package) is "
+            "not installed; ask its operator to pip install 'dpnode[synth]'. Nothing was "
+            "charged",
+            retry_after=3600,
+        )
+
+
+def _plan(
+    context: NodeContext, actor_id: int, ref: int | str, request: SynthesisRequest
+) -> tuple[Dataset, MstPlan, int, str]:
+    settings = context.settings
+    _check_estimator()
+    with context.read_sessions() as session:
+        users.active_actor(session, actor_id)
+        source = datasets.get_dataset(session, ref)
+        rows = _check(request, source.row_count, settings.max_upload_elements)
+        if source.max_rows_per_subject > 1:
+            raise InvalidRequestError(
+                f"dataset {source.name!r} has up to {source.max_rows_per_subject} rows per "
+                f"subject ({source.subject_column!r}); synthesis handles one row per subject "
+                "for now: publish statistics through the query builder instead"
+            )
+        facts = _facts(source, request.columns)
+        attributes = domain_of(facts, source.row_count, request.bins)
+        epsilon = float(budget.quantize_epsilon(request.epsilon))
+        plan = plan_mst(attributes, rows=source.row_count, epsilon=epsilon, delta=request.delta)
+        need, quota = memory_bytes(plan, rows), settings.max_graph_memory_bytes
+        if need > quota:
+            raise QuotaExceededError(
+                f"this synthesis would hold about {need / 2**20:.1f} MiB, {need / quota:.1f} "
+                f"times the node's memory quota of {quota / 2**20:.1f} MiB: use fewer bins "
+                "(bins={...}) or fewer columns (columns=[...]); nothing was charged"
+            )
+        name = request.name or f"{source.name}-synthetic-{secrets.token_hex(3)}"
+        check_item_name("dataset", name)
+        if session.scalar(select(Dataset.id).where(Dataset.name == name)) is not None:
+            raise ConflictError(f"a dataset named {name!r} already exists: pick another name=")
+        session.expunge_all()
+    return source, plan, rows, name
+
+
+def synthesize(
+    context: NodeContext,
+    actor_id: int,
+    ref: int | str,
+    request: SynthesisRequest,
+    key: str | None = None,
+) -> Synthesized | Replayed:
+    """Make a differentially private synthetic copy of dataset ``ref`` for the caller.
+
+    ``key``: the request's idempotency key, claimed with the ledger row as a publish's is
+    (``dpnode.node.services.idempotency``): a retry under it gets the first answer
+    (:class:`Replayed`, stored by the caller with ``publish.answered``), charged once.
+
+    Raises (each before any private value is read, nothing charged):
+        AuthenticationError: the account no longer exists or was deactivated.
+        NotFoundError: no such dataset.
+        InvalidRequestError: a bad epsilon, delta, rows, method, bins, columns or name; a
+            dataset with several rows per subject.
+        ConflictError: a dataset of that name exists.
+        QuotaExceededError: the domain is too large for the node's memory quota.
+        EvaluationUnavailableError: the node is installed without ``mbi``.
+        PolicyRefusedError, BudgetExceededError, ApprovalRequiredError: the policy or the
+            budget refuses the charge.
+        ConflictError, PublishInProgressError, PublishLostError: the key names another
+            request, or its synthesis is still running, or was lost.
+    """
+    claim = None
+    if key is not None:
+        claim = idempotency.Claim(idempotency.check_key(key), _request_hash(ref, request))
+        stored = _replay(context, actor_id, claim)
+        if stored is not None:
+            return Replayed(stored)
+    source, plan, rows, name = _plan(context, actor_id, ref, request)
+    cost = _cost(plan, request, source)
+    try:
+        entry, after = budget.charge(
+            context.serial_sessions, context.settings, actor_id, cost, claim=claim
+        )
+    except idempotency.AlreadyClaimed:  # a copy of this request was charged meanwhile
+        assert claim is not None
+        stored = _replay(context, actor_id, claim)
+        if stored is None:
+            raise PublishInProgressError(
+                f"the synthesis with idempotency key {key!r} was just charged by another "
+                "request: retry with the same key to get its answer"
+            ) from None
+        return Replayed(stored)
+    if claim is not None:  # renewed until the answer is stored
+        context.leases.hold(actor_id, claim.key)
+    try:
+        return _run(context, actor_id, source, plan, request, rows, name, entry, after)
+    except BaseException:  # not answered: the lease lapses, and its retries learn it is lost
+        if claim is not None:
+            context.leases.release(actor_id, claim.key)
+        raise
+
+
+def _run(
+    context: NodeContext,
+    actor_id: int,
+    source: Dataset,
+    plan: MstPlan,
+    request: SynthesisRequest,
+    rows: int,
+    name: str,
+    entry: budget.Charged,
+    after: budget.Status,
+) -> Synthesized:
+    """Charged: from here on the source's values are read."""
+    by_name = {c.name: c for c in source.columns}
+    codes = np.stack(
+        [
+            encode(a, datasets.read_column(context.store, source, by_name[a.name]))
+            for a in plan.attributes
+        ],
+        axis=1,
+    )
+    measured = run_mst(codes, plan)
+    sizes = [a.size for a in plan.attributes]
+    rng = np.random.default_rng(secrets.randbits(128) if request.seed is None else request.seed)
+    if len(sizes) > 1:
+        root, edges = estimate_marginals(plan.attributes, measured, plan.rows)
+    else:  # one column: its noisy marginal is the model
+        root, edges = measured.one_way[0], {}
+    synthetic = sample_tree(sizes, root, edges, rows, rng)
+    arrays = [decode(a, synthetic[:, j], rng) for j, a in enumerate(plan.attributes)]
+    provenance = {
+        "source_id": source.id,
+        "source": source.name,
+        "method": request.method,
+        "epsilon": plan.epsilon,
+        "delta": plan.delta,
+        "rows": rows,
+        "ledger_id": entry.id,
+        "tree": [[plan.attributes[a].name, plan.attributes[b].name] for a, b in measured.pairs],
+    }
+    dataset = _store(context, actor_id, source, plan, arrays, name, provenance)
+    receipt = {
+        "ledger_id": entry.id,
+        "mechanism": "mst",
+        **budget.receipt_terms(entry, after, asked_epsilon=plan.epsilon, asked_delta=plan.delta),
+        "selection_epsilon": plan.select_epsilon * plan.selections,
+        "one_way_sigma": measured.one_way_sigma,
+        "two_way_sigma": list(measured.two_way_sigma),
+        "tree": provenance["tree"],
+        "policy": after.in_force.name,
+        "policy_revision": entry.policy_revision,
+    }
+    return Synthesized(dataset, receipt)
+
+
+def _store(
+    context: NodeContext,
+    actor_id: int,
+    source: Dataset,
+    plan: MstPlan,
+    arrays: list[Any],
+    name: str,
+    provenance: dict[str, Any],
+) -> Dataset:
+    by_name = {c.name: c for c in source.columns}
+    staged = blobs.stage(
+        context.store, ((array_to_bytes(np.ascontiguousarray(a)),) for a in arrays)
+    )
+    rows = int(arrays[0].shape[0])
+    upload = datasets.DatasetUpload(
+        name=name,
+        description=f"differentially private synthetic copy of {source.name!r} "
+        f"({provenance['method']}, epsilon {plan.epsilon:g}, delta {plan.delta:g})",
+        tags=["synthetic", *(t.tag for t in source.tags)],
+        spec=ColumnSpec(bounds={}, categories={}),
+        order=[a.name for a in plan.attributes],
+        columns={},
+    )
+
+    def register(_: None, digests: list[str]) -> Dataset:
+        table = datasets.StoredTable(
+            columns=[
+                datasets.StoredColumn(
+                    name=a.name,
+                    dtype=a.dtype,
+                    row_shape=[],
+                    lower=by_name[a.name].lower,
+                    upper=by_name[a.name].upper,
+                    categories=by_name[a.name].categories,
+                    blob=digests[j],
+                    mock_blob=None,
+                )
+                for j, a in enumerate(plan.attributes)
+            ],
+            row_count=rows,
+            mock_row_count=None,
+            subjects_blob=None,
+            subject_count=rows,
+            max_rows_per_subject=1,
+        )
+        return datasets.register_dataset(
+            session,
+            actor,
+            upload,
+            table,
+            name=name,
+            tags=normalise_tags(upload.tags),
+            provenance=provenance,
+        )
+
+    with context.sessions() as session:
+        actor = users.active(session, actor_id)
+        return blobs.register_with(session, context.store, staged, lambda: None, register)
