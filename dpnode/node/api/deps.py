@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Annotated
 
 from argon2 import PasswordHasher
-from fastapi import Depends, Path, Query, Request
+from fastapi import Depends, Header, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
@@ -82,6 +82,16 @@ async def get_login_throttle(context: ContextDep) -> LoginThrottle:
 
 
 LoginThrottleDep = Annotated[LoginThrottle, Depends(get_login_throttle)]
+
+# A charged request's name, so that a retry is answered once and charged once.
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="names this request: a retry with the same key gets the first "
+        "answer, charged once (1 to 128 printable ASCII characters, no spaces)",
+    ),
+]
 
 
 def client_address(peer: str, forwarded_for: str | None, trusted_proxies: list[str]) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import numpy as np
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, Query, Response, status
 from pydantic import ValidationError
 
 from dpnode.core.errors import InvalidRequestError, UploadRejectedError
@@ -11,6 +11,7 @@ from dpnode.node.api import frames
 from dpnode.node.api.deps import (
     ContextDep,
     CurrentUser,
+    IdempotencyKey,
     Limit,
     LimitedBody,
     SessionDep,
@@ -217,14 +218,7 @@ def synthesize(
     body: SynthesisCreate,
     context: ContextDep,
     actor: CurrentUser,
-    idempotency_key: Annotated[
-        str | None,
-        Header(
-            alias="Idempotency-Key",
-            description="names this request: a retry with the same key gets the first "
-            "answer, charged once (1 to 128 printable ASCII characters, no spaces)",
-        ),
-    ] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """A differentially private synthetic copy of the dataset (MST), charged to the caller's
     budget as one ledger row, stored as a new dataset the caller owns and may download

@@ -5,11 +5,18 @@ import time
 from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, BackgroundTasks, Header, Query, Response
+from fastapi import APIRouter, BackgroundTasks, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from dpnode.node.api import frames
-from dpnode.node.api.deps import ContextDep, CurrentUser, LimitedBody, ReadSessionDep, TokenUserId
+from dpnode.node.api.deps import (
+    ContextDep,
+    CurrentUser,
+    IdempotencyKey,
+    LimitedBody,
+    ReadSessionDep,
+    TokenUserId,
+)
 from dpnode.node.api.numbers import IntegerText, NumberText
 from dpnode.node.api.openapi import GRAPH_FRAME, errors, frame_body, frame_response
 from dpnode.node.api.schemas import OutputSensitivityPublic, PublishKeyPublic, SensitivityPublic
@@ -65,14 +72,7 @@ async def publish(
             "approves it and kept in your ledger row",
         ),
     ] = "",
-    idempotency_key: Annotated[
-        str | None,
-        Header(
-            alias="Idempotency-Key",
-            description="names this request: a retry with the same key gets the first "
-            "answer, charged once (1 to 128 printable ASCII characters, no spaces)",
-        ),
-    ] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Evaluate a graph (engine wire frame as the body) on private data and release its
     outputs with noise, charging ``epsilon`` (and ``delta``) to your budget.
