@@ -95,6 +95,9 @@ def test_a_filtered_mean_is_the_analysts_clipped_sums(people: sdk.DatasetHandle,
     n, s = sums.publish(epsilon=1.0).tolist()
     assert row["count"] == n
     assert row["income_mean"] == pytest.approx(100.0 + 100.0 * s / n, rel=1e-12)
+    seed(3)  # where is filter under its SQL and Spark name
+    where = people.query().where(col("age") >= 30).agg(count(), mean("income"))
+    assert where.publish(epsilon=1.0).rows() == [row]
 
 
 @pytest.mark.usefixtures("sqlite_only")

@@ -68,7 +68,7 @@ def data(
 
 
 def _shape(q: Query) -> tuple[Any, ...]:
-    return (q.ds.name, repr(q.where), q.by, q.declared, q.aggregates, q.top, q.top_counts)
+    return (q.ds.name, repr(q.predicate), q.by, q.declared, q.aggregates, q.top, q.top_counts)
 
 
 # -- translation -----------------------------------------------------------------------------

@@ -92,7 +92,7 @@ class Query:
     docstring. Build it with ``ds.query()``."""
 
     ds: DatasetHandle
-    where: Predicate | None = None
+    predicate: Predicate | None = None
     by: tuple[str, ...] = ()
     declared: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     aggregates: tuple[Aggregate, ...] = ()
@@ -106,8 +106,10 @@ class Query:
         combine with ``&``."""
         if not isinstance(predicate, Predicate):
             raise QueryError(f"filter takes a predicate such as col('age') > 30, got {predicate!r}")
-        where = predicate if self.where is None else self.where & predicate
-        return replace(self, where=where)
+        both = predicate if self.predicate is None else self.predicate & predicate
+        return replace(self, predicate=both)
+
+    where = filter  # as in SQL and Spark: ``ds.query().where(col("age") > 30)``
 
     def group_by(
         self, *columns: str | Sequence[str], keys: Mapping[str, Sequence[Any]] | None = None
@@ -180,7 +182,7 @@ class Query:
             raise QueryError(f"two outputs are named {twice}: tell them apart with .alias(name)")
         for a in self.aggregates:
             a.check(self.ds)
-        return keys, None if self.where is None else self.where.mask(self.ds)
+        return keys, None if self.predicate is None else self.predicate.mask(self.ds)
 
     def _compile(self, delta: float | None) -> tuple[tuple[Key, ...], Compiled]:
         keys, where = self._checked()
