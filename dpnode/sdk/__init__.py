@@ -209,6 +209,8 @@ def search(
     return current_client().search(tags=tags, text=text, kind=kind)
 
 
-def sql(statement: str, *, epsilon: float, delta: float | None = None) -> query.QueryResult:
+def sql(
+    statement: str, *, epsilon: float, delta: float | None = None, description: str = ""
+) -> query.QueryResult:
     """``Client.sql`` on the last login."""
-    return current_client().sql(statement, epsilon=epsilon, delta=delta)
+    return current_client().sql(statement, epsilon=epsilon, delta=delta, description=description)

@@ -275,11 +275,20 @@ class Client(BudgetCalls, UploadCalls):
         """A model by id or name."""
         return ModelHandle.from_json(self, self._json("GET", f"/models/{ref}"))
 
-    def sql(self, statement: str, *, epsilon: float, delta: float | None = None) -> QueryResult:
-        """One SQL SELECT of aggregates through ``ds.query()``, published (docs/statistics.md)."""
+    def sql(
+        self,
+        statement: str,
+        *,
+        epsilon: float,
+        delta: float | None = None,
+        description: str = "",
+    ) -> QueryResult:
+        """One SQL SELECT of aggregates through ``ds.query()``, published (docs/statistics.md).
+        ``description``: what it is for, shown to an admin who approves it (as for
+        ``publish``)."""
         from dpnode.sdk.query.sql import publish_sql
 
-        return publish_sql(self, statement, epsilon=epsilon, delta=delta)
+        return publish_sql(self, statement, epsilon=epsilon, delta=delta, description=description)
 
     # -- publishing -------------------------------------------------------------------------
 

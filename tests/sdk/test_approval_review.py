@@ -169,6 +169,17 @@ def test_a_query_sends_its_description_with_its_publish(
     assert pending.computation[-1].startswith("release x")
 
 
+def test_sql_sends_its_description_with_its_publish(
+    cohort: sdk.DatasetHandle, ds_client: sdk.Client, admin_client: sdk.Client, sqlite_only: None
+) -> None:
+    admin_client.set_policy(POLICY, reason="big publishes get a look")
+    why = "years lived, in SQL"
+    _wait(lambda: ds_client.sql("SELECT SUM(age) FROM cohort", epsilon=0.9, description=why))
+    (pending,) = admin_client.publish_approvals(status="pending")
+    assert pending.description == why
+    assert pending.computation[-1].startswith("release x")
+
+
 def test_what_an_admin_reads_does_not_depend_on_the_data(
     cohort: sdk.DatasetHandle,
     owner_client: sdk.Client,

@@ -333,7 +333,12 @@ def translate(sql: str, catalog: Catalog) -> Translation:
 
 
 def publish_sql(
-    catalog: Catalog, sql: str, *, epsilon: float, delta: float | None = None
+    catalog: Catalog,
+    sql: str,
+    *,
+    epsilon: float,
+    delta: float | None = None,
+    description: str = "",
 ) -> QueryResult:
     """Translate one SELECT (:func:`translate`) and publish it: ``client.sql(...)``."""
-    return translate(sql, catalog).publish(epsilon=epsilon, delta=delta)
+    return translate(sql, catalog).publish(epsilon=epsilon, delta=delta, description=description)
