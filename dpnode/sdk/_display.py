@@ -167,6 +167,26 @@ class Columns(dict[str, npt.NDArray[Any]]):
         super().__init__(*args, **kwargs)
         self.categories = dict(categories or {})
 
+    def __repr__(self) -> str:
+        """A line per column, not every value (a download can hold thousands of rows).
+
+        >>> Columns({"age": np.array([30, 41]), "x": np.zeros((2, 3))})
+        <Columns: 2 rows; .to_pandas(), .to_polars() or .to_arrow() for a table
+          age  int64
+          x    float64 (3,)>
+        """
+        rows = len(next(iter(self.values()))) if self else 0
+        width = max((len(k) for k in self), default=0)
+        lines = [f"<Columns: {rows} rows; .to_pandas(), .to_polars() or .to_arrow() for a table"]
+        for k, v in self.items():
+            shape = np.shape(v)[1:]
+            kind = f"categories {list(self.categories[k])}" if k in self.categories else ""
+            lines.append(
+                f"  {k:<{width}}  {np.asarray(v).dtype}{f' {shape}' if shape else ''}"
+                + (f" {kind}" if kind else "")
+            )
+        return "\n".join(lines) + ">"
+
     def _cells(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for k, v in self.items():
