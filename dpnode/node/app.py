@@ -219,6 +219,12 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
         yield
         if context is None:  # we made it, we close it
             ctx.close()
+        else:
+            # Return the budget mark's reservation here, at the server's clean stop: after
+            # it, uvicorn re-raises the SIGTERM or SIGINT it caught, which ends the process
+            # before the caller's own clean-up runs (the reservation would then count as
+            # spent, and publishes wait for a carry-forward).
+            ctx.mark.close()
 
     app = FastAPI(
         title="dpnode",

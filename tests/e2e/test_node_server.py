@@ -40,8 +40,10 @@ def test_demo_node_walkthrough_survives_a_restart(demo_server: Server) -> None:
         scientist.users()
     with pytest.raises(sdk.PermissionDeniedError, match="never receive real values"):
         clinic.download()
+    clinic["bmi"].mean().publish(epsilon=0.5)
+    spent = scientist.budget().spent_epsilon
 
-    demo_server.restart()
+    demo_server.restart()  # a clean stop (SIGTERM) returns the budget mark's reservation
 
     again = sdk.login(demo_server.url, email="new-ds@example.org", password="a new password")
     clinic = again.dataset("clinic")
@@ -49,6 +51,9 @@ def test_demo_node_walkthrough_survives_a_restart(demo_server: Server) -> None:
     owner = sdk.login(demo_server.url, email=OWNER.email, password=OWNER.password)
     np.testing.assert_array_equal(owner.dataset("clinic").download()["age"].shape, (500,))
     assert len(again.search(tags=["health"])) == 3  # demo seeding did not duplicate anything
+    assert again.budget().spent_epsilon == spent  # nothing refunded, nothing forfeited
+    clinic["bmi"].mean().publish(epsilon=0.5)  # publishes are served after the restart
+    assert again.budget().spent_epsilon == pytest.approx(spent + 0.5)
 
 
 def test_bad_input_gets_clear_errors_and_the_node_keeps_serving(server: Server) -> None:
