@@ -196,7 +196,9 @@ def test_the_readme_admin_section_runs(demo_server: Server) -> None:
         exec(compile(code, "README.md", "exec"), {"__name__": "readme"})  # our own README
     printed = out.getvalue()
     assert "policy revision 1\nrefused by publish.max_epsilon\n" in printed
-    assert "waiting for approval, request 1\ntensor(" in printed
+    # the admin reads what the waiting publish computes, approves it, and it runs once
+    assert "waiting for approval, request 1\npublish #1 by ds@example.org" in printed
+    assert 'diabetes["age"]' in printed and "\ntensor(" in printed
     assert (
         "approved epsilon: 0.8 of 12 spent, 11.2 remaining; delta: 1e-18 of 1e-06 used, "
         "1e-06 remaining; renews" in printed

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
 from dpnode import sdk
+from dpnode.core.dp import samplers
 from dpnode.node.db.models import User
 from tests.conftest import PASSWORD
 
@@ -76,3 +79,19 @@ def remote_dataset(owner: sdk.Client, scientist: sdk.Client) -> sdk.DatasetHandl
         mock=cohort(30, 1),
     )
     return scientist.dataset("cohort")
+
+
+@pytest.fixture
+def seed(monkeypatch: pytest.MonkeyPatch) -> object:
+    """``seed(n)``: the node's next noise streams come from a generator seeded with ``n``."""
+
+    def reseed(n: int) -> None:
+        rng = np.random.default_rng(n)
+        monkeypatch.setattr(
+            samplers,
+            "secrets",
+            SimpleNamespace(randbits=lambda k: int.from_bytes(rng.bytes(k // 8), "little")),
+        )
+        monkeypatch.setattr(samplers, "os", SimpleNamespace(urandom=rng.bytes))
+
+    return reseed

@@ -10,14 +10,10 @@ what the node's tracker learns applies to both.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-import numpy as np
 import pytest
 import torch
 
 from dpnode import sdk
-from dpnode.core.dp import samplers
 from dpnode.sdk._per_sample import clipped_sum
 from dpnode.sdk.query import col, count, count_distinct, mean, quantile
 from tests.sdk.query_table import upload
@@ -26,22 +22,6 @@ from tests.sdk.query_table import upload
 @pytest.fixture
 def people(owner_client: sdk.Client, ds_client: sdk.Client) -> sdk.DatasetHandle:
     return upload(owner_client, ds_client)
-
-
-@pytest.fixture
-def seed(monkeypatch: pytest.MonkeyPatch) -> object:
-    """``seed(n)``: the node's next noise streams come from a generator seeded with ``n``."""
-
-    def reseed(n: int) -> None:
-        rng = np.random.default_rng(n)
-        monkeypatch.setattr(
-            samplers,
-            "secrets",
-            SimpleNamespace(randbits=lambda k: int.from_bytes(rng.bytes(k // 8), "little")),
-        )
-        monkeypatch.setattr(samplers, "os", SimpleNamespace(urandom=rng.bytes))
-
-    return reseed
 
 
 @pytest.mark.usefixtures("sqlite_only")

@@ -50,6 +50,7 @@ from dpnode.core.engine import GraphBuilder
 from dpnode.sdk import query as dq
 from dpnode.sdk._handles import ColumnInfo
 from dpnode.sdk._remote.graph import encode_graph
+from dpnode.sdk._remote.privacy import CALLS
 from dpnode.sdk.query import col
 from tests.sdk.query_cases import (
     COLUMNS,
@@ -338,6 +339,7 @@ def test_an_integer_constant_beyond_int64_is_refused_by_name_charging_nothing(
             compute(fuzz_table["age"]).sum().publish(epsilon=1.0)
         message = str(caught.value)
         assert call in message and "does not fit int64" in message and instead in message
+        assert CALLS.func is None  # the refused call is not left as the one being recorded
     # the largest and smallest int64 are constants like any other
     with sdk.mock(fuzz_table) as m:
         x = fuzz_table["age"]

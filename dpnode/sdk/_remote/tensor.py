@@ -139,8 +139,8 @@ class RemoteTensor(torch.Tensor):
         outer = calls.func
         calls.func = func
         kwargs = kwargs if kwargs is not None else {}
-        _check_constants(func, args, kwargs)
         try:
+            _check_constants(func, args, kwargs)
             override = OVERRIDES.get(func)
             if override is not None:
                 done = override(*args, **kwargs)
