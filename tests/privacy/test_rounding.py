@@ -280,3 +280,21 @@ def test_operands_the_kernel_narrows_are_tracked_as_narrowed() -> None:
     d2 = {"x": d1["x"].copy(), "m": d1["m"].copy()}
     d2["m"][0] = 1e10
     assert_sound(graph, report, d1, d2)
+
+
+def test_a_where_of_a_0d_float64_and_a_float32_tensor_carries_the_cast() -> None:
+    """``where(c, m, y)`` with ``m`` a private 0-d float64 and ``y`` a float32 tensor is
+    float32: ``m`` is rounded to it, and a mean of 1/3 becomes 0.33333334, more than the
+    mean's change of 1/3 (found by the random attack: L1 6.00000018 > 6)."""
+    b = GraphBuilder()
+    x = b.input("x", "float64", (3,))
+    y = b.input("y", "float32", (3,))
+    graph = b.build([b.op("where", b.op("ge", x, 0.0), b.op("mean", x), y)])
+    specs = {"x": InputSpec.private(0.0, 1.0), "y": InputSpec.private(0.0, 0.0)}
+    report = track(graph, specs)
+    d1 = {"x": np.zeros(3), "y": np.zeros(3, dtype=np.float32)}
+    d2 = {"x": np.array([1.0, 0.0, 0.0]), "y": d1["y"]}
+    from tests.privacy.helpers import assert_sound
+
+    assert_sound(graph, report, d1, d2)
+    assert_sound(graph, report, d2, d1)
