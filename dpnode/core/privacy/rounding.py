@@ -489,11 +489,11 @@ def _nonneg(c: Ctx, args: Sequence[State | None], base_lo: Array) -> Array | boo
 
 def _narrowed(c: Ctx) -> Ctx:
     """``c`` with each argument of a binary elementwise prim (and each side of a ``where``)
-    as its kernel computes with it: cast to the compute dtype. A Python scalar is cast (``1e300`` is infinite in float32,
-    and ``0 * inf`` is NaN there). A tensor's cast may round it (a 0-d float64 operand of a
-    float32 tensor is cast to float32: ``1e-20 - x`` was 0 for the x nearest 1e-20, and
-    tracked as at least 3e-28), overflow it, or wrap an integer: a known value is cast, an
-    unknown one carries the cast's error."""
+    as its kernel computes with it: cast to the compute dtype. A Python scalar is cast
+    (``1e300`` is infinite in float32, and ``0 * inf`` is NaN there). A tensor's cast may
+    round it (a 0-d float64 operand of a float32 tensor is cast to float32: ``1e-20 - x``
+    was 0 for the x nearest 1e-20, and tracked as at least 3e-28), overflow it, or wrap an
+    integer: a known value is cast, an unknown one carries the cast's error."""
     if c.node.op == "where":  # both sides are cast to the result's compute dtype alike
         cd = opmath(c.meta.dtype)
     else:
