@@ -219,6 +219,7 @@ def _run_mst(plan: MstPlan, codes: Any, rows: int, rng: np.random.Generator) -> 
 
 def _run_aim(plan: AimPlan, codes: Any, rows: int, rng: np.random.Generator) -> Sampled:
     run = run_aim(codes, plan)
+    assert run.model is not None  # every run ends with its full fit
     synthetic = sample_model(run.model, len(plan.attributes), rows, int(rng.integers(2**32)))
     report = {
         "selection_epsilon": math.fsum(m.selection_epsilon for m in run.measurements),
