@@ -47,7 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpnode.core.dp import accounting, samplers
-from dpnode.core.dp.exponential import exponential_mechanism, sampler_tv
+from dpnode.core.dp.exponential import exponential_mechanism, selection_terms
 from dpnode.core.dp.mechanisms import NoisePlan, apply_noise, plan_gaussian
 from dpnode.core.errors import InvalidRequestError
 from dpnode.core.synth import estimate
@@ -145,14 +145,12 @@ class AimPlan:
         have."""
         xi1, delta1 = accounting.gaussian_sampler_terms(self.one_way.rho, self.one_way.count)
         xi, delta = accounting.gaussian_sampler_bound(self.rho, self.largest, self.max_rounds)
-        largest_epsilon = math.sqrt(8 * self.rho)
-        selection = accounting.laplace_sampler_delta(
-            largest_epsilon, sampler_tv(len(self.candidates))
-        )
+        # each selection's sampler terms grow with its epsilon: counted at the largest
+        xi_sel, delta_sel = selection_terms(math.sqrt(8 * self.rho), len(self.candidates))
         return accounting.Terms(
-            math.fsum([xi1, xi]),
+            math.fsum([xi1, xi, xi_sel * self.max_rounds * (1 + 1e-9)]),
             self.rho,
-            math.fsum([delta1, delta, selection * self.max_rounds * (1 + 1e-9)]),
+            math.fsum([delta1, delta, delta_sel * self.max_rounds * (1 + 1e-9)]),
         )
 
 
