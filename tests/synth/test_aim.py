@@ -114,7 +114,6 @@ def test_the_charge_is_public_and_bounds_every_run() -> None:
         aim.plan_aim(attrs, rows=40, epsilon=2.0, delta=0.0)
 
 
-@pytest.mark.slow
 def test_a_run_spends_at_most_its_charge_and_learns_the_strong_pair() -> None:
     rng = np.random.default_rng(5)
     n = 300
