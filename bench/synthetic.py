@@ -12,6 +12,7 @@ sampler: the utility baseline only), rho in thirds, the exponential mechanism ac
 average L1 distance between the real and synthetic normalised marginals over every 1- and
 2-way marginal (lower is better; "independent" samples each column from its noisy 1-way
 marginal, the floor any method should beat), and the wall time ratio against the reference.
+"dpnode-aim" is the node's AIM on the same tables (its own NumPy estimation and sampling).
 
 SmartNoise Synth 1.0.8 (the issue's peer) needs ``mbi<2`` and ``opacus<0.15``, which
 conflict with this project's pins: comparing with it needs its own environment.

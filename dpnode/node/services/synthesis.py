@@ -13,12 +13,12 @@ Order of events, as for a publish (``dpnode.node.services.publish``), each for a
    serialised transaction: policy, caps, approvals and the budget decide there;
 3. only then read the columns, measure and select with the node's mechanisms
    (:func:`dpnode.core.synth.run_aim`, :func:`dpnode.core.synth.run_mst`), estimate and
-   sample (post-processing, ``mbi``);
+   sample (post-processing: ``mbi`` for MST, :mod:`dpnode.core.synth.graphical` for AIM);
 4. store the rows as a new dataset owned by the caller, flagged synthetic by its provenance
    (source, method, epsilon, delta, rows, ledger row; a caller's seed is not kept).
 
-It runs synchronously in the request for now: a table of tens of columns takes seconds to a
-minute, most of it compiling and running the estimate.
+It runs synchronously in the request for now: seconds for a table of a few columns, or the
+tens of seconds ``mbi`` takes to compile MST's estimate in a fresh process.
 """
 
 from __future__ import annotations
