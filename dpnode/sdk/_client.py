@@ -128,6 +128,8 @@ class Client(BudgetCalls, UploadCalls):
         progress: bool | None = None,
     ) -> None:
         self.url = node_url(url)
+        #: the node's name in a network's directory (set by ``sdk.network(...).login``)
+        self.name: str | None = None
         self.token = token
         self.expires_at: datetime | None = None
         self._http = httpx.Client(

@@ -107,7 +107,7 @@ def list_members(
     session: SessionDep, settings: SettingsDep, _admin: AdminUser
 ) -> list[MemberPublic]:
     """Every member, reachable or not."""
-    return [MemberPublic.model_validate(s.public()) for s in directory.members(session, settings)]
+    return [MemberPublic(**s.public()) for s in directory.members(session, settings)]
 
 
 @router.delete("/members/{ref}", status_code=204, responses=errors(404))
@@ -171,7 +171,8 @@ def leave(session: SessionDep, member: CurrentMember) -> Response:
 @router.get("/nodes")
 def list_nodes(session: ReadSessionDep, settings: SettingsDep) -> list[NodePublic]:
     """The members, where they are and whether they answer (no login needed)."""
-    return [NodePublic.model_validate(s.public()) for s in directory.members(session, settings)]
+    states = directory.members(session, settings)
+    return [NodePublic(**{k: s.public()[k] for k in NodePublic.model_fields}) for s in states]
 
 
 @router.get("/search")
@@ -186,7 +187,9 @@ def search(
     found = directory.search(session, settings, tags, text)
     return NetworkSearchResults(
         datasets=[
-            Listing(node=m.name, node_url=m.url, dataset=CatalogDataset.model_validate(d))
+            Listing(
+                node=m.name, node_url=m.url, dataset=CatalogDataset.model_validate(d, strict=False)
+            )
             for m, d in found
         ]
     )
