@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -35,9 +34,8 @@ def network(tmp_path: Path) -> Iterator[tuple[Server, list[Server]]]:
     net = _server(tmp_path, "net", "--network")
     members = [_server(tmp_path, name) for name in SITES]
     try:
-        # started together: each process spends seconds importing the node
-        with ThreadPoolExecutor(4) as pool:
-            list(pool.map(Server.start, (net, *members)))
+        for server in (net, *members):
+            server.start()
         yield net, members
     finally:
         for server in (net, *members):
