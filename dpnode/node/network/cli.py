@@ -9,6 +9,7 @@ from typing import Any
 
 from dpnode.node.cli_common import migrated_context, operator, whole
 from dpnode.node.network import directory, membership
+from dpnode.node.numbers import read_id
 
 
 def cmd_token_create(args: argparse.Namespace) -> None:
@@ -61,9 +62,8 @@ def cmd_members(_: argparse.Namespace) -> None:
 def cmd_remove(args: argparse.Namespace) -> None:
     context = migrated_context()
     with context.sessions() as session:
-        ref: int | str = (
-            int(args.member) if args.member.isascii() and args.member.isdigit() else args.member
-        )
+        ident = read_id(args.member)  # an id as JSON writes it, or a name
+        ref: int | str = args.member if ident is None else ident
         member = directory.remove_member(session, None, ref, operator=operator())
         print(f"removed member {member.name!r} ({member.url})")
 
