@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -143,8 +143,17 @@ def join(session: Session, settings: Settings, request: JoinRequest) -> tuple[Ne
         catalog_digest=catalog_digest(request.catalog),
         catalog_updated_at=now,
     )
+    # Claimed by a conditional update, so that two joins racing with one token cannot both
+    # see it unused (SQLite takes no row lock for the read above).
+    claimed = session.execute(
+        update(NetworkJoinToken)
+        .where(NetworkJoinToken.id == token.id, NetworkJoinToken.used_at.is_(None))
+        .values(used_at=now, used_by=request.name)
+    )
+    if claimed.rowcount != 1:  # type: ignore[attr-defined]
+        session.rollback()
+        raise AuthenticationError("the join token was used by another node a moment ago")
     session.add(member)
-    token.used_at, token.used_by = now, request.name
     try:
         session.flush()
     except IntegrityError:  # the same name joined at the same moment
