@@ -288,3 +288,34 @@ def test_a_removed_member_is_told_and_a_member_can_leave(
         membership.leave(ctx.sessions, NET, transport=net._transport)
     assert {"network.remove", "network.leave"} <= set(_actions(net_context))
     assert _actions(ctx).count("network.leave") == 2
+
+
+def test_a_catalog_change_wakes_the_heartbeat_and_a_network_down_is_only_noted(
+    net: TestClient, net_admin: dict[str, str], member: tuple[NodeContext, TestClient]
+) -> None:
+    ctx, node = member
+    row = _join(ctx, net, _token(net, net_admin))
+    beats = membership.Heartbeats(ctx.sessions, 3600, transport=net._transport)
+    beats.watch(ctx.sessions)
+    beats.start()  # beats once now, then only when woken (the interval is an hour)
+    try:
+        owner = sdk.login(
+            NET, email="owner@site-a.org", password=PASSWORD, transport=node._transport
+        )
+        owner.upload_dataset("cohort-b", {"x": np.ones(10)}, bounds={"x": (0, 1)}, tags=["health"])
+        deadline = time.monotonic() + 30
+        names: list[str] = []
+        while time.monotonic() < deadline and "cohort-b" not in names:
+            time.sleep(0.1)
+            found = net.get("/api/v1/network/search", params={"tags": ["health"]}).json()
+            names = [f["dataset"]["name"] for f in found["datasets"]]
+        assert names == ["cohort-a", "cohort-b"]
+    finally:
+        beats.stop()
+    # no network answers there (no transport: a real connection to a name that does not
+    # resolve): the beat says so, and raises nothing
+    result = membership.beat(ctx.sessions, row.id, timeout=2)
+    assert result.startswith("cannot reach the network at http://testserver")
+    with ctx.sessions() as session:
+        kept = session.get(NetworkMembership, row.id)
+        assert kept is not None and kept.last_result == result and kept.last_ok_at is not None

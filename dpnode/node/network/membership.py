@@ -269,13 +269,22 @@ _CATALOG = (Dataset, DatasetColumn, DatasetTag)
 class Heartbeats:
     """The serving process's heartbeat to every network the node joined, in a thread."""
 
-    def __init__(self, sessions: sessionmaker[Session], interval: float) -> None:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        interval: float,
+        *,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         self.sessions = sessions
         self.interval = interval
+        self.transport = transport  # tests: a network app in this process
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._watched: list[sessionmaker[Session]] = []
+        #: marks a session that flushed a catalog change (one mark per watcher)
+        self._key = f"network-catalog-changed-{id(self)}"
 
     def watch(self, *makers: sessionmaker[Session]) -> None:
         """Wake the heartbeat when a session of ``makers`` commits a catalog change."""
@@ -287,10 +296,10 @@ class Heartbeats:
     def _flushed(self, session: Session, _: Any) -> None:
         changed = (*session.new, *session.dirty, *session.deleted)
         if any(isinstance(obj, _CATALOG) for obj in changed):
-            session.info["catalog_changed"] = True
+            session.info[self._key] = True
 
     def _committed(self, session: Session) -> None:
-        if session.info.pop("catalog_changed", False):
+        if session.info.pop(self._key, False):
             self._wake.set()
 
     def start(self) -> None:
@@ -303,7 +312,8 @@ class Heartbeats:
                 with self.sessions() as session:
                     ids = [m.id for m in memberships(session)]
                 for ident in ids:
-                    beat(self.sessions, ident, timeout=min(TIMEOUT_SECONDS, 2 * self.interval))
+                    timeout = min(TIMEOUT_SECONDS, 2 * self.interval)
+                    beat(self.sessions, ident, timeout=timeout, transport=self.transport)
             except Exception:  # a database hiccup: log it, beat again next time
                 log.exception("network heartbeat failed")
             self._wake.wait(self.interval)
