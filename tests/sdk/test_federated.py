@@ -4,15 +4,13 @@ its own database, ledger and policy; the parts combined in the client."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
 
 from dpnode import sdk
-from tests.sdk.federation import Site, nodes
+from tests.sdk.federation import Site
 
 BOUNDS = {"age": (0, 120), "bmi": (10, 70)}
 ROWS = (500, 800, 1200)
@@ -24,12 +22,6 @@ def _cohort(n: int, seed: int) -> dict[str, np.ndarray]:
         "age": rng.integers(18, 90, n),
         "bmi": rng.uniform(15, 45, n).astype(np.float32),
     }
-
-
-@pytest.fixture
-def sites(sqlite_template: Path, tmp_path: Path) -> Iterator[list[Site]]:
-    with nodes(sqlite_template, tmp_path, len(ROWS)) as found:
-        yield found
 
 
 @pytest.fixture
