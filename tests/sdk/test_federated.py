@@ -4,6 +4,8 @@ its own database, ledger and policy; the parts combined in the client."""
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -146,3 +148,29 @@ def test_several_outputs_add_output_by_output_and_a_combine_of_yours_is_kept(
     assert largest.receipt.noise_sd is None and "your function" in str(largest.receipt)
     assert float(largest.value) == max(float(s.value) for s in largest.sites)
     assert set(largest.receipt.epsilon) == {s.url for s in sites}
+
+
+def test_the_examples_of_docs_federated_run_on_three_nodes(
+    sites: list[Site], cohorts: list[dict[str, np.ndarray]]
+) -> None:
+    rng = np.random.default_rng(7)
+    for site in sites:
+        x = rng.uniform(0, 1, (60, 4)).astype(np.float32)
+        points = {"x": x, "label": (x[:, 0] > 0.5).astype(np.int64)}
+        site.owner.upload_dataset("points", points, bounds={"x": (0.0, 1.0), "label": (0, 2)})
+    text = (Path(__file__).parents[2] / "docs" / "federated.md").read_text()
+    login, *blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    # what the first block makes (the import, a login per node), made here by the fixture
+    assert "from dpnode import sdk" in login and "sdk.login(url" in login
+    namespace = {"sdk": sdk, "clients": [s.scientist for s in sites]}
+    for block in blocks:
+        exec(compile(block, "docs/federated.md", "exec"), namespace)  # our own docs' code
+    assert isinstance(namespace["mean"], sdk.FederatedResult)
+    assert len(namespace["history"]) == 3
+    for site in sites:  # the statistics' three publishes and the run's line
+        assert [line.kind for line in site.scientist.ledger()] == [
+            "run",
+            "charge",
+            "charge",
+            "charge",
+        ]
