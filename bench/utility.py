@@ -187,9 +187,7 @@ def in_process_node(
     # the SDK's in-process transport: the app on one event-loop thread, as a notebook would
     # open a node of its own (sdk.InProcessTransport)
     with sdk.InProcessTransport(create_app(context=context)) as transport:
-        yield lambda email: sdk.login(
-            url, email=email, password=PASSWORD, transport=transport
-        )
+        yield lambda email: sdk.login(url, email=email, password=PASSWORD, transport=transport)
     context.close()
 
 

@@ -31,6 +31,7 @@ import torch
 
 from dpnode.sdk._exceptions import DPNodeError
 from dpnode.sdk._publish import Receipt, publish
+from dpnode.sdk._remote import MockSession, active_session
 
 if TYPE_CHECKING:
     from dpnode.sdk._handles import DatasetHandle
@@ -285,6 +286,9 @@ class Federated:
                 every site refused.
             DPNodeError: ``fn`` failed to record on a site's handle; nothing was sent.
         """
+        if active_session() is not None:
+            parts = [self._dry_run(h, fn, epsilon=epsilon, delta=delta) for h in self.handles]
+            return self._combine(parts, combine, allow_partial)
         recorded = []
         for h in self.handles:
             try:
@@ -297,6 +301,13 @@ class Federated:
                     code=exc.code,
                 ) from exc
         parts = self._release(recorded, epsilon=epsilon, delta=delta, description=description)
+        return self._combine(parts, combine, allow_partial)
+
+    @staticmethod
+    def _combine(
+        parts: list[SiteRelease], combine: Combine | None, allow_partial: bool
+    ) -> FederatedResult:
+        """The parts combined (or the refusal raised), with the combined receipt."""
         released = [p for p in parts if not p.refused]
         refused = [p for p in parts if p.refused]
         if refused and (not allow_partial or not released):
@@ -362,6 +373,26 @@ class Federated:
         )
         return FederatedResult(total.value / rows, receipt)
 
+    @staticmethod
+    def _dry_run(
+        h: DatasetHandle, fn: Callable[[DatasetHandle], Any], *, epsilon: float, delta: float | None
+    ) -> SiteRelease:
+        """Inside ``sdk.mock(...)``: the site's part on its own mock data, charging nothing.
+
+        Each site in a mock session of its own (its datasets' ids are its node's, which
+        may equal another node's), with the models of the session around it.
+        """
+        from dpnode.sdk._handles import DatasetHandle
+
+        outer = active_session()
+        assert outer is not None
+        models = [m for m in outer.handles if not isinstance(m, DatasetHandle)]
+        with MockSession(h, *models, seed=outer.seed):
+            value = publish(fn(h), epsilon=epsilon, delta=delta)
+            rows = _rows(h)
+        first = value[0] if isinstance(value, list) else value
+        return SiteRelease(site_name(h), h.name, rows, value=value, receipt=first.receipt)
+
     def _release(
         self, recorded: list[Any], *, epsilon: float, delta: float | None, description: str
     ) -> list[SiteRelease]:
@@ -369,10 +400,11 @@ class Federated:
         # one key for the whole federated release, distinct per site: a site that is asked
         # again (its client's retries) answers with its first answer, charged once
         key = uuid.uuid4().hex
+        counts = [_rows(h) for h in self.handles]
 
         def run(i: int) -> SiteRelease:
             h = self.handles[i]
-            node, rows = site_name(h), h.row_count
+            node, rows = site_name(h), counts[i]
             try:
                 value = publish(
                     recorded[i],
@@ -389,6 +421,14 @@ class Federated:
 
         with ThreadPoolExecutor(max_workers=len(self.handles)) as pool:
             return list(pool.map(run, range(len(self.handles))))
+
+
+def _rows(handle: DatasetHandle) -> int:
+    """The rows a publish on ``handle`` reads: its row count, or its mock data's in a dry
+    run inside ``sdk.mock(...)`` (a column's shape there; recording costs no request)."""
+    if active_session() is None:
+        return handle.row_count
+    return int(handle[next(iter(handle.columns))].shape[0])
 
 
 def _add(values: list[Any]) -> Any:

@@ -174,3 +174,21 @@ def test_the_examples_of_docs_federated_run_on_three_nodes(
             "charge",
             "charge",
         ]
+
+
+def test_inside_mock_mode_every_site_dry_runs_on_its_mock_data_and_nothing_is_charged(
+    sites: list[Site],
+) -> None:
+    for k, site in enumerate(sites):
+        site.owner.upload_dataset(
+            "cohort", _cohort(ROWS[k], k), bounds=BOUNDS, mock=_cohort(30 + k, 10 + k)
+        )
+    handles = _handles(sites)
+    fed = sdk.federated(handles)
+    with sdk.mock(*handles):
+        dry = fed.mean("bmi", epsilon=1.0)  # each site's part in a thread of its own
+    assert all(p.receipt is not None and p.receipt.mock for p in dry.sites)
+    assert [p.rows for p in dry.sites] == [30, 31, 32]
+    assert f"{30 + 31 + 32} rows" in str(dry.receipt)
+    for site in sites:
+        assert site.scientist.ledger_entries() == [] and site.scientist.budget().spent_epsilon == 0
