@@ -125,10 +125,12 @@ class FederatedReceipt:
         return tuple(s for s in self.sites if s.refused)
 
     @property
-    def epsilon(self) -> dict[str, float]:
-        """Epsilon charged at each site that released, by node: each site's guarantee is
-        its own (its ledger, its policy), not a sum across sites."""
-        return {s.node: s.receipt.epsilon for s in self.released if s.receipt is not None}
+    def epsilon(self) -> dict[tuple[str, str], float]:
+        """Epsilon charged at each site that released, by (node, dataset): each site's
+        guarantee is its own (its ledger, its policy), not a sum across sites."""
+        return {
+            (s.node, s.dataset): s.receipt.epsilon for s in self.released if s.receipt is not None
+        }
 
     def __str__(self) -> str:
         sd = "" if self.noise_sd is None else f", combined noise sd {self.noise_sd:.4g}"

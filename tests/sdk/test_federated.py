@@ -147,7 +147,7 @@ def test_several_outputs_add_output_by_output_and_a_combine_of_yours_is_kept(
     )
     assert largest.receipt.noise_sd is None and "your function" in str(largest.receipt)
     assert float(largest.value) == max(float(s.value) for s in largest.sites)
-    assert set(largest.receipt.epsilon) == {s.url for s in sites}
+    assert largest.receipt.epsilon == {(s.url, "cohort"): 1.0 for s in sites}
 
 
 def test_the_examples_of_docs_federated_run_on_three_nodes(
