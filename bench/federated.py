@@ -131,7 +131,9 @@ def main() -> None:
                 row = Row(**{**row.__dict__, "steps": max(row.steps // 4, 2)})
             x, y, _ = load(row.data)
             pooled, fed, spent, reduced = [], [], [], []
-            reduced_row = Row(**{**row.__dict__, "epsilon": row.epsilon / math.sqrt(SITES)})
+            reduced_row = Row(
+                **{**row.__dict__, "epsilon": round(row.epsilon / math.sqrt(SITES), 3)}
+            )
             for seed in range(seeds):
                 tr, te = splits("seed", y, seed)
                 test_x = x[te][:, None] if row.data == "digits" else x[te]

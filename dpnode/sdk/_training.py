@@ -183,6 +183,7 @@ class PrivateTraining:
                     target_delta=target_delta,
                     steps=steps,
                     values=values,
+                    named=len(self.sites) > 1,
                 )
             for site in self.sites:
                 site.run = self._plan_on_node(site, target_epsilon, values)

@@ -69,12 +69,18 @@ class Site:
         return sorted(found)
 
     def check_budget(
-        self, *, target_epsilon: float, target_delta: float | None, steps: int, values: int
+        self,
+        *,
+        target_epsilon: float,
+        target_delta: float | None,
+        steps: int,
+        values: int,
+        named: bool = False,
     ) -> None:
         """Plan the per-step noise from this node's allowance, refusing a run that does not
-        fit it (nothing is run or charged anywhere)."""
+        fit it (nothing is run or charged anywhere). ``named``: say which node refused."""
         budget = self.session().budget()
-        where = f" at {self.name()}" if self.client is None else ""
+        where = f" at {self.name()}" if named else ""
         if target_delta is not None and target_delta != budget.delta:
             raise DPNodeError(
                 f"target_delta={target_delta:g}, but the node{where} counts every release "
