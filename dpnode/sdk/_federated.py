@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dpnode.sdk._display import fields_table, records_table
 from dpnode.sdk._exceptions import DPNodeError
 from dpnode.sdk._publish import Receipt, publish
 from dpnode.sdk._remote import MockSession, active_session
@@ -138,6 +139,28 @@ class FederatedReceipt:
         if self.partial:
             head += f"; PARTIAL: {len(self.refused)} of {len(self.sites)} sites left out"
         return "\n".join([head, *(f"  {s}" for s in self.sites)])
+
+    def _repr_html_(self) -> str:
+        summary = fields_table(
+            "federated receipt",
+            [("combined", self.combined), ("noise sd", self.noise_sd), ("partial", self.partial)],
+        )
+        columns = ["node", "dataset", "rows", "ledger row", "epsilon", "mechanism", "noise sd"]
+        rows = [
+            (s.node, s.dataset, s.rows, "refused: " + str(s.error), "", "", "")
+            if s.receipt is None
+            else (
+                s.node,
+                s.dataset,
+                s.rows,
+                s.receipt.ledger_id,
+                s.receipt.epsilon,
+                s.receipt.mechanism,
+                s.noise_sd,
+            )
+            for s in self.sites
+        ]
+        return summary + records_table("sites", columns, rows)
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,8 @@ def test_a_site_without_the_budget_refuses_and_nothing_is_combined(
     assert partial.receipt.partial and [s.node for s in partial.refused] == [poor.url]
     rows = ROWS[0] + ROWS[1]
     assert "partial" in str(partial.receipt).lower() and f"{rows} rows" in str(partial.receipt)
+    html = partial.receipt._repr_html_()  # a notebook's table: a row per site, the refusal too
+    assert all(s.url in html for s in sites) and "refused: " in html
     truth = np.concatenate([c["age"] for c in cohorts[:2]]).mean()
     sd = partial.receipt.noise_sd
     # a sum of Laplace noises tails off exponentially: beyond 20 sd with probability < 1e-8
