@@ -59,13 +59,12 @@ from dpnode.sdk._exceptions import (
     UploadOffsetError,
     UploadRejectedError,
 )
-from dpnode.sdk._federated import (
-    Federated,
+from dpnode.sdk._federated import Federated, federated
+from dpnode.sdk._federated_receipts import (
     FederatedError,
     FederatedReceipt,
     FederatedResult,
     SiteRelease,
-    federated,
 )
 from dpnode.sdk._handles import AuditEvent, ColumnInfo, DatasetHandle, ModelHandle, TensorInfo, User
 from dpnode.sdk._ledger import Ledger, LedgerEntry, LedgerLine, LedgerRun
