@@ -56,10 +56,17 @@ def columns_from_json(columns: list[dict[str, Any]]) -> dict[str, ColumnInfo]:
 
 @dataclass(frozen=True)
 class NodeRef:
-    """The node a dataset lives on: its name (in a network's directory) and its address."""
+    """The node a dataset lives on: its name (in a network's directory) and its address.
+
+    >>> str(NodeRef("site-a", "https://site-a.example.org"))
+    'site-a'
+    """
 
     name: str
     url: str
+
+    def __str__(self) -> str:
+        return self.name
 
 
 @dataclass(frozen=True)
