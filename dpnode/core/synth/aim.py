@@ -186,16 +186,15 @@ def plan_aim(
 ) -> AimPlan:
     """The workload, the candidates and the budget of an AIM run (see the module docstring).
 
-        Raises:
-            InvalidRequestError: no attributes, or a bad epsilon or delta (delta must be in
-                (0, 1): the Gaussian measurements need one).
+    Raises:
+        InvalidRequestError: no attributes, or a bad epsilon or delta (delta must be in
+            (0, 1): the Gaussian measurements need one).
 
-        >>> from dpnode.core.synth import estimate
-    from dpnode.core.synth.domain import Attribute
-        >>> attrs = [Attribute(n, "int64", 3, 0.0, 2.0, None) for n in "abc"]
-        >>> p = plan_aim(attrs, rows=100, epsilon=1.0, delta=1e-6)
-        >>> p.workload, len(p.candidates), p.rounds, p.max_rounds
-        (((0, 1), (0, 2), (1, 2), (0, 1, 2)), 7, 48, 46)
+    >>> from dpnode.core.synth.domain import Attribute
+    >>> attrs = [Attribute(n, "int64", 3, 0.0, 2.0, None) for n in "abc"]
+    >>> p = plan_aim(attrs, rows=100, epsilon=1.0, delta=1e-6)
+    >>> p.workload, len(p.candidates), p.rounds, p.max_rounds
+    (((0, 1), (0, 2), (1, 2), (0, 1, 2)), 7, 48, 46)
     """
     check_budget(attributes, epsilon, delta, "AIM")
     attrs = tuple(attributes)
