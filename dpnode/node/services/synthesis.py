@@ -108,11 +108,12 @@ class Sampled:
 class Method:
     """A synthesis method: how it plans (public metadata), what it holds in memory at most,
     and how it runs once charged (the plan, the binned table, rows to sample, a generator
-    for the sampling)."""
+    for the sampling); ``estimator``: whether it needs :data:`ESTIMATOR` installed."""
 
     plan: Callable[[tuple[Attribute, ...], int, float, float], Plan]
     memory: Callable[[Any, int], int]
     run: Callable[[Any, Any, int, np.random.Generator], Sampled]
+    estimator: bool
 
 
 @dataclass(frozen=True)
@@ -244,11 +245,13 @@ METHODS: dict[str, Method] = {
         lambda attrs, rows, eps, delta: plan_aim(attrs, rows=rows, epsilon=eps, delta=delta),
         aim_memory_bytes,
         _run_aim,
+        estimator=False,  # its own NumPy estimation
     ),
     "mst": Method(
         lambda attrs, rows, eps, delta: plan_mst(attrs, rows=rows, epsilon=eps, delta=delta),
         memory_bytes,
         _run_mst,
+        estimator=True,
     ),
 }
 
@@ -326,13 +329,14 @@ def _cost(plan: Plan, request: SynthesisRequest, source: Dataset) -> Cost:
     )
 
 
-def _check_estimator() -> None:
-    """Refuse, before anything is charged, on a node installed without ``mbi``."""
-    if importlib.util.find_spec(ESTIMATOR) is None:
+def _check_estimator(method: str) -> None:
+    """Refuse, before anything is charged, a method that needs ``mbi`` on a node without it."""
+    needs = method in METHODS and METHODS[method].estimator
+    if needs and importlib.util.find_spec(ESTIMATOR) is None:
         raise EvaluationUnavailableError(
-            "this node cannot synthesize: its estimator (Private-PGM, the 'mbi' package) is "
-            "not installed; ask its operator to pip install 'dpnode[synth]'. Nothing was "
-            "charged",
+            f"this node cannot synthesize with method={method!r}: its estimator (Private-PGM, "
+            "the 'mbi' package) is not installed; ask its operator to pip install "
+            "'dpnode[synth]', or use method='aim', which needs none. Nothing was charged",
             retry_after=3600,
         )
 
@@ -341,7 +345,7 @@ def _plan(
     context: NodeContext, actor_id: int, ref: int | str, request: SynthesisRequest
 ) -> tuple[Dataset, Plan, int, str]:
     settings = context.settings
-    _check_estimator()
+    _check_estimator(request.method)
     with context.read_sessions() as session:
         users.active_actor(session, actor_id)
         source = datasets.get_dataset(session, ref)
