@@ -77,6 +77,7 @@ __all__ = [
     "locked",
     "read_state",
     "read_totals",
+    "spare",
     "user_key",
     "write_state",
 ]
@@ -181,6 +182,34 @@ def find_gap(state: MarkState, totals: Totals, live: set[str]) -> Gap:
     return Gap(missing, (state.sequence, totals.sequence), stale)
 
 
+#: A reservation holds at least this many charges of the size that needed it (within the
+#: user's room), so that a steady stream of equal charges writes the mark once in
+#: ``GROWTH + 1`` (at epsilon 1 a publish, the default chunk of 0.5 alone would write it
+#: on every publish).
+GROWTH = 4
+
+
+def spare(amount: Amount, chunk: Amount, room: Amount | None) -> Amount:
+    """What a reservation takes beyond ``amount``: for each component the charge spends
+    (none of rho for a charge of epsilon only: a reservation a killed process left unused
+    counts as spent), ``chunk`` or :data:`GROWTH` times the charge, whichever is larger, the
+    growth past ``chunk`` bounded by ``room``.
+
+    >>> spare((10, 0, 2), (5, 5, 5), None)
+    (40, 0, 8)
+    >>> spare((10, 0, 2), (5, 5, 5), (25, 0, 0))
+    (25, 0, 5)
+    >>> spare((1, 0, 0), (5, 5, 5), (0, 0, 0))
+    (5, 0, 0)
+    """
+    limit = room or (None, None, None)
+    parts = []
+    for a, c, r in zip(amount, chunk, limit, strict=True):
+        grown = GROWTH * a if r is None else min(GROWTH * a, max(r, 0))
+        parts.append(max(c, grown) if a else 0)
+    return (parts[0], parts[1], parts[2])
+
+
 class SpendingMark:
     """This process's view of the mark: its lease, charged from in memory (see the module).
 
@@ -263,9 +292,21 @@ class SpendingMark:
             write_state(self.path, state)
         self._verified = True
 
-    def reserve(self, connection: Connection, keys: Iterable[str], amount: Amount) -> None:
+    def reserve(
+        self,
+        connection: Connection,
+        keys: Iterable[str],
+        amount: Amount,
+        *,
+        room: Amount | None = None,
+    ) -> None:
         """Make sure the mark covers ``amount`` more spending under each of ``keys``, before
         the charge commits; then :meth:`committed` or :meth:`rolled_back` says how it went.
+
+        When it writes the mark it reserves, beyond ``amount``, the configured chunk or
+        :data:`GROWTH` times ``amount``, whichever is larger; the growth past the chunk is
+        at most ``room``, what the user may still spend after this charge (``None``: not
+        bounded), so that a crash never counts more than that as spent.
 
         Raises:
             BudgetMarkBehindError, BudgetMarkError: as :meth:`verify`, or the mark cannot be
@@ -276,7 +317,7 @@ class SpendingMark:
             if not self._verified:
                 self._verify(connection)
             if any(not fits(amount, self._left.get(k, ZERO)) for k in wanted):
-                self._take(wanted, amount)
+                self._take(wanted, amount, room)
             for key in wanted:
                 self._left[key] = sub(self._left[key], amount)
                 self._pending[key] = add(self._pending.get(key, ZERO), amount)
@@ -309,7 +350,7 @@ class SpendingMark:
             for k in set(self._left) | set(self._pending)
         }
 
-    def _take(self, wanted: list[str], amount: Amount) -> None:
+    def _take(self, wanted: list[str], amount: Amount, room: Amount | None) -> None:
         try:
             with locked(self.path):
                 state = read_state(self.path)
@@ -319,10 +360,7 @@ class SpendingMark:
                         f"{fix(self.path)}"
                     )
                 self._settle_into(state)
-                # a chunk of each component the charge spends: none of rho for a key charged
-                # only epsilon (a reservation left unused by a killed process counts as spent)
-                e, r, d = (a + (c if a else 0) for a, c in zip(amount, self.chunk, strict=True))
-                more = (e, r, d)
+                more = add(amount, spare(amount, self.chunk, room))
                 for key in wanted:
                     if not fits(amount, self._left.get(key, ZERO)):
                         self._left[key] = add(self._left.get(key, ZERO), more)
