@@ -503,7 +503,7 @@ def charge(
         keys = [user_key(user.id), *(dataset_key(found[d]) for d in entry.dataset_ids)]
         amount = (entry.epsilon_units, entry.rho_units, entry.tv_units)
         left = after.status.remaining
-        mark.reserve(connection, keys, amount, room=(left.epsilon_units, 0, left.delta_units))
+        mark.reserve(connection, keys, amount, room=(left.epsilon_units, None, left.delta_units))
         try:
             tx.commit(covered=True)
         except BaseException:

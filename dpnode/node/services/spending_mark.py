@@ -47,6 +47,7 @@ from dpnode.node.services.mark_file import (
     ZERO,
     Amount,
     MarkState,
+    Room,
     add,
     at_least,
     dataset_key,
@@ -56,6 +57,7 @@ from dpnode.node.services.mark_file import (
     live_leases,
     locked,
     read_state,
+    spare,
     sub,
     user_key,
     write_state,
@@ -68,6 +70,7 @@ __all__ = [
     "Amount",
     "Gap",
     "MarkState",
+    "Room",
     "SpendingMark",
     "Totals",
     "dataset_key",
@@ -182,34 +185,6 @@ def find_gap(state: MarkState, totals: Totals, live: set[str]) -> Gap:
     return Gap(missing, (state.sequence, totals.sequence), stale)
 
 
-#: A reservation holds at least this many charges of the size that needed it (within the
-#: user's room), so that a steady stream of equal charges writes the mark once in
-#: ``GROWTH + 1`` (at epsilon 1 a publish, the default chunk of 0.5 alone would write it
-#: on every publish).
-GROWTH = 4
-
-
-def spare(amount: Amount, chunk: Amount, room: Amount | None) -> Amount:
-    """What a reservation takes beyond ``amount``: for each component the charge spends
-    (none of rho for a charge of epsilon only: a reservation a killed process left unused
-    counts as spent), ``chunk`` or :data:`GROWTH` times the charge, whichever is larger, the
-    growth past ``chunk`` bounded by ``room``.
-
-    >>> spare((10, 0, 2), (5, 5, 5), None)
-    (40, 0, 8)
-    >>> spare((10, 0, 2), (5, 5, 5), (25, 0, 0))
-    (25, 0, 5)
-    >>> spare((1, 0, 0), (5, 5, 5), (0, 0, 0))
-    (5, 0, 0)
-    """
-    limit = room or (None, None, None)
-    parts = []
-    for a, c, r in zip(amount, chunk, limit, strict=True):
-        grown = GROWTH * a if r is None else min(GROWTH * a, max(r, 0))
-        parts.append(max(c, grown) if a else 0)
-    return (parts[0], parts[1], parts[2])
-
-
 class SpendingMark:
     """This process's view of the mark: its lease, charged from in memory (see the module).
 
@@ -229,6 +204,8 @@ class SpendingMark:
         self._left: dict[str, Amount] = {}
         self._pending: dict[str, Amount] = {}
         self._used: dict[str, Amount] = {}
+        #: by key: what its last reservation took beyond its charge (see :func:`spare`)
+        self._spare: dict[str, Amount] = {}
         self._lease_fd: int | None = None
 
     @classmethod
@@ -298,15 +275,15 @@ class SpendingMark:
         keys: Iterable[str],
         amount: Amount,
         *,
-        room: Amount | None = None,
+        room: Room = (None, None, None),
     ) -> None:
         """Make sure the mark covers ``amount`` more spending under each of ``keys``, before
         the charge commits; then :meth:`committed` or :meth:`rolled_back` says how it went.
 
-        When it writes the mark it reserves, beyond ``amount``, the configured chunk or
-        :data:`GROWTH` times ``amount``, whichever is larger; the growth past the chunk is
-        at most ``room``, what the user may still spend after this charge (``None``: not
-        bounded), so that a crash never counts more than that as spent.
+        When it writes the mark it reserves :func:`spare` beyond ``amount`` (``room``: what
+        the user may still spend after this charge, by component; ``None``: unknown), and
+        uses what was left of the previous reservation, so that a crash never counts more
+        than the user could have spent.
 
         Raises:
             BudgetMarkBehindError, BudgetMarkError: as :meth:`verify`, or the mark cannot be
@@ -350,7 +327,7 @@ class SpendingMark:
             for k in set(self._left) | set(self._pending)
         }
 
-    def _take(self, wanted: list[str], amount: Amount, room: Amount | None) -> None:
+    def _take(self, wanted: list[str], amount: Amount, room: Room) -> None:
         try:
             with locked(self.path):
                 state = read_state(self.path)
@@ -360,10 +337,13 @@ class SpendingMark:
                         f"{fix(self.path)}"
                     )
                 self._settle_into(state)
-                more = add(amount, spare(amount, self.chunk, room))
                 for key in wanted:
-                    if not fits(amount, self._left.get(key, ZERO)):
-                        self._left[key] = add(self._left.get(key, ZERO), more)
+                    left = self._left.get(key, ZERO)
+                    if not fits(amount, left):
+                        extra = spare(amount, self.chunk, room, self._spare.get(key, ZERO))
+                        more = add(at_least(sub(amount, left), ZERO), extra)
+                        self._spare[key] = extra
+                        self._left[key] = add(left, more)
                         self._taken[key] = add(self._taken.get(key, ZERO), more)
                 state.leases[self.token] = {k: v for k, v in self._taken.items() if v != ZERO}
                 self._taken = dict(state.leases[self.token])
