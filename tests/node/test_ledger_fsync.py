@@ -210,3 +210,24 @@ def test_charges_a_power_loss_takes_back_are_charged_again_before_any_publish(
         assert spent == round((2 + carried) * ONE) <= allowed * ONE  # and never past the budget
     finally:
         context.close()
+
+
+def test_a_killed_process_charges_are_synced_before_its_reservation_is_forfeited(
+    context: NodeContext, owner: User, scientist: User, wal_syncs: list[str]
+) -> None:
+    if context.engine.dialect.name != "sqlite":
+        pytest.skip("PostgreSQL commits every charge synchronously")
+    dataset_id = _dataset(context, owner)
+    _charge(context, scientist, dataset_id)  # this process verified and serves on
+    settings = context.settings
+    args = [str(settings.data_dir), settings.database_url, str(scientist.id), str(dataset_id)]
+    run = [sys.executable, "-c", _POWER_LOSS, *args, "2", "10"]
+    subprocess.run(run, cwd=REPO_ROOT, check=True, timeout=120)  # killed after two charges
+    assert wal_syncs == []
+    replacement = NodeContext.from_settings(settings)
+    try:
+        _charge(replacement, scientist, dataset_id)  # forfeits the killed one's reservation
+    finally:
+        replacement.close()
+    # its two charges may not be on the disk yet, and once forfeited nothing marks them behind
+    assert wal_syncs == [f"{context.engine.url.database}-wal"]

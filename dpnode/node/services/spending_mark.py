@@ -8,8 +8,8 @@ publish it compares the database with the mark (:meth:`SpendingMark.verify`); wh
 database is behind, publishes are refused (``503 budget_mark_behind``) until an admin runs
 ``dpnode budget carry-forward`` (``dpnode.node.services.carry_forward``).
 
-A charge's commit already pays one fsync; writing the mark durably on every charge would pay a
-second. Instead each process *reserves* spending in chunks (a lease, ``DPNODE_BUDGET_MARK_
+Writing the mark durably (an fsync) on every charge would make it the publish's slowest step.
+Instead each process *reserves* spending in chunks (a lease, ``DPNODE_BUDGET_MARK_
 RESERVE_*``): the file says "up to this much may have been released", and the process charges
 from its lease in memory, writing the file only when a charge does not fit what is left. The
 mark is ``settled`` (spending known committed) plus every live lease. Each time a process takes
@@ -17,8 +17,8 @@ a reservation, and when it stops cleanly (:meth:`SpendingMark.close`), what it c
 from its lease into ``settled``, so that a lease holds only what is left of it and what is in
 flight. A process that stopped without returning its lease (killed, crashed) leaves the mark
 unable to tell its unused reservation from spending a restore removed, so its users and
-datasets count as behind, and carry-forward counts that reservation, at most one chunk and
-one charge per key, as spent (docs/privacy.md).
+datasets count as behind, and carry-forward counts that reservation, at most one
+reservation per key (:func:`dpnode.node.services.mark_file.spare`), as spent (docs/privacy.md).
 
 Every process holds an exclusive ``flock`` on a file of its own in ``<mark>.leases/`` for its
 lifetime, which says its lease is live; read-modify-writes of the mark take ``<mark>.lock``.
@@ -40,6 +40,7 @@ from sqlalchemy import Connection, func, select
 from dpnode.core.errors import BudgetMarkBehindError, BudgetMarkError
 from dpnode.node.db.base import table_of
 from dpnode.node.db.models import LedgerEntry, LedgerEntryDataset, LedgerTotal
+from dpnode.node.db.session import sync_wal
 from dpnode.node.services.costs import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, units_up
 from dpnode.node.services.mark_file import (
     CARRY_FORWARD,
@@ -255,7 +256,12 @@ class SpendingMark:
                 # A process that verified the database and served since is still running: no
                 # restore can have happened meanwhile (``dpnode restore`` refuses while one
                 # runs), so a killed process's reservation is only that; kept as forfeited.
-                for token in [t for t in state.leases if t not in live]:
+                # Its charges may have committed without an fsync (``ledger_fsync``): synced
+                # first, so that a power loss cannot take them back once nothing marks them.
+                killed = [t for t in state.leases if t not in live]
+                if killed:
+                    sync_wal(connection)
+                for token in killed:
                     state.forfeit(token)
             gap = find_gap(state, totals, live)
             if gap.behind:
