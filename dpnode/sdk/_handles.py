@@ -40,6 +40,35 @@ class ColumnInfo:
         return f"{self.dtype}{shape} in [{low:g}, {high:g}]"
 
 
+def columns_from_json(columns: list[dict[str, Any]]) -> dict[str, ColumnInfo]:
+    """A dataset's columns as a node (or a network's directory) describes them, by name."""
+    return {
+        c["name"]: ColumnInfo(
+            name=c["name"],
+            dtype=c["dtype"],
+            shape=tuple(c["shape"]),
+            bounds=(c["bounds"][0], c["bounds"][1]),
+            categories=tuple(c["categories"]) if c.get("categories") is not None else None,
+        )
+        for c in columns
+    }
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    """The node a dataset lives on: its name (in a network's directory) and its address.
+
+    >>> str(NodeRef("site-a", "https://site-a.example.org"))
+    'site-a'
+    """
+
+    name: str
+    url: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
 @dataclass(frozen=True)
 class User:
     id: int
@@ -89,16 +118,7 @@ class DatasetHandle:
             tags=list(body["tags"]),
             owner=body["owner"],
             row_count=body["row_count"],
-            columns={
-                c["name"]: ColumnInfo(
-                    name=c["name"],
-                    dtype=c["dtype"],
-                    shape=tuple(c["shape"]),
-                    bounds=(c["bounds"][0], c["bounds"][1]),
-                    categories=tuple(c["categories"]) if c["categories"] is not None else None,
-                )
-                for c in body["columns"]
-            },
+            columns=columns_from_json(body["columns"]),
             subject_id=body["subject_id"],
             subject_count=body["subject_count"],
             has_mock=body["has_mock"],
@@ -110,6 +130,11 @@ class DatasetHandle:
     def shape(self) -> tuple[int, int]:
         """(rows, columns)."""
         return (self.row_count, len(self.columns))
+
+    @property
+    def node(self) -> NodeRef:
+        """The node this dataset lives on (named as its network lists it, else by address)."""
+        return NodeRef(self._client.name or self._client.url, self._client.url)
 
     @property
     def bounds(self) -> dict[str, tuple[float, float]]:
@@ -238,16 +263,17 @@ class DatasetHandle:
         seed: int | None = None,
         idempotency_key: str | None = None,
     ) -> DatasetHandle:
-        """A differentially private synthetic copy of this dataset, made on the node (MST:
-        noisy 1- and 2-way marginals, Private-PGM's estimate) and paid from your budget as
-        one ledger row: a new dataset you own, with the same columns and bounds, that you
+        """A differentially private synthetic copy of this dataset, made on the node (MST or
+        AIM: noisy marginals, Private-PGM's estimate) and paid from your budget as one
+        ledger row: a new dataset you own, with the same columns and bounds, that you
         may download (``.download().to_pandas()``) and explore freely.
 
         Args:
             epsilon, delta: the whole run's privacy (delta > 0: the marginals are measured
                 with Gaussian noise).
             rows: rows to sample (default: as many as this dataset has).
-            method: ``"mst"``.
+            method: ``"mst"`` or ``"aim"`` (rounds that measure the marginals the model
+                gets worst, up to 3-way; slower, charged once at a bound on every run).
             bins: bins of numeric columns, by name (default: from the row count, at most 32).
             columns: the columns to copy (default: all).
             name: the new dataset's name (default: this one's with a suffix).
@@ -256,8 +282,9 @@ class DatasetHandle:
                 retries, or yours with the same key, get the first answer, charged once.
 
         Returns:
-            The new dataset's handle; ``.receipt`` says what was charged and the noise of
-            each measured marginal, ``.synthetic`` its provenance.
+            The new dataset's handle; ``.receipt`` says what was charged and, at no extra
+            cost, which column sets were measured with what noise, the rounds and the domain
+            size; ``.synthetic`` its provenance (the same report).
 
         Raises:
             BudgetExceededError, PolicyRefusedError, ApprovalRequiredError: refused by the
