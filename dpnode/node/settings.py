@@ -123,6 +123,13 @@ class Settings(BaseSettings):
     budget_mark_reserve_epsilon: float = Field(default=0.5, gt=0, le=1000, allow_inf_nan=False)
     budget_mark_reserve_rho: float = Field(default=0.001, gt=0, le=1000, allow_inf_nan=False)
     budget_mark_reserve_delta: float = Field(default=1e-10, gt=0, lt=1, allow_inf_nan=False)
+    #: Whether a charge's ledger commit waits for the disk (an fsync). ``covered`` (default):
+    #: on SQLite, not when the budget mark already covers the charge (it always does on the
+    #: node: the mark's reservation is fsynced before the commit), because a commit a power
+    #: loss takes back stays counted by the mark until ``dpnode budget carry-forward``
+    #: charges it again (docs/privacy.md, "A charge's commit and a power loss").
+    #: ``always``: every charge's commit is fsynced. PostgreSQL commits synchronously either way.
+    ledger_fsync: Literal["always", "covered"] = "covered"
 
     #: Argon2id cost: memory in KiB and passes (RFC 9106's low-memory profile by default).
     argon2_memory_kib: int = Field(default=64 * 1024, ge=8 * 1024)
