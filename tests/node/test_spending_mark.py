@@ -119,12 +119,12 @@ def test_concurrent_processes_keep_the_mark_above_the_database(
         totals = read_totals(connection)
     keys = (user_key(scientist.id), dataset_key("shared"))
     assert [totals.amounts[k][0] for k in keys] == [36 * TENTH] * 2
-    # The killed process reserved 0.5 for 12 charges of 0.1 (the charge and four more like it,
-    # above the chunk of 0.25), then 0.9 (the charge and twice the 0.4 before): 0.2 unused,
+    # The killed process reserved 0.5 three times for 12 charges of 0.1 (the charge and four
+    # more like it, above the chunk of 0.25): 0.3 unused,
     # which the mark cannot tell from spending a restore removed.
     gap = find_gap(state, totals, live_leases(path))
     assert len(gap.stale) == 1
-    assert {k: v[0] for k, v in gap.missing.items()} == {k: 2 * TENTH for k in keys}
+    assert {k: v[0] for k, v in gap.missing.items()} == {k: 3 * TENTH for k in keys}
 
     with pytest.raises(BudgetMarkBehindError, match="stopped without returning"):
         _charge(context, scientist.id, dataset_id)
@@ -134,12 +134,12 @@ def test_concurrent_processes_keep_the_mark_above_the_database(
     assert set(done.rows) == set(keys)  # the dataset's row is charged to the admin
     with context.engine.connect() as connection:
         after = read_totals(connection).amounts
-    assert after[keys[0]][0] == 38 * TENTH  # the unused reservation counts as spent
+    assert after[keys[0]][0] == 39 * TENTH  # the unused reservation counts as spent
     _charge(context, scientist.id, dataset_id)  # and the node serves again
     context.close()  # a clean stop settles the mark exactly at the database
     again = read_state(path)
     assert again is not None and not again.leases
-    assert again.settled[keys[0]][0] == 39 * TENTH
+    assert again.settled[keys[0]][0] == 40 * TENTH
 
 
 def test_a_worker_killed_while_another_serves_leaves_its_reservation_forfeited(
@@ -162,10 +162,9 @@ def test_a_worker_killed_while_another_serves_leaves_its_reservation_forfeited(
     state = read_state(context.settings.budget_mark_path)
     assert state is not None and len(state.leases) == 1  # only this process's
     key = user_key(scientist.id)
-    # its last lease: 0.9 reserved at the 6th charge (0.5 at the first, the charge and four
-    # more like it; then the charge and twice the 0.4 before), of which the 6th to 12th used
-    # 0.7: at most one reservation
-    assert state.forfeited[key][0] == 9 * TENTH
+    # its last lease: 0.5 reserved at the 11th charge (the charge and four more like it, as
+    # at the 1st and the 6th), of which the 11th and 12th used 0.2: at most one reservation
+    assert state.forfeited[key][0] == 5 * TENTH
     with context.engine.connect() as connection:
         held = read_totals(connection).amounts[key]
     assert held[0] == 15 * TENTH
@@ -186,11 +185,10 @@ def test_the_mark_is_written_once_per_reservation_not_per_charge(
             _charge(context, scientist.id, dataset_id)
             versions.append(path.read_bytes())
         changed = [i for i in range(1, 20) if versions[i] != versions[i - 1]]
-        # the first charge reserved for 11, the twelfth for 21 more (twice the spare of 1)
-        assert changed == [11]
+        assert changed == [11]  # the first charge reserved for 11, the twelfth for 11 more
         state = read_state(path)
         assert state is not None
-        assert state.ceiling(user_key(scientist.id))[0] == 32 * TENTH
+        assert state.ceiling(user_key(scientist.id))[0] == 22 * TENTH
     finally:
         context.close()
 

@@ -205,8 +205,6 @@ class SpendingMark:
         self._left: dict[str, Amount] = {}
         self._pending: dict[str, Amount] = {}
         self._used: dict[str, Amount] = {}
-        #: by key: what its last reservation took beyond its charge (see :func:`spare`)
-        self._spare: dict[str, Amount] = {}
         self._lease_fd: int | None = None
 
     @classmethod
@@ -346,9 +344,8 @@ class SpendingMark:
                 for key in wanted:
                     left = self._left.get(key, ZERO)
                     if not fits(amount, left):
-                        extra = spare(amount, self.chunk, room, self._spare.get(key, ZERO))
+                        extra = spare(amount, self.chunk, room)
                         more = add(at_least(sub(amount, left), ZERO), extra)
-                        self._spare[key] = extra
                         self._left[key] = add(left, more)
                         self._taken[key] = add(self._taken.get(key, ZERO), more)
                 state.leases[self.token] = {k: v for k, v in self._taken.items() if v != ZERO}
