@@ -12,6 +12,7 @@ sampler: the utility baseline only), rho in thirds, the exponential mechanism ac
 average L1 distance between the real and synthetic normalised marginals over every 1- and
 2-way marginal (lower is better; "independent" samples each column from its noisy 1-way
 marginal, the floor any method should beat), and the wall time ratio against the reference.
+"dpnode-aim" is the node's AIM on the same tables (its own NumPy estimation and sampling).
 
 SmartNoise Synth 1.0.8 (the issue's peer) needs ``mbi<2`` and ``opacus<0.15``, which
 conflict with this project's pins: comparing with it needs its own environment.
@@ -31,9 +32,9 @@ import numpy.typing as npt
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dpnode.core.dp import accounting
-from dpnode.core.synth import ColumnFacts, domain_of, encode, plan_mst, run_mst
+from dpnode.core.synth import ColumnFacts, domain_of, encode, plan_aim, plan_mst, run_aim, run_mst
 from dpnode.core.synth.domain import Attribute
-from dpnode.core.synth.estimate import _mbi, estimate_marginals, sample_tree
+from dpnode.core.synth.estimate import _mbi, estimate_marginals, sample_model, sample_tree
 from dpnode.core.synth.mst import marginal
 
 Codes = npt.NDArray[np.int64]
@@ -86,6 +87,13 @@ def dpnode_mst(attrs: tuple[Attribute, ...], codes: Codes, eps: float, seed: int
     root, edges = estimate_marginals(attrs, measured, codes.shape[0])
     sizes = [a.size for a in attrs]
     return sample_tree(sizes, root, edges, codes.shape[0], np.random.default_rng(seed))
+
+
+def dpnode_aim(attrs: tuple[Attribute, ...], codes: Codes, eps: float, seed: int) -> Codes:
+    plan = plan_aim(attrs, rows=codes.shape[0], epsilon=eps, delta=1e-6)
+    run = run_aim(codes, plan)
+    assert run.model is not None
+    return sample_model(run.model, len(attrs), codes.shape[0], seed)
 
 
 def reference_mst(attrs: tuple[Attribute, ...], codes: Codes, eps: float, seed: int) -> Codes:
@@ -154,7 +162,12 @@ def independent(attrs: tuple[Attribute, ...], codes: Codes, eps: float, seed: in
     return np.stack(columns, axis=1)
 
 
-METHODS = {"dpnode": dpnode_mst, "reference": reference_mst, "independent": independent}
+METHODS = {
+    "dpnode": dpnode_mst,
+    "dpnode-aim": dpnode_aim,
+    "reference": reference_mst,
+    "independent": independent,
+}
 
 
 def report(seeds: int = 2, rows: int = 5000) -> None:
