@@ -1,4 +1,10 @@
-"""Exact CDFs of the ideal noise distributions and a chi-square goodness-of-fit test."""
+"""Exact CDFs of the ideal noise distributions, a chi-square goodness-of-fit test, and the
+z-scores of neighbouring laws' log-ratios.
+
+Every statistical assertion on unseeded noise fails by chance with some probability; the
+suite keeps each test's below 1e-5 a run. ``ALPHA`` is the false-failure rate of one
+assertion; an assertion over many bins divides it among them (Bonferroni).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats
 
+#: The chance that one statistical assertion fails on a correct sampler, per run.
 ALPHA = 1e-6
 Floats = npt.NDArray[np.float64]
 Cdf = Callable[[Floats], Floats]
@@ -72,3 +79,25 @@ def chi_square_pvalue(samples: npt.NDArray[np.int64], cdf: Cdf, edges: Floats) -
     assert observed[~keep].sum() == 0, "samples fell where the ideal distribution has no mass"
     stat = float((((observed - expected) ** 2)[keep] / expected[keep]).sum())
     return float(stats.chi2.sf(stat, int(keep.sum()) - 1))
+
+
+def bonferroni_z(alpha: float, tests: int) -> float:
+    """The one-sided normal quantile that any of ``tests`` standard normal scores exceeds with
+    probability at most ``alpha`` (Bonferroni: each gets ``alpha / tests``).
+
+    >>> round(bonferroni_z(1e-6, 1), 2), round(bonferroni_z(1e-6, 40), 2)
+    (4.75, 5.45)
+    """
+    return float(stats.norm.isf(alpha / tests))
+
+
+def log_ratios(a: Floats, c: Floats) -> tuple[Floats, Floats]:
+    """The log-ratio ``log(a / c)`` of two histograms' counts, bin by bin, and its standard
+    error ``sqrt(1/a + 1/c)`` (delta method on Poisson counts; near-normal for counts in the
+    thousands, so a few standard errors bound it).
+
+    >>> r, se = log_ratios(np.array([4000.0]), np.array([1000.0]))
+    >>> round(float(r[0]), 4), round(float(se[0]), 4)
+    (1.3863, 0.0354)
+    """
+    return np.log(a / c), np.sqrt(1.0 / a + 1.0 / c)

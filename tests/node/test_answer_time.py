@@ -91,10 +91,13 @@ def test_answer_time_shows_no_row_within_the_quantum(
     assert all(t >= QUANTUM for t in padded), padded
     assert [_doubling(t) for t in padded] == [0, 0], padded
 
-    # the same two publishes unpadded: the clock reads the replaced row
+    # the same two publishes unpadded: the clock reads the replaced row. A loaded machine only
+    # adds time, in spells longer than a publish: the fastest of three interleaved pairs, and
+    # half the leak (a padding still applied, or no leak to hide, leaves ~0 of it)
     monkeypatch.setattr(context.settings, "publish_time_quantum_seconds", 0.0)
-    low, high = (_timed_mean(http, ds_h, i) for i in ids)
-    assert high - low >= LEAK * 0.9, (low, high)
+    pairs = [[_timed_mean(http, ds_h, i) for i in ids] for _ in range(3)]
+    low, high = (min(times) for times in zip(*pairs, strict=True))
+    assert high - low >= LEAK * 0.5, pairs
 
 
 def test_an_evaluation_past_the_quantum_goes_out_at_its_doubling(

@@ -65,12 +65,13 @@ def test_publish_refusals_are_typed(owner_client: sdk.Client, ds_client: sdk.Cli
 
 
 def test_logistic_regression_with_publish_grads(
-    owner_client: sdk.Client, ds_client: sdk.Client
+    owner_client: sdk.Client, ds_client: sdk.Client, seed
 ) -> None:
     ds = ds_client.dataset(_cohort(owner_client).id)
     features, label = ds.tensors(["a", "b"], "label")
     features, y = features.float(), label.float()
     torch.manual_seed(0)
+    seed(1)  # a seeded noise stream: the accuracy's tail under the noise is not computed
     model = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=4.0)
     for _ in range(50):
@@ -90,12 +91,13 @@ def test_logistic_regression_with_publish_grads(
 
 
 def test_dp_sgd_with_max_grad_norm_charges_gaussian_for_2c(
-    owner_client: sdk.Client, ds_client: sdk.Client
+    owner_client: sdk.Client, ds_client: sdk.Client, seed
 ) -> None:
     ds = ds_client.dataset(_cohort(owner_client).id)
     features, label = ds.tensors(["a", "b"], "label")
     features, y = features.float(), label.float()
     torch.manual_seed(0)
+    seed(2)  # a seeded noise stream: the accuracy's tail under the noise is not computed
     model = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=4.0)
     for _ in range(30):

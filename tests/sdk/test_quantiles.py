@@ -14,9 +14,10 @@ pytestmark = pytest.mark.usefixtures("sqlite_only")
 
 
 def test_median_and_quantiles_publish_by_the_exponential_mechanism(
-    owner_client: sdk.Client, ds_client: sdk.Client
+    owner_client: sdk.Client, ds_client: sdk.Client, seed
 ) -> None:
     ds = remote_dataset(owner_client, ds_client)
+    seed(1)  # a seeded selection stream: the quartiles' "within 20" is no bound it proves
     data = cohort(40, 0)
     before = ds_client.budget().remaining_epsilon
     median = torch.median(ds["age"])
