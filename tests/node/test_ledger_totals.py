@@ -18,7 +18,7 @@ from dpnode.core.errors import PolicyRefusedError
 from dpnode.node.context import NodeContext
 from dpnode.node.db.migrate import alembic_config, check, upgrade
 from dpnode.node.db.models import LedgerEntry, LedgerTotal, User
-from dpnode.node.services import budget
+from dpnode.node.services import budget, charge_lock
 from dpnode.node.services.budget import Cost
 from tests.conftest import make_user
 
@@ -161,13 +161,13 @@ def test_a_charge_reads_the_total_a_charge_it_waited_for_committed(
     at = datetime.now(UTC)
     first = context.serial_sessions()
     try:
-        budget._lock(first, scientist.id, [])
+        charge_lock.lock(first, scientist.id, [])
         first.connection().execute(insert(LedgerEntry), [_row(scientist, at, 3 * TENTH)])
         with ThreadPoolExecutor(1) as pool:
 
             def second() -> tuple[int, int, int, datetime | None]:
                 with context.serial_sessions() as session:
-                    return budget._lock(session, scientist.id, []).total
+                    return charge_lock.lock(session, scientist.id, []).total
 
             waiting = pool.submit(second)
             with contextlib.suppress(TimeoutError):

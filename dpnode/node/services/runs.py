@@ -42,7 +42,7 @@ from dpnode import policies
 from dpnode.core.errors import InvalidRequestError, NotFoundError
 from dpnode.node.db.base import utcnow
 from dpnode.node.db.models import LedgerEntry, PublishApproval, TrainingRun
-from dpnode.node.services import approvals, audit, budget
+from dpnode.node.services import approvals, audit, budget, charge_lock
 from dpnode.node.services.budget_status import _defaults
 from dpnode.node.services.ledger_sums import _load
 from dpnode.node.services.publish import gaussian_cost
@@ -132,7 +132,7 @@ def plan(
     key = run.key()
     # The same steps as the publish transaction (budget.charge): lock, read, decide.
     with serial_sessions() as session:
-        locked = budget._lock(session, user_id, run.dataset_ids)
+        locked = charge_lock.lock(session, user_id, run.dataset_ids)
         user, found, in_force, puser = locked.user, locked.found, locked.in_force, locked.puser
         missing = sorted(set(run.dataset_ids) - set(found))
         if missing:
