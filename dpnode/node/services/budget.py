@@ -33,16 +33,13 @@ from sqlalchemy import Connection, Engine, bindparam, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from dpnode import policies
-from dpnode.core.errors import (
-    BudgetExceededError,
-    NotFoundError,
-    PolicyRefusedError,
-)
+from dpnode.core.errors import NotFoundError
 from dpnode.node.db.base import table_of, utcnow
 from dpnode.node.db.direct import Direct
 from dpnode.node.db.models import LedgerEntryDataset, TrainingRun
 from dpnode.node.db.session import RELAXED, sync_wal
 from dpnode.node.services import approvals, audit, idempotency
+from dpnode.node.services import policy as policy_service
 from dpnode.node.services.budget_status import (
     RunSoFar,
     Status,
@@ -75,7 +72,6 @@ from dpnode.node.services.ledger_sums import (
     _load,
     policy_user,
 )
-from dpnode.node.services.policy import InForce
 from dpnode.node.services.spending_mark import SpendingMark, dataset_key, user_key
 from dpnode.node.settings import Settings
 
@@ -102,20 +98,6 @@ __all__ = [
     "units_down",
     "units_up",
 ]
-
-
-def _refusal(decision: policies.Decision, in_force: InForce, **more: Any) -> PolicyRefusedError:
-    detail = f"{decision.reason} [policy {in_force.label}, rule {decision.rule}]"
-    budget_rules = ("defaults.", "roles.", "users.", "datasets.")
-    cls = BudgetExceededError if decision.rule.startswith(budget_rules) else PolicyRefusedError
-    return cls(
-        detail,
-        rule=decision.rule,
-        policy=in_force.name,
-        policy_revision=in_force.revision,
-        reason=decision.reason,
-        **more,
-    )
 
 
 _RUNS = table_of(TrainingRun)
@@ -345,7 +327,7 @@ def charge(
                 **summary,
             )
             tx.commit()
-            raise _refusal(decision, in_force)
+            raise policy_service.refusal(decision, in_force)
         # The rows are written with plain INSERTs (no unit of work: nothing is read back).
         values: dict[str, Any] = {
             "at": at,

@@ -18,7 +18,12 @@ from sqlalchemy import Connection, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from dpnode import policies
-from dpnode.core.errors import InvalidPolicyError, NotFoundError
+from dpnode.core.errors import (
+    BudgetExceededError,
+    InvalidPolicyError,
+    NotFoundError,
+    PolicyRefusedError,
+)
 from dpnode.node.db.direct import connection_of
 from dpnode.node.db.models import Dataset, PolicyRevision, User
 from dpnode.node.services import audit
@@ -33,6 +38,7 @@ __all__ = [
     "history",
     "in_force",
     "parse",
+    "refusal",
 ]
 
 
@@ -55,6 +61,28 @@ class InForce:
     @property
     def name(self) -> str:
         return self.policy.name
+
+
+#: The rules of a budget (a user's, a role's, the defaults, a dataset's cap): a refusal by one
+#: of them is a budget exceeded, by any other rule a policy refusal.
+_BUDGET_RULES = ("defaults.", "roles.", "users.", "datasets.")
+
+
+def refusal(decision: policies.Decision, in_force: InForce) -> PolicyRefusedError:
+    """The error that answers a release ``decision`` refused under the policy ``in_force``.
+
+    Its detail names the reason, the policy revision and the rule; a refusal by a budget rule
+    is a :class:`BudgetExceededError` (a subclass), any other a :class:`PolicyRefusedError`.
+    """
+    detail = f"{decision.reason} [policy {in_force.label}, rule {decision.rule}]"
+    cls = BudgetExceededError if decision.rule.startswith(_BUDGET_RULES) else PolicyRefusedError
+    return cls(
+        detail,
+        rule=decision.rule,
+        policy=in_force.name,
+        policy_revision=in_force.revision,
+        reason=decision.reason,
+    )
 
 
 #: Parsed revisions by (id, content hash). Revisions are never edited (triggers refuse it), so

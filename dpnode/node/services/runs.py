@@ -43,6 +43,7 @@ from dpnode.core.errors import InvalidRequestError, NotFoundError
 from dpnode.node.db.base import utcnow
 from dpnode.node.db.models import LedgerEntry, PublishApproval, TrainingRun
 from dpnode.node.services import approvals, audit, budget, charge_lock
+from dpnode.node.services import policy as policy_service
 from dpnode.node.services.budget_status import _defaults
 from dpnode.node.services.ledger_sums import _load
 from dpnode.node.services.publish import gaussian_cost
@@ -216,7 +217,7 @@ def plan(
                 **summary,
             )
             session.commit()
-            raise budget._refusal(decision, in_force)
+            raise policy_service.refusal(decision, in_force)
         remaining = decision.remaining.epsilon_units
         recorded = _recorded(session, user, run, key, approved, in_force.revision, summary)
         planned = Planned(
