@@ -39,7 +39,7 @@ from dpnode.node.context import NodeContext
 from dpnode.node.db.base import UTCDateTime
 from dpnode.node.db.direct import Direct
 from dpnode.node.db.models import AuditEvent, LedgerEntry, LedgerEntryDataset, PublishKey, User
-from dpnode.node.services import audit, budget, idempotency, ledger_sums
+from dpnode.node.services import audit, charge_rows, idempotency, ledger_sums
 
 
 class Colour(enum.Enum):
@@ -138,9 +138,9 @@ def test_the_node_s_own_direct_statements_write_what_the_orm_reads(
     }
     with context.serial_sessions() as session:
         conn = session.connection()
-        ((ledger_id,),) = budget._INSERT_LEDGER.execute(conn, values)
+        ((ledger_id,),) = charge_rows.INSERT_LEDGER.execute(conn, values)
         reads = [{"ledger_id": ledger_id, "dataset_id": d, "dataset_name": None} for d in (4, 9)]
-        budget._INSERT_READS.execute(conn, reads)  # several: executemany
+        charge_rows.INSERT_READS.execute(conn, reads)  # several: executemany
         claim = idempotency.Claim("k-1", "cd" * 32)
         idempotency.record(session, scientist.id, claim, ledger_id, at, 30.0)
         audit.append(session, scientist, "privacy.charge", target_id=ledger_id, x=[1.5])

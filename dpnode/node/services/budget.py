@@ -6,38 +6,37 @@ and writes the ledger row the decision grants. What a release costs, in the ledg
 units, is ``dpnode.node.services.costs``; the ledger as a decision reads it (a few sums)
 ``dpnode.node.services.ledger_sums``; the budget it leaves ``dpnode.node.services.budget_status``;
 the ledger as people read it (each row's epsilon used, a run's steps as one line)
-``dpnode.node.services.ledger``. Their public names are importable from here too.
+``dpnode.node.services.ledger``. The units and :class:`Cost` are importable from here too.
 
 The decision, the ledger row and the decision to release happen in one transaction that is
 serialised: ``BEGIN IMMEDIATE`` on SQLite; on PostgreSQL row locks on the user and then on
-every dataset the release reads, in id order, so that a dataset's cap across all users
-holds under concurrency. A result may leave the node only after that commit.
+every dataset the release reads, in id order (``dpnode.node.services.charge_lock``), so that
+a dataset's cap across all users holds under concurrency. A result may leave the node only
+after that commit. A refusal is ``dpnode.node.services.policy.refusal``.
 
 That transaction is on every publish's path, so it reads the ledger as a few sums with
 statements built once, writes its three rows (ledger, datasets read, audit) as plain
 INSERTs, and derives the budget after the charge from the sums it read plus the new row
-instead of reading them again. It runs on a bare connection: an ORM session, whose work
-around a transaction costs more than the charge's statements, joins it only on the rare
-paths that need one (:class:`_Transaction`). A step of a planned training run names it:
-the run must be the caller's (``dpnode.node.services.runs``), its id is written on the
-row, and the run's total so far is read in the same transaction for the receipt.
+instead of reading them again. It runs on a bare connection: an ORM session joins it only
+on the rare paths that need one (``dpnode.node.services.charge_rows``). A step of a planned
+training run names it: the run must be the caller's (``dpnode.node.services.runs``), its id
+is written on the row, and the run's total so far is read in the same transaction for the
+receipt.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from datetime import datetime
+from dataclasses import replace
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, Engine, bindparam, insert, select
+from sqlalchemy import Connection, Engine, bindparam, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from dpnode import policies
 from dpnode.core.errors import NotFoundError
 from dpnode.node.db.base import table_of, utcnow
-from dpnode.node.db.direct import Direct
-from dpnode.node.db.models import LedgerEntryDataset, TrainingRun
-from dpnode.node.db.session import RELAXED, sync_wal
+from dpnode.node.db.models import TrainingRun
+from dpnode.node.db.session import RELAXED
 from dpnode.node.services import approvals, audit, idempotency
 from dpnode.node.services import policy as policy_service
 from dpnode.node.services.budget_status import (
@@ -50,6 +49,7 @@ from dpnode.node.services.budget_status import (
     receipt_terms,
 )
 from dpnode.node.services.charge_lock import lock
+from dpnode.node.services.charge_rows import INSERT_LEDGER, INSERT_READS, Charged, Transaction
 from dpnode.node.services.costs import (
     DELTA_UNIT,
     EPSILON_UNIT,
@@ -67,7 +67,6 @@ from dpnode.node.services.costs import (
 )
 from dpnode.node.services.ledger import ledger_of, run_total
 from dpnode.node.services.ledger_sums import (
-    _LEDGER,
     Account,
     _load,
     policy_user,
@@ -119,65 +118,6 @@ def _run_of(connection: Connection, user_id: int, run_id: int) -> _Run | None:
     return None if row is None else _Run(*row)
 
 
-@dataclass(frozen=True)
-class Charged:
-    """The ledger row :func:`charge` wrote, as it wrote it (a ``ledger_entries`` row)."""
-
-    id: int
-    at: datetime
-    user_id: int
-    mechanism: str
-    epsilon_units: int
-    rho_units: int
-    tv_units: int
-    dataset_ids: list[int]
-    graph_hash: str | None
-    detail: dict[str, Any]
-    policy_revision: int | None
-    #: the planned training run it is a step of (``None``: a publish of its own)
-    run_id: int | None = None
-
-
-#: The rows of a charge: every column given (``Direct`` computes no Python default), the
-#: ledger row's as :class:`Charged` holds them.
-_INSERT_LEDGER = Direct(
-    insert(_LEDGER).returning(_LEDGER.c.id), [f.name for f in fields(Charged) if f.name != "id"]
-)
-_INSERT_READS = Direct(
-    insert(table_of(LedgerEntryDataset)), ("ledger_id", "dataset_id", "dataset_name")
-)
-
-
-class _Transaction:
-    """A charge's transaction on ``connection``, with an ORM session joined to it for the rare
-    paths that need one (approvals, a refusal's audit line), made on first use. The session
-    never commits or closes the transaction (a rollback does roll it back): :meth:`commit`
-    writes what it holds, then commits."""
-
-    def __init__(self, connection: Connection, *, relaxed: bool = False) -> None:
-        self.connection = connection
-        #: begun with ``synchronous=NORMAL`` (see :func:`charge`): only a commit the budget
-        #: mark covers may skip the disk
-        self.relaxed = relaxed
-        self._session: Session | None = None
-
-    @property
-    def session(self) -> Session:
-        if self._session is None:
-            self._session = Session(
-                self.connection, join_transaction_mode="rollback_only", expire_on_commit=False
-            )
-        return self._session
-
-    def commit(self, *, covered: bool = False) -> None:
-        """Commit; durably unless ``covered`` (the budget mark holds the charge)."""
-        if self._session is not None:
-            self._session.flush()
-        self.connection.commit()
-        if self.relaxed and not covered:
-            sync_wal(self.connection)
-
-
 def charge(
     serial_sessions: sessionmaker[Session],
     settings: Settings,
@@ -211,7 +151,7 @@ def charge(
     sampler_epsilon, sampler_delta = sampler_units(cost)
     serial: Engine = serial_sessions.kw["bind"]
     # On a bare connection (closing it rolls back what is not committed): the ORM only where
-    # a rare path needs it (:class:`_Transaction`).
+    # a rare path needs it (:class:`charge_rows.Transaction`).
     # A charge the mark will cover need not wait for the disk (docs/privacy.md, "A charge's
     # commit and a power loss"); SQLite fixes that when the transaction begins.
     relaxed = (
@@ -221,7 +161,7 @@ def charge(
         if relaxed:
             connection.execution_options(**{RELAXED: True})
         connection.begin()
-        tx = _Transaction(connection, relaxed=relaxed)
+        tx = Transaction(connection, relaxed=relaxed)
         locked = lock(connection, user_id, cost.dataset_ids)
         if mark is not None:  # before this charge writes: the database as committed
             mark.verify(connection)
@@ -343,14 +283,14 @@ def charge(
             "policy_revision": in_force.revision,
             "run_id": cost.run_id,
         }
-        ((ident,),) = _INSERT_LEDGER.execute(connection, values)
+        ((ident,),) = INSERT_LEDGER.execute(connection, values)
         entry = Charged(id=ident, **values)
         reads = [
             {"ledger_id": entry.id, "dataset_id": d, "dataset_name": found.get(d)}
             for d in entry.dataset_ids
         ]
         if reads:
-            _INSERT_READS.execute(connection, reads[0] if len(reads) == 1 else reads)
+            INSERT_READS.execute(connection, reads[0] if len(reads) == 1 else reads)
         if claim is not None:
             lease = settings.publish_lease_seconds
             idempotency.record(connection, user.id, claim, entry.id, at, lease)

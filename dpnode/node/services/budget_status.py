@@ -34,7 +34,7 @@ from dpnode.node.settings import Settings
 from dpnode.policies import in_float
 
 if TYPE_CHECKING:
-    from dpnode.node.services.budget import Charged
+    from dpnode.node.services.charge_rows import Charged
 
 __all__ = ["Status", "budget_of", "receipt_terms"]
 
