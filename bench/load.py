@@ -54,7 +54,7 @@ from dpnode.node.context import NodeContext
 from dpnode.node.db.migrate import upgrade
 from dpnode.node.db.models import LedgerEntry, User
 from dpnode.node.services import users
-from dpnode.node.services.budget import EPSILON_UNIT
+from dpnode.node.services.costs import EPSILON_UNIT
 from dpnode.node.settings import Settings
 from tests.postgres import postgres_server
 

@@ -33,7 +33,16 @@ from dpnode.node.db import migrate
 from dpnode.node.db.models import PolicyRevision, Role, User
 from dpnode.node.network.cli import add_commands as add_network_commands
 from dpnode.node.numbers import read_id
-from dpnode.node.services import approvals, audit, budget, budget_requests, datasets, users
+from dpnode.node.services import (
+    approvals,
+    audit,
+    budget_requests,
+    budget_status,
+    costs,
+    datasets,
+    ledger,
+    users,
+)
 from dpnode.node.services import policy as policy_service
 from dpnode.node.services.dataset_budgets import dataset_budget
 from dpnode.node.services.uploads import plan_from_request
@@ -322,8 +331,8 @@ def cmd_budget_grant(args: argparse.Namespace) -> None:
             operator=_operator(),
         )
         print(
-            f"granted epsilon {_fmt(grant.epsilon_units, budget.EPSILON_UNIT)}, delta "
-            f"{_fmt(grant.delta_units, budget.DELTA_UNIT)} to {args.user} (grant {grant.id})"
+            f"granted epsilon {_fmt(grant.epsilon_units, costs.EPSILON_UNIT)}, delta "
+            f"{_fmt(grant.delta_units, costs.DELTA_UNIT)} to {args.user} (grant {grant.id})"
         )
 
 
@@ -335,7 +344,7 @@ def cmd_budget_show(args: argparse.Namespace) -> None:
         else:
             chosen = users.list_users(session)
         for user in chosen:
-            status = budget.budget_of(session, context.settings, user.id)
+            status = budget_status.budget_of(session, context.settings, user.id)
             allocation = status.status.allocation
             spent, _ = status.spent()
             renews = status.status.remaining.renews_at
@@ -358,14 +367,14 @@ def cmd_ledger(args: argparse.Namespace) -> None:
             ident = read_id(args.dataset)
             ref = args.dataset if ident is None else ident
             dataset_id = datasets.get_dataset(session, ref).id
-        entries = budget.ledger_of(session, user_id, dataset_id=dataset_id, limit=args.limit)
+        entries = ledger.ledger_of(session, user_id, dataset_id=dataset_id, limit=args.limit)
         emails = {u.id: u.email for u in users.list_users(session)}
         for e in entries:
             revision = "default" if e.policy_revision is None else str(e.policy_revision)
             print(
                 f"{e.id:>6}  {e.at.isoformat()}  {emails.get(e.user_id, e.user_id)!s:<28} "
-                f"{e.mechanism:<9} epsilon {_fmt(e.epsilon_units, budget.EPSILON_UNIT):<10} "
-                f"rho {_fmt(e.rho_units, budget.RHO_UNIT):<10} datasets {e.dataset_ids} "
+                f"{e.mechanism:<9} epsilon {_fmt(e.epsilon_units, costs.EPSILON_UNIT):<10} "
+                f"rho {_fmt(e.rho_units, costs.RHO_UNIT):<10} datasets {e.dataset_ids} "
                 f"policy {revision}"
             )
 
@@ -381,8 +390,8 @@ def cmd_approval_list(args: argparse.Namespace) -> None:
             answer = f" by {a.decided_by}: {a.decision_reason}" if a.decided_by else ""
             print(
                 f"{a.id:>6}  {a.created_at.isoformat()}  {a.user.email:<28} {a.status.value:<8} "
-                f"{what}, epsilon {_fmt(a.epsilon_units, budget.EPSILON_UNIT)} delta "
-                f"{_fmt(a.delta_units, budget.DELTA_UNIT)} datasets {a.dataset_ids} "
+                f"{what}, epsilon {_fmt(a.epsilon_units, costs.EPSILON_UNIT)} delta "
+                f"{_fmt(a.delta_units, costs.DELTA_UNIT)} datasets {a.dataset_ids} "
                 f"[{a.rule}]{' ' + repr(a.description) if a.description else ''}{answer}"
             )
         if not rows:

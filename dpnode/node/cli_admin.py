@@ -26,8 +26,8 @@ from dpnode.node.numbers import read_id
 from dpnode.node.services import (
     approval_review,
     approvals,
-    budget,
     budget_requests,
+    costs,
     datasets,
     users,
 )
@@ -82,8 +82,8 @@ def cmd_budget_requests(args: argparse.Namespace) -> None:
             answer = f" by {r.decided_by}: {r.decision_reason}" if r.decided_by else ""
             print(
                 f"{r.id:>6}  {r.created_at.isoformat()}  {r.user.email:<28} "
-                f"{r.status.value:<8} epsilon {fmt(r.epsilon_units, budget.EPSILON_UNIT)} "
-                f"delta {fmt(r.delta_units, budget.DELTA_UNIT)} {r.reason!r}{answer}"
+                f"{r.status.value:<8} epsilon {fmt(r.epsilon_units, costs.EPSILON_UNIT)} "
+                f"delta {fmt(r.delta_units, costs.DELTA_UNIT)} {r.reason!r}{answer}"
             )
         if not rows:
             print("no budget requests")

@@ -10,7 +10,7 @@ from dpnode import policies
 from dpnode.core.errors import PolicyRefusedError
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import BudgetGrant, User
-from dpnode.node.services import budget, datasets
+from dpnode.node.services import budget, budget_status, datasets, ledger_sums
 from dpnode.node.services import policy as policy_service
 from dpnode.node.services.budget import Cost
 from dpnode.node.services.datasets import DatasetUpload
@@ -62,7 +62,7 @@ def test_the_budget_after_a_charge_is_the_ledger_s(
             user = session.get(User, scientist.id)
             assert user is not None
             in_force = policy_service.current(session)
-            puser = budget.policy_user(session, user)
-            read = budget._status(session, context.settings, in_force, puser, entry.at)
+            puser = ledger_sums.policy_user(session, user)
+            read = budget_status._status(session, context.settings, in_force, puser, entry.at)
         assert after == read
         assert after.spent() == read.spent()

@@ -20,7 +20,7 @@ from dpnode.core.dp.accounting import calibrate_rho
 from dpnode.core.engine import GraphBuilder, encode
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import User
-from dpnode.node.services import budget
+from dpnode.node.services import budget_status, ledger
 from dpnode.node.services.budget import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT
 from dpnode.sdk._budget import BudgetStatus
 from tests.node.conftest import publish, upload_ok
@@ -56,9 +56,9 @@ def _budget(http: TestClient, headers: dict[str, str]) -> dict[str, Any]:
 def _terms(context: NodeContext, user: User, epsilon: float, delta: float | None) -> dict[str, Any]:
     """``receipt_terms`` for the user's newest ledger row and the budget as it now stands."""
     with context.sessions() as session:
-        entry = budget.ledger_of(session, user.id, limit=1)[0]
-        status = budget.budget_of(session, context.settings, user.id)
-    return budget.receipt_terms(entry, status, asked_epsilon=epsilon, asked_delta=delta)
+        entry = ledger.ledger_of(session, user.id, limit=1)[0]
+        status = budget_status.budget_of(session, context.settings, user.id)
+    return budget_status.receipt_terms(entry, status, asked_epsilon=epsilon, asked_delta=delta)
 
 
 def test_a_gaussian_receipt_says_what_the_budget_lost(
@@ -95,7 +95,7 @@ def test_a_gaussian_receipt_says_what_the_budget_lost(
     assert terms["rho"] == receipt["rho"]
     # The ledger agrees with the receipt, row for row.
     with context.sessions() as session:
-        (entry,) = budget.ledger_of(session, scientist.id)
+        (entry,) = ledger.ledger_of(session, scientist.id)
     assert float(entry.rho_units * RHO_UNIT) == receipt["rho"]
     assert float(entry.epsilon_units * EPSILON_UNIT) == terms["sampler_epsilon"] > 0
     assert float(entry.tv_units * DELTA_UNIT) == terms["sampler_delta"] > 0

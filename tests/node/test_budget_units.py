@@ -13,18 +13,18 @@ from hypothesis import strategies as st
 from dpnode import policies
 from dpnode.core.dp import accounting
 from dpnode.core.errors import InvalidRequestError
-from dpnode.node.services.budget import (
+from dpnode.node.services.costs import (
     DELTA_UNIT,
     EPSILON_UNIT,
     RHO_UNIT,
     TV_UNIT,
     Cost,
+    _tv_delta_units,
     gaussian_count,
     quantize_epsilon,
     sampler_units,
     units_up,
 )
-from dpnode.node.services.costs import _tv_delta_units
 
 WHOLE = 10**18  # a delta of 1, in units: no budget has it
 

@@ -18,7 +18,7 @@ from dpnode.core.errors import PolicyRefusedError
 from dpnode.node.context import NodeContext
 from dpnode.node.db.migrate import alembic_config, check, upgrade
 from dpnode.node.db.models import LedgerEntry, LedgerTotal, User
-from dpnode.node.services import budget, charge_lock
+from dpnode.node.services import budget, budget_status, charge_lock
 from dpnode.node.services.budget import Cost
 from tests.conftest import make_user
 
@@ -83,7 +83,7 @@ def test_totals_follow_charges_refusals_and_rows_inserted_directly(
     assert totals[owner.id][3] == now + timedelta(days=1)
     # What the budget check reads is the ledger's sum.
     with context.sessions() as session:
-        status = budget.budget_of(session, context.settings, scientist.id)
+        status = budget_status.budget_of(session, context.settings, scientist.id)
     assert status.status.spent.epsilon_units == totals[scientist.id][0]
 
 

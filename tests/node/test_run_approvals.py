@@ -18,7 +18,7 @@ from dpnode.core.errors import (
 )
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import LedgerEntry, PublishApproval, RequestStatus, User
-from dpnode.node.services import approvals, budget, runs
+from dpnode.node.services import approvals, budget, budget_status, runs
 from dpnode.node.services.budget import Cost
 from dpnode.node.services.publish import gaussian_cost
 from tests.node.test_policy_concurrency import _apply, _dataset
@@ -108,7 +108,7 @@ def test_an_approved_run_lets_its_planned_steps_through_and_no_more(
 
 def budget_spent(context: NodeContext, user: User) -> float:
     with context.sessions() as session:
-        return budget.budget_of(session, context.settings, user.id).spent()[0]
+        return budget_status.budget_of(session, context.settings, user.id).spent()[0]
 
 
 def test_a_plain_publish_or_another_amount_does_not_ride_on_an_approved_run(

@@ -13,8 +13,8 @@ from dpnode.node.api.routes import budget as budget_routes
 from dpnode.node.api.schemas import BudgetPublic, LedgerLinePublic
 from dpnode.node.console.charts import Step, budget_chart
 from dpnode.node.db.models import User
-from dpnode.node.services import budget, users
-from dpnode.node.services.budget import EPSILON_UNIT
+from dpnode.node.services import budget_status, ledger, users
+from dpnode.node.services.costs import EPSILON_UNIT
 from dpnode.node.settings import Settings
 
 #: The chart plots at most this many charges of the current window (the newest).
@@ -40,8 +40,8 @@ def budget_view(session: Session, settings: Settings, viewer: User, user_id: int
     subject = users.get_user(session, user_id)
     # The epsilon used after each charge, counted as the budget counts it (pure epsilon plus
     # any zCDP converted), from the same rows the table lists.
-    status = budget.budget_of(session, settings, user_id)
-    rows = budget.ledger_of(session, user_id, since=status.status.period_start, limit=CHART_CHARGES)
+    status = budget_status.budget_of(session, settings, user_id)
+    rows = ledger.ledger_of(session, user_id, since=status.status.period_start, limit=CHART_CHARGES)
     steps, epsilon_units, rho_units = [], 0, 0
     for row in reversed(rows):
         epsilon_units += row.epsilon_units

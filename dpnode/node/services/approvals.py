@@ -40,7 +40,7 @@ from dpnode.node.services import approval_review, audit
 from dpnode.node.settings import Settings
 
 if TYPE_CHECKING:
-    from dpnode.node.services.budget import Cost
+    from dpnode.node.services.costs import Cost
     from dpnode.node.services.policy import InForce
 
 __all__ = [

@@ -39,60 +39,35 @@ from dpnode.node.db.models import TrainingRun
 from dpnode.node.db.session import RELAXED
 from dpnode.node.services import approvals, audit, idempotency
 from dpnode.node.services import policy as policy_service
-from dpnode.node.services.budget_status import (
-    RunSoFar,
-    Status,
-    _after,
-    _defaults,
-    _status,
-    budget_of,
-    receipt_terms,
-)
+from dpnode.node.services.budget_status import RunSoFar, Status, _after, _defaults, _status
 from dpnode.node.services.charge_lock import lock
 from dpnode.node.services.charge_rows import INSERT_LEDGER, INSERT_READS, Charged, Transaction
 from dpnode.node.services.costs import (
     DELTA_UNIT,
     EPSILON_UNIT,
-    MAX_EPSILON,
     RHO_UNIT,
     TV_UNIT,
     Cost,
-    check_epsilon_size,
-    delta_asked_units,
     gaussian_count,
     quantize_epsilon,
     sampler_units,
     units_down,
     units_up,
 )
-from dpnode.node.services.ledger import ledger_of, run_total
-from dpnode.node.services.ledger_sums import (
-    Account,
-    _load,
-    policy_user,
-)
+from dpnode.node.services.ledger import run_total
+from dpnode.node.services.ledger_sums import _load
 from dpnode.node.services.spending_mark import SpendingMark, dataset_key, user_key
 from dpnode.node.settings import Settings
 
 __all__ = [
     "DELTA_UNIT",
     "EPSILON_UNIT",
-    "MAX_EPSILON",
     "RHO_UNIT",
     "TV_UNIT",
-    "Account",
-    "Charged",
     "Cost",
-    "Status",
-    "budget_of",
     "charge",
-    "check_epsilon_size",
-    "delta_asked_units",
     "gaussian_count",
-    "ledger_of",
-    "policy_user",
     "quantize_epsilon",
-    "receipt_terms",
     "sampler_units",
     "units_down",
     "units_up",

@@ -19,7 +19,7 @@ from dpnode.core.errors import (
 from dpnode.node.db.base import utcnow
 from dpnode.node.db.models import BudgetGrant, BudgetRequest, RequestStatus, Role, User
 from dpnode.node.numbers import read_id
-from dpnode.node.services import audit, budget, users
+from dpnode.node.services import audit, costs, users
 from dpnode.node.services.approvals import decider
 
 __all__ = [
@@ -33,11 +33,11 @@ __all__ = [
 
 
 def _amounts(epsilon: float, delta: float) -> tuple[int, int]:
-    eps = budget.units_down(epsilon, budget.EPSILON_UNIT, "epsilon")
-    budget.check_epsilon_size(epsilon)
+    eps = costs.units_down(epsilon, costs.EPSILON_UNIT, "epsilon")
+    costs.check_epsilon_size(epsilon)
     if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 <= delta < 1:
         raise InvalidRequestError(f"delta must be a number in [0, 1), got {delta!r}")
-    return eps, budget.units_down(delta, budget.DELTA_UNIT, "delta")
+    return eps, costs.units_down(delta, costs.DELTA_UNIT, "delta")
 
 
 def _reason(reason: str, what: str) -> str:

@@ -85,8 +85,18 @@ from dpnode.core.structures import Found
 from dpnode.node.cluster import Column, columns_for
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import MAX_ID, PublishKey, Role, User
-from dpnode.node.services import approvals, audit, budget, datasets, idempotency, models, users
-from dpnode.node.services.budget import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, TV_UNIT, Cost
+from dpnode.node.services import (
+    approvals,
+    audit,
+    budget,
+    budget_status,
+    costs,
+    datasets,
+    idempotency,
+    models,
+    users,
+)
+from dpnode.node.services.costs import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, TV_UNIT, Cost
 from dpnode.node.services.release_plans import selection_key
 from dpnode.node.storage import array_from_bytes
 
@@ -324,13 +334,13 @@ def _cost(rp: ReleasePlan, request: PublishRequest, inputs: _Inputs, planned: Pl
     if noise.mechanism != "gaussian":  # Laplace noise or a selection: pure epsilon
         cost = Cost(
             noise.mechanism,
-            epsilon_units=int(budget.quantize_epsilon(request.epsilon) / EPSILON_UNIT),
+            epsilon_units=int(costs.quantize_epsilon(request.epsilon) / EPSILON_UNIT),
         )
     else:
-        cost = Cost("gaussian", rho_units=budget.units_up(noise.rho, RHO_UNIT, "rho"))
+        cost = Cost("gaussian", rho_units=costs.units_up(noise.rho, RHO_UNIT, "rho"))
     return replace(
         cost,
-        tv_units=budget.units_up(noise.sampler_tv, TV_UNIT, "sampler deviation"),
+        tv_units=costs.units_up(noise.sampler_tv, TV_UNIT, "sampler deviation"),
         dataset_ids=inputs.dataset_ids,
         graph_hash=structure_hash(graph),
         detail={
@@ -342,8 +352,8 @@ def _cost(rp: ReleasePlan, request: PublishRequest, inputs: _Inputs, planned: Pl
         # What the policy's per-publish caps and approval thresholds compare against, and
         # the exact computation (constants included) an admin's approval covers, computed
         # only when the policy gates publishes.
-        asked_epsilon_units=budget.units_down(request.epsilon, EPSILON_UNIT, "epsilon"),
-        asked_delta_units=0 if request.delta is None else budget.delta_asked_units(request.delta),
+        asked_epsilon_units=costs.units_down(request.epsilon, EPSILON_UNIT, "epsilon"),
+        asked_delta_units=0 if request.delta is None else costs.delta_asked_units(request.delta),
         frame_hash=lambda: content_hash(encode(graph)),
         run_id=request.run_id,
         computation=lambda: listing(planned, inputs.labels, release=_release_note(rp)),
@@ -360,10 +370,10 @@ def gaussian_cost(epsilon: float, delta: float, values: int) -> Cost:
         InvalidRequestError: a bad epsilon, delta or number of values.
 
     >>> c = gaussian_cost(0.5, 1e-6, 10)
-    >>> c.mechanism, c.rho_units > 0, budget.gaussian_count(c.tv_units)
+    >>> c.mechanism, c.rho_units > 0, costs.gaussian_count(c.tv_units)
     ('gaussian', True, 10)
     """
-    charged = budget.quantize_epsilon(epsilon)
+    charged = costs.quantize_epsilon(epsilon)
     _check_delta(delta)
     if isinstance(values, bool) or not isinstance(values, int) or values < 1:
         raise InvalidRequestError(f"values must be a whole number >= 1, got {values!r}")
@@ -372,10 +382,10 @@ def gaussian_cost(epsilon: float, delta: float, values: int) -> Cost:
     )
     return Cost(
         "gaussian",
-        rho_units=budget.units_up(noise.rho, RHO_UNIT, "rho"),
-        tv_units=budget.units_up(noise.sampler_tv, TV_UNIT, "sampler deviation"),
-        asked_epsilon_units=budget.units_down(epsilon, EPSILON_UNIT, "epsilon"),
-        asked_delta_units=budget.delta_asked_units(delta),
+        rho_units=costs.units_up(noise.rho, RHO_UNIT, "rho"),
+        tv_units=costs.units_up(noise.sampler_tv, TV_UNIT, "sampler deviation"),
+        asked_epsilon_units=costs.units_down(epsilon, EPSILON_UNIT, "epsilon"),
+        asked_delta_units=costs.delta_asked_units(delta),
     )
 
 
@@ -429,7 +439,7 @@ def _prepare(
     """Check the privacy parameters, decode and plan the graph and resolve its inputs (in
     ``read``'s transaction, or from what this process knows: see :func:`_resolve`). A key
     answered already is answered from ``read``'s account row."""
-    charged = budget.quantize_epsilon(request.epsilon)  # a bad epsilon, before any work
+    charged = costs.quantize_epsilon(request.epsilon)  # a bad epsilon, before any work
     approvals.check_description(request.description)
     if request.delta is not None:
         _check_delta(request.delta)
@@ -586,7 +596,7 @@ def publish(
         "ledger_id": entry.id,
         "mechanism": release.mechanism,
         # what this release took from the budget, as client.budget() and the ledger count it
-        **budget.receipt_terms(
+        **budget_status.receipt_terms(
             entry, after, asked_epsilon=request.epsilon, asked_delta=request.delta
         ),
         "sensitivity": release.sensitivity,
@@ -673,7 +683,7 @@ def noise_scale(report: PrivacyReport, request: PublishRequest) -> float:
     """The noise scale a publish would use (Laplace b, or Gaussian sigma), exactly: on the
     integers for outputs proven integral, as :func:`~dpnode.core.privacy.release.plan_release`
     plans them."""
-    epsilon = _float_at_most(budget.quantize_epsilon(request.epsilon))
+    epsilon = _float_at_most(costs.quantize_epsilon(request.epsilon))
     count = sum(int(np.prod(o.shape, dtype=np.int64)) for o in report.outputs)
     whole = report.integral
     if request.delta is None:

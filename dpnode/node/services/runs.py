@@ -42,7 +42,7 @@ from dpnode import policies
 from dpnode.core.errors import InvalidRequestError, NotFoundError
 from dpnode.node.db.base import utcnow
 from dpnode.node.db.models import LedgerEntry, PublishApproval, TrainingRun
-from dpnode.node.services import approvals, audit, budget, charge_lock
+from dpnode.node.services import approvals, audit, charge_lock, costs
 from dpnode.node.services import policy as policy_service
 from dpnode.node.services.budget_status import _defaults
 from dpnode.node.services.ledger_sums import _load
@@ -72,8 +72,8 @@ class RunPlan:
         canonical = {
             "kind": approvals.RUN,
             "steps": self.steps,
-            "epsilon_units": budget.units_down(self.epsilon, budget.EPSILON_UNIT, "epsilon"),
-            "delta_units": budget.units_down(self.delta, budget.DELTA_UNIT, "delta"),
+            "epsilon_units": costs.units_down(self.epsilon, costs.EPSILON_UNIT, "epsilon"),
+            "delta_units": costs.units_down(self.delta, costs.DELTA_UNIT, "delta"),
             "values": self.values,
             "dataset_ids": sorted(set(self.dataset_ids)),
             "description": self.description,
@@ -129,7 +129,7 @@ def plan(
     """
     _check(run)
     step_cost = gaussian_cost(run.epsilon, run.delta, run.values)
-    sampler_epsilon, sampler_delta = budget.sampler_units(step_cost)
+    sampler_epsilon, sampler_delta = costs.sampler_units(step_cost)
     key = run.key()
     # The same steps as the publish transaction (budget.charge): lock, read, decide.
     with serial_sessions() as session:
@@ -225,11 +225,11 @@ def plan(
             approval_id=None if approved is None else approved.id,
             steps=run.steps,
             steps_used=0 if approved is None else approved.steps_used,
-            epsilon=float(total_units[0] * budget.EPSILON_UNIT),
-            delta=float(total_units[1] * budget.DELTA_UNIT),
-            step_epsilon=float(step.epsilon_units * budget.EPSILON_UNIT),
-            step_delta=float(step.delta_units * budget.DELTA_UNIT),
-            remaining_epsilon=math.inf if remaining < 0 else float(remaining * budget.EPSILON_UNIT),
+            epsilon=float(total_units[0] * costs.EPSILON_UNIT),
+            delta=float(total_units[1] * costs.DELTA_UNIT),
+            step_epsilon=float(step.epsilon_units * costs.EPSILON_UNIT),
+            step_delta=float(step.delta_units * costs.DELTA_UNIT),
+            remaining_epsilon=math.inf if remaining < 0 else float(remaining * costs.EPSILON_UNIT),
             policy=in_force.name,
             policy_revision=in_force.revision,
         )
@@ -264,8 +264,8 @@ def _recorded(
         plan_hash=key,
         description=run.description,
         steps=run.steps,
-        step_epsilon_units=budget.units_down(run.epsilon, budget.EPSILON_UNIT, "epsilon"),
-        step_delta_units=budget.units_down(run.delta, budget.DELTA_UNIT, "delta"),
+        step_epsilon_units=costs.units_down(run.epsilon, costs.EPSILON_UNIT, "epsilon"),
+        step_delta_units=costs.units_down(run.delta, costs.DELTA_UNIT, "delta"),
         step_values=run.values,
         dataset_ids=sorted(set(run.dataset_ids)),
         approval_id=None if approved is None else approved.id,

@@ -59,9 +59,18 @@ from dpnode.core.synth import (
 from dpnode.core.synth.estimate import estimate_marginals, sample_model, sample_tree
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import Dataset
-from dpnode.node.services import blobs, budget, datasets, idempotency, users
-from dpnode.node.services.budget import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, Cost
+from dpnode.node.services import (
+    blobs,
+    budget,
+    budget_status,
+    charge_rows,
+    costs,
+    datasets,
+    idempotency,
+    users,
+)
 from dpnode.node.services.catalog import check_item_name, normalise_tags
+from dpnode.node.services.costs import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, Cost
 from dpnode.node.services.tabular import ColumnSpec
 from dpnode.node.storage import array_to_bytes
 
@@ -261,7 +270,7 @@ def _check(request: SynthesisRequest, source_rows: int, max_elements: int) -> in
         raise InvalidRequestError(
             f"method must be one of {sorted(METHODS)}, got {request.method!r}"
         )
-    budget.quantize_epsilon(request.epsilon)  # refuses NaN, 0, a negative or a huge one
+    costs.quantize_epsilon(request.epsilon)  # refuses NaN, 0, a negative or a huge one
     rows = source_rows if request.rows is None else request.rows
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise InvalidRequestError(f"rows must be a whole number >= 1, got {request.rows!r}")
@@ -316,15 +325,15 @@ def _cost(plan: Plan, request: SynthesisRequest, source: Dataset) -> Cost:
     digest = hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()
     return Cost(
         request.method,
-        rho_units=budget.units_up(terms.rho, RHO_UNIT, "rho"),
+        rho_units=costs.units_up(terms.rho, RHO_UNIT, "rho"),
         extra_units=(
-            budget.units_up(terms.epsilon, EPSILON_UNIT, "epsilon"),
-            budget.units_up(terms.delta, DELTA_UNIT, "delta"),
+            costs.units_up(terms.epsilon, EPSILON_UNIT, "epsilon"),
+            costs.units_up(terms.delta, DELTA_UNIT, "delta"),
         ),
         dataset_ids=[source.id],
         detail=detail,
-        asked_epsilon_units=budget.units_down(request.epsilon, EPSILON_UNIT, "epsilon"),
-        asked_delta_units=budget.delta_asked_units(request.delta),
+        asked_epsilon_units=costs.units_down(request.epsilon, EPSILON_UNIT, "epsilon"),
+        asked_delta_units=costs.delta_asked_units(request.delta),
         frame_hash=digest,
     )
 
@@ -358,7 +367,7 @@ def _plan(
             )
         facts = _facts(source, request.columns)
         attributes = domain_of(facts, source.row_count, request.bins)
-        epsilon = float(budget.quantize_epsilon(request.epsilon))
+        epsilon = float(costs.quantize_epsilon(request.epsilon))
         method = METHODS[request.method]
         plan = method.plan(attributes, source.row_count, epsilon, request.delta)
         need, quota = method.memory(plan, rows), settings.max_graph_memory_bytes
@@ -441,8 +450,8 @@ def _run(
     request: SynthesisRequest,
     rows: int,
     name: str,
-    entry: budget.Charged,
-    after: budget.Status,
+    entry: charge_rows.Charged,
+    after: budget_status.Status,
 ) -> Synthesized:
     """Charged: from here on the source's values are read."""
     by_name = {c.name: c for c in source.columns}
@@ -472,7 +481,9 @@ def _run(
     receipt = {
         "ledger_id": entry.id,
         "mechanism": request.method,
-        **budget.receipt_terms(entry, after, asked_epsilon=plan.epsilon, asked_delta=plan.delta),
+        **budget_status.receipt_terms(
+            entry, after, asked_epsilon=plan.epsilon, asked_delta=plan.delta
+        ),
         **sampled.report,
         "domain_size": provenance["domain_size"],
         "policy": after.in_force.name,

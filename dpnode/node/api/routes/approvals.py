@@ -16,7 +16,7 @@ from dpnode.node.api.schemas import (
 from dpnode.node.db.models import PublishApproval, User
 from dpnode.node.services import approvals
 from dpnode.node.services.approval_review import Review, reviews
-from dpnode.node.services.budget import DELTA_UNIT, EPSILON_UNIT
+from dpnode.node.services.costs import DELTA_UNIT, EPSILON_UNIT
 from dpnode.node.services.dataset_budgets import DatasetBudget
 from dpnode.node.settings import Settings
 

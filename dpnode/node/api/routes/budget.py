@@ -32,8 +32,9 @@ from dpnode.node.api.schemas import (
     LedgerRunPublic,
 )
 from dpnode.node.db.models import BudgetGrant, BudgetRequest, LedgerEntry, Role, User
-from dpnode.node.services import budget, budget_requests, ledger
-from dpnode.node.services.budget import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, TV_UNIT, Status
+from dpnode.node.services import budget_requests, budget_status, ledger
+from dpnode.node.services.budget_status import Status
+from dpnode.node.services.costs import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, TV_UNIT
 
 router = APIRouter(tags=["budget"])
 
@@ -169,7 +170,7 @@ def get_budget(
     session: SessionDep, settings: SettingsDep, user: CurrentUser, user_id: QueryId = None
 ) -> BudgetPublic:
     """Your privacy budget under the policy in force (admins: anyone's, with ``user_id``)."""
-    return budget_public(budget.budget_of(session, settings, _subject(user, user_id)))
+    return budget_public(budget_status.budget_of(session, settings, _subject(user, user_id)))
 
 
 def _utc(at: datetime | None) -> datetime | None:
