@@ -1,7 +1,7 @@
 """Exact privacy amounts: whole numbers of small units, as in the node's ledger.
 
 Epsilon and rho are counted in 1e-9, delta in 1e-18 (the constants of
-``dpnode.node.services.budget``, mirrored here because ``policies`` must not import the node; a test
+``dpnode.node.services.costs``, mirrored here because ``policies`` must not import the node; a test
 keeps the two in step). Amounts a person configures are read as the decimal they typed (the
 shortest ``repr`` of the float) and rounded *down*, so a configured cap or allocation is never
 larger than written; amounts derived by arithmetic (a converted rho) are rounded *up*, so a

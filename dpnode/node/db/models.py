@@ -174,7 +174,7 @@ class AuditEvent(Base):
 class LedgerEntry(Base):
     """One privacy charge: append-only (database triggers refuse UPDATE and DELETE).
 
-    Amounts are whole numbers of small units (see ``dpnode.node.services.budget``), so that
+    Amounts are whole numbers of small units (see ``dpnode.node.services.costs``), so that
     sums are exact: the budget check never depends on floating-point rounding.
     """
 
