@@ -50,9 +50,9 @@ def test_a_synthetic_copy_is_charged_once_stored_and_downloadable(
 ) -> None:  # on both databases: the charge, the key and the new dataset are real rows
     before = ds_client.budget()
     asked = {"epsilon": 4.0, "delta": 1e-6, "seed": 7, "name": "survey-copy"}
-    copy = survey.synthesize(**asked, idempotency_key="synth-1")  # type: ignore[arg-type]
+    copy = survey.synthesize(**asked, idempotency_key="synth-1")  # type: ignore[call-overload]
     # a retry under the same key gets the first answer, charged once
-    again = survey.synthesize(**asked, idempotency_key="synth-1")  # type: ignore[arg-type]
+    again = survey.synthesize(**asked, idempotency_key="synth-1")  # type: ignore[call-overload]
     assert again.id == copy.id and again.receipt == copy.receipt
     with pytest.raises(sdk.ConflictError, match="another"):  # the key names one request
         survey.synthesize(epsilon=1.0, delta=1e-6, idempotency_key="synth-1")
@@ -129,7 +129,7 @@ def test_a_refused_synthesis_charges_and_stores_nothing(
 ) -> None:
     context.settings.max_graph_memory_bytes = 16 * 2**20
     with pytest.raises(error, match=words):
-        survey.synthesize(**asked)  # type: ignore[arg-type]
+        survey.synthesize(**asked)  # type: ignore[call-overload]
     _nothing_happened(ds_client, owner_client)
 
 
@@ -186,8 +186,8 @@ def test_an_aim_copy_is_charged_once_at_its_total_and_reports_what_it_measured(
     _nothing_happened(ds_client, owner_client)
     asked = {"epsilon": 6.0, "delta": 1e-6, "method": "aim", "seed": 3}
     asked |= {"columns": ["region", "smoker", "cough"], "idempotency_key": "aim-1"}
-    copy = survey.synthesize(**asked)  # type: ignore[arg-type]
-    again = survey.synthesize(**asked)  # type: ignore[arg-type]
+    copy = survey.synthesize(**asked)  # type: ignore[call-overload]
+    again = survey.synthesize(**asked)  # type: ignore[call-overload]
     assert again.id == copy.id and again.receipt == copy.receipt
     receipt = copy.receipt
     assert receipt is not None and receipt["mechanism"] == "aim"

@@ -151,12 +151,8 @@ class JobRunner:
             log.exception("synthesis job %s failed", job_id)
             self._fail(job_id, _message(exc))
         else:
-            self._set(job_id, state="answered", result=result, phase="storing")
-            with self.sessions() as session:
-                job = session.get(SynthesisJob, job_id)
-                if job is not None:
-                    job.done = job.total
-                    session.commit()
+            # in one statement: a poll sees it running, or answered with all its steps done
+            self._set(job_id, state="answered", result=result, done=SynthesisJob.total)
         finally:
             with self._lock:
                 self._jobs.pop(job_id, None)
@@ -226,10 +222,10 @@ class JobRunner:
 
 def _message(exc: Exception) -> str:
     """A failure's message for the requester: the node's own errors say what happened; any
-    other is a bug, told without its details."""
+    other (a bug, a damaged store) is told by its kind alone, its details (a blob's digest
+    is a hash of private values) going to the operator's log and the audit log's line."""
     if isinstance(exc, DPNodeError):
-        return f"the synthesis failed after its charge, which stands: {exc}"
-    return (
-        "the synthesis failed after its charge, which stands: an internal error "
-        f"({type(exc).__name__}); the operator's log has its details"
-    )
+        why = str(exc)
+    else:
+        why = f"an internal error ({type(exc).__name__}); the operator's log has its details"
+    return f"the synthesis failed after its charge: {why}; the charge stands"
