@@ -151,14 +151,17 @@ def test_the_docs_example_runs(
     survey: sdk.DatasetHandle, ds_client: sdk.Client, sqlite_only: None
 ) -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "synthetic.md").read_text()
-    (block,) = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
+    first, job = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
     namespace: dict[str, object] = {"ds": survey}
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(block, "docs/synthetic.md", "exec"), namespace)  # the repository's docs
+        exec(compile(first, "docs/synthetic.md", "exec"), namespace)  # the repository's docs
     frame = namespace["frame"]
     assert len(frame) == N and "'method': 'mst'" in out.getvalue()  # type: ignore[arg-type]
-    assert len(ds_client.ledger()) == 1
+    exec(compile(job, "docs/synthetic.md", "exec"), namespace)  # the job's example
+    assert isinstance(namespace["job"], sdk.SynthesisJob)
+    assert namespace["copy"].synthetic["method"] == "aim"  # type: ignore[attr-defined]
+    assert len(ds_client.ledger()) == 2
 
 
 def test_a_node_without_the_estimator_refuses_mst_before_charging_and_runs_aim(
