@@ -5,12 +5,13 @@ Runs under ``.venv-smartnoise`` (bench/smartnoise_env.sh), as a subprocess of th
     .venv-smartnoise/bin/python bench/smartnoise_worker.py DIR
 
 ``DIR/input.npz`` holds ``codes`` (rows x columns of int64 codes) and ``sizes`` (each
-column's number of codes); ``DIR/request.json`` holds ``method`` (``mst``/``aim``), ``rho``
-(the replace-one zCDP budget to match), ``delta`` and ``seeds``. It writes
-``DIR/output.npz``: ``synthetic_<seed>`` (codes, as many rows as the input) and ``seconds``
-(each seed's fit and sample wall time, in this one process, so that JAX's compilation is
-paid once as it is on the node's side), and ``DIR/result.json`` with the (epsilon, delta)
-handed to SmartNoise. Plain data files both ways: nothing pickled.
+column's number of codes); ``DIR/request.json`` holds ``method`` (``mst``/``aim``), ``rhos``
+(the replace-one zCDP budgets to match), ``delta`` and ``seeds``. It writes
+``DIR/output.npz``: ``synthetic_<i>_<seed>`` (codes for ``rhos[i]``, as many rows as the
+input) and ``seconds`` (``rhos x seeds``: each fit and sample's wall time, all in this one
+process, so that JAX compiles once per table as it does in the node's process), and
+``DIR/result.json`` with the epsilons and delta handed to SmartNoise. Plain data files both
+ways: nothing pickled.
 
 The domain is declared, not learned: every column is a label column fitted on a public frame
 that holds each of its codes, so SmartNoise spends nothing on preprocessing and sees the
@@ -96,14 +97,17 @@ def main(folder: Path) -> None:
     import snsynth.aim
     import snsynth.mst  # noqa: F401
 
-    epsilon = epsilon_for(float(request["rho"]) / REPLACE_ONE_FACTOR[method], delta)
-    outputs, seconds = {}, []
-    for seed in request["seeds"]:
-        start = time.perf_counter()
-        outputs[f"synthetic_{seed}"] = synthesize(method, codes, sizes, epsilon, delta, seed)
-        seconds.append(time.perf_counter() - start)
-    np.savez(folder / "output.npz", seconds=np.array(seconds), **outputs)
-    (folder / "result.json").write_text(json.dumps({"epsilon": epsilon, "delta": delta}))
+    epsilons = [epsilon_for(float(r) / REPLACE_ONE_FACTOR[method], delta) for r in request["rhos"]]
+    outputs, seconds = {}, np.zeros((len(epsilons), len(request["seeds"])))
+    for i, epsilon in enumerate(epsilons):
+        for k, seed in enumerate(request["seeds"]):
+            start = time.perf_counter()
+            outputs[f"synthetic_{i}_{seed}"] = synthesize(
+                method, codes, sizes, epsilon, delta, seed
+            )
+            seconds[i, k] = time.perf_counter() - start
+    np.savez(folder / "output.npz", seconds=seconds, **outputs)
+    (folder / "result.json").write_text(json.dumps({"epsilons": epsilons, "delta": delta}))
 
 
 if __name__ == "__main__":

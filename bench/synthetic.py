@@ -170,15 +170,16 @@ def smartnoise_python() -> Path:
 
 
 def smartnoise(
-    table: Table, method: str, epsilon: float, seeds: Sequence[int]
-) -> tuple[list[Codes], list[float]]:
-    """SmartNoise Synth's ``method`` on ``table``'s training codes for every seed, in one
-    worker process (``bench/smartnoise_worker.py``): the synthetic codes and the seconds."""
-    rho = accounting.calibrate_rho(epsilon, DELTA)
+    table: Table, method: str, epsilons: Sequence[float], seeds: Sequence[int]
+) -> dict[float, tuple[list[Codes], list[float]]]:
+    """SmartNoise Synth's ``method`` on ``table``'s training codes at every epsilon and seed,
+    in one worker process (``bench/smartnoise_worker.py``): the synthetic codes and seconds
+    for each epsilon."""
+    rhos = [accounting.calibrate_rho(epsilon, DELTA) for epsilon in epsilons]
     with tempfile.TemporaryDirectory(prefix="smartnoise-") as folder:
         work = Path(folder)
         np.savez(work / "input.npz", codes=table.train, sizes=np.array(table.sizes))
-        request = {"method": method, "rho": rho, "delta": DELTA, "seeds": list(seeds)}
+        request = {"method": method, "rhos": rhos, "delta": DELTA, "seeds": list(seeds)}
         (work / "request.json").write_text(json.dumps(request))
         worker = ROOT / "bench" / "smartnoise_worker.py"
         done = subprocess.run(
@@ -187,9 +188,13 @@ def smartnoise(
         if done.returncode:
             raise RuntimeError(f"the SmartNoise worker failed:\n{done.stderr[-3000:]}")
         with np.load(work / "output.npz", allow_pickle=False) as out:
-            synthetic = [out[f"synthetic_{seed}"].astype(np.int64) for seed in seeds]
-            seconds = [float(s) for s in out["seconds"]]
-    return synthetic, seconds
+            return {
+                epsilon: (
+                    [out[f"synthetic_{i}_{seed}"].astype(np.int64) for seed in seeds],
+                    [float(s) for s in out["seconds"][i]],
+                )
+                for i, epsilon in enumerate(epsilons)
+            }
 
 
 def measured(
@@ -268,12 +273,13 @@ def compare(
             f"{name}: {table.train.shape[0]} training rows, {len(table.sizes)} columns, "
             f"domain {table.sizes}; trained on real rows: accuracy {real:.4f}"
         )
-        for epsilon in EPSILONS:
-            for method in runnable:
+        for method in runnable:
+            theirs_all = smartnoise(table, method, EPSILONS, range(seeds))
+            for epsilon in EPSILONS:
                 ours = measured(
                     table, *dpnode_side(DPNODE[method][0], table, epsilon, range(seeds))
                 )
-                theirs = measured(table, *smartnoise(table, method, epsilon, range(seeds)))
+                theirs = measured(table, *theirs_all[epsilon])
                 passed = verdicts(ours, theirs)
                 for key, (label, bar) in LABELS.items():
                     ratio = np.mean(ours[key]) / max(float(np.mean(theirs[key])), 1e-12)
