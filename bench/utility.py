@@ -165,8 +165,10 @@ def accuracy(kind: str, model: torch.nn.Module, x: np.ndarray, y: np.ndarray) ->
 
 
 @contextmanager
-def in_process_node(data_dir: Path) -> Iterator[Callable[[str], sdk.Client]]:
-    """A node with an admin, in process; yields a login function."""
+def in_process_node(
+    data_dir: Path, url: str = "http://bench"
+) -> Iterator[Callable[[str], sdk.Client]]:
+    """A node with an admin, in process, known as ``url``; yields a login function."""
     settings = Settings(
         data_dir=data_dir,
         argon2_memory_kib=8192,
@@ -185,9 +187,7 @@ def in_process_node(data_dir: Path) -> Iterator[Callable[[str], sdk.Client]]:
     # the SDK's in-process transport: the app on one event-loop thread, as a notebook would
     # open a node of its own (sdk.InProcessTransport)
     with sdk.InProcessTransport(create_app(context=context)) as transport:
-        yield lambda email: sdk.login(
-            "http://bench", email=email, password=PASSWORD, transport=transport
-        )
+        yield lambda email: sdk.login(url, email=email, password=PASSWORD, transport=transport)
     context.close()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from dpnode.core.errors import NotFoundError
 from dpnode.node.cli_common import (
     add_password_options,
     fmt,
@@ -20,9 +21,16 @@ from dpnode.node.cli_common import (
     password,
     whole,
 )
-from dpnode.node.db.models import Role
+from dpnode.node.db.models import PublishApproval, Role
 from dpnode.node.numbers import read_id
-from dpnode.node.services import approvals, budget, budget_requests, datasets, users
+from dpnode.node.services import (
+    approval_review,
+    approvals,
+    budget,
+    budget_requests,
+    datasets,
+    users,
+)
 
 
 def _update(ref: str, **change: Any) -> str:
@@ -133,8 +141,45 @@ def add_user_actions(user: Any) -> None:
     reset.set_defaults(func=cmd_user_password)
 
 
+def cmd_approval_show(args: argparse.Namespace) -> None:
+    context = migrated_context()
+    with context.sessions() as session:
+        row = session.get(PublishApproval, args.id)
+        if row is None:
+            raise NotFoundError(f"no publish approval request {args.id}")
+        review = approval_review.reviews(session, context.settings, None, [row])[row.id]
+        print(_render(review, row))
+
+
+def _render(review: approval_review.Review, row: PublishApproval) -> str:
+    """A request as an admin reads it: who asks for what, with which noise, the
+    computation's listing, the requester's remaining budget and the datasets' caps."""
+    what = f"{row.mechanism} publish"
+    if row.kind == approvals.RUN:
+        what = f"training run of {row.steps} steps ({row.steps_used} used)"
+    lines = [f"request {row.id} by {row.user.email}: {what}, {row.status.value}"]
+    if row.description:
+        lines.append(f"description: {row.description}")
+    if review.sensitivity is not None:
+        noise = "" if review.noise_scale is None else f", noise scale {review.noise_scale:.6g}"
+        lines.append(f"sensitivity {review.sensitivity:.6g}{noise}")
+    lines.append("computation:")
+    lines.extend(f"    {line}" for line in review.computation or ["(not recorded)"])
+    lines.append(
+        f"remaining budget of {row.user.email}: epsilon {review.remaining_epsilon:.6g}, "
+        f"delta {review.remaining_delta:.3g}"
+    )
+    for read in review.datasets:
+        cap = "" if read.budget is None else f": {read.budget.describe()}"
+        lines.append(f"reads {read.name or f'dataset {read.dataset_id} (deleted)'}{cap}")
+    return "\n".join(lines)
+
+
 def add_approval_actions(approval: Any) -> None:
-    """``dpnode approval approve|deny ID --reason ...``."""
+    """``dpnode approval show ID`` and ``dpnode approval approve|deny ID --reason ...``."""
+    show = approval.add_parser("show", help="what a request computes, its noise and budgets")
+    show.add_argument("id", type=whole, metavar="ID", help="from 'dpnode approval list'")
+    show.set_defaults(func=cmd_approval_show)
     for action, approve in (("approve", True), ("deny", False)):
         parser = approval.add_parser(action, help=f"{action} a pending publish or training run")
         parser.add_argument("id", type=whole, metavar="ID", help="from 'dpnode approval list'")

@@ -59,6 +59,13 @@ from dpnode.sdk._exceptions import (
     UploadOffsetError,
     UploadRejectedError,
 )
+from dpnode.sdk._federated import Federated, federated
+from dpnode.sdk._federated_receipts import (
+    FederatedError,
+    FederatedReceipt,
+    FederatedResult,
+    SiteRelease,
+)
 from dpnode.sdk._handles import AuditEvent, ColumnInfo, DatasetHandle, ModelHandle, TensorInfo, User
 from dpnode.sdk._ledger import Ledger, LedgerEntry, LedgerLine, LedgerRun
 from dpnode.sdk._publish import (
@@ -106,6 +113,10 @@ __all__ = [
     "DatasetRead",
     "EvaluationError",
     "EvaluationUnavailableError",
+    "Federated",
+    "FederatedError",
+    "FederatedReceipt",
+    "FederatedResult",
     "Grants",
     "GraphError",
     "InProcessTransport",
@@ -140,6 +151,7 @@ __all__ = [
     "RemoteTensor",
     "Sensitivity",
     "ServerError",
+    "SiteRelease",
     "StepBudget",
     "TensorInfo",
     "TrainingRunPlan",
@@ -152,6 +164,7 @@ __all__ = [
     "bounds_scaler",
     "count_distinct",
     "current_client",
+    "federated",
     "linear_regression",
     "login",
     "logistic_regression",

@@ -238,16 +238,17 @@ class DatasetHandle:
         seed: int | None = None,
         idempotency_key: str | None = None,
     ) -> DatasetHandle:
-        """A differentially private synthetic copy of this dataset, made on the node (MST:
-        noisy 1- and 2-way marginals, Private-PGM's estimate) and paid from your budget as
-        one ledger row: a new dataset you own, with the same columns and bounds, that you
+        """A differentially private synthetic copy of this dataset, made on the node (MST or
+        AIM: noisy marginals, Private-PGM's estimate) and paid from your budget as one
+        ledger row: a new dataset you own, with the same columns and bounds, that you
         may download (``.download().to_pandas()``) and explore freely.
 
         Args:
             epsilon, delta: the whole run's privacy (delta > 0: the marginals are measured
                 with Gaussian noise).
             rows: rows to sample (default: as many as this dataset has).
-            method: ``"mst"``.
+            method: ``"mst"`` or ``"aim"`` (rounds that measure the marginals the model
+                gets worst, up to 3-way; slower, charged once at a bound on every run).
             bins: bins of numeric columns, by name (default: from the row count, at most 32).
             columns: the columns to copy (default: all).
             name: the new dataset's name (default: this one's with a suffix).
@@ -256,8 +257,9 @@ class DatasetHandle:
                 retries, or yours with the same key, get the first answer, charged once.
 
         Returns:
-            The new dataset's handle; ``.receipt`` says what was charged and the noise of
-            each measured marginal, ``.synthetic`` its provenance.
+            The new dataset's handle; ``.receipt`` says what was charged and, at no extra
+            cost, which column sets were measured with what noise, the rounds and the domain
+            size; ``.synthetic`` its provenance (the same report).
 
         Raises:
             BudgetExceededError, PolicyRefusedError, ApprovalRequiredError: refused by the

@@ -38,18 +38,13 @@ from typing import Any
 
 import torch
 
-from dpnode.core.inputs import INPUT
 from dpnode.sdk._budget import TrainingRunPlan
 from dpnode.sdk._client import _wants_progress
-from dpnode.sdk._exceptions import (
-    ApprovalRequiredError,
-    BudgetExceededError,
-    DPNodeError,
-    PolicyRefusedError,
-)
+from dpnode.sdk._exceptions import ApprovalRequiredError, DPNodeError, PolicyRefusedError
 from dpnode.sdk._publish import Receipt, publish_grads_with
-from dpnode.sdk._remote import RemoteTensor, active_session, graph_for
-from dpnode.sdk._steps import step_budget
+from dpnode.sdk._remote import RemoteTensor, active_session
+from dpnode.sdk._steps import StepBudget, step_budget
+from dpnode.sdk._training_sites import Site, sites_of
 
 __all__ = ["PrivateTraining", "TrainingStep", "private_training"]
 
@@ -60,12 +55,16 @@ _SMOOTHING = 0.3
 @dataclass(frozen=True)
 class TrainingStep:
     """One step of a run: its number (from 1), the released mean loss (None if not
-    tracked), the run's epsilon so far as the node's ledger counts it, and the receipt."""
+    tracked), the run's epsilon so far as the node's ledger counts it (several sites: the
+    largest any site's ledger counts, each site's guarantee being its own), and the
+    receipt (several sites: the first site's; ``receipts`` has them all)."""
 
     step: int
     loss: float | None
     epsilon: float
     receipt: Receipt
+    #: every site's receipt, in the order of the run's sites (one site: ``(receipt,)``)
+    receipts: tuple[Receipt, ...] = ()
 
 
 class PrivateTraining:
@@ -79,7 +78,10 @@ class PrivateTraining:
     Args:
         model, optimizer: ordinary torch objects; the model's layers need per-example
             gradients (every layer Opacus supports has them: ``docs/remote-tensors.md``).
-        data: ``(inputs, targets)``, remote tensors with one row per example.
+        data: ``(inputs, targets)``, remote tensors with one row per example; or a list
+            of such pairs held by several nodes (federated training: each step every site
+            releases its own clipped gradient sum, charged to its own run on its own
+            ledger, and the sums are added and divided by the pooled row count).
         loss_fn: a torch loss taking ``reduction=`` (``F.cross_entropy``,
             ``F.binary_cross_entropy_with_logits``, ``F.mse_loss``, ...), called as
             ``loss_fn(model(inputs), targets, reduction="none")``.
@@ -96,16 +98,18 @@ class PrivateTraining:
             training loss; ``None`` releases no loss.
         loss_weight: the loss's share of the noise, as a fraction of the gradients'
             sensitivity.
-        subjects: which rows belong to one subject (see :func:`sdk.publish_grads`).
+        subjects: which rows belong to one subject (see :func:`sdk.publish_grads`); with
+            several sites, a list with one per site.
         progress: show a progress bar (step, epsilon, loss); by default as the client's
             ``progress`` says (``sdk.login(progress=...)``: in a terminal or a notebook).
-        client: the node session (default: the one the data came from).
+        client: the node session (default: the one the data came from); with several
+            sites, a list with one per site.
         description: what the run is for, in your words: an admin approving the run reads
             it (at most 400 characters).
 
     Raises:
         BudgetExceededError: the run does not fit what is left of your allowance (or a
-            dataset's cap); nothing is run or charged.
+            dataset's cap), at any of its sites; nothing is run or charged.
         ApprovalRequiredError: the run's total is above the policy's approval threshold;
             ``approval_id`` names the request an admin answers. Nothing is run or charged:
             call ``private_training`` again with the same arguments once it is approved.
@@ -114,9 +118,11 @@ class PrivateTraining:
         DPNodeError: invalid arguments, or too many steps for ``target_epsilon``.
 
     Attributes:
-        plan: the per-step privacy parameters (``epsilon``, ``delta``) each publish uses.
+        plan: the per-step privacy parameters (``epsilon``, ``delta``) each publish uses
+            (several sites: the first site's; each site's is in ``sites``).
         run: the run as the node planned it (its total, its ``run_id``); ``None`` in mock
-            mode.
+            mode (several sites: the first site's).
+        sites: each site's rows, session, plan and run.
         history: the steps taken so far.
 
     Nothing is computed or charged until the run steps.
@@ -126,7 +132,7 @@ class PrivateTraining:
         self,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-        data: Sequence[torch.Tensor],
+        data: Sequence[Any],
         *,
         loss_fn: Callable[..., torch.Tensor],
         target_epsilon: float,
@@ -142,24 +148,16 @@ class PrivateTraining:
         client: Any = None,
         description: str = "",
     ) -> None:
-        inputs, targets = data if len(data) == 2 else (None, None)
-        steps = _steps(steps, epochs, expected_batch_size, inputs)
-        if not (isinstance(inputs, RemoteTensor) and isinstance(targets, RemoteTensor)):
-            raise DPNodeError(
-                "data must be (inputs, targets), two remote tensors with the same rows: "
-                "e.g. ds.tensors('features', 'label')"
-            )
-        if inputs.shape[0] != targets.shape[0]:
-            raise DPNodeError(
-                f"inputs have {inputs.shape[0]} rows but targets {targets.shape[0]}: "
-                "each row is one example"
-            )
+        self.sites = sites_of(data, subjects, client)
+        rows = sum(site.rows for site in self.sites)
+        steps = _steps(steps, epochs, expected_batch_size, rows)
         _check_positive("max_grad_norm", max_grad_norm)
         _check_positive("loss_weight", loss_weight)
         if loss_bound is not None:
             _check_positive("loss_bound", loss_bound, " or None")
+        first = self.sites[0]
         self.model, self.optimizer = model, optimizer
-        self.inputs, self.targets = inputs, targets
+        self.inputs, self.targets = first.inputs, first.targets
         self.loss_fn = loss_fn
         self.steps, self.max_grad_norm = steps, float(max_grad_norm)
         self.loss_bound, self.loss_weight = loss_bound, float(loss_weight)
@@ -167,57 +165,54 @@ class PrivateTraining:
         self.description = description.strip()
         self.history: list[TrainingStep] = []
         self._smoothed: float | None = None
-        self._start_remaining: float | None = None
-        self.run: TrainingRunPlan | None = None
         values = sum(p.numel() for p in model.parameters()) + (loss_bound is not None)
         if active_session() is not None:  # mock mode: nothing is charged, no allowance to read
-            self.plan = step_budget(
-                epsilon=target_epsilon,
-                steps=steps,
-                budget_delta=1e-6 if target_delta is None else target_delta,
-                values=values,
-            )
-            return
-        budget = self._client().budget()
-        if target_delta is not None and target_delta != budget.delta:
-            raise DPNodeError(
-                f"target_delta={target_delta:g}, but the node counts every release at your "
-                f"allowance's delta ({budget.delta:g}): leave target_delta out, or ask an "
-                "admin for an allowance with that delta"
-            )
-        self.plan = step_budget(
-            epsilon=target_epsilon, steps=steps, budget_delta=budget.delta, values=values
-        )
-        if target_epsilon > budget.remaining_epsilon:
-            refusal = BudgetExceededError(
-                f"this run of {steps} steps is planned to cost epsilon {target_epsilon:g}, "
-                f"but {budget.remaining_epsilon:g} of your allowance remains: lower "
-                "target_epsilon, or ask for more with client.request_budget(...); "
-                "nothing was run or charged"
-            )
-            refusal.rule = budget.epsilon_rule or None
-            raise refusal
-        self.run = self._plan_on_node(target_epsilon, values)
-        self._start_remaining = budget.remaining_epsilon
+            for site in self.sites:
+                site.plan = step_budget(
+                    epsilon=target_epsilon,
+                    steps=steps,
+                    budget_delta=1e-6 if target_delta is None else target_delta,
+                    values=values,
+                )
+        else:
+            # every site's allowance first, then the plans: a run one site cannot pay for
+            # is refused before any node has planned it
+            for site in self.sites:
+                site.check_budget(
+                    target_epsilon=target_epsilon,
+                    target_delta=target_delta,
+                    steps=steps,
+                    values=values,
+                    named=len(self.sites) > 1,
+                )
+            for site in self.sites:
+                site.run = self._plan_on_node(site, target_epsilon, values)
+        assert first.plan is not None
+        self.plan: StepBudget = first.plan
+        self.run: TrainingRunPlan | None = first.run
 
-    def _plan_on_node(self, target_epsilon: float, values: int) -> TrainingRunPlan:
+    def _plan_on_node(self, site: Site, target_epsilon: float, values: int) -> TrainingRunPlan:
         """The node's policy judges the whole run now, before any step (see the module)."""
         what = f"private_training: {self.steps} steps, target epsilon {target_epsilon:g}"
+        if len(self.sites) > 1:
+            what += f", one of {len(self.sites)} sites of a federated run"
         if self.description:
             what += f": {self.description}"
+        assert site.plan is not None
         try:
-            planned: TrainingRunPlan = self._client().plan_run(
+            planned: TrainingRunPlan = site.session().plan_run(
                 steps=self.steps,
-                epsilon=self.plan.epsilon,
-                delta=self.plan.delta,
+                epsilon=site.plan.epsilon,
+                delta=site.plan.delta,
                 values=values,
-                dataset_ids=self._dataset_ids(),
+                dataset_ids=site.dataset_ids(),
                 description=what,
             )
         except ApprovalRequiredError as waiting:
+            where = f" at {site.name()}" if len(self.sites) > 1 else ""
             ask = (
-                f"{waiting.detail}\nThis training run ({what}) needs one admin approval for "
-                f"all its steps: ask an admin to approve request {waiting.approval_id} "
+                f"{waiting.detail}\nThis training run ({what}) needs one admin approval{where} "
+                f"for all its steps: ask an admin to approve request {waiting.approval_id} "
                 "(client.publish_approvals() shows its state), then call "
                 "sdk.private_training(...) again with the same arguments. Nothing was run "
                 "or charged."
@@ -225,33 +220,12 @@ class PrivateTraining:
             raise _retold(waiting, ask) from waiting
         return planned
 
-    def _dataset_ids(self) -> list[int]:
-        """The datasets the run's steps read: those of its inputs, targets and subjects."""
-        tensors = [self.inputs, self.targets]
-        if isinstance(self.subjects, RemoteTensor):
-            tensors.append(self.subjects)
-        names = graph_for(tensors).input_names()
-        # the datasets the node reads: inputs holding a column (or the subjects) of one
-        named = (INPUT.fullmatch(n) for n in names)
-        found = {int(m.group(2)) for m in named if m is not None and m.group(1) == "dataset"}
-        ident = getattr(self.subjects, "id", None)  # a DatasetHandle: its @subject column
-        if isinstance(ident, int):
-            found.add(ident)
-        return sorted(found)
-
     def _shows_progress(self) -> bool:
         if self.progress is not None:
             return self.progress
         if active_session() is not None:  # mock mode: no node session to ask
             return _wants_progress(None)
-        return _wants_progress(getattr(self._client(), "progress", None))
-
-    def _client(self) -> Any:
-        if self.client is not None:
-            return self.client
-        from dpnode.sdk._publish import _client
-
-        return _client(None, [self.inputs, self.targets])
+        return _wants_progress(getattr(self.sites[0].session(), "progress", None))
 
     @property
     def epsilon(self) -> float:
@@ -269,8 +243,48 @@ class PrivateTraining:
             raise DPNodeError(f"this run has taken all of its {self.steps} steps")
         self.model.train()
         self.optimizer.zero_grad()
-        losses = self.loss_fn(self.model(self.inputs), self.targets, reduction="none")
-        rows = self.inputs.shape[0]
+        params = list(self.model.parameters())
+        pooled: list[torch.Tensor | None] = [None] * len(params)
+        losses: list[float] = []
+        receipts: list[Receipt] = []
+        spent: list[float] = []
+        for site in self.sites:
+            receipt, loss_sum = self._release(site)
+            receipts.append(receipt)
+            spent.append(self._spent(site, receipt))
+            if loss_sum is not None:
+                losses.append(loss_sum)
+            if len(self.sites) > 1:
+                # each site's noised gradient sum, kept apart from the next site's backward
+                for i, p in enumerate(params):
+                    if p.grad is not None:
+                        part, held = p.grad * site.rows, pooled[i]
+                        pooled[i] = part if held is None else held + part
+                        p.grad = None
+        rows = sum(site.rows for site in self.sites)
+        if len(self.sites) > 1:  # the sites' sums added, over the pooled rows (public)
+            for p, total in zip(params, pooled, strict=True):
+                if total is not None:
+                    p.grad = (total / rows).to(p.dtype)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        loss = None
+        if losses:
+            loss = sum(losses) / rows
+            previous = self._smoothed
+            self._smoothed = (
+                loss if previous is None else _SMOOTHING * loss + (1 - _SMOOTHING) * previous
+            )
+        # each site's guarantee is its own: the run's epsilon is the largest any site counts
+        record = TrainingStep(len(self.history) + 1, loss, max(spent), receipts[0], tuple(receipts))
+        self.history.append(record)
+        return record
+
+    def _release(self, site: Site) -> tuple[Receipt, float | None]:
+        """One site's part of a step: the loss on its rows, the release of its clipped
+        gradient sum (``p.grad``, over its rows) and its clipped loss sum, un-scaled."""
+        losses = self.loss_fn(self.model(site.inputs), site.targets, reduction="none")
+        rows = site.rows
         if losses.shape[:1] != (rows,):
             raise DPNodeError(
                 f"loss_fn(..., reduction='none') must give one loss per row ({rows}), "
@@ -287,34 +301,28 @@ class PrivateTraining:
             term = per_row.sum() * scale
             assert isinstance(term, RemoteTensor)  # computed from the remote inputs
             extra.append(term)
+        assert site.plan is not None
         receipt, released = publish_grads_with(
             self.model,
             extra,
-            epsilon=self.plan.epsilon,
-            delta=self.plan.delta,
+            epsilon=site.plan.epsilon,
+            delta=site.plan.delta,
             max_grad_norm=self.max_grad_norm,
-            subjects=self.subjects,
-            client=self.client,
-            run_id=None if self.run is None else self.run.run_id,
+            subjects=site.subjects,
+            client=site.client,
+            run_id=None if site.run is None else site.run.run_id,
         )
-        self.optimizer.step()
-        self.optimizer.zero_grad()
-        loss = None
-        if released:
-            loss = float(released[0]) / (scale * rows)
-            previous = self._smoothed
-            self._smoothed = (
-                loss if previous is None else _SMOOTHING * loss + (1 - _SMOOTHING) * previous
-            )
+        return receipt, (float(released[0]) / scale if released else None)
+
+    def _spent(self, site: Site, receipt: Receipt) -> float:
+        """The site's run epsilon so far, as its node's ledger counts it."""
         if receipt.run_epsilon is not None:  # the run's steps together, as its ledger line
-            spent = receipt.run_epsilon
-        elif receipt.mock or self._start_remaining is None:
-            spent = self.epsilon + receipt.epsilon
+            site.spent = receipt.run_epsilon
+        elif receipt.mock or site.start_remaining is None:
+            site.spent += receipt.epsilon
         else:
-            spent = self._start_remaining - receipt.remaining_epsilon
-        record = TrainingStep(len(self.history) + 1, loss, spent, receipt)
-        self.history.append(record)
-        return record
+            site.spent = site.start_remaining - receipt.remaining_epsilon
+        return site.spent
 
     def __iter__(self) -> Iterator[TrainingStep]:
         """The remaining steps, one at a time, with the progress bar when asked for."""
@@ -367,7 +375,7 @@ def _check_positive(name: str, value: Any, alternative: str = "") -> None:
 private_training = PrivateTraining
 
 
-def _steps(steps: Any, epochs: Any, batch: Any, inputs: Any) -> int:
+def _steps(steps: Any, epochs: Any, batch: Any, rows: int) -> int:
     """The run's step count from ``steps`` or Opacus's ``epochs`` (one step each: every
     step sees every row), refusing an ``expected_batch_size`` other than the row count."""
     if steps is not None and epochs is not None and steps != epochs:
@@ -381,7 +389,6 @@ def _steps(steps: Any, epochs: Any, batch: Any, inputs: Any) -> int:
         raise DPNodeError("pass steps= (each step uses every row, so an epoch is one step)")
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise DPNodeError(f"{name} must be a positive integer, got {count!r}")
-    rows = int(inputs.shape[0]) if isinstance(inputs, RemoteTensor) and inputs.dim() else None
     if batch is not None and batch != rows:
         raise DPNodeError(
             f"expected_batch_size={batch!r}: the node trains with full batches (every step "

@@ -99,6 +99,13 @@ def test_accounts_are_deactivated_changed_and_given_new_passwords(
 def test_publish_approvals_are_answered_once_with_a_reason(
     cli: None, http: TestClient, capsys: pytest.CaptureFixture[str], admin: User, pending: Pending
 ) -> None:
+    # what the admin reads before answering: the computation, its noise, budget and caps
+    shown = ok(capsys, "approval", "show", str(pending.approval_id))
+    assert f"request {pending.approval_id} by ds@example.org: laplace publish, pending" in shown
+    assert 'visits["x"]' in shown and "sum(" in shown and "noise scale" in shown
+    assert "remaining budget of ds@example.org: epsilon" in shown and "reads visits" in shown
+    code, _, err = run(capsys, "approval", "show", "999")
+    assert code == 2 and "no publish approval request 999" in err
     code, _, err = run(capsys, "approval", "approve", str(pending.approval_id), "--reason", " ")
     assert code == 2 and "a reason is required" in err
     out = ok(capsys, "approval", "approve", str(pending.approval_id), "--reason", "annual report")

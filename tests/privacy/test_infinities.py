@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -199,6 +200,24 @@ def test_integer_bounds_wider_than_the_float_range_are_tracked(bound: float) -> 
     graph = b.build([b.op("sum", x)])
     report = track(graph, {"x": InputSpec.private(-bound, bound)})
     assert report.l1 == pytest.approx(2.0**64, rel=1e-6)
+
+
+@pytest.mark.parametrize("constant", [math.inf, -math.inf])
+def test_an_infinite_constant_added_to_a_small_integer_column_is_refused_cleanly(
+    constant: float,
+) -> None:
+    # a small integer domain is tracked as a table of its values; the constant made them
+    # all infinite, the table's spread inf - inf was NaN (a RuntimeWarning in the node's
+    # log) and only the later check refused it: the spread now says "no information"
+    b = GraphBuilder()
+    x = b.input("x", "int64", (10,))
+    graph = b.build(
+        [b.op("sum", b.op("add", b.op("convert_element_type", x, dtype="float64"), constant))]
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(PrivacyTrackingError, match="unbounded"):
+            track(graph, {"x": InputSpec.private(0, 120)})
 
 
 @pytest.mark.parametrize("offset", [0, 1000])

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -10,6 +12,7 @@ from dpnode import sdk
 from dpnode.core.dp import samplers
 from dpnode.node.db.models import User
 from tests.conftest import PASSWORD
+from tests.sdk.federation import Site, nodes
 
 URL = "http://testserver"
 
@@ -32,6 +35,13 @@ def owner_client(http: TestClient, owner: User) -> sdk.Client:
 @pytest.fixture
 def ds_client(http: TestClient, scientist: User) -> sdk.Client:
     return connect(http, scientist.email)
+
+
+@pytest.fixture
+def sites(sqlite_template: Path, tmp_path: Path) -> Iterator[list[Site]]:
+    """Three nodes in this process, each with its own database and users."""
+    with nodes(sqlite_template, tmp_path, 3) as found:
+        yield found
 
 
 # -- remote tensors ------------------------------------------------------------------------

@@ -172,3 +172,35 @@ def test_a_node_without_the_estimator_refuses_before_charging(
     with pytest.raises(sdk.EvaluationUnavailableError, match="dpnode\\[synth\\]"):
         survey.synthesize(epsilon=1.0, delta=1e-6)
     _nothing_happened(ds_client, owner_client)
+
+
+def test_an_aim_copy_is_charged_once_at_its_total_and_reports_what_it_measured(
+    survey: sdk.DatasetHandle, ds_client: sdk.Client, owner_client: sdk.Client, sqlite_only: None
+) -> None:
+    with pytest.raises(sdk.BudgetExceededError, match="budget"):  # before any computation
+        survey.synthesize(epsilon=50.0, delta=1e-6, method="aim", columns=["smoker", "cough"])
+    _nothing_happened(ds_client, owner_client)
+    asked = {"epsilon": 6.0, "delta": 1e-6, "method": "aim", "seed": 3}
+    asked |= {"columns": ["region", "smoker", "cough"], "idempotency_key": "aim-1"}
+    copy = survey.synthesize(**asked)  # type: ignore[arg-type]
+    again = survey.synthesize(**asked)  # type: ignore[arg-type]
+    assert again.id == copy.id and again.receipt == copy.receipt
+    receipt = copy.receipt
+    assert receipt is not None and receipt["mechanism"] == "aim"
+    (line,) = ds_client.ledger()  # one line for the whole run, at its total
+    assert receipt["ledger_id"] == line.entries[0].id
+    assert receipt["epsilon"] == pytest.approx(ds_client.budget().spent_epsilon, abs=1e-8)
+    # the free utility report: the domain, the rounds, each measured column set's noise
+    assert receipt["domain_size"] == 3 * 2 * 2
+    assert 1 <= receipt["rounds"] <= receipt["rounds_planned"]
+    measured = receipt["measured"]
+    assert [m["columns"] for m in measured[:3]] == [["region"], ["smoker"], ["cough"]]
+    assert len(measured) == 3 + receipt["rounds"] and all(m["sigma"] > 0 for m in measured)
+    assert receipt["selection_epsilon"] == pytest.approx(
+        sum(m["selection_epsilon"] for m in measured)
+    )
+    assert copy.synthetic is not None and copy.synthetic["method"] == "aim"
+    assert copy.synthetic["measured"] == measured and "seed" not in copy.synthetic
+    frame = copy.download().to_pandas()
+    assert len(frame) == N and set(frame.columns) == {"region", "smoker", "cough"}
+    assert float((frame["smoker"] == frame["cough"]).mean()) > 0.7  # the relation survives

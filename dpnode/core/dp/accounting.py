@@ -62,6 +62,7 @@ __all__ = [
     "compose",
     "fits",
     "gaussian_count",
+    "gaussian_sampler_bound",
     "gaussian_sampler_terms",
     "gaussian_sigma",
     "laplace_sampler_delta",
@@ -404,6 +405,26 @@ def gaussian_sampler_terms(rho: float, count: int) -> tuple[float, float]:
         if xi + DELTA_PRICE * delta < best[0] + DELTA_PRICE * best[1]:
             best = (xi, delta)
     return best
+
+
+def gaussian_sampler_bound(rho: float, count: int, releases: int) -> tuple[float, float]:
+    """``(ξ, δ)`` covering ``releases`` Gaussian releases, each of rho at most ``rho`` on at
+    most ``count`` values, whose parameters are chosen adaptively (AIM's rounds).
+
+    Every release is analysed at one bulk, the one :func:`gaussian_sampler_terms` picks for
+    ``(rho, count)`` (any bulk is sound); at a fixed bulk both terms grow with the rho and the
+    count, so each release's pair is at most this bulk's pair at ``(rho, count)``, and
+    ``releases`` of them at most that many times it.
+
+    >>> one = gaussian_sampler_terms(0.5, 10)
+    >>> xi, delta = gaussian_sampler_bound(0.5, 10, 3)
+    >>> xi > 3 * one[0] and delta > 3 * one[1]
+    True
+    """
+    if releases <= 0 or count <= 0:
+        return 0.0, 0.0
+    xi, delta = gaussian_sampler_terms(rho, count)
+    return xi * releases * _MARGIN, delta * releases * _MARGIN
 
 
 def release_terms(charge: Charge) -> Terms:

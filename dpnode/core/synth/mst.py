@@ -55,9 +55,11 @@ __all__ = [
     "SELECT_SHARE",
     "Measured",
     "MstPlan",
+    "check_budget",
     "marginal",
     "measure",
     "plan_mst",
+    "root_at_least",
     "run_mst",
     "scores",
 ]
@@ -68,10 +70,10 @@ SELECT_SHARE = 0.1
 SCORE_BITS = 10
 
 
-def _root_at_least(n: int) -> float:
+def root_at_least(n: int) -> float:
     """The smallest float whose square is at least ``n``.
 
-    >>> _root_at_least(2) ** 2 >= 2, _root_at_least(4)
+    >>> root_at_least(2) ** 2 >= 2, root_at_least(4)
     (True, 2.0)
     """
     r = math.sqrt(n)
@@ -111,7 +113,7 @@ class MstPlan:
         """The noise of the 2-way marginal of attributes ``a`` and ``b`` (step 3)."""
         cells = self.attributes[a].size * self.attributes[b].size
         return plan_gaussian(
-            sensitivity_l2=_root_at_least(2), count=cells, rho=self.rho_pair, integral=True
+            sensitivity_l2=root_at_least(2), count=cells, rho=self.rho_pair, integral=True
         )
 
     @property
@@ -144,6 +146,31 @@ class MstPlan:
         return sum(sizes) + sum(sizes[a] * sizes[b] for a, b in self.pairs)
 
 
+def check_budget(
+    attributes: Sequence[Attribute], epsilon: float, delta: float, method: str
+) -> None:
+    """Refuse a run without attributes, or with a bad epsilon or delta.
+
+    Raises:
+        InvalidRequestError: naming what is wrong (delta must be in (0, 1): the Gaussian
+            measurements need one).
+    """
+    if not attributes:
+        raise InvalidRequestError("a synthetic table needs at least one column")
+    if isinstance(epsilon, bool) or not (
+        isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0
+    ):
+        raise InvalidRequestError(f"epsilon must be a finite number > 0, got {epsilon!r}")
+    if isinstance(delta, bool) or not (
+        isinstance(delta, (int, float)) and math.isfinite(delta) and 0 < delta < 1
+    ):
+        raise InvalidRequestError(
+            f"delta must be in (0, 1), got {delta!r}: {method} measures marginals with "
+            "Gaussian noise, whose guarantee needs a delta > 0 (1e-6, say, for a table of at "
+            "most a few hundred thousand rows)"
+        )
+
+
 def plan_mst(
     attributes: Sequence[Attribute], *, rows: int, epsilon: float, delta: float
 ) -> MstPlan:
@@ -159,20 +186,7 @@ def plan_mst(
     >>> p.selections, round(p.select_epsilon, 3), p.one_way.count
     (2, 0.05, 9)
     """
-    if not attributes:
-        raise InvalidRequestError("a synthetic table needs at least one column")
-    if isinstance(epsilon, bool) or not (
-        isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0
-    ):
-        raise InvalidRequestError(f"epsilon must be a finite number > 0, got {epsilon!r}")
-    if isinstance(delta, bool) or not (
-        isinstance(delta, (int, float)) and math.isfinite(delta) and 0 < delta < 1
-    ):
-        raise InvalidRequestError(
-            f"delta must be in (0, 1), got {delta!r}: MST measures marginals with Gaussian "
-            "noise, whose guarantee needs a delta > 0 (1e-6, say, for a table of at most "
-            "a few hundred thousand rows)"
-        )
+    check_budget(attributes, epsilon, delta, "MST")
     attrs = tuple(attributes)
     d = len(attrs)
     # d - 1 rounds pick the tree's edges; the last round's candidates may be many, but with
@@ -183,7 +197,7 @@ def plan_mst(
     rho_one = rho / 2 if d > 1 else rho
     rho_pair = (rho - rho_one) / (d - 1) if d > 1 else 0.0
     one_way = plan_gaussian(
-        sensitivity_l2=_root_at_least(2 * d),
+        sensitivity_l2=root_at_least(2 * d),
         count=sum(a.size for a in attrs),
         rho=rho_one,
         integral=True,

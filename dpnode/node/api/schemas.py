@@ -556,7 +556,7 @@ class SynthesisCreate(Schema):
     epsilon: float = Field(description="the whole run's epsilon")
     delta: float = Field(description="the whole run's delta, > 0 (Gaussian measurements)")
     rows: int | None = Field(default=None, description="rows to sample; default the source's")
-    method: str = Field(default="mst", description="`mst`")
+    method: str = Field(default="mst", description="`mst` or `aim`")
     bins: dict[str, int] | None = Field(
         default=None, description="bins per numeric column (default from the row count)"
     )

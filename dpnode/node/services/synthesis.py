@@ -3,15 +3,17 @@
 Order of events, as for a publish (``dpnode.node.services.publish``), each for a reason:
 
 1. check the account and the request, read the source's public metadata, build the domain
-   (:mod:`dpnode.core.synth.domain`) and plan the run (:func:`dpnode.core.synth.plan_mst`):
+   (:mod:`dpnode.core.synth.domain`) and plan the run (:func:`dpnode.core.synth.plan_aim`,
+   :func:`dpnode.core.synth.plan_mst`: the method's entry in :data:`METHODS`):
    a table with several rows per subject, a column without finite bounds, a domain beyond
    the node's memory quota, a delta of 0 are refused here, before any value is read and
    with nothing charged;
-2. charge the run's whole cost as one ledger row (method ``mst``, its parameters in the
-   row's detail) in the budget's serialised transaction: policy, caps, approvals and the
-   budget decide there;
+2. charge the run's whole cost as one ledger row (the method, its parameters in the row's
+   detail; for AIM, a bound on every run its adaptive rounds can make) in the budget's
+   serialised transaction: policy, caps, approvals and the budget decide there;
 3. only then read the columns, measure and select with the node's mechanisms
-   (:func:`dpnode.core.synth.run_mst`), estimate and sample (post-processing, ``mbi``);
+   (:func:`dpnode.core.synth.run_aim`, :func:`dpnode.core.synth.run_mst`), estimate and
+   sample (post-processing, ``mbi``);
 4. store the rows as a new dataset owned by the caller, flagged synthetic by its provenance
    (source, method, epsilon, delta, rows, ledger row; a caller's seed is not kept).
 
@@ -24,14 +26,16 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import math
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from sqlalchemy import select
 
+from dpnode.core.dp import accounting
 from dpnode.core.errors import (
     ConflictError,
     EvaluationUnavailableError,
@@ -39,8 +43,20 @@ from dpnode.core.errors import (
     PublishInProgressError,
     QuotaExceededError,
 )
-from dpnode.core.synth import ColumnFacts, MstPlan, decode, domain_of, encode, plan_mst, run_mst
-from dpnode.core.synth.estimate import estimate_marginals, sample_tree
+from dpnode.core.synth import (
+    AimPlan,
+    Attribute,
+    ColumnFacts,
+    MstPlan,
+    decode,
+    domain_of,
+    encode,
+    plan_aim,
+    plan_mst,
+    run_aim,
+    run_mst,
+)
+from dpnode.core.synth.estimate import estimate_marginals, sample_model, sample_tree
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import Dataset
 from dpnode.node.services import blobs, budget, datasets, idempotency, users
@@ -51,17 +67,52 @@ from dpnode.node.storage import array_to_bytes
 
 __all__ = [
     "METHODS",
+    "Method",
     "Replayed",
+    "Sampled",
     "SynthesisRequest",
     "Synthesized",
+    "aim_memory_bytes",
     "memory_bytes",
     "synthesize",
 ]
 
-#: The methods a synthesis may name.
-METHODS = ("mst",)
 #: The package that estimates and samples (post-processing), an optional dependency.
 ESTIMATOR = "mbi"
+
+
+class Plan(Protocol):
+    """What both methods' plans offer the service."""
+
+    @property
+    def attributes(self) -> tuple[Attribute, ...]: ...
+    @property
+    def rows(self) -> int: ...
+    @property
+    def epsilon(self) -> float: ...
+    @property
+    def delta(self) -> float: ...
+    def terms(self) -> accounting.Terms: ...
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """A run's synthetic codes and its utility report (public or post-processing only: the
+    measured column sets, each one's noise, the rounds)."""
+
+    codes: Any
+    report: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A synthesis method: how it plans (public metadata), what it holds in memory at most,
+    and how it runs once charged (the plan, the binned table, rows to sample, a generator
+    for the sampling)."""
+
+    plan: Callable[[tuple[Attribute, ...], int, float, float], Plan]
+    memory: Callable[[Any, int], int]
+    run: Callable[[Any, Any, int, np.random.Generator], Sampled]
 
 
 @dataclass(frozen=True)
@@ -122,10 +173,89 @@ def memory_bytes(plan: MstPlan, rows_out: int) -> int:
     return tables + 8 * plan.cells + 96 * plan.largest_pair * max(d - 1, 0)
 
 
+def aim_memory_bytes(plan: AimPlan, rows_out: int) -> int:
+    """What an AIM run holds at most, from public sizes: the binned source and output tables,
+    every candidate's true counts, and the estimate's copies of a model at its size limit
+    (as :func:`memory_bytes` counts them).
+
+    >>> from dpnode.core.synth.domain import Attribute
+    >>> attrs = [Attribute(n, "int64", 10, 0.0, 9.0, None) for n in "abc"]
+    >>> aim_memory_bytes(plan_aim(attrs, rows=100, epsilon=1.0, delta=1e-6), 100)
+    140240
+    """
+    d = len(plan.attributes)
+    largest_model = min(plan.model_cells, sum(plan.size(c) for c in plan.workload))
+    return 8 * d * (plan.rows + rows_out) + 8 * plan.cells + 96 * largest_model
+
+
+def _names(plan: Plan, cliques: Sequence[Sequence[int]]) -> list[list[str]]:
+    return [[plan.attributes[j].name for j in c] for c in cliques]
+
+
+def _run_mst(plan: MstPlan, codes: Any, rows: int, rng: np.random.Generator) -> Sampled:
+    measured = run_mst(codes, plan)
+    sizes = [a.size for a in plan.attributes]
+    if len(sizes) > 1:
+        root, edges = estimate_marginals(plan.attributes, measured, plan.rows)
+    else:  # one column: its noisy marginal is the model
+        root, edges = measured.one_way[0], {}
+    tree = _names(plan, measured.pairs)
+    report = {
+        "selection_epsilon": plan.select_epsilon * plan.selections,
+        "one_way_sigma": measured.one_way_sigma,
+        "two_way_sigma": list(measured.two_way_sigma),
+        "tree": tree,
+        "rounds": len(measured.pairs),
+        "measured": [
+            *({"columns": [a.name], "sigma": measured.one_way_sigma} for a in plan.attributes),
+            *(
+                {"columns": names, "sigma": sigma}
+                for names, sigma in zip(tree, measured.two_way_sigma, strict=True)
+            ),
+        ],
+    }
+    return Sampled(sample_tree(sizes, root, edges, rows, rng), report)
+
+
+def _run_aim(plan: AimPlan, codes: Any, rows: int, rng: np.random.Generator) -> Sampled:
+    run = run_aim(codes, plan)
+    synthetic = sample_model(run.model, len(plan.attributes), rows, int(rng.integers(2**32)))
+    report = {
+        "selection_epsilon": math.fsum(m.selection_epsilon for m in run.measurements),
+        "rounds": run.rounds,
+        "rounds_planned": plan.max_rounds,
+        "workload": _names(plan, plan.workload),
+        "measured": [
+            {
+                "columns": [plan.attributes[j].name for j in m.clique],
+                "sigma": m.sigma,
+                "selection_epsilon": m.selection_epsilon,
+            }
+            for m in run.measurements
+        ],
+    }
+    return Sampled(synthetic, report)
+
+
+#: The methods a synthesis may name.
+METHODS: dict[str, Method] = {
+    "aim": Method(
+        lambda attrs, rows, eps, delta: plan_aim(attrs, rows=rows, epsilon=eps, delta=delta),
+        aim_memory_bytes,
+        _run_aim,
+    ),
+    "mst": Method(
+        lambda attrs, rows, eps, delta: plan_mst(attrs, rows=rows, epsilon=eps, delta=delta),
+        memory_bytes,
+        _run_mst,
+    ),
+}
+
+
 def _check(request: SynthesisRequest, source_rows: int, max_elements: int) -> int:
     if request.method not in METHODS:
         raise InvalidRequestError(
-            f"method must be one of {list(METHODS)}, got {request.method!r} (AIM comes later)"
+            f"method must be one of {sorted(METHODS)}, got {request.method!r}"
         )
     budget.quantize_epsilon(request.epsilon)  # refuses NaN, 0, a negative or a huge one
     rows = source_rows if request.rows is None else request.rows
@@ -167,7 +297,7 @@ def _facts(source: Dataset, columns: Sequence[str] | None) -> list[ColumnFacts]:
     return facts
 
 
-def _cost(plan: MstPlan, request: SynthesisRequest, source: Dataset) -> Cost:
+def _cost(plan: Plan, request: SynthesisRequest, source: Dataset) -> Cost:
     terms = plan.terms()
     detail = {
         "method": request.method,
@@ -176,13 +306,12 @@ def _cost(plan: MstPlan, request: SynthesisRequest, source: Dataset) -> Cost:
         "delta": plan.delta,
         "columns": [a.name for a in plan.attributes],
         "bins": {a.name: a.size for a in plan.attributes},
-        "selection_epsilon": plan.select_epsilon * plan.selections,
         "rho": terms.rho,
     }
     asked = {**detail, "rows": request.rows, "name": request.name, "seed": request.seed}
     digest = hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()
     return Cost(
-        "mst",
+        request.method,
         rho_units=budget.units_up(terms.rho, RHO_UNIT, "rho"),
         extra_units=(
             budget.units_up(terms.epsilon, EPSILON_UNIT, "epsilon"),
@@ -209,7 +338,7 @@ def _check_estimator() -> None:
 
 def _plan(
     context: NodeContext, actor_id: int, ref: int | str, request: SynthesisRequest
-) -> tuple[Dataset, MstPlan, int, str]:
+) -> tuple[Dataset, Plan, int, str]:
     settings = context.settings
     _check_estimator()
     with context.read_sessions() as session:
@@ -225,8 +354,9 @@ def _plan(
         facts = _facts(source, request.columns)
         attributes = domain_of(facts, source.row_count, request.bins)
         epsilon = float(budget.quantize_epsilon(request.epsilon))
-        plan = plan_mst(attributes, rows=source.row_count, epsilon=epsilon, delta=request.delta)
-        need, quota = memory_bytes(plan, rows), settings.max_graph_memory_bytes
+        method = METHODS[request.method]
+        plan = method.plan(attributes, source.row_count, epsilon, request.delta)
+        need, quota = method.memory(plan, rows), settings.max_graph_memory_bytes
         if need > quota:
             raise QuotaExceededError(
                 f"this synthesis would hold about {need / 2**20:.1f} MiB, {need / quota:.1f} "
@@ -302,7 +432,7 @@ def _run(
     context: NodeContext,
     actor_id: int,
     source: Dataset,
-    plan: MstPlan,
+    plan: Plan,
     request: SynthesisRequest,
     rows: int,
     name: str,
@@ -318,15 +448,9 @@ def _run(
         ],
         axis=1,
     )
-    measured = run_mst(codes, plan)
-    sizes = [a.size for a in plan.attributes]
     rng = np.random.default_rng(secrets.randbits(128) if request.seed is None else request.seed)
-    if len(sizes) > 1:
-        root, edges = estimate_marginals(plan.attributes, measured, plan.rows)
-    else:  # one column: its noisy marginal is the model
-        root, edges = measured.one_way[0], {}
-    synthetic = sample_tree(sizes, root, edges, rows, rng)
-    arrays = [decode(a, synthetic[:, j], rng) for j, a in enumerate(plan.attributes)]
+    sampled = METHODS[request.method].run(plan, codes, rows, rng)
+    arrays = [decode(a, sampled.codes[:, j], rng) for j, a in enumerate(plan.attributes)]
     provenance = {
         "source_id": source.id,
         "source": source.name,
@@ -335,17 +459,17 @@ def _run(
         "delta": plan.delta,
         "rows": rows,
         "ledger_id": entry.id,
-        "tree": [[plan.attributes[a].name, plan.attributes[b].name] for a, b in measured.pairs],
+        "domain": {a.name: a.size for a in plan.attributes},
+        "domain_size": math.prod(a.size for a in plan.attributes),
+        **sampled.report,
     }
     dataset = _store(context, actor_id, source, plan, arrays, name, provenance)
     receipt = {
         "ledger_id": entry.id,
-        "mechanism": "mst",
+        "mechanism": request.method,
         **budget.receipt_terms(entry, after, asked_epsilon=plan.epsilon, asked_delta=plan.delta),
-        "selection_epsilon": plan.select_epsilon * plan.selections,
-        "one_way_sigma": measured.one_way_sigma,
-        "two_way_sigma": list(measured.two_way_sigma),
-        "tree": provenance["tree"],
+        **sampled.report,
+        "domain_size": provenance["domain_size"],
         "policy": after.in_force.name,
         "policy_revision": entry.policy_revision,
     }
@@ -356,7 +480,7 @@ def _store(
     context: NodeContext,
     actor_id: int,
     source: Dataset,
-    plan: MstPlan,
+    plan: Plan,
     arrays: list[Any],
     name: str,
     provenance: dict[str, Any],

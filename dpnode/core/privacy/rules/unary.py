@@ -296,10 +296,12 @@ def tighten(s: State, table: Table) -> State:
     """Intersect bounds with the table's values; cap each element's change at their spread."""
     v = table.vals.astype(np.float64)
     vmin, vmax = v.min(axis=-1), v.max(axis=-1)
+    with np.errstate(invalid="ignore"):  # inf - inf: a spread the table cannot tell
+        spread = vmax - vmin
     return s.with_(
         lo=np.maximum(s.lo, vmin),
         hi=np.minimum(s.hi, vmax),
-        L=np.minimum(s.L, vmax - vmin),
+        L=np.fmin(s.L, spread),  # a NaN spread leaves the tracked change as it was
         table=table,
     )
 
