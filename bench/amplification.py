@@ -14,6 +14,9 @@ step adds to each coordinate of the *mean* clipped gradient, in units of the cli
   sum of clipped gradients moves by ``2C``.
 * **dpnode**: the same again, converted by the node's privacy filter, which is sound under
   fully adaptive composition (``dpnode.core.dp.accounting.spent``).
+* **dpnode, a run held at one order**: the same run under a filter held at the one Rényi order
+  its plan fixes (``dpnode.core.dp.run_accounting``, Theorem 4 of ``docs/privacy.md``): no
+  union over the budget filter's 21 orders, the run owning the whole delta.
 * **fixed-size sampling, replace-one**: a secret batch of exactly ``B`` rows drawn without
   replacement, the subsampled Gaussian's RDP (Wang, Balle & Kasiviswanathan 2019, as
   ``dp_accounting`` computes it) converted once.
@@ -37,7 +40,7 @@ import math
 import warnings
 from collections.abc import Callable
 
-from dpnode.core.dp import accounting
+from dpnode.core.dp import accounting, run_accounting
 
 DELTA = 1e-5
 
@@ -83,6 +86,10 @@ def noise_table(n: int, batch: int, epochs: int, epsilon: float) -> dict[str, fl
         1e-9,
         1e3,
     )
+    rho_run = (
+        steps
+        * run_accounting.allocate(epsilon=epsilon, delta=DELTA, steps=steps, values=1).step_rho
+    )
     orders = [1 + 2.0**j for j in range(-4, 7)] + list(range(2, 65))
 
     def wor_epsilon(noise: float) -> float:
@@ -110,6 +117,7 @@ def noise_table(n: int, batch: int, epochs: int, epsilon: float) -> dict[str, fl
         "full batch, add/remove": per_step / math.sqrt(2 * rho_cks) / n,
         "full batch, replace-one": 2 * per_step / math.sqrt(2 * rho_cks) / n,
         "dpnode (full batch, replace-one, filter)": 2 * per_step / math.sqrt(2 * rho_filter) / n,
+        "dpnode, a run held at one order": 2 * per_step / math.sqrt(2 * rho_run) / n,
         "fixed-size sampling, replace-one": 2 * wor / batch,
         "Poisson sampling, replace-one (PLD)": poisson / batch,
         "steps": float(steps),

@@ -28,7 +28,8 @@ rounds (0.9 Gaussian, 0.1 selection) at most 2.2 (``bench/smartnoise_worker.py``
 Also kept: dpnode's MST against MST as its authors publish it (McKenna et al.'s ``mst.py``
 adapted to replace-one: continuous NumPy Gaussian noise, not a safe sampler, the utility
 baseline only; rho in thirds; ``mbi``'s own sampling) and "independent" columns from the
-noisy 1-way marginals (the floor any method should beat), on diabetes and categorical8.
+noisy 1-way marginals (the floor any method should beat), on diabetes and categorical8;
+"dpnode-aim" there is the node's AIM on the same tables.
 """
 
 from __future__ import annotations
@@ -159,6 +160,7 @@ DPNODE: dict[str, tuple[Synthesizer, str]] = {
 
 REFERENCE: dict[str, Synthesizer] = {
     "dpnode": dpnode_mst,
+    "dpnode-aim": dpnode_aim,
     "reference": reference_mst,
     "independent": independent,
 }

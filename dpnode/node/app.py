@@ -6,10 +6,10 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import anyio.to_thread
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
@@ -38,6 +38,8 @@ from dpnode.node.api.routes import (
     users,
 )
 from dpnode.node.context import NodeContext
+from dpnode.node.network import routes as network_routes
+from dpnode.node.network.membership import Heartbeats
 from dpnode.node.settings import Settings, get_settings
 from dpnode.node.storage import CorruptBlobError
 
@@ -204,8 +206,22 @@ def check_mark(ctx: NodeContext) -> None:
         log.warning("the budget mark could not be checked at start: %s", exc)
 
 
+class _Routes(Protocol):
+    router: APIRouter
+
+
+# Routes are matched in order: publish first, as a training loop calls it most.
+_NODE_ROUTERS: tuple[_Routes, ...] = (
+    *(publish, auth, users, datasets, uploads, models),
+    *(search, approvals, runs, budget, policy, meta, audit),
+)
+#: A network keeps accounts (its admins) and its directory, and no data.
+_NETWORK_ROUTERS: tuple[_Routes, ...] = (network_routes, auth, users, meta, audit)
+
+
 def create_app(settings: Settings | None = None, context: NodeContext | None = None) -> FastAPI:
-    """Build the node's ASGI app. The database must already be migrated."""
+    """Build the node's ASGI app (a network's, with ``role`` ``network``). The database must
+    already be migrated."""
     ctx = context or NodeContext.from_settings(settings or get_settings())
 
     @asynccontextmanager
@@ -216,7 +232,14 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
             limiter.total_tokens, thread_tokens(ctx.settings.max_requests_in_flight)
         )
         check_mark(ctx)
+        heartbeats = None
+        if ctx.settings.role == "node":
+            heartbeats = Heartbeats(ctx.sessions, ctx.settings.network_heartbeat_seconds)
+            heartbeats.watch(ctx.sessions, ctx.serial_sessions)
+            heartbeats.start()
         yield
+        if heartbeats is not None:
+            heartbeats.stop()
         if context is None:  # we made it, we close it
             ctx.close()
         else:
@@ -236,12 +259,8 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
         generate_unique_id_function=openapi.operation_id,
     )
     app.state.context = ctx
-    # Routes are matched in order: publish first, as a training loop calls it most.
-    routers = (
-        *(publish, auth, users, datasets, uploads, models),
-        *(search, approvals, runs, budget, policy),
-    )
-    modules = (*routers, meta, audit)
+    network = ctx.settings.role == "network"
+    modules = _NETWORK_ROUTERS if network else _NODE_ROUTERS
     for module in modules:
         app.include_router(module.router, prefix=API_PREFIX)
     app.include_router(console.router)  # the browser console, outside the OpenAPI schema
@@ -252,6 +271,10 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
         limit=ctx.settings.max_requests_in_flight,
         retry_after=ctx.settings.overload_retry_after_seconds,
     )
-    openapi.install(app, [route for module in modules for route in module.router.routes])
+    openapi.install(
+        app,
+        [route for module in modules for route in module.router.routes],
+        network_routes.openapi_components() if network else None,
+    )
     docs.install(app)
     return app

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import os
 import sys
 import tomllib
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ from dpnode.node.cli_common import whole as _whole
 from dpnode.node.context import NodeContext
 from dpnode.node.db import migrate
 from dpnode.node.db.models import PolicyRevision, Role, User
+from dpnode.node.network.cli import add_commands as add_network_commands
 from dpnode.node.numbers import read_id
 from dpnode.node.services import approvals, audit, budget, budget_requests, datasets, users
 from dpnode.node.services import policy as policy_service
@@ -53,6 +55,12 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from dpnode.node import demo
     from dpnode.node.app import create_app
 
+    if args.network:
+        if args.demo:
+            raise CLIError("--demo seeds datasets, which a network does not hold")
+        # the environment, so that worker processes (which read it) serve a network too
+        os.environ["DPNODE_ROLE"] = "network"
+        get_settings.cache_clear()
     settings = get_settings()
     if args.demo and settings.environment != "development":
         raise CLIError("--demo seeds well-known passwords and is refused outside development")
@@ -68,8 +76,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if args.demo:
         demo.seed(context)
         print(demo.banner(url), flush=True)
+    role = " a network" if settings.role == "network" else ""
     print(
-        f"dpnode {__version__} serving on {url} (database: "
+        f"dpnode {__version__} serving{role} on {url} (database: "
         f"{_safe_url(settings.resolved_database_url)})",
         flush=True,
     )
@@ -420,6 +429,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
+    serve.add_argument(
+        "--network",
+        action="store_true",
+        help="serve a network: a directory of member nodes and their public catalogs",
+    )
     serve.set_defaults(func=cmd_serve)
 
     mig = sub.add_parser("migrate", help="upgrade the database to the latest schema")
@@ -507,6 +521,8 @@ def build_parser() -> argparse.ArgumentParser:
     alist.add_argument("--limit", type=_whole, default=100)
     alist.set_defaults(func=cmd_approval_list)
     cli_admin.add_approval_actions(appr_sub)
+
+    add_network_commands(sub)
 
     aud = sub.add_parser("audit", help="the audit log, newest first")
     aud.add_argument("--action", help="e.g. privacy.charge, policy.apply, budget.grant")

@@ -123,6 +123,13 @@ class Settings(BaseSettings):
     budget_mark_reserve_epsilon: float = Field(default=0.5, gt=0, le=1000, allow_inf_nan=False)
     budget_mark_reserve_rho: float = Field(default=0.001, gt=0, le=1000, allow_inf_nan=False)
     budget_mark_reserve_delta: float = Field(default=1e-10, gt=0, lt=1, allow_inf_nan=False)
+    #: Whether a charge's ledger commit waits for the disk (an fsync). ``covered`` (default):
+    #: on SQLite, not when the budget mark already covers the charge (it always does on the
+    #: node: the mark's reservation is fsynced before the commit), because a commit a power
+    #: loss takes back stays counted by the mark until ``dpnode budget carry-forward``
+    #: charges it again (docs/privacy.md, "A charge's commit and a power loss").
+    #: ``always``: every charge's commit is fsynced. PostgreSQL commits synchronously either way.
+    ledger_fsync: Literal["always", "covered"] = "covered"
 
     #: Argon2id cost: memory in KiB and passes (RFC 9106's low-memory profile by default).
     argon2_memory_kib: int = Field(default=64 * 1024, ge=8 * 1024)
@@ -138,6 +145,27 @@ class Settings(BaseSettings):
     #: Reverse proxies (addresses or networks) whose ``X-Forwarded-For`` names the client;
     #: empty (the default): the header is ignored and the peer's address counts.
     trusted_proxies: list[str] = Field(default_factory=list)
+
+    #: ``node``: a data node; ``network``: a directory of member nodes and their public
+    #: catalogs (``dpnode serve --network`` sets it; dpnode.node.network).
+    role: Literal["node", "network"] = "node"
+    #: This node's name in a network's directory (``dpnode network join --name`` sets it
+    #: there; empty: the host name).
+    node_name: str = Field(default="", max_length=100)
+    #: Seconds between a member node's heartbeats to the networks it joined; each carries
+    #: the digest of its public catalog, and the catalog follows when the network's differs.
+    network_heartbeat_seconds: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False)
+    #: On a network: seconds without a heartbeat after which a member shows as unreachable
+    #: and is left out of searches (three heartbeats by default).
+    network_unreachable_after_seconds: float = Field(
+        default=90.0, gt=0, le=86400, allow_inf_nan=False
+    )
+    #: On a network: how long a join token stays usable, and the largest catalog a member
+    #: may push (bytes of JSON), its datasets and columns per dataset.
+    network_token_lifetime_seconds: int = Field(default=7 * 24 * 3600, gt=0)
+    network_max_catalog_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    network_max_datasets: int = Field(default=1000, gt=0)
+    network_max_columns: int = Field(default=1000, gt=0)
 
     @field_validator("trusted_proxies")
     @classmethod

@@ -13,7 +13,7 @@ from typing import Literal
 
 import httpx
 
-from dpnode.sdk import _attention, _bags, _recurrent, query  # noqa: F401  (layers register on remote tensors; query: the builder)
+from dpnode.sdk import _attention, _bags, _network, _recurrent, query  # noqa: F401  (layers register on remote tensors; query: the builder)
 from dpnode.sdk._budget import (
     BudgetGrant,
     BudgetRequest,
@@ -66,8 +66,17 @@ from dpnode.sdk._federated_receipts import (
     FederatedResult,
     SiteRelease,
 )
-from dpnode.sdk._handles import AuditEvent, ColumnInfo, DatasetHandle, ModelHandle, TensorInfo, User
+from dpnode.sdk._handles import (
+    AuditEvent,
+    ColumnInfo,
+    DatasetHandle,
+    ModelHandle,
+    NodeRef,
+    TensorInfo,
+    User,
+)
 from dpnode.sdk._ledger import Ledger, LedgerEntry, LedgerLine, LedgerRun
+from dpnode.sdk._network import DatasetListing, Network, NodeInfo, network
 from dpnode.sdk._publish import (
     Receipt,
     Sensitivity,
@@ -110,6 +119,7 @@ __all__ = [
     "DatabaseBusyError",
     "DatasetBudget",
     "DatasetHandle",
+    "DatasetListing",
     "DatasetRead",
     "EvaluationError",
     "EvaluationUnavailableError",
@@ -130,7 +140,10 @@ __all__ = [
     "LogisticRegression",
     "MockSession",
     "ModelHandle",
+    "Network",
     "NodeBusyError",
+    "NodeInfo",
+    "NodeRef",
     "NodeUnreachableError",
     "NotFoundError",
     "NotPublishableError",
@@ -169,6 +182,7 @@ __all__ = [
     "login",
     "logistic_regression",
     "mock",
+    "network",
     "noise_scale",
     "private_training",
     "publish",
@@ -217,8 +231,16 @@ def search(
     tags: Iterable[str] = (),
     text: str | None = None,
     kind: Literal["any", "dataset", "model"] = "any",
-) -> list[DatasetHandle | ModelHandle]:
-    """``Client.search`` on the last login."""
+    *,
+    network: str | None = None,
+) -> list[DatasetHandle | ModelHandle] | list[DatasetHandle | DatasetListing]:
+    """``Client.search`` on the last login; with ``network=URL``, datasets across that
+    network's reachable members (``Network.search``: handles on the nodes you logged in to
+    through ``sdk.network(URL).login``, public listings on the others)."""
+    if network is not None:
+        if kind == "model":
+            raise InvalidRequestError("a network lists datasets only: search it with kind='any'")
+        return _network.network(network).search(tags=tags, text=text)
     return current_client().search(tags=tags, text=text, kind=kind)
 
 

@@ -1,7 +1,8 @@
 """The node client: login, search, publishing and administration over HTTP.
 
-Its uploads are ``dpnode.sdk._client_uploads`` and its budget, ledger and policy calls
-``dpnode.sdk._client_budget`` (mixins :class:`Client` inherits)."""
+Its searches are ``dpnode.sdk._client_search``, its uploads ``dpnode.sdk._client_uploads`` and
+its budget, ledger and policy calls ``dpnode.sdk._client_budget`` (mixins :class:`Client`
+inherits)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ import struct
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
@@ -27,13 +28,13 @@ from safetensors.numpy import load
 
 from dpnode.core import structures
 from dpnode.sdk._client_budget import BudgetCalls
+from dpnode.sdk._client_search import SearchCalls
 from dpnode.sdk._client_uploads import (
     _MANIFEST_KEY,
     CHUNK_BYTES,
     CHUNKED_ABOVE,
     FRAME_TYPE,
     UploadCalls,
-    _tags,
 )
 from dpnode.sdk._display import AuditLog, Columns
 from dpnode.sdk._exceptions import (
@@ -48,7 +49,7 @@ from dpnode.sdk._exceptions import (
     UnknownStructureError,
     error_for,
 )
-from dpnode.sdk._handles import AuditEvent, DatasetHandle, ModelHandle, User
+from dpnode.sdk._handles import AuditEvent, User
 from dpnode.sdk._progress import _PUBLISH_BAR, _progress_bar, _wants_progress
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ def node_url(url: str) -> str:
 KEPT_SENSITIVITIES = 256
 
 
-class Client(BudgetCalls, UploadCalls):
+class Client(SearchCalls, BudgetCalls, UploadCalls):
     """A session with one node.
 
     Args:
@@ -128,6 +129,8 @@ class Client(BudgetCalls, UploadCalls):
         progress: bool | None = None,
     ) -> None:
         self.url = node_url(url)
+        #: the node's name in a network's directory (set by ``sdk.network(...).login``)
+        self.name: str | None = None
         self.token = token
         self.expires_at: datetime | None = None
         self._http = httpx.Client(
@@ -233,47 +236,6 @@ class Client(BudgetCalls, UploadCalls):
     def version(self) -> dict[str, Any]:
         result: dict[str, Any] = self._json("GET", "/version")
         return result
-
-    # -- discovery --------------------------------------------------------------------------
-
-    def search(
-        self,
-        tags: Iterable[str] = (),
-        text: str | None = None,
-        kind: Literal["any", "dataset", "model"] = "any",
-    ) -> list[DatasetHandle | ModelHandle]:
-        """Datasets (first) and models carrying all of ``tags`` and matching ``text``."""
-        params: dict[str, Any] = {"tags": list(_tags(tags)), "kind": kind}
-        if text:
-            params["text"] = text
-        body = self._json("GET", "/search", params=params)
-        found: list[DatasetHandle | ModelHandle] = [
-            DatasetHandle.from_json(self, d) for d in body["datasets"]
-        ]
-        found += [ModelHandle.from_json(self, m) for m in body["models"]]
-        return found
-
-    def datasets(self, tags: Iterable[str] = (), text: str | None = None) -> list[DatasetHandle]:
-        params: dict[str, Any] = {"tags": list(_tags(tags))}
-        if text:
-            params["text"] = text
-        return [
-            DatasetHandle.from_json(self, d) for d in self._json("GET", "/datasets", params=params)
-        ]
-
-    def dataset(self, ref: int | str) -> DatasetHandle:
-        """A dataset by id or name."""
-        return DatasetHandle.from_json(self, self._json("GET", f"/datasets/{ref}"))
-
-    def models(self, tags: Iterable[str] = (), text: str | None = None) -> list[ModelHandle]:
-        params: dict[str, Any] = {"tags": list(_tags(tags))}
-        if text:
-            params["text"] = text
-        return [ModelHandle.from_json(self, m) for m in self._json("GET", "/models", params=params)]
-
-    def model(self, ref: int | str) -> ModelHandle:
-        """A model by id or name."""
-        return ModelHandle.from_json(self, self._json("GET", f"/models/{ref}"))
 
     def sql(
         self,

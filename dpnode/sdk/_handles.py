@@ -40,6 +40,35 @@ class ColumnInfo:
         return f"{self.dtype}{shape} in [{low:g}, {high:g}]"
 
 
+def columns_from_json(columns: list[dict[str, Any]]) -> dict[str, ColumnInfo]:
+    """A dataset's columns as a node (or a network's directory) describes them, by name."""
+    return {
+        c["name"]: ColumnInfo(
+            name=c["name"],
+            dtype=c["dtype"],
+            shape=tuple(c["shape"]),
+            bounds=(c["bounds"][0], c["bounds"][1]),
+            categories=tuple(c["categories"]) if c.get("categories") is not None else None,
+        )
+        for c in columns
+    }
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    """The node a dataset lives on: its name (in a network's directory) and its address.
+
+    >>> str(NodeRef("site-a", "https://site-a.example.org"))
+    'site-a'
+    """
+
+    name: str
+    url: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
 @dataclass(frozen=True)
 class User:
     id: int
@@ -89,16 +118,7 @@ class DatasetHandle:
             tags=list(body["tags"]),
             owner=body["owner"],
             row_count=body["row_count"],
-            columns={
-                c["name"]: ColumnInfo(
-                    name=c["name"],
-                    dtype=c["dtype"],
-                    shape=tuple(c["shape"]),
-                    bounds=(c["bounds"][0], c["bounds"][1]),
-                    categories=tuple(c["categories"]) if c["categories"] is not None else None,
-                )
-                for c in body["columns"]
-            },
+            columns=columns_from_json(body["columns"]),
             subject_id=body["subject_id"],
             subject_count=body["subject_count"],
             has_mock=body["has_mock"],
@@ -110,6 +130,11 @@ class DatasetHandle:
     def shape(self) -> tuple[int, int]:
         """(rows, columns)."""
         return (self.row_count, len(self.columns))
+
+    @property
+    def node(self) -> NodeRef:
+        """The node this dataset lives on (named as its network lists it, else by address)."""
+        return NodeRef(self._client.name or self._client.url, self._client.url)
 
     @property
     def bounds(self) -> dict[str, tuple[float, float]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -84,22 +86,27 @@ class Server:
         assert done.returncode == 0, done.stderr
         return done.stdout
 
-    def add_users(self, *users: tuple[str, str, str]) -> None:
-        """``dpnode user add`` for each (email, role, password), against this node's database
-        and data folder like ``cli``, but run in this process: a new Python imports the whole
-        node first, seconds a call on a loaded machine, and these users are only a test's setup
-        (tests/node/test_cli.py tests the command)."""
+    def cli_here(self, *argv: str) -> str:
+        """``dpnode ARGV`` against this node's database and data folder like ``cli``, but run
+        in this process (its output): a new Python imports the whole node first, seconds a
+        call on a loaded machine, for a test's setup (tests/node/test_cli.py tests the
+        commands as processes)."""
         node_settings = {
             name: value for name, value in self.env.items() if name.startswith("DPNODE_")
         }
-        with mock.patch.dict(os.environ, node_settings):
+        out = io.StringIO()
+        with mock.patch.dict(os.environ, node_settings), contextlib.redirect_stdout(out):
             get_settings.cache_clear()
             try:
-                for email, role, password in users:
-                    argv = ["user", "add", "--email", email, "--role", role, "--password", password]
-                    assert cli_main(argv) == 0, f"dpnode {' '.join(argv)} failed"
+                assert cli_main(list(argv)) == 0, f"dpnode {' '.join(argv)} failed"
             finally:
                 get_settings.cache_clear()
+        return out.getvalue()
+
+    def add_users(self, *users: tuple[str, str, str]) -> None:
+        """``dpnode user add`` for each (email, role, password), run in this process."""
+        for email, role, password in users:
+            self.cli_here("user", "add", "--email", email, "--role", role, "--password", password)
 
 
 @pytest.fixture

@@ -119,7 +119,8 @@ def test_concurrent_processes_keep_the_mark_above_the_database(
         totals = read_totals(connection)
     keys = (user_key(scientist.id), dataset_key("shared"))
     assert [totals.amounts[k][0] for k in keys] == [36 * TENTH] * 2
-    # The killed process took 4 reservations of 0.35 for 12 charges of 0.1: 0.2 unused,
+    # The killed process reserved 0.5 for 12 charges of 0.1 (the charge and four more like it,
+    # above the chunk of 0.25), then 0.9 (the charge and twice the 0.4 before): 0.2 unused,
     # which the mark cannot tell from spending a restore removed.
     gap = find_gap(state, totals, live_leases(path))
     assert len(gap.stale) == 1
@@ -161,9 +162,10 @@ def test_a_worker_killed_while_another_serves_leaves_its_reservation_forfeited(
     state = read_state(context.settings.budget_mark_path)
     assert state is not None and len(state.leases) == 1  # only this process's
     key = user_key(scientist.id)
-    # its last lease: 0.05 left over and 0.35 reserved at the 11th charge, of which the 11th
-    # and 12th used 0.2: at most one reservation and one charge
-    assert state.forfeited[key][0] == 4 * TENTH
+    # its last lease: 0.9 reserved at the 6th charge (0.5 at the first, the charge and four
+    # more like it; then the charge and twice the 0.4 before), of which the 6th to 12th used
+    # 0.7: at most one reservation
+    assert state.forfeited[key][0] == 9 * TENTH
     with context.engine.connect() as connection:
         held = read_totals(connection).amounts[key]
     assert held[0] == 15 * TENTH
@@ -184,10 +186,11 @@ def test_the_mark_is_written_once_per_reservation_not_per_charge(
             _charge(context, scientist.id, dataset_id)
             versions.append(path.read_bytes())
         changed = [i for i in range(1, 20) if versions[i] != versions[i - 1]]
-        assert changed == [11]  # the first charge reserved for 11, the twelfth for 11 more
+        # the first charge reserved for 11, the twelfth for 21 more (twice the spare of 1)
+        assert changed == [11]
         state = read_state(path)
         assert state is not None
-        assert state.ceiling(user_key(scientist.id))[0] == 22 * TENTH
+        assert state.ceiling(user_key(scientist.id))[0] == 32 * TENTH
     finally:
         context.close()
 

@@ -161,7 +161,7 @@ def test_the_docs_example_runs(
     assert len(ds_client.ledger()) == 1
 
 
-def test_a_node_without_the_estimator_refuses_before_charging(
+def test_a_node_without_the_estimator_refuses_mst_before_charging_and_runs_aim(
     survey: sdk.DatasetHandle,
     ds_client: sdk.Client,
     owner_client: sdk.Client,
@@ -172,6 +172,10 @@ def test_a_node_without_the_estimator_refuses_before_charging(
     with pytest.raises(sdk.EvaluationUnavailableError, match="dpnode\\[synth\\]"):
         survey.synthesize(epsilon=1.0, delta=1e-6)
     _nothing_happened(ds_client, owner_client)
+    # AIM estimates in NumPy: it runs there, charged once
+    copy = survey.synthesize(epsilon=2.0, delta=1e-6, method="aim", columns=["smoker", "cough"])
+    assert copy.synthetic is not None and copy.synthetic["method"] == "aim"
+    assert len(ds_client.ledger()) == 1
 
 
 def test_an_aim_copy_is_charged_once_at_its_total_and_reports_what_it_measured(

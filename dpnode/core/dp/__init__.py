@@ -6,6 +6,7 @@
 * :mod:`dpnode.core.dp.tables` — their exact-arithmetic 128-bit alias tables and deviation bounds;
 * :mod:`dpnode.core.dp.grid` — the grid and its effect on sensitivity;
 * :mod:`dpnode.core.dp.accounting` — zCDP composition, conversion, calibration, the filter.
+* :mod:`dpnode.core.dp.run_accounting` — a training run's filter held at one Rényi order.
 
 See ``docs/privacy.md`` for the guarantees and their references.
 """

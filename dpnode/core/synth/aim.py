@@ -9,11 +9,12 @@ its own subject (replace-one: one row's values replaced by any others), at a tot
   attributes it shares, ``w(c) = sum over W of |c & W|`` (public);
 * **every 1-way marginal** first, as one discrete Gaussian release (squared L2 change ``2 d``
   on replacing a row) at ``d`` rounds' measurement rho;
-* then **rounds**, while budget remains: a candidate chosen by permute-and-flip
-  (:func:`dpnode.core.dp.selection.permute_and_flip`) among those that keep the model
+* then **rounds**, while budget remains: a candidate chosen by the exponential mechanism
+  (:func:`dpnode.core.dp.exponential.exponential_mechanism`) among those that keep the model
   within its size limit, then its marginal measured by a discrete Gaussian release
-  (squared L2 change 2), then the model fitted again (post-processing). A round starts at
-  ``rho_m = 0.9 rho / T`` for the measurement and ``eps^2 / 2 = 0.1 rho / T`` for the
+  (squared L2 change 2), then the model fitted again (post-processing, :mod:`.graphical`,
+  warm-started, a few iterations; a full fit at the end). A round starts at
+  ``rho_m = 0.9 rho / T`` for the measurement and ``eps^2 / 8 = 0.1 rho / T`` for the
   selection (``T = 16 d``); when the model's marginal on the measured clique moved by less
   than the noise's expected L1 size, the measurement's sigma is halved and the selection's
   epsilon doubled (both rhos times 4); the last round takes what remains.
@@ -25,12 +26,13 @@ round(2^b sqrt(2 / pi) sigma k))``. Replacing one row moves ``x`` by one count d
 cell and up in another, so ``S(c)`` moves by at most ``2 w(c) 2^b``; the selection uses the
 largest of these over the round's candidates as its sensitivity.
 
-Accounting (``docs/privacy.md``, "Synthetic data: AIM"): a permute-and-flip selection at
-``eps`` is pure ``eps``-DP, hence ``eps^2 / 2``-zCDP (Bun & Steinke 2016), and its sampler's
-deviation is a delta; a Gaussian release of ``rho_m`` is ``rho_m``-zCDP with its sampler's
-``(xi, delta)``. The rounds' parameters depend on earlier outputs, but the run never lets the
-rhos' sum pass ``rho`` nor the rounds pass :attr:`AimPlan.max_rounds`, so what
-:meth:`AimPlan.terms` charges before anything runs bounds the sums of every possible run.
+Accounting (``docs/privacy.md``, "Synthetic data: AIM"): an exponential mechanism's selection
+at ``eps`` has bounded range ``eps``, hence is ``eps^2 / 8``-zCDP (Cesar & Rogers 2021), as
+the paper accounts it, and its sampler's deviation is a delta; a Gaussian release of
+``rho_m`` is ``rho_m``-zCDP with its sampler's ``(xi, delta)``. The rounds' parameters
+depend on earlier outputs, but the run never lets the rhos' sum pass ``rho`` nor the rounds
+pass :attr:`AimPlan.max_rounds`, so what :meth:`AimPlan.terms` charges before anything runs
+bounds the sums of every possible run.
 """
 
 from __future__ import annotations
@@ -40,16 +42,17 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from dpnode.core.dp import accounting, samplers
+from dpnode.core.dp.exponential import exponential_mechanism, selection_terms
 from dpnode.core.dp.mechanisms import NoisePlan, apply_noise, plan_gaussian
-from dpnode.core.dp.selection import permute_and_flip, sampler_tv
 from dpnode.core.errors import InvalidRequestError
+from dpnode.core.synth import estimate
 from dpnode.core.synth.domain import Attribute
+from dpnode.core.synth.graphical import Model
 from dpnode.core.synth.mst import SCORE_BITS, check_budget, marginal, root_at_least
 
 __all__ = [
@@ -142,14 +145,12 @@ class AimPlan:
         have."""
         xi1, delta1 = accounting.gaussian_sampler_terms(self.one_way.rho, self.one_way.count)
         xi, delta = accounting.gaussian_sampler_bound(self.rho, self.largest, self.max_rounds)
-        largest_epsilon = math.sqrt(2 * self.rho)
-        selection = accounting.laplace_sampler_delta(
-            largest_epsilon, sampler_tv(len(self.candidates))
-        )
+        # each selection's sampler terms grow with its epsilon: counted at the largest
+        xi_sel, delta_sel = selection_terms(math.sqrt(8 * self.rho), len(self.candidates))
         return accounting.Terms(
-            math.fsum([xi1, xi]),
+            math.fsum([xi1, xi, xi_sel * self.max_rounds * (1 + 1e-9)]),
             self.rho,
-            math.fsum([delta1, delta, selection * self.max_rounds * (1 + 1e-9)]),
+            math.fsum([delta1, delta, delta_sel * self.max_rounds * (1 + 1e-9)]),
         )
 
 
@@ -247,12 +248,12 @@ class Progress:
 @dataclass
 class AimRun:
     """What AIM released (:attr:`measurements`), the rho its releases took, and the model
-    fitted to them (post-processing; an ``mbi`` model)."""
+    fitted to them (post-processing; a :class:`.graphical.Model`)."""
 
     measurements: list[Measurement] = field(default_factory=list)
     rho_used: Fraction = Fraction(0)
     rounds: int = 0
-    model: Any = None
+    model: Model | None = None
 
 
 def candidate_scores(
@@ -276,9 +277,9 @@ def candidate_scores(
 
 
 def _epsilon_at_most(rho: float) -> float:
-    """The largest float ``eps`` we find with ``eps^2 / 2 <= rho`` (a selection's zCDP)."""
-    eps = math.sqrt(2 * rho)
-    while Fraction(eps) ** 2 / 2 > Fraction(rho):
+    """The largest float ``eps`` we find with ``eps^2 / 8 <= rho`` (a selection's zCDP)."""
+    eps = math.sqrt(8 * rho)
+    while Fraction(eps) ** 2 / 8 > Fraction(rho):
         eps = math.nextafter(eps, 0.0)
     return eps
 
@@ -290,13 +291,11 @@ def run_aim(
     progress: Callable[[Progress], None] | None = None,
 ) -> AimRun:
     """The 1-way release and the rounds on the binned table ``codes`` (rows x d), fitting the
-    model (``mbi``) after each round; the returned run's model is fitted to every release.
+    model (:mod:`.graphical`) after each round; the returned run's model is fitted to every release.
 
     Raises:
         InvalidRequestError: ``codes`` is not the plan's shape.
     """
-    from dpnode.core.synth import estimate  # mbi and JAX: only when a run starts
-
     attrs, d = plan.attributes, len(plan.attributes)
     if codes.shape != (plan.rows, d):
         raise InvalidRequestError(f"the plan is for {(plan.rows, d)} codes, got {codes.shape}")
@@ -327,7 +326,7 @@ def run_aim(
             break
         report(Progress(run.rounds, plan.max_rounds, "measuring"))
         epsilon = _epsilon_at_most(select_rho)
-        chosen = _select(plan, model, answers, run, measure_rho, epsilon, estimate)
+        chosen = _select(plan, model, answers, run, measure_rho, epsilon)
         clique = plan.candidates[chosen]
         noise = plan_gaussian(
             sensitivity_l2=root_at_least(2),
@@ -337,7 +336,7 @@ def run_aim(
         )
         released = apply_noise(answers[chosen].astype(np.float64), noise).values
         run.measurements.append(Measurement(clique, released, noise.scale, epsilon))
-        run.rho_used += Fraction(measure_rho) + Fraction(epsilon) ** 2 / 2
+        run.rho_used += Fraction(measure_rho) + Fraction(epsilon) ** 2 / 8
         run.rounds += 1
         report(Progress(run.rounds, plan.max_rounds, "estimating"))
         before = estimate.project(model, clique)
@@ -358,12 +357,11 @@ def run_aim(
 
 def _select(
     plan: AimPlan,
-    model: Any,
+    model: Model,
     answers: Sequence[npt.NDArray[np.int64]],
     run: AimRun,
     measure_rho: float,
     epsilon: float,
-    estimate: Any,
 ) -> int:
     """A round's selection among the candidates that keep the model small enough (its limit
     grows with the share of the budget spent, as in the paper: public)."""
@@ -384,7 +382,7 @@ def _select(
         sigma,
     )
     largest = max(plan.weights[i] for i in open_)
-    pick = permute_and_flip(
+    pick = exponential_mechanism(
         score,
         epsilon=epsilon,
         sensitivity=Fraction(2 * largest << SCORE_BITS),

@@ -5,13 +5,13 @@ model that best explains them (mirror descent on the marginal polytope); the syn
 are then drawn from that model along MST's tree (a root's 1-way marginal, then each
 attribute given its parent in the tree), with a seeded NumPy generator so that a caller's
 seed reproduces a table. ``mbi`` and JAX are imported here only, on first use: the node
-starts, and every other request runs, without them.
+starts, and every other request runs, without them. AIM's measurements go to the NumPy
+estimator of :mod:`.graphical` instead (``mbi`` would compile again on every round).
 """
 
 from __future__ import annotations
 
 import math
-import threading
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,9 @@ import numpy as np
 import numpy.typing as npt
 
 from dpnode.core.synth.domain import Attribute
+from dpnode.core.synth.graphical import Model, Observation, draw, junction_tree
+from dpnode.core.synth.graphical import fit as fit_model
+from dpnode.core.synth.graphical import sample as sample_graphical
 from dpnode.core.synth.mst import Measured
 
 if TYPE_CHECKING:
@@ -84,30 +87,6 @@ def estimate_marginals(
     return root, edges
 
 
-def _draw(weights: npt.NDArray[np.float64], count: int, rng: np.random.Generator) -> Any:
-    """``count`` values in proportion to ``weights`` by randomised rounding (as ``mbi``'s own
-    sampler does): each value ``floor(count p)`` times, the remainder drawn without
-    replacement in proportion to the fractions, shuffled. Its counts are within 1 of the
-    model's, where independent draws would add a sampling error of ``sqrt(count p)``."""
-    p = np.clip(weights, 0.0, None)
-    total = p.sum()
-    p = p / total if total > 0 else np.full(p.size, 1.0 / p.size)
-    expected = p * count
-    times = np.floor(expected).astype(np.int64)
-    extra = count - int(times.sum())
-    if extra > 0:
-        fractions = np.clip(expected - times, 0.0, None)
-        chances = fractions if fractions.sum() > 0 else np.ones(p.size)
-        size = min(extra, int(np.count_nonzero(chances)))
-        times[rng.choice(p.size, size=size, replace=False, p=chances / chances.sum())] += 1
-        short = count - int(times.sum())  # float rounding left some: the likeliest take them
-        if short > 0:
-            times[np.argsort(-p)[:short]] += 1
-    values = np.repeat(np.arange(p.size), times)
-    rng.shuffle(values)
-    return values
-
-
 def sample_tree(
     sizes: Sequence[int],
     root: npt.NDArray[np.float64],
@@ -125,7 +104,7 @@ def sample_tree(
     """
     d = len(sizes)
     codes = np.zeros((rows, d), dtype=np.int64)
-    codes[:, 0] = _draw(root, rows, rng)
+    codes[:, 0] = draw(root, rows, rng)
     neighbours: dict[int, list[tuple[int, npt.NDArray[np.float64]]]] = {j: [] for j in range(d)}
     for (a, b), table in edges.items():
         neighbours[a].append((b, table))
@@ -141,14 +120,10 @@ def sample_tree(
             for value in range(sizes[parent]):
                 where = np.flatnonzero(codes[:, parent] == value)
                 if where.size:
-                    codes[where, child] = _draw(table[value], where.size, rng)
+                    codes[where, child] = draw(table[value], where.size, rng)
     for j in sorted(set(range(d)) - seen):  # not on the tree (no pairs): its 1-way marginal
         codes[:, j] = rng.integers(0, sizes[j], rows)
     return codes
-
-
-def _names(count: int) -> tuple[str, ...]:
-    return tuple(f"c{i}" for i in range(count))
 
 
 def fit(
@@ -157,39 +132,37 @@ def fit(
     rows: int,
     *,
     iters: int = ITERATIONS,
-    warm_start: Any = None,
-) -> Any:
-    """The graphical model (an ``mbi`` model) that best explains AIM's ``measurements``, with
-    the public row count as its total; ``warm_start``: the previous round's model."""
-    mbi = _mbi()
-    from mbi.estimation import MirrorDescent
-
-    names = _names(len(attributes))
-    domain = mbi.Domain(names, tuple(a.size for a in attributes))
-    linear = [
-        mbi.LinearMeasurement(m.noisy, tuple(names[j] for j in m.clique), stddev=m.sigma)
+    warm_start: Model | None = None,
+) -> Model:
+    """The graphical model (:mod:`.graphical`) that best explains AIM's ``measurements``,
+    with the public row count as its total; ``warm_start``: the previous round's model."""
+    sizes = [a.size for a in attributes]
+    observations = [
+        Observation(m.clique, m.noisy.reshape([sizes[j] for j in m.clique]), m.sigma)
         for m in measurements
     ]
-    return MirrorDescent().estimate(
-        domain, linear, known_total=float(rows), iters=iters, warm_start=warm_start
-    )
+    return fit_model(sizes, observations, float(rows), iters=iters, warm_start=warm_start)
 
 
-def project(model: Any, clique: Sequence[int]) -> npt.NDArray[np.float64]:
+def project(model: Model, clique: Sequence[int]) -> npt.NDArray[np.float64]:
     """The model's marginal on ``clique`` (sorted attribute indices), flattened as
     :func:`dpnode.core.synth.mst.marginal` flattens counts, scaled to the model's total.
 
-    Computed in NumPy by variable elimination on the model's log-potentials: ``mbi``'s own
-    projection compiles a JAX program per clique, which costs far more than the sums (AIM
-    projects every candidate in every round).
+    A clique inside one of the model's maximal cliques sums that clique's marginal; any other
+    is found by variable elimination on the model's log-potentials (AIM projects every
+    candidate in every round, measured or not).
     """
-    factors = [
-        (tuple(int(n[1:]) for n in cl), np.asarray(table.values, dtype=np.float64))
-        for cl, table in model.potentials.tables.items()
-    ]
-    sizes = dict(
-        zip((int(n[1:]) for n in model.domain.attributes), model.domain.shape, strict=True)
-    )
+    tree = model.tree
+    home = tree.home(clique)
+    if home >= 0:
+        attrs = tree.cliques[home]
+        table = model.marginals[home]
+        summed = table.sum(axis=tuple(i for i, v in enumerate(attrs) if v not in clique))
+        kept = [v for v in attrs if v in clique]
+        out: npt.NDArray[np.float64] = np.transpose(summed, [kept.index(j) for j in clique]).ravel()
+        return out
+    factors = list(zip(tree.cliques, model.potentials, strict=True))
+    sizes = dict(enumerate(tree.sizes))
     keep = set(clique)
     while True:
         variables = {v for attrs, _ in factors for v in attrs} - keep
@@ -209,7 +182,7 @@ def project(model: Any, clique: Sequence[int]) -> npt.NDArray[np.float64]:
     )
     values = np.transpose(values, [attrs.index(j) for j in clique])
     p = np.exp(values - values.max())
-    out: npt.NDArray[np.float64] = (p / p.sum() * float(model.total)).ravel()
+    out = (p / p.sum() * float(model.total)).ravel()
     return out
 
 
@@ -235,27 +208,13 @@ def _combine(
 
 def model_cells(attributes: Sequence[Attribute], cliques: Sequence[Sequence[int]]) -> int:
     """Cells of the junction tree a model on ``cliques`` would have (public sizes only)."""
-    mbi = _mbi()
-    from mbi.junction_tree import hypothetical_model_size
-
-    names = _names(len(attributes))
-    domain = mbi.Domain(names, tuple(a.size for a in attributes))
-    megabytes = hypothetical_model_size(domain, [tuple(names[j] for j in c) for c in cliques])
-    return round(float(megabytes) * 2**20 / 8)
+    return junction_tree([a.size for a in attributes], cliques).cells
 
 
-#: ``mbi`` samples with NumPy's global generator: one sampling at a time, seeded, restored.
-_GLOBAL_RNG = threading.Lock()
-
-
-def sample_model(model: Any, columns: int, rows: int, seed: int) -> npt.NDArray[np.int64]:
-    """``rows`` rows of codes from the model (``mbi``'s randomised rounding along its junction
-    tree), reproducible from ``seed``. It reads the model only: post-processing."""
-    with _GLOBAL_RNG:
-        state = np.random.get_state()
-        np.random.seed(seed % 2**32)
-        try:
-            table = model.synthetic_data(rows).to_dict()
-        finally:
-            np.random.set_state(state)
-    return np.stack([np.asarray(table[n]) for n in _names(columns)], axis=1).astype(np.int64)
+def sample_model(model: Model, columns: int, rows: int, seed: int) -> npt.NDArray[np.int64]:
+    """``rows`` rows of codes from the model (randomised rounding along its junction tree),
+    reproducible from ``seed``. It reads the model only: post-processing."""
+    codes = sample_graphical(model, rows, np.random.default_rng(seed))
+    if codes.shape[1] != columns:
+        raise ValueError(f"the model has {codes.shape[1]} columns, not {columns}")
+    return codes

@@ -225,7 +225,14 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+async def read_catalog_body(request: Request) -> bytes:
+    """A member's join request or catalog (dpnode.node.network), refused past
+    ``network_max_catalog_bytes``."""
+    return await _read_body(request, _context_of(request).settings.network_max_catalog_bytes)
+
+
 LimitedBody = Annotated[bytes, Depends(read_limited_body)]
+CatalogBody = Annotated[bytes, Depends(read_catalog_body)]
 ChunkBody = Annotated[bytes, Depends(read_chunk_body)]
 
 

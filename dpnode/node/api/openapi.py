@@ -122,7 +122,7 @@ def derived_statuses(route: APIRoute) -> set[int]:
         statuses.add(401)
     if deps.get_admin in calls:
         statuses.add(403)
-    if deps.read_limited_body in calls:
+    if calls & {deps.read_limited_body, deps.read_catalog_body}:
         statuses |= {413, 422}
     if route.dependant.body_params:  # a JSON body, read whole by RefuseNul up to its limit
         statuses.add(413)
@@ -134,11 +134,14 @@ def operation_id(route: APIRoute) -> str:
     return route.name
 
 
-def build(app: FastAPI, routes: Iterable[BaseRoute]) -> dict[str, Any]:
+def build(
+    app: FastAPI, routes: Iterable[BaseRoute], components: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The app's OpenAPI document, with the node's error bodies on every operation.
 
     ``routes`` are the API routes as their routers declared them (their dependencies are
-    read there; operations are matched by their unique operationId).
+    read there; operations are matched by their unique operationId); ``components``: the
+    schemas of bodies that routes read themselves.
     """
     schema = get_openapi(
         title=app.title,
@@ -147,10 +150,11 @@ def build(app: FastAPI, routes: Iterable[BaseRoute]) -> dict[str, Any]:
         description=app.description,
         routes=app.routes,
     )
-    components = schema.setdefault("components", {}).setdefault("schemas", {})
-    components.pop("HTTPValidationError", None)
-    components.pop("ValidationError", None)
-    components["Error"] = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+    schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+    schemas.update(components or {})
+    schemas.pop("HTTPValidationError", None)
+    schemas.pop("ValidationError", None)
+    schemas["Error"] = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
     error_content = {"application/json": {"schema": ERROR_REF}}
     by_id = {operation_id(r): r for r in routes if isinstance(r, APIRoute)}
     for operations in schema["paths"].values():
@@ -169,13 +173,15 @@ def build(app: FastAPI, routes: Iterable[BaseRoute]) -> dict[str, Any]:
     return schema
 
 
-def install(app: FastAPI, routes: Iterable[BaseRoute]) -> None:
+def install(
+    app: FastAPI, routes: Iterable[BaseRoute], components: dict[str, Any] | None = None
+) -> None:
     """Serve :func:`build`'s document (computed once) as the app's ``/openapi.json``."""
     declared = list(routes)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = build(app, declared)
+            app.openapi_schema = build(app, declared, components)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

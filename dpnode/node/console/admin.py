@@ -1,4 +1,4 @@
-"""Admin pages: users and roles, budgets, approvals, the policy and the audit log.
+"""Admin pages: users and roles, budgets, approvals, the policy, the audit log and the network.
 
 Every route takes :data:`~dpnode.node.console.session.ConsoleAdmin`, which refuses anyone but
 an admin with the API's own check (``dpnode.node.api.deps.get_admin``) before any data is read;
@@ -30,7 +30,7 @@ from dpnode.node.api.schemas import (
     UserCreate,
     UserUpdate,
 )
-from dpnode.node.console import budgets
+from dpnode.node.console import budgets, network
 from dpnode.node.console.forms import FormError, amount, form_error, notice
 from dpnode.node.console.render import (
     PREFIX,
@@ -46,6 +46,7 @@ from dpnode.node.settings import Settings
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)
 router.include_router(budgets.router)
+router.include_router(network.router)
 
 
 def _users_page(

@@ -417,3 +417,62 @@ class PublishKey(Base):
     #: while it runs (``dpnode.node.services.leases``); unanswered past it, the publish is
     #: lost. ``None`` on rows written before leases (running until purged).
     lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class NetworkJoinToken(Base):
+    """A token a network's admin issues for one node to join (dpnode.node.network): only its
+    digest is kept; used once, revocable, expiring."""
+
+    __tablename__ = "network_join_tokens"
+    __table_args__ = NEVER_REUSE_IDS
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64), unique=True)
+    note: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    created_by: Mapped[str] = mapped_column(String(320))
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    #: The member that joined with it (its name, kept after the member leaves).
+    used_by: Mapped[str | None] = mapped_column(String(100), nullable=True)
+
+
+class NetworkMember(Base):
+    """A node in a network's directory and its public catalog, as it last pushed it."""
+
+    __tablename__ = "network_members"
+    __table_args__ = NEVER_REUSE_IDS
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    url: Mapped[str] = mapped_column(String(300))
+    #: sha256 of the member's credential (the credential itself is only on the member).
+    credential_digest: Mapped[str] = mapped_column(String(64), unique=True)
+    joined_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    #: The public catalog (validated by dpnode.node.network.schemas.Catalog) and its digest.
+    catalog: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    catalog_digest: Mapped[str] = mapped_column(String(64), default="")
+    catalog_updated_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class NetworkMembership(Base):
+    """A network this node joined: the credential it presents, and how its last heartbeat went."""
+
+    __tablename__ = "network_memberships"
+    __table_args__ = NEVER_REUSE_IDS
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    network_url: Mapped[str] = mapped_column(String(300), unique=True)
+    member_id: Mapped[int] = mapped_column(Integer)
+    #: The name and address the network lists this node under.
+    name: Mapped[str] = mapped_column(String(100))
+    url: Mapped[str] = mapped_column(String(300))
+    #: The member credential, sent with every heartbeat (the network keeps only its digest).
+    credential: Mapped[str] = mapped_column(String(100))
+    joined_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    #: ``ok`` or why the last heartbeat failed (the network unreachable, or this node removed).
+    last_result: Mapped[str] = mapped_column(String(300), default="")
+    last_ok_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

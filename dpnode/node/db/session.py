@@ -40,6 +40,16 @@ loss that an earlier answer did not), on PostgreSQL with ``synchronous_commit`` 
 that transaction (the same guarantee: a crash may lose the last such commits, never
 reorder them after a synchronous one). An application crash loses neither.
 
+A charge (the budget check and its ledger row) is one more such write when the budget mark
+covers it (``ledger_fsync = "covered"``, the default): the mark holds the charge durably
+before the commit, and a node restarted after a power loss refuses publishes until the
+missing spending is carried forward, so the lost commit refunds nothing (docs/privacy.md).
+Its transaction begins with ``synchronous=NORMAL`` (``RELAXED``); SQLite cannot change the
+setting inside a transaction, so a refusal that commits in it (its audit line, a queued
+approval request) is made durable after the commit by :func:`sync_wal`. On PostgreSQL a
+charge always commits synchronously (a database server that crashes and restarts while the
+node runs would lose asynchronous commits without the node noticing).
+
 Transactions that must be serialised (the budget check and its ledger row) use
 ``serial_engine``: on SQLite their ``BEGIN IMMEDIATE`` takes the write lock up
 front, so two checks can never both read the old balance; on PostgreSQL the
@@ -54,7 +64,7 @@ import sqlite3
 import threading
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy import Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -182,6 +192,28 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
 
     return engine
+
+
+def sync_wal(connection: Connection) -> None:
+    """Make what ``connection`` committed durable now, as a ``synchronous=FULL`` commit would
+    have: fsync the SQLite database's write-ahead log (Linux syncs a file's data whichever
+    descriptor asks). For a transaction begun ``RELAXED`` whose commit must survive a power
+    loss. Nothing to do in memory or on PostgreSQL.
+
+    Raises:
+        OSError: the log cannot be synced.
+    """
+    if connection.dialect.name != "sqlite" or _queue_for(str(connection.engine.url)) is None:
+        return
+    database = os.path.realpath((connection.engine.url.database or "").removeprefix("file:"))
+    try:
+        fd = os.open(database + "-wal", os.O_RDONLY)
+    except FileNotFoundError:  # checkpointed and removed: the frames are in the database file
+        fd = os.open(database, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

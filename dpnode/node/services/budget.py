@@ -43,6 +43,7 @@ from dpnode.core.errors import (
 from dpnode.node.db.base import table_of, utcnow
 from dpnode.node.db.direct import Direct, connection_of
 from dpnode.node.db.models import LedgerEntryDataset, TrainingRun, User
+from dpnode.node.db.session import RELAXED, sync_wal
 from dpnode.node.services import approvals, audit, idempotency, users
 from dpnode.node.services import policy as policy_service
 from dpnode.node.services.budget_status import (
@@ -265,8 +266,11 @@ class _Transaction:
     never commits or closes the transaction (a rollback does roll it back): :meth:`commit`
     writes what it holds, then commits."""
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: Connection, *, relaxed: bool = False) -> None:
         self.connection = connection
+        #: begun with ``synchronous=NORMAL`` (see :func:`charge`): only a commit the budget
+        #: mark covers may skip the disk
+        self.relaxed = relaxed
         self._session: Session | None = None
 
     @property
@@ -277,10 +281,13 @@ class _Transaction:
             )
         return self._session
 
-    def commit(self) -> None:
+    def commit(self, *, covered: bool = False) -> None:
+        """Commit; durably unless ``covered`` (the budget mark holds the charge)."""
         if self._session is not None:
             self._session.flush()
         self.connection.commit()
+        if self.relaxed and not covered:
+            sync_wal(self.connection)
 
 
 def charge(
@@ -317,9 +324,16 @@ def charge(
     serial: Engine = serial_sessions.kw["bind"]
     # On a bare connection (closing it rolls back what is not committed): the ORM only where
     # a rare path needs it (:class:`_Transaction`).
+    # A charge the mark will cover need not wait for the disk (docs/privacy.md, "A charge's
+    # commit and a power loss"); SQLite fixes that when the transaction begins.
+    relaxed = (
+        mark is not None and settings.ledger_fsync == "covered" and serial.dialect.name == "sqlite"
+    )
     with serial.connect() as connection:
+        if relaxed:
+            connection.execution_options(**{RELAXED: True})
         connection.begin()
-        tx = _Transaction(connection)
+        tx = _Transaction(connection, relaxed=relaxed)
         locked = _lock(connection, user_id, cost.dataset_ids)
         if mark is not None:  # before this charge writes: the database as committed
             mark.verify(connection)
@@ -488,9 +502,10 @@ def charge(
         # it is never below what was released.
         keys = [user_key(user.id), *(dataset_key(found[d]) for d in entry.dataset_ids)]
         amount = (entry.epsilon_units, entry.rho_units, entry.tv_units)
-        mark.reserve(connection, keys, amount)
+        left = after.status.remaining
+        mark.reserve(connection, keys, amount, room=(left.epsilon_units, None, left.delta_units))
         try:
-            tx.commit()
+            tx.commit(covered=True)
         except BaseException:
             mark.rolled_back(keys, amount)
             raise

@@ -18,9 +18,11 @@ from dpnode.core.errors import BudgetMarkError
 __all__ = [
     "CARRY_FORWARD",
     "FORMAT",
+    "GROWTH",
     "ZERO",
     "Amount",
     "MarkState",
+    "Room",
     "add",
     "at_least",
     "dataset_key",
@@ -30,6 +32,7 @@ __all__ = [
     "live_leases",
     "locked",
     "read_state",
+    "spare",
     "sub",
     "user_key",
     "write_state",
@@ -76,6 +79,43 @@ def at_least(a: Amount, b: Amount) -> Amount:
 def fits(a: Amount, b: Amount) -> bool:
     """Whether ``a`` is at most ``b`` in every component."""
     return a[0] <= b[0] and a[1] <= b[1] and a[2] <= b[2]
+
+
+#: A reservation holds at least this many more charges like the one that needed it, and
+#: twice what the key's last reservation held beyond its charge, within half of what the user
+#: may still spend: a steady stream of charges writes the mark a number of times that grows
+#: with the logarithm of their count (at epsilon 1 a publish, the default chunk of 0.5 alone
+#: would write it on every publish).
+GROWTH = 4
+#: A component whose room is unknown.
+Room = tuple[int | None, int | None, int | None]
+
+
+def spare(amount: Amount, chunk: Amount, room: Room, last: Amount = ZERO) -> Amount:
+    """What a reservation takes beyond ``amount``, by component.
+
+    A component the charge does not spend takes nothing (a reservation a killed process left
+    unused counts as spent). One it spends takes ``chunk``, or more: :data:`GROWTH` times the
+    charge or twice ``last`` (the key's previous spare), at most half of ``room`` (what the
+    user may still spend after the charge); never more than ``room``. A component whose room
+    is ``None`` takes ``chunk``.
+
+    >>> spare((10, 0, 2), (5, 5, 5), (1000, None, None))
+    (40, 0, 5)
+    >>> spare((10, 0, 2), (5, 5, 5), (1000, 0, 0), last=(300, 0, 0))
+    (500, 0, 0)
+    >>> spare((10, 0, 0), (50, 5, 5), (30, None, None))
+    (30, 0, 0)
+    """
+    parts = []
+    for a, c, r, b in zip(amount, chunk, room, last, strict=True):
+        if not a:
+            parts.append(0)
+        elif r is None:
+            parts.append(c)
+        else:
+            parts.append(min(max(c, min(max(GROWTH * a, 2 * b), r // 2)), max(r, 0)))
+    return (parts[0], parts[1], parts[2])
 
 
 @dataclass

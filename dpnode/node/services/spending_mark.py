@@ -8,8 +8,8 @@ publish it compares the database with the mark (:meth:`SpendingMark.verify`); wh
 database is behind, publishes are refused (``503 budget_mark_behind``) until an admin runs
 ``dpnode budget carry-forward`` (``dpnode.node.services.carry_forward``).
 
-A charge's commit already pays one fsync; writing the mark durably on every charge would pay a
-second. Instead each process *reserves* spending in chunks (a lease, ``DPNODE_BUDGET_MARK_
+Writing the mark durably (an fsync) on every charge would make it the publish's slowest step.
+Instead each process *reserves* spending in chunks (a lease, ``DPNODE_BUDGET_MARK_
 RESERVE_*``): the file says "up to this much may have been released", and the process charges
 from its lease in memory, writing the file only when a charge does not fit what is left. The
 mark is ``settled`` (spending known committed) plus every live lease. Each time a process takes
@@ -17,8 +17,8 @@ a reservation, and when it stops cleanly (:meth:`SpendingMark.close`), what it c
 from its lease into ``settled``, so that a lease holds only what is left of it and what is in
 flight. A process that stopped without returning its lease (killed, crashed) leaves the mark
 unable to tell its unused reservation from spending a restore removed, so its users and
-datasets count as behind, and carry-forward counts that reservation, at most one chunk and
-one charge per key, as spent (docs/privacy.md).
+datasets count as behind, and carry-forward counts that reservation, at most one
+reservation per key (:func:`dpnode.node.services.mark_file.spare`), as spent (docs/privacy.md).
 
 Every process holds an exclusive ``flock`` on a file of its own in ``<mark>.leases/`` for its
 lifetime, which says its lease is live; read-modify-writes of the mark take ``<mark>.lock``.
@@ -40,6 +40,7 @@ from sqlalchemy import Connection, func, select
 from dpnode.core.errors import BudgetMarkBehindError, BudgetMarkError
 from dpnode.node.db.base import table_of
 from dpnode.node.db.models import LedgerEntry, LedgerEntryDataset, LedgerTotal
+from dpnode.node.db.session import sync_wal
 from dpnode.node.services.costs import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, units_up
 from dpnode.node.services.mark_file import (
     CARRY_FORWARD,
@@ -47,6 +48,7 @@ from dpnode.node.services.mark_file import (
     ZERO,
     Amount,
     MarkState,
+    Room,
     add,
     at_least,
     dataset_key,
@@ -56,6 +58,7 @@ from dpnode.node.services.mark_file import (
     live_leases,
     locked,
     read_state,
+    spare,
     sub,
     user_key,
     write_state,
@@ -68,6 +71,7 @@ __all__ = [
     "Amount",
     "Gap",
     "MarkState",
+    "Room",
     "SpendingMark",
     "Totals",
     "dataset_key",
@@ -77,6 +81,7 @@ __all__ = [
     "locked",
     "read_state",
     "read_totals",
+    "spare",
     "user_key",
     "write_state",
 ]
@@ -200,6 +205,8 @@ class SpendingMark:
         self._left: dict[str, Amount] = {}
         self._pending: dict[str, Amount] = {}
         self._used: dict[str, Amount] = {}
+        #: by key: what its last reservation took beyond its charge (see :func:`spare`)
+        self._spare: dict[str, Amount] = {}
         self._lease_fd: int | None = None
 
     @classmethod
@@ -249,7 +256,12 @@ class SpendingMark:
                 # A process that verified the database and served since is still running: no
                 # restore can have happened meanwhile (``dpnode restore`` refuses while one
                 # runs), so a killed process's reservation is only that; kept as forfeited.
-                for token in [t for t in state.leases if t not in live]:
+                # Its charges may have committed without an fsync (``ledger_fsync``): synced
+                # first, so that a power loss cannot take them back once nothing marks them.
+                killed = [t for t in state.leases if t not in live]
+                if killed:
+                    sync_wal(connection)
+                for token in killed:
                     state.forfeit(token)
             gap = find_gap(state, totals, live)
             if gap.behind:
@@ -263,9 +275,21 @@ class SpendingMark:
             write_state(self.path, state)
         self._verified = True
 
-    def reserve(self, connection: Connection, keys: Iterable[str], amount: Amount) -> None:
+    def reserve(
+        self,
+        connection: Connection,
+        keys: Iterable[str],
+        amount: Amount,
+        *,
+        room: Room = (None, None, None),
+    ) -> None:
         """Make sure the mark covers ``amount`` more spending under each of ``keys``, before
         the charge commits; then :meth:`committed` or :meth:`rolled_back` says how it went.
+
+        When it writes the mark it reserves :func:`spare` beyond ``amount`` (``room``: what
+        the user may still spend after this charge, by component; ``None``: unknown), and
+        uses what was left of the previous reservation, so that a crash never counts more
+        than the user could have spent.
 
         Raises:
             BudgetMarkBehindError, BudgetMarkError: as :meth:`verify`, or the mark cannot be
@@ -276,7 +300,7 @@ class SpendingMark:
             if not self._verified:
                 self._verify(connection)
             if any(not fits(amount, self._left.get(k, ZERO)) for k in wanted):
-                self._take(wanted, amount)
+                self._take(wanted, amount, room)
             for key in wanted:
                 self._left[key] = sub(self._left[key], amount)
                 self._pending[key] = add(self._pending.get(key, ZERO), amount)
@@ -309,7 +333,7 @@ class SpendingMark:
             for k in set(self._left) | set(self._pending)
         }
 
-    def _take(self, wanted: list[str], amount: Amount) -> None:
+    def _take(self, wanted: list[str], amount: Amount, room: Room) -> None:
         try:
             with locked(self.path):
                 state = read_state(self.path)
@@ -319,13 +343,13 @@ class SpendingMark:
                         f"{fix(self.path)}"
                     )
                 self._settle_into(state)
-                # a chunk of each component the charge spends: none of rho for a key charged
-                # only epsilon (a reservation left unused by a killed process counts as spent)
-                e, r, d = (a + (c if a else 0) for a, c in zip(amount, self.chunk, strict=True))
-                more = (e, r, d)
                 for key in wanted:
-                    if not fits(amount, self._left.get(key, ZERO)):
-                        self._left[key] = add(self._left.get(key, ZERO), more)
+                    left = self._left.get(key, ZERO)
+                    if not fits(amount, left):
+                        extra = spare(amount, self.chunk, room, self._spare.get(key, ZERO))
+                        more = add(at_least(sub(amount, left), ZERO), extra)
+                        self._spare[key] = extra
+                        self._left[key] = add(left, more)
                         self._taken[key] = add(self._taken.get(key, ZERO), more)
                 state.leases[self.token] = {k: v for k, v in self._taken.items() if v != ZERO}
                 self._taken = dict(state.leases[self.token])

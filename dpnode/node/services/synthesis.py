@@ -13,12 +13,12 @@ Order of events, as for a publish (``dpnode.node.services.publish``), each for a
    serialised transaction: policy, caps, approvals and the budget decide there;
 3. only then read the columns, measure and select with the node's mechanisms
    (:func:`dpnode.core.synth.run_aim`, :func:`dpnode.core.synth.run_mst`), estimate and
-   sample (post-processing, ``mbi``);
+   sample (post-processing: ``mbi`` for MST, :mod:`dpnode.core.synth.graphical` for AIM);
 4. store the rows as a new dataset owned by the caller, flagged synthetic by its provenance
    (source, method, epsilon, delta, rows, ledger row; a caller's seed is not kept).
 
-It runs synchronously in the request for now: a table of tens of columns takes seconds to a
-minute, most of it compiling and running the estimate.
+It runs synchronously in the request for now: seconds for a table of a few columns, or the
+tens of seconds ``mbi`` takes to compile MST's estimate in a fresh process.
 """
 
 from __future__ import annotations
@@ -108,11 +108,12 @@ class Sampled:
 class Method:
     """A synthesis method: how it plans (public metadata), what it holds in memory at most,
     and how it runs once charged (the plan, the binned table, rows to sample, a generator
-    for the sampling)."""
+    for the sampling); ``estimator``: whether it needs :data:`ESTIMATOR` installed."""
 
     plan: Callable[[tuple[Attribute, ...], int, float, float], Plan]
     memory: Callable[[Any, int], int]
     run: Callable[[Any, Any, int, np.random.Generator], Sampled]
+    estimator: bool
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,7 @@ def _run_mst(plan: MstPlan, codes: Any, rows: int, rng: np.random.Generator) -> 
 
 def _run_aim(plan: AimPlan, codes: Any, rows: int, rng: np.random.Generator) -> Sampled:
     run = run_aim(codes, plan)
+    assert run.model is not None  # every run ends with its full fit
     synthetic = sample_model(run.model, len(plan.attributes), rows, int(rng.integers(2**32)))
     report = {
         "selection_epsilon": math.fsum(m.selection_epsilon for m in run.measurements),
@@ -243,11 +245,13 @@ METHODS: dict[str, Method] = {
         lambda attrs, rows, eps, delta: plan_aim(attrs, rows=rows, epsilon=eps, delta=delta),
         aim_memory_bytes,
         _run_aim,
+        estimator=False,  # its own NumPy estimation
     ),
     "mst": Method(
         lambda attrs, rows, eps, delta: plan_mst(attrs, rows=rows, epsilon=eps, delta=delta),
         memory_bytes,
         _run_mst,
+        estimator=True,
     ),
 }
 
@@ -325,13 +329,14 @@ def _cost(plan: Plan, request: SynthesisRequest, source: Dataset) -> Cost:
     )
 
 
-def _check_estimator() -> None:
-    """Refuse, before anything is charged, on a node installed without ``mbi``."""
-    if importlib.util.find_spec(ESTIMATOR) is None:
+def _check_estimator(method: str) -> None:
+    """Refuse, before anything is charged, a method that needs ``mbi`` on a node without it."""
+    needs = method in METHODS and METHODS[method].estimator
+    if needs and importlib.util.find_spec(ESTIMATOR) is None:
         raise EvaluationUnavailableError(
-            "this node cannot synthesize: its estimator (Private-PGM, the 'mbi' package) is "
-            "not installed; ask its operator to pip install 'dpnode[synth]'. Nothing was "
-            "charged",
+            f"this node cannot synthesize with method={method!r}: its estimator (Private-PGM, "
+            "the 'mbi' package) is not installed; ask its operator to pip install "
+            "'dpnode[synth]', or use method='aim', which needs none. Nothing was charged",
             retry_after=3600,
         )
 
@@ -340,7 +345,7 @@ def _plan(
     context: NodeContext, actor_id: int, ref: int | str, request: SynthesisRequest
 ) -> tuple[Dataset, Plan, int, str]:
     settings = context.settings
-    _check_estimator()
+    _check_estimator(request.method)
     with context.read_sessions() as session:
         users.active_actor(session, actor_id)
         source = datasets.get_dataset(session, ref)
