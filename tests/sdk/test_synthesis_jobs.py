@@ -16,6 +16,7 @@ from dpnode.node.context import NodeContext
 from dpnode.node.db.models import AuditEvent, Dataset, SynthesisJob
 from dpnode.node.services import synthesis_jobs
 from dpnode.node.storage import FileBlobStore
+from tests.conftest import PASSWORD
 from tests.sdk.conftest import URL
 from tests.sdk.test_synthesize import table
 
@@ -148,10 +149,7 @@ def test_the_start_marks_a_job_a_stopped_process_left_running_failed(
     time.sleep(0.01)
     with TestClient(create_app(context=context)) as restarted:
         client = sdk.login(
-            URL,
-            email="ds@example.org",
-            password="correct horse battery",
-            transport=restarted._transport,
+            URL, email="ds@example.org", password=PASSWORD, transport=restarted._transport
         )
         status = sdk.SynthesisJob(orphan, client).status()
         assert status["state"] == "failed" and status["error"] == synthesis_jobs.STOPPED
@@ -172,3 +170,24 @@ def test_nothing_is_charged_or_started_for_a_refusal(
     with context.sessions() as session:
         assert session.scalars(select(SynthesisJob)).all() == []
     assert ds_client.budget().spent_epsilon == 0
+
+
+def test_a_synthesis_is_refused_while_the_budget_mark_is_missing(
+    tiny: sdk.DatasetHandle, ds_client: sdk.Client, context: NodeContext
+) -> None:
+    """A synthesis is charged as a publish is: the budget mark (spending kept outside the
+    database, against a restored backup) must cover it, so a node whose mark is gone
+    refuses it, charging nothing."""
+    tiny.synthesize(epsilon=1.0, delta=1e-6)
+    context.settings.budget_mark_path.unlink()
+    restarted = NodeContext.from_settings(context.settings)
+    try:
+        with TestClient(create_app(context=restarted)) as started:
+            client = sdk.login(
+                URL, email="ds@example.org", password=PASSWORD, transport=started._transport
+            )
+            with pytest.raises(sdk.BudgetMarkError, match="is missing"):
+                client.dataset("tiny").synthesize(epsilon=1.0, delta=1e-6)
+    finally:
+        restarted.close()
+    assert len(ds_client.ledger()) == 1

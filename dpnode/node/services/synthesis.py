@@ -450,7 +450,12 @@ def synthesize(
     cost = _cost(plan, request, source)
     try:
         entry, after = budget.charge(
-            context.serial_sessions, context.settings, actor_id, cost, claim=claim
+            context.serial_sessions,
+            context.settings,
+            actor_id,
+            cost,
+            claim=claim,
+            mark=context.mark,  # as a publish's: the mark must cover the charge
         )
     except idempotency.AlreadyClaimed:  # a copy of this request was charged meanwhile
         assert claim is not None
