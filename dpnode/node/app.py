@@ -34,12 +34,14 @@ from dpnode.node.api.routes import (
     publish,
     runs,
     search,
+    synthesis,
     uploads,
     users,
 )
 from dpnode.node.context import NodeContext
 from dpnode.node.network import routes as network_routes
 from dpnode.node.network.membership import Heartbeats
+from dpnode.node.services import synthesis_jobs
 from dpnode.node.settings import Settings, get_settings
 from dpnode.node.storage import CorruptBlobError
 
@@ -213,7 +215,7 @@ class _Routes(Protocol):
 # Routes are matched in order: publish first, as a training loop calls it most.
 _NODE_ROUTERS: tuple[_Routes, ...] = (
     *(publish, auth, users, datasets, uploads, models),
-    *(search, approvals, runs, budget, policy, meta, audit),
+    *(search, approvals, runs, budget, policy, meta, audit, synthesis),
 )
 #: A network keeps accounts (its admins) and its directory, and no data.
 _NETWORK_ROUTERS: tuple[_Routes, ...] = (network_routes, auth, users, meta, audit)
@@ -232,6 +234,8 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
             limiter.total_tokens, thread_tokens(ctx.settings.max_requests_in_flight)
         )
         check_mark(ctx)
+        if ctx.settings.role == "node":
+            synthesis_jobs.sweep(ctx.sessions)  # jobs a stopped process left running
         heartbeats = None
         if ctx.settings.role == "node":
             heartbeats = Heartbeats(ctx.sessions, ctx.settings.network_heartbeat_seconds)

@@ -30,6 +30,7 @@ from dpnode.node.services.leases import LeaseKeeper
 from dpnode.node.services.release_plans import SelectionPlans
 from dpnode.node.services.security import password_hasher
 from dpnode.node.services.spending_mark import SpendingMark
+from dpnode.node.services.synthesis_jobs import JobRunner
 from dpnode.node.services.throttle import LoginThrottle
 from dpnode.node.services.uploads import UploadLimits, UploadSessions
 from dpnode.node.settings import PLACEHOLDER_SECRET, Settings
@@ -70,6 +71,8 @@ class NodeContext:
     #: Spending kept outside the database, and this process's reservation in it (see
     #: dpnode.node.services.spending_mark).
     mark: SpendingMark = field(init=False)
+    #: This process's running synthesis jobs (see dpnode.node.services.synthesis_jobs).
+    synthesis_jobs: JobRunner = field(init=False)
     #: The Dask cluster large publishes are evaluated on (``DPNODE_DASK_SCHEDULER``), or None
     #: (see dpnode.node.cluster).
     cluster: Cluster | None = field(init=False)
@@ -90,6 +93,7 @@ class NodeContext:
             self.relaxed_sessions, s.publish_lease_seconds, s.publish_key_ttl_seconds
         )
         self.mark = SpendingMark.from_settings(s)
+        self.synthesis_jobs = JobRunner(self.sessions, s.publish_lease_seconds)
         # connected on first use: a node whose scheduler is down still starts and serves
         self.cluster = Cluster(s) if s.dask_scheduler else None
 
@@ -116,6 +120,7 @@ class NodeContext:
         )
 
     def close(self) -> None:
+        self.synthesis_jobs.close()  # before the pools it writes through are disposed
         self.leases.close()
         self.mark.close()  # returns its reservation
         if self.cluster is not None:

@@ -95,6 +95,7 @@ from dpnode.sdk._remote import MockSession, RemoteTensor, mock
 from dpnode.sdk._remote.distinct import count_distinct
 from dpnode.sdk._scaling import BoundsScaler, bounds_scaler
 from dpnode.sdk._steps import StepBudget, step_budget
+from dpnode.sdk._synthesis import SynthesisJob
 from dpnode.sdk._training import PrivateTraining, TrainingStep, private_training
 from dpnode.sdk._transport import InProcessTransport
 
@@ -166,6 +167,7 @@ __all__ = [
     "ServerError",
     "SiteRelease",
     "StepBudget",
+    "SynthesisJob",
     "TensorInfo",
     "TrainingRunPlan",
     "TrainingStep",

@@ -47,7 +47,7 @@ from dpnode.sdk._exceptions import (
     PublishInProgressError,
     PublishLostError,
     UnknownStructureError,
-    error_for,
+    raise_for_error,
 )
 from dpnode.sdk._handles import AuditEvent, User
 from dpnode.sdk._progress import _PUBLISH_BAR, _progress_bar, _wants_progress
@@ -183,14 +183,7 @@ class Client(SearchCalls, BudgetCalls, UploadCalls):
             response = self._http.request(method, path, headers=headers, **kwargs)
         except httpx.TransportError as exc:
             raise NodeUnreachableError(f"cannot reach the node at {self.url}: {exc}") from exc
-        if response.is_error:
-            body = None
-            try:
-                body = response.json()
-                code, detail = body.get("error"), str(body.get("detail", response.text))
-            except (ValueError, AttributeError):
-                body, code, detail = None, None, response.text or response.reason_phrase
-            raise error_for(response.status_code, code, detail, body, response.headers)
+        raise_for_error(response)
         return response
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:

@@ -430,3 +430,17 @@ def error_for(
         if _SECONDS.fullmatch(retry_after):
             error.retry_after = int(retry_after)
     return error
+
+
+def raise_for_error(response: Any) -> None:
+    """Raise the typed error of an HTTP error ``response`` (an ``httpx.Response``) from its
+    JSON ``error`` code and ``detail``, or its text when it has no JSON; nothing otherwise."""
+    if not response.is_error:
+        return
+    body = None
+    try:
+        body = response.json()
+        code, detail = body.get("error"), str(body.get("detail", response.text))
+    except (ValueError, AttributeError):
+        body, code, detail = None, None, response.text or response.reason_phrase
+    raise error_for(response.status_code, code, detail, body, response.headers)

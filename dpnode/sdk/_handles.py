@@ -6,7 +6,7 @@ import math
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy.typing as npt
 
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from dpnode.sdk._client import Client
     from dpnode.sdk._groupby import Grouped
     from dpnode.sdk._remote import RemoteTensor
+    from dpnode.sdk._synthesis import SynthesisJob
     from dpnode.sdk.query import Query, QueryResult
 
 
@@ -250,6 +251,7 @@ class DatasetHandle:
         }
         return columns
 
+    @overload
     def synthesize(
         self,
         *,
@@ -262,11 +264,49 @@ class DatasetHandle:
         name: str | None = None,
         seed: int | None = None,
         idempotency_key: str | None = None,
-    ) -> DatasetHandle:
+        wait: Literal[True] = True,
+        progress: bool | None = None,
+    ) -> DatasetHandle: ...
+    @overload
+    def synthesize(
+        self,
+        *,
+        epsilon: float,
+        delta: float,
+        rows: int | None = None,
+        method: str = "mst",
+        bins: dict[str, int] | None = None,
+        columns: list[str] | None = None,
+        name: str | None = None,
+        seed: int | None = None,
+        idempotency_key: str | None = None,
+        wait: Literal[False],
+        progress: bool | None = None,
+    ) -> SynthesisJob: ...
+    def synthesize(
+        self,
+        *,
+        epsilon: float,
+        delta: float,
+        rows: int | None = None,
+        method: str = "mst",
+        bins: dict[str, int] | None = None,
+        columns: list[str] | None = None,
+        name: str | None = None,
+        seed: int | None = None,
+        idempotency_key: str | None = None,
+        wait: bool = True,
+        progress: bool | None = None,
+    ) -> DatasetHandle | SynthesisJob:
         """A differentially private synthetic copy of this dataset, made on the node (MST or
         AIM: noisy marginals, Private-PGM's estimate) and paid from your budget as one
         ledger row: a new dataset you own, with the same columns and bounds, that you
         may download (``.download().to_pandas()``) and explore freely.
+
+        The node charges the run at once, then computes it as a job; this waits for it with
+        a progress bar (rounds and phase; shown in a terminal or a notebook unless
+        ``progress`` says otherwise), or with ``wait=False`` returns the
+        :class:`~dpnode.sdk.SynthesisJob` (``.status()``, ``.wait()``, ``.result()``).
 
         Args:
             epsilon, delta: the whole run's privacy (delta > 0: the marginals are measured
@@ -279,19 +319,26 @@ class DatasetHandle:
             name: the new dataset's name (default: this one's with a suffix).
             seed: seeds the sampling of rows from the model (never the noise); not stored.
             idempotency_key: names the request (default: a fresh one), so that the SDK's
-                retries, or yours with the same key, get the first answer, charged once.
+                retries, or yours with the same key, get the first answer (the same job),
+                charged once.
+            wait: wait for the result (default), or return the job.
+            progress: show the bar (default: the client's setting).
 
         Returns:
-            The new dataset's handle; ``.receipt`` says what was charged and, at no extra
-            cost, which column sets were measured with what noise, the rounds and the domain
-            size; ``.synthetic`` its provenance (the same report).
+            The new dataset's handle (or, with ``wait=False``, the job); ``.receipt`` says
+            what was charged and, at no extra cost, which column sets were measured with
+            what noise, the rounds and the domain size; ``.synthetic`` its provenance (the
+            same report).
 
         Raises:
             BudgetExceededError, PolicyRefusedError, ApprovalRequiredError: refused by the
                 budget or the policy; nothing charged.
             DPNodeError: a bad argument, several rows per subject, or a domain beyond the
                 node's memory quota (``quota_exceeded``); nothing charged.
+            EvaluationError: the job failed after its charge (which stands), with the reason.
         """
+        from dpnode.sdk._synthesis import SynthesisJob
+
         for what, value in (("epsilon", epsilon), ("delta", delta)):
             if isinstance(value, float) and not math.isfinite(value):
                 raise InvalidRequestError(
@@ -315,9 +362,8 @@ class DatasetHandle:
             headers={"Idempotency-Key": key},
             repeatable=True,
         )
-        handle = DatasetHandle.from_json(self._client, answer["dataset"])
-        handle.receipt = answer["receipt"]
-        return handle
+        job = SynthesisJob(answer["job"], self._client)
+        return job.wait(progress=progress) if wait else job
 
     def delete(self) -> None:
         self._client.delete_dataset(self.id)

@@ -18,7 +18,7 @@ import httpx
 
 from dpnode.sdk._client import API_PREFIX, Client, node_url
 from dpnode.sdk._client_uploads import _tags
-from dpnode.sdk._exceptions import NodeUnreachableError, NotFoundError, error_for
+from dpnode.sdk._exceptions import NodeUnreachableError, NotFoundError, raise_for_error
 from dpnode.sdk._handles import ColumnInfo, DatasetHandle, NodeRef, columns_from_json
 
 __all__ = ["DatasetListing", "Network", "NodeInfo", "network"]
@@ -87,13 +87,7 @@ class Network:
             response = self._http.get(path, params=params)
         except httpx.TransportError as exc:
             raise NodeUnreachableError(f"cannot reach the network at {self.url}: {exc}") from exc
-        if response.is_error:
-            try:
-                body = response.json()
-                code, detail = body.get("error"), str(body.get("detail", response.text))
-            except (ValueError, AttributeError):
-                body, code, detail = None, None, response.text or response.reason_phrase
-            raise error_for(response.status_code, code, detail, body, response.headers)
+        raise_for_error(response)
         return response.json()
 
     def nodes(self) -> list[NodeInfo]:

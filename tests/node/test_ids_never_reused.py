@@ -251,7 +251,8 @@ def test_a_database_at_0007_upgraded_keeps_its_rows_and_never_reuses_an_id(
         assert _rows(engine) == rows
         assert _schema(engine) == before
         with engine.connect() as connection:
-            assert _autoincrement(connection) == set(OWN_IDS) - {"training_runs"}  # 0009's
+            # the tables of 0008 (training_runs and later ones come with later revisions)
+            assert _autoincrement(connection) == set(OWN_IDS) & set(before)
             seq = text("SELECT name, seq FROM sqlite_sequence")
             sequence = {name: n for name, n in connection.execute(seq)}
         # Datasets start above 3: the ledger, the approval and the audit log name it.

@@ -50,9 +50,9 @@ def test_a_synthetic_copy_is_charged_once_stored_and_downloadable(
 ) -> None:  # on both databases: the charge, the key and the new dataset are real rows
     before = ds_client.budget()
     asked = {"epsilon": 4.0, "delta": 1e-6, "seed": 7, "name": "survey-copy"}
-    copy = survey.synthesize(**asked, idempotency_key="synth-1")  # type: ignore[arg-type]
+    copy = survey.synthesize(**asked, idempotency_key="synth-1")  # type: ignore[call-overload]
     # a retry under the same key gets the first answer, charged once
-    again = survey.synthesize(**asked, idempotency_key="synth-1")  # type: ignore[arg-type]
+    again = survey.synthesize(**asked, idempotency_key="synth-1")  # type: ignore[call-overload]
     assert again.id == copy.id and again.receipt == copy.receipt
     with pytest.raises(sdk.ConflictError, match="another"):  # the key names one request
         survey.synthesize(epsilon=1.0, delta=1e-6, idempotency_key="synth-1")
@@ -129,7 +129,7 @@ def test_a_refused_synthesis_charges_and_stores_nothing(
 ) -> None:
     context.settings.max_graph_memory_bytes = 16 * 2**20
     with pytest.raises(error, match=words):
-        survey.synthesize(**asked)  # type: ignore[arg-type]
+        survey.synthesize(**asked)  # type: ignore[call-overload]
     _nothing_happened(ds_client, owner_client)
 
 
@@ -151,14 +151,17 @@ def test_the_docs_example_runs(
     survey: sdk.DatasetHandle, ds_client: sdk.Client, sqlite_only: None
 ) -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "synthetic.md").read_text()
-    (block,) = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
+    first, job = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
     namespace: dict[str, object] = {"ds": survey}
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(block, "docs/synthetic.md", "exec"), namespace)  # the repository's docs
+        exec(compile(first, "docs/synthetic.md", "exec"), namespace)  # the repository's docs
     frame = namespace["frame"]
     assert len(frame) == N and "'method': 'mst'" in out.getvalue()  # type: ignore[arg-type]
-    assert len(ds_client.ledger()) == 1
+    exec(compile(job, "docs/synthetic.md", "exec"), namespace)  # the job's example
+    assert isinstance(namespace["job"], sdk.SynthesisJob)
+    assert namespace["copy"].synthetic["method"] == "aim"  # type: ignore[attr-defined]
+    assert len(ds_client.ledger()) == 2
 
 
 def test_a_node_without_the_estimator_refuses_mst_before_charging_and_runs_aim(
@@ -186,8 +189,8 @@ def test_an_aim_copy_is_charged_once_at_its_total_and_reports_what_it_measured(
     _nothing_happened(ds_client, owner_client)
     asked = {"epsilon": 6.0, "delta": 1e-6, "method": "aim", "seed": 3}
     asked |= {"columns": ["region", "smoker", "cough"], "idempotency_key": "aim-1"}
-    copy = survey.synthesize(**asked)  # type: ignore[arg-type]
-    again = survey.synthesize(**asked)  # type: ignore[arg-type]
+    copy = survey.synthesize(**asked)  # type: ignore[call-overload]
+    again = survey.synthesize(**asked)  # type: ignore[call-overload]
     assert again.id == copy.id and again.receipt == copy.receipt
     receipt = copy.receipt
     assert receipt is not None and receipt["mechanism"] == "aim"

@@ -570,3 +570,23 @@ class SynthesisCreate(Schema):
 class SynthesisPublic(Schema):
     dataset: DatasetPublic
     receipt: dict[str, Any]
+
+
+class SynthesisProgress(Schema):
+    done: int = Field(description="rounds or steps done")
+    total: int = Field(description="rounds or steps planned (AIM may stop early)")
+    phase: str = Field(description="measuring, selecting, estimating, sampling or storing")
+
+
+class SynthesisJobPublic(Schema):
+    """A synthesis job: ``running``, ``answered`` (with ``dataset`` and ``receipt``) or
+    ``failed`` (with ``error``; the charge stands)."""
+
+    job: int
+    state: str
+    method: str | None = None
+    ledger_id: int | None = None
+    progress: SynthesisProgress | None = None
+    dataset: DatasetPublic | None = None
+    receipt: dict[str, Any] | None = None
+    error: str | None = None

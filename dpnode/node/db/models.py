@@ -476,3 +476,33 @@ class NetworkMembership(Base):
     #: ``ok`` or why the last heartbeat failed (the network unreachable, or this node removed).
     last_result: Mapped[str] = mapped_column(String(300), default="")
     last_ok_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class SynthesisJob(Base):
+    """A charged synthesis running in the background (``dpnode.node.services.synthesis_jobs``):
+    its state, its progress, and once answered the new dataset and the charge's receipt.
+
+    ``running`` while the node process computing it renews :attr:`lease_until`; a job whose
+    lease lapsed unanswered (the process stopped) is marked ``failed`` at the next start: the
+    charge stands, as for a lost publish.
+    """
+
+    __tablename__ = "synthesis_jobs"
+    __table_args__ = NEVER_REUSE_IDS
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    source_id: Mapped[int] = mapped_column(Integer)
+    ledger_id: Mapped[int] = mapped_column(ForeignKey("ledger_entries.id"))
+    method: Mapped[str] = mapped_column(String(16))
+    #: ``running``, ``answered`` or ``failed``
+    state: Mapped[str] = mapped_column(String(16), default="running", index=True)
+    done: Mapped[int] = mapped_column(Integer, default=0)
+    total: Mapped[int] = mapped_column(Integer, default=1)
+    phase: Mapped[str] = mapped_column(String(16), default="measuring")
+    #: the answer once ``answered``: the new dataset and the receipt
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    lease_until: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

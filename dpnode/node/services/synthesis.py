@@ -17,8 +17,9 @@ Order of events, as for a publish (``dpnode.node.services.publish``), each for a
 4. store the rows as a new dataset owned by the caller, flagged synthetic by its provenance
    (source, method, epsilon, delta, rows, ledger row; a caller's seed is not kept).
 
-It runs synchronously in the request for now: seconds for a table of a few columns, or the
-tens of seconds ``mbi`` takes to compile MST's estimate in a fresh process.
+Steps 1 and 2 run in the request; steps 3 and 4 run as a job in a background thread
+(:mod:`dpnode.node.services.synthesis_jobs`), reporting its progress, since a run takes
+seconds to minutes: the request is answered with the job's id.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from dpnode.core.synth import (
     run_aim,
     run_mst,
 )
+from dpnode.core.synth.aim import Progress
 from dpnode.core.synth.estimate import estimate_marginals, sample_model, sample_tree
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import Dataset
@@ -71,6 +73,7 @@ from dpnode.node.services import (
 )
 from dpnode.node.services.catalog import check_item_name, normalise_tags
 from dpnode.node.services.costs import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, Cost
+from dpnode.node.services.synthesis_jobs import Reporter
 from dpnode.node.services.tabular import ColumnSpec
 from dpnode.node.storage import array_to_bytes
 
@@ -79,6 +82,7 @@ __all__ = [
     "Method",
     "Replayed",
     "Sampled",
+    "Started",
     "SynthesisRequest",
     "Synthesized",
     "aim_memory_bytes",
@@ -117,11 +121,12 @@ class Sampled:
 class Method:
     """A synthesis method: how it plans (public metadata), what it holds in memory at most,
     and how it runs once charged (the plan, the binned table, rows to sample, a generator
-    for the sampling); ``estimator``: whether it needs :data:`ESTIMATOR` installed."""
+    for the sampling, where to report its progress); ``estimator``: whether it needs
+    :data:`ESTIMATOR` installed."""
 
     plan: Callable[[tuple[Attribute, ...], int, float, float], Plan]
     memory: Callable[[Any, int], int]
-    run: Callable[[Any, Any, int, np.random.Generator], Sampled]
+    run: Callable[[Any, Any, int, np.random.Generator, Reporter], Sampled]
     estimator: bool
 
 
@@ -145,6 +150,13 @@ class Synthesized:
 
     dataset: Dataset
     receipt: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Started:
+    """A charged synthesis, running as job ``job``."""
+
+    job: int
 
 
 @dataclass(frozen=True)
@@ -202,15 +214,24 @@ def _names(plan: Plan, cliques: Sequence[Sequence[int]]) -> list[list[str]]:
     return [[plan.attributes[j].name for j in c] for c in cliques]
 
 
-def _run_mst(plan: MstPlan, codes: Any, rows: int, rng: np.random.Generator) -> Sampled:
+#: MST's steps as a job reports them: it measures, selects and measures its tree in one call.
+_MST_STEPS = ("measuring", "estimating", "sampling", "storing")
+
+
+def _run_mst(
+    plan: MstPlan, codes: Any, rows: int, rng: np.random.Generator, report: Reporter
+) -> Sampled:
+    total = len(_MST_STEPS)
+    report(0, total, "measuring")
     measured = run_mst(codes, plan)
+    report(1, total, "estimating")
     sizes = [a.size for a in plan.attributes]
     if len(sizes) > 1:
         root, edges = estimate_marginals(plan.attributes, measured, plan.rows)
     else:  # one column: its noisy marginal is the model
         root, edges = measured.one_way[0], {}
     tree = _names(plan, measured.pairs)
-    report = {
+    shown = {
         "selection_epsilon": plan.select_epsilon * plan.selections,
         "one_way_sigma": measured.one_way_sigma,
         "two_way_sigma": list(measured.two_way_sigma),
@@ -224,14 +245,27 @@ def _run_mst(plan: MstPlan, codes: Any, rows: int, rng: np.random.Generator) -> 
             ),
         ],
     }
-    return Sampled(sample_tree(sizes, root, edges, rows, rng), report)
+    report(2, total, "sampling")
+    synthetic = sample_tree(sizes, root, edges, rows, rng)
+    report(3, total, "storing")
+    return Sampled(synthetic, shown)
 
 
-def _run_aim(plan: AimPlan, codes: Any, rows: int, rng: np.random.Generator) -> Sampled:
-    run = run_aim(codes, plan)
+def _run_aim(
+    plan: AimPlan, codes: Any, rows: int, rng: np.random.Generator, report: Reporter
+) -> Sampled:
+    # its rounds, then sampling and storing: a run that stops early jumps to sampling
+    total = plan.max_rounds + 2
+
+    def rounds(at: Progress) -> None:
+        report(at.rounds, total, at.phase)
+
+    run = run_aim(codes, plan, progress=rounds)
     assert run.model is not None  # every run ends with its full fit
+    report(plan.max_rounds, total, "sampling")
     synthetic = sample_model(run.model, len(plan.attributes), rows, int(rng.integers(2**32)))
-    report = {
+    report(plan.max_rounds + 1, total, "storing")
+    shown = {
         "selection_epsilon": math.fsum(m.selection_epsilon for m in run.measurements),
         "rounds": run.rounds,
         "rounds_planned": plan.max_rounds,
@@ -245,7 +279,7 @@ def _run_aim(plan: AimPlan, codes: Any, rows: int, rng: np.random.Generator) -> 
             for m in run.measurements
         ],
     }
-    return Sampled(synthetic, report)
+    return Sampled(synthetic, shown)
 
 
 #: The methods a synthesis may name.
@@ -390,13 +424,17 @@ def synthesize(
     actor_id: int,
     ref: int | str,
     request: SynthesisRequest,
+    answer: Callable[[Synthesized], dict[str, Any]],
     key: str | None = None,
-) -> Synthesized | Replayed:
-    """Make a differentially private synthetic copy of dataset ``ref`` for the caller.
+) -> Started | Replayed:
+    """Charge a differentially private synthetic copy of dataset ``ref`` for the caller, and
+    start computing it as a job (:mod:`dpnode.node.services.synthesis_jobs`), whose answer
+    is ``answer`` of the new dataset and its receipt.
 
     ``key``: the request's idempotency key, claimed with the ledger row as a publish's is
-    (``dpnode.node.services.idempotency``): a retry under it gets the first answer
-    (:class:`Replayed`, stored by the caller with ``publish.answered``), charged once.
+    (``dpnode.node.services.idempotency``): a retry under it gets the first answer, the
+    same job (:class:`Replayed`, stored by the caller with ``publish.answered``), charged
+    once.
 
     Raises (each before any private value is read, nothing charged):
         AuthenticationError: the account no longer exists or was deactivated.
@@ -409,7 +447,7 @@ def synthesize(
         PolicyRefusedError, BudgetExceededError, ApprovalRequiredError: the policy or the
             budget refuses the charge.
         ConflictError, PublishInProgressError, PublishLostError: the key names another
-            request, or its synthesis is still running, or was lost.
+            request, or its synthesis is still being started, or was lost.
     """
     claim = None
     if key is not None:
@@ -421,7 +459,12 @@ def synthesize(
     cost = _cost(plan, request, source)
     try:
         entry, after = budget.charge(
-            context.serial_sessions, context.settings, actor_id, cost, claim=claim
+            context.serial_sessions,
+            context.settings,
+            actor_id,
+            cost,
+            claim=claim,
+            mark=context.mark,  # as a publish's: the mark must cover the charge
         )
     except idempotency.AlreadyClaimed:  # a copy of this request was charged meanwhile
         assert claim is not None
@@ -432,14 +475,21 @@ def synthesize(
                 "request: retry with the same key to get its answer"
             ) from None
         return Replayed(stored)
-    if claim is not None:  # renewed until the answer is stored
+    if claim is not None:  # renewed until the answer (the job's id) is stored
         context.leases.hold(actor_id, claim.key)
     try:
-        return _run(context, actor_id, source, plan, request, rows, name, entry, after)
+        job = context.synthesis_jobs.create(actor_id, source.id, entry.id, request.method)
     except BaseException:  # not answered: the lease lapses, and its retries learn it is lost
         if claim is not None:
             context.leases.release(actor_id, claim.key)
         raise
+
+    def work(report: Reporter) -> dict[str, Any]:
+        done = _run(context, actor_id, source, plan, request, rows, name, entry, after, report)
+        return answer(done)
+
+    context.synthesis_jobs.launch(job, work)
+    return Started(job)
 
 
 def _run(
@@ -452,8 +502,9 @@ def _run(
     name: str,
     entry: charge_rows.Charged,
     after: budget_status.Status,
+    report: Reporter,
 ) -> Synthesized:
-    """Charged: from here on the source's values are read."""
+    """Charged: from here on the source's values are read (in the job's thread)."""
     by_name = {c.name: c for c in source.columns}
     codes = np.stack(
         [
@@ -463,7 +514,7 @@ def _run(
         axis=1,
     )
     rng = np.random.default_rng(secrets.randbits(128) if request.seed is None else request.seed)
-    sampled = METHODS[request.method].run(plan, codes, rows, rng)
+    sampled = METHODS[request.method].run(plan, codes, rows, rng, report)
     arrays = [decode(a, sampled.codes[:, j], rng) for j, a in enumerate(plan.attributes)]
     provenance = {
         "source_id": source.id,

@@ -27,6 +27,7 @@ from dpnode.node.api.schemas import (
     DatasetManifest,
     DatasetPublic,
     SynthesisCreate,
+    SynthesisJobPublic,
     SynthesisPublic,
 )
 from dpnode.node.db.models import Dataset
@@ -209,7 +210,8 @@ def download_data(
 
 @router.post(
     "/{dataset_ref}/synthesize",
-    response_model=SynthesisPublic,
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=SynthesisJobPublic,
     response_class=Response,
     responses=errors(403, 404, 409, 422, 503),
 )
@@ -220,11 +222,12 @@ def synthesize(
     actor: CurrentUser,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
-    """A differentially private synthetic copy of the dataset (MST), charged to the caller's
-    budget as one ledger row, stored as a new dataset the caller owns and may download
-    (``GET /datasets/{ref}/data``). Refused with nothing charged, before any value is read,
-    on a bad request, several rows per subject, a domain beyond the memory quota
-    (``quota_exceeded``), or by the policy and the budget."""
+    """A differentially private synthetic copy of the dataset (MST or AIM), charged to the
+    caller's budget as one ledger row, then computed as a job: answered ``202`` with its id,
+    followed at ``GET /synthesis/{job}`` until it holds the new dataset the caller owns and
+    may download (``GET /datasets/{ref}/data``). Refused with nothing charged, before any
+    value is read, on a bad request, several rows per subject, a domain beyond the memory
+    quota (``quota_exceeded``), or by the policy and the budget."""
     request = synthesis.SynthesisRequest(
         epsilon=body.epsilon,
         delta=body.delta,
@@ -235,16 +238,18 @@ def synthesize(
         name=body.name,
         seed=body.seed,
     )
-    done = synthesis.synthesize(context, actor.id, item_ref(dataset_ref), request, idempotency_key)
-    if isinstance(done, synthesis.Replayed):
-        return Response(done.response, media_type="application/json")
-    try:
-        answer = SynthesisPublic(dataset=dataset_public(done.dataset), receipt=done.receipt)
-        content = answer.model_dump_json().encode()
-    except BaseException:
-        if idempotency_key is not None:  # no answer to store: its retries learn it is lost
-            publish.let_go(context, actor.id, idempotency_key)
-        raise
+
+    def answer(done: synthesis.Synthesized) -> dict[str, Any]:
+        made = SynthesisPublic(dataset=dataset_public(done.dataset), receipt=done.receipt)
+        return made.model_dump(mode="json")
+
+    started = synthesis.synthesize(
+        context, actor.id, item_ref(dataset_ref), request, answer, idempotency_key
+    )
+    accepted = status.HTTP_202_ACCEPTED
+    if isinstance(started, synthesis.Replayed):
+        return Response(started.response, status_code=accepted, media_type="application/json")
+    content = SynthesisJobPublic(job=started.job, state="running").model_dump_json().encode()
     if idempotency_key is not None:
         publish.answered(context, actor.id, idempotency_key, content)
-    return Response(content, media_type="application/json")
+    return Response(content, status_code=accepted, media_type="application/json")
