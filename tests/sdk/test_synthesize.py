@@ -14,7 +14,7 @@ import pytest
 
 from dpnode import sdk
 from dpnode.node.context import NodeContext
-from dpnode.node.services import synthesis
+from dpnode.node.services import synthesis_methods
 
 N = 400
 
@@ -171,7 +171,7 @@ def test_a_node_without_the_estimator_refuses_mst_before_charging_and_runs_aim(
     monkeypatch: pytest.MonkeyPatch,
     sqlite_only: None,
 ) -> None:
-    monkeypatch.setattr(synthesis, "ESTIMATOR", "a_package_this_node_does_not_have")
+    monkeypatch.setattr(synthesis_methods, "ESTIMATOR", "a_package_this_node_does_not_have")
     with pytest.raises(sdk.EvaluationUnavailableError, match="dpnode\\[synth\\]"):
         survey.synthesize(epsilon=1.0, delta=1e-6)
     _nothing_happened(ds_client, owner_client)
