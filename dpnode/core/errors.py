@@ -52,6 +52,7 @@ __all__ = [
     "GraphError",
     "InvalidPolicyError",
     "InvalidRequestError",
+    "NetworkError",
     "NotFoundError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
@@ -252,3 +253,10 @@ class UploadOffsetError(ConflictError):
 
     def extra(self) -> dict[str, Any]:
         return {"offset": self.offset}
+
+
+class NetworkError(DPNodeError):
+    """A network of nodes this node is a member of (or joins) could not be reached, or
+    answered an error: the membership's state is unchanged (``dpnode network status``)."""
+
+    code = "network_error"

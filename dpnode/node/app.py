@@ -62,6 +62,7 @@ STATUS: dict[type[errors.DPNodeError], int] = {
     errors.ConflictError: 409,
     errors.EvaluationUnavailableError: 503,
     errors.BudgetMarkError: 503,
+    errors.NetworkError: 502,
 }
 
 _HTTP_CODES = {

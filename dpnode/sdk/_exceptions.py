@@ -61,6 +61,7 @@ __all__ = [
     "GraphError",
     "InvalidPolicyError",
     "InvalidRequestError",
+    "NetworkError",
     "NodeBusyError",
     "NodeUnreachableError",
     "NotFoundError",
@@ -341,6 +342,14 @@ class UnsupportedOperationError(DPNodeError, NotImplementedError):
     code = "unsupported_operation"
 
 
+class NetworkError(DPNodeError):
+    """The node could not reach a network of nodes it is a member of, or the network
+    answered an error (``502 network_error``): the node's membership is as it was; its
+    operator sees the cause in ``dpnode network status``."""
+
+    code = "network_error"
+
+
 BY_CODE: dict[str, type[DPNodeError]] = {
     cls.code: cls
     for cls in (
@@ -372,6 +381,7 @@ BY_CODE: dict[str, type[DPNodeError]] = {
         EvaluationUnavailableError,
         BudgetMarkError,
         BudgetMarkBehindError,
+        NetworkError,
     )
 }
 

@@ -19,7 +19,13 @@ import httpx
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
-from dpnode.core.errors import AuthenticationError, ConflictError, DPNodeError, NotFoundError
+from dpnode.core.errors import (
+    AuthenticationError,
+    ConflictError,
+    DPNodeError,
+    NetworkError,
+    NotFoundError,
+)
 from dpnode.node.db.models import (
     Dataset,
     DatasetColumn,
@@ -41,12 +47,6 @@ log = logging.getLogger("dpnode")
 API = "/api/v1/network"
 #: seconds to wait for a network at each call, at most (a beat never waits longer than one)
 TIMEOUT_SECONDS = 10.0
-
-
-class NetworkError(DPNodeError):
-    """The network could not be reached, or answered an error."""
-
-    code = "network_error"
 
 
 def catalog_of(session: Session) -> Catalog:
