@@ -209,6 +209,14 @@ def check_mark(ctx: NodeContext) -> None:
         log.warning("the budget mark could not be checked at start: %s", exc)
 
 
+def sweep_jobs(ctx: NodeContext) -> None:
+    """Mark failed the synthesis jobs a stopped process left running (their charge stands)."""
+    try:
+        synthesis_jobs.sweep(ctx.sessions)
+    except SQLAlchemyError as exc:  # e.g. not migrated yet: no job can be running either
+        log.warning("the synthesis jobs could not be swept at start: %s", exc)
+
+
 class _Routes(Protocol):
     router: APIRouter
 
@@ -236,7 +244,7 @@ def create_app(settings: Settings | None = None, context: NodeContext | None = N
         )
         check_mark(ctx)
         if ctx.settings.role == "node":
-            synthesis_jobs.sweep(ctx.sessions)  # jobs a stopped process left running
+            sweep_jobs(ctx)
         heartbeats = None
         if ctx.settings.role == "node":
             heartbeats = Heartbeats(ctx.sessions, ctx.settings.network_heartbeat_seconds)
