@@ -19,7 +19,7 @@ from dpnode.node.db.models import User
 from dpnode.node.services import users
 from dpnode.node.settings import Settings
 from tests.postgres import find_bin_dir, postgres_server
-from tests.statuses import RecordStatuses, Seen, undocumented
+from tests.statuses import RecordStatuses, Seen, spec_of, undocumented
 
 BACKENDS = ["sqlite", "postgresql"]
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +102,7 @@ def http(context: NodeContext) -> Iterator[TestClient]:
     app.add_middleware(RecordStatuses, seen=seen)
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
-    problems = undocumented(app.openapi(), seen)
+    problems = undocumented(spec_of(app), seen)
     assert not problems, "\n".join(problems)
 
 

@@ -4,6 +4,10 @@ The ``http`` fixture (tests/conftest.py) records what each test's requests were 
 (:class:`RecordStatuses`) and, after the test, fails it if a status is missing from the
 operation's documented responses (:func:`undocumented`). So the document of each route
 grows with the tests that exercise it, and a client generated from it knows every answer.
+
+Building the document takes a few tenths of a second and an app keeps it for its own life
+only, while every API test builds an app of its own from the same routers: :func:`spec_of`
+keeps one document per set of routes for the session (a test that adds a route gets its own).
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
+from fastapi import FastAPI
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 #: (method, path, status) of one answered request.
@@ -37,6 +43,23 @@ class RecordStatuses:
             await send(message)
 
         await self.app(scope, receive, record)
+
+
+_specs: dict[tuple[tuple[object, ...], ...], dict[str, Any]] = {}
+
+
+def _route_key(route: BaseRoute) -> tuple[object, ...]:
+    methods = getattr(route, "methods", None) or ()
+    endpoint = getattr(route, "endpoint", None)
+    return (type(route).__name__, getattr(route, "path", None), tuple(sorted(methods)), endpoint)
+
+
+def spec_of(app: FastAPI) -> dict[str, Any]:
+    """``app.openapi()``, built once per session for apps with the same routes (read only)."""
+    key = tuple(_route_key(route) for route in app.routes)
+    if key not in _specs:
+        _specs[key] = app.openapi()
+    return _specs[key]
 
 
 @cache

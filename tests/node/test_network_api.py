@@ -23,7 +23,7 @@ from dpnode.node.network import membership
 from dpnode.node.services.security import secret_digest
 from dpnode.node.settings import Settings
 from tests.conftest import PASSWORD, login, make_user
-from tests.statuses import RecordStatuses, Seen, undocumented
+from tests.statuses import RecordStatuses, Seen, spec_of, undocumented
 
 NET = "http://testserver"
 
@@ -44,7 +44,7 @@ def net(net_context: NodeContext) -> Iterator[TestClient]:
     app.add_middleware(RecordStatuses, seen=seen)
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
-    assert not undocumented(app.openapi(), seen)
+    assert not undocumented(spec_of(app), seen)
 
 
 @pytest.fixture
