@@ -39,7 +39,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if info is None:
             continue
         if any(defs[-1].scope in _SHARED_SCOPES for defs in info.name2fixturedefs.values()):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+            group = item.nodeid.split("::", 1)[0]
+            item.add_marker(pytest.mark.xdist_group(group))
+            _tell_the_group(item, group)
+
+
+def _tell_the_group(item: pytest.Item, group: str) -> None:
+    """Name ``group`` in the item's node id, as ``path::test@group``, for pytest-xdist.
+
+    pytest-xdist's workers tell its controller an item's group only by that suffix, which
+    they write to ``item._nodeid``; pytest 9.2 keeps node ids in ``item._id`` (a ``NodeId``)
+    and ignores the other, so the groups were lost and every test was scheduled on its own
+    (pytest-xdist issue 1386): module fixtures were built on both workers, or again after
+    another module's tests ran between two of a module's (the OpInfo sweep twice a run).
+    Where pytest keeps a ``NodeId``, write the suffix there; pytest-xdist, if it adds its own
+    later, adds the same name after it, and only the last ``@`` counts.
+    """
+    node_id = getattr(item, "_id", None)
+    if node_id is not None and not isinstance(node_id, str) and hasattr(node_id, "parse"):
+        item._id = node_id.parse(f"{node_id}@{group}")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
