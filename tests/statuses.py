@@ -50,8 +50,10 @@ _specs: dict[tuple[tuple[object, ...], ...], dict[str, Any]] = {}
 
 def _route_key(route: BaseRoute) -> tuple[object, ...]:
     methods = getattr(route, "methods", None) or ()
+    # by name: the app's own routes (its /openapi.json) have closures of their own as endpoints
     endpoint = getattr(route, "endpoint", None)
-    return (type(route).__name__, getattr(route, "path", None), tuple(sorted(methods)), endpoint)
+    name = f"{endpoint.__module__}.{endpoint.__qualname__}" if endpoint is not None else None
+    return (type(route).__name__, getattr(route, "path", None), tuple(sorted(methods)), name)
 
 
 def spec_of(app: FastAPI) -> dict[str, Any]:
