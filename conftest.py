@@ -33,6 +33,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """
     if not config.pluginmanager.hasplugin("xdist"):
         return
+    # set on pytest-xdist's workers under --dist loadgroup: other runs keep their node ids
+    loadgroup = bool(getattr(config.option, "loadgroup", False))
     for item in items:
         # _fixtureinfo: pytest has no public way to ask an item for its fixtures' scopes
         info = getattr(item, "_fixtureinfo", None)
@@ -41,7 +43,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if any(defs[-1].scope in _SHARED_SCOPES for defs in info.name2fixturedefs.values()):
             group = item.nodeid.split("::", 1)[0]
             item.add_marker(pytest.mark.xdist_group(group))
-            _tell_the_group(item, group)
+            if loadgroup:
+                _tell_the_group(item, group)
 
 
 def _tell_the_group(item: pytest.Item, group: str) -> None:
