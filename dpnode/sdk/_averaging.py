@@ -30,7 +30,8 @@ from dpnode.sdk._exceptions import DPNodeError
 
 __all__ = ["AVERAGES", "DEFAULT_AVERAGE", "IterateAverage", "iterate_average"]
 
-#: what a run's parameters hold after its last step (docs/performance.md measured it)
+#: what a run's parameters hold after its last step: the last iterate, which neither average
+#: beat on the same runs (docs/performance.md, "Averaging the iterates")
 DEFAULT_AVERAGE: str | None = None
 
 #: the EMA's window, as a fraction of the run's steps
