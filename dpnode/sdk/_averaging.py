@@ -1,14 +1,16 @@
 """Averaging the iterates of a private training run: free post-processing of its releases.
 
 Each step of a run moves the parameters by a noised gradient, so the last iterate carries the
-last steps' noise undamped. An average of the iterates keeps the trend and cancels much of
-that noise. It is computed from the released gradients alone (the iterates are functions of
-them and of the public start), so it costs no privacy: the node charges the same steps.
+last steps' noise undamped. An average of the iterates damps that jitter (not the noise the
+run integrated before, a random walk that the average follows: on the bench's rows it gained
+nothing, docs/performance.md). It is computed from the released gradients alone (the
+iterates are functions of them and of the public start), so it costs no privacy: the node
+charges the same steps.
 
 Two averages, both fixed in advance by the run's public step count ``steps``:
 
-* ``"tail"``: the plain mean of the iterates after the last ``steps - steps // 2`` steps (the
-  last half), as in tail-averaged SGD;
+* ``"tail"``: the plain mean of the last ``steps - steps // 2`` iterates (the last half), as
+  in tail-averaged SGD;
 * ``"ema"``: an exponential moving average whose window is a quarter of the run (decay
   ``1 - 4 / steps``), which is the running mean of the iterates until that window fills
   (the decay at step ``t`` is at most ``(t - 1) / t``), so that the random start weighs no
