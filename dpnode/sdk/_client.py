@@ -190,7 +190,12 @@ class Client(SearchCalls, BudgetCalls, UploadCalls):
         return self._request(method, path, **kwargs).json()
 
     def _download_frame(self, path: str) -> Columns:
-        return Columns(load(self._request("GET", path).content))
+        """A downloaded frame's arrays, in the order its manifest lists them (the frame's own
+        header keeps no order)."""
+        manifest, arrays = _read_frame(self._request("GET", path).content)
+        order = [name for name in manifest.get("columns", ()) if name in arrays]
+        order += [name for name in arrays if name not in order]
+        return Columns({name: arrays[name] for name in order})
 
     def close(self) -> None:
         self._http.close()
