@@ -416,11 +416,11 @@ def _charged(tensors: list[torch.Tensor], delta: float | None) -> float:
     from dpnode.core.engine import plan
     from dpnode.core.privacy.release import plan_release
     from dpnode.sdk._exceptions import error_for
-    from dpnode.sdk._mock_publish import _inputs
+    from dpnode.sdk._mock_publish import mock_inputs
     from dpnode.sdk._remote import graph_for
 
     graph = graph_for(tensors)  # type: ignore[arg-type]
-    specs, _ = _inputs(session, graph.input_names())
+    specs, _ = mock_inputs(session, tensors, graph.input_names())
     try:
         report = plan_release(plan(graph, accurate=True), specs, epsilon=1.0, delta=delta).report
     except node_errors.DPNodeError as exc:  # the node's own checks, raised as the SDK's
