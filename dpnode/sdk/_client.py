@@ -190,7 +190,11 @@ class Client(SearchCalls, BudgetCalls, UploadCalls):
         return self._request(method, path, **kwargs).json()
 
     def _download_frame(self, path: str) -> Columns:
-        return Columns(load(self._request("GET", path).content))
+        """A frame's columns in the order its manifest lists them (the dataset's): the frame
+        itself keeps its tensors sorted by name."""
+        manifest, arrays = _read_frame(self._request("GET", path).content)
+        order = [n for n in manifest.get("columns", ()) if n in arrays]
+        return Columns({n: arrays[n] for n in [*order, *(n for n in arrays if n not in order)]})
 
     def close(self) -> None:
         self._http.close()
