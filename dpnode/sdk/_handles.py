@@ -154,12 +154,17 @@ class DatasetHandle:
 
     def mock(self) -> Columns:
         """The dataset's mock (fake) data, to dry-run code before spending budget: a dict of
-        columns, in the dataset's order; ``.to_pandas()`` makes a DataFrame. ``.synthetic``
+        columns, in the dataset's order; ``.to_pandas()`` makes a DataFrame (categories as
+        strings). ``.synthetic``
         is its provenance when the node synthesized it (:meth:`synthesize_mock`), else
         ``None``."""
         columns = self._client._download_frame(f"/datasets/{self.id}/mock")
+        columns.categories = self._categories()
         columns.synthetic = self.mock_synthetic
         return columns
+
+    def _categories(self) -> dict[str, tuple[str, ...]]:
+        return {n: c.categories for n, c in self.columns.items() if c.categories is not None}
 
     @overload
     def synthesize_mock(
@@ -314,9 +319,7 @@ class DatasetHandle:
             PermissionDeniedError: a data scientist asking for real values.
         """
         columns = self._client._download_frame(f"/datasets/{self.id}/data")
-        columns.categories = {
-            n: c.categories for n, c in self.columns.items() if c.categories is not None
-        }
+        columns.categories = self._categories()
         return columns
 
     @overload
