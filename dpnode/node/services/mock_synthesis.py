@@ -73,6 +73,13 @@ def _plan(
                 f"{source.provenance.get('source')!r}): download it instead, or give its "
                 "source a synthetic mock"
             )
+        shaped = [c for c in source.columns if c.row_shape]
+        if shaped:
+            raise InvalidRequestError(
+                f"column {shaped[0].name!r} holds a {list(shaped[0].row_shape)} array per row; "
+                "a synthetic mock has one value per cell and every column of the data: "
+                "upload a mock for this dataset instead (upload_dataset(..., mock=...))"
+            )
         plan, rows = synthesis.plan_for(context.settings, source, request)
         session.expunge_all()
     return source, plan, rows
