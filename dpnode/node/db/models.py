@@ -203,7 +203,9 @@ class LedgerEntry(Base):
     )
     #: Paid from the caps of the datasets it read alone, not from its user's budget (a data
     #: owner's synthetic mock): counted in those caps, left out of the user's sums and total.
-    cap_only: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    #: The database's default only (no Python one), so that code inserting rows without it,
+    #: written before it existed, still inserts them.
+    cap_only: Mapped[bool] = mapped_column(Boolean, server_default=false())
 
 
 class TrainingRun(Base):
