@@ -191,10 +191,13 @@ class Client(SearchCalls, BudgetCalls, UploadCalls):
 
     def _download_frame(self, path: str) -> Columns:
         """A frame's columns in the order its manifest lists them (the dataset's): the frame
-        itself keeps its tensors sorted by name."""
+        itself keeps its tensors sorted by name. ``synthetic``: a mock's provenance, if the
+        manifest has one."""
         manifest, arrays = _read_frame(self._request("GET", path).content)
         order = [n for n in manifest.get("columns", ()) if n in arrays]
-        return Columns({n: arrays[n] for n in [*order, *(n for n in arrays if n not in order)]})
+        columns = Columns({n: arrays[n] for n in [*order, *(n for n in arrays if n not in order)]})
+        columns.synthetic = manifest.get("synthetic")
+        return columns
 
     def close(self) -> None:
         self._http.close()

@@ -160,7 +160,6 @@ class DatasetHandle:
         ``None``."""
         columns = self._client._download_frame(f"/datasets/{self.id}/mock")
         columns.categories = self._categories()
-        columns.synthetic = self.mock_synthetic
         return columns
 
     def _categories(self) -> dict[str, tuple[str, ...]]:

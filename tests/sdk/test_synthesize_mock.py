@@ -4,6 +4,11 @@ budget; end to end through the SDK and the real app, with its refusals."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 from sqlalchemy import select
@@ -153,7 +158,7 @@ def test_a_mock_over_the_cap_is_refused_before_any_computation(
     admin_client.set_policy(
         "[datasets.survey]\nmax_epsilon = 0.5\nmax_delta = 1e-5\n", reason="a small cap"
     )
-    with pytest.raises(sdk.BudgetExceededError, match="capped at epsilon 0.5") as over:
+    with pytest.raises(sdk.BudgetExceededError, match=r"capped at epsilon 0\.5") as over:
         survey.synthesize_mock(epsilon=2.0, delta=1e-6)
     assert over.value.rule == "datasets.survey.max_epsilon"
     assert admin_client.ledger(everyone=True) == []
@@ -164,3 +169,18 @@ def test_a_mock_over_the_cap_is_refused_before_any_computation(
     # the owner's own budget (10) is not what decides: a data scientist's larger one would
     # not help either, the cap does
     assert owner_client.budget().spent_epsilon == 0
+
+
+def test_the_docs_example_runs(
+    survey: sdk.DatasetHandle,
+    owner_client: sdk.Client,
+    admin_client: sdk.Client,
+    sqlite_only: None,
+) -> None:
+    admin_client.set_policy(CAP, reason="a promise")
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "synthetic.md").read_text()
+    example = re.findall(r"```python\n(.*?)```", doc, flags=re.S)[2]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(example, "docs/synthetic.md", "exec"), {"owner": owner_client})  # our docs
+    assert "'method': 'mst'" in out.getvalue() and f"mst ({N}, 5)" in out.getvalue()

@@ -180,7 +180,9 @@ def delete_dataset(
 
 
 def _frame_response(dataset: Dataset, arrays: dict[str, Any], kind: str) -> Response:
-    manifest = {"dataset": dataset.name, "kind": kind, "columns": list(arrays)}
+    manifest: dict[str, Any] = {"dataset": dataset.name, "kind": kind, "columns": list(arrays)}
+    if kind == "mock":  # where it came from, with it: a handle read before may be older
+        manifest["synthetic"] = mock_synthesis.mock_public(dataset)
     return Response(frames.encode(arrays, manifest), media_type=frames.MEDIA_TYPE)
 
 
