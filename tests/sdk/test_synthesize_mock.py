@@ -70,6 +70,9 @@ def test_an_owners_synthetic_mock_is_paid_from_the_cap_not_from_the_owners_budge
     assert owner_client.budget().spent_epsilon == 0
     assert owner_client.budget().spent_delta == 0
     # one ledger row, the owner's, with the method and its parameters, marked cap-only
+    (mine,) = owner_client.ledger()  # in the owner's ledger, using nothing of their budget
+    assert mine.entries[0].cap_only and mine.entries[0].epsilon_used == 0
+    assert "paid from the datasets' caps" in str(mine.entries[0])
     (line,) = admin_client.ledger(everyone=True)
     assert line.entries[0].id == receipt["ledger_id"] == made.mock_synthetic["ledger_id"]  # type: ignore[index]
     with context.sessions() as session:

@@ -274,6 +274,11 @@ class LedgerEntryPublic(Schema):
     run_id: int | None = Field(
         default=None, description="the training run this charge is a step of (null: none)"
     )
+    cap_only: bool = Field(
+        default=False,
+        description="paid from the caps of the datasets it read, not from the user's budget "
+        "(a data owner's synthetic mock): its epsilon_used is 0",
+    )
     epsilon_used: float | None = Field(
         default=None,
         description="how much this charge added to the user's epsilon used, as the budget "
