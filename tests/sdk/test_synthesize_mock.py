@@ -17,7 +17,7 @@ from dpnode import sdk
 from dpnode.node.context import NodeContext
 from dpnode.node.db.models import LedgerEntry, SynthesisJob
 from tests.conftest import make_user
-from tests.sdk.conftest import connect
+from tests.sdk.conftest import connect, remote_dataset
 from tests.sdk.test_synthesize import N, table
 
 CAP = "[datasets.survey]\nmax_epsilon = 10.0\nmax_delta = 1e-5\n"
@@ -187,3 +187,14 @@ def test_the_docs_example_runs(
     with contextlib.redirect_stdout(out):
         exec(compile(example, "docs/synthetic.md", "exec"), {"owner": owner_client})  # our docs
     assert "'method': 'mst'" in out.getvalue() and f"mst ({N}, 5)" in out.getvalue()
+
+
+def test_a_dataset_with_per_row_arrays_is_refused_with_the_way_out(
+    owner_client: sdk.Client, ds_client: sdk.Client, admin_client: sdk.Client, sqlite_only: None
+) -> None:
+    cohort = remote_dataset(owner_client, ds_client)  # its "scan" is a 2x3 array per row
+    admin_client.set_policy("[datasets.cohort]\nmax_epsilon = 10.0\n", reason="a promise")
+    with pytest.raises(sdk.InvalidRequestError, match=r"'scan'.*upload a mock") as refused:
+        owner_client.dataset(cohort.name).synthesize_mock(epsilon=1.0, delta=1e-6)
+    assert refused.value.status == 422
+    assert admin_client.ledger(everyone=True) == []
