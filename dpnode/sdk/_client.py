@@ -190,12 +190,12 @@ class Client(SearchCalls, BudgetCalls, UploadCalls):
         return self._request(method, path, **kwargs).json()
 
     def _download_frame(self, path: str) -> Columns:
-        """A frame's columns in the order its manifest lists them (the dataset's): the frame
-        itself keeps its tensors sorted by name. ``synthetic``: a mock's provenance, if the
-        manifest has one."""
+        """A downloaded frame's arrays, in the order its manifest lists them (the frame's own
+        header keeps no order); ``synthetic``: a mock's provenance, if the manifest has one."""
         manifest, arrays = _read_frame(self._request("GET", path).content)
-        order = [n for n in manifest.get("columns", ()) if n in arrays]
-        columns = Columns({n: arrays[n] for n in [*order, *(n for n in arrays if n not in order)]})
+        order = [name for name in manifest.get("columns", ()) if name in arrays]
+        order += [name for name in arrays if name not in order]
+        columns = Columns({name: arrays[name] for name in order})
         columns.synthetic = manifest.get("synthetic")
         return columns
 

@@ -146,9 +146,12 @@ class Moments:
         A variance divides its correlations only down to :data:`VARIANCE_FLOOR` standard
         deviations of its noise: below that the noise cannot tell it from a smaller one, and
         dividing by it would turn the noise on the covariances into large correlations (see
-        the module's docstring). A feature whose projected variance is 0 (the
-        noise could not tell it from a constant) gets NaN in its row and column, as
-        ``torch.corrcoef`` gives a constant.
+        the module's docstring). A feature whose projected variance is 0 (the noise could
+        not tell it from a constant) has no covariance left either (the projection is
+        positive semidefinite), so its correlations are 0 and its own 1: the release says
+        nothing of them, rather than NaN. Only without a noise to go by (``noise`` 0, or
+        no receipt) does such a feature get NaN in its row and column, as
+        ``torch.corrcoef`` gives for a constant.
 
         Args:
             noise: the standard deviation of the noise on each coordinate of the released
@@ -161,9 +164,11 @@ class Moments:
         noise = self.noise_sd() if noise is None else noise
         if noise is not None:
             d = torch.maximum(d, VARIANCE_FLOOR * self.variance_noise_sd(noise))
-        inverse = torch.where(positive, d.clamp(min=1e-300).rsqrt(), torch.nan)
+        noised = noise is not None and noise > 0
+        known = positive | noised
+        inverse = torch.where(known, d.clamp(min=1e-300).rsqrt(), torch.nan)
         r = (c * torch.outer(inverse, inverse)).clamp(-1, 1)  # NaN stays NaN
-        r[positive, positive] = 1.0
+        r[known, known] = 1.0  # the masks index in pairs: the diagonal
         return r
 
 

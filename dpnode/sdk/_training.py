@@ -31,6 +31,8 @@ releases no loss. The loss shown is a moving average of the released values.
 
 from __future__ import annotations
 
+import copy
+import inspect
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -84,7 +86,8 @@ class PrivateTraining:
             ledger, and the sums are added and divided by the pooled row count).
         loss_fn: a torch loss taking ``reduction=`` (``F.cross_entropy``,
             ``F.binary_cross_entropy_with_logits``, ``F.mse_loss``, ...), called as
-            ``loss_fn(model(inputs), targets, reduction="none")``.
+            ``loss_fn(model(inputs), targets, reduction="none")``; or a loss module
+            (``nn.CrossEntropyLoss(weight=...)``), used with ``reduction="none"``.
         target_epsilon: what the whole run may cost, as the node's ledger counts it.
         steps: how many steps (each one uses every row: a step is an epoch).
         epochs: Opacus's name for it: with full batches an epoch is one step, so
@@ -158,7 +161,7 @@ class PrivateTraining:
         first = self.sites[0]
         self.model, self.optimizer = model, optimizer
         self.inputs, self.targets = first.inputs, first.targets
-        self.loss_fn = loss_fn
+        self.loss_fn = per_row_loss(loss_fn)
         self.steps, self.max_grad_norm = steps, float(max_grad_norm)
         self.loss_bound, self.loss_weight = loss_bound, float(loss_weight)
         self.subjects, self.progress, self.client = subjects, progress, client
@@ -283,7 +286,7 @@ class PrivateTraining:
     def _release(self, site: Site) -> tuple[Receipt, float | None]:
         """One site's part of a step: the loss on its rows, the release of its clipped
         gradient sum (``p.grad``, over its rows) and its clipped loss sum, un-scaled."""
-        losses = self.loss_fn(self.model(site.inputs), site.targets, reduction="none")
+        losses = self.loss_fn(self.model(site.inputs), site.targets)
         rows = site.rows
         if losses.shape[:1] != (rows,):
             raise DPNodeError(
@@ -363,6 +366,43 @@ def _retold(error: PolicyRefusedError, detail: str) -> PolicyRefusedError:
     again.__dict__.update({k: v for k, v in vars(error).items() if k != "detail"})
     again.detail = detail
     return again
+
+
+def per_row_loss(loss_fn: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``loss_fn`` as a function of (outputs, targets) giving one loss per row.
+
+    A functional loss is called with ``reduction="none"`` (``F.cross_entropy``); a loss
+    module (``nn.CrossEntropyLoss(weight=...)``, as Opacus's examples pass a criterion) is
+    used through a copy whose ``reduction`` is ``"none"``, its own left as it was. A
+    callable that takes no ``reduction`` is refused here, before the run is planned, rather
+    than failing inside the first step.
+
+    Raises:
+        DPNodeError: ``loss_fn`` is not callable, or cannot give per-row losses.
+    """
+    if isinstance(loss_fn, torch.nn.Module) and isinstance(
+        getattr(loss_fn, "reduction", None), str
+    ):
+        per_row = copy.copy(loss_fn)  # a shallow copy: the weights are shared, not copied
+        setattr(per_row, "reduction", "none")  # noqa: B010 (Module's typed __setattr__)
+        return lambda out, targets: per_row(out, targets)
+    if not callable(loss_fn):
+        raise DPNodeError(f"loss_fn must be a torch loss, got {type(loss_fn).__name__}")
+    try:
+        parameters = inspect.signature(loss_fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: let it answer for itself
+        parameters = None
+    if parameters is not None and not any(
+        p.name == "reduction" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters
+    ):
+        raise DPNodeError(
+            f"loss_fn {getattr(loss_fn, '__name__', type(loss_fn).__name__)!r} takes no "
+            "reduction=: each row's gradient is clipped, so the loss must come per row. "
+            "Pass a torch loss (F.cross_entropy, or a module such as nn.CrossEntropyLoss()), "
+            "or write one as def loss(out, y, reduction='none'): ... returning one loss a row "
+            "when reduction is 'none'"
+        )
+    return lambda out, targets: loss_fn(out, targets, reduction="none")
 
 
 def _check_positive(name: str, value: Any, alternative: str = "") -> None:

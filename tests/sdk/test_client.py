@@ -92,6 +92,21 @@ def test_owner_gets_back_exactly_what_the_contract_kept(owner_client: sdk.Client
     assert data["diabetic"].dtype == np.bool_
 
 
+def test_downloads_keep_the_columns_in_the_datasets_order(owner_client: sdk.Client) -> None:
+    # Twelve columns named out of alphabetical order, of three dtypes: the frame's own header
+    # lists tensors in no fixed order, so only the manifest's order can give them back.
+    names = [f"{letter}{i}" for i, letter in enumerate("zqmaxkbtcwey")]
+    dtypes = [np.float64, np.int64, np.float32]
+    frame = pd.DataFrame({n: np.arange(10).astype(dtypes[i % 3]) for i, n in enumerate(names)})
+    ds = owner_client.upload_dataset(
+        "ordered", frame, bounds={n: (0, 10) for n in names}, mock=frame.iloc[:5]
+    )
+    for _ in range(3):
+        assert list(ds.mock()) == names
+        assert list(ds.download()) == names
+        assert list(ds.mock().to_pandas().columns) == names
+
+
 def test_upload_errors_name_the_column(owner_client: sdk.Client) -> None:
     frame = _frame()
     frame.loc[:2, "age"] = 300

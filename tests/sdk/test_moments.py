@@ -252,29 +252,40 @@ def test_released_covariances_err_by_the_noise_the_receipt_states(
     assert observed == pytest.approx(expected, rel=0.15)
 
 
-def test_corrcoef_is_within_minus_one_and_one_and_nan_for_a_vanished_variance() -> None:
+def test_corrcoef_is_within_minus_one_and_one_and_says_nothing_of_a_vanished_variance() -> None:
     plan = MomentPlan(3, False, 1)
     n = 100
     rng = np.random.default_rng(2)
+    vanishings = 0
     for _ in range(200):  # noise far above the signal: the projection and the clip both act
         sums = torch.tensor(rng.normal(0, 30, 3))
         raw = rng.normal(0, 60, (3, 3))
         products = torch.tensor(raw + raw.T + n / 3 * np.eye(3))
         one = torch.ones(3, dtype=torch.float64)
-        r = Moments(n, 0 * one, one, sums, products, plan, None).corrcoef()
-        finite = r[r.isfinite()]
+        m = Moments(n, 0 * one, one, sums, products, plan, None)
+        vanished = torch.diagonal(m.scaled_cov()) == 0
+        vanishings += int(vanished.any())
+        # with the release's noise known: finite, in [-1, 1], a vanished variable's
+        # correlations 0 (the projection left it no covariance) and its own 1
+        r = m.corrcoef(noise=5.0)
+        assert bool(r.isfinite().all() and ((r >= -1) & (r <= 1)).all())
+        assert torch.equal(torch.diagonal(r), torch.ones(3, dtype=torch.float64))
+        off = r[vanished] - torch.eye(3, dtype=torch.float64)[vanished]
+        assert bool((off.abs() < 1e-9).all())
+        # without a noise to go by: NaN in its rows and columns, torch.corrcoef's constant
+        plain = m.corrcoef(noise=0.0)
+        finite = plain[plain.isfinite()]
         assert bool(((finite >= -1) & (finite <= 1)).all())
-        # NaN exactly in the rows and columns of a variable whose variance the projection
-        # took to 0 (torch.corrcoef's answer for a constant)
-        vanished = ~(torch.diagonal(r) == 1)
-        assert bool(r[vanished].isnan().all() and r[:, vanished].isnan().all())
-        assert bool(r[~vanished][:, ~vanished].isfinite().all())
+        assert bool(plain[vanished].isnan().all() and plain[:, vanished].isnan().all())
+        assert bool(plain[~vanished][:, ~vanished].isfinite().all())
+    assert vanishings >= 3  # the case is exercised (a fixed seed: 4 of the 200)
     # a variable whose noised variance is negative, beside one clearly varying
     sums = torch.zeros(2, dtype=torch.float64)
     products = torch.tensor([[-5.0, 0.0], [0.0, 50.0]], dtype=torch.float64)
-    r = Moments(n, torch.zeros(2), torch.ones(2), sums, products, MomentPlan(2, False, 1), None)
-    got = r.corrcoef()
+    m = Moments(n, torch.zeros(2), torch.ones(2), sums, products, MomentPlan(2, False, 1), None)
+    got = m.corrcoef()
     assert got[1, 1] == 1.0 and bool(got[0].isnan().all() and got[:, 0].isnan().all())
+    assert torch.equal(m.corrcoef(noise=1.0), torch.eye(2, dtype=torch.float64))
 
 
 def test_a_variance_below_its_noise_divides_its_correlations_no_lower_than_the_floor() -> None:

@@ -318,3 +318,45 @@ def test_the_error_bars_cover_95_percent(people: sdk.DatasetHandle, seed) -> Non
     # (clipped to the bounds a mean is only nearer the truth: more than 95% in small groups)
     assert share["income_mean"] >= 0.9, share
     assert share["hours_median"] >= 0.95, share
+
+
+def test_a_columns_quantiles_come_back_in_order_and_never_further_from_the_truth(
+    people: sdk.DatasetHandle,
+) -> None:
+    # At epsilon 0.1 the selections land far from their ranks, in any order; the release puts
+    # each cell's quantiles of a column in the order of their q.
+    labels = ["min", "25%", "50%", "75%", "max"]
+    for _ in range(3):
+        for r in people.describe(epsilon=0.1).rows():
+            got = [r[label] for label in labels]
+            assert got == sorted(got), (r["column"], got)
+    result = (
+        people.query()
+        .group_by("sex")
+        .agg(max("hours"), quantile("hours", 0.1), min("hours"), median("hours"), mean("age"))
+        .publish(epsilon=0.2)
+    )
+    for r in result.rows():
+        got = [r[k] for k in ("hours_min", "hours_q0.1", "hours_median", "hours_max")]
+        assert got == sorted(got)
+
+
+def test_rearranging_never_adds_to_the_summed_error() -> None:
+    # the rearrangement inequality, on draws where the noise reorders the estimates
+    from dpnode.sdk.query.compile import rearranged
+
+    rng = np.random.default_rng(11)
+    aggs = [min("x"), quantile("x", 0.3), median("x"), max("x")]
+    moved = 0
+    for _ in range(500):
+        truth = np.sort(rng.uniform(0, 10, (4, 3)), axis=0)  # 3 cells, quantiles ordered
+        noisy = truth + rng.laplace(0, 3, truth.shape)
+        out = rearranged(aggs, {a.name: (noisy[i], np.ones(3)) for i, a in enumerate(aggs)})
+        got = np.stack([out[a.name][0] for a in aggs])
+        assert bool((np.diff(got, axis=0) >= 0).all())
+        for p in (1, 2):
+            before = (np.abs(noisy - truth) ** p).sum(axis=0)
+            after = (np.abs(got - truth) ** p).sum(axis=0)
+            assert bool((after <= before + 1e-9).all())
+        moved += int(not np.array_equal(got, noisy))
+    assert moved > 100  # the noise did reorder them, often

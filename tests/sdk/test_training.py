@@ -187,6 +187,29 @@ def test_a_loss_that_is_not_per_row_is_refused_before_anything_is_published(
     assert ds_client.ledger() == []
 
 
+def test_a_loss_module_trains_as_its_function_does_and_a_loss_without_reduction_is_refused(
+    data: tuple[sdk.DatasetHandle, dict], ds_client: sdk.Client, sqlite_only: None
+) -> None:
+    ds, _ = data
+    x, y = ds.tensors("x", "label")
+    weight = torch.tensor([2.0, 1.0, 0.5])
+    # Opacus's examples pass a criterion module: a copy of it gives the per-row losses
+    criterion = torch.nn.CrossEntropyLoss(weight=weight)
+    run = _plan(_model(), (x, y), loss_fn=criterion, steps=1)
+    out, target = torch.randn(5, 3), torch.tensor([0, 1, 2, 1, 0])
+    expected = F.cross_entropy(out, target, weight=weight, reduction="none")
+    assert torch.equal(run.loss_fn(out, target), expected)
+    assert criterion.reduction == "mean"  # the caller's module is left as it was
+    (step,) = run.fit()
+    assert math.isfinite(step.loss) and len(ds_client.ledger()) == 1
+    # a callable without reduction=: refused when the run is made, nothing planned or charged
+    lines = ds_client.ledger()
+    for loss in (lambda out, t: F.cross_entropy(out, t), "cross_entropy"):
+        with pytest.raises(sdk.DPNodeError, match=r"takes no reduction=|must be a torch loss"):
+            _plan(_model(), (x, y), loss_fn=loss)
+    assert ds_client.ledger() == lines
+
+
 def test_the_progress_bar_shows_step_epsilon_and_loss_and_mock_mode_charges_nothing(
     data: tuple[sdk.DatasetHandle, dict],
     ds_client: sdk.Client,

@@ -20,7 +20,8 @@ makes at most three publishes, by family (``dpnode.sdk.query.aggregates``):
   charges for it.
 * **selected**: every quantile (median, min, max) in one release of the node's
   ``quantile`` prim, per group by a cell index (-1 for a row outside the filter): each
-  selected by permute-and-flip, the release's epsilon shared equally among them.
+  selected by permute-and-flip, the release's epsilon shared equally among them; each
+  cell's quantiles of one column are then put in the order of their ``q`` (:func:`rearranged`).
 
 The selected publish goes first: the node checks the others' graphs for free
 (``/sensitivity``) before any publish, but not a selection's, so whichever the node refuses,
@@ -282,6 +283,38 @@ def _distinct(
     return Release("distinct", names, tensors, len(aggs), delta is not None, read, "count_distinct")
 
 
+def rearranged(aggs: Sequence[Aggregate], out: Values) -> Values:
+    """Each cell's quantiles of one column put in the order of their ``q`` (min first, max
+    last), whatever order the noise left them in.
+
+    Free post-processing that is never worse: the true quantiles are ordered, and pairing
+    sorted estimates with sorted truths minimises the summed absolute (or any convex) error
+    over all pairings (the rearrangement inequality), so the sorted release is at least as
+    close to the truth in total, and no longer reads as a 25% above the median.
+
+    >>> from dpnode.sdk.query.aggregates import max, median, min
+    >>> aggs = [min("x"), median("x"), max("x")]
+    >>> got = rearranged(aggs, {
+    ...     "x_min": (np.array([5.0, 1.0]), np.ones(2)),
+    ...     "x_median": (np.array([3.0, 2.0]), np.ones(2)),
+    ...     "x_max": (np.array([4.0, 9.0]), np.ones(2))})
+    >>> [got[a.name][0].tolist() for a in aggs]
+    [[3.0, 1.0], [4.0, 2.0], [5.0, 9.0]]
+    """
+    by_column: dict[str | None, list[Aggregate]] = {}
+    for a in aggs:
+        by_column.setdefault(a.column, []).append(a)
+    sorted_out = dict(out)
+    for same in by_column.values():
+        if len(same) < 2:
+            continue
+        same = sorted(same, key=lambda a: float(a.q or 0.0))
+        values = np.sort(np.stack([out[a.name][0] for a in same]), axis=0)
+        for a, v in zip(same, values, strict=True):
+            sorted_out[a.name] = (v, out[a.name][1])
+    return sorted_out
+
+
 def _selected(
     query: Query, keys: Sequence[Key], where: torch.Tensor | None, cells: int
 ) -> Release | None:
@@ -337,7 +370,7 @@ def _selected(
             v = t.detach().double().reshape(-1).numpy()
             scale = 2 * k * spread / share
             out[a.name] = (np.broadcast_to(v, (cells,)).copy(), np.full(cells, scale))
-        return out
+        return rearranged(aggs, out)
 
     names = tuple(a.name for a in aggs)
     return Release("selected", names, tensors, len(aggs), False, read, "permute-and-flip")
