@@ -80,6 +80,7 @@ def test_a_synthetic_copy_is_charged_once_stored_and_downloadable(
     assert len(frame) == N
     assert frame["age"].between(0, 120).all() and frame["bmi"].between(10, 70).all()
     assert frame["age"].dtype.kind == "i"
+    assert list(frame.columns) == list(survey.columns)  # the stored order, not the alphabet's
     assert set(frame["region"]) <= {"north", "south", "east"}
     # the strong relation survives (4 columns of 5 joined by a tree of 4 pairs: the
     # smoker-cough pair scores far above the others and is chosen)
@@ -151,7 +152,7 @@ def test_the_docs_example_runs(
     survey: sdk.DatasetHandle, ds_client: sdk.Client, sqlite_only: None
 ) -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "synthetic.md").read_text()
-    first, explore, job = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
+    first, explore, job, _mock = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
     namespace: dict[str, object] = {"ds": survey}
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
