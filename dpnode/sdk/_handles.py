@@ -12,6 +12,8 @@ from dpnode.sdk._caps import DatasetBudget
 from dpnode.sdk._display import Columns, fields_table, records_table
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from dpnode.sdk._client import Client
     from dpnode.sdk._groupby import Grouped
     from dpnode.sdk._remote import RemoteTensor
@@ -298,16 +300,25 @@ class DatasetHandle:
 
         return Query(self)
 
-    def describe(self, *, epsilon: float, delta: float | None = None) -> QueryResult:
+    def describe(
+        self,
+        *,
+        epsilon: float,
+        delta: float | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> QueryResult:
         """count, mean, std, min, 25%, 50%, 75% and max of every numeric column with finite
-        bounds, like pandas' ``describe``, in two publishes (one noised, one selected).
+        bounds (or of ``columns``), like pandas' ``describe``, in two publishes (one noised,
+        one selected). The budget is shared by the columns described: name only those you
+        want, and each gets more of it.
 
         Raises:
-            QueryError: no numeric column with finite bounds, or a bad epsilon.
+            QueryError: no numeric column with finite bounds, a column in ``columns`` that
+                is not one, or a bad epsilon.
         """
         from dpnode.sdk.query.describe import describe
 
-        return describe(self, epsilon=epsilon, delta=delta)
+        return describe(self, epsilon=epsilon, delta=delta, columns=columns)
 
     def download(self) -> Columns:
         """The stored values — for the dataset's owner and admins; for data scientists only
