@@ -1,6 +1,7 @@
 """Private training against Opacus: test accuracy at the same guarantee, and wall time.
 
     python -m bench.utility [--seeds 5] [--rows logistic,mlp] [--splits seed,fixed] [--quick]
+                            [--epsilons 1,8] [--average none,ema,tail]
 
 Each row trains one model on a scikit-learn dataset to a total ``epsilon`` at ``delta = 1e-5``
 for neighbours that **replace one row** (dpnode's privacy unit: row counts are public), on
@@ -26,6 +27,10 @@ The sides, in the same run:
   (``make_private(noise_multiplier=...)``), and the epsilon shown is that accountant's.
   For information, one more column trains Opacus at its own neighbours (adding or removing
   a row: ``make_private_with_epsilon``, RDP), a weaker guarantee at the same numbers.
+
+``--average`` trains dpnode's side once for each average of the iterates named (``none`` is
+the last iterate; by default, ``sdk.private_training``'s default), each against the same
+Opacus runs, one line each.
 
 The verdict: ``level`` when dpnode's mean accuracy is at least Opacus's less one of Opacus's
 standard deviations and dpnode's standard deviation at most 1.5 times Opacus's.
@@ -192,9 +197,17 @@ def in_process_node(
 
 
 def train_dpnode(
-    login: Callable[[str], sdk.Client], row: Row, x: np.ndarray, y: np.ndarray, seed: int, run: str
+    login: Callable[[str], sdk.Client],
+    row: Row,
+    x: np.ndarray,
+    y: np.ndarray,
+    seed: int,
+    run: str,
+    average: dict[str, str | None],
 ) -> tuple[torch.nn.Module, float, float]:
-    """Upload, allocate, train; returns the model, the seconds and the ledger's epsilon."""
+    """Upload, allocate, train; returns the model, the seconds and the ledger's epsilon.
+    ``average``: ``{"average": ...}`` to choose the iterates' average, or ``{}`` for the
+    SDK's default."""
     admin, owner = login("admin@x.org"), login("owner@x.org")
     column = "image" if row.data == "digits" else "features"
     owner.upload_dataset(
@@ -213,7 +226,7 @@ def train_dpnode(
     model = make_model(row.model, features(row, x))
     if row.model == "logistic":  # what sdk offers for it, at its defaults
         start = time.perf_counter()
-        fit = sdk.logistic_regression(xr, yr, epsilon=row.epsilon, progress=False)
+        fit = sdk.logistic_regression(xr, yr, epsilon=row.epsilon, progress=False, **average)
         seconds = time.perf_counter() - start
         assert isinstance(model, torch.nn.Linear)
         with torch.no_grad():
@@ -235,6 +248,7 @@ def train_dpnode(
         max_grad_norm=row.clip,
         loss_bound=None,  # Opacus's loop releases no loss either
         progress=False,
+        **average,
     ).fit()
     seconds = time.perf_counter() - start
     return Scaled(model, scaler), seconds, client.budget().spent_epsilon
@@ -404,8 +418,19 @@ def main() -> None:
     parser.add_argument("--rows", default="", help="comma-separated models to run (default all)")
     parser.add_argument("--splits", default="seed,fixed", help="which splits (default both)")
     parser.add_argument("--quick", action="store_true", help="one seed, a quarter of the steps")
+    parser.add_argument("--epsilons", default="", help="comma-separated epsilons (default all)")
+    parser.add_argument(
+        "--average",
+        default="",
+        help="dpnode's averages of the iterates to compare: none, ema, tail (default: the SDK's)",
+    )
     args = parser.parse_args()
     rows = [r for r in ROWS if not args.rows or r.model in args.rows.split(",")]
+    if args.epsilons:
+        rows = [r for r in rows if r.epsilon in {float(e) for e in args.epsilons.split(",")}]
+    averages: list[dict[str, str | None]] = [
+        {"average": None if a == "none" else a} for a in args.average.split(",") if a
+    ] or [{}]
     seeds = 1 if args.quick else args.seeds
     torch.set_num_threads(1)  # both sides on one core: the machine is shared
     print(
@@ -423,36 +448,46 @@ def main() -> None:
                 row = Row(**{**row.__dict__, "steps": max(row.steps // 4, 2), "epochs": 5})
             x, y, _ = load(row.data)
             for split in args.splits.split(","):
-                acc_d, acc_o, acc_a, eps_d, eps_o, t_d, t_o = [], [], [], [], [], [], []
+                acc_o, acc_a, eps_o, t_o = [], [], [], []
+                acc_d: list[list[float]] = [[] for _ in averages]
+                eps_d: list[list[float]] = [[] for _ in averages]
+                t_d: list[list[float]] = [[] for _ in averages]
                 for seed in range(seeds):
                     tr, te = splits(split, y, seed)
-                    run = f"r{k}{split}s{seed}"
-                    model, seconds, spent = train_dpnode(login, row, x[tr], y[tr], seed, run)
                     test_x = x[te] if row.data != "digits" else x[te][:, None]
-                    acc_d.append(accuracy(row.model, model, test_x, y[te]))
-                    t_d.append(seconds)
-                    eps_d.append(spent)
+                    for j, average in enumerate(averages):
+                        run = f"r{k}{split}s{seed}a{j}"
+                        model, seconds, spent = train_dpnode(
+                            login, row, x[tr], y[tr], seed, run, average
+                        )
+                        acc_d[j].append(accuracy(row.model, model, test_x, y[te]))
+                        t_d[j].append(seconds)
+                        eps_d[j].append(spent)
                     model, seconds, spent = train_opacus(row, x[tr], y[tr], seed)
                     acc_o.append(accuracy(row.model, model, test_x, y[te]))
                     t_o.append(seconds)
                     eps_o.append(spent)
                     model, _, _ = train_opacus(row, x[tr], y[tr], seed, guarantee="add/remove")
                     acc_a.append(accuracy(row.model, model, test_x, y[te]))
-                ratio = statistics.mean(t_d) / statistics.mean(t_o)
-                cells = [
-                    row.name,
-                    split,
-                    _shown(acc_d),
-                    _shown(acc_o),
-                    verdict(acc_d, acc_o),
-                    f"{max(eps_d):.3f}",
-                    f"{max(eps_o):.3f}",
-                    _shown(acc_a),
-                    f"{statistics.mean(t_d):.2f}",
-                    f"{statistics.mean(t_o):.2f}",
-                    f"{ratio:.1f}x",
-                ]
-                print("| " + " | ".join(cells) + " |", flush=True)
+                for j, average in enumerate(averages):
+                    name = row.name
+                    if average:
+                        name += f", average {average['average'] or 'none'}"
+                    ratio = statistics.mean(t_d[j]) / statistics.mean(t_o)
+                    cells = [
+                        name,
+                        split,
+                        _shown(acc_d[j]),
+                        _shown(acc_o),
+                        verdict(acc_d[j], acc_o),
+                        f"{max(eps_d[j]):.3f}",
+                        f"{max(eps_o):.3f}",
+                        _shown(acc_a),
+                        f"{statistics.mean(t_d[j]):.2f}",
+                        f"{statistics.mean(t_o):.2f}",
+                        f"{ratio:.1f}x",
+                    ]
+                    print("| " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -153,11 +153,12 @@ DESCRIBE = ("mean", "std", "min", "25%", "50%", "75%", "max")
 
 
 def describe(ds: Any, columns: Sequence[str], epsilon: float) -> Release:
-    """``ds.describe(epsilon=)`` as a ``(statistics, columns)`` array in :data:`DESCRIBE`'s
-    order (the result has a row per column, named in its first column)."""
+    """``ds.describe(epsilon=, columns=)`` as a ``(statistics, columns)`` array in
+    :data:`DESCRIBE`'s order (the result has a row per column, named in its first column);
+    the same columns as OpenDP's side describes, so that both share epsilon among as many."""
 
     def release() -> np.ndarray:
-        frame = ds.describe(epsilon=epsilon).frame
+        frame = ds.describe(epsilon=epsilon, columns=list(columns)).frame
         frame = frame.set_index(frame.columns[0])
         return np.array([[float(frame.loc[c, s]) for c in columns] for s in DESCRIBE])
 

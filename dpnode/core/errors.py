@@ -21,7 +21,8 @@ the SDK maps each ``code`` back to a typed exception.
     │   └── BudgetMarkBehindError  budget_mark_behind   the database holds less spending
     │                                                   than the mark (a restored backup)
     ├── AuthenticationError      unauthenticated      missing, bad or expired credentials
-    ├── RateLimitedError         rate_limited         too many attempts (logins); retry later
+    ├── RateLimitedError         rate_limited         too many attempts (logins, public
+    │                                                   searches); retry later
     ├── PermissionDeniedError    forbidden            authenticated but not allowed
     │   └── PolicyRefusedError   policy_refused       a budget policy rule refused a publish
     │       ├── BudgetExceededError  budget_exceeded  the charge does not fit a budget or cap
@@ -153,7 +154,8 @@ class AuthenticationError(DPNodeError):
 
 
 class RateLimitedError(DPNodeError):
-    """Too many attempts (logins, see dpnode.node.services.throttle): wait ``retry_after`` s.
+    """Too many attempts (logins, a network's public searches; see
+    dpnode.node.services.throttle): wait ``retry_after`` s.
 
     The response carries it as a ``Retry-After`` header; the body keeps the usual shape.
     """

@@ -19,7 +19,7 @@ from sqlalchemy import select
 from dpnode import __version__
 from dpnode.core.errors import DPNodeError
 from dpnode.core.ingest import TableSource, arrow_source, chunks_of, session_request
-from dpnode.node import cli_admin
+from dpnode.node import cli_admin, cli_synthesis
 from dpnode.node.cli_backup import add_commands as add_backup_commands
 from dpnode.node.cli_common import CLIError, add_password_options
 from dpnode.node.cli_common import fmt as _fmt
@@ -263,9 +263,30 @@ def cmd_dataset_show(args: argparse.Namespace) -> None:
         cap = dataset_budget(session, context.settings, None, d)
         subjects = f", {d.subject_count} subjects by {d.subject_column}" if d.subject_column else ""
         print(f"dataset {d.id} {d.name!r}, owner {d.owner.email}: {d.row_count} rows{subjects}")
+        if d.provenance is not None:
+            print(f"synthetic: {_made(d.provenance)} from {d.provenance.get('source')!r}")
         for c in d.columns:
             print(f"  {c.name:<24} {c.dtype:<8} bounds [{c.lower:g}, {c.upper:g}]")
+        if d.mock_row_count is None:
+            print("mock: none")
+        elif d.mock_provenance is None:
+            print(f"mock: {d.mock_row_count} rows, uploaded by its owner")
+        else:
+            made = _made(d.mock_provenance)
+            print(f"mock: {d.mock_row_count} rows, synthetic: {made}, paid from the cap")
         print(f"cap: {cap.describe()}")
+
+
+def _made(provenance: dict[str, Any]) -> str:
+    """How a synthetic table was made, in a few words.
+
+    >>> _made({"method": "mst", "epsilon": 2.0, "delta": 1e-06, "ledger_id": 4})
+    'mst, epsilon 2, delta 1e-06, ledger row 4'
+    """
+    return (
+        f"{provenance.get('method')}, epsilon {provenance.get('epsilon'):g}, "
+        f"delta {provenance.get('delta'):g}, ledger row {provenance.get('ledger_id')}"
+    )
 
 
 def _policy_text(row: PolicyRevision | None, in_force: policy_service.InForce) -> str:
@@ -484,6 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     dadd.add_argument("--clamp", action="store_true", help="clip out-of-bounds values")
     dadd.set_defaults(func=cmd_dataset_add)
     dataset.add_parser("list", help="list datasets").set_defaults(func=cmd_dataset_list)
+    cli_synthesis.add_dataset_actions(dataset)
     dshow = dataset.add_parser("show", help="a dataset's columns, and how much of its cap is used")
     dshow.add_argument("name", help="the dataset's name")
     dshow.set_defaults(func=cmd_dataset_show)

@@ -31,7 +31,7 @@ from dpnode.node.services.release_plans import SelectionPlans
 from dpnode.node.services.security import password_hasher
 from dpnode.node.services.spending_mark import SpendingMark
 from dpnode.node.services.synthesis_jobs import JobRunner
-from dpnode.node.services.throttle import LoginThrottle
+from dpnode.node.services.throttle import LoginThrottle, RequestLimit
 from dpnode.node.services.uploads import UploadLimits, UploadSessions
 from dpnode.node.settings import PLACEHOLDER_SECRET, Settings
 from dpnode.node.storage import BlobStore, FileBlobStore
@@ -64,6 +64,8 @@ class NodeContext:
     selections: SelectionPlans = field(default_factory=SelectionPlans)
     #: Recent login attempts and failures, kept in this process (see dpnode.node.services.throttle).
     logins: LoginThrottle = field(init=False)
+    #: Recent requests to a network's public routes, per client address (same module).
+    network_searches: RequestLimit = field(init=False)
     #: Chunked uploads in progress, kept as files (see dpnode.node.services.uploads).
     uploads: UploadSessions = field(init=False)
     #: This process's charged, unanswered publishes (see dpnode.node.services.leases).
@@ -79,6 +81,7 @@ class NodeContext:
 
     def __post_init__(self) -> None:
         self.logins = LoginThrottle.from_settings(self.settings)
+        self.network_searches = RequestLimit.network_searches(self.settings)
         s = self.settings
         limits = UploadLimits(
             max_elements=s.max_upload_elements,

@@ -166,6 +166,11 @@ class Settings(BaseSettings):
     network_max_catalog_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     network_max_datasets: int = Field(default=1000, gt=0)
     network_max_columns: int = Field(default=1000, gt=0)
+    #: On a network: requests to its public routes (search, member list: no login) per
+    #: client address within a sliding window, per worker process; beyond it, ``429`` with
+    #: ``Retry-After``. Member traffic (heartbeats, catalogs) and admins are not counted.
+    network_search_max_per_address: int = Field(default=300, gt=0)
+    network_search_window_seconds: int = Field(default=60, gt=0)
 
     @field_validator("trusted_proxies")
     @classmethod

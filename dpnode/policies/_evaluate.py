@@ -35,6 +35,7 @@ __all__ = [
     "budget_status",
     "decide",
     "decide_approved",
+    "decide_cap",
     "decide_run",
     "ledger_scope",
     "run_total",
@@ -155,6 +156,63 @@ def decide_approved(
         defaults=defaults,
         rho_to_epsilon=rho_to_epsilon,
         approval=approval,
+    )
+
+
+def decide_cap(
+    policy: Policy,
+    user: User,
+    request: PublishRequest,
+    ledger: Iterable[Charge],
+    *,
+    defaults: Allowance,
+    rho_to_epsilon: RhoToEpsilon = filter_epsilon,
+    what: str = "this synthetic mock",
+) -> Decision:
+    """Whether a release paid from the caps of the datasets it reads, not from ``user``'s
+    budget (a data owner's synthetic mock), may be charged now.
+
+    Only the caps decide: every dataset ``request`` reads must have one (a dataset without
+    a cap has nothing to pay from), and the release must fit each (the ``datasets`` rule).
+    The user's own budget, the per-publish caps, the rate limit and the approval thresholds
+    govern what users spend of their budgets, so they do not apply. ``remaining`` is the
+    user's budget, unchanged.
+
+    >>> from datetime import UTC, datetime
+    >>> from dpnode.policies._document import Policy
+    >>> at = datetime(2026, 1, 1, tzinfo=UTC)
+    >>> owner = User(1, "o@x", "data_owner")
+    >>> ask = PublishRequest(at, datasets={"d": 7}, epsilon_units=10**9)
+    >>> decide_cap(Policy.from_dict({}), owner, ask, [], defaults=Allowance(0, 0)).rule
+    'datasets.d'
+    >>> capped = Policy.from_dict({"datasets": {"d": {"max_epsilon": 2.0}}})
+    >>> decide_cap(capped, owner, ask, [], defaults=Allowance(0, 0)).outcome.value
+    'allow'
+    """
+    ctx = _context(policy, user, request, ledger, defaults, rho_to_epsilon, None, what=what)
+    for name in sorted(request.datasets):
+        cap = policy.datasets.get(name)
+        if cap is None or (cap.max_epsilon is None and cap.max_delta is None):
+            label = f"policy {policy.name!r}" if policy.name else "the policy in force"
+            return _objection(
+                ctx,
+                Outcome.REFUSE,
+                f"datasets.{name}",
+                f"{what} is paid from dataset {name!r}'s cap, and {label} sets none: an admin "
+                f"sets one in the policy's datasets table ([datasets.{name}] max_epsilon = ..., "
+                "max_delta = ...); nothing was charged",
+            )
+    for family, check in RULES:
+        if family == "datasets":
+            for verdict in check(ctx):
+                return _objection(ctx, verdict.outcome, verdict.rule, verdict.reason)
+    granted = request.charge(user.id)
+    return Decision(
+        Outcome.ALLOW,
+        "allow",
+        f"within the caps of {', '.join(repr(n) for n in sorted(request.datasets))}",
+        granted,
+        ctx.user_remaining(ctx.user_spent),
     )
 
 

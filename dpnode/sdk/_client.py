@@ -191,11 +191,13 @@ class Client(SearchCalls, BudgetCalls, UploadCalls):
 
     def _download_frame(self, path: str) -> Columns:
         """A downloaded frame's arrays, in the order its manifest lists them (the frame's own
-        header keeps no order)."""
+        header keeps no order); ``synthetic``: a mock's provenance, if the manifest has one."""
         manifest, arrays = _read_frame(self._request("GET", path).content)
         order = [name for name in manifest.get("columns", ()) if name in arrays]
         order += [name for name in arrays if name not in order]
-        return Columns({name: arrays[name] for name in order})
+        columns = Columns({name: arrays[name] for name in order})
+        columns.synthetic = manifest.get("synthetic")
+        return columns
 
     def close(self) -> None:
         self._http.close()

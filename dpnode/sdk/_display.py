@@ -156,10 +156,12 @@ class Columns(dict[str, npt.NDArray[Any]]):
     :meth:`to_pandas`, :meth:`to_arrow` and :meth:`to_polars`.
 
     ``categories``: the public categories of categorical columns (stored as indices), which
-    the frames show as strings.
+    the frames show as strings. ``synthetic``: a mock's provenance when the node synthesized
+    it (``ds.synthesize_mock``), else ``None``.
     """
 
     categories: dict[str, tuple[str, ...]]
+    synthetic: dict[str, Any] | None = None
 
     def __init__(
         self, *args: Any, categories: dict[str, tuple[str, ...]] | None = None, **kwargs: Any

@@ -14,7 +14,8 @@ DPNodeError                      any error reported by (or about) the node
 ├── QuotaExceededError           quota_exceeded: over a size or compute quota
 ├── PayloadTooLargeError         payload_too_large
 ├── AuthenticationError          unauthenticated: bad credentials or expired session
-├── RateLimitedError             rate_limited: too many logins lately; ``retry_after`` seconds
+├── RateLimitedError             rate_limited: too many logins (or network searches) lately;
+│                                  ``retry_after`` seconds
 ├── PermissionDeniedError        forbidden: your role may not do this
 │   └── PolicyRefusedError       policy_refused: a budget policy rule refused the publish
 │       ├── BudgetExceededError    budget_exceeded: over your budget or a dataset's cap
@@ -168,9 +169,10 @@ class AuthenticationError(DPNodeError):
 
 
 class RateLimitedError(DPNodeError):
-    """Too many login attempts lately, for this email or from this address: the node did not
-    check the password. Wait ``retry_after`` seconds (the node's ``Retry-After``; ``None``
-    if it sent none) and try again; the message says how long too.
+    """Too many login attempts lately, for this email or from this address (the node did not
+    check the password), or too many searches of a network from this address. Wait
+    ``retry_after`` seconds (the ``Retry-After``; ``None`` if none came) and try again; the
+    message says how long too.
     """
 
     code = "rate_limited"

@@ -37,7 +37,7 @@ from dpnode.sdk._federated_receipts import (
     refusal_message,
 )
 from dpnode.sdk._publish import publish
-from dpnode.sdk._remote import MockSession, active_session
+from dpnode.sdk._remote import active_session
 
 if TYPE_CHECKING:
     from dpnode.sdk._handles import DatasetHandle
@@ -254,21 +254,11 @@ class Federated:
     def _dry_run(
         h: DatasetHandle, fn: Callable[[DatasetHandle], Any], *, epsilon: float, delta: float | None
     ) -> SiteRelease:
-        """Inside ``sdk.mock(...)``: the site's part on its own mock data, charging nothing.
-
-        Each site in a mock session of its own (its datasets' ids are its node's, which
-        may equal another node's), with the models of the session around it.
-        """
-        from dpnode.sdk._handles import DatasetHandle
-
-        outer = active_session()
-        assert outer is not None
-        models = [m for m in outer.handles if not isinstance(m, DatasetHandle)]
-        with MockSession(h, *models, seed=outer.seed):
-            value = publish(fn(h), epsilon=epsilon, delta=delta)
-            rows = _rows(h)
+        """Inside ``sdk.mock(...)``: the site's part on its own mock data, charging nothing
+        (the session finds each node's mock by node and id, as ids are per node)."""
+        value = publish(fn(h), epsilon=epsilon, delta=delta)
         first = value[0] if isinstance(value, list) else value
-        return SiteRelease(site_name(h), h.name, rows, value=value, receipt=first.receipt)
+        return SiteRelease(site_name(h), h.name, _rows(h), value=value, receipt=first.receipt)
 
     def _release(
         self, recorded: list[Any], *, epsilon: float, delta: float | None, description: str

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -12,9 +10,10 @@ import numpy.typing as npt
 
 from dpnode.sdk._caps import DatasetBudget
 from dpnode.sdk._display import Columns, fields_table, records_table
-from dpnode.sdk._exceptions import InvalidRequestError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from dpnode.sdk._client import Client
     from dpnode.sdk._groupby import Grouped
     from dpnode.sdk._remote import RemoteTensor
@@ -109,6 +108,9 @@ class DatasetHandle:
     synthetic: dict[str, Any] | None = None
     #: the receipt of the synthesis that made this dataset (on the handle it returned)
     receipt: dict[str, Any] | None = field(default=None, repr=False)
+    #: where the mock came from when the node synthesized it (method, epsilon, delta, rows,
+    #: ledger row, when; paid from the dataset's cap); ``None`` for an uploaded mock
+    mock_synthetic: dict[str, Any] | None = None
 
     @classmethod
     def from_json(cls, client: Client, body: dict[str, Any]) -> DatasetHandle:
@@ -125,6 +127,7 @@ class DatasetHandle:
             has_mock=body["has_mock"],
             _client=client,
             synthetic=body.get("synthetic"),
+            mock_synthetic=body.get("mock_synthetic"),
         )
 
     @property
@@ -153,8 +156,79 @@ class DatasetHandle:
 
     def mock(self) -> Columns:
         """The dataset's mock (fake) data, to dry-run code before spending budget: a dict of
-        columns; ``.to_pandas()`` makes a DataFrame."""
-        return self._client._download_frame(f"/datasets/{self.id}/mock")
+        columns, in the dataset's order; ``.to_pandas()`` makes a DataFrame (categories as
+        strings). ``.synthetic``
+        is its provenance when the node synthesized it (:meth:`synthesize_mock`), else
+        ``None``."""
+        columns = self._client._download_frame(f"/datasets/{self.id}/mock")
+        columns.categories = self._categories()
+        return columns
+
+    def _categories(self) -> dict[str, tuple[str, ...]]:
+        return {n: c.categories for n, c in self.columns.items() if c.categories is not None}
+
+    @overload
+    def synthesize_mock(
+        self,
+        *,
+        epsilon: float,
+        delta: float,
+        method: str = "mst",
+        bins: dict[str, int] | None = None,
+        rows: int | None = None,
+        idempotency_key: str | None = None,
+        wait: Literal[True] = True,
+        progress: bool | None = None,
+    ) -> DatasetHandle: ...
+    @overload
+    def synthesize_mock(
+        self,
+        *,
+        epsilon: float,
+        delta: float,
+        method: str = "mst",
+        bins: dict[str, int] | None = None,
+        rows: int | None = None,
+        idempotency_key: str | None = None,
+        wait: Literal[False],
+        progress: bool | None = None,
+    ) -> SynthesisJob: ...
+    def synthesize_mock(
+        self,
+        *,
+        epsilon: float,
+        delta: float,
+        method: str = "mst",
+        bins: dict[str, int] | None = None,
+        rows: int | None = None,
+        idempotency_key: str | None = None,
+        wait: bool = True,
+        progress: bool | None = None,
+    ) -> DatasetHandle | SynthesisJob:
+        """Make this dataset's mock a differentially private synthetic table (its owner or
+        an admin), paid from the dataset's cap, not from your budget: the same columns,
+        dtypes and bounds as the data, with the relations between columns that a
+        synthesis keeps (:meth:`synthesize`'s methods), for every data scientist's
+        ``ds.mock()``. The policy must cap the dataset (``[datasets.NAME]``).
+
+        Args: as :meth:`synthesize` (``rows``: mock rows, default the dataset's).
+
+        Returns:
+            This dataset's handle anew (``.mock_synthetic`` its mock's provenance,
+            ``.receipt`` the charge and what is left of the cap), or with ``wait=False``
+            the job.
+
+        Raises:
+            PermissionDeniedError: you neither own the dataset nor are an admin.
+            PolicyRefusedError: the policy sets no cap on the dataset; nothing charged.
+            BudgetExceededError: the mock does not fit what is left of the cap.
+            DPNodeError, EvaluationError: as :meth:`synthesize`.
+        """
+        from dpnode.sdk._synthesis import start
+
+        body = {"epsilon": epsilon, "delta": delta, "method": method, "bins": bins, "rows": rows}
+        job = start(self._client, f"/datasets/{self.id}/mock/synthesize", body, idempotency_key)
+        return job.wait(progress=progress) if wait else job
 
     def __getitem__(self, column: str) -> RemoteTensor:
         """One column as a remote tensor of shape ``(rows, *per-row shape)``; no values travel.
@@ -226,16 +300,25 @@ class DatasetHandle:
 
         return Query(self)
 
-    def describe(self, *, epsilon: float, delta: float | None = None) -> QueryResult:
+    def describe(
+        self,
+        *,
+        epsilon: float,
+        delta: float | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> QueryResult:
         """count, mean, std, min, 25%, 50%, 75% and max of every numeric column with finite
-        bounds, like pandas' ``describe``, in two publishes (one noised, one selected).
+        bounds (or of ``columns``), like pandas' ``describe``, in two publishes (one noised,
+        one selected). The budget is shared by the columns described: name only those you
+        want, and each gets more of it.
 
         Raises:
-            QueryError: no numeric column with finite bounds, or a bad epsilon.
+            QueryError: no numeric column with finite bounds, a column in ``columns`` that
+                is not one, or a bad epsilon.
         """
         from dpnode.sdk.query.describe import describe
 
-        return describe(self, epsilon=epsilon, delta=delta)
+        return describe(self, epsilon=epsilon, delta=delta, columns=columns)
 
     def download(self) -> Columns:
         """The stored values — for the dataset's owner and admins; for data scientists only
@@ -246,9 +329,7 @@ class DatasetHandle:
             PermissionDeniedError: a data scientist asking for real values.
         """
         columns = self._client._download_frame(f"/datasets/{self.id}/data")
-        columns.categories = {
-            n: c.categories for n, c in self.columns.items() if c.categories is not None
-        }
+        columns.categories = self._categories()
         return columns
 
     @overload
@@ -337,13 +418,8 @@ class DatasetHandle:
                 node's memory quota (``quota_exceeded``); nothing charged.
             EvaluationError: the job failed after its charge (which stands), with the reason.
         """
-        from dpnode.sdk._synthesis import SynthesisJob
+        from dpnode.sdk._synthesis import start
 
-        for what, value in (("epsilon", epsilon), ("delta", delta)):
-            if isinstance(value, float) and not math.isfinite(value):
-                raise InvalidRequestError(
-                    f"{what} must be a finite number, got {value!r}; nothing was sent"
-                )
         body = {
             "epsilon": epsilon,
             "delta": delta,
@@ -354,15 +430,7 @@ class DatasetHandle:
             "name": name,
             "seed": seed,
         }
-        key = idempotency_key or uuid.uuid4().hex
-        answer = self._client._json(
-            "POST",
-            f"/datasets/{self.id}/synthesize",
-            json=body,
-            headers={"Idempotency-Key": key},
-            repeatable=True,
-        )
-        job = SynthesisJob(answer["job"], self._client)
+        job = start(self._client, f"/datasets/{self.id}/synthesize", body, idempotency_key)
         return job.wait(progress=progress) if wait else job
 
     def delete(self) -> None:
@@ -381,6 +449,7 @@ class DatasetHandle:
         lines = [
             f"<Dataset {self.name!r} tags={self.tags} shape={self.shape}{subjects}"
             + (", mock available" if self.has_mock else "")
+            + (f" ({_mock_words(self.mock_synthetic)})" if self.mock_synthetic else "")
             + synthetic
         ]
         width = max((len(n) for n in self.columns), default=0)
@@ -402,7 +471,11 @@ class DatasetHandle:
                     if self.subject_id
                     else "one a row",
                 ),
-                ("mock data", "available" if self.has_mock else "none"),
+                (
+                    "mock data",
+                    ("available" if self.has_mock else "none")
+                    + (f" ({_mock_words(self.mock_synthetic)})" if self.mock_synthetic else ""),
+                ),
             ],
         )
         rows = [(c.name, c.dtype, c.shape, c.bounds, c.categories) for c in self.columns.values()]
@@ -410,6 +483,18 @@ class DatasetHandle:
             "columns", ["name", "dtype", "row shape", "bounds", "categories"], rows
         )
         return summary + columns
+
+
+def _mock_words(provenance: dict[str, Any]) -> str:
+    """A synthetic mock in a few words.
+
+    >>> _mock_words({"method": "mst", "epsilon": 1.0, "delta": 1e-06})
+    'synthetic: mst, epsilon 1, delta 1e-06'
+    """
+    return (
+        f"synthetic: {provenance.get('method')}, epsilon {provenance.get('epsilon'):g}, "
+        f"delta {provenance.get('delta'):g}"
+    )
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,8 @@ class LedgerEntry:
     ``epsilon_used`` / ``delta_used``: what it added to the user's epsilon and delta used,
     as ``client.budget()`` counts them; ``epsilon``, ``rho`` and ``sampler_tv`` what it
     charged in its mechanism's terms. ``run_id``: the training run it is a step of.
+    ``cap_only``: paid from the caps of the datasets it read, not from the user's budget (a
+    data owner's synthetic mock; nothing used of the budget).
     """
 
     id: int
@@ -54,6 +56,7 @@ class LedgerEntry:
     run_id: int | None = None
     epsilon_used: float = 0.0
     delta_used: float = 0.0
+    cap_only: bool = False
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> LedgerEntry:
@@ -73,10 +76,12 @@ class LedgerEntry:
             run_id=body.get("run_id"),
             epsilon_used=_used(body.get("epsilon_used", 0.0)),
             delta_used=float(body.get("delta_used", 0.0)),
+            cap_only=bool(body.get("cap_only", False)),
         )
 
     def __str__(self) -> str:
         step = f", step of run {self.run_id}" if self.run_id is not None else ""
+        step += ", paid from the datasets' caps" if self.cap_only else ""
         return (
             f"publish {self.id} ({self.mechanism}{step}), epsilon used "
             f"{self.epsilon_used:.6g}, delta used {self.delta_used:.3g}"

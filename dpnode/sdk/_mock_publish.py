@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+import torch
 
 from dpnode.core import errors as node_errors
 from dpnode.core.engine import plan
@@ -31,24 +32,31 @@ from dpnode.sdk._remote import RemoteTensor, graph_for
 if TYPE_CHECKING:
     from dpnode.sdk._remote.mock import MockSession
 
-__all__ = ["mock_release"]
+__all__ = ["mock_inputs", "mock_release"]
 
 
-def _inputs(
-    session: MockSession, names: Sequence[str]
+def mock_inputs(
+    session: MockSession, tensors: Sequence[torch.Tensor], names: Sequence[str]
 ) -> tuple[dict[str, InputSpec], dict[str, npt.NDArray[Any]]]:
+    """The privacy specs and mock values of the inputs ``names`` of a graph computing
+    ``tensors``, found on the node their data comes from (ids are per node).
+
+    Raises:
+        DPNodeError: an input the session does not mock, or data of several nodes.
+    """
     from dpnode.sdk._handles import DatasetHandle
 
-    bindings = session.bindings()
-    handles = {(isinstance(h, DatasetHandle), h.id): h for h in session.handles}
+    node = session.node_for(tensors)
+    bindings = session.bindings(node)
     specs: dict[str, InputSpec] = {}
     values: dict[str, npt.NDArray[Any]] = {}
     for name in names:
         match = INPUT.fullmatch(name)  # as the node reads it
-        handle = handles.get((match.group(1) == "dataset", int(match.group(2)))) if match else None
+        handle = session.handle(match.group(1), int(match.group(2)), node) if match else None
         if match is None or handle is None:
             raise DPNodeError(
-                f"no mock values for {name!r}; pass its dataset or model to sdk.mock(...)"
+                f"no mock values for {name!r}{f' of {node}' if node else ''}; pass its "
+                "dataset or model to sdk.mock(...)"
             )
         part = match.group(3)
         if not isinstance(handle, DatasetHandle):
@@ -75,7 +83,7 @@ def mock_release(
     """The outputs and the receipt (as the node would send it) of a publish on mock data."""
     graph = graph_for(tensors)
     try:
-        specs, values = _inputs(session, graph.input_names())
+        specs, values = mock_inputs(session, tensors, graph.input_names())
         planned = plan_release(plan(graph, accurate=True), specs, epsilon=epsilon, delta=delta)
     except node_errors.DPNodeError as exc:  # the node's own checks, raised as the SDK's
         raise error_for(400, exc.code, exc.detail) from None

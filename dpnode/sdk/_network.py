@@ -9,6 +9,7 @@ for the others.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,9 +17,14 @@ from typing import Any
 
 import httpx
 
-from dpnode.sdk._client import API_PREFIX, Client, node_url
+from dpnode.sdk._client import API_PREFIX, Client, _busy_wait, node_url
 from dpnode.sdk._client_uploads import _tags
-from dpnode.sdk._exceptions import NodeUnreachableError, NotFoundError, raise_for_error
+from dpnode.sdk._exceptions import (
+    NodeBusyError,
+    NodeUnreachableError,
+    NotFoundError,
+    raise_for_error,
+)
 from dpnode.sdk._handles import ColumnInfo, DatasetHandle, NodeRef, columns_from_json
 
 __all__ = ["DatasetListing", "Network", "NodeInfo", "network"]
@@ -67,12 +73,24 @@ class Network:
         url: the network's address, e.g. ``"http://net.example.org:8000"``.
         transport: an httpx transport for the network (tests: an in-process app).
         timeout: seconds to wait for the network.
+        busy_retries, retry_backoff: as for :class:`Client`: a ``503`` (too busy, nothing
+            done) is asked again after its ``Retry-After`` or the backoff. A ``429`` (too
+            many searches from your address lately) is not: it raises
+            :class:`RateLimitedError`, whose ``retry_after`` says how long to wait.
     """
 
     def __init__(
-        self, url: str, *, transport: httpx.BaseTransport | None = None, timeout: float = 30.0
+        self,
+        url: str,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        timeout: float = 30.0,
+        busy_retries: int = 5,
+        retry_backoff: float = 0.5,
     ) -> None:
         self.url = node_url(url)
+        self.busy_retries = busy_retries
+        self.retry_backoff = retry_backoff
         self._http = httpx.Client(
             base_url=self.url + API_PREFIX + "/network", transport=transport, timeout=timeout
         )
@@ -83,12 +101,23 @@ class Network:
         return f"<dpnode Network {self.url}: logged in to {sorted(self.clients)}>"
 
     def _get(self, path: str, **params: Any) -> Any:
-        try:
-            response = self._http.get(path, params=params)
-        except httpx.TransportError as exc:
-            raise NodeUnreachableError(f"cannot reach the network at {self.url}: {exc}") from exc
-        raise_for_error(response)
-        return response.json()
+        attempt = 0
+        while True:
+            try:
+                response = self._http.get(path, params=params)
+            except httpx.TransportError as exc:
+                raise NodeUnreachableError(
+                    f"cannot reach the network at {self.url}: {exc}"
+                ) from exc
+            try:
+                raise_for_error(response)
+            except NodeBusyError as exc:  # a read: always safe to ask again
+                if attempt >= self.busy_retries:
+                    raise
+                time.sleep(_busy_wait(exc.retry_after, self.retry_backoff, attempt))
+                attempt += 1
+                continue
+            return response.json()
 
     def nodes(self) -> list[NodeInfo]:
         """The network's members, reachable or not."""
@@ -145,6 +174,8 @@ class Network:
 
         Raises:
             NodeUnreachableError: the network (or a node you logged in to) does not answer.
+            RateLimitedError: too many searches from your address lately (the network's
+                limit); wait ``retry_after`` seconds.
         """
         tags = list(_tags(tags))
         params: dict[str, Any] = {"tags": tags}

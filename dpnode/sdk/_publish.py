@@ -31,6 +31,7 @@ from dpnode.sdk._remote import (
     origins,
     recorded_by,
 )
+from dpnode.sdk._synthetic_publish import synthetic_release
 
 if TYPE_CHECKING:
     from dpnode.sdk._handles import DatasetHandle
@@ -245,12 +246,19 @@ def publish(
     swap = swap_moments(asked, epsilon=epsilon, delta=delta, client=client)
     items, delta = swap.items, swap.delta
     session = active_session()
+    graph = None if session is not None else graph_for(items)
+    exact = None
+    if graph is not None and run_id is None:  # not a training step, which the node counts
+        exact = synthetic_release(_client(client, items), graph, epsilon=epsilon, delta=delta)
     if session is not None:  # a dry run: the node's release, on mock data, charging nothing
         values, body = mock_release(session, items, epsilon=epsilon, delta=delta)
+    elif exact is not None:  # synthetic tables only: exact and free (see _synthetic_publish)
+        values, body = exact
     else:
+        assert graph is not None
         with _naming_calls(items):
             values, body = _client(client, items).publish_frame(
-                _frame(items),
+                encode_graph(graph).frame,
                 epsilon=epsilon,
                 delta=delta,
                 run_id=run_id,

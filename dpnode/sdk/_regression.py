@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from dpnode.sdk._averaging import DEFAULT_AVERAGE
 from dpnode.sdk._exceptions import DPNodeError
 from dpnode.sdk._remote import RemoteTensor
 from dpnode.sdk._scaling import bounds_scaler
@@ -192,6 +193,7 @@ def logistic_regression(
     subjects: Any = None,
     progress: bool | None = None,
     client: Any = None,
+    average: str | None = DEFAULT_AVERAGE,
 ) -> LogisticRegression:
     """Logistic regression of binary ``y`` on ``x`` by private gradient descent.
 
@@ -211,6 +213,8 @@ def logistic_regression(
         subjects: which rows belong to one subject (see :func:`sdk.publish_grads`).
         progress: show the run's progress bar.
         client: the node session (default: the one the data came from).
+        average: which average of the run's iterates the fit keeps (``"ema"``, ``"tail"``
+            or ``None``, the last; see :func:`sdk.private_training`), free of charge.
 
     Raises:
         DPNodeError: ``x`` or ``y`` not remote, their shapes do not match, or a feature has
@@ -243,6 +247,7 @@ def logistic_regression(
         subjects=subjects,
         progress=progress,
         client=client,
+        average=average,
     )
     run.fit()
     # sigmoid(w . ((x - mid) * scale) + b) = sigmoid((w * scale) . x + b - (w * scale) . mid)

@@ -123,10 +123,10 @@ def tracked_ranges(outputs: list[RemoteTensor], *, client: Any = None) -> list[t
     session = active_session()
     if session is not None:
         from dpnode.core.privacy import track
-        from dpnode.sdk._mock_publish import _inputs
+        from dpnode.sdk._mock_publish import mock_inputs
 
         graph = graph_for(outputs)
-        specs, _ = _inputs(session, graph.input_names())
+        specs, _ = mock_inputs(session, outputs, graph.input_names())
         report = track(graph, specs)
         return [(float(np.min(o.lower)), float(np.max(o.upper))) for o in report.outputs]
     from dpnode.sdk._publish import sensitivity_body

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from dpnode.core.dp import accounting
 from dpnode.sdk._exceptions import DPNodeError
 
-__all__ = ["StepBudget", "step_budget"]
+__all__ = ["StepBudget", "step_budget", "step_count"]
 
 #: the delta each step's Gaussian is calibrated with (it only fixes the rho charged)
 _STEP_DELTA = 1e-6
@@ -78,3 +79,27 @@ def step_budget(
             break
         lo, hi = (mid, hi) if total(mid) <= target else (lo, mid)
     return StepBudget(lo, _STEP_DELTA)
+
+
+def step_count(steps: Any, epochs: Any, batch: Any, rows: int) -> int:
+    """The run's step count from ``steps`` or Opacus's ``epochs`` (one step each: every
+    step sees every row), refusing an ``expected_batch_size`` other than the row count."""
+    if steps is not None and epochs is not None and steps != epochs:
+        raise DPNodeError(
+            f"steps={steps!r} and epochs={epochs!r} disagree: every step uses every row, so "
+            "an epoch is one step; give one of them"
+        )
+    count = steps if steps is not None else epochs
+    name = "steps" if steps is not None or epochs is None else "epochs"
+    if count is None:
+        raise DPNodeError("pass steps= (each step uses every row, so an epoch is one step)")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise DPNodeError(f"{name} must be a positive integer, got {count!r}")
+    if batch is not None and batch != rows:
+        raise DPNodeError(
+            f"expected_batch_size={batch!r}: the node trains with full batches (every step "
+            f"uses all {rows} rows); it does not sample batches, which under its neighbours "
+            "(replacing a row) would not lower the noise per step (docs/remote-tensors.md). "
+            "Leave expected_batch_size out"
+        )
+    return count

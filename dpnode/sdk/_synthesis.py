@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import time
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dpnode.sdk._exceptions import EvaluationError
+from dpnode.sdk._exceptions import EvaluationError, InvalidRequestError
 from dpnode.sdk._progress import _progress_bar
 
 if TYPE_CHECKING:
@@ -83,3 +85,26 @@ class SynthesisJob:
 
     def __repr__(self) -> str:
         return f"SynthesisJob({self.job})"
+
+
+def start(client: Client, path: str, body: dict[str, Any], key: str | None) -> SynthesisJob:
+    """Ask the node for a synthesis at ``path`` (a copy, or a mock) under idempotency key
+    ``key`` (default: a fresh one, so that the client's retries are charged once); its job.
+
+    Raises:
+        InvalidRequestError: a NaN or infinite epsilon or delta (nothing sent).
+    """
+    for what in ("epsilon", "delta"):
+        value = body[what]
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidRequestError(
+                f"{what} must be a finite number, got {value!r}; nothing was sent"
+            )
+    answer = client._json(
+        "POST",
+        path,
+        json=body,
+        headers={"Idempotency-Key": key or uuid.uuid4().hex},
+        repeatable=True,
+    )
+    return SynthesisJob(answer["job"], client)

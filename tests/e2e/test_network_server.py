@@ -4,6 +4,7 @@ stopped member drops out of searches within the documented interval, and comes b
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,3 +107,46 @@ def test_members_join_are_found_drop_out_when_stopped_and_come_back(
     _wait_for(lambda: _found(net, "health") == set(SITES), 10)
     status = stopped.cli("network", "status")  # as a process, as an admin runs it
     assert net.url in status and ": ok" in status
+
+
+def test_the_sdk_waits_out_a_busy_network_and_a_search_flood_is_refused_not_failed(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "net").mkdir()
+    net = _server(tmp_path, "net", "--network")
+    net.env |= {
+        "DPNODE_MAX_REQUESTS_IN_FLIGHT": "1",
+        "DPNODE_NETWORK_SEARCH_MAX_PER_ADDRESS": "5",
+    }
+    net.start()
+    try:
+
+        def slow_body() -> Iterator[bytes]:
+            for _ in range(30):  # 3 s in flight, reading its body; not a join: refused
+                time.sleep(0.1)
+                yield b"x" * 64
+
+        holder = threading.Thread(
+            target=lambda: httpx.post(
+                net.url + "/api/v1/network/join", content=slow_body(), timeout=60
+            )
+        )
+        holder.start()
+        try:
+            time.sleep(0.5)  # the slow request holds the only slot
+            probe = httpx.get(net.url + "/api/v1/network/nodes")
+            assert probe.status_code == 503 and probe.json()["error"] == "overloaded"
+            start = time.monotonic()
+            assert sdk.Network(net.url).nodes() == []  # asked again after Retry-After
+            assert time.monotonic() - start >= 1.0
+        finally:
+            holder.join()
+        # only the answered request counted (a 503 is refused before the limit is asked):
+        # four more fit, then 429, never 500
+        statuses = [httpx.get(net.url + "/api/v1/network/search").status_code for _ in range(6)]
+        assert statuses == [200, 200, 200, 200, 429, 429]
+        with pytest.raises(sdk.RateLimitedError) as caught:
+            sdk.search(tags=["health"], network=net.url)
+        assert caught.value.retry_after is not None and 0 < caught.value.retry_after <= 60
+    finally:
+        net.stop()

@@ -18,6 +18,7 @@ from dpnode.node.services.spending_mark import dataset_key, read_totals, user_ke
 from dpnode.node.settings import Settings
 from tests.conftest import make_user
 from tests.sdk.conftest import connect, remote_dataset
+from tests.sdk.test_synthesize import table
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -106,3 +107,61 @@ def test_restore_refuses_while_the_node_runs(
             assert "is not empty" in capsys.readouterr().err
     finally:
         context.close()
+
+
+def test_a_restored_backup_cannot_re_spend_the_cap_an_owners_synthetic_mock_used(
+    settings: Settings, cli: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The mock's charge is paid from the dataset's cap, not from the owner's budget: the
+    budget mark covers it under the dataset's key, so a restore from before it refuses
+    publishes until carry-forward puts it back on the cap, where no one can spend it again
+    (and on no one's own budget)."""
+    first = NodeContext.from_settings(settings)
+    admin = make_user(first, "admin@example.org", "admin")
+    owner = make_user(first, "owner@example.org", "data_owner")
+    scientist = make_user(first, "ds@example.org", "data_scientist")
+    try:
+        with TestClient(create_app(context=first)) as http:
+            connect(http, owner.email).upload_dataset(
+                "cohort",
+                table(200, 0),
+                bounds={"age": (0, 120), "bmi": (10, 70)},
+                categories={"region": ["north", "south", "east"]},
+            )
+            connect(http, admin.email).set_policy(
+                "[datasets.cohort]\nmax_epsilon = 5.0\nmax_delta = 1e-5\n", reason="a promise"
+            )
+            _run(capsys, "backup", str(tmp_path / "backup"), *cli)
+            cohort = connect(http, owner.email).dataset("cohort")
+            cohort.synthesize_mock(epsilon=2.0, delta=1e-6, bins={"age": 8, "bmi": 8})
+            used = cohort.budget().epsilon_used
+            assert used is not None and used > 1.0
+    finally:
+        first.close()
+
+    out = _run(capsys, "restore", str(tmp_path / "backup"), *cli)
+    assert "behind the budget mark" in out
+
+    second = NodeContext.from_settings(settings)
+    try:
+        with TestClient(create_app(context=second)) as http:
+            client = connect(http, scientist.email)
+            cohort = connect(http, owner.email).dataset("cohort")
+            assert cohort.budget().epsilon_used == 0  # the restored database forgot it
+            assert cohort.mock_synthetic is None  # and the mock it made
+            with pytest.raises(sdk.BudgetMarkBehindError) as refused:
+                client.dataset("cohort")["age"].float().mean().publish(epsilon=4.0)
+            assert dataset_key("cohort") in refused.value.detail
+            assert user_key(owner.id) not in refused.value.detail  # not the owner's spending
+
+            _run(capsys, "budget", "carry-forward", "--reason", "restored backup")
+            assert cohort.budget().epsilon_used == pytest.approx(used, abs=1e-6)
+            # what the mock used cannot be spent again: 4 fitted the restored cap, not now
+            with pytest.raises(sdk.BudgetExceededError) as over:
+                client.dataset("cohort")["age"].float().mean().publish(epsilon=4.0)
+            assert over.value.rule == "datasets.cohort.max_epsilon"
+            # and carrying it forward charged nobody's own budget
+            for user in (admin, owner):
+                assert connect(http, user.email).budget().spent_epsilon == 0
+    finally:
+        second.close()

@@ -185,9 +185,9 @@ def test_the_migration_upgrades_a_database_with_ledger_rows(
         with engine.connect() as connection:
             after = connection.execute(text("SELECT * FROM ledger_entries ORDER BY id")).all()
             columns = [c["name"] for c in inspect(connection).get_columns("ledger_entries")]
-        assert columns[-1] == "run_id"
-        assert [tuple(r)[:-1] for r in after] == [tuple(r) for r in before]
-        assert [r[-1] for r in after] == [None, None, None]
+        assert columns[-2:] == ["run_id", "cap_only"]  # 0014 added the last
+        assert [tuple(r)[:-2] for r in after] == [tuple(r) for r in before]
+        assert [tuple(r)[-2:] for r in after] == [(None, False)] * 3
         with pytest.raises(DBAPIError, match="append-only"), engine.begin() as connection:
             connection.execute(text("UPDATE ledger_entries SET run_id = NULL"))
     finally:

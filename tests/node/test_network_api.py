@@ -7,6 +7,7 @@ import json
 import shutil
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from dpnode.node.context import NodeContext
 from dpnode.node.db.models import AuditEvent, NetworkJoinToken, NetworkMember, NetworkMembership
 from dpnode.node.network import membership
 from dpnode.node.services.security import secret_digest
+from dpnode.node.services.throttle import RequestLimit
 from dpnode.node.settings import Settings
 from tests.conftest import PASSWORD, login, make_user
 from tests.statuses import RecordStatuses, Seen, spec_of, undocumented
@@ -319,3 +321,48 @@ def test_a_catalog_change_wakes_the_heartbeat_and_a_network_down_is_only_noted(
     with ctx.sessions() as session:
         kept = session.get(NetworkMembership, row.id)
         assert kept is not None and kept.last_result == result and kept.last_ok_at is not None
+
+
+def test_public_routes_are_limited_per_address_and_recover_and_members_are_not(
+    net: TestClient,
+    net_context: NodeContext,
+    net_admin: dict[str, str],
+    member: tuple[NodeContext, TestClient],
+) -> None:
+    ctx, node = member
+    row = _join(ctx, net, _token(net, net_admin))
+    small = {"network_search_max_per_address": 6, "network_search_window_seconds": 1}
+    net_context.network_searches = RequestLimit.network_searches(
+        net_context.settings.model_copy(update=small)
+    )
+    # a burst of twenty searches and member lists at once from one address: six are
+    # answered, the others refused with 429 and Retry-After, none fails
+    paths = ["/api/v1/network/search", "/api/v1/network/nodes"] * 10
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(net.get, paths))
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses == [200] * 6 + [429] * 14
+    refused = next(a for a in answers if a.status_code == 429)
+    assert refused.headers["Retry-After"] == "1"
+    assert refused.json() == {
+        "error": "rate_limited",
+        "detail": "too many network searches from your address; try again in 1 second",
+    }
+    network = sdk.Network(NET, transport=net._transport)
+    with pytest.raises(sdk.RateLimitedError) as caught:
+        network.search(tags=["health"])
+    assert caught.value.retry_after == 1 and "network searches" in str(caught.value)
+
+    # the member (from the same address here) and the admin are not counted nor refused
+    owner = sdk.login(NET, email="owner@site-a.org", password=PASSWORD, transport=node._transport)
+    owner.upload_dataset("cohort-b", {"x": np.ones(10)}, bounds={"x": (0, 1)}, tags=["health"])
+    for _ in range(3):  # heartbeats, the first pushing the changed catalog
+        assert membership.beat(ctx.sessions, row.id, transport=net._transport) == "ok"
+    assert _actions(net_context).count("network.catalog") == 1
+    assert net.get("/api/v1/network/members", headers=net_admin).status_code == 200
+    other = TestClient(net.app, client=("192.0.2.7", 50000))  # another address: its own count
+    assert other.get("/api/v1/network/nodes").status_code == 200
+
+    time.sleep(1.05)  # the window has passed: searches are answered again
+    found = network.search(tags=["health"])
+    assert sorted(d.name for d in found) == ["cohort-a", "cohort-b"]

@@ -28,6 +28,7 @@ from dpnode.sdk.query import (
     var,
 )
 from dpnode.sdk.query.errorbars import ErrorBar, shown
+from dpnode.sdk.query.errors import QueryError
 from tests.sdk.query_table import EDUCATION, codes, table, upload
 
 #: how many stated scales (standard deviations) an answer may be off. Gaussian noise is past 5
@@ -360,3 +361,21 @@ def test_rearranging_never_adds_to_the_summed_error() -> None:
             assert bool((after <= before + 1e-9).all())
         moved += int(not np.array_equal(got, noisy))
     assert moved > 100  # the noise did reorder them, often
+
+
+def test_describe_of_some_columns_shares_the_budget_among_them_alone(
+    people: sdk.DatasetHandle, ds_client: sdk.Client
+) -> None:
+    every = people.describe(epsilon=1.0)
+    some = people.describe(epsilon=1.0, columns=["income", "age"])
+    assert [r["column"] for r in some.rows()] == ["income", "age"]
+    scales = {r["column"]: r for r in every.rows()}
+    for r in some.rows():  # two columns of four: each statistic gets twice the epsilon
+        full = scales[r["column"]]
+        assert r["mean_scale"] == pytest.approx(full["mean_scale"] / 2)
+        assert r["50%_scale"] == pytest.approx(full["50%_scale"] / 2)
+    lines = ds_client.ledger()
+    for columns, words in ((["nope"], "no column 'nope'"), (["education"], "cannot be described")):
+        with pytest.raises(QueryError, match=words):
+            people.describe(epsilon=1.0, columns=columns)
+    assert ds_client.ledger() == lines  # refused before any publish

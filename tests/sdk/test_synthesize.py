@@ -80,6 +80,7 @@ def test_a_synthetic_copy_is_charged_once_stored_and_downloadable(
     assert len(frame) == N
     assert frame["age"].between(0, 120).all() and frame["bmi"].between(10, 70).all()
     assert frame["age"].dtype.kind == "i"
+    assert list(frame.columns) == list(survey.columns)  # the stored order, not the alphabet's
     assert set(frame["region"]) <= {"north", "south", "east"}
     # the strong relation survives (4 columns of 5 joined by a tree of 4 pairs: the
     # smoker-cough pair scores far above the others and is chosen)
@@ -151,17 +152,21 @@ def test_the_docs_example_runs(
     survey: sdk.DatasetHandle, ds_client: sdk.Client, sqlite_only: None
 ) -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "synthetic.md").read_text()
-    first, job = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
+    first, explore, job, _mock = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
     namespace: dict[str, object] = {"ds": survey}
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(first, "docs/synthetic.md", "exec"), namespace)  # the repository's docs
     frame = namespace["frame"]
     assert len(frame) == N and "'method': 'mst'" in out.getvalue()  # type: ignore[arg-type]
+    exec(compile(explore, "docs/synthetic.md", "exec"), namespace)  # the same code, twice
+    older = frame[frame["age"] > 50]["bmi"].sum()  # type: ignore[index]
+    assert float(namespace["exact"]) == pytest.approx(older)  # type: ignore[arg-type]
+    assert namespace["noised"].receipt.ledger_id is not None  # type: ignore[attr-defined]
     exec(compile(job, "docs/synthetic.md", "exec"), namespace)  # the job's example
     assert isinstance(namespace["job"], sdk.SynthesisJob)
     assert namespace["copy"].synthetic["method"] == "aim"  # type: ignore[attr-defined]
-    assert len(ds_client.ledger()) == 2
+    assert len(ds_client.ledger()) == 3  # the two copies and the real publish
 
 
 def test_a_node_without_the_estimator_refuses_mst_before_charging_and_runs_aim(

@@ -119,6 +119,12 @@ class DatasetPublic(Schema):
         description="a synthetic dataset's provenance (source, method, epsilon, delta, rows, "
         "ledger row); null for uploaded data",
     )
+    mock_synthetic: dict[str, Any] | None = Field(
+        default=None,
+        description="when the node synthesized the mock from the data (paid from the dataset's "
+        "cap): method, epsilon, delta, rows, ledger row, when; null for a mock its owner "
+        "uploaded, or none",
+    )
     budget: DatasetBudgetPublic | None = Field(
         default=None,
         description="its cap and what all users spent of it: for its owner and admins only",
@@ -267,6 +273,11 @@ class LedgerEntryPublic(Schema):
     user_email: str | None = None
     run_id: int | None = Field(
         default=None, description="the training run this charge is a step of (null: none)"
+    )
+    cap_only: bool = Field(
+        default=False,
+        description="paid from the caps of the datasets it read, not from the user's budget "
+        "(a data owner's synthetic mock): its epsilon_used is 0",
     )
     epsilon_used: float | None = Field(
         default=None,
@@ -564,6 +575,19 @@ class SynthesisCreate(Schema):
     name: str | None = Field(default=None, max_length=200, description="the new dataset's")
     seed: int | None = Field(
         default=None, description="seeds the sampling of rows (not the noise); not kept"
+    )
+
+
+class MockSynthesisCreate(Schema):
+    """A dataset's mock made a differentially private synthetic table, paid from the
+    dataset's cap (its owner or an admin)."""
+
+    epsilon: float = Field(description="the whole run's epsilon, taken from the cap")
+    delta: float = Field(description="the whole run's delta, > 0 (Gaussian measurements)")
+    rows: int | None = Field(default=None, description="mock rows; default the dataset's")
+    method: str = Field(default="mst", description="`mst` or `aim`")
+    bins: dict[str, int] | None = Field(
+        default=None, description="bins per numeric column (default from the row count)"
     )
 
 

@@ -44,6 +44,8 @@ def budget_view(session: Session, settings: Settings, viewer: User, user_id: int
     rows = ledger.ledger_of(session, user_id, since=status.status.period_start, limit=CHART_CHARGES)
     steps, epsilon_units, rho_units = [], 0, 0
     for row in reversed(rows):
+        if row.cap_only:  # paid from a dataset's cap: not the user's spending
+            continue
         epsilon_units += row.epsilon_units
         rho_units += row.rho_units
         used, _ = status.used_units(policies.Spent(epsilon_units, 0, rho_units))

@@ -18,6 +18,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
@@ -73,6 +74,9 @@ class Dataset(Timestamped, Base):
     #: A synthetic dataset's provenance (source id and name, method, epsilon, delta, rows,
     #: ledger row); ``None`` for a dataset uploaded with real values.
     provenance: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    #: A mock the node synthesized (``dpnode.node.services.mock_synthesis``): method, epsilon,
+    #: delta, rows, ledger row, when; ``None`` for a mock its owner uploaded, or none.
+    mock_provenance: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     owner: Mapped[User] = relationship()
     columns: Mapped[list[DatasetColumn]] = relationship(
@@ -197,6 +201,11 @@ class LedgerEntry(Base):
     run_id: Mapped[int | None] = mapped_column(
         ForeignKey("training_runs.id"), nullable=True, index=True
     )
+    #: Paid from the caps of the datasets it read alone, not from its user's budget (a data
+    #: owner's synthetic mock): counted in those caps, left out of the user's sums and total.
+    #: The database's default only (no Python one), so that code inserting rows without it,
+    #: written before it existed, still inserts them.
+    cap_only: Mapped[bool] = mapped_column(Boolean, server_default=false())
 
 
 class TrainingRun(Base):

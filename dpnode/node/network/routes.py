@@ -3,6 +3,8 @@
 Three kinds of caller: the network's admin (an account of the network's own, logged in as on
 any node), member nodes (their member credential as a bearer token), and anyone searching
 (the directory lists public catalogs only, the same metadata each node shows to its users).
+Anyone's requests are limited per client address (``network_search_*`` settings); the
+admin's and the members' are not, so a busy search never holds a heartbeat back.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from dpnode.core.errors import AuthenticationError, InvalidRequestError
 from dpnode.node.api.deps import (
     AdminUser,
     CatalogBody,
+    ClientAddress,
+    ContextDep,
     Credentials,
     PathId,
     ReadSessionDep,
@@ -75,6 +79,16 @@ def get_member(session: SessionDep, credentials: Credentials) -> NetworkMember:
 
 
 CurrentMember = Annotated[NetworkMember, Depends(get_member)]
+
+
+async def limit_public(context: ContextDep, address: ClientAddress) -> None:
+    """Count a request to a public route against its address's limit (429 beyond it),
+    before any database work."""
+    context.network_searches.admit(address)
+
+
+#: The first dependency of every route anyone may call without a login.
+LIMITED = [Depends(limit_public)]
 
 
 # -- the network's admin ------------------------------------------------------------------
@@ -168,14 +182,14 @@ def leave(session: SessionDep, member: CurrentMember) -> Response:
 # -- anyone -------------------------------------------------------------------------------
 
 
-@router.get("/nodes")
+@router.get("/nodes", dependencies=LIMITED, responses=errors(429))
 def list_nodes(session: ReadSessionDep, settings: SettingsDep) -> list[NodePublic]:
     """The members, where they are and whether they answer (no login needed)."""
     states = directory.members(session, settings)
     return [NodePublic(**{k: s.public()[k] for k in NodePublic.model_fields}) for s in states]
 
 
-@router.get("/search")
+@router.get("/search", dependencies=LIMITED, responses=errors(429))
 def search(
     session: ReadSessionDep,
     settings: SettingsDep,

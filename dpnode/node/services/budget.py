@@ -181,7 +181,10 @@ def charge(
         ledger = _load(connection, in_force.policy, request, puser, locked.total)
         charges = ledger.charges
         gate = in_force.policy.approval
-        gated = gate.epsilon_above is not None or gate.delta_above is not None
+        # A cap-paid release is judged by the caps alone (policies.decide_cap): no threshold.
+        gated = not cost.cap_only and (
+            gate.epsilon_above is not None or gate.delta_above is not None
+        )
         if gated and callable(cost.frame_hash):
             cost = replace(cost, frame_hash=cost.frame_hash())  # once, for find and queue
         waiting = None
@@ -197,6 +200,10 @@ def charge(
             decision = policies.decide_approved(
                 in_force.policy, puser, request, charges, answer, defaults=defaults
             )
+        elif cost.cap_only:
+            decision = policies.decide_cap(
+                in_force.policy, puser, request, charges, defaults=defaults
+            )
         else:
             decision = policies.decide(in_force.policy, puser, request, charges, defaults=defaults)
         summary = {
@@ -209,6 +216,8 @@ def charge(
             "datasets": list(cost.dataset_ids),
             "graph_hash": cost.graph_hash,
         }
+        if cost.cap_only:
+            summary["cap_only"] = True
         if decision.outcome is policies.Outcome.NEEDS_APPROVAL:
             refusing()
             queued = waiting is None
@@ -257,6 +266,7 @@ def charge(
             "detail": cost.detail,
             "policy_revision": in_force.revision,
             "run_id": cost.run_id,
+            "cap_only": cost.cap_only,
         }
         ((ident,),) = INSERT_LEDGER.execute(connection, values)
         entry = Charged(id=ident, **values)
@@ -290,7 +300,10 @@ def charge(
             sampler_delta_units=sampler_delta,
             **summary,
         )
-        after = _after(in_force, defaults, puser, ledger, decision.granted)
+        # A cap-paid row is not the user's: their budget after it is their budget before.
+        after = (
+            None if cost.cap_only else _after(in_force, defaults, puser, ledger, decision.granted)
+        )
         if after is None:
             after = _status(connection, settings, in_force, puser, at)
         if run is not None:  # the run so far, for the receipt: read before the commit, so
@@ -303,10 +316,14 @@ def charge(
             return entry, after
         # The one place a charge commits: the mark covers it first (a reservation), so that
         # it is never below what was released.
-        keys = [user_key(user.id), *(dataset_key(found[d]) for d in entry.dataset_ids)]
+        # Under the keys whose sums hold the row (``spending_mark.read_totals``): a cap-paid
+        # row is in its datasets' sums, not in its user's total.
+        keys = [] if cost.cap_only else [user_key(user.id)]
+        keys += [dataset_key(found[d]) for d in entry.dataset_ids]
         amount = (entry.epsilon_units, entry.rho_units, entry.tv_units)
         left = after.status.remaining
-        mark.reserve(connection, keys, amount, room=(left.epsilon_units, None, left.delta_units))
+        room = (None, None, None) if cost.cap_only else (left.epsilon_units, None, left.delta_units)
+        mark.reserve(connection, keys, amount, room=room)
         try:
             tx.commit(covered=True)
         except BaseException:

@@ -5,7 +5,8 @@ spending than the mark (``dpnode.node.services.spending_mark``), and the node re
 publishes. :func:`carry_forward` appends one audited ledger row per user and per dataset name
 that is behind, charging what is missing, then settles the mark at the new totals: spent
 epsilon never goes down. A dataset's row is charged to the admin running it (a ledger row
-names a user); it counts against the dataset's cap, and against that admin's own budget.
+names a user), paid from the dataset's cap alone (``cap_only``): it counts against the cap,
+not against that admin's own budget.
 
 It takes the database's write lock (SQLite) or the ledger's table lock (PostgreSQL) before
 the mark's lock, the order a charge takes them in, so that it can run while node processes
@@ -89,7 +90,14 @@ def _account(connection: Connection, email: str | None) -> tuple[int, str]:
     return int(row[0]), str(row[1])
 
 
-def _row(connection: Connection, user_id: int, amount: Amount, detail: dict[str, object]) -> int:
+def _row(
+    connection: Connection,
+    user_id: int,
+    amount: Amount,
+    detail: dict[str, object],
+    *,
+    cap_only: bool = False,
+) -> int:
     values = {
         "at": utcnow(),
         "user_id": user_id,
@@ -102,6 +110,7 @@ def _row(connection: Connection, user_id: int, amount: Amount, detail: dict[str,
         "detail": detail,
         "policy_revision": None,
         "run_id": None,
+        "cap_only": cap_only,
     }
     return int(connection.execute(insert(_LEDGER).returning(_LEDGER.c.id), values).scalar_one())
 
@@ -146,7 +155,8 @@ def carry_forward(
                 rows[key] = _row(connection, int(name), amount, {**detail, "key": key})
                 continue
             admin_id, email = _account(connection, admin_email)
-            ident = _row(connection, admin_id, amount, {**detail, "key": key, "charged_to": email})
+            charged = {**detail, "key": key, "charged_to": email}
+            ident = _row(connection, admin_id, amount, charged, cap_only=True)
             datasets = table_of(Dataset)
             found = connection.scalar(select(datasets.c.id).where(datasets.c.name == name))
             dataset_id = 0 if found is None else int(found)  # 0: none of that name now

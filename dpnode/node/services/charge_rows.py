@@ -41,6 +41,8 @@ class Charged:
     policy_revision: int | None
     #: the planned training run it is a step of (``None``: a publish of its own)
     run_id: int | None = None
+    #: paid from the caps of the datasets it read alone, not from the user's budget
+    cap_only: bool = False
 
 
 #: The rows of a charge: every column given (``Direct`` computes no Python default), the

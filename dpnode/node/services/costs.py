@@ -169,6 +169,10 @@ class Cost:
     computation: list[str] | Callable[[], list[str]] | None = None
     #: What the requester says the publish is for (kept with an approval and the ledger row).
     description: str = ""
+    #: Paid from the caps of the datasets it reads alone, not from the user's budget (a data
+    #: owner's synthetic mock, ``dpnode.node.services.mock_synthesis``): only those caps
+    #: decide (:func:`dpnode.policies.decide_cap`), and the ledger row says so.
+    cap_only: bool = False
 
     @property
     def asked_epsilon(self) -> int:

@@ -351,7 +351,9 @@ class KnownDatasets(SizedLru[int, ReadDataset]):
     that a publish on them reads no metadata from the database.
 
     Sound because a dataset's metadata never changes once stored (nothing updates a dataset or
-    its columns) and ids are never reused (``NEVER_REUSE_IDS``): an entry is right for as long
+    its columns but its mock, which a synthetic mock replaces and no computation reads from
+    here: ``mock_row_count`` and ``mock_blob`` of an entry may be older) and ids are never
+    reused (``NEVER_REUSE_IDS``): an entry is right for as long
     as its dataset exists. Whether it still does is decided by the charge of every publish,
     under its lock (``budget.charge`` refuses a dataset deleted meanwhile, charging nothing),
     so every process of a node may keep its own. At most ``max_columns`` columns' metadata

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
-from sqlalchemy import Connection, Select, case, func, or_, select
+from sqlalchemy import Connection, Select, case, false, func, or_, select
 from sqlalchemy.orm import Session
 
 from dpnode import policies
@@ -78,6 +78,8 @@ class _Row(Protocol):
     def user_id(self) -> int: ...
     @property
     def at(self) -> datetime: ...
+    @property
+    def cap_only(self) -> bool: ...
 
 
 def _filtered(
@@ -145,7 +147,7 @@ def _running(
     of the window before it, and its own amounts."""
     running = [func.sum(c).over(order_by=_LEDGER.c.id) for c in _AMOUNTS]
     inner = select(_LEDGER.c.id, *_AMOUNTS, *running).where(
-        _LEDGER.c.user_id == user_id, _LEDGER.c.id <= max(ids)
+        _LEDGER.c.user_id == user_id, _LEDGER.c.id <= max(ids), _LEDGER.c.cap_only.is_(false())
     )
     start, end = window
     if start is not None:
@@ -196,13 +198,16 @@ def used_by_row(
     now = utcnow() if now is None else now
     groups: dict[tuple[int, datetime | None, datetime | None], set[int]] = {}
     statuses: dict[int, Status] = {}
+    used: dict[int, Used] = {}
     for row in rows:
+        if row.cap_only:  # paid from datasets' caps alone: nothing of its user's budget
+            used[row.id] = NOTHING
+            continue
         if row.user_id not in statuses:
             statuses[row.user_id] = status_of(row.user_id)
         renewal = statuses[row.user_id].in_force.policy.renewal
         period = None if renewal is None else renewal.period()
         groups.setdefault((row.user_id, *_window(period, row.at, now)), set()).add(row.id)
-    used: dict[int, Used] = {}
     for (user_id, start, end), ids in groups.items():
         status = statuses[user_id]
         for ident, (before, own) in _running(connection, user_id, (start, end), ids).items():

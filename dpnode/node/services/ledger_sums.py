@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, and_, bindparam, func, or_, select
+from sqlalchemy import Connection, and_, bindparam, false, func, or_, select
 from sqlalchemy.orm import Session
 
 from dpnode import policies
@@ -48,7 +48,11 @@ _SUMS = (
     func.coalesce(func.sum(_LEDGER.c.tv_units), 0),
     func.max(_LEDGER.c.at),
 )
-_MINE = select(*_SUMS).where(_LEDGER.c.user_id == bindparam("user_id"))
+# A user's own rows: not those paid from datasets' caps alone (``LedgerEntry.cap_only``),
+# which the database's total leaves out too.
+_MINE = select(*_SUMS).where(
+    _LEDGER.c.user_id == bindparam("user_id"), _LEDGER.c.cap_only.is_(false())
+)
 _MINE_SINCE = _MINE.where(_LEDGER.c.at >= bindparam("since"))
 _TOTALS = LedgerTotal.__table__
 #: The same as ``_MINE``, kept up to date by the database (``dpnode.node.db.models.LedgerTotal``).
@@ -123,7 +127,9 @@ def _load(
     renewal window: the user's rows of the current window (counted against the user, no
     dataset), plus zero-cost markers so that the rate limit counts every row of its window,
     and for each capped dataset everyone's rows on it in the cap's window except those
-    passed one by one (counted against the dataset, user 0: nobody). Each row's samplers'
+    passed one by one (counted against the dataset, user 0: nobody). A row paid from caps
+    alone (``cap_only``, a data owner's synthetic mock) is only ever among the latter: it
+    is not the user's, not even for the rate limit. Each row's samplers'
     delta is in ``tv_units`` already (costed when it was charged), so sums add up exactly.
     Decisions on these equal decisions on the whole ledger (tests/node/test_budget_scope.py).
     All the user's rows (no renewal, none passed one by one) are read as their total, which
@@ -168,7 +174,9 @@ def _load(
     extra, extra_at, count = 0, request.at, 0
     limit = policy.rate_limit
     if limit is not None:
-        own = select(LedgerEntry).where(LedgerEntry.user_id == user_id)
+        own = select(LedgerEntry).where(
+            LedgerEntry.user_id == user_id, LedgerEntry.cap_only.is_(false())
+        )
         # The rate limit needs the count of the user's rows in its window and, once that
         # reaches the limit, the newest max_publishes of them (when the next one is free).
         cutoff = request.at - policies.parse_period(limit.window)

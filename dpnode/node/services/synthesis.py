@@ -66,9 +66,23 @@ from dpnode.node.services.costs import DELTA_UNIT, EPSILON_UNIT, RHO_UNIT, Cost
 from dpnode.node.services.synthesis_jobs import Reporter
 from dpnode.node.services.synthesis_methods import METHODS, Plan
 from dpnode.node.services.tabular import ColumnSpec
+from dpnode.node.settings import Settings
 from dpnode.node.storage import array_to_bytes
 
-__all__ = ["Replayed", "Started", "SynthesisRequest", "Synthesized", "synthesize"]
+__all__ = [
+    "Replayed",
+    "Started",
+    "SynthesisRequest",
+    "Synthesized",
+    "Work",
+    "cost_of",
+    "plan_for",
+    "replay",
+    "request_hash",
+    "sample",
+    "start",
+    "synthesize",
+]
 
 
 @dataclass(frozen=True)
@@ -107,15 +121,17 @@ class Replayed:
     response: bytes
 
 
-def _request_hash(ref: int | str, request: SynthesisRequest) -> str:
-    """What identifies a synthesis request under an idempotency key."""
-    fields = {"synthesize": str(ref), **vars(request)}
+def request_hash(ref: int | str, request: SynthesisRequest, what: str = "synthesize") -> str:
+    """What identifies a synthesis request (``what``: of a copy, or of a mock) under an
+    idempotency key."""
+    fields = {what: str(ref), **vars(request)}
     fields["bins"] = dict(request.bins) if request.bins is not None else None
     fields["columns"] = list(request.columns) if request.columns is not None else None
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
-def _replay(context: NodeContext, actor_id: int, claim: idempotency.Claim) -> bytes | None:
+def replay(context: NodeContext, actor_id: int, claim: idempotency.Claim) -> bytes | None:
+    """The stored answer of the request ``claim`` names, if it was answered."""
     with context.read_sessions() as session:
         users.active_actor(session, actor_id)
         return idempotency.replay(session, actor_id, claim)
@@ -166,7 +182,9 @@ def _facts(source: Dataset, columns: Sequence[str] | None) -> list[ColumnFacts]:
     return facts
 
 
-def _cost(plan: Plan, request: SynthesisRequest, source: Dataset) -> Cost:
+def cost_of(plan: Plan, request: SynthesisRequest, source: Dataset) -> Cost:
+    """What a synthesis costs, in ledger units, with its method and parameters (the row's
+    detail)."""
     terms = plan.terms()
     detail = {
         "method": request.method,
@@ -194,33 +212,45 @@ def _cost(plan: Plan, request: SynthesisRequest, source: Dataset) -> Cost:
     )
 
 
+def plan_for(settings: Settings, source: Dataset, request: SynthesisRequest) -> tuple[Plan, int]:
+    """The run ``request`` asks for on ``source``, planned from its public metadata alone, and
+    the rows it samples.
+
+    Raises:
+        InvalidRequestError: a bad epsilon, delta, rows, method, bins or columns; a dataset
+            with several rows per subject.
+        QuotaExceededError: the domain is too large for the node's memory quota.
+    """
+    rows = _check(request, source.row_count, settings.max_upload_elements)
+    if source.max_rows_per_subject > 1:
+        raise InvalidRequestError(
+            f"dataset {source.name!r} has up to {source.max_rows_per_subject} rows per "
+            f"subject ({source.subject_column!r}); synthesis handles one row per subject "
+            "for now: publish statistics through the query builder instead"
+        )
+    facts = _facts(source, request.columns)
+    attributes = domain_of(facts, source.row_count, request.bins)
+    epsilon = float(costs.quantize_epsilon(request.epsilon))
+    method = METHODS[request.method]
+    plan = method.plan(attributes, source.row_count, epsilon, request.delta)
+    need, quota = method.memory(plan, rows), settings.max_graph_memory_bytes
+    if need > quota:
+        raise QuotaExceededError(
+            f"this synthesis would hold about {need / 2**20:.1f} MiB, {need / quota:.1f} "
+            f"times the node's memory quota of {quota / 2**20:.1f} MiB: use fewer bins "
+            "(bins={...}) or fewer columns (columns=[...]); nothing was charged"
+        )
+    return plan, rows
+
+
 def _plan(
     context: NodeContext, actor_id: int, ref: int | str, request: SynthesisRequest
 ) -> tuple[Dataset, Plan, int, str]:
-    settings = context.settings
     synthesis_methods.check_estimator(request.method)
     with context.read_sessions() as session:
         users.active_actor(session, actor_id)
         source = datasets.get_dataset(session, ref)
-        rows = _check(request, source.row_count, settings.max_upload_elements)
-        if source.max_rows_per_subject > 1:
-            raise InvalidRequestError(
-                f"dataset {source.name!r} has up to {source.max_rows_per_subject} rows per "
-                f"subject ({source.subject_column!r}); synthesis handles one row per subject "
-                "for now: publish statistics through the query builder instead"
-            )
-        facts = _facts(source, request.columns)
-        attributes = domain_of(facts, source.row_count, request.bins)
-        epsilon = float(costs.quantize_epsilon(request.epsilon))
-        method = METHODS[request.method]
-        plan = method.plan(attributes, source.row_count, epsilon, request.delta)
-        need, quota = method.memory(plan, rows), settings.max_graph_memory_bytes
-        if need > quota:
-            raise QuotaExceededError(
-                f"this synthesis would hold about {need / 2**20:.1f} MiB, {need / quota:.1f} "
-                f"times the node's memory quota of {quota / 2**20:.1f} MiB: use fewer bins "
-                "(bins={...}) or fewer columns (columns=[...]); nothing was charged"
-            )
+        plan, rows = plan_for(context.settings, source, request)
         name = request.name or f"{source.name}-synthetic-{secrets.token_hex(3)}"
         check_item_name("dataset", name)
         if session.scalar(select(Dataset.id).where(Dataset.name == name)) is not None:
@@ -261,12 +291,39 @@ def synthesize(
     """
     claim = None
     if key is not None:
-        claim = idempotency.Claim(idempotency.check_key(key), _request_hash(ref, request))
-        stored = _replay(context, actor_id, claim)
+        claim = idempotency.Claim(idempotency.check_key(key), request_hash(ref, request))
+        stored = replay(context, actor_id, claim)
         if stored is not None:
             return Replayed(stored)
     source, plan, rows, name = _plan(context, actor_id, ref, request)
-    cost = _cost(plan, request, source)
+
+    def work(entry: charge_rows.Charged, after: budget_status.Status, report: Reporter) -> Any:
+        done = _run(context, actor_id, source, plan, request, rows, name, entry, after, report)
+        return answer(done)
+
+    return start(context, actor_id, source, cost_of(plan, request, source), claim, work)
+
+
+#: A charged run's work in its job: given its ledger row, the budget after it and where to
+#: report its progress, the job's answer.
+Work = Callable[[charge_rows.Charged, budget_status.Status, Reporter], dict[str, Any]]
+
+
+def start(
+    context: NodeContext,
+    actor_id: int,
+    source: Dataset,
+    cost: Cost,
+    claim: idempotency.Claim | None,
+    work: Work,
+) -> Started | Replayed:
+    """Charge ``cost`` for the caller (under ``claim``'s idempotency key) and run ``work`` as
+    a job on ``source``: what :func:`synthesize` and a data owner's synthetic mock
+    (``dpnode.node.services.mock_synthesis``) share once planned.
+
+    Raises:
+        as :func:`synthesize`'s charge does.
+    """
     try:
         entry, after = budget.charge(
             context.serial_sessions,
@@ -278,27 +335,22 @@ def synthesize(
         )
     except idempotency.AlreadyClaimed:  # a copy of this request was charged meanwhile
         assert claim is not None
-        stored = _replay(context, actor_id, claim)
+        stored = replay(context, actor_id, claim)
         if stored is None:
             raise PublishInProgressError(
-                f"the synthesis with idempotency key {key!r} was just charged by another "
+                f"the synthesis with idempotency key {claim.key!r} was just charged by another "
                 "request: retry with the same key to get its answer"
             ) from None
         return Replayed(stored)
     if claim is not None:  # renewed until the answer (the job's id) is stored
         context.leases.hold(actor_id, claim.key)
     try:
-        job = context.synthesis_jobs.create(actor_id, source.id, entry.id, request.method)
+        job = context.synthesis_jobs.create(actor_id, source.id, entry.id, cost.mechanism)
     except BaseException:  # not answered: the lease lapses, and its retries learn it is lost
         if claim is not None:
             context.leases.release(actor_id, claim.key)
         raise
-
-    def work(report: Reporter) -> dict[str, Any]:
-        done = _run(context, actor_id, source, plan, request, rows, name, entry, after, report)
-        return answer(done)
-
-    context.synthesis_jobs.launch(job, work)
+    context.synthesis_jobs.launch(job, lambda report: work(entry, after, report))
     return Started(job)
 
 
@@ -315,17 +367,7 @@ def _run(
     report: Reporter,
 ) -> Synthesized:
     """Charged: from here on the source's values are read (in the job's thread)."""
-    by_name = {c.name: c for c in source.columns}
-    codes = np.stack(
-        [
-            encode(a, datasets.read_column(context.store, source, by_name[a.name]))
-            for a in plan.attributes
-        ],
-        axis=1,
-    )
-    rng = np.random.default_rng(secrets.randbits(128) if request.seed is None else request.seed)
-    sampled = METHODS[request.method].run(plan, codes, rows, rng, report)
-    arrays = [decode(a, sampled.codes[:, j], rng) for j, a in enumerate(plan.attributes)]
+    arrays, sampled = sample(context, source, plan, request, rows, report)
     provenance = {
         "source_id": source.id,
         "source": source.name,
@@ -351,6 +393,31 @@ def _run(
         "policy_revision": entry.policy_revision,
     }
     return Synthesized(dataset, receipt)
+
+
+def sample(
+    context: NodeContext,
+    source: Dataset,
+    plan: Plan,
+    request: SynthesisRequest,
+    rows: int,
+    report: Reporter,
+) -> tuple[list[Any], synthesis_methods.Sampled]:
+    """Run a charged ``plan`` on ``source``'s values: ``rows`` synthetic values of each of
+    the plan's columns, in its order, and the run's utility report. Only once charged: it
+    reads private values."""
+    by_name = {c.name: c for c in source.columns}
+    codes = np.stack(
+        [
+            encode(a, datasets.read_column(context.store, source, by_name[a.name]))
+            for a in plan.attributes
+        ],
+        axis=1,
+    )
+    rng = np.random.default_rng(secrets.randbits(128) if request.seed is None else request.seed)
+    sampled = METHODS[request.method].run(plan, codes, rows, rng, report)
+    arrays = [decode(a, sampled.codes[:, j], rng) for j, a in enumerate(plan.attributes)]
+    return arrays, sampled
 
 
 def _store(

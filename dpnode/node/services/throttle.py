@@ -1,4 +1,6 @@
-"""Login throttling: failed attempts per account, attempts per client address.
+"""Throttles kept in memory: login attempts, and requests anyone may send without a login.
+
+Logins: failed attempts per account, attempts per client address.
 
 Every login attempt costs an Argon2 hash, so the throttle is consulted before the hash is
 computed. It keeps two sliding windows in process memory:
@@ -18,6 +20,10 @@ entries older than their window are dropped as they are met.
 An attempt is counted as a failure for its account when it is admitted, before the hash,
 and forgiven if the password turns out right: concurrent guesses cannot all slip in under
 the limit while their hashes run.
+
+Public requests (:class:`RequestLimit`: a network's search and member list, which need no
+login since the catalogs are public): at most so many per client address in a sliding
+window, counted the same way, in the same memory and with the same per-process trade-off.
 """
 
 from __future__ import annotations
@@ -190,3 +196,67 @@ def refusal_error(refusal: Refusal) -> RateLimitedError:
     return RateLimitedError(
         f"{what}; try again in {refusal.retry_after} {seconds}", retry_after=refusal.retry_after
     )
+
+
+class RequestLimit:
+    """At most ``limit`` requests per ``window`` seconds from one client address, refused
+    with :class:`RateLimitedError` (429, ``Retry-After``) beyond it; refused requests do
+    not count, so a client that waits as told gets in.
+
+    Args:
+        what: what is limited, as the refusal says it (``"network searches"``).
+        now: the clock, in seconds (monotonic); tests pass their own.
+
+    >>> clock = iter([0.0, 0.5, 0.9, 2.0]).__next__
+    >>> limit = RequestLimit(what="searches", limit=2, window=2.0, now=clock)
+    >>> limit.admit("1.2.3.4"); limit.admit("1.2.3.4")
+    >>> try:
+    ...     limit.admit("1.2.3.4")
+    ... except RateLimitedError as refused:
+    ...     print(refused.retry_after, refused.detail)
+    2 too many searches from your address; try again in 2 seconds
+    >>> limit.admit("1.2.3.4")  # two seconds on, the first has left the window
+    """
+
+    def __init__(
+        self,
+        *,
+        what: str,
+        limit: int,
+        window: float,
+        max_keys: int = MAX_KEYS,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.what = what
+        self.addresses = SlidingWindow(limit=limit, window=window, max_keys=max_keys)
+        self.now = now
+        self._lock = threading.Lock()
+
+    @classmethod
+    def network_searches(cls, settings: Settings) -> RequestLimit:
+        """The limit on a network's public routes (``network_search_*`` settings)."""
+        return cls(
+            what="network searches",
+            limit=settings.network_search_max_per_address,
+            window=settings.network_search_window_seconds,
+        )
+
+    def admit(self, address: str) -> None:
+        """Count a request from ``address``, or refuse it.
+
+        Raises:
+            RateLimitedError: ``address`` sent ``limit`` requests in the last ``window``
+                seconds; ``retry_after`` says when the oldest leaves the window.
+        """
+        with self._lock:
+            now = self.now()
+            wait = self.addresses.wait(address, now)
+            if wait <= 0:
+                self.addresses.add(address, now)
+                return
+        seconds = max(1, math.ceil(wait))
+        unit = "second" if seconds == 1 else "seconds"
+        raise RateLimitedError(
+            f"too many {self.what} from your address; try again in {seconds} {unit}",
+            retry_after=seconds,
+        )

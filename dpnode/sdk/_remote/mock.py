@@ -20,13 +20,13 @@ import torch
 
 from dpnode.core.engine import evaluate as engine_evaluate
 from dpnode.sdk._exceptions import DPNodeError
-from dpnode.sdk._remote.graph import build
+from dpnode.sdk._remote.graph import build, origins
 from dpnode.sdk._remote.tensor import RemoteTensor
 
 if TYPE_CHECKING:
     from dpnode.sdk._handles import DatasetHandle, ModelHandle
 
-__all__ = ["MockSession", "active_session", "evaluate", "mock", "to_torch"]
+__all__ = ["MockSession", "active_session", "evaluate", "mock", "node_of", "to_torch"]
 
 _ACTIVE: contextvars.ContextVar[MockSession | None] = contextvars.ContextVar(
     "dpnode_mock", default=None
@@ -74,27 +74,46 @@ def evaluate(
     return [next(it) if isinstance(t, RemoteTensor) else t for t in tensors]
 
 
+def node_of(client: object) -> str | None:
+    """The node a handle's session (or a recorded input's origin) talks to: its address.
+
+    Dataset and model ids are a node's own, so two nodes may both hold a dataset 1: mock
+    values are found by node and id, never by id alone.
+    """
+    url = getattr(client, "url", None)
+    return None if url is None else str(url)
+
+
 class MockSession:
     """Bindings of mock values for some datasets and models; a context manager.
 
     Args:
         handles: datasets (their mock data) and models (their weights, when you
-            may download them) to stand in for the node.
+            may download them) to stand in for the node; several nodes' handles may be
+            mocked together (each graph reads one node's, as a publish does).
         seed: seed of the generator for random prims (dropout).
     """
 
     def __init__(self, *handles: DatasetHandle | ModelHandle, seed: int | None = 0) -> None:
         self.handles = handles
         self.seed = seed
-        self._frames: dict[int, dict[str, npt.NDArray[Any]]] = {}
+        self._frames: dict[tuple[str | None, str, int], dict[str, npt.NDArray[Any]]] = {}
         self._tokens: list[contextvars.Token[MockSession | None]] = []
 
     # -- bindings ---------------------------------------------------------------------------
 
+    @staticmethod
+    def _key(handle: DatasetHandle | ModelHandle) -> tuple[str | None, str, int]:
+        """Which input a handle stands for: its node, its kind (as inputs name it), its id."""
+        from dpnode.sdk._handles import DatasetHandle
+
+        kind = "dataset" if isinstance(handle, DatasetHandle) else "model"
+        return node_of(handle._client), kind, handle.id
+
     def _frame(self, handle: DatasetHandle | ModelHandle) -> dict[str, npt.NDArray[Any]]:
         from dpnode.sdk._handles import DatasetHandle
 
-        key = id(handle)
+        key = self._key(handle)
         if key not in self._frames:
             self._frames[key] = (
                 handle.mock() if isinstance(handle, DatasetHandle) else handle.weights()
@@ -102,31 +121,60 @@ class MockSession:
         return self._frames[key]
 
     def covers(self, handle: DatasetHandle | ModelHandle) -> bool:
-        """Whether ``handle`` is mocked by this session."""
-        return any(
-            h is handle or (type(h) is type(handle) and h.id == handle.id) for h in self.handles
-        )
+        """Whether ``handle`` is mocked by this session (the same node's dataset or model)."""
+        key = self._key(handle)
+        return any(h is handle or self._key(h) == key for h in self.handles)
+
+    def handle(self, kind: str, ident: int, node: str | None) -> DatasetHandle | ModelHandle | None:
+        """The mocked handle of ``node``'s dataset or model ``ident`` (``kind``: ``"dataset"``
+        or ``"model"``), if any; ``node=None``: of whichever node mocks it."""
+        for h in self.handles:
+            at, k, i = self._key(h)
+            if (k, i) == (kind, ident) and (node is None or at == node):
+                return h
+        return None
 
     def column(self, handle: DatasetHandle, name: str) -> npt.NDArray[Any]:
         """The mock values of one column."""
         return self._frame(handle)[name]
 
-    def bindings(self) -> dict[str, npt.NDArray[Any]]:
-        """Every mocked input, under the names remote tensors give their inputs."""
-        from dpnode.sdk._handles import DatasetHandle
+    def node_for(self, tensors: Sequence[torch.Tensor]) -> str | None:
+        """The node whose data ``tensors`` read (None: no node's, or unknown).
 
+        Raises:
+            DPNodeError: they read data of several nodes, which no publish can (one
+                publish goes to one node), so no mock binding can either.
+        """
+        nodes = {
+            node_of(o) for o in origins([t.node for t in tensors if isinstance(t, RemoteTensor)])
+        }
+        nodes.discard(None)
+        if len(nodes) > 1:
+            raise DPNodeError(
+                f"these tensors read data of several nodes ({', '.join(sorted(map(str, nodes)))}), "
+                "and one publish goes to one node: compute and publish each node's part "
+                "apart (sdk.federated(...) does it for a statistic over several nodes)"
+            )
+        return next(iter(nodes), None)
+
+    def bindings(self, node: str | None = None) -> dict[str, npt.NDArray[Any]]:
+        """Every mocked input of ``node`` (default: of every node mocked), under the names
+        remote tensors give their inputs."""
         out: dict[str, npt.NDArray[Any]] = {}
         for h in self.handles:
-            prefix = "dataset" if isinstance(h, DatasetHandle) else "model"
+            at, kind, ident = self._key(h)
+            if node is not None and at != node:
+                continue
             for k, v in self._frame(h).items():
-                out[f"{prefix}:{h.id}/{k}"] = v
+                out[f"{kind}:{ident}/{k}"] = v
         return out
 
     # -- evaluation ---------------------------------------------------------------------------
 
     def evaluate(self, *tensors: torch.Tensor) -> Any:
         """Values of remote tensors on the mock data: one torch tensor, or a list for several."""
-        values = evaluate(list(tensors), self.bindings(), seed=self.seed)
+        found = self.bindings(self.node_for(tensors))
+        values = evaluate(list(tensors), found, seed=self.seed)
         return values[0] if len(values) == 1 else values
 
     def materialize_grads(self, params: Iterable[torch.Tensor] | torch.nn.Module) -> None:
@@ -139,7 +187,8 @@ class MockSession:
         holders = [p for p in ps if isinstance(p.grad, RemoteTensor)]
         if not holders:
             return
-        values = evaluate([p.grad for p in holders], self.bindings(), seed=self.seed)  # type: ignore[misc]
+        grads: list[torch.Tensor] = [p.grad for p in holders]  # type: ignore[misc]
+        values = evaluate(grads, self.bindings(self.node_for(grads)), seed=self.seed)
         for p, v in zip(holders, values, strict=True):
             p.grad = v.to(p.dtype)
 

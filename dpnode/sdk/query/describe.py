@@ -10,6 +10,7 @@ by the values each publish releases: 2 against 5 per column.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dpnode.sdk.query.aggregates import Aggregate, max, mean, min, quantile, std
@@ -44,10 +45,34 @@ def _described(info: ColumnInfo) -> bool:
     )
 
 
-def describe(ds: DatasetHandle, *, epsilon: float, delta: float | None = None) -> QueryResult:
+def describe(
+    ds: DatasetHandle,
+    *,
+    epsilon: float,
+    delta: float | None = None,
+    columns: Sequence[str] | None = None,
+) -> QueryResult:
     """See :meth:`dpnode.sdk.DatasetHandle.describe`; one row per column described, with
     each statistic's noise scale beside it (``mean_scale``, ...)."""
-    columns = [name for name, info in ds.columns.items() if _described(info)]
+    if columns is not None:
+        if isinstance(columns, str):
+            columns = [columns]
+        for name in columns:
+            info = ds.columns.get(name)
+            if info is None:
+                raise QueryError(
+                    f"dataset {ds.name!r} has no column {name!r}; its columns: "
+                    f"{', '.join(ds.columns)}"
+                )
+            if not _described(info):
+                raise QueryError(
+                    f"column {name!r} cannot be described: describe takes numeric columns "
+                    "with finite bounds; count() rows per category with "
+                    "ds.query().group_by(...) instead"
+                )
+        columns = list(dict.fromkeys(columns))
+    else:
+        columns = [name for name, info in ds.columns.items() if _described(info)]
     if not columns:
         raise QueryError(
             f"dataset {ds.name!r} has no numeric column with finite bounds to describe: "

@@ -299,6 +299,8 @@ class Query:
             out = publish(release.tensors, epsilon=share, delta=d, description=description)
             receipt = out[0].receipt
             read = release.read(out, receipt, share)
+            if receipt.mechanism == "exact":  # a synthetic table's: no noise, no error bar
+                read = {k: (v, np.zeros_like(scale)) for k, (v, scale) in read.items()}
             values.update(read)
             mechanisms.update(dict.fromkeys(read, receipt.mechanism))
             spends.append(Spend(release.role, _shown(release.outputs), share, d, receipt))
@@ -317,7 +319,7 @@ class Query:
         from dpnode.sdk._publish import sensitivity_body
         from dpnode.sdk._remote import active_session
 
-        if active_session() is not None:
+        if active_session() is not None or self._exact(releases):
             return
         for release in releases:
             if release.role != "selected":  # the node checks a selection only as it runs it
@@ -336,6 +338,16 @@ class Query:
                 f"{remaining:g} of your budget remains: nothing was published or charged; ask "
                 "for less epsilon, fewer statistics, or more budget (client.request_budget)"
             )
+
+    def _exact(self, releases: Sequence[Release]) -> bool:
+        """Whether these publishes read synthetic tables this session may download only:
+        computed here, exact and free (``dpnode.sdk._synthetic_publish``)."""
+        from dpnode.sdk._remote import graph_for
+        from dpnode.sdk._synthetic_publish import synthetic_tables
+
+        tensors = [t for r in releases for t in r.tensors]
+        names = graph_for(tensors).input_names()  # type: ignore[arg-type]
+        return synthetic_tables(self.ds._client, names) is not None
 
     def _table(
         self,
@@ -404,11 +416,11 @@ def _charged(tensors: list[torch.Tensor], delta: float | None) -> float:
     from dpnode.core.engine import plan
     from dpnode.core.privacy.release import plan_release
     from dpnode.sdk._exceptions import error_for
-    from dpnode.sdk._mock_publish import _inputs
+    from dpnode.sdk._mock_publish import mock_inputs
     from dpnode.sdk._remote import graph_for
 
     graph = graph_for(tensors)  # type: ignore[arg-type]
-    specs, _ = _inputs(session, graph.input_names())
+    specs, _ = mock_inputs(session, tensors, graph.input_names())
     try:
         report = plan_release(plan(graph, accurate=True), specs, epsilon=1.0, delta=delta).report
     except node_errors.DPNodeError as exc:  # the node's own checks, raised as the SDK's

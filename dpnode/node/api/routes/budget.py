@@ -81,6 +81,7 @@ def ledger_public(
         policy_revision=e.policy_revision,
         user_email=email,
         run_id=e.run_id,
+        cap_only=bool(e.cap_only),
         epsilon_used=_epsilon(used.epsilon_units),
         delta_used=float(used.delta_units * DELTA_UNIT),
     )

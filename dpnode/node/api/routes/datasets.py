@@ -26,12 +26,14 @@ from dpnode.node.api.schemas import (
     DatasetBudgetPublic,
     DatasetManifest,
     DatasetPublic,
+    MockSynthesisCreate,
     SynthesisCreate,
     SynthesisJobPublic,
     SynthesisPublic,
 )
+from dpnode.node.context import NodeContext
 from dpnode.node.db.models import Dataset
-from dpnode.node.services import dataset_budgets, datasets, publish, synthesis
+from dpnode.node.services import dataset_budgets, datasets, mock_synthesis, publish, synthesis
 from dpnode.node.services.tabular import ColumnSpec
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
@@ -63,6 +65,7 @@ def dataset_public(dataset: Dataset) -> DatasetPublic:
         created_at=dataset.created_at,
         updated_at=dataset.updated_at,
         synthetic=dataset.provenance,
+        mock_synthetic=mock_synthesis.mock_public(dataset),
     )
 
 
@@ -177,7 +180,9 @@ def delete_dataset(
 
 
 def _frame_response(dataset: Dataset, arrays: dict[str, Any], kind: str) -> Response:
-    manifest = {"dataset": dataset.name, "kind": kind, "columns": list(arrays)}
+    manifest: dict[str, Any] = {"dataset": dataset.name, "kind": kind, "columns": list(arrays)}
+    if kind == "mock":  # where it came from, with it: a handle read before may be older
+        manifest["synthetic"] = mock_synthesis.mock_public(dataset)
     return Response(frames.encode(arrays, manifest), media_type=frames.MEDIA_TYPE)
 
 
@@ -246,10 +251,60 @@ def synthesize(
     started = synthesis.synthesize(
         context, actor.id, item_ref(dataset_ref), request, answer, idempotency_key
     )
+    return _accepted(context, actor.id, idempotency_key, started)
+
+
+def _accepted(
+    context: NodeContext,
+    actor_id: int,
+    idempotency_key: str | None,
+    started: synthesis.Started | synthesis.Replayed,
+) -> Response:
+    """A started synthesis's ``202``: its job (the answer stored under the key), or the
+    answer stored under it already."""
     accepted = status.HTTP_202_ACCEPTED
     if isinstance(started, synthesis.Replayed):
         return Response(started.response, status_code=accepted, media_type="application/json")
     content = SynthesisJobPublic(job=started.job, state="running").model_dump_json().encode()
     if idempotency_key is not None:
-        publish.answered(context, actor.id, idempotency_key, content)
+        publish.answered(context, actor_id, idempotency_key, content)
     return Response(content, status_code=accepted, media_type="application/json")
+
+
+@router.post(
+    "/{dataset_ref}/mock/synthesize",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=SynthesisJobPublic,
+    response_class=Response,
+    responses=errors(403, 404, 409, 422, 503),
+)
+def synthesize_mock(
+    dataset_ref: str,
+    body: MockSynthesisCreate,
+    context: ContextDep,
+    actor: CurrentUser,
+    idempotency_key: IdempotencyKey = None,
+) -> Response:
+    """Make the dataset's mock a differentially private synthetic table (MST or AIM), for
+    its owner or an admin, paid from the dataset's cap (not the caller's budget) as one
+    ledger row, then computed as a job: answered ``202`` with its id, followed at
+    ``GET /synthesis/{job}`` until it holds the dataset, whose ``mock_synthetic`` says
+    where its mock came from. Refused with nothing charged, before any value is read, on a
+    bad request, a dataset the caller does not own (403), one the policy does not cap
+    (``policy_refused``, rule ``datasets.NAME``), or a mock that does not fit the cap."""
+    request = synthesis.SynthesisRequest(
+        epsilon=body.epsilon,
+        delta=body.delta,
+        rows=body.rows,
+        method=body.method,
+        bins=body.bins,
+    )
+
+    def answer(dataset: Dataset, receipt: dict[str, Any]) -> dict[str, Any]:
+        made = SynthesisPublic(dataset=dataset_public(dataset), receipt=receipt)
+        return made.model_dump(mode="json")
+
+    started = mock_synthesis.synthesize_mock(
+        context, actor.id, item_ref(dataset_ref), request, answer, idempotency_key
+    )
+    return _accepted(context, actor.id, idempotency_key, started)
