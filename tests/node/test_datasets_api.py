@@ -146,7 +146,8 @@ def test_mock_download_for_any_logged_in_user(
     response = http.get(f"{DATASETS}/d/mock", headers=ds_h)
     assert response.status_code == 200, response.text
     manifest, arrays = read_frame(response.content)
-    assert manifest == {"dataset": "d", "kind": "mock", "columns": ["b", "a"]}
+    # an uploaded mock: no synthetic provenance (a synthesized one carries it)
+    assert manifest == {"dataset": "d", "kind": "mock", "columns": ["b", "a"], "synthetic": None}
     np.testing.assert_array_equal(arrays["b"], mock["b"])
     np.testing.assert_array_equal(arrays["a"], mock["a"])
     refused(http.get(f"{DATASETS}/d/mock"), 401, "unauthenticated")

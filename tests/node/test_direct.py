@@ -135,6 +135,7 @@ def test_the_node_s_own_direct_statements_write_what_the_orm_reads(
         "detail": {"shape": [1], "q": 0.5},
         "policy_revision": None,
         "run_id": None,
+        "cap_only": False,
     }
     with context.serial_sessions() as session:
         conn = session.connection()
