@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from dpnode.sdk.query.aggregates import Aggregate, max, mean, min, quantile, std
 from dpnode.sdk.query.errors import QueryError
+from dpnode.sdk.query.expressions import column_info
 from dpnode.sdk.query.result import QueryResult
 
 if TYPE_CHECKING:
@@ -58,13 +59,7 @@ def describe(
         if isinstance(columns, str):
             columns = [columns]
         for name in columns:
-            info = ds.columns.get(name)
-            if info is None:
-                raise QueryError(
-                    f"dataset {ds.name!r} has no column {name!r}; its columns: "
-                    f"{', '.join(ds.columns)}"
-                )
-            if not _described(info):
+            if not _described(column_info(ds, name)):
                 raise QueryError(
                     f"column {name!r} cannot be described: describe takes numeric columns "
                     "with finite bounds; count() rows per category with "

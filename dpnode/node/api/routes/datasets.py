@@ -233,16 +233,7 @@ def synthesize(
     may download (``GET /datasets/{ref}/data``). Refused with nothing charged, before any
     value is read, on a bad request, several rows per subject, a domain beyond the memory
     quota (``quota_exceeded``), or by the policy and the budget."""
-    request = synthesis.SynthesisRequest(
-        epsilon=body.epsilon,
-        delta=body.delta,
-        rows=body.rows,
-        method=body.method,
-        bins=body.bins,
-        columns=body.columns,
-        name=body.name,
-        seed=body.seed,
-    )
+    request = synthesis.SynthesisRequest(**body.model_dump())
 
     def answer(done: synthesis.Synthesized) -> dict[str, Any]:
         made = SynthesisPublic(dataset=dataset_public(done.dataset), receipt=done.receipt)
@@ -292,13 +283,7 @@ def synthesize_mock(
     where its mock came from. Refused with nothing charged, before any value is read, on a
     bad request, a dataset the caller does not own (403), one the policy does not cap
     (``policy_refused``, rule ``datasets.NAME``), or a mock that does not fit the cap."""
-    request = synthesis.SynthesisRequest(
-        epsilon=body.epsilon,
-        delta=body.delta,
-        rows=body.rows,
-        method=body.method,
-        bins=body.bins,
-    )
+    request = synthesis.SynthesisRequest(**body.model_dump())
 
     def answer(dataset: Dataset, receipt: dict[str, Any]) -> dict[str, Any]:
         made = SynthesisPublic(dataset=dataset_public(dataset), receipt=receipt)
