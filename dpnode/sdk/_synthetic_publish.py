@@ -29,16 +29,29 @@ from dpnode.sdk._exceptions import (
     error_for,
 )
 
-__all__ = ["synthetic_release", "synthetic_tables"]
+__all__ = ["remember", "synthetic_release", "synthetic_tables"]
 
 Table = dict[str, npt.NDArray[Any]]
 
 
+def _known(client: Any) -> dict[int, Table | None]:
+    """The session's verdicts by dataset id: its synthetic table, or None (a synthetic table
+    never changes, and an id is never reused)."""
+    known: dict[int, Table | None] = client.__dict__.setdefault("_synthetic_tables", {})
+    return known
+
+
+def remember(ds: Any) -> None:
+    """What a dataset handle already says: a dataset that is not synthetic is never
+    computed here, so its first publish need not ask the node again."""
+    if ds.synthetic is None and ds._client is not None:
+        _known(ds._client).setdefault(ds.id, None)
+
+
 def _table(client: Any, dataset_id: int) -> Table | None:
     """Dataset ``dataset_id``'s synthetic table, or None when it is not synthetic or not
-    downloadable by ``client``; asked of the node once per session (a synthetic table never
-    changes, and an id is never reused)."""
-    known: dict[int, Table | None] = client.__dict__.setdefault("_synthetic_tables", {})
+    downloadable by ``client``; asked of the node at most once per session."""
+    known = _known(client)
     if dataset_id not in known:
         handle = client.dataset(dataset_id)
         table: Table | None = None

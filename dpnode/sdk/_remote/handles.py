@@ -11,6 +11,7 @@ from dpnode.sdk._remote import remote_input
 from dpnode.sdk._remote.graph import TORCH_OF
 from dpnode.sdk._remote.mock import active_session
 from dpnode.sdk._remote.tensor import RemoteTensor
+from dpnode.sdk._synthetic_publish import remember
 
 if TYPE_CHECKING:
     from dpnode.sdk._handles import ColumnInfo, DatasetHandle, ModelHandle
@@ -54,6 +55,7 @@ def column_tensor(ds: DatasetHandle, column: str) -> RemoteTensor:
     """``ds[column]``."""
     info = column_info(ds, column)
     rows = _rows(ds, column)
+    remember(ds)
     dtype = TORCH_OF[info.dtype]
     return remote_input(
         f"dataset:{ds.id}/{column}",
@@ -67,6 +69,7 @@ def column_tensor(ds: DatasetHandle, column: str) -> RemoteTensor:
 def subjects_tensor(ds: DatasetHandle) -> RemoteTensor:
     """``ds.subjects``: shaped like the mock data inside ``sdk.mock(ds)``, whose rows stand
     for a subject each (unless the mock data carries the subject column)."""
+    remember(ds)
     return remote_input(
         f"dataset:{ds.id}/@subject", (_rows(ds, None),), torch.int64, origin=ds._client
     )
